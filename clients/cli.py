@@ -1,0 +1,175 @@
+"""The ``shardwise`` command line.
+
+Local commands (no server needed): ``plan``, ``evaluate``, ``profiles``. They load the solver lazily, so the base
+install can show ``--help`` and says in one line which extra to add when the solver's dependencies are missing.
+Bad input is one line on stderr and exit code 2; an infeasible plan is an answer (its explanation) and exit code 1.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from solver.spec import FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Plan where every embedding table lives.")
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _read_document(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        fail(f"{path}: {exc.strerror or exc}")
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            return yaml.safe_load(text)
+        return json.loads(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        fail(f"{path}: not valid {'YAML' if path.suffix in ('.yaml', '.yml') else 'JSON'}: {exc}")
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """The first error as ``field.path: reason`` (+ how many more)."""
+    errors = exc.errors()
+    first = errors[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "<root>"
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{loc}: {first['msg']}{more}"
+
+
+def load_spec(path: Path, kind: type[M]) -> M:
+    data = _read_document(path)
+    try:
+        return kind.model_validate(data)
+    except ValidationError as exc:
+        fail(f"{path}: {describe_validation_error(exc)}")
+
+
+def _solver_modules() -> Any:
+    try:
+        import numpy  # noqa: F401
+
+        from solver import planner
+    except ImportError as exc:  # pragma: no cover - exercised on the base install only
+        fail(f"the local planner needs the server extra ({exc.name} is missing): pip install 'shardwise[server]'")
+    return planner
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:8.2f}"
+
+
+def print_plan(plan: Plan) -> None:
+    """The per-rank table and the plan's summary lines."""
+    if plan.status is PlanStatus.infeasible:
+        typer.echo(f"status: infeasible ({plan.model} on {plan.fleet})")
+        for line in plan.explanation:
+            typer.echo(f"  - {line}")
+        return
+    header = f"{'rank':>4} {'host':>4} {'gpu':<16} {'HBM GB':>8} {'/ cap GB':>8} {'fill':>5} "
+    header += f"{'compute ms':>10} {'comm ms':>9} {'total ms':>9}"
+    typer.echo(header)
+    for r in plan.ranks:
+        fill = r.hbm_used_bytes / r.hbm_capacity_bytes if r.hbm_capacity_bytes else 0.0
+        typer.echo(
+            f"{r.rank:>4} {r.host:>4} {r.gpu:<16} {_gb(r.hbm_used_bytes)} {_gb(r.hbm_capacity_bytes)} {fill:>5.0%} "
+            f"{r.predicted_ms.compute:>10.3f} {r.predicted_ms.comm:>9.3f} {r.predicted_ms.total:>9.3f}"
+        )
+    bound = "n/a" if plan.lower_bound_ms is None else f"{plan.lower_bound_ms:.3f} ms"
+    gap = "" if plan.solver.gap is None else f", gap {plan.solver.gap:.1%}"
+    typer.echo(
+        f"status: {plan.status.value} ({plan.solver.name}, {plan.solver.seconds:.2f} s) · "
+        f"predicted step {plan.predicted_step_ms:.3f} ms · bound {bound}{gap}"
+    )
+    for line in plan.explanation:
+        typer.echo(f"  - {line}")
+
+
+def write_plan(plan: Plan, out: Path | None) -> None:
+    if out is None:
+        return
+    try:
+        out.write_text(plan.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        fail(f"{out}: {exc.strerror or exc}")
+    typer.echo(f"plan written to {out}")
+
+
+@app.command()
+def plan(
+    model_path: Annotated[Path, typer.Argument(metavar="MODEL", help="ModelSpec JSON/YAML")],
+    fleet_path: Annotated[Path, typer.Argument(metavar="FLEET", help="FleetSpec JSON/YAML")],
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="write the plan JSON here")] = None,
+    solver: Annotated[str, typer.Option(help="greedy")] = "greedy",
+    time_limit: Annotated[float, typer.Option("--time-limit", help="seconds", min=0.001)] = 30.0,
+    seed: Annotated[int, typer.Option(help="random seed", min=0)] = 0,
+    workers: Annotated[int, typer.Option(help="solver threads", min=1)] = 2,
+) -> None:
+    """Plan MODEL on FLEET; print the per-rank table and (with -o) write the plan."""
+    model = load_spec(model_path, ModelSpec)
+    fleet = load_spec(fleet_path, FleetSpec)
+    try:
+        params = SolveParams(solver=solver, time_limit_s=time_limit, random_seed=seed, num_workers=workers)
+    except ValidationError as exc:
+        fail(describe_validation_error(exc))
+    planner = _solver_modules()
+    result: Plan = planner.make_plan(model, fleet, params)
+    print_plan(result)
+    write_plan(result, output)
+    if result.status is PlanStatus.infeasible:
+        raise typer.Exit(1)
+
+
+@app.command()
+def evaluate(
+    model_path: Annotated[Path, typer.Argument(metavar="MODEL")],
+    fleet_path: Annotated[Path, typer.Argument(metavar="FLEET")],
+    plan_path: Annotated[Path, typer.Argument(metavar="PLAN", help="a plan in shardwise's wire format")],
+) -> None:
+    """Validate PLAN for MODEL on FLEET and print its predicted step time per rank."""
+    model = load_spec(model_path, ModelSpec)
+    fleet = load_spec(fleet_path, FleetSpec)
+    given = load_spec(plan_path, Plan)
+    planner = _solver_modules()
+    problems, scored = planner.score_plan(model, fleet, given)
+    if problems:
+        typer.echo(f"plan is invalid ({len(problems)} problem(s)):", err=True)
+        for p in problems:
+            typer.echo(f"  - {p}", err=True)
+        raise typer.Exit(1)
+    print_plan(scored)
+
+
+@app.command()
+def profiles() -> None:
+    """List the accelerator catalogue."""
+    from hwprofiles import catalogue
+
+    typer.echo(f"{'name':<17} {'HBM GB':>8} {'HBM TB/s':>8} {'bf16 TF':>8} {'scale-up GB/s':>13} {'peer GB/s':>9}")
+    for name, p in sorted(catalogue().items()):
+        typer.echo(
+            f"{name:<17} {p.hbm_bytes / 1e9:>8.1f} {p.hbm_bandwidth_bytes_per_s / 1e12:>8.2f} "
+            f"{p.peak_flops_per_s['bf16'] / 1e12:>8.0f} {p.scale_up_bytes_per_s / 1e9:>13.1f} "
+            f"{p.scale_up_per_peer_bytes_per_s / 1e9:>9.1f}"
+        )
+
+
+def main() -> None:
+    """Console entry point."""
+    app(prog_name="shardwise")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,126 @@
+"""The accelerator profile: every figure the cost model reads about one kind of GPU.
+
+A profile is plain data. Sizes are bytes, bandwidths bytes per second *per direction*, rates FLOP/s, latencies
+microseconds. Catalogue files (``profiles/*.yaml``) must name a source for every figure in ``sources``
+(key = the field's dotted path, e.g. ``peak_flops_per_s.bf16`` or ``achieved.gemm``); inline custom profiles
+go through the same model, sources optional.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SCHEMA_VERSION: Final = 1
+
+#: dtypes a profile may give a peak rate for (the wire model's dtypes).
+RATE_DTYPES = ("fp32", "fp16", "bf16", "fp8", "int8")
+
+
+class AchievedFractions(BaseModel):
+    """Achieved fractions of peak, each in (0, 1]: what real kernels and collectives reach.
+
+    - ``embedding_gather``: pooled embedding lookup (random row gathers) over HBM, as a fraction of peak HBM
+      bandwidth.
+    - ``memory_bound``: streaming kernels (copies, element-wise, optimizer updates) over HBM.
+    - ``gemm``: dense matmul against the peak rate of the layer's dtype.
+    - ``intra_host_collective`` / ``inter_host_collective``: bus bandwidth reached by NCCL/RCCL collectives
+      over the scale-up fabric / the NIC.
+    - ``host_link``: host↔device copies over PCIe (or C2C).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    embedding_gather: float = Field(gt=0, le=1)
+    memory_bound: float = Field(gt=0, le=1)
+    gemm: float = Field(gt=0, le=1)
+    intra_host_collective: float = Field(gt=0, le=1)
+    inter_host_collective: float = Field(gt=0, le=1)
+    host_link: float = Field(gt=0, le=1)
+
+
+class HardwareProfile(BaseModel):
+    """One accelerator as the planner sees it (one package as software sees it)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$", description="catalogue key, e.g. nvidia-h100-sxm")
+    vendor: Literal["nvidia", "amd", "other"]
+    display_name: str = Field(min_length=1, max_length=120)
+
+    hbm_bytes: int = Field(gt=0, description="capacity the device really exposes (nvidia-smi / rocm-smi), bytes")
+    hbm_bandwidth_bytes_per_s: int = Field(gt=0, description="peak HBM bandwidth")
+    memory_access_granularity_bytes: int = Field(
+        gt=0, le=4096, description="smallest HBM transaction; a gathered row is rounded up to it"
+    )
+    peak_flops_per_s: dict[str, int] = Field(description="dense (no 2:4 sparsity) peak rate per dtype")
+
+    scale_up_topology: Literal["switched", "full_mesh", "pcie"] = Field(
+        description="switched: NVSwitch, every peer at full rate; full_mesh: xGMI, one link per peer"
+    )
+    scale_up_bytes_per_s: int = Field(gt=0, description="per GPU, per direction, all peers at once")
+    scale_up_per_peer_bytes_per_s: int = Field(gt=0, description="per direction, to one peer")
+    scale_up_domain_size: int = Field(gt=0, description="GPUs that share the scale-up fabric")
+    scale_out_bytes_per_s: int = Field(gt=0, description="NIC bandwidth per GPU, per direction")
+    host_link_bytes_per_s: int = Field(gt=0, description="host link (PCIe / C2C) per GPU, per direction")
+    intra_host_latency_us: float = Field(gt=0, description="fixed cost of one collective inside a host")
+    inter_host_latency_us: float = Field(gt=0, description="fixed cost of one collective across hosts")
+
+    gpus_per_host: int = Field(gt=0, description="default GPUs per node")
+    host_memory_bytes: int = Field(gt=0, description="default host DRAM per node")
+
+    achieved: AchievedFractions
+    sources: dict[str, str] = Field(default_factory=dict, description="field path → where the figure comes from")
+
+    @field_validator("peak_flops_per_s")
+    @classmethod
+    def _known_rate_dtypes(cls, value: dict[str, int]) -> dict[str, int]:
+        unknown = sorted(set(value) - set(RATE_DTYPES))
+        if unknown:
+            raise ValueError(f"unknown dtype(s) {unknown}; known: {list(RATE_DTYPES)}")
+        for key in ("fp32", "bf16"):
+            if key not in value:
+                raise ValueError(f"a peak rate for {key} is required")
+        bad = [k for k, v in value.items() if v <= 0]
+        if bad:
+            raise ValueError(f"peak rates must be > 0: {bad}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent_links(self) -> HardwareProfile:
+        if self.scale_up_per_peer_bytes_per_s > self.scale_up_bytes_per_s:
+            raise ValueError("scale_up_per_peer_bytes_per_s cannot exceed scale_up_bytes_per_s (all peers)")
+        return self
+
+    def peak_flops(self, dtype: str) -> int:
+        """Peak dense rate for ``dtype``; a dtype the part has no fast path for runs at the next wider one."""
+        for candidate in {"fp8": ("fp8", "fp16", "bf16"), "int8": ("int8", "fp8", "fp16", "bf16")}.get(
+            dtype, (dtype, "bf16")
+        ):
+            if candidate in self.peak_flops_per_s:
+                return self.peak_flops_per_s[candidate]
+        return self.peak_flops_per_s["bf16"]
+
+    def figure_paths(self) -> list[str]:
+        """Dotted paths of every figure that needs a source."""
+        skip = {
+            "schema_version",
+            "name",
+            "vendor",
+            "display_name",
+            "sources",
+            "achieved",
+            "peak_flops_per_s",
+            "scale_up_topology",
+        }
+        paths = [k for k in type(self).model_fields if k not in skip]
+        paths += [f"peak_flops_per_s.{k}" for k in self.peak_flops_per_s]
+        paths += [f"achieved.{k}" for k in AchievedFractions.model_fields]
+        return paths
+
+    def unsourced(self) -> list[str]:
+        """Figures without a source entry (a catalogue profile must have none)."""
+        have = set(self.sources)
+        return [p for p in self.figure_paths() if p not in have and p.split(".")[0] not in have]

@@ -1,0 +1,1 @@
+"""The planning domain. Import-light on purpose: the client imports ``solver.spec`` without OR-Tools or numpy."""

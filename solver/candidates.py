@@ -1,0 +1,215 @@
+"""Candidate shardings per table: sharding type × where its shards may go × placement, each priced per device class.
+
+A candidate fixes the shard shapes and the *scope* its shards are placed in; the planner (greedy or CP-SAT) picks
+the ranks inside the scope:
+
+========================  ==========  ====================================================================
+sharding                  scope       shards
+========================  ==========  ====================================================================
+table_wise                ``rank``    one whole-table shard on any one rank
+column_wise (n = 2,4,8)   ``rank``    n column slices, each on any one rank
+row_wise over the fleet   ``fleet``   one row block per rank, rank i gets block i
+row_wise over a group     ``group``   one row block per rank of one host group (mixed fleets only)
+table_row_wise            ``host``    one row block per GPU of one host of a given group
+data_parallel             ``fleet``   a full copy on every rank (hbm only)
+========================  ==========  ====================================================================
+
+Placements: ``hbm``, ``uvm_cache`` at :data:`CACHE_FRACTIONS`, ``host`` — the latter two only for tables large enough
+for host memory to matter (:data:`OFFLOAD_MIN_BYTES`). Costs come from :func:`solver.evaluate.shard_cost`, so a
+candidate's price is exactly what the evaluator later charges its plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from solver.evaluate import data_side_ms, shard_cost
+from solver.spec import EmbeddingTableSpec, ModelSpec, Placement, ShardingType
+from solver.topology import Topology
+
+CACHE_FRACTIONS: tuple[float, ...] = (0.1, 0.25, 0.5)
+COLUMN_SPLITS: tuple[int, ...] = (2, 4, 8)
+MIN_COLUMN_WIDTH = 16
+OFFLOAD_MIN_BYTES = 64 * 2**20  # below this a table never leaves HBM
+DATA_PARALLEL_MAX_FRACTION = 0.02  # a data-parallel copy may take at most this share of the smallest GPU
+
+Scope = Literal["rank", "host", "group", "fleet"]
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class Shape:
+    row_offset: int
+    num_rows: int
+    col_offset: int
+    num_cols: int
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to shard one table.
+
+    Cost arrays are indexed ``[shard, device class]`` for scope ``rank`` / ``host`` / ``group`` (for ``host`` and
+    ``group`` only the column of ``scope_class`` is meaningful) and ``[rank]`` (one row per rank) for ``fleet``.
+    ``every_rank_ms[class]`` is added to every rank (the data side of a sharded table).
+    """
+
+    table: int
+    sharding: ShardingType
+    placement: Placement
+    cache_fraction: float | None
+    scope: Scope
+    scope_class: int | None
+    shapes: tuple[Shape, ...]
+    hbm: IntArray
+    host: IntArray
+    compute_ms: FloatArray
+    comm_ms: FloatArray
+    every_rank_ms: FloatArray
+
+    @property
+    def time_ms(self) -> FloatArray:
+        out: FloatArray = self.compute_ms + self.comm_ms
+        return out
+
+    @property
+    def label(self) -> str:
+        where = {"rank": "", "host": " on a host", "group": " over a group", "fleet": ""}[self.scope]
+        place = self.placement.value + (f"@{self.cache_fraction:g}" if self.cache_fraction else "")
+        parts = f"×{len(self.shapes)}" if self.sharding is ShardingType.column_wise else ""
+        return f"{self.sharding.value}{parts}{where} [{place}]"
+
+
+def even_split(total: int, parts: int) -> list[tuple[int, int]]:
+    """(offset, size) of ``parts`` near-equal blocks; the first ``total % parts`` get one more."""
+    base, extra = divmod(total, parts)
+    out, off = [], 0
+    for i in range(parts):
+        size = base + (1 if i < extra else 0)
+        out.append((off, size))
+        off += size
+    return out
+
+
+def _placements(table: EmbeddingTableSpec) -> Iterator[tuple[Placement, float | None]]:
+    yield Placement.hbm, None
+    if table.weight_bytes >= OFFLOAD_MIN_BYTES:
+        for f in CACHE_FRACTIONS:
+            yield Placement.uvm_cache, f
+        yield Placement.host, None
+
+
+def enumerate_candidates(topo: Topology, model: ModelSpec, index: int) -> list[Candidate]:
+    """Every candidate for table ``index`` of ``model`` on ``topo``."""
+    table = model.embedding_tables[index]
+    B = model.batch_size_per_gpu
+    W = topo.world_size
+    R, D = table.num_embeddings, table.embedding_dim
+    ncls = len(topo.classes)
+    side = np.array([data_side_ms(topo, B, table, c) for c in topo.classes])
+    out: list[Candidate] = []
+
+    def per_class(
+        sharding: ShardingType,
+        shapes: list[Shape],
+        placement: Placement,
+        frac: float | None,
+        classes: list[int],
+        group: list[int] | None,
+    ) -> tuple[IntArray, IntArray, FloatArray, FloatArray]:
+        hbm = np.zeros((len(shapes), ncls), dtype=np.int64)
+        host = np.zeros_like(hbm)
+        comp = np.full((len(shapes), ncls), np.inf)
+        comm = np.full((len(shapes), ncls), np.inf)
+        cache: dict[tuple[int, int, int], tuple[int, int, float, float]] = {}
+        for i, s in enumerate(shapes):
+            for ci in classes:
+                key = (s.num_rows, s.num_cols, ci)
+                if key not in cache:
+                    c = shard_cost(
+                        topo,
+                        B,
+                        table,
+                        sharding,
+                        s.num_rows,
+                        s.num_cols,
+                        placement,
+                        frac,
+                        topo.classes[ci],
+                        group,
+                    )
+                    cache[key] = (c.memory.hbm, c.memory.host, c.compute_ms, c.comm_ms)
+                hbm[i, ci], host[i, ci], comp[i, ci], comm[i, ci] = cache[key]
+        return hbm, host, comp, comm
+
+    def add(
+        sharding: ShardingType,
+        scope: Scope,
+        scope_class: int | None,
+        shapes: list[Shape],
+        placement: Placement,
+        frac: float | None,
+        group: list[int] | None,
+    ) -> None:
+        if scope == "fleet":
+            # one row per rank, priced with the rank's class
+            rank_cls = [topo.ranks[r].group for r in range(W)]
+            hbm_c, host_c, comp_c, comm_c = per_class(sharding, shapes, placement, frac, sorted(set(rank_cls)), group)
+            idx = np.arange(W)
+            cls_idx = np.array(rank_cls)
+            hbm, host = hbm_c[idx, cls_idx].reshape(-1, 1), host_c[idx, cls_idx].reshape(-1, 1)
+            comp, comm = comp_c[idx, cls_idx].reshape(-1, 1), comm_c[idx, cls_idx].reshape(-1, 1)
+        else:
+            classes = list(range(ncls)) if scope_class is None else [scope_class]
+            hbm, host, comp, comm = per_class(sharding, shapes, placement, frac, classes, group)
+        every = np.zeros(ncls) if sharding is ShardingType.data_parallel else side
+        out.append(
+            Candidate(
+                index,
+                sharding,
+                placement,
+                frac,
+                scope,
+                scope_class,
+                tuple(shapes),
+                hbm,
+                host,
+                comp,
+                comm,
+                every,
+            )
+        )
+
+    full = [Shape(0, R, 0, D)]
+    for placement, frac in _placements(table):
+        add(ShardingType.table_wise, "rank", None, full, placement, frac, None)
+        for n in COLUMN_SPLITS:
+            if D % n == 0 and D // n >= MIN_COLUMN_WIDTH and n <= W:
+                shapes = [Shape(0, R, off, size) for off, size in even_split(D, n)]
+                add(ShardingType.column_wise, "rank", None, shapes, placement, frac, None)
+        if W > 1 and R >= W:
+            shapes = [Shape(off, size, 0, D) for off, size in even_split(R, W)]
+            add(ShardingType.row_wise, "fleet", None, shapes, placement, frac, list(range(W)))
+        if len(topo.classes) > 1:
+            for cls in topo.classes:
+                k = len(cls.ranks)
+                if 1 < k <= R:
+                    shapes = [Shape(off, size, 0, D) for off, size in even_split(R, k)]
+                    add(ShardingType.row_wise, "group", cls.index, shapes, placement, frac, list(cls.ranks))
+        if topo.num_hosts > 1:
+            for cls in topo.classes:
+                g = cls.gpus_per_host
+                if 1 < g <= R:
+                    shapes = [Shape(off, size, 0, D) for off, size in even_split(R, g)]
+                    group = list(topo.hosts[cls.hosts[0]].ranks)
+                    add(ShardingType.table_row_wise, "host", cls.index, shapes, placement, frac, group)
+    smallest = min(c.hbm_limit_bytes for c in topo.classes)
+    if W > 1 and table.weight_bytes * 3 <= smallest * DATA_PARALLEL_MAX_FRACTION:
+        add(ShardingType.data_parallel, "fleet", None, [Shape(0, R, 0, D)] * W, Placement.hbm, None, None)
+    return out

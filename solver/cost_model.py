@@ -1,0 +1,434 @@
+r"""The analytical cost model: bytes stored and milliseconds spent, from the profile alone.
+
+One module a reader can hold in their head. Every function is pure (numbers in, numbers out); the formula sits in
+the docstring next to the code that computes it; every hardware constant comes from a :class:`HardwareProfile`.
+
+Notation (per training step)
+----------------------------
+``B`` batch per GPU, ``W`` world size, ``g`` GPUs in the owner's host, ``H`` hosts in the fleet;
+a table has ``R`` rows, ``D`` columns, ``b`` bytes per weight, ``F`` features, ``L`` ids per sample per feature;
+a shard holds ``r`` rows × ``c`` columns.  Ids are int64 (8 B), bag lengths int32 (4 B), pooled outputs and their
+gradients are fp32 (4 B) for fp32 tables and 2 B otherwise (``ob``).
+
+* global ids of a table ``N = W·B·F·L``, global bags ``Nb = W·B·F``.
+* ids a shard serves ``n``: table_wise / column_wise ``N``; row_wise / table_row_wise ``N·r/R`` (rows are hashed
+  uniformly over row blocks); data_parallel ``B·F·L`` (its own batch only).
+* output rows a shard writes ``o``: pooled tables ``Nb`` (row-wise shards write partial sums for every bag),
+  data_parallel ``B·F``; sequence tables (pooling ``none``) one row per id, ``o = n``.
+
+Memory (:func:`shard_memory`)
+-----------------------------
+``weights = r·c·b``;  optimizer state: sgd 0, adagrad ``r·c·4``, rowwise_adagrad ``r·4``, adam ``2·r·c·4``;
+gradients: the executor updates touched rows in place (fused row-wise update / sparse gradient), so a sharded table
+keeps a gradient buffer of ``min(n, r)·c·4``; a data_parallel copy keeps a dense gradient ``r·c·b`` (all-reduced);
+buffers ``n·8 + (bags)·4 + 2·o·c·ob`` (ids in, pooled output out, output gradient back);
+UVM cache ``⌈f·r⌉·(c·b + 16)`` (rows plus 16 B of slot/LRU state per cached row).
+Placement ``hbm``: HBM = weights + optimizer + gradients + buffers.  ``uvm_cache``: weights and optimizer state live
+in host memory, HBM = cache + gradients + buffers.  ``host``: HBM = gradients + buffers, the rest in host memory.
+
+Time (:func:`shard_compute_ms`, :func:`shard_comm_ms`)
+------------------------------------------------------
+Lookups are memory traffic.  A gathered row costs ``⌈c·b / G⌉·G`` bytes (``G`` = the device's access granularity:
+narrow rows waste most of each transaction — the dimension-dependent efficiency).  Forward reads ``n`` rows and
+streams out ``o·c·ob``; backward streams the output gradient in and, per id, reads and writes its row and its
+optimizer state (sgd 0, adagrad ``2·⌈4c/G⌉G``, rowwise ``2·G``, adam ``4·⌈4c/G⌉G``).  A data_parallel copy instead
+streams its whole dense gradient, weights and state once (``r·(4c + 2cb + state)``).
+Gathers run at ``hbm_bw·achieved.embedding_gather``, streams at ``hbm_bw·achieved.memory_bound``; for
+``uvm_cache`` a fraction ``h`` of gathers hit HBM (see :func:`cache_hit_rate`) and the misses cross the host link at
+``host_link·achieved.host_link`` (and are written into the cache); ``host`` sends every gather over the host link.
+
+Communication is ``bytes / bandwidth`` over the link that carries it; the fixed latency of each collective is
+charged once per rank and step by :func:`collective_latency_ms` (one all-to-all carries every table).  Traffic
+between the shard's rank and *all* ranks is split: ``(g−1)/(W−1)`` of peers share the host (scale-up fabric,
+:func:`intra_host_bw`), the rest sit behind the NIC (:func:`inter_host_bw`); the two run in parallel, so the time
+is the larger of the two parts.  Per shard (owner side):
+
+* table_wise / column_wise: input-id all-to-all ``(n·8 + Nb·4)·(W−1)/W``; pooled-output all-to-all forward and its
+  gradient backward ``2·o·c·ob·(W−1)/W``.
+* row_wise / table_row_wise over a group of ``k`` ranks on ``h`` hosts: ids as above; partial outputs
+  ``P = o·c·ob`` are reduce-scattered (forward) and all-gathered (backward) hierarchically — inside each host
+  ``(k_h−1)/k_h·P`` over the fabric, then across hosts ``(h−1)/h·P/k_h`` over the NIC, one stage after the other.
+  A group smaller than the fleet then sends each rank its pooled rows (``P/k``) with an all-to-all, both ways.
+* data_parallel: the dense gradient ``S = r·c·b`` is all-reduced over the fleet:
+  ``2·((g−1)/g·S / intra + (H−1)/H·S/g / inter)``.
+
+Every rank also sends its own batch's ids and receives its own pooled outputs for every sharded table
+(:func:`table_data_side_ms`): ``(B·F·L·8 + B·F·4 + 2·B·F·D·ob)·(W−1)/W`` over the same intra/inter split.
+
+Dense layers (:func:`dense_cost`): roofline ``max(3·f·B / (peak(dtype)·achieved.gemm),
+3·(w + B·(in+out)·b) / (hbm_bw·achieved.memory_bound))`` with ``f`` forward FLOPs per sample; memory and collectives
+per style — replicate (all-reduce of the gradient), fsdp (two all-gathers and a reduce-scatter of the parameters,
+1/W of the state per rank plus one unsharded copy), colwise / rowwise (tensor parallel inside the host: 1/g of the
+state, activations exchanged inside the host, the gradient of the 1/g slice all-reduced across hosts).
+
+Nothing overlaps in this model: a rank's step time is its compute plus its communication.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hwprofiles import HardwareProfile
+from solver.spec import DenseLayerSpec, DenseStyle, Dtype, EmbeddingTableSpec, Optimizer, Placement, Pooling
+from solver.spec import ShardingType as ST
+
+ID_BYTES = 8
+LENGTH_BYTES = 4
+GRAD_BYTES = 4  # gradients and optimizer state are fp32
+CACHE_META_BYTES_PER_ROW = 16
+MS = 1e3
+
+
+def out_bytes(dtype: Dtype) -> int:
+    """Bytes per element of pooled outputs and their gradients."""
+    return 4 if dtype is Dtype.fp32 else 2
+
+
+def round_up(nbytes: float, granularity: int) -> float:
+    return math.ceil(nbytes / granularity) * granularity
+
+
+# ----------------------------------------------------------------------------------------------- links
+
+
+def intra_host_bw(profile: HardwareProfile, peers: int) -> float:
+    """Achieved bytes/s one GPU exchanges with ``peers`` GPUs of its host at once.
+
+    switched (NVSwitch): ``scale_up``, whatever the number of peers; full mesh (xGMI): one link per peer, so
+    ``min(scale_up, peers·per_peer)`` — two MI350X talk at 76.8 GB/s, not 537.6; pcie: ``per_peer``.
+    Times ``achieved.intra_host_collective``.
+    """
+    if peers <= 0:
+        return math.inf
+    if profile.scale_up_topology == "switched":
+        raw = float(profile.scale_up_bytes_per_s)
+    elif profile.scale_up_topology == "full_mesh":
+        raw = float(min(profile.scale_up_bytes_per_s, peers * profile.scale_up_per_peer_bytes_per_s))
+    else:
+        raw = float(profile.scale_up_per_peer_bytes_per_s)
+    return raw * profile.achieved.intra_host_collective
+
+
+def inter_host_bw(profile: HardwareProfile) -> float:
+    """Achieved NIC bytes/s per GPU: ``scale_out · achieved.inter_host_collective``."""
+    return profile.scale_out_bytes_per_s * profile.achieved.inter_host_collective
+
+
+@dataclass(frozen=True)
+class CommContext:
+    """What a shard's communication depends on, besides its own shape.
+
+    ``intra_bw`` / ``inter_bw`` are achieved bytes/s; for a group of mixed devices the caller passes the slowest
+    member's figures (a collective runs at its slowest link).
+    """
+
+    batch_size: int  # B, per GPU
+    world_size: int  # W
+    gpus_per_host: int  # g, of the shard's host
+    num_hosts: int  # H, in the fleet
+    intra_bw: float  # owner ↔ the g−1 peers of its host
+    inter_bw: float  # owner ↔ other hosts
+    group_size: int = 1  # k: ranks that share the table's rows (row_wise / table_row_wise)
+    group_hosts: int = 1  # h: hosts the group spans
+    group_intra_bw: float = math.inf  # inside the group's hosts, over k_h peers
+    group_inter_bw: float = math.inf  # between the group's hosts
+
+    @property
+    def remote_fraction(self) -> float:
+        """Share of the other ranks that sit on another host: ``(W−g)/(W−1)``."""
+        if self.world_size <= 1:
+            return 0.0
+        return (self.world_size - self.gpus_per_host) / (self.world_size - 1)
+
+
+def split_transfer_s(nbytes: float, ctx: CommContext) -> float:
+    """Seconds to move ``nbytes`` between one rank and all others: local and remote parts in parallel."""
+    if nbytes <= 0 or ctx.world_size <= 1:
+        return 0.0
+    remote = nbytes * ctx.remote_fraction
+    local = nbytes - remote
+    return max(local / ctx.intra_bw, remote / ctx.inter_bw if remote > 0 else 0.0)
+
+
+def hierarchical_s(nbytes: float, ranks_per_host: int, hosts: int, intra: float, inter: float) -> float:
+    """Seconds for one reduce-scatter (or all-gather) of ``nbytes`` over ``hosts`` × ``ranks_per_host`` ranks.
+
+    ``(k_h−1)/k_h · S / intra  +  (h−1)/h · S/k_h / inter``.
+    """
+    if nbytes <= 0:
+        return 0.0
+    t = 0.0
+    if ranks_per_host > 1:
+        t += (ranks_per_host - 1) / ranks_per_host * nbytes / intra
+    if hosts > 1:
+        t += (hosts - 1) / hosts * nbytes / max(ranks_per_host, 1) / inter
+    return t
+
+
+# ----------------------------------------------------------------------------------------------- traffic
+
+
+@dataclass(frozen=True)
+class ShardTraffic:
+    """Ids a shard serves (``n``) and output rows it writes (``o``) per step."""
+
+    ids: float
+    bags: float
+    out_rows: float
+
+
+def shard_traffic(table: EmbeddingTableSpec, sharding: ST, num_rows: int, batch: int, world: int) -> ShardTraffic:
+    """``n`` and ``o`` of the module docstring."""
+    bags_global = float(world * batch * table.num_features)
+    ids_global = bags_global * table.pooling_factor
+    if sharding is ST.data_parallel:
+        bags = bags_global / world
+        ids = ids_global / world
+    elif sharding in (ST.row_wise, ST.table_row_wise):
+        bags = bags_global
+        ids = ids_global * num_rows / table.num_embeddings
+    else:
+        bags = bags_global
+        ids = ids_global
+    out_rows = ids if table.pooling is Pooling.none else bags
+    return ShardTraffic(ids=ids, bags=bags, out_rows=out_rows)
+
+
+def optimizer_state_bytes(optimizer: Optimizer, rows: int, cols: int) -> int:
+    """sgd 0 · adagrad ``r·c·4`` · rowwise_adagrad ``r·4`` · adam ``2·r·c·4``."""
+    if optimizer is Optimizer.sgd:
+        return 0
+    if optimizer is Optimizer.adagrad:
+        return rows * cols * GRAD_BYTES
+    if optimizer is Optimizer.rowwise_adagrad:
+        return rows * GRAD_BYTES
+    return 2 * rows * cols * GRAD_BYTES
+
+
+def optimizer_update_bytes(optimizer: Optimizer, cols: int, granularity: int) -> float:
+    """Bytes of optimizer state read + written per updated row."""
+    if optimizer is Optimizer.sgd:
+        return 0.0
+    if optimizer is Optimizer.rowwise_adagrad:
+        return 2.0 * granularity
+    per = round_up(cols * GRAD_BYTES, granularity)
+    return (2.0 if optimizer is Optimizer.adagrad else 4.0) * per
+
+
+# ----------------------------------------------------------------------------------------------- memory
+
+
+@dataclass(frozen=True)
+class ShardMemory:
+    """Bytes one shard keeps on its rank."""
+
+    weights: int = 0  # in HBM
+    optimizer: int = 0  # in HBM
+    gradients: int = 0
+    buffers: int = 0
+    cache: int = 0
+    host: int = 0  # host DRAM: weights + optimizer state for uvm_cache / host placements
+
+    @property
+    def hbm(self) -> int:
+        return self.weights + self.optimizer + self.gradients + self.buffers + self.cache
+
+
+def cached_rows(num_rows: int, cache_fraction: float | None) -> int:
+    return min(num_rows, math.ceil((cache_fraction or 0.0) * num_rows))
+
+
+def shard_memory(
+    table: EmbeddingTableSpec,
+    sharding: ST,
+    num_rows: int,
+    num_cols: int,
+    placement: Placement,
+    cache_fraction: float | None,
+    batch: int,
+    world: int,
+) -> ShardMemory:
+    """Memory of one shard; formulas in the module docstring."""
+    traffic = shard_traffic(table, sharding, num_rows, batch, world)
+    weights = num_rows * num_cols * table.dtype.nbytes
+    state = optimizer_state_bytes(table.optimizer, num_rows, num_cols)
+    if sharding is ST.data_parallel:
+        grads = num_rows * num_cols * table.dtype.nbytes
+    else:
+        grads = math.ceil(min(traffic.ids, num_rows)) * num_cols * GRAD_BYTES
+    buffers = math.ceil(
+        traffic.ids * ID_BYTES + traffic.bags * LENGTH_BYTES + 2 * traffic.out_rows * num_cols * out_bytes(table.dtype)
+    )
+    if placement is Placement.hbm:
+        return ShardMemory(weights=weights, optimizer=state, gradients=grads, buffers=buffers)
+    cache = 0
+    if placement is Placement.uvm_cache:
+        cache = cached_rows(num_rows, cache_fraction) * (num_cols * table.dtype.nbytes + CACHE_META_BYTES_PER_ROW)
+    return ShardMemory(gradients=grads, buffers=buffers, cache=cache, host=weights + state)
+
+
+# ----------------------------------------------------------------------------------------------- compute
+
+
+def generalized_harmonic(n: float, s: float) -> float:
+    """``H(n, s) = Σ_{i≤n} i^−s`` by Euler–Maclaurin (exact enough for hit rates)."""
+    if n <= 0:
+        return 0.0
+    if n < 64:
+        return float(sum(float(i) ** (-s) for i in range(1, int(n) + 1)))
+    tail = (1 + n ** (-s)) / 2 + s / 12 * (1 - n ** (-s - 1))
+    if abs(s - 1.0) < 1e-9:
+        return float(math.log(n) + tail)
+    return float((n ** (1 - s) - 1) / (1 - s) + tail)
+
+
+def cache_hit_rate(num_rows: int, cache_fraction: float | None, access_skew: float | None) -> float:
+    """Share of lookups served from an HBM cache holding the ``⌈f·r⌉`` hottest rows.
+
+    Uniform access (no skew): ``h = f``.  Zipf(s): ``h = H(⌈f·r⌉, s) / H(r, s)`` — a cache that keeps the hot rows
+    (LRU/LFU at steady state) serves the mass of the head of the distribution.
+    """
+    f = cache_fraction or 0.0
+    if f <= 0:
+        return 0.0
+    if f >= 1:
+        return 1.0
+    if access_skew is None:
+        return f
+    k = cached_rows(num_rows, f)
+    return max(f, min(1.0, generalized_harmonic(k, access_skew) / generalized_harmonic(num_rows, access_skew)))
+
+
+def shard_compute_ms(
+    table: EmbeddingTableSpec,
+    sharding: ST,
+    num_rows: int,
+    num_cols: int,
+    placement: Placement,
+    cache_fraction: float | None,
+    profile: HardwareProfile,
+    batch: int,
+    world: int,
+) -> float:
+    """Forward + backward lookup and update time of one shard on ``profile`` (module docstring)."""
+    t = shard_traffic(table, sharding, num_rows, batch, world)
+    g = profile.memory_access_granularity_bytes
+    row = round_up(num_cols * table.dtype.nbytes, g)
+    ob = out_bytes(table.dtype)
+    gathers = t.ids * (row + 2 * row + optimizer_update_bytes(table.optimizer, num_cols, g))  # fwd read, bwd r+w
+    streams = 2.0 * t.out_rows * num_cols * ob  # pooled output written, its gradient read
+    if sharding is ST.data_parallel:
+        gathers = t.ids * row
+        state = optimizer_state_bytes(table.optimizer, num_rows, num_cols)
+        streams += num_rows * num_cols * (GRAD_BYTES + 2 * table.dtype.nbytes) + 2 * state
+    hbm_gather = profile.hbm_bandwidth_bytes_per_s * profile.achieved.embedding_gather
+    hbm_stream = profile.hbm_bandwidth_bytes_per_s * profile.achieved.memory_bound
+    link = profile.host_link_bytes_per_s * profile.achieved.host_link
+    if placement is Placement.hbm:
+        seconds = gathers / hbm_gather + streams / hbm_stream
+    else:
+        hit = cache_hit_rate(num_rows, cache_fraction, table.access_skew) if placement is Placement.uvm_cache else 0.0
+        miss = 1.0 - hit
+        fill = t.ids * miss * row if placement is Placement.uvm_cache else 0.0  # misses written into the cache
+        seconds = (gathers * hit + fill) / hbm_gather + gathers * miss / link + streams / hbm_stream
+    return seconds * MS
+
+
+# ----------------------------------------------------------------------------------------------- communication
+
+
+def shard_comm_ms(table: EmbeddingTableSpec, sharding: ST, num_rows: int, num_cols: int, ctx: CommContext) -> float:
+    """Owner-side communication of one shard per step (module docstring)."""
+    W = ctx.world_size
+    if W <= 1:
+        return 0.0
+    t = shard_traffic(table, sharding, num_rows, ctx.batch_size, W)
+    ob = out_bytes(table.dtype)
+    moved = (W - 1) / W
+    if sharding is ST.data_parallel:
+        grad = num_rows * num_cols * table.dtype.nbytes
+        return 2 * hierarchical_s(grad, ctx.gpus_per_host, ctx.num_hosts, ctx.intra_bw, ctx.inter_bw) * MS
+    ids_s = split_transfer_s((t.ids * ID_BYTES + t.bags * LENGTH_BYTES) * moved, ctx)
+    partial = t.out_rows * num_cols * ob
+    if sharding in (ST.table_wise, ST.column_wise) or table.pooling is Pooling.none:
+        return (ids_s + 2 * split_transfer_s(partial * moved, ctx)) * MS
+    k = max(ctx.group_size, 1)
+    h = max(ctx.group_hosts, 1)
+    per_host = max(k // h, 1)
+    rs = hierarchical_s(partial, per_host, h, ctx.group_intra_bw, ctx.group_inter_bw)
+    seconds = ids_s + 2 * rs
+    if k < W:  # the group's pooled rows still have to reach every rank
+        seconds += 2 * split_transfer_s(partial / k * moved, ctx)
+    return seconds * MS
+
+
+def table_data_side_ms(table: EmbeddingTableSpec, ctx: CommContext) -> float:
+    """What every rank sends and receives for a sharded (not data_parallel) table (module docstring)."""
+    W = ctx.world_size
+    if W <= 1:
+        return 0.0
+    B, F = ctx.batch_size, table.num_features
+    ob = out_bytes(table.dtype)
+    rows_out = B * F * (table.pooling_factor if table.pooling is Pooling.none else 1.0)
+    nbytes = B * F * table.pooling_factor * ID_BYTES + B * F * LENGTH_BYTES + 2 * rows_out * table.embedding_dim * ob
+    return split_transfer_s(nbytes * (W - 1) / W, ctx) * MS
+
+
+def collective_latency_ms(profile: HardwareProfile, kinds: int, multi_host: bool) -> float:
+    """Fixed cost of ``kinds`` collectives per step on a rank: ``kinds · latency`` (inter-host if the fleet spans
+    hosts, else intra-host)."""
+    lat = profile.inter_host_latency_us if multi_host else profile.intra_host_latency_us
+    return kinds * lat / 1e3
+
+
+# ----------------------------------------------------------------------------------------------- dense layers
+
+
+@dataclass(frozen=True)
+class DenseCost:
+    hbm_bytes: int
+    compute_ms: float
+    comm_ms: float
+
+
+def dense_state_bytes(layer: DenseLayerSpec) -> int:
+    """Weights + gradient + optimizer state (+ an fp32 master copy for low-precision weights)."""
+    p = layer.num_params
+    b = layer.dtype.nbytes
+    state = {
+        Optimizer.sgd: 0,
+        Optimizer.adagrad: p * 4,
+        Optimizer.rowwise_adagrad: layer.out_features * 4,
+        Optimizer.adam: 2 * p * 4,
+    }[layer.optimizer]
+    master = p * 4 if layer.dtype is not Dtype.fp32 else 0
+    return p * b * 2 + state + master
+
+
+def dense_cost(layer: DenseLayerSpec, style: DenseStyle, profile: HardwareProfile, ctx: CommContext) -> DenseCost:
+    """Per-rank memory, compute and communication of one dense layer under ``style`` (module docstring)."""
+    B, W, g, H = ctx.batch_size, ctx.world_size, ctx.gpus_per_host, ctx.num_hosts
+    b = layer.dtype.nbytes
+    w = layer.num_params * b
+    act = B * (layer.in_features + layer.out_features) * b
+    flops = 3.0 * layer.forward_flops_per_sample * B
+    compute_s = max(
+        flops / (profile.peak_flops(layer.dtype.value) * profile.achieved.gemm),
+        3.0 * (w + act) / (profile.hbm_bandwidth_bytes_per_s * profile.achieved.memory_bound),
+    )
+    state = dense_state_bytes(layer)
+    if style is DenseStyle.replicate:
+        hbm = state + act
+        comm_s = 2 * hierarchical_s(w, g, H, ctx.intra_bw, ctx.inter_bw) if W > 1 else 0.0
+    elif style is DenseStyle.fsdp:
+        hbm = math.ceil(state / W) + w + act
+        comm_s = 3 * hierarchical_s(w, g, H, ctx.intra_bw, ctx.inter_bw) if W > 1 else 0.0
+    else:  # colwise / rowwise: tensor parallel over the host, data parallel across hosts
+        hbm = math.ceil(state / g) + act
+        comm_s = 0.0
+        if g > 1:
+            comm_s += 2 * (g - 1) * B * (layer.in_features + layer.out_features) * b / ctx.intra_bw
+        if H > 1:
+            comm_s += 2 * (H - 1) / H * (w / g) / ctx.inter_bw
+    return DenseCost(hbm_bytes=hbm, compute_ms=compute_s * MS, comm_ms=comm_s * MS)

@@ -1,0 +1,214 @@
+"""Score any plan under the cost model: per-rank HBM, host memory, compute and communication.
+
+Solver-agnostic: the greedy planner, CP-SAT, TorchRec imports and port analysis all come here for their figures,
+so a plan's numbers never depend on who made it. :func:`shard_cost` is the one place a shard is priced; the
+candidate enumeration calls it too.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from solver import cost_model as cm
+from solver.spec import (
+    DensePlan,
+    DenseStyle,
+    EmbeddingTableSpec,
+    HbmBreakdown,
+    ModelSpec,
+    Placement,
+    RankPlan,
+    RankTime,
+    ShardingType,
+    TablePlan,
+)
+from solver.topology import DeviceClass, Topology
+
+
+@dataclass(frozen=True)
+class ShardCost:
+    memory: cm.ShardMemory
+    compute_ms: float
+    comm_ms: float
+
+    @property
+    def total_ms(self) -> float:
+        return self.compute_ms + self.comm_ms
+
+
+def shard_cost(
+    topo: Topology,
+    batch: int,
+    table: EmbeddingTableSpec,
+    sharding: ShardingType,
+    num_rows: int,
+    num_cols: int,
+    placement: Placement,
+    cache_fraction: float | None,
+    cls: DeviceClass,
+    group: Iterable[int] | None = None,
+) -> ShardCost:
+    """Memory and time of one shard on a GPU of class ``cls``; ``group`` = ranks sharing the table's rows."""
+    W = topo.world_size
+    memory = cm.shard_memory(table, sharding, num_rows, num_cols, placement, cache_fraction, batch, W)
+    compute = cm.shard_compute_ms(table, sharding, num_rows, num_cols, placement, cache_fraction, cls.profile, batch, W)
+    ctx = topo.context(cls, batch, group if sharding in (ShardingType.row_wise, ShardingType.table_row_wise) else None)
+    comm = cm.shard_comm_ms(table, sharding, num_rows, num_cols, ctx)
+    return ShardCost(memory=memory, compute_ms=compute, comm_ms=comm)
+
+
+def data_side_ms(topo: Topology, batch: int, table: EmbeddingTableSpec, cls: DeviceClass) -> float:
+    return cm.table_data_side_ms(table, topo.context(cls, batch))
+
+
+def dense_cost(
+    topo: Topology, batch: int, model: ModelSpec, name: str, style: DenseStyle, cls: DeviceClass
+) -> cm.DenseCost:
+    layer = next(d for d in model.dense_layers if d.name == name)
+    return cm.dense_cost(layer, style, cls.profile, topo.context(cls, batch))
+
+
+def latency_kinds(tables: Sequence[TablePlan]) -> int:
+    """Collectives per step: 3 all-to-alls (ids, outputs, output grads) if anything is sharded, a reduce-scatter
+    and an all-gather if anything is row-sharded, an all-reduce if anything is data-parallel or dense."""
+    kinds = set()
+    for t in tables:
+        if t.sharding_type is ShardingType.data_parallel:
+            kinds.add("ar")
+        else:
+            kinds.update({"a2a_ids", "a2a_out", "a2a_grad"})
+            if t.sharding_type in (ShardingType.row_wise, ShardingType.table_row_wise):
+                kinds.update({"rs", "ag"})
+    return len(kinds)
+
+
+@dataclass
+class _RankAcc:
+    weights: int = 0
+    optimizer: int = 0
+    gradients: int = 0
+    buffers: int = 0
+    cache: int = 0
+    dense: int = 0
+    host: int = 0
+    compute: float = 0.0
+    comm: float = 0.0
+
+    def add(self, c: ShardCost) -> None:
+        m = c.memory
+        self.weights += m.weights
+        self.optimizer += m.optimizer
+        self.gradients += m.gradients
+        self.buffers += m.buffers
+        self.cache += m.cache
+        self.host += m.host
+        self.compute += c.compute_ms
+        self.comm += c.comm_ms
+
+    @property
+    def hbm(self) -> int:
+        return self.weights + self.optimizer + self.gradients + self.buffers + self.cache + self.dense
+
+
+@dataclass
+class Evaluation:
+    ranks: list[RankPlan]
+    host_memory_used: list[int]  # per host
+    step_ms: float
+    per_table_ms: dict[str, float] = field(default_factory=dict)
+
+    hbm_limits: list[int] = field(default_factory=list)  # per rank: capacity × (1 − reserve)
+    host_limits: list[int] = field(default_factory=list)  # per host
+
+    def overfull_ranks(self) -> list[tuple[int, int]]:
+        """(rank, bytes over the usable capacity) for each rank whose HBM does not fit."""
+        return [
+            (r.rank, r.hbm_used_bytes - lim)
+            for r, lim in zip(self.ranks, self.hbm_limits, strict=True)
+            if r.hbm_used_bytes > lim
+        ]
+
+    def overfull_hosts(self) -> list[tuple[int, int]]:
+        """(host, bytes over its host memory) for each host whose DRAM does not fit."""
+        return [
+            (h, used - lim)
+            for h, (used, lim) in enumerate(zip(self.host_memory_used, self.host_limits, strict=True))
+            if used > lim
+        ]
+
+
+def evaluate(topo: Topology, model: ModelSpec, tables: Sequence[TablePlan], dense: Sequence[DensePlan]) -> Evaluation:
+    """Price every shard on its rank (plans are assumed structurally valid: see ``validate``)."""
+    B = model.batch_size_per_gpu
+    acc = [_RankAcc() for _ in topo.ranks]
+    per_table: dict[str, float] = defaultdict(float)
+    for tp in tables:
+        table = model.table(tp.name)
+        group = [s.rank for s in tp.shards]
+        for s in tp.shards:
+            cls = topo.class_of(s.rank)
+            c = shard_cost(
+                topo,
+                B,
+                table,
+                tp.sharding_type,
+                s.num_rows,
+                s.num_cols,
+                s.placement,
+                s.cache_fraction,
+                cls,
+                group,
+            )
+            acc[s.rank].add(c)
+            per_table[tp.name] = max(per_table[tp.name], c.total_ms)
+        if tp.sharding_type is not ShardingType.data_parallel:
+            for cls in topo.classes:
+                side = data_side_ms(topo, B, table, cls)
+                for r in cls.ranks:
+                    acc[r].comm += side
+    for dp in dense:
+        for cls in topo.classes:
+            dc = dense_cost(topo, B, model, dp.name, dp.style, cls)
+            for r in cls.ranks:
+                acc[r].dense += dc.hbm_bytes
+                acc[r].compute += dc.compute_ms
+                acc[r].comm += dc.comm_ms
+    kinds = latency_kinds(tables) + (1 if dense else 0)
+    multi_host = topo.num_hosts > 1
+    host_used = [0] * topo.num_hosts
+    ranks: list[RankPlan] = []
+    for info, a in zip(topo.ranks, acc, strict=True):
+        a.comm += cm.collective_latency_ms(info.profile, kinds, multi_host)
+        host_used[info.host] += a.host
+        ranks.append(
+            RankPlan(
+                rank=info.rank,
+                host=info.host,
+                gpu=info.profile.name,
+                hbm_capacity_bytes=info.profile.hbm_bytes,
+                hbm_used_bytes=a.hbm,
+                host_memory_used_bytes=a.host,
+                hbm_breakdown=HbmBreakdown(
+                    weights=a.weights,
+                    optimizer=a.optimizer,
+                    gradients=a.gradients,
+                    buffers=a.buffers,
+                    cache=a.cache,
+                    dense=a.dense,
+                ),
+                predicted_ms=RankTime(
+                    compute=round(a.compute, 6), comm=round(a.comm, 6), total=round(a.compute + a.comm, 6)
+                ),
+            )
+        )
+    step = max((r.predicted_ms.total for r in ranks), default=0.0)
+    return Evaluation(
+        ranks=ranks,
+        host_memory_used=host_used,
+        step_ms=step,
+        per_table_ms=dict(per_table),
+        hbm_limits=[topo.hbm_limit(r.rank) for r in topo.ranks],
+        host_limits=[h.host_memory_bytes for h in topo.hosts],
+    )

@@ -1,0 +1,110 @@
+"""Turn an assignment (tables, dense styles) into the wire :class:`Plan`, with the evaluator's figures."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Literal
+
+from solver.evaluate import evaluate
+from solver.spec import DensePlan, FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams, SolverInfo, TablePlan
+from solver.topology import Topology
+
+COST_MODEL_VERSION = "1"
+
+SolverStatus = Literal["OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN", "MODEL_INVALID", "HEURISTIC"]
+
+
+def solver_version() -> str:
+    try:
+        pkg = version("shardwise")
+    except PackageNotFoundError:  # running from a source tree
+        pkg = "0+unknown"
+    return f"shardwise-{pkg}/cost-model-{COST_MODEL_VERSION}"
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def request_hash(model: ModelSpec, fleet: FleetSpec, params: SolveParams) -> str:
+    """sha256 over the canonical JSON of (model, fleet, options, solver version)."""
+    body = {
+        "model": model.model_dump(mode="json"),
+        "fleet": fleet.model_dump(mode="json"),
+        "options": params.model_dump(mode="json"),
+        "solver_version": solver_version(),
+    }
+    return "sha256:" + hashlib.sha256(canonical_json(body).encode()).hexdigest()
+
+
+def build_plan(
+    topo: Topology,
+    model: ModelSpec,
+    tables: Sequence[TablePlan] | None,
+    dense: Sequence[DensePlan],
+    params: SolveParams,
+    *,
+    solver_name: str,
+    status: SolverStatus,
+    seconds: float,
+    bound_ms: float | None = None,
+    explanation: Sequence[str] = (),
+) -> Plan:
+    """Evaluate ``tables`` + ``dense`` and wrap them; ``tables=None`` gives an infeasible plan."""
+    rhash = request_hash(model, topo.fleet, params)
+    info: dict[str, Any] = {
+        "name": solver_name,
+        "version": solver_version(),
+        "status": status,
+        "seconds": round(seconds, 3),
+        "params": params,
+    }
+    common: dict[str, Any] = {
+        "id": "plan-" + rhash[7:23],
+        "request_hash": rhash,
+        "model": model.name,
+        "fleet": topo.fleet.name,
+    }
+    if tables is None:
+        return Plan(status=PlanStatus.infeasible, solver=SolverInfo(**info), explanation=list(explanation), **common)
+    ordered = sorted(tables, key=lambda t: [x.name for x in model.embedding_tables].index(t.name))
+    ev = evaluate(topo, model, ordered, dense)
+    step = round(ev.step_ms, 6)
+    bound = None if bound_ms is None else round(min(bound_ms, step), 6)
+    gap = None if bound is None or step <= 0 else round((step - bound) / step, 6)
+    info.update(objective_ms=step, bound_ms=bound, gap=gap)
+    plan_status = PlanStatus.optimal if status == "OPTIMAL" else PlanStatus.feasible
+    notes = list(explanation) or summarize(ordered, ev.step_ms, bound)
+    return Plan(
+        status=plan_status,
+        predicted_step_ms=step,
+        lower_bound_ms=bound,
+        ranks=ev.ranks,
+        tables=list(ordered),
+        dense=list(dense),
+        solver=SolverInfo(**info),
+        explanation=notes,
+        **common,
+    )
+
+
+def summarize(tables: Sequence[TablePlan], step_ms: float, bound: float | None) -> list[str]:
+    """Human-readable one-liners for a feasible plan."""
+    counts: dict[str, int] = {}
+    offloaded = 0
+    for t in tables:
+        counts[t.sharding_type.value] = counts.get(t.sharding_type.value, 0) + 1
+        offloaded += any(s.placement.value != "hbm" for s in t.shards)
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    lines = [f"{len(tables)} tables: {kinds}" if tables else "no embedding tables"]
+    if offloaded:
+        lines.append(f"{offloaded} table(s) keep their weights in host memory (uvm_cache or host)")
+    if bound is not None and step_ms > 0:
+        lines.append(
+            f"predicted {step_ms:.3f} ms per step; no plan can beat {bound:.3f} ms "
+            f"(gap {(step_ms - bound) / step_ms:.1%})"
+        )
+    return lines

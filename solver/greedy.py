@@ -1,0 +1,252 @@
+"""The greedy planner: largest table first, each onto the ranks that finish earliest and still have room.
+
+It always answers — a valid plan, or an infeasible one whose explanation names the short resource, by how much and
+where. It is CP-SAT's hint and fallback and the baseline in benchmarks.
+
+1. Dense layers first (they sit on every rank): per layer the fastest style whose state keeps all dense layers under
+   :data:`DENSE_SHARE` of the smallest GPU's usable HBM, else the style that needs the least memory.
+2. Tables by descending cost (their cheapest candidate's summed shard time, then bytes).
+3. For each table, every candidate is tried: each ``rank``-scope shard goes to the rank with the lowest load that
+   still has HBM (and host memory, for offloaded shards); a ``host`` candidate takes the host whose busiest GPU ends
+   earliest; ``group`` / ``fleet`` candidates have fixed ranks. The candidate giving the lowest resulting makespan
+   wins (ties: less total time, then less HBM). No candidate fits → infeasible.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from solver.bounds import lower_bound_ms
+from solver.candidates import Candidate, enumerate_candidates
+from solver.evaluate import dense_cost
+from solver.explain import explain_infeasible
+from solver.extract import build_plan
+from solver.spec import DensePlan, DenseStyle, ModelSpec, Plan, ShardPlan, SolveParams, TablePlan
+from solver.topology import Topology
+
+DENSE_SHARE = 0.25
+
+
+@dataclass
+class Placed:
+    """A candidate with the ranks its shards went to."""
+
+    candidate: Candidate
+    ranks: list[int]
+
+
+@dataclass
+class LoadState:
+    load: np.ndarray
+    hbm: np.ndarray
+    host: np.ndarray
+    hbm_limit: np.ndarray
+    host_limit: np.ndarray
+    rank_class: np.ndarray
+    rank_host: np.ndarray
+    placed: list[Placed] = field(default_factory=list)
+
+
+def choose_dense(topo: Topology, model: ModelSpec) -> list[tuple[str, DenseStyle]]:
+    """Step 1 of the module docstring."""
+    B = model.batch_size_per_gpu
+    budget = DENSE_SHARE * min(c.hbm_limit_bytes for c in topo.classes)
+    per_layer = []
+    for layer in model.dense_layers:
+        options = []
+        for style in DenseStyle:
+            costs = [dense_cost(topo, B, model, layer.name, style, c) for c in topo.classes]
+            options.append((max(c.compute_ms + c.comm_ms for c in costs), max(c.hbm_bytes for c in costs), style))
+        per_layer.append((layer.name, sorted(options, key=lambda o: (o[0], o[1], o[2].value))))
+    chosen = {name: opts[0] for name, opts in per_layer}
+    if sum(o[1] for o in chosen.values()) > budget:
+        chosen = {name: min(opts, key=lambda o: (o[1], o[0])) for name, opts in per_layer}
+    return [(name, chosen[name][2]) for name, _ in per_layer]
+
+
+def _initial_state(topo: Topology, model: ModelSpec, dense: list[tuple[str, DenseStyle]]) -> LoadState:
+    W = topo.world_size
+    state = LoadState(
+        load=np.zeros(W),
+        hbm=np.zeros(W, dtype=np.int64),
+        host=np.zeros(topo.num_hosts, dtype=np.int64),
+        hbm_limit=np.array([topo.hbm_limit(r) for r in range(W)], dtype=np.int64),
+        host_limit=np.array([h.host_memory_bytes for h in topo.hosts], dtype=np.int64),
+        rank_class=np.array([r.group for r in topo.ranks]),
+        rank_host=np.array([r.host for r in topo.ranks]),
+    )
+    for name, style in dense:
+        for cls in topo.classes:
+            dc = dense_cost(topo, model.batch_size_per_gpu, model, name, style, cls)
+            idx = list(cls.ranks)
+            state.load[idx] += dc.compute_ms + dc.comm_ms
+            state.hbm[idx] += dc.hbm_bytes
+    return state
+
+
+def _try(
+    state: LoadState, topo: Topology, cand: Candidate
+) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray] | None:
+    """Ranks for ``cand``'s shards and the resulting load / hbm / host arrays, or None if it does not fit."""
+    load = state.load + cand.every_rank_ms[state.rank_class]
+    hbm = state.hbm.copy()
+    host = state.host.copy()
+    ranks: list[int] = []
+    time_ = cand.time_ms
+    if cand.scope == "rank":
+        for i in range(len(cand.shapes)):
+            need_h = cand.hbm[i][state.rank_class]
+            need_d = cand.host[i][state.rank_class]
+            ok = (hbm + need_h <= state.hbm_limit) & (
+                host[state.rank_host] + need_d <= state.host_limit[state.rank_host]
+            )
+            if not ok.any():
+                return None
+            finish = np.where(ok, load + time_[i][state.rank_class], np.inf)
+            r = int(np.argmin(finish))
+            ranks.append(r)
+            load[r] = finish[r]
+            hbm[r] += need_h[r]
+            host[state.rank_host[r]] += need_d[r]
+        return ranks, load, hbm, host
+    if cand.scope == "host":
+        assert cand.scope_class is not None
+        best: tuple[float, int] | None = None
+        cls = cand.scope_class
+        n = len(cand.shapes)
+        for h in topo.classes[cls].hosts:
+            rr = np.array(topo.hosts[h].ranks)
+            if np.any(hbm[rr] + cand.hbm[:n, cls] > state.hbm_limit[rr]):
+                continue
+            if host[h] + cand.host[:n, cls].sum() > state.host_limit[h]:
+                continue
+            end = float((load[rr] + time_[:n, cls]).max())
+            if best is None or end < best[0]:
+                best = (end, h)
+        if best is None:
+            return None
+        rr = np.array(topo.hosts[best[1]].ranks)
+        load[rr] += time_[:n, cls]
+        hbm[rr] += cand.hbm[:n, cls]
+        host[best[1]] += int(cand.host[:n, cls].sum())
+        return [int(r) for r in rr], load, hbm, host
+    if cand.scope == "group":
+        assert cand.scope_class is not None
+        rr = np.array(topo.classes[cand.scope_class].ranks)
+        need_h = cand.hbm[:, cand.scope_class]
+        need_d = cand.host[:, cand.scope_class]
+        t = time_[:, cand.scope_class]
+    else:  # fleet
+        rr = np.arange(topo.world_size)
+        need_h, need_d, t = cand.hbm[:, 0], cand.host[:, 0], time_[:, 0]
+    if np.any(hbm[rr] + need_h > state.hbm_limit[rr]):
+        return None
+    np.add.at(host, state.rank_host[rr], need_d)
+    if np.any(host > state.host_limit):
+        return None
+    load[rr] += t
+    hbm[rr] += need_h
+    return [int(r) for r in rr], load, hbm, host
+
+
+def _table_order(cands: list[list[Candidate]], model: ModelSpec) -> list[int]:
+    def key(i: int) -> tuple[float, int, str]:
+        work = min(float(np.min(c.time_ms, axis=1).sum()) for c in cands[i]) if cands[i] else 0.0
+        return (-work, -model.embedding_tables[i].weight_bytes, model.embedding_tables[i].name)
+
+    return sorted(range(len(model.embedding_tables)), key=key)
+
+
+def greedy_assign(
+    topo: Topology, model: ModelSpec, cands: list[list[Candidate]], dense: list[tuple[str, DenseStyle]]
+) -> tuple[list[Placed | None], LoadState]:
+    """Steps 2–3 of the module docstring; a table that fits nowhere gets None."""
+    state = _initial_state(topo, model, dense)
+    chosen: list[Placed | None] = [None] * len(model.embedding_tables)
+    for ti in _table_order(cands, model):
+        best = None
+        for cand in cands[ti]:
+            got = _try(state, topo, cand)
+            if got is None:
+                continue
+            ranks, load, hbm, host = got
+            score = (float(load.max()), float(load.sum()), int(hbm.sum()))
+            if best is None or score < best[0]:
+                best = (score, cand, ranks, load, hbm, host)
+        if best is None:
+            continue
+        _, cand, ranks, state.load, state.hbm, state.host = best
+        chosen[ti] = Placed(cand, ranks)
+    return chosen, state
+
+
+def plan_greedy(
+    topo: Topology,
+    model: ModelSpec,
+    params: SolveParams | None = None,
+    candidates: list[list[Candidate]] | None = None,
+) -> Plan:
+    """A full plan from the greedy planner (or an infeasible answer with its explanation)."""
+    params = params or SolveParams(solver="greedy")
+    start = time.perf_counter()
+    cands = (
+        candidates
+        if candidates is not None
+        else [enumerate_candidates(topo, model, i) for i in range(len(model.embedding_tables))]
+    )
+    dense = choose_dense(topo, model)
+    chosen, _ = greedy_assign(topo, model, cands, dense)
+    dense_plans = [DensePlan(name=n, style=s, ranks=list(range(topo.world_size))) for n, s in dense]
+    if any(c is None for c in chosen):
+        missing = [model.embedding_tables[i].name for i, c in enumerate(chosen) if c is None]
+        return build_plan(
+            topo,
+            model,
+            None,
+            dense_plans,
+            params,
+            solver_name="greedy",
+            status="INFEASIBLE",
+            seconds=time.perf_counter() - start,
+            explanation=explain_infeasible(
+                topo,
+                model,
+                cands,
+                missing,
+                empty_state=lambda: _initial_state(topo, model, dense),
+                fits=lambda st, c: _try(st, topo, c) is not None,
+            ),
+        )
+    tables = [placed_to_table(model, p) for p in chosen if p is not None]
+    bound = lower_bound_ms(topo, model, cands)
+    return build_plan(
+        topo,
+        model,
+        tables,
+        dense_plans,
+        params,
+        solver_name="greedy",
+        status="HEURISTIC",
+        seconds=time.perf_counter() - start,
+        bound_ms=bound,
+    )
+
+
+def placed_to_table(model: ModelSpec, p: Placed) -> TablePlan:
+    c = p.candidate
+    shards = [
+        ShardPlan(
+            rank=r,
+            row_offset=s.row_offset,
+            num_rows=s.num_rows,
+            col_offset=s.col_offset,
+            num_cols=s.num_cols,
+            placement=c.placement,
+            cache_fraction=c.cache_fraction,
+        )
+        for r, s in zip(p.ranks, c.shapes, strict=True)
+    ]
+    return TablePlan(name=model.embedding_tables[c.table].name, sharding_type=c.sharding, shards=shards)

@@ -1,0 +1,57 @@
+"""Entry points the CLI and the service call: plan a model on a fleet, score a given plan."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from hwprofiles import HardwareProfile
+from solver.extract import build_plan
+from solver.greedy import plan_greedy
+from solver.spec import FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams
+from solver.topology import Topology
+from solver.validate import check_plan, check_structure
+
+log = logging.getLogger(__name__)
+
+
+def make_plan(
+    model: ModelSpec,
+    fleet: FleetSpec,
+    params: SolveParams | None = None,
+    profiles: Mapping[str, HardwareProfile] | None = None,
+) -> Plan:
+    """Plan ``model`` on ``fleet`` with the solver ``params`` names."""
+    params = params or SolveParams()
+    topo = Topology(fleet, dict(profiles or {}))
+    log.debug("planning %s: %d tables on %d ranks", model.name, len(model.embedding_tables), topo.world_size)
+    plan = plan_greedy(topo, model, params)
+    log.info("planned %s on %s: %s %.3f ms", model.name, fleet.name, plan.status.value, plan.predicted_step_ms or 0)
+    return plan
+
+
+def score_plan(
+    model: ModelSpec, fleet: FleetSpec, plan: Plan, profiles: Mapping[str, HardwareProfile] | None = None
+) -> tuple[list[str], Plan]:
+    """Validate ``plan`` and re-price it under this cost model (figures are recomputed, never trusted).
+
+    Returns the problems (empty when valid) and the re-priced plan.
+    """
+    topo = Topology(fleet, dict(profiles or {}))
+    if plan.status is PlanStatus.infeasible:
+        return ["the plan is infeasible: nothing to evaluate"], plan
+    problems = check_structure(topo, model, plan)
+    if problems:
+        return problems, plan
+    rescored = build_plan(
+        topo,
+        model,
+        plan.tables,
+        plan.dense,
+        plan.solver.params,
+        solver_name=plan.solver.name,
+        status="FEASIBLE",
+        seconds=plan.solver.seconds,
+        explanation=[f"evaluated: {model.name} on {fleet.name} under shardwise's cost model"],
+    )
+    return check_plan(topo, model, rescored), rescored

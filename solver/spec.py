@@ -1,0 +1,326 @@
+"""The wire contract: what a job sends (ModelSpec, FleetSpec) and what shardwise answers (Plan).
+
+Frozen pydantic models, imported by the client, the CLI, the service and the solver alike; this module imports
+pydantic and the profile schema only. Every size is in bytes, every time in milliseconds. Bad input is refused
+with the field path and the reason (pydantic's ValidationError carries both).
+
+Extend, never rename: new fields get defaults so that older documents still validate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from hwprofiles import HardwareProfile, catalogue
+
+SCHEMA_VERSION: Final = 1
+
+Name = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:/\-\[\]]+$")]
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+Ms = Annotated[float, Field(ge=0)]
+
+
+class Dtype(StrEnum):
+    fp32 = "fp32"
+    fp16 = "fp16"
+    bf16 = "bf16"
+    fp8 = "fp8"
+    int8 = "int8"
+
+    @property
+    def nbytes(self) -> int:
+        return {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}[self.value]
+
+
+class Pooling(StrEnum):
+    sum = "sum"
+    mean = "mean"
+    none = "none"  # sequence: one output row per id
+
+
+class Optimizer(StrEnum):
+    sgd = "sgd"
+    adagrad = "adagrad"
+    rowwise_adagrad = "rowwise_adagrad"
+    adam = "adam"
+
+
+class ShardingType(StrEnum):
+    table_wise = "table_wise"
+    row_wise = "row_wise"
+    column_wise = "column_wise"
+    table_row_wise = "table_row_wise"
+    data_parallel = "data_parallel"
+
+
+class Placement(StrEnum):
+    hbm = "hbm"
+    uvm_cache = "uvm_cache"  # weights in host memory, cache_fraction of rows cached in HBM
+    host = "host"  # weights in host memory, read over the host link
+
+
+class DenseStyle(StrEnum):
+    replicate = "replicate"
+    fsdp = "fsdp"
+    colwise = "colwise"
+    rowwise = "rowwise"
+
+
+class PlanStatus(StrEnum):
+    optimal = "optimal"
+    feasible = "feasible"
+    infeasible = "infeasible"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# --------------------------------------------------------------------------------------------------- the model
+
+
+class EmbeddingTableSpec(_Frozen):
+    name: Name
+    num_embeddings: PositiveInt
+    embedding_dim: PositiveInt
+    dtype: Dtype = Dtype.fp32
+    pooling_factor: float = Field(default=1.0, gt=0, description="ids per sample per feature (mean bag size)")
+    pooling: Pooling = Pooling.sum
+    num_features: PositiveInt = 1
+    optimizer: Optimizer = Optimizer.rowwise_adagrad
+    access_skew: float | None = Field(
+        default=None, gt=0, le=5, description="Zipf exponent of row accesses; None = uniform"
+    )
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.num_embeddings * self.embedding_dim * self.dtype.nbytes
+
+
+class DenseLayerSpec(_Frozen):
+    name: Name
+    kind: Literal["linear"] = "linear"
+    in_features: PositiveInt
+    out_features: PositiveInt
+    dtype: Dtype = Dtype.fp32
+    bias: bool = True
+    optimizer: Optimizer = Optimizer.adam
+    flops_per_sample: PositiveInt | None = Field(
+        default=None, description="forward FLOPs per sample when measured (describe()); else 2·in·out"
+    )
+
+    @property
+    def num_params(self) -> int:
+        return self.in_features * self.out_features + (self.out_features if self.bias else 0)
+
+    @property
+    def forward_flops_per_sample(self) -> int:
+        return self.flops_per_sample or 2 * self.in_features * self.out_features
+
+
+class ModelSpec(_Frozen):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    name: Name
+    batch_size_per_gpu: PositiveInt
+    embedding_tables: list[EmbeddingTableSpec] = Field(default_factory=list)
+    dense_layers: list[DenseLayerSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _names_unique(self) -> ModelSpec:
+        if not self.embedding_tables and not self.dense_layers:
+            raise ValueError("a model needs at least one embedding table or dense layer")
+        for field, items in (
+            ("embedding_tables", self.embedding_tables),
+            ("dense_layers", self.dense_layers),
+        ):
+            seen: set[str] = set()
+            for item in items:
+                if item.name in seen:
+                    raise ValueError(f"{field}: duplicate name {item.name!r}")
+                seen.add(item.name)
+        return self
+
+    def table(self, name: str) -> EmbeddingTableSpec:
+        for t in self.embedding_tables:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+
+# --------------------------------------------------------------------------------------------------- the fleet
+
+
+def _known_profiles(info: ValidationInfo) -> Mapping[str, HardwareProfile]:
+    """Profiles a name may refer to: the catalogue, plus custom ones passed as validation context."""
+    extra: Mapping[str, HardwareProfile] = {}
+    if isinstance(info.context, Mapping):
+        extra = info.context.get("profiles", {}) or {}
+    return {**catalogue(), **extra}
+
+
+class HostGroupSpec(_Frozen):
+    """``count`` identical hosts, each with ``gpus_per_host`` GPUs of one kind."""
+
+    gpu: str | HardwareProfile = Field(description="catalogue name, or an inline profile")
+    count: PositiveInt = 1
+    gpus_per_host: PositiveInt = 8
+    host_memory_bytes: PositiveInt | None = Field(default=None, description="per host; profile default if unset")
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _known_gpu(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, str):
+            known = _known_profiles(info)
+            if value not in known:
+                raise ValueError(f"unknown GPU profile {value!r}; known: {', '.join(sorted(known))}")
+        return value
+
+    @property
+    def gpu_name(self) -> str:
+        return self.gpu if isinstance(self.gpu, str) else self.gpu.name
+
+
+class FleetSpec(_Frozen):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    name: Name
+    hosts: list[HostGroupSpec] = Field(min_length=1)
+    hbm_reserve_fraction: float = Field(default=0.1, ge=0, lt=1)
+
+    @property
+    def world_size(self) -> int:
+        return sum(g.count * g.gpus_per_host for g in self.hosts)
+
+    @property
+    def num_hosts(self) -> int:
+        return sum(g.count for g in self.hosts)
+
+
+# --------------------------------------------------------------------------------------------------- the plan
+
+
+class RankTime(_Frozen):
+    compute: Ms = 0.0
+    comm: Ms = 0.0
+    total: Ms = 0.0
+
+
+class HbmBreakdown(_Frozen):
+    """Where a rank's HBM goes (bytes)."""
+
+    weights: NonNegInt = 0
+    optimizer: NonNegInt = 0
+    gradients: NonNegInt = 0
+    buffers: NonNegInt = 0
+    cache: NonNegInt = 0
+    dense: NonNegInt = 0
+
+
+class RankPlan(_Frozen):
+    rank: NonNegInt
+    host: NonNegInt
+    gpu: str
+    hbm_capacity_bytes: NonNegInt
+    hbm_used_bytes: NonNegInt
+    host_memory_used_bytes: NonNegInt = 0
+    hbm_breakdown: HbmBreakdown = HbmBreakdown()
+    predicted_ms: RankTime = RankTime()
+
+
+class ShardPlan(_Frozen):
+    rank: NonNegInt
+    row_offset: NonNegInt
+    num_rows: PositiveInt
+    col_offset: NonNegInt
+    num_cols: PositiveInt
+    placement: Placement = Placement.hbm
+    cache_fraction: float | None = Field(default=None, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _cache_fraction_only_for_cache(self) -> ShardPlan:
+        if self.placement is Placement.uvm_cache and self.cache_fraction is None:
+            raise ValueError("placement uvm_cache needs a cache_fraction")
+        if self.placement is not Placement.uvm_cache and self.cache_fraction is not None:
+            raise ValueError(f"cache_fraction is only for uvm_cache, not {self.placement.value}")
+        return self
+
+
+class TablePlan(_Frozen):
+    name: Name
+    sharding_type: ShardingType
+    shards: list[ShardPlan] = Field(min_length=1)
+
+
+class DensePlan(_Frozen):
+    name: Name
+    style: DenseStyle
+    ranks: list[NonNegInt] = Field(min_length=1)
+
+
+class SolveParams(_Frozen):
+    """Solve options, stored with every plan (same input + same params → the same plan)."""
+
+    solver: Literal["cpsat", "greedy"] = "cpsat"
+    time_limit_s: float = Field(default=30.0, gt=0, le=3600)
+    max_deterministic_time: float | None = Field(default=None, gt=0)
+    num_workers: int = Field(default=2, ge=1, le=64)
+    random_seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    interleave_search: bool = True
+    relative_gap_limit: float = Field(default=0.0, ge=0, lt=1)
+
+
+class SolverInfo(_Frozen):
+    name: str = "greedy"
+    version: str = ""
+    status: Literal["OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN", "MODEL_INVALID", "HEURISTIC"] = "HEURISTIC"
+    seconds: float = Field(default=0.0, ge=0)
+    gap: float | None = Field(default=None, ge=0)
+    objective_ms: float | None = None
+    bound_ms: float | None = None
+    params: SolveParams = SolveParams()
+    versions: dict[str, str] = Field(default_factory=dict)
+
+
+class Plan(_Frozen):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    id: str = ""
+    request_hash: str = ""
+    model: str = ""
+    fleet: str = ""
+    status: PlanStatus
+    predicted_step_ms: Ms | None = None
+    lower_bound_ms: Ms | None = None
+    ranks: list[RankPlan] = Field(default_factory=list)
+    tables: list[TablePlan] = Field(default_factory=list)
+    dense: list[DensePlan] = Field(default_factory=list)
+    solver: SolverInfo = SolverInfo()
+    explanation: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _bound_below_objective(self) -> Plan:
+        if self.status is not PlanStatus.infeasible and self.predicted_step_ms is None:
+            raise ValueError("a feasible plan needs predicted_step_ms")
+        if (
+            self.predicted_step_ms is not None
+            and self.lower_bound_ms is not None
+            and self.lower_bound_ms > self.predicted_step_ms * (1 + 1e-9) + 1e-9
+        ):
+            raise ValueError("lower_bound_ms exceeds predicted_step_ms")
+        return self
+
+    def table(self, name: str) -> TablePlan:
+        for t in self.tables:
+            if t.name == name:
+                return t
+        raise KeyError(name)

@@ -1,0 +1,133 @@
+"""The fleet as the planner sees it: ranks numbered (group, host, GPU), hosts, device classes and their links.
+
+Ranks of one host group share a device profile and a host size, so they share every cost coefficient: the group
+index is the *device class* the solver aggregates over.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from hwprofiles import HardwareProfile, get_profile
+from solver.cost_model import CommContext, inter_host_bw, intra_host_bw
+from solver.spec import FleetSpec
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    index: int
+    group: int
+    profile: HardwareProfile
+    ranks: tuple[int, ...]
+    host_memory_bytes: int
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    host: int
+    group: int
+    local_rank: int
+    profile: HardwareProfile
+
+
+@dataclass(frozen=True)
+class DeviceClass:
+    """One host group: ``count`` hosts of ``gpus_per_host`` identical GPUs."""
+
+    index: int
+    profile: HardwareProfile
+    gpus_per_host: int
+    hosts: tuple[int, ...]
+    ranks: tuple[int, ...]
+    hbm_limit_bytes: int  # capacity × (1 − reserve)
+    host_memory_bytes: int
+
+
+@dataclass
+class Topology:
+    fleet: FleetSpec
+    profiles: Mapping[str, HardwareProfile] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        ranks: list[RankInfo] = []
+        hosts: list[HostInfo] = []
+        classes: list[DeviceClass] = []
+        for gi, group in enumerate(self.fleet.hosts):
+            profile = group.gpu if isinstance(group.gpu, HardwareProfile) else self._lookup(group.gpu)
+            host_mem = group.host_memory_bytes or profile.host_memory_bytes
+            first_host, first_rank = len(hosts), len(ranks)
+            for _ in range(group.count):
+                h = len(hosts)
+                rank_ids = tuple(range(len(ranks), len(ranks) + group.gpus_per_host))
+                for local, r in enumerate(rank_ids):
+                    ranks.append(RankInfo(rank=r, host=h, group=gi, local_rank=local, profile=profile))
+                hosts.append(HostInfo(index=h, group=gi, profile=profile, ranks=rank_ids, host_memory_bytes=host_mem))
+            classes.append(
+                DeviceClass(
+                    index=gi,
+                    profile=profile,
+                    gpus_per_host=group.gpus_per_host,
+                    hosts=tuple(range(first_host, len(hosts))),
+                    ranks=tuple(range(first_rank, len(ranks))),
+                    hbm_limit_bytes=math.floor(profile.hbm_bytes * (1 - self.fleet.hbm_reserve_fraction)),
+                    host_memory_bytes=host_mem,
+                )
+            )
+        self.ranks: list[RankInfo] = ranks
+        self.hosts: list[HostInfo] = hosts
+        self.classes: list[DeviceClass] = classes
+
+    def _lookup(self, name: str) -> HardwareProfile:
+        return self.profiles[name] if name in self.profiles else get_profile(name)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def num_hosts(self) -> int:
+        return len(self.hosts)
+
+    def hbm_limit(self, rank: int) -> int:
+        return self.classes[self.ranks[rank].group].hbm_limit_bytes
+
+    def class_of(self, rank: int) -> DeviceClass:
+        return self.classes[self.ranks[rank].group]
+
+    @cached_property
+    def slowest_inter_bw(self) -> float:
+        return min(inter_host_bw(c.profile) for c in self.classes)
+
+    def context(self, cls: DeviceClass, batch: int, group: Iterable[int] | None = None) -> CommContext:
+        """The :class:`CommContext` of a shard on a GPU of ``cls``; ``group`` = ranks sharing the table's rows."""
+        g = cls.gpus_per_host
+        base = CommContext(
+            batch_size=batch,
+            world_size=self.world_size,
+            gpus_per_host=g,
+            num_hosts=self.num_hosts,
+            intra_bw=intra_host_bw(cls.profile, g - 1),
+            inter_bw=min(inter_host_bw(cls.profile), self.slowest_inter_bw),
+        )
+        if group is None:
+            return base
+        members = sorted(set(group))
+        hosts = {self.ranks[r].host for r in members}
+        per_host = max(1, len(members) // len(hosts))
+        profiles = {self.ranks[r].profile.name: self.ranks[r].profile for r in members}
+        return CommContext(
+            batch_size=batch,
+            world_size=self.world_size,
+            gpus_per_host=g,
+            num_hosts=self.num_hosts,
+            intra_bw=base.intra_bw,
+            inter_bw=base.inter_bw,
+            group_size=len(members),
+            group_hosts=len(hosts),
+            group_intra_bw=min(intra_host_bw(p, per_host - 1) for p in profiles.values()),
+            group_inter_bw=min(inter_host_bw(p) for p in profiles.values()),
+        )

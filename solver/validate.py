@@ -1,0 +1,162 @@
+"""Solver-agnostic plan checks: every invariant of the wire contract, on any plan.
+
+:func:`check_plan` returns one message per violation (empty = valid); :func:`assert_valid_plan` raises
+:class:`PlanValidationError` carrying them. Checks:
+
+* ranks: one entry per rank of the fleet, numbered in order, on the right host and GPU;
+* tables: every model table exactly once, no unknown names; shards on existing ranks, inside the table's
+  rows × columns, tiling them exactly once (no overlap, no gap); data_parallel: full copies on distinct ranks;
+  the sharding type's shape (table_wise one whole shard, column_wise full rows, row_wise / table_row_wise full
+  columns, table_row_wise inside one host);
+* dense: every dense layer once, on every rank;
+* memory, recomputed with the cost model (not trusted from the plan): per rank HBM ≤ capacity × (1 − reserve),
+  per host DRAM ≤ host memory; the plan's reported per-rank HBM equals the recomputation;
+* ``lower_bound_ms ≤ predicted_step_ms``.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+from solver.evaluate import evaluate
+from solver.spec import ModelSpec, Plan, PlanStatus, ShardingType, TablePlan
+from solver.topology import Topology
+from solver.units import fmt_bytes
+
+
+class PlanValidationError(ValueError):
+    def __init__(self, violations: list[str]) -> None:
+        self.violations = violations
+        super().__init__("; ".join(violations))
+
+
+def _check_table(topo: Topology, model: ModelSpec, tp: TablePlan) -> list[str]:
+    out: list[str] = []
+    t = model.table(tp.name)
+    R, D, W = t.num_embeddings, t.embedding_dim, topo.world_size
+    where = f"table {tp.name}"
+    for i, s in enumerate(tp.shards):
+        if s.rank >= W:
+            out.append(f"{where}: shard {i} on rank {s.rank}, but the fleet has {W} ranks")
+        if s.row_offset + s.num_rows > R or s.col_offset + s.num_cols > D:
+            out.append(
+                f"{where}: shard {i} rows {s.row_offset}..{s.row_offset + s.num_rows} × cols "
+                f"{s.col_offset}..{s.col_offset + s.num_cols} is out of bounds ({R} × {D})"
+            )
+    if out:
+        return out
+    st = tp.sharding_type
+    if st is ShardingType.data_parallel:
+        for i, s in enumerate(tp.shards):
+            if (s.row_offset, s.num_rows, s.col_offset, s.num_cols) != (0, R, 0, D):
+                out.append(f"{where}: data_parallel shard {i} is not a full copy")
+            if s.placement.value != "hbm":
+                out.append(f"{where}: data_parallel copies live in HBM, shard {i} is {s.placement.value}")
+        ranks = [s.rank for s in tp.shards]
+        if len(set(ranks)) != len(ranks):
+            out.append(f"{where}: data_parallel lists a rank twice")
+        return out
+    # tiling: column bands, each tiled by row blocks exactly once
+    area = sum(s.num_rows * s.num_cols for s in tp.shards)
+    if area != R * D:
+        kind = "overlap" if area > R * D else "gap"
+        out.append(f"{where}: shards cover {area} cells of {R * D} ({kind})")
+    cuts = sorted({0, D, *[s.col_offset for s in tp.shards], *[s.col_offset + s.num_cols for s in tp.shards]})
+    for lo, hi in pairwise(cuts):
+        spans = sorted(
+            (s.row_offset, s.row_offset + s.num_rows)
+            for s in tp.shards
+            if s.col_offset <= lo and s.col_offset + s.num_cols >= hi
+        )
+        pos = 0
+        for a, b in spans:
+            if a < pos:
+                out.append(f"{where}: shards overlap at rows {a}..{min(b, pos)}, cols {lo}..{hi}")
+                break
+            if a > pos:
+                out.append(f"{where}: rows {pos}..{a} of cols {lo}..{hi} belong to no shard (gap)")
+                break
+            pos = b
+        else:
+            if pos != R:
+                out.append(f"{where}: rows {pos}..{R} of cols {lo}..{hi} belong to no shard (gap)")
+    if st is ShardingType.table_wise and len(tp.shards) != 1:
+        out.append(f"{where}: table_wise needs exactly one shard, got {len(tp.shards)}")
+    if st is ShardingType.column_wise and any(s.num_rows != R for s in tp.shards):
+        out.append(f"{where}: column_wise shards must hold every row")
+    if st in (ShardingType.row_wise, ShardingType.table_row_wise) and any(s.num_cols != D for s in tp.shards):
+        out.append(f"{where}: {st.value} shards must hold every column")
+    if st is ShardingType.table_row_wise and len({topo.ranks[s.rank].host for s in tp.shards}) > 1:
+        out.append(f"{where}: table_row_wise shards must stay inside one host")
+    return out
+
+
+def check_structure(topo: Topology, model: ModelSpec, plan: Plan) -> list[str]:
+    """Table and dense-layer checks: what must hold before a plan can even be priced."""
+    out: list[str] = []
+    W = topo.world_size
+    names = [t.name for t in plan.tables]
+    expected = {t.name for t in model.embedding_tables}
+    for n in sorted(expected - set(names)):
+        out.append(f"table {n} is missing from the plan")
+    for n in sorted(set(names) - expected):
+        out.append(f"table {n} is not in the model")
+    for n in sorted({n for n in names if names.count(n) > 1}):
+        out.append(f"table {n} appears more than once")
+    dnames = [d.name for d in plan.dense]
+    dexpected = {d.name for d in model.dense_layers}
+    for n in sorted(dexpected ^ set(dnames)):
+        out.append(f"dense layer {n} is {'missing from the plan' if n in dexpected else 'not in the model'}")
+    for d in plan.dense:
+        if sorted(d.ranks) != list(range(W)):
+            out.append(f"dense layer {d.name} must run on all {W} ranks")
+    for tp in plan.tables:
+        if tp.name in expected:
+            out.extend(_check_table(topo, model, tp))
+    return out
+
+
+def check_plan(topo: Topology, model: ModelSpec, plan: Plan) -> list[str]:
+    """Every violation of the contract's invariants in ``plan`` (empty list = valid)."""
+    if plan.status is PlanStatus.infeasible:
+        return [] if plan.explanation else ["an infeasible plan must carry an explanation"]
+    out: list[str] = []
+    W = topo.world_size
+    if len(plan.ranks) != W:
+        out.append(f"plan lists {len(plan.ranks)} ranks, the fleet has {W}")
+    for i, rp in enumerate(plan.ranks[:W]):
+        info = topo.ranks[i]
+        if rp.rank != i or rp.host != info.host or rp.gpu != info.profile.name:
+            out.append(
+                f"rank entry {i} says rank {rp.rank} host {rp.host} gpu {rp.gpu}; the fleet has rank {i} "
+                f"on host {info.host}, a {info.profile.name}"
+            )
+    out.extend(check_structure(topo, model, plan))
+    if out:
+        return out
+    ev = evaluate(topo, model, plan.tables, plan.dense)
+    for rank, over in ev.overfull_ranks():
+        out.append(
+            f"rank {rank} HBM over capacity by {fmt_bytes(over)} (limit {fmt_bytes(ev.hbm_limits[rank])} "
+            f"after the {topo.fleet.hbm_reserve_fraction:.0%} reserve)"
+        )
+    for host, over in ev.overfull_hosts():
+        out.append(f"host {host} memory over capacity by {fmt_bytes(over)}")
+    for got, want in zip(plan.ranks, ev.ranks, strict=False):
+        if got.hbm_used_bytes != want.hbm_used_bytes:
+            out.append(
+                f"rank {got.rank} reports {got.hbm_used_bytes} B of HBM; the cost model says {want.hbm_used_bytes} B"
+            )
+    if (
+        plan.lower_bound_ms is not None
+        and plan.predicted_step_ms is not None
+        and plan.lower_bound_ms > plan.predicted_step_ms + 1e-9
+    ):
+        out.append("lower_bound_ms exceeds predicted_step_ms")
+    return out
+
+
+def assert_valid_plan(topo: Topology, model: ModelSpec, plan: Plan) -> None:
+    problems = check_plan(topo, model, plan)
+    if problems:
+        raise PlanValidationError(problems)
