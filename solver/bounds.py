@@ -22,7 +22,9 @@ from solver.spec import DenseStyle, ModelSpec
 from solver.topology import Topology
 
 
-def _work(topo: Topology, c: Candidate) -> float:
+def candidate_work(topo: Topology, c: Candidate) -> float:
+    """Least total time a candidate adds over all ranks: its shards on their cheapest class, plus its every-rank
+    term on every rank."""
     per_class_ranks = np.array([len(cls.ranks) for cls in topo.classes])
     placed = float(np.min(c.time_ms, axis=1).sum())
     return placed + float((c.every_rank_ms * per_class_ranks).sum())
@@ -47,7 +49,7 @@ def lower_bound_ms(topo: Topology, model: ModelSpec, cands: list[list[Candidate]
     W = topo.world_size
     dense = dense_min_per_class(topo, model)
     dense_total = sum(dense[cls.index] * len(cls.ranks) for cls in topo.classes)
-    work = sum(min(_work(topo, c) for c in cs) for cs in cands if cs)
+    work = sum(min(candidate_work(topo, c) for c in cs) for cs in cands if cs)
     lb1 = (dense_total + work) / W
     lb2 = max((min(float(np.min(c.time_ms, axis=1).max()) for c in cs) for cs in cands if cs), default=0.0)
     lb3 = max(dense, default=0.0)

@@ -123,29 +123,19 @@ def enumerate_candidates(topo: Topology, model: ModelSpec, index: int) -> list[C
         classes: list[int],
         group: list[int] | None,
     ) -> tuple[IntArray, IntArray, FloatArray, FloatArray]:
+        """Cost arrays ``[shard, class]``; each distinct (rows, cols, class) is priced once."""
         hbm = np.zeros((len(shapes), ncls), dtype=np.int64)
         host = np.zeros_like(hbm)
         comp = np.full((len(shapes), ncls), np.inf)
         comm = np.full((len(shapes), ncls), np.inf)
-        cache: dict[tuple[int, int, int], tuple[int, int, float, float]] = {}
+        rows_of: dict[tuple[int, int], list[int]] = {}
         for i, s in enumerate(shapes):
+            rows_of.setdefault((s.num_rows, s.num_cols), []).append(i)
+        for (nr, nc), idx in rows_of.items():
             for ci in classes:
-                key = (s.num_rows, s.num_cols, ci)
-                if key not in cache:
-                    c = shard_cost(
-                        topo,
-                        B,
-                        table,
-                        sharding,
-                        s.num_rows,
-                        s.num_cols,
-                        placement,
-                        frac,
-                        topo.classes[ci],
-                        group,
-                    )
-                    cache[key] = (c.memory.hbm, c.memory.host, c.compute_ms, c.comm_ms)
-                hbm[i, ci], host[i, ci], comp[i, ci], comm[i, ci] = cache[key]
+                c = shard_cost(topo, B, table, sharding, nr, nc, placement, frac, topo.classes[ci], group)
+                hbm[idx, ci], host[idx, ci] = c.memory.hbm, c.memory.host
+                comp[idx, ci], comm[idx, ci] = c.compute_ms, c.comm_ms
         return hbm, host, comp, comm
 
     def add(
@@ -157,35 +147,22 @@ def enumerate_candidates(topo: Topology, model: ModelSpec, index: int) -> list[C
         frac: float | None,
         group: list[int] | None,
     ) -> None:
-        if scope == "fleet":
-            # one row per rank, priced with the rank's class
-            rank_cls = [topo.ranks[r].group for r in range(W)]
-            hbm_c, host_c, comp_c, comm_c = per_class(sharding, shapes, placement, frac, sorted(set(rank_cls)), group)
+        if scope == "fleet":  # one row per rank, priced with the rank's class
+            hbm_c, host_c, comp_c, comm_c = per_class(sharding, shapes, placement, frac, present, group)
             idx = np.arange(W)
-            cls_idx = np.array(rank_cls)
-            hbm, host = hbm_c[idx, cls_idx].reshape(-1, 1), host_c[idx, cls_idx].reshape(-1, 1)
-            comp, comm = comp_c[idx, cls_idx].reshape(-1, 1), comm_c[idx, cls_idx].reshape(-1, 1)
+            hbm, host = hbm_c[idx, rank_cls].reshape(-1, 1), host_c[idx, rank_cls].reshape(-1, 1)
+            comp, comm = comp_c[idx, rank_cls].reshape(-1, 1), comm_c[idx, rank_cls].reshape(-1, 1)
         else:
             classes = list(range(ncls)) if scope_class is None else [scope_class]
             hbm, host, comp, comm = per_class(sharding, shapes, placement, frac, classes, group)
         every = np.zeros(ncls) if sharding is ShardingType.data_parallel else side
         out.append(
-            Candidate(
-                index,
-                sharding,
-                placement,
-                frac,
-                scope,
-                scope_class,
-                tuple(shapes),
-                hbm,
-                host,
-                comp,
-                comm,
-                every,
-            )
+            Candidate(index, sharding, placement, frac, scope, scope_class, tuple(shapes), hbm, host, comp, comm, every)
         )
 
+    rank_cls = topo.rank_class
+    present = sorted({int(c) for c in rank_cls})
+    fleet_rows = [Shape(off, size, 0, D) for off, size in even_split(R, W)] if W > 1 and R >= W else []
     full = [Shape(0, R, 0, D)]
     for placement, frac in _placements(table):
         add(ShardingType.table_wise, "rank", None, full, placement, frac, None)
@@ -193,9 +170,8 @@ def enumerate_candidates(topo: Topology, model: ModelSpec, index: int) -> list[C
             if D % n == 0 and D // n >= MIN_COLUMN_WIDTH and n <= W:
                 shapes = [Shape(0, R, off, size) for off, size in even_split(D, n)]
                 add(ShardingType.column_wise, "rank", None, shapes, placement, frac, None)
-        if W > 1 and R >= W:
-            shapes = [Shape(off, size, 0, D) for off, size in even_split(R, W)]
-            add(ShardingType.row_wise, "fleet", None, shapes, placement, frac, list(range(W)))
+        if fleet_rows:
+            add(ShardingType.row_wise, "fleet", None, fleet_rows, placement, frac, list(range(W)))
         if len(topo.classes) > 1:
             for cls in topo.classes:
                 k = len(cls.ranks)

@@ -20,7 +20,8 @@ Memory (:func:`shard_memory`)
 -----------------------------
 ``weights = r·c·b``;  optimizer state: sgd 0, adagrad ``r·c·4``, rowwise_adagrad ``r·4``, adam ``2·r·c·4``;
 gradients: the executor updates touched rows in place (fused row-wise update / sparse gradient), so a sharded table
-keeps a gradient buffer of ``min(n, r)·c·4``; a data_parallel copy keeps a dense gradient ``r·c·b`` (all-reduced);
+keeps a gradient buffer for the rows it touches, ``u·c·4`` with ``u = r·(1 − e^(−n/r))`` (expected distinct rows
+of ``n`` uniform draws; skew only lowers it); a data_parallel copy keeps a dense gradient ``r·c·b`` (all-reduced);
 buffers ``n·8 + (bags)·4 + 2·o·c·ob`` (ids in, pooled output out, output gradient back);
 UVM cache ``⌈f·r⌉·(c·b + 16)`` (rows plus 16 B of slot/LRU state per cached row).
 Placement ``hbm``: HBM = weights + optimizer + gradients + buffers.  ``uvm_cache``: weights and optimizer state live
@@ -195,6 +196,11 @@ def shard_traffic(table: EmbeddingTableSpec, sharding: ST, num_rows: int, batch:
     return ShardTraffic(ids=ids, bags=bags, out_rows=out_rows)
 
 
+def touched_rows(ids: float, num_rows: int) -> float:
+    """Expected distinct rows hit by ``ids`` uniform lookups into ``num_rows`` rows: ``r·(1 − e^(−n/r))``."""
+    return num_rows * -math.expm1(-ids / num_rows)
+
+
 def optimizer_state_bytes(optimizer: Optimizer, rows: int, cols: int) -> int:
     """sgd 0 · adagrad ``r·c·4`` · rowwise_adagrad ``r·4`` · adam ``2·r·c·4``."""
     if optimizer is Optimizer.sgd:
@@ -256,7 +262,7 @@ def shard_memory(
     if sharding is ST.data_parallel:
         grads = num_rows * num_cols * table.dtype.nbytes
     else:
-        grads = math.ceil(min(traffic.ids, num_rows)) * num_cols * GRAD_BYTES
+        grads = math.ceil(touched_rows(traffic.ids, num_rows)) * num_cols * GRAD_BYTES
     buffers = math.ceil(
         traffic.ids * ID_BYTES + traffic.bags * LENGTH_BYTES + 2 * traffic.out_rows * num_cols * out_bytes(table.dtype)
     )

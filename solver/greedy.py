@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from solver.bounds import lower_bound_ms
+from solver.bounds import candidate_work, lower_bound_ms
 from solver.candidates import Candidate, enumerate_candidates
 from solver.evaluate import dense_cost
 from solver.explain import explain_infeasible
 from solver.extract import build_plan
-from solver.spec import DensePlan, DenseStyle, ModelSpec, Plan, ShardPlan, SolveParams, TablePlan
+from solver.spec import DensePlan, DenseStyle, ModelSpec, Placement, Plan, ShardPlan, SolveParams, TablePlan
 from solver.topology import Topology
 
 DENSE_SHARE = 0.25
@@ -160,25 +160,65 @@ def _table_order(cands: list[list[Candidate]], model: ModelSpec) -> list[int]:
     return sorted(range(len(model.embedding_tables)), key=key)
 
 
+def min_hbm_need(c: Candidate) -> int:
+    """The least HBM a candidate can take (each shard on its cheapest class)."""
+    return int(c.hbm[:, 0].sum()) if c.scope == "fleet" else int(np.min(c.hbm, axis=1).sum())
+
+
+def _families(cands: list[Candidate]) -> list[list[Candidate]]:
+    """Candidates grouped by everything but placement, fastest placement first.
+
+    Within a family an offloaded placement has the same communication and more compute than a faster one on the same
+    ranks, so it is only worth trying when the faster one does not fit.
+    """
+    fams: dict[tuple[object, ...], list[Candidate]] = {}
+    for c in cands:
+        fams.setdefault((c.sharding, c.scope, c.scope_class, len(c.shapes)), []).append(c)
+    speed = {Placement.hbm: 0, Placement.uvm_cache: 1, Placement.host: 2}
+    return [sorted(f, key=lambda c: (speed[c.placement], -(c.cache_fraction or 0.0))) for f in fams.values()]
+
+
 def greedy_assign(
     topo: Topology, model: ModelSpec, cands: list[list[Candidate]], dense: list[tuple[str, DenseStyle]]
 ) -> tuple[list[Placed | None], LoadState]:
-    """Steps 2–3 of the module docstring; a table that fits nowhere gets None."""
+    """Steps 2–3 of the module docstring; a table that fits nowhere gets None.
+
+    Work look-ahead: a candidate is scored by the makespan it leaves, or by the average load once every later table
+    adds its least work, whichever is larger — spreading a table over every rank is not free when others follow.
+    Memory look-ahead: a candidate is preferred only if the HBM left afterwards still covers the least HBM every
+    table after it needs; when no candidate passes that test, the fitting one that adds the least HBM is taken.
+    """
     state = _initial_state(topo, model, dense)
     chosen: list[Placed | None] = [None] * len(model.embedding_tables)
-    for ti in _table_order(cands, model):
+    order = _table_order(cands, model)
+    need = [min((min_hbm_need(c) for c in cands[t]), default=0) for t in order]
+    later = [*np.cumsum(need[::-1])[::-1].tolist()[1:], 0]
+    work = [min((candidate_work(topo, c) for c in cands[t]), default=0.0) for t in order]
+    later_work = [*np.cumsum(work[::-1])[::-1].tolist()[1:], 0.0]
+    W = topo.world_size
+    capacity = int(state.hbm_limit.sum())
+    for pos, ti in enumerate(order):
         best = None
-        for cand in cands[ti]:
-            got = _try(state, topo, cand)
-            if got is None:
-                continue
-            ranks, load, hbm, host = got
-            score = (float(load.max()), float(load.sum()), int(hbm.sum()))
-            if best is None or score < best[0]:
-                best = (score, cand, ranks, load, hbm, host)
-        if best is None:
+        fallback = None
+        for family in _families(cands[ti]):
+            for cand in family:
+                got = _try(state, topo, cand)
+                if got is None:
+                    continue
+                ranks, load, hbm, host = got
+                added = int(hbm.sum() - state.hbm.sum())
+                if capacity - int(hbm.sum()) >= later[pos]:
+                    total = float(load.sum())
+                    score = (max(float(load.max()), (total + later_work[pos]) / W), total, int(hbm.sum()))
+                    if best is None or score < best[0]:
+                        best = (score, cand, ranks, load, hbm, host)
+                    break  # slower placements of this family are dominated
+                if fallback is None or added < fallback[0][0]:
+                    fallback = ((added, float(load.max())), cand, ranks, load, hbm, host)
+        pick = best or fallback
+        if pick is None:
             continue
-        _, cand, ranks, state.load, state.hbm, state.host = best
+        _, cand, ranks, state.load, state.hbm, state.host = pick
         chosen[ti] = Placed(cand, ranks)
     return chosen, state
 
@@ -237,8 +277,8 @@ def plan_greedy(
 
 def placed_to_table(model: ModelSpec, p: Placed) -> TablePlan:
     c = p.candidate
-    shards = [
-        ShardPlan(
+    shards = [  # shapes and ranks come from validated candidates: skip re-validation on this hot path
+        ShardPlan.model_construct(
             rank=r,
             row_offset=s.row_offset,
             num_rows=s.num_rows,

@@ -11,6 +11,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import numpy as np
+import numpy.typing as npt
+
 from hwprofiles import HardwareProfile, get_profile
 from solver.cost_model import CommContext, inter_host_bw, intra_host_bw
 from solver.spec import FleetSpec
@@ -80,6 +83,7 @@ class Topology:
         self.ranks: list[RankInfo] = ranks
         self.hosts: list[HostInfo] = hosts
         self.classes: list[DeviceClass] = classes
+        self._contexts: dict[tuple[int, int, tuple[int, ...] | None], CommContext] = {}
 
     def _lookup(self, name: str) -> HardwareProfile:
         return self.profiles[name] if name in self.profiles else get_profile(name)
@@ -99,11 +103,27 @@ class Topology:
         return self.classes[self.ranks[rank].group]
 
     @cached_property
+    def rank_class(self) -> npt.NDArray[np.int64]:
+        """Device class (host group) of every rank."""
+        return np.array([r.group for r in self.ranks], dtype=np.int64)
+
+    @cached_property
+    def rank_host(self) -> npt.NDArray[np.int64]:
+        return np.array([r.host for r in self.ranks], dtype=np.int64)
+
+    @cached_property
     def slowest_inter_bw(self) -> float:
         return min(inter_host_bw(c.profile) for c in self.classes)
 
     def context(self, cls: DeviceClass, batch: int, group: Iterable[int] | None = None) -> CommContext:
         """The :class:`CommContext` of a shard on a GPU of ``cls``; ``group`` = ranks sharing the table's rows."""
+        key = (cls.index, batch, None if group is None else tuple(sorted(set(group))))
+        hit = self._contexts.get(key)
+        if hit is None:
+            hit = self._contexts[key] = self._make_context(cls, batch, key[2])
+        return hit
+
+    def _make_context(self, cls: DeviceClass, batch: int, group: tuple[int, ...] | None) -> CommContext:
         g = cls.gpus_per_host
         base = CommContext(
             batch_size=batch,
@@ -115,7 +135,7 @@ class Topology:
         )
         if group is None:
             return base
-        members = sorted(set(group))
+        members = list(group)
         hosts = {self.ranks[r].host for r in members}
         per_host = max(1, len(members) // len(hosts))
         profiles = {self.ranks[r].profile.name: self.ranks[r].profile for r in members}
