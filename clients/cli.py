@@ -8,6 +8,7 @@ Bad input is one line on stderr and exit code 2; an infeasible plan is an answer
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
@@ -16,6 +17,12 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from solver.spec import FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams
+
+
+class Solver(StrEnum):
+    cpsat = "cpsat"
+    greedy = "greedy"
+
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Plan where every embedding table lives.")
 
@@ -112,16 +119,25 @@ def plan(
     model_path: Annotated[Path, typer.Argument(metavar="MODEL", help="ModelSpec JSON/YAML")],
     fleet_path: Annotated[Path, typer.Argument(metavar="FLEET", help="FleetSpec JSON/YAML")],
     output: Annotated[Path | None, typer.Option("-o", "--output", help="write the plan JSON here")] = None,
-    solver: Annotated[str, typer.Option(help="greedy")] = "greedy",
-    time_limit: Annotated[float, typer.Option("--time-limit", help="seconds", min=0.001)] = 30.0,
-    seed: Annotated[int, typer.Option(help="random seed", min=0)] = 0,
-    workers: Annotated[int, typer.Option(help="solver threads", min=1)] = 2,
+    solver: Annotated[
+        Solver, typer.Option(help="cpsat: optimal plans with a proven bound; greedy: the fast heuristic")
+    ] = Solver.cpsat,
+    time_limit: Annotated[float, typer.Option("--time-limit", help="CP-SAT time limit, seconds", min=0.001)] = 30.0,
+    seed: Annotated[int, typer.Option(help="CP-SAT random seed (same seed, same plan)", min=0)] = 0,
+    workers: Annotated[int, typer.Option(help="CP-SAT worker threads", min=1)] = 2,
+    gap: Annotated[float, typer.Option(help="stop once within this relative gap of the bound", min=0.0)] = 0.0,
 ) -> None:
     """Plan MODEL on FLEET; print the per-rank table and (with -o) write the plan."""
     model = load_spec(model_path, ModelSpec)
     fleet = load_spec(fleet_path, FleetSpec)
     try:
-        params = SolveParams(solver=solver, time_limit_s=time_limit, random_seed=seed, num_workers=workers)
+        params = SolveParams(
+            solver=solver.value,
+            time_limit_s=time_limit,
+            random_seed=seed,
+            num_workers=workers,
+            relative_gap_limit=gap,
+        )
     except ValidationError as exc:
         fail(describe_validation_error(exc))
     planner = _solver_modules()
@@ -137,11 +153,22 @@ def evaluate(
     model_path: Annotated[Path, typer.Argument(metavar="MODEL")],
     fleet_path: Annotated[Path, typer.Argument(metavar="FLEET")],
     plan_path: Annotated[Path, typer.Argument(metavar="PLAN", help="a plan in shardwise's wire format")],
+    torchrec: Annotated[
+        bool, typer.Option("--torchrec", help="PLAN is a serialized TorchRec ShardingPlan: import it, then score it")
+    ] = False,
 ) -> None:
     """Validate PLAN for MODEL on FLEET and print its predicted step time per rank."""
     model = load_spec(model_path, ModelSpec)
     fleet = load_spec(fleet_path, FleetSpec)
-    given = load_spec(plan_path, Plan)
+    if torchrec:
+        from solver.torchrec_import import from_torchrec
+
+        try:
+            given = from_torchrec(_read_document(plan_path), model, fleet)
+        except ValueError as exc:
+            fail(f"{plan_path}: {exc}")
+    else:
+        given = load_spec(plan_path, Plan)
     planner = _solver_modules()
     problems, scored = planner.score_plan(model, fleet, given)
     if problems:

@@ -278,15 +278,19 @@ def shard_memory(
 
 
 def generalized_harmonic(n: float, s: float) -> float:
-    """``H(n, s) = Σ_{i≤n} i^−s`` by Euler–Maclaurin (exact enough for hit rates)."""
+    """``H(n, s) = Σ_{i≤n} i^−s``: the first 63 terms summed, the rest (``i = m..n``, ``m = 64``) by Euler–Maclaurin,
+    ``∫_m^n x^−s dx + (m^−s + n^−s)/2 + s/12·(m^(−s−1) − n^(−s−1))`` (relative error < 1e-9 for s ≤ 5; starting the
+    expansion at ``i = 1`` instead is off by up to 12 % at s = 5)."""
     if n <= 0:
         return 0.0
-    if n < 64:
+    m = 64
+    if n < m:
         return float(sum(float(i) ** (-s) for i in range(1, int(n) + 1)))
-    tail = (1 + n ** (-s)) / 2 + s / 12 * (1 - n ** (-s - 1))
-    if abs(s - 1.0) < 1e-9:
-        return float(math.log(n) + tail)
-    return float((n ** (1 - s) - 1) / (1 - s) + tail)
+    head = sum(float(i) ** (-s) for i in range(1, m))
+    log_ratio = math.log(n / m)  # ∫_m^n x^−s dx = (n^(1−s) − m^(1−s))/(1−s), → ln(n/m) as s → 1
+    integral = log_ratio if s == 1 else m ** (1 - s) * math.expm1((1 - s) * log_ratio) / (1 - s)
+    tail = integral + (m ** (-s) + n ** (-s)) / 2 + s / 12 * (m ** (-s - 1) - n ** (-s - 1))
+    return float(head + tail)
 
 
 def cache_hit_rate(num_rows: int, cache_fraction: float | None, access_skew: float | None) -> float:

@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from solver.bounds import candidate_work, lower_bound_ms
+from solver.bounds import candidate_work, every_rank_floor, lower_bound_ms
 from solver.candidates import Candidate, enumerate_candidates
 from solver.evaluate import dense_cost
 from solver.explain import explain_infeasible
 from solver.extract import build_plan
 from solver.spec import DensePlan, DenseStyle, ModelSpec, Placement, Plan, ShardPlan, SolveParams, TablePlan
 from solver.topology import Topology
+from solver.units import fmt_bytes
 
 DENSE_SHARE = 0.25
 
@@ -179,12 +180,18 @@ def _families(cands: list[Candidate]) -> list[list[Candidate]]:
 
 
 def greedy_assign(
-    topo: Topology, model: ModelSpec, cands: list[list[Candidate]], dense: list[tuple[str, DenseStyle]]
+    topo: Topology,
+    model: ModelSpec,
+    cands: list[list[Candidate]],
+    dense: list[tuple[str, DenseStyle]],
+    floor_lookahead: bool = True,
 ) -> tuple[list[Placed | None], LoadState]:
     """Steps 2–3 of the module docstring; a table that fits nowhere gets None.
 
-    Work look-ahead: a candidate is scored by the makespan it leaves, or by the average load once every later table
-    adds its least work, whichever is larger — spreading a table over every rank is not free when others follow.
+    Work look-ahead: a candidate is scored by the makespan it leaves plus what every later table adds to every rank
+    at the least (its all-to-all data side, or its data-parallel copy), or by the average load once every later
+    table adds its least work, whichever is larger — the busiest rank keeps receiving the every-rank terms, and
+    spreading a table over every rank is not free when others follow.
     Memory look-ahead: a candidate is preferred only if the HBM left afterwards still covers the least HBM every
     table after it needs; when no candidate passes that test, the fitting one that adds the least HBM is taken.
     """
@@ -195,6 +202,8 @@ def greedy_assign(
     later = [*np.cumsum(need[::-1])[::-1].tolist()[1:], 0]
     work = [min((candidate_work(topo, c) for c in cands[t]), default=0.0) for t in order]
     later_work = [*np.cumsum(work[::-1])[::-1].tolist()[1:], 0.0]
+    floor = [min((every_rank_floor(c) for c in cands[t]), default=0.0) for t in order]
+    later_floor = [*np.cumsum(floor[::-1])[::-1].tolist()[1:], 0.0] if floor_lookahead else [0.0] * len(order)
     W = topo.world_size
     capacity = int(state.hbm_limit.sum())
     for pos, ti in enumerate(order):
@@ -209,7 +218,8 @@ def greedy_assign(
                 added = int(hbm.sum() - state.hbm.sum())
                 if capacity - int(hbm.sum()) >= later[pos]:
                     total = float(load.sum())
-                    score = (max(float(load.max()), (total + later_work[pos]) / W), total, int(hbm.sum()))
+                    projected = max(float(load.max()) + later_floor[pos], (total + later_work[pos]) / W)
+                    score = (projected, total, int(hbm.sum()))
                     if best is None or score < best[0]:
                         best = (score, cand, ranks, load, hbm, host)
                     break  # slower placements of this family are dominated
@@ -223,13 +233,53 @@ def greedy_assign(
     return chosen, state
 
 
-def plan_greedy(
+def best_of_passes(
+    topo: Topology, model: ModelSpec, cands: list[list[Candidate]], dense: list[tuple[str, DenseStyle]]
+) -> list[Placed | None]:
+    """Two passes — with and without the every-rank look-ahead — and the one that places more tables, then ends
+    sooner. Neither scoring wins everywhere: the look-ahead matters when all-to-all traffic dominates."""
+    results = []
+    for floor in (True, False):
+        chosen, state = greedy_assign(topo, model, cands, dense, floor_lookahead=floor)
+        results.append((sum(c is None for c in chosen), float(state.load.max()), chosen))
+    return min(results, key=lambda r: (r[0], r[1]))[2]
+
+
+def dense_shortage(topo: Topology, model: ModelSpec, dense: list[tuple[str, DenseStyle]]) -> list[str]:
+    """The dense layers sit on every rank: if they alone overflow a rank's usable HBM, no table placement helps."""
+    state = _initial_state(topo, model, dense)
+    over = state.hbm - state.hbm_limit
+    r = int(np.argmax(over))
+    if over[r] <= 0:
+        return []
+    return [
+        f"dense layers need {fmt_bytes(int(state.hbm[r]))} of HBM on rank {r}, which offers "
+        f"{fmt_bytes(int(state.hbm_limit[r]))} after the {topo.fleet.hbm_reserve_fraction:.0%} reserve: "
+        f"short by {fmt_bytes(int(over[r]))}"
+    ]
+
+
+@dataclass
+class GreedyResult:
+    """The greedy planner's decisions and the plan built from them."""
+
+    chosen: list[Placed | None]
+    dense: list[tuple[str, DenseStyle]]
+    plan: Plan
+
+    @property
+    def placed(self) -> list[Placed]:
+        return [p for p in self.chosen if p is not None]
+
+
+def run_greedy(
     topo: Topology,
     model: ModelSpec,
     params: SolveParams | None = None,
     candidates: list[list[Candidate]] | None = None,
-) -> Plan:
-    """A full plan from the greedy planner (or an infeasible answer with its explanation)."""
+    solver_name: str = "greedy",
+) -> GreedyResult:
+    """The greedy decisions and their plan (or an infeasible answer with its explanation)."""
     params = params or SolveParams(solver="greedy")
     start = time.perf_counter()
     cands = (
@@ -238,41 +288,58 @@ def plan_greedy(
         else [enumerate_candidates(topo, model, i) for i in range(len(model.embedding_tables))]
     )
     dense = choose_dense(topo, model)
-    chosen, _ = greedy_assign(topo, model, cands, dense)
+    chosen = best_of_passes(topo, model, cands, dense)
     dense_plans = [DensePlan(name=n, style=s, ranks=list(range(topo.world_size))) for n, s in dense]
-    if any(c is None for c in chosen):
+    dense_short = dense_shortage(topo, model, dense)
+    if dense_short or any(c is None for c in chosen):
         missing = [model.embedding_tables[i].name for i, c in enumerate(chosen) if c is None]
-        return build_plan(
+        plan = build_plan(
             topo,
             model,
             None,
             dense_plans,
             params,
-            solver_name="greedy",
+            solver_name=solver_name,
             status="INFEASIBLE",
             seconds=time.perf_counter() - start,
-            explanation=explain_infeasible(
-                topo,
-                model,
-                cands,
-                missing,
-                empty_state=lambda: _initial_state(topo, model, dense),
-                fits=lambda st, c: _try(st, topo, c) is not None,
+            explanation=dense_short
+            + (
+                explain_infeasible(
+                    topo,
+                    model,
+                    cands,
+                    missing,
+                    empty_state=lambda: _initial_state(topo, model, dense),
+                    fits=lambda st, c: _try(st, topo, c) is not None,
+                )
+                if missing
+                else []
             ),
         )
+        return GreedyResult(chosen, dense, plan)
     tables = [placed_to_table(model, p) for p in chosen if p is not None]
-    bound = lower_bound_ms(topo, model, cands)
-    return build_plan(
+    plan = build_plan(
         topo,
         model,
         tables,
         dense_plans,
         params,
-        solver_name="greedy",
+        solver_name=solver_name,
         status="HEURISTIC",
         seconds=time.perf_counter() - start,
-        bound_ms=bound,
+        bound_ms=lower_bound_ms(topo, model, cands),
     )
+    return GreedyResult(chosen, dense, plan)
+
+
+def plan_greedy(
+    topo: Topology,
+    model: ModelSpec,
+    params: SolveParams | None = None,
+    candidates: list[list[Candidate]] | None = None,
+) -> Plan:
+    """A full plan from the greedy planner (or an infeasible answer with its explanation)."""
+    return run_greedy(topo, model, params, candidates).plan
 
 
 def placed_to_table(model: ModelSpec, p: Placed) -> TablePlan:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from hwprofiles import HardwareProfile
 from solver.extract import build_plan
@@ -20,12 +20,21 @@ def make_plan(
     fleet: FleetSpec,
     params: SolveParams | None = None,
     profiles: Mapping[str, HardwareProfile] | None = None,
+    on_progress: Callable[[float, float], None] | None = None,
 ) -> Plan:
-    """Plan ``model`` on ``fleet`` with the solver ``params`` names."""
+    """Plan ``model`` on ``fleet`` with the solver ``params`` names (CP-SAT by default).
+
+    ``on_progress(best_ms, bound_ms)`` is called as CP-SAT improves its solution or bound.
+    """
     params = params or SolveParams()
     topo = Topology(fleet, dict(profiles or {}))
     log.debug("planning %s: %d tables on %d ranks", model.name, len(model.embedding_tables), topo.world_size)
-    plan = plan_greedy(topo, model, params)
+    if params.solver == "greedy":
+        plan = plan_greedy(topo, model, params)
+    else:
+        from solver.solve import plan_cpsat  # OR-Tools only when asked for
+
+        plan = plan_cpsat(topo, model, params, on_progress)
     log.info("planned %s on %s: %s %.3f ms", model.name, fleet.name, plan.status.value, plan.predicted_step_ms or 0)
     return plan
 

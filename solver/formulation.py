@@ -1,0 +1,445 @@
+r"""The CP-SAT formulation: choose one candidate per table and a style per dense layer, place every shard, and
+minimise the predicted step time of the slowest GPU.
+
+Bins
+----
+The model places shards into *bins*. For fleets of at most :data:`RANK_BINS_MAX` GPUs a bin is a GPU (rank
+mode). Larger fleets are solved in two levels (host mode): a bin is a host of ``g`` GPUs whose load and HBM are
+the sums over its GPUs, then :mod:`solver.solve` packs each host's shards onto its GPUs with a small exact model
+per host. Host mode keeps 1,000 tables × 512 GPUs at tens of thousands of booleans instead of millions, and its
+objective stays a valid lower bound: the slowest GPU of a host carries at least the host's average load.
+Memory stays exact: level two enforces every GPU's own capacity, and if a host cannot be packed the greedy plan
+is returned instead (never an overfull GPU).
+
+Data (all coefficients integer, scaled in :class:`Scale` — the one place where scaling lives)
+-----------------------------------------------------------------------------------------------
+``C_t`` candidates of table ``t`` (:mod:`solver.candidates`); for candidate ``c`` and shard ``i``:
+``τ_{c,i,k}`` time and ``m_{c,i,k}`` HBM on device class ``k``, ``η_{c,i,k}`` host memory;
+``ε_{c,k}`` the every-rank time of a sharded table; dense layer ``l`` in style ``s``: ``δ_{l,s,k}`` time and
+``μ_{l,s,k}`` HBM; ``κ_b`` usable HBM of bin ``b`` (capacity × (1 − reserve), × ``g`` in host mode), ``H_h`` host
+memory of host ``h``, ``λ_{b,q}`` the fixed latency of collective kind ``q`` on bin ``b``.
+Times are floored and sizes ceiled when scaled, so the model never under-counts memory and its bound never
+exceeds the true optimum of the unscaled problem.
+
+Variables
+---------
+* ``x_{t,c} ∈ {0,1}`` — table ``t`` uses candidate ``c``;
+* ``a_{t,c,i,b} ∈ {0,1}`` — shard ``i`` of a rank-scope candidate (table_wise, column_wise) sits in bin ``b``;
+* ``y_{t,c,h} ∈ {0,1}`` — a host-scope candidate (table_row_wise) uses host ``h`` (its shard ``i`` on local GPU ``i``);
+* ``d_{l,s} ∈ {0,1}`` — dense layer ``l`` uses style ``s``;
+* ``u_q ∈ {0,1}`` — collective kind ``q`` (all-to-all, reduce-scatter/all-gather, all-reduce) is used;
+* ``T ≥ 0`` — the step time of the slowest GPU (the objective).
+
+Objective
+---------
+``minimise T``.
+
+Constraints (and the method that adds each family)
+--------------------------------------------------
+1. one candidate per table: ``Σ_c x_{t,c} = 1`` — :meth:`Formulation._add_choice`;
+2. every shard of a chosen candidate in exactly one bin: ``Σ_b a_{t,c,i,b} = x_{t,c}``,
+   ``Σ_h y_{t,c,h} = x_{t,c}``; the identical column slices of one candidate in non-decreasing bin order (their
+   symmetry) — :meth:`Formulation._add_shard_placement`;
+3. one style per dense layer: ``Σ_s d_{l,s} = 1`` — :meth:`Formulation._add_dense_choice`;
+4. collective kinds: ``x_{t,c} ⇒ u_q`` for each kind ``c`` uses — :meth:`Formulation._add_latency_kinds`;
+5. per-bin HBM: ``Σ m·a + Σ m·y + Σ m·x (fixed-rank shards) + Σ μ·d ≤ κ_b`` —
+   :meth:`Formulation._add_hbm_capacity`;
+6. per-host memory: ``Σ η·(a, y, x) over the host's bins ≤ H_h`` — :meth:`Formulation._add_host_memory`;
+7. makespan: for every bin ``load_b + Σ_q λ_{b,q}·u_q ≤ T·n_b`` (``n_b`` = GPUs in the bin) where
+   ``load_b = Σ τ·a + Σ τ·y + Σ τ·x (fixed-rank shards) + Σ ε·x (every rank) + Σ δ·d``; and the cuts of
+   :mod:`solver.bounds`: the GPU holding a candidate's slowest shard also carries every other table's floor
+   (``T ≥ heaviest(c)·x_{t,c} + dense_floor + Σ_{t'≠t} floor_{t'}``), and ``T ≥ LB`` —
+   :meth:`Formulation._add_makespan`;
+8. symmetry: bins that are interchangeable (same class, same host in rank mode, the same fixed-rank shard
+   shapes) carry non-increasing loads in index order — :meth:`Formulation._add_symmetry_breaking`.
+
+The greedy plan is the hint (:meth:`Formulation.add_hint`); :mod:`solver.solve` runs the model and falls back to
+the greedy plan when CP-SAT finds nothing better in time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from solver.candidates import Candidate
+from solver.cost_model import collective_latency_ms
+from solver.evaluate import dense_cost
+from solver.spec import DenseStyle, ModelSpec, ShardingType
+from solver.topology import Topology
+
+log = logging.getLogger(__name__)
+
+RANK_BINS_MAX = 8
+Mode = Literal["rank", "host"]
+
+
+class Scale:
+    """Integer scaling of every CP-SAT coefficient: the one place where it is defined.
+
+    Times in units of 10 ns (floored: the model's loads never exceed the true ones, so its bound stays valid);
+    memory in KiB (item sizes ceiled, capacities floored: a model-feasible plan never overfills a GPU).
+    """
+
+    TIME_PER_MS = 100_000
+    BYTES_PER_UNIT = 1024
+
+    @classmethod
+    def time(cls, ms: float) -> int:
+        return math.floor(ms * cls.TIME_PER_MS)
+
+    @classmethod
+    def ms(cls, units: float) -> float:
+        return units / cls.TIME_PER_MS
+
+    @classmethod
+    def size(cls, nbytes: int | float) -> int:
+        return math.ceil(nbytes / cls.BYTES_PER_UNIT)
+
+    @classmethod
+    def capacity(cls, nbytes: int | float) -> int:
+        return math.floor(nbytes / cls.BYTES_PER_UNIT)
+
+
+@dataclass
+class CandidateVars:
+    """The variables of one candidate, with query methods so constraints never index raw dicts."""
+
+    cand: Candidate
+    x: cp_model.IntVar
+    shard_bins: list[dict[int, cp_model.IntVar]] = field(default_factory=list)  # rank scope: shard i → bin → var
+    hosts: dict[int, cp_model.IntVar] = field(default_factory=dict)  # host scope: host → var
+
+    def bin_of_shard(self, solver: cp_model.CpSolver, i: int) -> int:
+        return next(b for b, v in self.shard_bins[i].items() if solver.boolean_value(v))
+
+    def host_chosen(self, solver: cp_model.CpSolver) -> int:
+        return next(h for h, v in self.hosts.items() if solver.boolean_value(v))
+
+
+@dataclass
+class Assignment:
+    """A solution of the formulation: candidate per table, bin per rank-scope shard, host per host-scope candidate."""
+
+    choice: list[int]  # index into the table's candidate list
+    shard_bins: dict[int, list[int]]  # table → bin per shard (rank scope)
+    host: dict[int, int]  # table → host (host scope)
+    dense: list[DenseStyle]
+
+
+class Formulation:
+    """Builds the model of the module docstring over ``cands`` (one list per table, in model order)."""
+
+    def __init__(
+        self,
+        topo: Topology,
+        model: ModelSpec,
+        cands: Sequence[Sequence[Candidate]],
+        mode: Mode,
+        horizon_ms: float,
+    ) -> None:
+        self.topo, self.spec, self.cands, self.mode = topo, model, cands, mode
+        self.model = cp_model.CpModel()
+        W = topo.world_size
+        if mode == "rank":
+            self.bin_ranks: list[tuple[int, ...]] = [(r,) for r in range(W)]
+        else:
+            self.bin_ranks = [h.ranks for h in topo.hosts]
+        self.bin_of_rank = np.empty(W, dtype=np.int64)
+        for b, rr in enumerate(self.bin_ranks):
+            self.bin_of_rank[list(rr)] = b
+        self.bin_class = [topo.ranks[rr[0]].group for rr in self.bin_ranks]
+        self.bin_host = [topo.ranks[rr[0]].host for rr in self.bin_ranks]
+        self.nbins = len(self.bin_ranks)
+        self.horizon = Scale.time(horizon_ms) + 1
+        # per-bin linear expressions, filled while variables are created
+        self.load: list[list[tuple[cp_model.IntVar, int]]] = [[] for _ in range(self.nbins)]
+        self.hbm: list[list[tuple[cp_model.IntVar, int]]] = [[] for _ in range(self.nbins)]
+        self.host_mem: list[list[tuple[cp_model.IntVar, int]]] = [[] for _ in range(topo.num_hosts)]
+        self.vars: list[list[CandidateVars]] = []
+        self.dense_vars: list[dict[DenseStyle, cp_model.IntVar]] = []
+        self.kinds: dict[str, cp_model.IntVar] = {}
+        self._const_load = [0] * self.nbins
+        self.T = self.model.new_int_var(0, self.horizon, "T")
+        self._build()
+
+    # ------------------------------------------------------------------------------------------- variables
+
+    def _build(self) -> None:
+        self._add_choice()
+        self._add_shard_placement()
+        self._add_dense_choice()
+        self._add_latency_kinds()
+        self._add_hbm_capacity()
+        self._add_host_memory()
+        self._add_makespan()
+        self._add_symmetry_breaking()
+        self.model.minimize(self.T)
+        log.debug(
+            "formulation (%s mode): %d bins, %d variables, %d constraints",
+            self.mode,
+            self.nbins,
+            len(self.model.proto.variables),
+            len(self.model.proto.constraints),
+        )
+
+    def _add_choice(self) -> None:
+        """Family 1: one candidate per table."""
+        for t, cs in enumerate(self.cands):
+            row = [CandidateVars(c, self.model.new_bool_var(f"x[{t},{j}]")) for j, c in enumerate(cs)]
+            self.model.add_exactly_one(v.x for v in row)
+            self.vars.append(row)
+
+    def _bins_of_class(self, cls: int) -> list[int]:
+        return [b for b in range(self.nbins) if self.bin_class[b] == cls]
+
+    def _add_shard_placement(self) -> None:
+        """Family 2: shards into bins; fixed-rank shards charge their bins directly."""
+        for t, row in enumerate(self.vars):
+            for j, cv in enumerate(row):
+                c = cv.cand
+                if c.scope == "rank":
+                    for i in range(len(c.shapes)):
+                        bins: dict[int, cp_model.IntVar] = {}
+                        for b in range(self.nbins):
+                            k = self.bin_class[b]
+                            if not math.isfinite(c.time_ms[i, k]):
+                                continue
+                            v = self.model.new_bool_var(f"a[{t},{j},{i},{b}]")
+                            bins[b] = v
+                            self._charge(b, v, c.time_ms[i, k], int(c.hbm[i, k]), int(c.host[i, k]))
+                        self.model.add(sum(bins.values()) == cv.x)
+                        cv.shard_bins.append(bins)
+                    if len(c.shapes) > 1:  # identical column slices: bins in non-decreasing order
+                        for i in range(len(c.shapes) - 1):
+                            lo = sum(b * v for b, v in cv.shard_bins[i].items())
+                            hi = sum(b * v for b, v in cv.shard_bins[i + 1].items())
+                            self.model.add(lo <= hi)
+                elif c.scope == "host":
+                    assert c.scope_class is not None
+                    for h in self.topo.classes[c.scope_class].hosts:
+                        v = self.model.new_bool_var(f"y[{t},{j},{h}]")
+                        cv.hosts[h] = v
+                        for i, r in enumerate(self.topo.hosts[h].ranks):
+                            b = int(self.bin_of_rank[r])
+                            self._charge(
+                                b,
+                                v,
+                                c.time_ms[i, c.scope_class],
+                                int(c.hbm[i, c.scope_class]),
+                                int(c.host[i, c.scope_class]),
+                            )
+                    self.model.add(sum(cv.hosts.values()) == cv.x)
+                else:  # group / fleet: fixed ranks
+                    ranks = (
+                        self.topo.classes[c.scope_class].ranks
+                        if c.scope == "group" and c.scope_class is not None
+                        else range(self.topo.world_size)
+                    )
+                    col = 0 if c.scope == "fleet" else c.scope_class
+                    assert col is not None
+                    for i, r in enumerate(ranks):
+                        b = int(self.bin_of_rank[r])
+                        self._charge(b, cv.x, c.time_ms[i, col], int(c.hbm[i, col]), int(c.host[i, col]))
+                # every-rank term (data side of a sharded table)
+                for b in range(self.nbins):
+                    e = c.every_rank_ms[self.bin_class[b]] * len(self.bin_ranks[b])
+                    if e > 0:
+                        self.load[b].append((cv.x, Scale.time(e)))
+
+    def _charge(self, b: int, v: cp_model.IntVar, ms: float, hbm: int, host: int) -> None:
+        self.load[b].append((v, Scale.time(ms)))
+        if hbm:
+            self.hbm[b].append((v, Scale.size(hbm)))
+        if host:
+            self.host_mem[self.bin_host[b]].append((v, Scale.size(host)))
+
+    def _add_dense_choice(self) -> None:
+        """Family 3: one style per dense layer, charged to every bin."""
+        B = self.spec.batch_size_per_gpu
+        for layer in self.spec.dense_layers:
+            styles = {s: self.model.new_bool_var(f"d[{layer.name},{s.value}]") for s in DenseStyle}
+            self.model.add_exactly_one(styles.values())
+            for s, v in styles.items():
+                for k, cls in enumerate(self.topo.classes):
+                    dc = dense_cost(self.topo, B, self.spec, layer.name, s, cls)
+                    for b in self._bins_of_class(k):
+                        n = len(self.bin_ranks[b])
+                        self.load[b].append((v, Scale.time((dc.compute_ms + dc.comm_ms) * n)))
+                        self.hbm[b].append((v, Scale.size(dc.hbm_bytes) * n))
+            self.dense_vars.append(styles)
+
+    def _add_latency_kinds(self) -> None:
+        """Family 4: a collective kind costs its latency on every GPU as soon as one table uses it."""
+        weights = {"a2a": 3, "rs": 2, "ar": 1}
+        for q in weights:
+            self.kinds[q] = self.model.new_bool_var(f"u[{q}]")
+        for row in self.vars:
+            for cv in row:
+                st = cv.cand.sharding
+                if st is ShardingType.data_parallel:
+                    self.model.add_implication(cv.x, self.kinds["ar"])
+                else:
+                    self.model.add_implication(cv.x, self.kinds["a2a"])
+                    if st in (ShardingType.row_wise, ShardingType.table_row_wise):
+                        self.model.add_implication(cv.x, self.kinds["rs"])
+        multi = self.topo.num_hosts > 1
+        dense_kind = 1 if self.spec.dense_layers else 0
+        for b in range(self.nbins):
+            prof = self.topo.classes[self.bin_class[b]].profile
+            n = len(self.bin_ranks[b])
+            for q, w in weights.items():
+                self.load[b].append((self.kinds[q], Scale.time(collective_latency_ms(prof, w, multi) * n)))
+            self._const_load[b] = Scale.time(collective_latency_ms(prof, dense_kind, multi) * n)
+
+    def _add_hbm_capacity(self) -> None:
+        """Family 5: per-bin HBM (usable capacity after the reserve)."""
+        for b in range(self.nbins):
+            cap = sum(self.topo.hbm_limit(r) for r in self.bin_ranks[b])
+            self.model.add(sum(c * v for v, c in self.hbm[b]) <= Scale.capacity(cap))
+
+    def _add_host_memory(self) -> None:
+        """Family 6: per-host DRAM for offloaded weights and optimizer state."""
+        for h, terms in enumerate(self.host_mem):
+            if terms:
+                self.model.add(sum(c * v for v, c in terms) <= Scale.capacity(self.topo.hosts[h].host_memory_bytes))
+
+    def fixed_load(self, b: int) -> int:
+        """The constant part of bin ``b``'s load (the dense layers' collective latency)."""
+        return self._const_load[b]
+
+    def _bin_load(self, b: int) -> cp_model.LinearExprT:
+        return sum(c * v for v, c in self.load[b]) + self._const_load[b]
+
+    def _add_makespan(self) -> None:
+        """Family 7: every bin finishes by T (per GPU); in host mode no shard is longer than T either."""
+        for b in range(self.nbins):
+            self.model.add(self._bin_load(b) <= len(self.bin_ranks[b]) * self.T)
+        if self.mode == "host":
+            for row in self.vars:
+                for cv in row:
+                    c = cv.cand
+                    if c.scope != "rank":
+                        continue
+                    longest = max(Scale.time(float(np.min(c.time_ms[i]))) for i in range(len(c.shapes)))
+                    if longest > 0:
+                        self.model.add(longest <= self.T).only_enforce_if(cv.x)
+
+    def _signature(self, b: int) -> tuple[object, ...]:
+        """What a bin carries whatever the solver decides: two bins with equal signatures are interchangeable."""
+        rr = self.bin_ranks[b]
+        fixed: list[object] = [self.bin_class[b], len(rr)]
+        if self.mode == "rank":
+            fixed.append(self.topo.ranks[rr[0]].host)
+        for row in self.vars:
+            for cv in row:
+                c = cv.cand
+                if c.scope == "fleet":
+                    fixed.append(tuple(c.shapes[r].num_rows for r in rr))
+                elif c.scope == "group" and c.scope_class == self.bin_class[b]:
+                    ranks = self.topo.classes[c.scope_class].ranks
+                    fixed.append(tuple(c.shapes[ranks.index(r)].num_rows for r in rr))
+                elif c.scope == "host" and self.mode == "rank":
+                    fixed.append(c.shapes[self.topo.ranks[rr[0]].local_rank].num_rows)
+        return tuple(fixed)
+
+    def _add_symmetry_breaking(self) -> None:
+        """Family 8: interchangeable bins carry non-increasing loads in index order."""
+        groups: dict[tuple[object, ...], list[int]] = defaultdict(list)
+        for b in range(self.nbins):
+            groups[self._signature(b)].append(b)
+        self.symmetric_groups = [g for g in groups.values() if len(g) > 1]
+        for g in self.symmetric_groups:
+            for b0, b1 in itertools.pairwise(g):
+                self.model.add(self._bin_load(b0) >= self._bin_load(b1))
+
+    # ------------------------------------------------------------------------------------------- hint / read
+
+    def _values(self, a: Assignment) -> dict[int, int]:
+        """Variable index → value for an assignment (decision variables and collective kinds)."""
+        val: dict[int, int] = {}
+        used: set[str] = set()
+        for t, row in enumerate(self.vars):
+            for j, cv in enumerate(row):
+                chosen = j == a.choice[t]
+                val[cv.x.index] = int(chosen)
+                for i, bins in enumerate(cv.shard_bins):
+                    target = a.shard_bins[t][i] if chosen else -1
+                    for b, v in bins.items():
+                        val[v.index] = int(b == target)
+                for h, v in cv.hosts.items():
+                    val[v.index] = int(chosen and a.host.get(t) == h)
+                if chosen:
+                    st = cv.cand.sharding
+                    used.add("ar" if st is ShardingType.data_parallel else "a2a")
+                    if st in (ShardingType.row_wise, ShardingType.table_row_wise):
+                        used.add("rs")
+        for styles, chosen_style in zip(self.dense_vars, a.dense, strict=True):
+            for s, v in styles.items():
+                val[v.index] = int(s is chosen_style)
+        for q, v in self.kinds.items():
+            val[v.index] = int(q in used)
+        return val
+
+    def bin_loads(self, a: Assignment) -> list[int]:
+        """Scaled load of every bin under ``a`` (the model's arithmetic)."""
+        val = self._values(a)
+        return [sum(c * val[v.index] for v, c in self.load[b]) + self._const_load[b] for b in range(self.nbins)]
+
+    def canonical(self, a: Assignment) -> Assignment:
+        """``a`` relabelled so that interchangeable bins carry non-increasing loads (family 8 holds)."""
+        loads = self.bin_loads(a)
+        perm = list(range(self.nbins))
+        for group in self.symmetric_groups:
+            ordered = sorted(group, key=lambda b: (-loads[b], b))
+            for new, old in zip(group, ordered, strict=True):
+                perm[old] = new
+        shard_bins = {}
+        for t, bins in a.shard_bins.items():
+            moved = [perm[b] for b in bins]
+            shard_bins[t] = sorted(moved) if len(moved) > 1 else moved
+        host = dict(a.host)
+        if self.mode == "host":  # bins are hosts
+            host = {t: self.bin_host[perm[h]] for t, h in a.host.items()}
+        return Assignment(choice=list(a.choice), shard_bins=shard_bins, host=host, dense=list(a.dense))
+
+    def add_hint(self, a: Assignment) -> None:
+        """A (canonicalised) assignment — the greedy plan — as the solution hint, T included."""
+        a = self.canonical(a)
+        val = self._values(a)
+        for row in self.vars:
+            for cv in row:
+                self.model.add_hint(cv.x, bool(val[cv.x.index]))
+                for bins in cv.shard_bins:
+                    for v in bins.values():
+                        self.model.add_hint(v, bool(val[v.index]))
+                for v in cv.hosts.values():
+                    self.model.add_hint(v, bool(val[v.index]))
+        for styles in self.dense_vars:
+            for v in styles.values():
+                self.model.add_hint(v, bool(val[v.index]))
+        for v in self.kinds.values():
+            self.model.add_hint(v, bool(val[v.index]))
+        loads = self.bin_loads(a)
+        self.model.add_hint(self.T, max(-(-ld // len(self.bin_ranks[b])) for b, ld in enumerate(loads)))
+
+    def read(self, solver: cp_model.CpSolver) -> Assignment:
+        choice, shard_bins, host = [], {}, {}
+        for t, row in enumerate(self.vars):
+            j = next(j for j, cv in enumerate(row) if solver.boolean_value(cv.x))
+            choice.append(j)
+            cv = row[j]
+            if cv.cand.scope == "rank":
+                shard_bins[t] = [cv.bin_of_shard(solver, i) for i in range(len(cv.cand.shapes))]
+            elif cv.cand.scope == "host":
+                host[t] = cv.host_chosen(solver)
+        dense = [next(s for s, v in styles.items() if solver.boolean_value(v)) for styles in self.dense_vars]
+        return Assignment(choice=choice, shard_bins=shard_bins, host=host, dense=dense)

@@ -1,0 +1,352 @@
+"""Run the CP-SAT formulation: greedy hint, candidate pruning, the solve, GPU packing in host mode, status mapping.
+
+Order of work (time limit ``T`` = ``SolveParams.time_limit_s``):
+
+1. the greedy plan (:mod:`solver.greedy`): hint, fallback, and the benchmark baseline;
+2. the candidate space the model searches (:func:`model_candidates`): every table keeps its whole-table options
+   (table_wise in every placement, data_parallel); splits (column_wise, row_wise, table_row_wise) are kept for
+   tables heavy enough for a split to matter — a whole-table time of at least :data:`SPLIT_SHARE` of the greedy
+   step time, in HBM — and the greedy's own pick is always kept. The reported bound is proven over this space;
+3. CP-SAT on :class:`solver.formulation.Formulation` (rank mode up to 64 GPUs, host mode beyond) for at most
+   :data:`LEVEL1_SHARE` of ``T`` in host mode (all of it in rank mode);
+4. host mode: each host's shards are packed onto its GPUs by a small exact model (:func:`pack_host`) with each
+   GPU's own HBM; a host that cannot be packed sends us back to the greedy plan;
+5. the better of the CP-SAT plan and the greedy plan (by the evaluator's figures) is returned, with the bound.
+
+Status: ``optimal`` when the returned plan's predicted step time meets the proven bound (to rounding), else
+``feasible``. Same input + same ``SolveParams`` (seed, workers, ``max_deterministic_time``) → the same plan.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from solver.candidates import Candidate, enumerate_candidates
+from solver.extract import build_plan
+from solver.formulation import RANK_BINS_MAX, Assignment, Formulation, Mode, Scale
+from solver.greedy import Placed, placed_to_table, run_greedy
+from solver.spec import DensePlan, DenseStyle, ModelSpec, Placement, Plan, PlanStatus, SolveParams, TablePlan
+from solver.topology import Topology
+
+log = logging.getLogger(__name__)
+
+SPLIT_SHARE = 0.05
+LEVEL1_SHARE = 0.75
+Progress = Callable[[float, float], None]  # (best predicted ms so far, bound ms)
+
+_STATUS = {
+    cp_model.OPTIMAL: "OPTIMAL",
+    cp_model.FEASIBLE: "FEASIBLE",
+    cp_model.INFEASIBLE: "INFEASIBLE",
+    cp_model.MODEL_INVALID: "MODEL_INVALID",
+    cp_model.UNKNOWN: "UNKNOWN",
+}
+
+
+def model_candidates(
+    cands: Sequence[Sequence[Candidate]], chosen: Sequence[Placed | None], greedy_ms: float
+) -> list[list[Candidate]]:
+    """Step 2 of the module docstring."""
+    out = []
+    for t, cs in enumerate(cands):
+        whole = [c for c in cs if c.sharding.value in ("table_wise", "data_parallel")]
+        best_whole = min((float(c.time_ms.min()) for c in whole), default=math.inf)
+        keep = list(whole)
+        if best_whole >= SPLIT_SHARE * greedy_ms:
+            keep += [c for c in cs if c not in whole and c.placement is Placement.hbm]
+        pick = chosen[t]
+        if pick is not None and all(c is not pick.candidate for c in keep):
+            keep.append(pick.candidate)
+        out.append(keep)
+    return out
+
+
+class _Progress(cp_model.CpSolverSolutionCallback):
+    def __init__(self, on_progress: Progress, divisor: float) -> None:
+        super().__init__()
+        self.on_progress, self.divisor = on_progress, divisor
+
+    def on_solution_callback(self) -> None:
+        self.on_progress(Scale.ms(self.objective_value), Scale.ms(self.best_objective_bound))
+
+
+def _params(params: SolveParams, time_limit: float) -> cp_model.CpSolver:
+    solver = cp_model.CpSolver()
+    p = solver.parameters
+    p.max_time_in_seconds = max(time_limit, 0.05)
+    if params.max_deterministic_time is not None:
+        p.max_deterministic_time = params.max_deterministic_time
+    p.num_workers = params.num_workers
+    p.random_seed = params.random_seed
+    p.interleave_search = params.interleave_search
+    if params.relative_gap_limit > 0:
+        p.relative_gap_limit = params.relative_gap_limit
+    p.log_search_progress = False
+    p.cp_model_probing_level = 0
+    return solver
+
+
+def to_assignment(form: Formulation, cands: Sequence[Sequence[Candidate]], chosen: Sequence[Placed]) -> Assignment:
+    """A greedy placement in the formulation's terms."""
+    choice, shard_bins, host = [], {}, {}
+    for t, placed in enumerate(chosen):
+        choice.append(next(j for j, c in enumerate(cands[t]) if c is placed.candidate))
+        if placed.candidate.scope == "rank":
+            shard_bins[t] = [int(form.bin_of_rank[r]) for r in placed.ranks]
+        elif placed.candidate.scope == "host":
+            host[t] = form.topo.ranks[placed.ranks[0]].host
+    return Assignment(choice=choice, shard_bins=shard_bins, host=host, dense=[])
+
+
+@dataclass
+class _Item:
+    table: int
+    shard: int
+    time: int
+    hbm: int
+    host: int
+
+
+def pack_host(
+    topo: Topology,
+    host: int,
+    items: list[_Item],
+    base_load: list[int],
+    base_hbm: list[int],
+    params: SolveParams,
+    time_limit: float,
+) -> list[int] | None:
+    """Put a host's rank-scope shards on its GPUs: minimise the slowest GPU, each GPU within its own HBM.
+
+    ``base_*`` is what every GPU of the host carries already (fixed-rank shards, dense layers, latency).
+    Returns the local GPU of every item, or None when they cannot be packed.
+    """
+    ranks = topo.hosts[host].ranks
+    g = len(ranks)
+    caps = [Scale.capacity(topo.hbm_limit(r)) for r in ranks]
+    m = cp_model.CpModel()
+    z = [[m.new_bool_var(f"z[{i},{k}]") for k in range(g)] for i in range(len(items))]
+    for row in z:
+        m.add_exactly_one(row)
+    horizon = sum(it.time for it in items) + max(base_load, default=0) + 1
+    T = m.new_int_var(0, horizon, "T")
+    for k in range(g):
+        m.add(sum(it.hbm * z[i][k] for i, it in enumerate(items)) + base_hbm[k] <= caps[k])
+        m.add(sum(it.time * z[i][k] for i, it in enumerate(items)) + base_load[k] <= T)
+    # identical GPUs with identical base loads are interchangeable: the first item goes to the first of them
+    m.minimize(T)
+    # LPT hint
+    load = list(base_load)
+    hbm = list(base_hbm)
+    for i in sorted(range(len(items)), key=lambda i: -items[i].time):
+        options = [k for k in range(g) if hbm[k] + items[i].hbm <= caps[k]] or list(range(g))
+        k = min(options, key=lambda k: (load[k], k))
+        load[k] += items[i].time
+        hbm[k] += items[i].hbm
+        for kk in range(g):
+            m.add_hint(z[i][kk], kk == k)
+    solver = _params(params, time_limit)
+    status = solver.solve(m)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    return [next(k for k in range(g) if solver.boolean_value(z[i][k])) for i in range(len(items))]
+
+
+def _tables_from(
+    topo: Topology,
+    model: ModelSpec,
+    cands: Sequence[Sequence[Candidate]],
+    a: Assignment,
+    ranks_of: Callable[[int, Candidate], list[int]],
+) -> list[TablePlan]:
+    out = []
+    for t, j in enumerate(a.choice):
+        c = cands[t][j]
+        out.append(placed_to_table(model, Placed(c, ranks_of(t, c))))
+    return out
+
+
+def _fixed_ranks(topo: Topology, c: Candidate, a: Assignment, t: int) -> list[int]:
+    if c.scope == "host":
+        return list(topo.hosts[a.host[t]].ranks)
+    if c.scope == "group":
+        assert c.scope_class is not None
+        return list(topo.classes[c.scope_class].ranks)
+    return list(range(topo.world_size))
+
+
+def _host_mode_tables(
+    form: Formulation,
+    cands: Sequence[Sequence[Candidate]],
+    a: Assignment,
+    params: SolveParams,
+    deadline: float,
+) -> list[TablePlan] | None:
+    """Level two: pack every host's rank-scope shards onto its GPUs."""
+    topo, model = form.topo, form.spec
+    W = topo.world_size
+    base_load = np.zeros(W, dtype=np.int64)
+    base_hbm = np.zeros(W, dtype=np.int64)
+    per_host: dict[int, list[_Item]] = {h: [] for h in range(topo.num_hosts)}
+    for t, j in enumerate(a.choice):
+        c = cands[t][j]
+        for r in range(W):  # every-rank term
+            base_load[r] += Scale.time(c.every_rank_ms[topo.ranks[r].group])
+        if c.scope == "rank":
+            for i, b in enumerate(a.shard_bins[t]):
+                k = form.bin_class[b]
+                per_host[b].append(
+                    _Item(t, i, Scale.time(c.time_ms[i, k]), Scale.size(int(c.hbm[i, k])), int(c.host[i, k]))
+                )
+            continue
+        col = 0 if c.scope == "fleet" else c.scope_class
+        assert col is not None
+        for i, r in enumerate(_fixed_ranks(topo, c, a, t)):
+            base_load[r] += Scale.time(c.time_ms[i, col])
+            base_hbm[r] += Scale.size(int(c.hbm[i, col]))
+    for info in topo.hosts:
+        for r in info.ranks:
+            base_load[r] += form.fixed_load(info.index) // len(info.ranks)
+    ranks_for: dict[tuple[int, int], int] = {}
+    remaining_hosts = topo.num_hosts
+    for h, items in per_host.items():
+        rr = list(topo.hosts[h].ranks)
+        budget = max(0.05, (deadline - time.perf_counter()) / max(remaining_hosts, 1))
+        remaining_hosts -= 1
+        if not items:
+            continue
+        got = pack_host(topo, h, items, [int(base_load[r]) for r in rr], [int(base_hbm[r]) for r in rr], params, budget)
+        if got is None:
+            log.info("host %d could not be packed onto its GPUs; falling back to the greedy plan", h)
+            return None
+        for it, k in zip(items, got, strict=True):
+            ranks_for[(it.table, it.shard)] = rr[k]
+
+    def ranks_of(t: int, c: Candidate) -> list[int]:
+        if c.scope == "rank":
+            return [ranks_for[(t, i)] for i in range(len(c.shapes))]
+        return _fixed_ranks(topo, c, a, t)
+
+    return _tables_from(topo, model, cands, a, ranks_of)
+
+
+def plan_cpsat(
+    topo: Topology,
+    model: ModelSpec,
+    params: SolveParams,
+    on_progress: Progress | None = None,
+) -> Plan:
+    """A plan from CP-SAT with its proven bound; the greedy plan when CP-SAT cannot do better."""
+    start = time.perf_counter()
+    deadline = start + params.time_limit_s
+    all_cands = [enumerate_candidates(topo, model, i) for i in range(len(model.embedding_tables))]
+    g = run_greedy(topo, model, params, all_cands, solver_name="cpsat")
+    greedy = g.plan
+    if greedy.status is PlanStatus.infeasible:
+        return greedy
+    chosen, placed, dense_choice = g.chosen, g.placed, g.dense
+    greedy_ms = greedy.predicted_step_ms or 0.0
+    if on_progress:
+        on_progress(greedy_ms, greedy.lower_bound_ms or 0.0)
+    cands = model_candidates(all_cands, chosen, greedy_ms)
+    mode: Mode = "rank" if topo.world_size <= RANK_BINS_MAX else "host"
+    form = Formulation(topo, model, cands, mode, horizon_ms=greedy_ms * 4 + 1)
+    hint = to_assignment(form, cands, placed)
+    hint.dense = [s for _, s in dense_choice]
+    form.add_hint(hint)
+    budget = deadline - time.perf_counter()
+    if mode == "host":
+        budget *= LEVEL1_SHARE
+    solver = _params(params, budget)
+    callback = _Progress(on_progress, 1.0) if on_progress else None
+    status = solver.solve(form.model, callback) if callback else solver.solve(form.model)
+    status_name = _STATUS.get(status, "UNKNOWN")
+    log.info(
+        "cp-sat %s in %.2fs: objective %.4f ms, bound %.4f ms",
+        status_name,
+        solver.wall_time,
+        Scale.ms(solver.objective_value) if status_name in ("OPTIMAL", "FEASIBLE") else math.nan,
+        Scale.ms(solver.best_objective_bound),
+    )
+    # the model's bound, or the greedy's (valid over every candidate, so over this space too), whichever is higher
+    bound_ms: float | None = greedy.lower_bound_ms
+    if status_name != "MODEL_INVALID":
+        bound_ms = max(bound_ms or 0.0, Scale.ms(solver.best_objective_bound))
+    tables: list[TablePlan] | None = None
+    dense_styles: list[DenseStyle] = hint.dense
+    if status_name in ("OPTIMAL", "FEASIBLE"):
+        a = form.read(solver)
+        dense_styles = a.dense
+        if mode == "rank":
+            tables = _tables_from(
+                topo,
+                model,
+                cands,
+                a,
+                lambda t, c: (
+                    [form.bin_ranks[b][0] for b in a.shard_bins[t]]
+                    if c.scope == "rank"
+                    else _fixed_ranks(topo, c, a, t)
+                ),
+            )
+        else:
+            tables = _host_mode_tables(form, cands, a, params, deadline)
+    dense_plans = [
+        DensePlan(name=layer.name, style=s, ranks=list(range(topo.world_size)))
+        for layer, s in zip(model.dense_layers, dense_styles, strict=True)
+    ]
+    seconds = time.perf_counter() - start
+    candidate = None
+    if tables is not None:
+        candidate = build_plan(
+            topo,
+            model,
+            tables,
+            dense_plans,
+            params,
+            solver_name="cpsat",
+            status="FEASIBLE",
+            seconds=seconds,
+            bound_ms=bound_ms,
+        )
+    best = candidate if candidate is not None and (candidate.predicted_step_ms or math.inf) <= greedy_ms else None
+    if best is None:  # CP-SAT found nothing better: the greedy plan, with CP-SAT's bound
+        tables, dense_plans = greedy.tables, greedy.dense
+    else:
+        tables, dense_plans = best.tables, best.dense
+    final = build_plan(
+        topo,
+        model,
+        tables,
+        dense_plans,
+        params,
+        solver_name="cpsat",
+        status="FEASIBLE",
+        seconds=seconds,
+        bound_ms=bound_ms,
+    )
+    pred = final.predicted_step_ms or 0.0
+    proved = bound_ms is not None and pred <= bound_ms * (1 + 1e-6) + 1e-6
+    if proved:
+        final = build_plan(
+            topo,
+            model,
+            tables,
+            dense_plans,
+            params,
+            solver_name="cpsat",
+            status="OPTIMAL",
+            seconds=seconds,
+            bound_ms=bound_ms,
+        )
+    final = final.model_copy(update={"solver": final.solver.model_copy(update={"status": status_name})})
+    if on_progress:
+        on_progress(pred, final.lower_bound_ms or 0.0)
+    return final

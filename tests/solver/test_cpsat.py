@@ -1,0 +1,222 @@
+"""The CP-SAT formulation: hand-known optima (objective = bound = value), infeasibility, determinism, validity."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ortools.sat.python import cp_model
+
+from solver.candidates import Candidate, Shape
+from solver.formulation import Formulation, Scale
+from solver.greedy import plan_greedy
+from solver.planner import make_plan
+from solver.solve import plan_cpsat
+from solver.spec import FleetSpec, ModelSpec, Placement, PlanStatus, ShardingType, SolveParams
+from solver.topology import Topology
+from solver.validate import check_plan
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+# a round-number device: 1 MB of HBM usable per GPU (no reserve), tiny latency so hand values stay simple
+PROFILE = {
+    "name": "toy-gpu",
+    "vendor": "other",
+    "display_name": "toy",
+    "hbm_bytes": 1_000_000,
+    "hbm_bandwidth_bytes_per_s": 10**12,
+    "memory_access_granularity_bytes": 32,
+    "peak_flops_per_s": {"fp32": 10**13, "bf16": 10**14},
+    "scale_up_topology": "switched",
+    "scale_up_bytes_per_s": 10**11,
+    "scale_up_per_peer_bytes_per_s": 10**11,
+    "scale_up_domain_size": 8,
+    "scale_out_bytes_per_s": 10**10,
+    "host_link_bytes_per_s": 10**10,
+    "intra_host_latency_us": 1.0,
+    "inter_host_latency_us": 1.0,
+    "gpus_per_host": 8,
+    "host_memory_bytes": 10**12,
+    "achieved": {
+        "embedding_gather": 1,
+        "memory_bound": 1,
+        "gemm": 1,
+        "intra_host_collective": 1,
+        "inter_host_collective": 1,
+        "host_link": 1,
+    },
+}
+A2A_LATENCY_MS = 3 * 1.0 / 1e3  # three all-to-alls of 1 µs each, once any table is sharded
+
+
+def toy_fleet(gpus: int) -> FleetSpec:
+    return FleetSpec(name="toy", hosts=[{"gpu": PROFILE, "count": 1, "gpus_per_host": gpus}], hbm_reserve_fraction=0.0)
+
+
+def toy_model(n: int) -> ModelSpec:
+    return ModelSpec(
+        name="toy",
+        batch_size_per_gpu=1,
+        embedding_tables=[{"name": f"t{i}", "num_embeddings": 10, "embedding_dim": 4} for i in range(n)],
+    )
+
+
+def table_wise(table: int, ms: float, hbm: int, ncls: int = 1) -> Candidate:
+    """A hand-priced whole-table candidate: ``ms`` and ``hbm`` bytes wherever it goes."""
+    return Candidate(
+        table=table,
+        sharding=ShardingType.table_wise,
+        placement=Placement.hbm,
+        cache_fraction=None,
+        scope="rank",
+        scope_class=None,
+        shapes=(Shape(0, 10, 0, 4),),
+        hbm=np.full((1, ncls), hbm, dtype=np.int64),
+        host=np.zeros((1, ncls), dtype=np.int64),
+        compute_ms=np.full((1, ncls), ms),
+        comm_ms=np.zeros((1, ncls)),
+        every_rank_ms=np.zeros(ncls),
+    )
+
+
+def solve(form: Formulation) -> tuple[str, float, float]:
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.max_time_in_seconds = 20
+    status = solver.solve(form.model)
+    return solver.status_name(status), Scale.ms(solver.objective_value), Scale.ms(solver.best_objective_bound)
+
+
+def test_known_optimum_makespan() -> None:
+    # tables of 3, 2, 2 ms on two GPUs: the best split is {3} | {2, 2} → 4 ms (+ the all-to-all latency)
+    topo = Topology(toy_fleet(2))
+    cands = [[table_wise(0, 3.0, 1000)], [table_wise(1, 2.0, 1000)], [table_wise(2, 2.0, 1000)]]
+    form = Formulation(topo, toy_model(3), cands, "rank", horizon_ms=100)
+    status, objective, bound = solve(form)
+    assert status == "OPTIMAL"
+    assert objective == pytest.approx(4.0 + A2A_LATENCY_MS, abs=1e-5)
+    assert bound == pytest.approx(objective, abs=1e-9)
+
+
+def test_known_optimum_memory_forces_imbalance() -> None:
+    # 3, 2, 2, 1 ms: unconstrained the best is {3, 1} | {2, 2} = 4 ms, but the two 2-ms tables take 600 kB each
+    # and a GPU has 1 MB, so they must part: {3, 2} | {2, 1} = 5 ms is the optimum
+    topo = Topology(toy_fleet(2))
+    cands = [
+        [table_wise(0, 3.0, 100_000)],
+        [table_wise(1, 2.0, 600_000)],
+        [table_wise(2, 2.0, 600_000)],
+        [table_wise(3, 1.0, 100_000)],
+    ]
+    form = Formulation(topo, toy_model(4), cands, "rank", horizon_ms=100)
+    status, objective, bound = solve(form)
+    assert status == "OPTIMAL"
+    assert objective == pytest.approx(5.0 + A2A_LATENCY_MS, abs=1e-5)
+    assert bound == pytest.approx(objective, abs=1e-9)
+
+
+def test_choice_between_candidates_is_optimal() -> None:
+    # one table may go whole (4 ms on one GPU) or as two 1.5-ms column halves; another is whole 2 ms:
+    # both halves on one GPU and the other table beside them alone → {1.5, 1.5} | {2} = 3 ms beats {4} | {2}
+    topo = Topology(toy_fleet(2))
+    halves = Candidate(
+        table=0,
+        sharding=ShardingType.column_wise,
+        placement=Placement.hbm,
+        cache_fraction=None,
+        scope="rank",
+        scope_class=None,
+        shapes=(Shape(0, 10, 0, 2), Shape(0, 10, 2, 2)),
+        hbm=np.full((2, 1), 1000, dtype=np.int64),
+        host=np.zeros((2, 1), dtype=np.int64),
+        compute_ms=np.full((2, 1), 1.5),
+        comm_ms=np.zeros((2, 1)),
+        every_rank_ms=np.zeros(1),
+    )
+    cands = [[table_wise(0, 4.0, 1000), halves], [table_wise(1, 2.0, 1000)]]
+    form = Formulation(topo, toy_model(2), cands, "rank", horizon_ms=100)
+    status, objective, bound = solve(form)
+    assert status == "OPTIMAL"
+    assert objective == pytest.approx(3.0 + A2A_LATENCY_MS, abs=1e-5)
+    assert bound == pytest.approx(objective, abs=1e-9)
+
+
+def test_infeasible_formulation() -> None:
+    # two 700 kB tables on one 1 MB GPU: no assignment exists
+    topo = Topology(toy_fleet(1))
+    cands = [[table_wise(0, 1.0, 700_000)], [table_wise(1, 1.0, 700_000)]]
+    form = Formulation(topo, toy_model(2), cands, "rank", horizon_ms=100)
+    status, _, _ = solve(form)
+    assert status == "INFEASIBLE"
+
+
+def _load(name: str) -> dict[str, object]:
+    return json.loads((EXAMPLES / name).read_text())
+
+
+def small_model() -> ModelSpec:
+    data = _load("dlrm_dcnv2.json")
+    data["embedding_tables"] = data["embedding_tables"][:10]  # type: ignore[index]
+    data["dense_layers"] = data["dense_layers"][:3]  # type: ignore[index]
+    return ModelSpec.model_validate(data)
+
+
+@pytest.mark.parametrize("fleet_file", ["fleet_8xh100.json", "fleet_mixed_b200_mi350x.json"])
+def test_cpsat_plan_is_valid_and_never_worse_than_greedy(fleet_file: str) -> None:
+    model = small_model()
+    fleet = FleetSpec.model_validate(_load(fleet_file))
+    topo = Topology(fleet)
+    params = SolveParams(time_limit_s=5, max_deterministic_time=2.0, num_workers=1)
+    plan = plan_cpsat(topo, model, params)
+    greedy = plan_greedy(topo, model)
+    assert plan.status in (PlanStatus.optimal, PlanStatus.feasible)
+    assert check_plan(topo, model, plan) == []
+    assert plan.predicted_step_ms is not None and greedy.predicted_step_ms is not None
+    assert plan.predicted_step_ms <= greedy.predicted_step_ms + 1e-9
+    assert plan.lower_bound_ms is not None and plan.lower_bound_ms <= plan.predicted_step_ms
+    assert plan.solver.name == "cpsat"
+    assert plan.solver.params == params
+    assert plan.solver.gap == pytest.approx(
+        (plan.predicted_step_ms - plan.lower_bound_ms) / plan.predicted_step_ms, abs=1e-5
+    )
+
+
+def test_cpsat_same_seed_same_plan() -> None:
+    model = small_model()
+    fleet = FleetSpec.model_validate(_load("fleet_8xh100.json"))
+    params = SolveParams(time_limit_s=60, max_deterministic_time=1.0, num_workers=2, random_seed=7)
+    first = make_plan(model, fleet, params)
+    second = make_plan(model, fleet, params)
+
+    def body(plan_json: str) -> str:
+        data = json.loads(plan_json)
+        data["solver"].pop("seconds")  # wall-clock: the only field allowed to differ
+        return json.dumps(data, sort_keys=True)
+
+    assert body(first.model_dump_json()) == body(second.model_dump_json())
+
+
+def test_cpsat_infeasible_answer_explains() -> None:
+    model = ModelSpec.model_validate(_load("dlrm_too_big.json"))
+    fleet = FleetSpec.model_validate(_load("fleet_8xh100.json"))
+    plan = make_plan(model, fleet, SolveParams(time_limit_s=5))
+    assert plan.status is PlanStatus.infeasible
+    assert plan.solver.name == "cpsat"
+    assert any("short by" in line for line in plan.explanation)
+
+
+def test_progress_reports_best_and_bound() -> None:
+    model = small_model()
+    fleet = FleetSpec.model_validate(_load("fleet_8xh100.json"))
+    seen: list[tuple[float, float]] = []
+    plan = make_plan(
+        model,
+        fleet,
+        SolveParams(time_limit_s=5, max_deterministic_time=1.0),
+        on_progress=lambda b, lb: seen.append((b, lb)),
+    )
+    assert seen, "no progress reported"
+    assert all(lb <= best + 1e-6 for best, lb in seen)
+    assert seen[-1][0] == pytest.approx(plan.predicted_step_ms)
