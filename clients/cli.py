@@ -30,7 +30,8 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
+    one_line = " ".join(part.strip() for part in message.splitlines() if part.strip())  # YAML errors span lines
+    typer.echo(f"error: {one_line}", err=True)
     raise typer.Exit(code)
 
 

@@ -1,0 +1,250 @@
+"""The ``shardwise`` command line through typer's CliRunner: plan, evaluate, profiles, and bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from clients.cli import app
+from solver.spec import Plan, PlanStatus
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+DLRM = str(EXAMPLES / "dlrm_dcnv2.json")
+TOO_BIG = str(EXAMPLES / "dlrm_too_big.json")
+H100 = str(EXAMPLES / "fleet_8xh100.json")
+MIXED = str(EXAMPLES / "fleet_mixed_b200_mi350x.json")
+GREEDY = ["--solver", "greedy"]  # fast and deterministic; CP-SAT has its own tests
+
+CATALOGUE_NAMES = [
+    "nvidia-a100",
+    "nvidia-h100-sxm",
+    "nvidia-h200",
+    "nvidia-b200",
+    "nvidia-b300",
+    "nvidia-gb200",
+    "amd-mi300x",
+    "amd-mi325x",
+    "amd-mi350x",
+    "amd-mi355x",
+]
+
+#: a per-rank line: rank, host, gpu, HBM GB, capacity GB, fill %, compute ms, comm ms, total ms
+RANK_LINE = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\S+)\s+[\d.]+\s+[\d.]+\s+\d+%\s+[\d.]+\s+[\d.]+\s+[\d.]+\s*$")
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+@pytest.fixture(scope="module")
+def written_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("plan") / "plan.json"
+    result = CliRunner().invoke(app, ["plan", DLRM, H100, "-o", str(out), *GREEDY])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def write_json(path: Path, data: Any) -> str:
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return str(path)
+
+
+def rank_lines(stdout: str) -> list[tuple[int, int, str]]:
+    return [(int(m[1]), int(m[2]), m[3]) for line in stdout.splitlines() if (m := RANK_LINE.match(line))]
+
+
+def assert_one_error_line(stderr: str, *needles: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("error:"), stderr
+    for needle in needles:
+        assert needle in lines[0]
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------------------------------- plan
+
+
+def test_plan_prints_one_line_per_rank_and_writes_the_plan(runner: CliRunner, tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    result = runner.invoke(app, ["plan", DLRM, H100, "-o", str(out), *GREEDY])
+    assert result.exit_code == 0, result.output
+    assert rank_lines(result.stdout) == [(r, 0, "nvidia-h100-sxm") for r in range(8)]
+    assert "predicted step" in result.stdout
+    assert f"plan written to {out}" in result.stdout
+    plan = Plan.model_validate_json(out.read_text(encoding="utf-8"))
+    assert plan.status is PlanStatus.feasible
+    assert len(plan.ranks) == 8
+    assert plan.model == "dlrm-dcnv2-criteo1tb"
+    # the printed step time is the written plan's
+    assert f"predicted step {plan.predicted_step_ms:.3f} ms" in result.stdout
+
+
+def test_plan_on_a_mixed_fleet(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["plan", DLRM, MIXED, *GREEDY])
+    assert result.exit_code == 0, result.output
+    expected = [(r, 0, "nvidia-b200") for r in range(8)] + [(r, 1, "amd-mi350x") for r in range(8, 16)]
+    assert rank_lines(result.stdout) == expected
+
+
+def test_plan_without_output_writes_nothing(runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["plan", DLRM, H100, *GREEDY])
+    assert result.exit_code == 0, result.output
+    assert "plan written" not in result.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_plan_infeasible_exits_1_with_the_explanation(runner: CliRunner, tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    result = runner.invoke(app, ["plan", TOO_BIG, H100, "-o", str(out), *GREEDY])
+    assert result.exit_code == 1, result.output
+    assert "status: infeasible" in result.stdout
+    assert "short by" in result.stdout
+    assert "HBM" in result.stdout or "host memory" in result.stdout
+    assert rank_lines(result.stdout) == []
+    # the infeasible answer is still a plan document
+    assert Plan.model_validate_json(out.read_text(encoding="utf-8")).status is PlanStatus.infeasible
+
+
+# --------------------------------------------------------------------------------------------------- evaluate
+
+
+def test_evaluate_a_written_plan(runner: CliRunner, written_plan: Path) -> None:
+    result = runner.invoke(app, ["evaluate", DLRM, H100, str(written_plan)])
+    assert result.exit_code == 0, result.output
+    plan = Plan.model_validate_json(written_plan.read_text(encoding="utf-8"))
+    assert rank_lines(result.stdout) == [(r, 0, "nvidia-h100-sxm") for r in range(8)]
+    assert f"predicted step {plan.predicted_step_ms:.3f} ms" in result.stdout
+
+
+def test_evaluate_a_broken_plan_exits_1_naming_the_problem(
+    runner: CliRunner, written_plan: Path, tmp_path: Path
+) -> None:
+    data = json.loads(written_plan.read_text(encoding="utf-8"))
+    table = data["tables"][0]
+    table["shards"] = [{**table["shards"][0], "num_rows": table["shards"][0]["num_rows"] - 1}, *table["shards"][1:]]
+    broken = write_json(tmp_path / "broken.json", data)
+    result = runner.invoke(app, ["evaluate", DLRM, H100, broken])
+    assert result.exit_code == 1, result.output
+    assert "plan is invalid" in result.stderr
+    assert f"table {table['name']}" in result.stderr
+    assert "gap" in result.stderr
+
+
+def test_evaluate_a_plan_missing_a_table(runner: CliRunner, written_plan: Path, tmp_path: Path) -> None:
+    data = json.loads(written_plan.read_text(encoding="utf-8"))
+    gone = data["tables"].pop()["name"]
+    result = runner.invoke(app, ["evaluate", DLRM, H100, write_json(tmp_path / "short.json", data)])
+    assert result.exit_code == 1, result.output
+    assert f"table {gone} is missing from the plan" in result.stderr
+
+
+def test_evaluate_a_plan_for_another_fleet(runner: CliRunner, written_plan: Path) -> None:
+    # the 8-GPU plan on the 16-GPU fleet: its dense layers run on half the ranks
+    result = runner.invoke(app, ["evaluate", DLRM, MIXED, str(written_plan)])
+    assert result.exit_code == 1, result.output
+    assert "must run on all 16 ranks" in result.stderr
+
+
+def test_evaluate_an_infeasible_plan(runner: CliRunner, tmp_path: Path) -> None:
+    out = tmp_path / "infeasible.json"
+    runner.invoke(app, ["plan", TOO_BIG, H100, "-o", str(out), *GREEDY])
+    result = runner.invoke(app, ["evaluate", TOO_BIG, H100, str(out)])
+    assert result.exit_code == 1, result.output
+    assert "infeasible" in result.stderr
+
+
+# --------------------------------------------------------------------------------------------------- profiles
+
+
+def test_profiles_lists_the_catalogue(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["profiles"])
+    assert result.exit_code == 0, result.output
+    listed = [line.split()[0] for line in result.stdout.strip().splitlines()[1:]]
+    assert set(CATALOGUE_NAMES) <= set(listed)
+    assert listed == sorted(listed)
+    h100 = next(line for line in result.stdout.splitlines() if line.startswith("nvidia-h100-sxm "))
+    assert h100.split()[1:3] == ["85.5", "3.35"]  # 85,520,809,984 B; 3.35e12 B/s
+
+
+# -------------------------------------------------------------------------------------------------- bad input
+
+
+def test_missing_file_exits_2(runner: CliRunner, tmp_path: Path) -> None:
+    missing = tmp_path / "nope.json"
+    result = runner.invoke(app, ["plan", str(missing), H100])
+    assert result.exit_code == 2
+    assert_one_error_line(result.stderr, str(missing))
+    assert result.stdout == ""
+
+
+def test_invalid_json_exits_2(runner: CliRunner, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"name": "m", ', encoding="utf-8")
+    result = runner.invoke(app, ["plan", str(bad), H100])
+    assert result.exit_code == 2
+    assert_one_error_line(result.stderr, str(bad), "not valid JSON")
+
+
+def test_invalid_yaml_exits_2(runner: CliRunner, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n", encoding="utf-8")
+    result = runner.invoke(app, ["plan", str(bad), H100])
+    assert result.exit_code == 2
+    assert_one_error_line(result.stderr, str(bad), "not valid YAML", "line 2")  # PyYAML's message spans lines
+
+
+def test_yaml_model_is_accepted(runner: CliRunner, tmp_path: Path) -> None:
+    model = tmp_path / "m.yaml"
+    model.write_text(
+        "name: m\nbatch_size_per_gpu: 64\nembedding_tables:\n  - {name: t, num_embeddings: 1000, embedding_dim: 8}\n",
+        encoding="utf-8",
+    )
+    result = runner.invoke(app, ["plan", str(model), H100, *GREEDY])
+    assert result.exit_code == 0, result.output
+    assert len(rank_lines(result.stdout)) == 8
+
+
+def test_zero_num_embeddings_exits_2_naming_the_field(runner: CliRunner, tmp_path: Path) -> None:
+    data = json.loads((EXAMPLES / "dlrm_dcnv2.json").read_text(encoding="utf-8"))
+    data["embedding_tables"][3]["num_embeddings"] = 0
+    path = write_json(tmp_path / "zero.json", data)
+    result = runner.invoke(app, ["plan", path, H100])
+    assert result.exit_code == 2
+    line = assert_one_error_line(result.stderr, path, "embedding_tables.3.num_embeddings", "greater than 0")
+    assert line.startswith(f"error: {path}: embedding_tables.3.num_embeddings:")
+
+
+def test_unknown_gpu_exits_2_naming_the_field(runner: CliRunner, tmp_path: Path) -> None:
+    path = write_json(tmp_path / "fleet.json", {"name": "f", "hosts": [{"gpu": "nvidia-h800", "count": 1}]})
+    result = runner.invoke(app, ["plan", DLRM, path])
+    assert result.exit_code == 2
+    assert_one_error_line(result.stderr, "hosts.0.gpu", "unknown GPU profile 'nvidia-h800'", "nvidia-h100-sxm")
+
+
+def test_several_errors_are_counted_on_one_line(runner: CliRunner, tmp_path: Path) -> None:
+    data = {"name": "m", "batch_size_per_gpu": 0, "embedding_tables": [{"name": "t", "num_embeddings": 0}]}
+    result = runner.invoke(app, ["plan", write_json(tmp_path / "m.json", data), H100])
+    assert result.exit_code == 2
+    assert_one_error_line(result.stderr, "batch_size_per_gpu", "more)")
+
+
+def test_bad_plan_document_exits_2(runner: CliRunner, tmp_path: Path) -> None:
+    path = write_json(tmp_path / "plan.json", {"status": "done"})
+    result = runner.invoke(app, ["evaluate", DLRM, H100, path])
+    assert result.exit_code == 2
+    assert_one_error_line(result.stderr, "status")
+
+
+def test_unknown_solver_is_a_usage_error(runner: CliRunner) -> None:
+    # an option typer itself refuses: its usage message, exit code 2
+    result = runner.invoke(app, ["plan", DLRM, H100, "--solver", "simplex"])
+    assert result.exit_code == 2
+    assert "simplex" in result.stderr

@@ -1,0 +1,597 @@
+"""The cost model against hand arithmetic.
+
+Each expected value is worked out here from the formulas of ``solver/cost_model.py``'s module docstring, on small
+round numbers (the ``round_profile`` fixture: HBM 1e12 B/s, granularity 32 B, gathers at 0.5 = 5e11 B/s, streams at
+0.25 = 2.5e11 B/s, host link 1e10·0.5 = 5e9 B/s, scale-up 1e11·0.5 = 5e10 B/s, NIC 1e10·0.25 = 2.5e9 B/s, fp32 GEMM
+1e12·0.5 = 5e11 FLOP/s). The functions under test are never used to compute an expected value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from hwprofiles import HardwareProfile
+from solver import cost_model as cm
+from solver.spec import DenseLayerSpec, DenseStyle, EmbeddingTableSpec, FleetSpec, Placement
+from solver.spec import ShardingType as ST
+from solver.topology import Topology
+
+B = 10  # batch per GPU
+W = 4  # world size for the memory / compute cases
+
+GATHER = 5e11  # 1e12 · achieved.embedding_gather
+STREAM = 2.5e11  # 1e12 · achieved.memory_bound
+LINK = 5e9  # 1e10 · achieved.host_link
+INTRA = 5e10  # switched scale-up 1e11 · achieved.intra_host_collective
+INTER = 2.5e9  # NIC 1e10 · achieved.inter_host_collective
+
+
+def table(**overrides: Any) -> EmbeddingTableSpec:
+    """R = 1000 rows × D = 8 fp32 columns, L = 2 ids per bag, one feature, sgd (no state) unless overridden."""
+    data: dict[str, Any] = {
+        "name": "t",
+        "num_embeddings": 1000,
+        "embedding_dim": 8,
+        "dtype": "fp32",
+        "pooling_factor": 2.0,
+        "optimizer": "sgd",
+    }
+    data.update(overrides)
+    return EmbeddingTableSpec.model_validate(data)
+
+
+def approx(x: float) -> Any:
+    return pytest.approx(x, rel=1e-9, abs=1e-15)
+
+
+# ====================================================================================================== memory
+
+# table_wise on W = 4, B = 10: N = W·B·F·L = 80 ids, Nb = W·B·F = 40 bags, o = Nb = 40 pooled rows.
+TW_IDS, TW_BAGS, TW_OUT = 80, 40, 40
+TW_GRADS = math.ceil(1000 * (1 - math.exp(-80 / 1000))) * 8 * 4  # u = R·(1 − e^(−n/R)) = 76.88 → 77 rows · c · 4
+TW_BUFFERS = 80 * 8 + 40 * 4 + 2 * 40 * 8 * 4  # 640 + 160 + 2560 = 3360
+WEIGHTS = 1000 * 8 * 4  # 32000
+
+STATE = {
+    "sgd": 0,
+    "adagrad": 1000 * 8 * 4,  # r·c·4 = 32000
+    "rowwise_adagrad": 1000 * 4,  # r·4 = 4000
+    "adam": 2 * 1000 * 8 * 4,  # 2·r·c·4 = 64000
+}
+
+
+@pytest.mark.parametrize("optimizer", sorted(STATE))
+def test_shard_memory_hbm_placement(optimizer: str) -> None:
+    m = cm.shard_memory(table(optimizer=optimizer), ST.table_wise, 1000, 8, Placement.hbm, None, B, W)
+    assert TW_GRADS == 77 * 32
+    assert (m.weights, m.optimizer, m.gradients, m.buffers, m.cache, m.host) == (
+        WEIGHTS,
+        STATE[optimizer],
+        TW_GRADS,
+        TW_BUFFERS,
+        0,
+        0,
+    )
+    assert m.hbm == WEIGHTS + STATE[optimizer] + TW_GRADS + TW_BUFFERS
+
+
+@pytest.mark.parametrize("optimizer", sorted(STATE))
+def test_shard_memory_uvm_cache_placement(optimizer: str) -> None:
+    m = cm.shard_memory(table(optimizer=optimizer), ST.table_wise, 1000, 8, Placement.uvm_cache, 0.25, B, W)
+    cache = 250 * (8 * 4 + 16)  # ⌈f·r⌉·(c·b + 16) = 250 · 48 = 12000
+    assert (m.weights, m.optimizer, m.cache) == (0, 0, cache)
+    assert m.hbm == cache + TW_GRADS + TW_BUFFERS
+    assert m.host == WEIGHTS + STATE[optimizer]
+
+
+def test_shard_memory_uvm_cache_rounds_cached_rows_up() -> None:
+    m = cm.shard_memory(table(), ST.table_wise, 1000, 8, Placement.uvm_cache, 0.0015, B, W)
+    assert m.cache == 2 * (8 * 4 + 16)  # ⌈1.5⌉ = 2 rows
+
+
+@pytest.mark.parametrize("optimizer", sorted(STATE))
+def test_shard_memory_host_placement(optimizer: str) -> None:
+    m = cm.shard_memory(table(optimizer=optimizer), ST.table_wise, 1000, 8, Placement.host, None, B, W)
+    assert (m.weights, m.optimizer, m.cache) == (0, 0, 0)
+    assert m.hbm == TW_GRADS + TW_BUFFERS
+    assert m.host == WEIGHTS + STATE[optimizer]
+
+
+def test_shard_memory_row_wise_shard() -> None:
+    # a block of r = 250 rows serves n = N·r/R = 80·250/1000 = 20 ids, still writes Nb = 40 partial rows
+    m = cm.shard_memory(table(optimizer="adagrad"), ST.row_wise, 250, 8, Placement.hbm, None, B, W)
+    assert m.weights == 250 * 8 * 4
+    assert m.optimizer == 250 * 8 * 4
+    assert m.gradients == math.ceil(250 * (1 - math.exp(-20 / 250))) * 8 * 4
+    assert m.buffers == 20 * 8 + 40 * 4 + 2 * 40 * 8 * 4  # 160 + 160 + 2560
+
+
+def test_shard_memory_column_wise_shard() -> None:
+    # a column slice serves every id and writes every bag, c = 4 columns
+    m = cm.shard_memory(table(), ST.column_wise, 1000, 4, Placement.hbm, None, B, W)
+    assert m.weights == 1000 * 4 * 4
+    assert m.gradients == math.ceil(1000 * (1 - math.exp(-80 / 1000))) * 4 * 4
+    assert m.buffers == 80 * 8 + 40 * 4 + 2 * 40 * 4 * 4
+
+
+@pytest.mark.parametrize(("dtype", "b", "ob"), [("fp32", 4, 4), ("fp16", 2, 2), ("bf16", 2, 2)])
+def test_shard_memory_data_parallel_keeps_a_dense_gradient(dtype: str, b: int, ob: int) -> None:
+    # own batch only: n = B·F·L = 20 ids, B·F = 10 bags, o = 10; gradient r·c·b, not the touched rows
+    m = cm.shard_memory(table(dtype=dtype), ST.data_parallel, 1000, 8, Placement.hbm, None, B, W)
+    assert m.weights == 1000 * 8 * b
+    assert m.gradients == 1000 * 8 * b
+    assert m.buffers == 20 * 8 + 10 * 4 + 2 * 10 * 8 * ob
+
+
+def test_shard_memory_low_precision_table() -> None:
+    m = cm.shard_memory(table(dtype="bf16"), ST.table_wise, 1000, 8, Placement.hbm, None, B, W)
+    assert m.weights == 1000 * 8 * 2
+    assert m.gradients == TW_GRADS  # gradients stay fp32
+    assert m.buffers == 80 * 8 + 40 * 4 + 2 * 40 * 8 * 2  # outputs in 2 bytes
+
+
+def test_shard_memory_sequence_table_writes_one_row_per_id() -> None:
+    m = cm.shard_memory(table(pooling="none"), ST.table_wise, 1000, 8, Placement.hbm, None, B, W)
+    assert m.buffers == 80 * 8 + 40 * 4 + 2 * 80 * 8 * 4  # o = n = 80
+
+
+def test_shard_memory_more_features_more_ids() -> None:
+    # F = 3: N = 4·10·3·2 = 240, Nb = 120
+    m = cm.shard_memory(table(num_features=3), ST.table_wise, 1000, 8, Placement.hbm, None, B, W)
+    assert m.gradients == math.ceil(1000 * (1 - math.exp(-240 / 1000))) * 8 * 4
+    assert m.buffers == 240 * 8 + 120 * 4 + 2 * 120 * 8 * 4
+
+
+# ================================================================================================ touched rows
+
+
+def test_touched_rows_hand_values() -> None:
+    assert cm.touched_rows(80, 1000) == approx(1000 * (1 - math.exp(-0.08)))
+    assert cm.touched_rows(1000, 1000) == approx(1000 * (1 - 1 / math.e))  # ≈ 632.12
+
+
+@pytest.mark.parametrize(("ids", "rows"), [(1, 10**6), (10, 10), (5e5, 1000), (3, 7), (1e9, 1e3)])
+def test_touched_rows_is_at_most_the_ids_and_the_rows(ids: float, rows: int) -> None:
+    u = cm.touched_rows(ids, rows)
+    assert 0 < u <= min(ids, rows) * (1 + 1e-12)
+
+
+def test_touched_rows_limits() -> None:
+    assert cm.touched_rows(1, 10**9) == pytest.approx(1, rel=1e-6)  # sparse: every id a new row
+    assert cm.touched_rows(1e7, 1000) == pytest.approx(1000)  # dense: every row touched
+
+
+# ============================================================================================== cache hit rate
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.25, 0.5, 0.9])
+def test_cache_hit_rate_uniform_is_the_fraction(fraction: float) -> None:
+    assert cm.cache_hit_rate(10**6, fraction, None) == fraction
+
+
+@pytest.mark.parametrize("skew", [None, 1.05])
+def test_cache_hit_rate_edges(skew: float | None) -> None:
+    assert cm.cache_hit_rate(1000, None, skew) == 0.0
+    assert cm.cache_hit_rate(1000, 1.0, skew) == 1.0
+
+
+def test_cache_hit_rate_skewed_hand_value() -> None:
+    # R = 4 rows, f = 0.5 → the 2 hottest rows; Zipf(1): (1 + 1/2) / (1 + 1/2 + 1/3 + 1/4) = 1.5 / (25/12) = 0.72
+    assert cm.cache_hit_rate(4, 0.5, 1.0) == approx(0.72)
+    # Zipf(2): (1 + 1/4) / (1 + 1/4 + 1/9 + 1/16) = 1.25 / (205/144) = 180/205
+    assert cm.cache_hit_rate(4, 0.5, 2.0) == approx(180 / 205)
+
+
+@pytest.mark.parametrize("rows", [100, 10**6, 4 * 10**7])
+@pytest.mark.parametrize("skew", [0.5, 1.0, 1.05, 2.0])
+def test_cache_hit_rate_skewed_beats_uniform_and_grows_with_the_cache(rows: int, skew: float) -> None:
+    fractions = [0.01, 0.1, 0.25, 0.5, 0.75]
+    rates = [cm.cache_hit_rate(rows, f, skew) for f in fractions]
+    for f, h in zip(fractions, rates, strict=True):
+        assert f < h <= 1.0
+    assert rates == sorted(rates)
+
+
+@pytest.mark.parametrize("skew", [0.05, 0.5, 1.0, 1.05, 1.5, 2.0, 3.0, 5.0])
+def test_generalized_harmonic_matches_the_sum(skew: float) -> None:
+    """``H(n, s) = Σ_{i≤n} i^−s`` over the whole range of access_skew the spec allows (0, 5]."""
+    for n in (1, 10, 63, 64, 65, 100, 5000, 50_000):
+        exact = math.fsum(i ** (-skew) for i in range(1, n + 1))
+        assert cm.generalized_harmonic(n, skew) == pytest.approx(exact, rel=1e-9)
+
+
+@pytest.mark.parametrize("skew", [0.5, 1.05, 2.0, 5.0])
+@pytest.mark.parametrize("rows", [80, 1000, 20_000])
+def test_cache_hit_rate_is_the_head_mass_of_the_zipf(skew: float, rows: int) -> None:
+    weights = [i ** (-skew) for i in range(1, rows + 1)]
+    total = math.fsum(weights)
+    for f in (0.01, 0.1, 0.5, 0.75):
+        k = math.ceil(f * rows)
+        assert cm.cache_hit_rate(rows, f, skew) == pytest.approx(max(f, math.fsum(weights[:k]) / total), abs=1e-9)
+
+
+# =============================================================================================== compute time
+
+
+def test_shard_compute_hbm_rounds_rows_to_the_granularity(round_profile: HardwareProfile) -> None:
+    # D = 4 fp32: a 16 B row costs ⌈16/32⌉·32 = 32 B. sgd: no optimizer traffic.
+    # gathers n·(row + 2·row) = 80·96 = 7680 B at 5e11; streams 2·o·c·ob = 2·40·4·4 = 1280 B at 2.5e11
+    t = table(embedding_dim=4)
+    got = cm.shard_compute_ms(t, ST.table_wise, 1000, 4, Placement.hbm, None, round_profile, B, W)
+    expected_s = 80 * (32 + 2 * 32) / GATHER + 2 * 40 * 4 * 4 / STREAM
+    assert expected_s == approx(2.048e-8)
+    assert got == approx(expected_s * 1e3)
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "update"),
+    [
+        ("sgd", 0),
+        ("adagrad", 2 * 64),  # 2·⌈4c/G⌉G, 4c = 64
+        ("rowwise_adagrad", 2 * 32),  # 2·G
+        ("adam", 4 * 64),  # 4·⌈4c/G⌉G
+    ],
+)
+def test_shard_compute_hbm_per_optimizer(optimizer: str, update: int, round_profile: HardwareProfile) -> None:
+    # D = 16 fp32: row = 64 B; streams 2·40·16·4 = 5120 B
+    t = table(embedding_dim=16, optimizer=optimizer)
+    got = cm.shard_compute_ms(t, ST.table_wise, 1000, 16, Placement.hbm, None, round_profile, B, W)
+    expected_s = 80 * (64 + 2 * 64 + update) / GATHER + 2 * 40 * 16 * 4 / STREAM
+    assert got == approx(expected_s * 1e3)
+
+
+def test_shard_compute_narrow_optimizer_state_rounds_up(round_profile: HardwareProfile) -> None:
+    # D = 4: adam state per row 4c = 16 B → one 32 B transaction, read + written for two moments: 4·32
+    t = table(embedding_dim=4, optimizer="adam")
+    got = cm.shard_compute_ms(t, ST.table_wise, 1000, 4, Placement.hbm, None, round_profile, B, W)
+    expected_s = 80 * (32 + 2 * 32 + 4 * 32) / GATHER + 2 * 40 * 4 * 4 / STREAM
+    assert got == approx(expected_s * 1e3)
+
+
+def test_shard_compute_granularity_comes_from_the_profile(make_profile: Callable[..., HardwareProfile]) -> None:
+    # the same D = 4 fp32 table on a 64 B-granularity device: row = 64 B
+    coarse = make_profile(memory_access_granularity_bytes=64)
+    got = cm.shard_compute_ms(table(embedding_dim=4), ST.table_wise, 1000, 4, Placement.hbm, None, coarse, B, W)
+    assert got == approx((80 * 3 * 64 / GATHER + 2 * 40 * 4 * 4 / STREAM) * 1e3)
+
+
+def test_shard_compute_host_placement_gathers_over_the_host_link(round_profile: HardwareProfile) -> None:
+    # every gather (fwd read, bwd read + write) crosses the host link at 5e9; streams stay in HBM
+    t = table(embedding_dim=4)
+    got = cm.shard_compute_ms(t, ST.table_wise, 1000, 4, Placement.host, None, round_profile, B, W)
+    expected_s = 80 * (32 + 2 * 32) / LINK + 2 * 40 * 4 * 4 / STREAM
+    assert got == approx(expected_s * 1e3)
+
+
+def test_shard_compute_uvm_cache_splits_hits_and_misses(round_profile: HardwareProfile) -> None:
+    # uniform access, f = 0.5 → h = 0.5; misses cross the link and are written into the cache (n·(1−h)·row)
+    t = table(embedding_dim=4)
+    got = cm.shard_compute_ms(t, ST.table_wise, 1000, 4, Placement.uvm_cache, 0.5, round_profile, B, W)
+    gathers = 80 * (32 + 2 * 32)
+    fill = 80 * 0.5 * 32
+    expected_s = (gathers * 0.5 + fill) / GATHER + gathers * 0.5 / LINK + 2 * 40 * 4 * 4 / STREAM
+    assert got == approx(expected_s * 1e3)
+
+
+def test_shard_compute_offloading_is_slower(round_profile: HardwareProfile) -> None:
+    t = table(embedding_dim=16, access_skew=1.05)
+    args = (ST.table_wise, 1000, 16)
+    hbm = cm.shard_compute_ms(t, *args, Placement.hbm, None, round_profile, B, W)
+    cached = [cm.shard_compute_ms(t, *args, Placement.uvm_cache, f, round_profile, B, W) for f in (0.5, 0.25, 0.1)]
+    host = cm.shard_compute_ms(t, *args, Placement.host, None, round_profile, B, W)
+    assert hbm < cached[0] < cached[1] < cached[2] < host
+
+
+def test_shard_compute_row_wise_block_serves_its_share(round_profile: HardwareProfile) -> None:
+    # r = 250 of R = 1000: n = 20 ids, still o = Nb = 40 output rows
+    t = table(embedding_dim=4)
+    got = cm.shard_compute_ms(t, ST.row_wise, 250, 4, Placement.hbm, None, round_profile, B, W)
+    assert got == approx((20 * 3 * 32 / GATHER + 2 * 40 * 4 * 4 / STREAM) * 1e3)
+
+
+@pytest.mark.parametrize(("optimizer", "state"), [("sgd", 0), ("adagrad", 1000 * 4 * 4)])
+def test_shard_compute_data_parallel_streams_the_whole_copy(
+    optimizer: str, state: int, round_profile: HardwareProfile
+) -> None:
+    # own batch: n = 20, o = 10. Gathers n·row only; streams: pooled output + its gradient (2·o·c·ob), then the
+    # whole copy once: the fp32 gradient (4c), the weights read and written (2cb) and the state read and written.
+    t = table(embedding_dim=4, optimizer=optimizer)
+    got = cm.shard_compute_ms(t, ST.data_parallel, 1000, 4, Placement.hbm, None, round_profile, B, W)
+    streams = 2 * 10 * 4 * 4 + 1000 * (4 * 4 + 2 * 4 * 4) + 2 * state
+    assert got == approx((20 * 32 / GATHER + streams / STREAM) * 1e3)
+
+
+# ===================================================================================================== links
+
+
+@pytest.mark.parametrize("peers", [1, 3, 7])
+def test_intra_host_bw_switched_is_the_full_rate_for_any_peers(peers: int, round_profile: HardwareProfile) -> None:
+    assert cm.intra_host_bw(round_profile, peers) == approx(1e11 * 0.5)
+
+
+@pytest.mark.parametrize(
+    ("peers", "raw"),
+    [
+        (1, 1e11),  # one link: the per-peer figure
+        (3, 3e11),  # three links
+        (7, 4e11),  # capped at the all-peer figure
+    ],
+)
+def test_intra_host_bw_full_mesh_is_one_link_per_peer(peers: int, raw: float, mesh_profile: HardwareProfile) -> None:
+    assert cm.intra_host_bw(mesh_profile, peers) == approx(raw * 0.5)
+
+
+def test_intra_host_bw_pcie_is_the_per_peer_figure(make_profile: Callable[..., HardwareProfile]) -> None:
+    pcie = make_profile(scale_up_topology="pcie", scale_up_per_peer_bytes_per_s=20_000_000_000)
+    assert cm.intra_host_bw(pcie, 7) == approx(2e10 * 0.5)
+
+
+def test_intra_host_bw_without_peers_is_free(round_profile: HardwareProfile) -> None:
+    assert cm.intra_host_bw(round_profile, 0) == math.inf
+
+
+def test_inter_host_bw(round_profile: HardwareProfile) -> None:
+    assert cm.inter_host_bw(round_profile) == approx(1e10 * 0.25)
+
+
+def _ctx(**kw: Any) -> cm.CommContext:
+    base: dict[str, Any] = {
+        "batch_size": B,
+        "world_size": 8,
+        "gpus_per_host": 4,
+        "num_hosts": 2,
+        "intra_bw": 1e9,
+        "inter_bw": 5e8,
+    }
+    base.update(kw)
+    return cm.CommContext(**base)
+
+
+def test_split_transfer_remote_bound() -> None:
+    # W = 8, g = 4: (W−g)/(W−1) = 4/7 of the peers are remote. 700 B → 400 remote, 300 local.
+    assert _ctx().remote_fraction == approx(4 / 7)
+    assert cm.split_transfer_s(700, _ctx()) == approx(max(300 / 1e9, 400 / 5e8))  # 8e-7
+
+
+def test_split_transfer_local_bound() -> None:
+    assert cm.split_transfer_s(700, _ctx(inter_bw=1e11)) == approx(max(300 / 1e9, 400 / 1e11))  # 3e-7
+
+
+def test_split_transfer_single_host_is_all_local() -> None:
+    ctx = _ctx(world_size=4, num_hosts=1)
+    assert ctx.remote_fraction == 0
+    assert cm.split_transfer_s(700, ctx) == approx(700 / 1e9)
+
+
+def test_split_transfer_trivial_cases() -> None:
+    assert cm.split_transfer_s(0, _ctx()) == 0
+    assert cm.split_transfer_s(700, _ctx(world_size=1, gpus_per_host=1, num_hosts=1)) == 0
+
+
+@pytest.mark.parametrize(
+    ("per_host", "hosts", "expected"),
+    [
+        (4, 3, 3 / 4 * 1200 / 1e9 + 2 / 3 * 1200 / 4 / 1e8),  # 9e-7 + 2e-6
+        (1, 3, 2 / 3 * 1200 / 1e8),  # one rank per host: NIC stage only
+        (4, 1, 3 / 4 * 1200 / 1e9),  # one host: fabric stage only
+        (1, 1, 0.0),  # a single rank moves nothing
+    ],
+)
+def test_hierarchical(per_host: int, hosts: int, expected: float) -> None:
+    assert cm.hierarchical_s(1200, per_host, hosts, 1e9, 1e8) == approx(expected)
+
+
+def test_hierarchical_of_nothing() -> None:
+    assert cm.hierarchical_s(0, 4, 2, 1e9, 1e8) == 0
+
+
+# ============================================================================================ communication
+
+
+@pytest.fixture
+def fleet_topo(round_profile: HardwareProfile) -> Topology:
+    """Two hosts of four round GPUs (inline profile): W = 8, g = 4, H = 2."""
+    fleet = FleetSpec.model_validate(
+        {"name": "round-2x4", "hosts": [{"gpu": round_profile.model_dump(), "count": 2, "gpus_per_host": 4}]}
+    )
+    return Topology(fleet)
+
+
+def split8(nbytes: float) -> float:
+    """W = 8, g = 4 on the round fleet: 4/7 of the bytes over the NIC, 3/7 over the fabric, in parallel."""
+    remote = nbytes * 4 / 7
+    return max((nbytes - remote) / INTRA, remote / INTER)
+
+
+def test_topology_contexts_carry_the_links(fleet_topo: Topology, mesh_profile: HardwareProfile) -> None:
+    cls = fleet_topo.classes[0]
+    ctx = fleet_topo.context(cls, B)
+    assert (ctx.world_size, ctx.gpus_per_host, ctx.num_hosts) == (8, 4, 2)
+    assert ctx.intra_bw == approx(INTRA)
+    assert ctx.inter_bw == approx(INTER)
+    group = fleet_topo.context(cls, B, range(8))
+    assert (group.group_size, group.group_hosts) == (8, 2)
+    assert group.group_intra_bw == approx(INTRA)
+    assert group.group_inter_bw == approx(INTER)
+    # on a full mesh, a group of 2 GPUs of one host talks over one link: 1e11·0.5, while the owner's all-to-all
+    # reaches its 3 peers over 3 links: 3e11·0.5
+    mesh = Topology(
+        FleetSpec.model_validate(
+            {"name": "mesh-2x4", "hosts": [{"gpu": mesh_profile.model_dump(), "count": 2, "gpus_per_host": 4}]}
+        )
+    )
+    pair = mesh.context(mesh.classes[0], B, [0, 1])
+    assert (pair.group_size, pair.group_hosts) == (2, 1)
+    assert pair.group_intra_bw == approx(1e11 * 0.5)
+    assert pair.intra_bw == approx(3e11 * 0.5)
+
+
+# W = 8, B = 10, F = 1, L = 2: N = 160 ids, Nb = 80 bags; moved fraction (W−1)/W = 7/8.
+
+
+def test_shard_comm_table_wise(fleet_topo: Topology) -> None:
+    ctx = fleet_topo.context(fleet_topo.classes[0], B)
+    got = cm.shard_comm_ms(table(), ST.table_wise, 1000, 8, ctx)
+    ids = (160 * 8 + 80 * 4) * 7 / 8  # 1400 B
+    out = 80 * 8 * 4 * 7 / 8  # o·c·ob·(W−1)/W = 2240 B, forward and backward
+    expected_s = split8(ids) + 2 * split8(out)
+    assert expected_s == approx(3.2e-7 + 2 * 5.12e-7)
+    assert got == approx(expected_s * 1e3)
+
+
+def test_shard_comm_column_wise(fleet_topo: Topology) -> None:
+    ctx = fleet_topo.context(fleet_topo.classes[0], B)
+    got = cm.shard_comm_ms(table(), ST.column_wise, 1000, 4, ctx)
+    expected_s = split8((160 * 8 + 80 * 4) * 7 / 8) + 2 * split8(80 * 4 * 4 * 7 / 8)
+    assert got == approx(expected_s * 1e3)
+
+
+def test_shard_comm_row_wise_over_the_fleet(fleet_topo: Topology) -> None:
+    # k = 8 ranks on h = 2 hosts (4 per host); a block of r = 125 rows serves n = 160·125/1000 = 20 ids
+    ctx = fleet_topo.context(fleet_topo.classes[0], B, range(8))
+    got = cm.shard_comm_ms(table(), ST.row_wise, 125, 8, ctx)
+    ids = (20 * 8 + 80 * 4) * 7 / 8  # 420 B
+    partial = 80 * 8 * 4  # P = o·c·ob = 2560 B
+    rs = 3 / 4 * partial / INTRA + 1 / 2 * partial / 4 / INTER  # 3.84e-8 + 1.28e-7
+    expected_s = split8(ids) + 2 * rs  # reduce-scatter forward, all-gather backward; k = W: nothing more
+    assert got == approx(expected_s * 1e3)
+
+
+def test_shard_comm_row_wise_over_a_group_sends_pooled_rows_on(fleet_topo: Topology) -> None:
+    # k = 4 ranks of host 0, h = 1; r = 250 rows → n = 40 ids
+    ctx = fleet_topo.context(fleet_topo.classes[0], B, [0, 1, 2, 3])
+    got = cm.shard_comm_ms(table(), ST.table_row_wise, 250, 8, ctx)
+    ids = (40 * 8 + 80 * 4) * 7 / 8  # 560 B
+    partial = 80 * 8 * 4
+    rs = 3 / 4 * partial / INTRA  # one host: no NIC stage
+    a2a = split8(partial / 4 * 7 / 8)  # k < W: the pooled rows P/k go on to every rank, both ways
+    assert got == approx((split8(ids) + 2 * rs + 2 * a2a) * 1e3)
+
+
+def test_shard_comm_row_wise_sequence_table_is_not_reduced(fleet_topo: Topology) -> None:
+    # pooling none: rows are not summed, o = n = 20; outputs go back by all-to-all as for table_wise
+    ctx = fleet_topo.context(fleet_topo.classes[0], B, range(8))
+    got = cm.shard_comm_ms(table(pooling="none"), ST.row_wise, 125, 8, ctx)
+    expected_s = split8((20 * 8 + 80 * 4) * 7 / 8) + 2 * split8(20 * 8 * 4 * 7 / 8)
+    assert got == approx(expected_s * 1e3)
+
+
+def test_shard_comm_data_parallel_all_reduces_the_gradient(fleet_topo: Topology) -> None:
+    # S = r·c·b = 32000 B: 2·((g−1)/g·S/intra + (H−1)/H·S/g/inter)
+    ctx = fleet_topo.context(fleet_topo.classes[0], B)
+    got = cm.shard_comm_ms(table(), ST.data_parallel, 1000, 8, ctx)
+    expected_s = 2 * (3 / 4 * 32000 / INTRA + 1 / 2 * 32000 / 4 / INTER)
+    assert expected_s == approx(4.16e-6)
+    assert got == approx(expected_s * 1e3)
+
+
+@pytest.mark.parametrize("sharding", list(ST))
+def test_shard_comm_on_one_gpu_is_free(sharding: ST) -> None:
+    ctx = _ctx(world_size=1, gpus_per_host=1, num_hosts=1)
+    assert cm.shard_comm_ms(table(), sharding, 1000, 8, ctx) == 0
+
+
+def test_table_data_side(fleet_topo: Topology) -> None:
+    # every rank: its B·F·L ids, B·F lengths, and its pooled rows out and their gradients back
+    ctx = fleet_topo.context(fleet_topo.classes[0], B)
+    nbytes = 10 * 2 * 8 + 10 * 4 + 2 * 10 * 8 * 4  # 160 + 40 + 640 = 840
+    assert cm.table_data_side_ms(table(), ctx) == approx(split8(nbytes * 7 / 8) * 1e3)
+    # bf16 outputs: ob = 2; two features: B·F = 20 bags
+    nbytes = 20 * 2 * 8 + 20 * 4 + 2 * 20 * 8 * 2
+    assert cm.table_data_side_ms(table(dtype="bf16", num_features=2), ctx) == approx(split8(nbytes * 7 / 8) * 1e3)
+
+
+def test_table_data_side_sequence_table(fleet_topo: Topology) -> None:
+    ctx = fleet_topo.context(fleet_topo.classes[0], B)
+    nbytes = 10 * 2 * 8 + 10 * 4 + 2 * 20 * 8 * 4  # one output row per id: B·F·L = 20
+    assert cm.table_data_side_ms(table(pooling="none"), ctx) == approx(split8(nbytes * 7 / 8) * 1e3)
+
+
+def test_table_data_side_on_one_gpu_is_free() -> None:
+    assert cm.table_data_side_ms(table(), _ctx(world_size=1, gpus_per_host=1, num_hosts=1)) == 0
+
+
+def test_collective_latency(round_profile: HardwareProfile) -> None:
+    assert cm.collective_latency_ms(round_profile, 3, multi_host=True) == approx(3 * 20 / 1e3)
+    assert cm.collective_latency_ms(round_profile, 3, multi_host=False) == approx(3 * 10 / 1e3)
+    assert cm.collective_latency_ms(round_profile, 0, multi_host=True) == 0
+
+
+# ============================================================================================== dense layers
+
+
+def layer(**overrides: Any) -> DenseLayerSpec:
+    """100 → 50 fp32 with bias (p = 5050 params, w = 20200 B), adam."""
+    data: dict[str, Any] = {"name": "fc", "in_features": 100, "out_features": 50, "dtype": "fp32"}
+    data.update(overrides)
+    return DenseLayerSpec.model_validate(data)
+
+
+FLEET_CTX = cm.CommContext(batch_size=B, world_size=8, gpus_per_host=4, num_hosts=2, intra_bw=INTRA, inter_bw=INTER)
+ONE_GPU = cm.CommContext(batch_size=B, world_size=1, gpus_per_host=1, num_hosts=1, intra_bw=math.inf, inter_bw=INTER)
+
+P = 100 * 50 + 50  # 5050
+WB = P * 4  # 20200 B of weights
+ACT = B * (100 + 50) * 4  # 6000 B of activations
+STATE_ADAM_FP32 = P * 4 * 2 + 2 * P * 4  # weights + gradient, two fp32 moments, no master copy = 80800
+
+
+def test_dense_roofline_compute_bound(round_profile: HardwareProfile) -> None:
+    # 3·f·B = 3·(2·100·50)·10 = 3e5 FLOP at 5e11 → 6e-7 s; memory 3·(20200 + 6000) B at 2.5e11 → 3.144e-7 s
+    flops_s = 3 * 2 * 100 * 50 * 10 / 5e11
+    memory_s = 3 * (WB + ACT) / STREAM
+    assert flops_s > memory_s
+    got = cm.dense_cost(layer(), DenseStyle.replicate, round_profile, FLEET_CTX)
+    assert got.compute_ms == approx(flops_s * 1e3)
+
+
+def test_dense_roofline_memory_bound(round_profile: HardwareProfile) -> None:
+    # a measured 10 FLOPs per sample: 3·10·10 / 5e11 = 6e-10 s ≪ the 3.144e-7 s of traffic
+    got = cm.dense_cost(layer(flops_per_sample=10), DenseStyle.replicate, round_profile, FLEET_CTX)
+    assert got.compute_ms == approx(3 * (WB + ACT) / STREAM * 1e3)
+
+
+def test_dense_roofline_uses_the_dtype_rate(round_profile: HardwareProfile) -> None:
+    # bf16: b = 2 → w = 10100, act = 3000; 3e5 FLOP at 4e12·0.5 = 1.5e-7 s vs 3·13100 / 2.5e11 = 1.572e-7 s
+    got = cm.dense_cost(layer(dtype="bf16"), DenseStyle.replicate, round_profile, FLEET_CTX)
+    assert got.compute_ms == approx(max(3e5 / 2e12, 3 * (P * 2 + B * 150 * 2) / STREAM) * 1e3)
+
+
+def test_dense_replicate(round_profile: HardwareProfile) -> None:
+    got = cm.dense_cost(layer(), DenseStyle.replicate, round_profile, FLEET_CTX)
+    assert got.hbm_bytes == STATE_ADAM_FP32 + ACT  # 86800
+    all_reduce = 2 * (3 / 4 * WB / INTRA + 1 / 2 * WB / 4 / INTER)  # reduce-scatter + all-gather of the gradient
+    assert got.comm_ms == approx(all_reduce * 1e3)
+
+
+def test_dense_fsdp(round_profile: HardwareProfile) -> None:
+    got = cm.dense_cost(layer(), DenseStyle.fsdp, round_profile, FLEET_CTX)
+    assert got.hbm_bytes == STATE_ADAM_FP32 // 8 + WB + ACT  # 1/W of the state + one unsharded copy = 36300
+    three = 3 * (3 / 4 * WB / INTRA + 1 / 2 * WB / 4 / INTER)  # two all-gathers + one reduce-scatter
+    assert got.comm_ms == approx(three * 1e3)
+
+
+@pytest.mark.parametrize("style", [DenseStyle.colwise, DenseStyle.rowwise])
+def test_dense_tensor_parallel(style: DenseStyle, round_profile: HardwareProfile) -> None:
+    got = cm.dense_cost(layer(), style, round_profile, FLEET_CTX)
+    assert got.hbm_bytes == STATE_ADAM_FP32 // 4 + ACT  # 1/g of the state = 26200
+    inside = 2 * (4 - 1) * B * (100 + 50) * 4 / INTRA  # activations exchanged inside the host
+    across = 2 * (2 - 1) / 2 * (WB / 4) / INTER  # the 1/g gradient slice all-reduced across hosts
+    assert got.comm_ms == approx((inside + across) * 1e3)
+
+
+def test_dense_state_low_precision_keeps_an_fp32_master() -> None:
+    assert cm.dense_state_bytes(layer(dtype="bf16", optimizer="sgd")) == P * 2 * 2 + P * 4
+    assert cm.dense_state_bytes(layer(optimizer="rowwise_adagrad")) == P * 4 * 2 + 50 * 4
+    assert cm.dense_state_bytes(layer(optimizer="adagrad", bias=False)) == 5000 * 4 * 2 + 5000 * 4
+
+
+@pytest.mark.parametrize("style", list(DenseStyle))
+def test_dense_on_one_gpu_has_no_communication(style: DenseStyle, round_profile: HardwareProfile) -> None:
+    got = cm.dense_cost(layer(), style, round_profile, ONE_GPU)
+    assert got.comm_ms == 0
+    assert got.hbm_bytes >= STATE_ADAM_FP32 + ACT  # nothing to shard over

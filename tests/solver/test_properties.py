@@ -1,0 +1,165 @@
+"""Property tests: on random small models and fleets, the greedy planner answers with either an explained
+infeasibility or a plan that satisfies every invariant of the wire contract."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from hwprofiles import catalogue
+from solver.evaluate import evaluate
+from solver.planner import make_plan
+from solver.spec import FleetSpec, ModelSpec, PlanStatus, SolveParams
+from solver.topology import Topology
+from solver.validate import check_plan
+
+GPU_NAMES = sorted(catalogue())
+DIMS = [4, 8, 16, 32, 64, 128]
+GREEDY = SolveParams(solver="greedy")
+
+SETTINGS = settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,  # derandomized: the same examples every run, nothing to replay
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+def log_uniform(lo: float, hi: float) -> st.SearchStrategy[int]:
+    """Integers spread evenly over the orders of magnitude between ``lo`` and ``hi``."""
+    return st.integers(0, 1000).map(lambda k: int(lo * (hi / lo) ** (k / 1000)))
+
+
+@st.composite
+def tables(draw: st.DrawFn) -> list[dict[str, Any]]:
+    n = draw(st.integers(1, 12))
+    out = []
+    for i in range(n):
+        out.append(
+            {
+                "name": f"t{i}",
+                "num_embeddings": draw(st.integers(1, 5_000_000)),
+                "embedding_dim": draw(st.sampled_from(DIMS)),
+                "dtype": draw(st.sampled_from(["fp32", "fp16", "bf16", "fp8", "int8"])),
+                "optimizer": draw(st.sampled_from(["sgd", "adagrad", "rowwise_adagrad", "adam"])),
+                "pooling": draw(st.sampled_from(["sum", "mean", "none"])),
+                "pooling_factor": draw(st.floats(0.1, 20.0, allow_nan=False, allow_infinity=False)),
+                "num_features": draw(st.integers(1, 3)),
+                "access_skew": draw(st.none() | st.floats(0.1, 5.0, allow_nan=False, allow_infinity=False)),
+            }
+        )
+    return out
+
+
+@st.composite
+def dense_layers(draw: st.DrawFn) -> list[dict[str, Any]]:
+    n = draw(st.integers(0, 3))
+    return [
+        {
+            "name": f"d{i}",
+            "in_features": draw(st.integers(1, 4096)),
+            "out_features": draw(st.integers(1, 4096)),
+            "dtype": draw(st.sampled_from(["fp32", "bf16", "fp8"])),
+            "bias": draw(st.booleans()),
+            "optimizer": draw(st.sampled_from(["sgd", "adagrad", "rowwise_adagrad", "adam"])),
+        }
+        for i in range(n)
+    ]
+
+
+@st.composite
+def models(draw: st.DrawFn) -> ModelSpec:
+    return ModelSpec.model_validate(
+        {
+            "name": "random",
+            "batch_size_per_gpu": draw(st.sampled_from([1, 16, 512, 4096, 16384])),
+            "embedding_tables": draw(tables()),
+            "dense_layers": draw(dense_layers()),
+        }
+    )
+
+
+@st.composite
+def fleets(draw: st.DrawFn) -> FleetSpec:
+    groups = []
+    for _ in range(draw(st.integers(1, 3))):
+        group: dict[str, Any] = {
+            "gpu": draw(st.sampled_from(GPU_NAMES)),
+            "count": draw(st.integers(1, 2)),
+            "gpus_per_host": draw(st.integers(1, 8)),
+        }
+        if draw(st.booleans()):
+            # sometimes a small host: from nearly nothing to less than one large table's weights
+            group["host_memory_bytes"] = draw(st.integers(10**6, 10**11))
+        groups.append(group)
+    reserve = draw(st.floats(0.0, 0.5, allow_nan=False, allow_infinity=False))
+    return FleetSpec.model_validate({"name": "random", "hosts": groups, "hbm_reserve_fraction": reserve})
+
+
+@SETTINGS
+@given(model=models(), fleet=fleets())
+def test_greedy_plans_are_valid_or_explained(model: ModelSpec, fleet: FleetSpec) -> None:
+    plan = make_plan(model, fleet, GREEDY)
+    topo = Topology(fleet)
+    event(plan.status.value)
+    for t in plan.tables:
+        event(t.sharding_type.value)
+        event(t.shards[0].placement.value)
+    if plan.status is PlanStatus.infeasible:
+        assert plan.explanation
+        assert all(line.strip() for line in plan.explanation)
+        assert plan.tables == []
+        return
+    assert check_plan(topo, model, plan) == []
+    assert plan.predicted_step_ms is not None
+    assert plan.lower_bound_ms is not None
+    assert plan.lower_bound_ms <= plan.predicted_step_ms
+    assert [t.name for t in plan.tables] == [t.name for t in model.embedding_tables]
+    # the plan's figures are the evaluator's, and every rank fits its own class's usable HBM
+    ev = evaluate(topo, model, plan.tables, plan.dense)
+    assert ev.ranks == plan.ranks
+    for r in plan.ranks:
+        assert r.hbm_used_bytes <= topo.hbm_limit(r.rank)
+
+
+@st.composite
+def small_gpu_fleets(draw: st.DrawFn) -> FleetSpec:
+    """Catalogue GPUs shrunk to 20 MB – 4 GB of HBM, beside small hosts: memory is what runs out, so offloading,
+    the look-ahead and the infeasibility explanations are exercised."""
+    groups = []
+    for i in range(draw(st.integers(1, 3))):
+        profile = catalogue()[draw(st.sampled_from(GPU_NAMES))].model_dump()
+        profile.update(name=f"small-{i}", hbm_bytes=draw(log_uniform(2e7, 4e9)), sources={})
+        groups.append(
+            {
+                "gpu": profile,
+                "count": draw(st.integers(1, 2)),
+                "gpus_per_host": draw(st.integers(1, 8)),
+                "host_memory_bytes": draw(log_uniform(1e6, 5e10)),
+            }
+        )
+    reserve = draw(st.floats(0.0, 0.5, allow_nan=False, allow_infinity=False))
+    return FleetSpec.model_validate({"name": "small-gpus", "hosts": groups, "hbm_reserve_fraction": reserve})
+
+
+@SETTINGS
+@given(model=models(), fleet=small_gpu_fleets())
+def test_greedy_plans_under_memory_pressure_are_valid_or_explained(model: ModelSpec, fleet: FleetSpec) -> None:
+    plan = make_plan(model, fleet, GREEDY)
+    event(plan.status.value)
+    for t in plan.tables:
+        event(t.shards[0].placement.value)
+    if plan.status is PlanStatus.infeasible:
+        assert plan.explanation
+        assert all(line.strip() for line in plan.explanation)
+        named = [t.name for t in model.embedding_tables if any(t.name + ":" in line for line in plan.explanation)]
+        event(f"explanation names a table: {bool(named)}")
+        return
+    topo = Topology(fleet)
+    assert check_plan(topo, model, plan) == []
+    assert plan.lower_bound_ms is not None
+    assert plan.predicted_step_ms is not None
+    assert plan.lower_bound_ms <= plan.predicted_step_ms
