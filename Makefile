@@ -6,10 +6,10 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: help install lint typecheck test test-fast bench run all clean
+.PHONY: help install install-baseline lint typecheck test test-fast bench run all clean
 
 help: ## list the targets
-	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-17s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -18,6 +18,15 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install shardwise with the server and dev extras
+
+# TorchRec's CPU triple (shared/STYLE.md §3): torch 2.13.0 + fbgemm-gpu-cpu 1.8.0 + torchrec 1.8.0. torchrec goes in
+# --no-deps: its metadata asks for the CUDA fbgemm-gpu wheel (GBs), which replaces the CPU one and fails to load.
+# iopath is for torchrec.datasets; torch is named again in step 2 so that no dependency can move it.
+install-baseline: install ## add TorchRec (CPU) to .venv for the baseline benchmark and @torchrec tests (~0.9 GB)
+	$(PIP) install torch==2.13.0
+	$(PIP) install torch==2.13.0 fbgemm-gpu-cpu==1.8.0 tensordict torchmetrics==1.0.3 tqdm pyre-extensions iopath
+	$(PIP) install --no-deps torchrec==1.8.0
+	$(PY) -c "from torchrec.distributed.planner import EmbeddingShardingPlanner; print('torchrec planner OK')"
 
 lint: install ## ruff lint + format check
 	$(VENV)/bin/ruff check .

@@ -70,6 +70,7 @@ from typing import Literal
 import numpy as np
 from ortools.sat.python import cp_model
 
+from solver.bounds import dense_min_per_class, heaviest_rank_time, lower_bound_ms, table_floors
 from solver.candidates import Candidate
 from solver.cost_model import collective_latency_ms
 from solver.evaluate import dense_cost
@@ -168,6 +169,10 @@ class Formulation:
         self.dense_vars: list[dict[DenseStyle, cp_model.IntVar]] = []
         self.kinds: dict[str, cp_model.IntVar] = {}
         self._const_load = [0] * self.nbins
+        # per-GPU lower bounds of what every GPU of a bin carries (host mode): (var, scaled time) terms
+        self.per_gpu: list[list[tuple[cp_model.IntVar, int]]] = [[] for _ in range(self.nbins)]
+        self._gpu_share: dict[tuple[int, int], tuple[cp_model.IntVar, float]] = {}
+        self.largest_item: list[list[tuple[cp_model.IntVar, int]]] = [[] for _ in range(self.nbins)]
         self.T = self.model.new_int_var(0, self.horizon, "T")
         self._build()
 
@@ -216,6 +221,7 @@ class Formulation:
                             v = self.model.new_bool_var(f"a[{t},{j},{i},{b}]")
                             bins[b] = v
                             self._charge(b, v, c.time_ms[i, k], int(c.hbm[i, k]), int(c.host[i, k]))
+                            self.largest_item[b].append((v, Scale.time(c.time_ms[i, k])))
                         self.model.add(sum(bins.values()) == cv.x)
                         cv.shard_bins.append(bins)
                     if len(c.shapes) > 1:  # identical column slices: bins in non-decreasing order
@@ -236,6 +242,7 @@ class Formulation:
                                 c.time_ms[i, c.scope_class],
                                 int(c.hbm[i, c.scope_class]),
                                 int(c.host[i, c.scope_class]),
+                                every_gpu=True,
                             )
                     self.model.add(sum(cv.hosts.values()) == cv.x)
                 else:  # group / fleet: fixed ranks
@@ -248,15 +255,22 @@ class Formulation:
                     assert col is not None
                     for i, r in enumerate(ranks):
                         b = int(self.bin_of_rank[r])
-                        self._charge(b, cv.x, c.time_ms[i, col], int(c.hbm[i, col]), int(c.host[i, col]))
+                        self._charge(
+                            b, cv.x, c.time_ms[i, col], int(c.hbm[i, col]), int(c.host[i, col]), every_gpu=True
+                        )
                 # every-rank term (data side of a sharded table)
                 for b in range(self.nbins):
-                    e = c.every_rank_ms[self.bin_class[b]] * len(self.bin_ranks[b])
+                    e = c.every_rank_ms[self.bin_class[b]]
                     if e > 0:
-                        self.load[b].append((cv.x, Scale.time(e)))
+                        self.load[b].append((cv.x, Scale.time(e * len(self.bin_ranks[b]))))
+                        self.per_gpu[b].append((cv.x, Scale.time(e)))
 
-    def _charge(self, b: int, v: cp_model.IntVar, ms: float, hbm: int, host: int) -> None:
+    def _charge(self, b: int, v: cp_model.IntVar, ms: float, hbm: int, host: int, every_gpu: bool = False) -> None:
+        """Add a shard's time and memory to bin ``b`` (``every_gpu``: one of the bin's GPUs each gets such a shard,
+        so its least time also lower-bounds every GPU of the bin)."""
         self.load[b].append((v, Scale.time(ms)))
+        if every_gpu:
+            self._gpu_share[(b, v.index)] = (v, min(self._gpu_share.get((b, v.index), (v, math.inf))[1], ms))
         if hbm:
             self.hbm[b].append((v, Scale.size(hbm)))
         if host:
@@ -274,6 +288,7 @@ class Formulation:
                     for b in self._bins_of_class(k):
                         n = len(self.bin_ranks[b])
                         self.load[b].append((v, Scale.time((dc.compute_ms + dc.comm_ms) * n)))
+                        self.per_gpu[b].append((v, Scale.time(dc.compute_ms + dc.comm_ms)))
                         self.hbm[b].append((v, Scale.size(dc.hbm_bytes) * n))
             self.dense_vars.append(styles)
 
@@ -298,6 +313,7 @@ class Formulation:
             n = len(self.bin_ranks[b])
             for q, w in weights.items():
                 self.load[b].append((self.kinds[q], Scale.time(collective_latency_ms(prof, w, multi) * n)))
+                self.per_gpu[b].append((self.kinds[q], Scale.time(collective_latency_ms(prof, w, multi))))
             self._const_load[b] = Scale.time(collective_latency_ms(prof, dense_kind, multi) * n)
 
     def _add_hbm_capacity(self) -> None:
@@ -320,18 +336,40 @@ class Formulation:
         return sum(c * v for v, c in self.load[b]) + self._const_load[b]
 
     def _add_makespan(self) -> None:
-        """Family 7: every bin finishes by T (per GPU); in host mode no shard is longer than T either."""
+        """Family 7: every bin finishes by T (per GPU); the GPU holding a candidate's slowest shard carries it plus
+        every other table's floor and the dense layers (:mod:`solver.bounds`):
+        ``T ≥ heaviest(c)·x_{t,c} + dense_floor + Σ_{t'≠t} floor_{t'}``; ``T ≥ ⌊LB⌋``; in host mode the GPU cut
+        of :meth:`_add_gpu_cut`."""
         for b in range(self.nbins):
             self.model.add(self._bin_load(b) <= len(self.bin_ranks[b]) * self.T)
+        cands = [list(cs) for cs in self.cands]
+        floors = table_floors(cands)
+        base = min(dense_min_per_class(self.topo, self.spec), default=0.0) + sum(floors)
+        for row, f in zip(self.vars, floors, strict=True):
+            for cv in row:
+                heavy = heaviest_rank_time(cv.cand)
+                if heavy > f:
+                    self.model.add(Scale.time(heavy + base - f) <= self.T).only_enforce_if(cv.x)
+        self.model.add(Scale.time(lower_bound_ms(self.topo, self.spec, cands)) <= self.T)
         if self.mode == "host":
-            for row in self.vars:
-                for cv in row:
-                    c = cv.cand
-                    if c.scope != "rank":
-                        continue
-                    longest = max(Scale.time(float(np.min(c.time_ms[i]))) for i in range(len(c.shapes)))
-                    if longest > 0:
-                        self.model.add(longest <= self.T).only_enforce_if(cv.x)
+            self._add_gpu_cut()
+
+    def _add_gpu_cut(self) -> None:
+        """Host mode: the GPU holding a host's largest table_wise / column_wise shard carries it plus at least the
+        least per-GPU share of everything spread over the host's GPUs: ``T ≥ M_b + Σ per-GPU terms`` with
+        ``M_b ≥ τ·a`` for every shard that may land in bin ``b``."""
+        shares: dict[int, list[tuple[cp_model.IntVar, int]]] = defaultdict(list)
+        for (b, _), (v, ms) in self._gpu_share.items():
+            shares[b].append((v, Scale.time(ms)))
+        for b in range(self.nbins):
+            items = self.largest_item[b]
+            top = max((c for _, c in items), default=0)
+            M = self.model.new_int_var(0, top, f"M[{b}]")
+            for v, c in items:
+                self.model.add(c * v <= M)
+            spread = self.per_gpu[b] + shares[b]
+            fixed = self._const_load[b] // len(self.bin_ranks[b])
+            self.model.add(M + sum(c * v for v, c in spread) + fixed <= self.T)
 
     def _signature(self, b: int) -> tuple[object, ...]:
         """What a bin carries whatever the solver decides: two bins with equal signatures are interchangeable."""

@@ -29,11 +29,13 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from solver.candidates import Candidate, enumerate_candidates
+from solver.evaluate import dense_cost
 from solver.extract import build_plan
 from solver.formulation import RANK_BINS_MAX, Assignment, Formulation, Mode, Scale
 from solver.greedy import Placed, placed_to_table, run_greedy
 from solver.spec import DensePlan, DenseStyle, ModelSpec, Placement, Plan, PlanStatus, SolveParams, TablePlan
 from solver.topology import Topology
+from solver.validate import assert_valid_plan
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +116,21 @@ class _Item:
     host: int
 
 
+def _lpt(items: list[_Item], base_load: list[int], base_hbm: list[int], caps: list[int]) -> list[int] | None:
+    """Longest item first onto the least-loaded GPU with room (None if some item fits nowhere)."""
+    load, hbm = list(base_load), list(base_hbm)
+    where = [0] * len(items)
+    for i in sorted(range(len(items)), key=lambda i: (-items[i].time, i)):
+        options = [k for k in range(len(caps)) if hbm[k] + items[i].hbm <= caps[k]]
+        if not options:
+            return None
+        k = min(options, key=lambda k: (load[k] + items[i].time, k))
+        where[i] = k
+        load[k] += items[i].time
+        hbm[k] += items[i].hbm
+    return where
+
+
 def pack_host(
     topo: Topology,
     host: int,
@@ -125,12 +142,21 @@ def pack_host(
 ) -> list[int] | None:
     """Put a host's rank-scope shards on its GPUs: minimise the slowest GPU, each GPU within its own HBM.
 
-    ``base_*`` is what every GPU of the host carries already (fixed-rank shards, dense layers, latency).
-    Returns the local GPU of every item, or None when they cannot be packed.
+    ``base_*`` is what every GPU of the host carries already (fixed-rank shards, dense layers, every-rank terms).
+    The longest-first packing is the hint and the fallback; returns the local GPU of every item, or None when they
+    cannot be packed.
     """
     ranks = topo.hosts[host].ranks
     g = len(ranks)
     caps = [Scale.capacity(topo.hbm_limit(r)) for r in ranks]
+    lpt = _lpt(items, base_load, base_hbm, caps)
+
+    def makespan(where: list[int]) -> int:
+        load = list(base_load)
+        for it, k in zip(items, where, strict=True):
+            load[k] += it.time
+        return max(load)
+
     m = cp_model.CpModel()
     z = [[m.new_bool_var(f"z[{i},{k}]") for k in range(g)] for i in range(len(items))]
     for row in z:
@@ -140,23 +166,30 @@ def pack_host(
     for k in range(g):
         m.add(sum(it.hbm * z[i][k] for i, it in enumerate(items)) + base_hbm[k] <= caps[k])
         m.add(sum(it.time * z[i][k] for i, it in enumerate(items)) + base_load[k] <= T)
-    # identical GPUs with identical base loads are interchangeable: the first item goes to the first of them
     m.minimize(T)
-    # LPT hint
-    load = list(base_load)
-    hbm = list(base_hbm)
-    for i in sorted(range(len(items)), key=lambda i: -items[i].time):
-        options = [k for k in range(g) if hbm[k] + items[i].hbm <= caps[k]] or list(range(g))
-        k = min(options, key=lambda k: (load[k], k))
-        load[k] += items[i].time
-        hbm[k] += items[i].hbm
-        for kk in range(g):
-            m.add_hint(z[i][kk], kk == k)
+    if lpt is not None:
+        for i, k in enumerate(lpt):
+            for kk in range(g):
+                m.add_hint(z[i][kk], kk == k)
     solver = _params(params, time_limit)
     status = solver.solve(m)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None
-    return [next(k for k in range(g) if solver.boolean_value(z[i][k])) for i in range(len(items))]
+    got = None
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        got = [next(k for k in range(g) if solver.boolean_value(z[i][k])) for i in range(len(items))]
+    log.debug(
+        "host %d: %d shards, largest %.4f ms, base %.4f..%.4f ms, longest-first %s, cp-sat %s (%s)",
+        host,
+        len(items),
+        Scale.ms(max(it.time for it in items)),
+        Scale.ms(min(base_load)),
+        Scale.ms(max(base_load)),
+        None if lpt is None else Scale.ms(makespan(lpt)),
+        None if got is None else Scale.ms(makespan(got)),
+        solver.status_name(status),
+    )
+    if got is not None and (lpt is None or makespan(got) <= makespan(lpt)):
+        return got
+    return lpt
 
 
 def _tables_from(
@@ -211,9 +244,11 @@ def _host_mode_tables(
         for i, r in enumerate(_fixed_ranks(topo, c, a, t)):
             base_load[r] += Scale.time(c.time_ms[i, col])
             base_hbm[r] += Scale.size(int(c.hbm[i, col]))
-    for info in topo.hosts:
-        for r in info.ranks:
-            base_load[r] += form.fixed_load(info.index) // len(info.ranks)
+    for layer, style in zip(model.dense_layers, a.dense, strict=True):  # the dense layers sit on every GPU
+        for cls in topo.classes:
+            dc = dense_cost(topo, model.batch_size_per_gpu, model, layer.name, style, cls)
+            base_load[list(cls.ranks)] += Scale.time(dc.compute_ms + dc.comm_ms)
+            base_hbm[list(cls.ranks)] += Scale.size(dc.hbm_bytes)
     ranks_for: dict[tuple[int, int], int] = {}
     remaining_hosts = topo.num_hosts
     for h, items in per_host.items():
@@ -316,6 +351,10 @@ def plan_cpsat(
             seconds=seconds,
             bound_ms=bound_ms,
         )
+    if candidate is not None and log.isEnabledFor(logging.DEBUG):
+        per_host = [max(candidate.ranks[r].predicted_ms.total for r in h.ranks) for h in topo.hosts]
+        log.debug("after packing: slowest GPU per host %s", [round(x, 4) for x in per_host])
+    log.info("after packing: %s ms (greedy %.4f ms)", candidate.predicted_step_ms if candidate else None, greedy_ms)
     best = candidate if candidate is not None and (candidate.predicted_step_ms or math.inf) <= greedy_ms else None
     if best is None:  # CP-SAT found nothing better: the greedy plan, with CP-SAT's bound
         tables, dense_plans = greedy.tables, greedy.dense
@@ -347,6 +386,7 @@ def plan_cpsat(
             bound_ms=bound_ms,
         )
     final = final.model_copy(update={"solver": final.solver.model_copy(update={"status": status_name})})
+    assert_valid_plan(topo, model, final)  # solver-agnostic checks: a broken plan never leaves the solver
     if on_progress:
         on_progress(pred, final.lower_bound_ms or 0.0)
     return final

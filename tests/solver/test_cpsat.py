@@ -173,9 +173,11 @@ def test_cpsat_plan_is_valid_and_never_worse_than_greedy(fleet_file: str) -> Non
     greedy = plan_greedy(topo, model)
     assert plan.status in (PlanStatus.optimal, PlanStatus.feasible)
     assert check_plan(topo, model, plan) == []
-    assert plan.predicted_step_ms is not None and greedy.predicted_step_ms is not None
+    assert plan.predicted_step_ms is not None
+    assert greedy.predicted_step_ms is not None
     assert plan.predicted_step_ms <= greedy.predicted_step_ms + 1e-9
-    assert plan.lower_bound_ms is not None and plan.lower_bound_ms <= plan.predicted_step_ms
+    assert plan.lower_bound_ms is not None
+    assert plan.lower_bound_ms <= plan.predicted_step_ms
     assert plan.solver.name == "cpsat"
     assert plan.solver.params == params
     assert plan.solver.gap == pytest.approx(

@@ -1,0 +1,201 @@
+"""Benchmark instances: (name, ModelSpec, FleetSpec) triples, generated from fixed seeds.
+
+Names read ``t{tables}-g{gpus}-{hardware}``: ``t500-g64-mixed`` is 500 embedding tables on 64 GPUs (8 hosts of 8),
+half the hosts NVIDIA B200 and half AMD MI350X. Hardware: ``h100`` (nvidia-h100-sxm), ``b200`` (nvidia-b200),
+``mi350x`` (amd-mi350x), ``mixed`` (B200 hosts first, then as many MI350X hosts). ``mlperf-dcnv2-g{8,64}-h100`` is
+``examples/dlrm_dcnv2.json`` (MLPerf DLRM-DCNv2, Criteo 1TB) on H100s.
+
+Tables are drawn once per table count, from ``random.Random(f"shardwise-bench-tables-{n}")``, so an instance is
+the same on every machine and every run, and ``t200-g32-*`` and ``t200-g64-*`` share one model:
+
+* rows log-uniform in [1e3, 4e7]; dims uniform over {32, 64, 128, 256};
+* pooling factor from {1, 2, 5, 10, 30} with weights {.35, .25, .2, .12, .08} (most features are short bags);
+* dtype fp32 (70 %) or fp16 (30 %); optimizer rowwise_adagrad; Zipf access skew 1.05; sum pooling, 1 feature.
+
+Global batch 65 536: ``batch_size_per_gpu = max(64, 65536 // world)`` (the DCNv2 model too: 8 192 on 8 GPUs, as
+its JSON says, 1 024 on 64). Dense part: a 4-layer 1024-1024 bf16 MLP (``over_arch.0..3``).
+
+``python benchmarks/instances.py [FILTER] [--check]`` lists the instances (``--check``: plans each with the greedy
+planner and fails unless every one is feasible).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+import time
+from collections.abc import Iterator
+from fnmatch import fnmatch
+from pathlib import Path
+
+from solver.spec import (
+    DenseLayerSpec,
+    Dtype,
+    EmbeddingTableSpec,
+    FleetSpec,
+    HostGroupSpec,
+    ModelSpec,
+    Optimizer,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+DCNV2 = ROOT / "examples" / "dlrm_dcnv2.json"
+
+GLOBAL_BATCH = 65536
+MIN_BATCH_PER_GPU = 64
+GPUS_PER_HOST = 8
+ROWS_RANGE = (1e3, 4e7)
+DIMS = (32, 64, 128, 256)
+POOLING_FACTORS = (1.0, 2.0, 5.0, 10.0, 30.0)
+POOLING_WEIGHTS = (0.35, 0.25, 0.20, 0.12, 0.08)
+FP16_SHARE = 0.3
+ACCESS_SKEW = 1.05
+
+HARDWARE: dict[str, tuple[str, ...]] = {
+    "h100": ("nvidia-h100-sxm",),
+    "b200": ("nvidia-b200",),
+    "mi350x": ("amd-mi350x",),
+    "mixed": ("nvidia-b200", "amd-mi350x"),
+}
+
+#: (tables, GPUs, hardware): ~20 points from 50 tables on one host to 1000 tables on 64 hosts.
+GRID: tuple[tuple[int, int, str], ...] = (
+    (50, 8, "h100"),
+    (50, 8, "b200"),
+    (50, 8, "mi350x"),
+    (200, 32, "h100"),
+    (200, 32, "b200"),
+    (200, 32, "mixed"),
+    (200, 64, "h100"),
+    (200, 64, "mi350x"),
+    (500, 64, "b200"),
+    (500, 64, "mixed"),
+    (500, 128, "h100"),
+    (500, 128, "mi350x"),
+    (1000, 128, "b200"),
+    (1000, 256, "h100"),
+    (1000, 256, "mixed"),
+    (1000, 512, "h100"),
+    (1000, 512, "mi350x"),
+    (1000, 512, "mixed"),
+)
+DCNV2_FLEETS: tuple[int, ...] = (8, 64)
+
+
+def batch_per_gpu(world: int) -> int:
+    return max(MIN_BATCH_PER_GPU, GLOBAL_BATCH // world)
+
+
+def make_tables(n: int) -> list[EmbeddingTableSpec]:
+    """``n`` tables drawn from the distribution in the module docstring (same ``n`` → same tables)."""
+    rng = random.Random(f"shardwise-bench-tables-{n}")
+    lo, hi = math.log(ROWS_RANGE[0]), math.log(ROWS_RANGE[1])
+    tables = []
+    for i in range(n):
+        tables.append(
+            EmbeddingTableSpec(
+                name=f"t{i:04d}",
+                num_embeddings=round(math.exp(rng.uniform(lo, hi))),
+                embedding_dim=rng.choice(DIMS),
+                dtype=Dtype.fp16 if rng.random() < FP16_SHARE else Dtype.fp32,
+                pooling_factor=rng.choices(POOLING_FACTORS, weights=POOLING_WEIGHTS)[0],
+                optimizer=Optimizer.rowwise_adagrad,
+                access_skew=ACCESS_SKEW,
+            )
+        )
+    return tables
+
+
+def dense_mlp() -> list[DenseLayerSpec]:
+    return [
+        DenseLayerSpec(name=f"over_arch.{i}", in_features=1024, out_features=1024, dtype=Dtype.bf16) for i in range(4)
+    ]
+
+
+def make_model(tables: int, world: int) -> ModelSpec:
+    return ModelSpec(
+        name=f"synthetic-t{tables}",
+        batch_size_per_gpu=batch_per_gpu(world),
+        embedding_tables=make_tables(tables),
+        dense_layers=dense_mlp(),
+    )
+
+
+def make_fleet(world: int, hardware: str) -> FleetSpec:
+    if world % GPUS_PER_HOST:
+        raise ValueError(f"{world} GPUs is not a whole number of {GPUS_PER_HOST}-GPU hosts")
+    hosts = world // GPUS_PER_HOST
+    gpus = HARDWARE[hardware]
+    if hosts % len(gpus):
+        raise ValueError(f"{hosts} hosts cannot be split evenly over {', '.join(gpus)}")
+    groups = [HostGroupSpec(gpu=g, count=hosts // len(gpus), gpus_per_host=GPUS_PER_HOST) for g in gpus]
+    return FleetSpec(name=f"{hardware}-{hosts}x{GPUS_PER_HOST}", hosts=groups)
+
+
+def dcnv2_model(world: int) -> ModelSpec:
+    model = ModelSpec.model_validate_json(DCNV2.read_text(encoding="utf-8"))
+    return model.model_copy(update={"batch_size_per_gpu": batch_per_gpu(world)})
+
+
+def names() -> list[str]:
+    out = [f"t{t}-g{g}-{hw}" for t, g, hw in GRID]
+    out += [f"mlperf-dcnv2-g{g}-h100" for g in DCNV2_FLEETS]
+    return out
+
+
+def _matches(name: str, filter: str | None) -> bool:
+    """``filter``: comma-separated patterns, each a glob (``t200-*``) or a substring (``mixed``)."""
+    if not filter:
+        return True
+    return any(fnmatch(name, p) or p in name for p in (p.strip() for p in filter.split(",")) if p)
+
+
+def instances(filter: str | None = None) -> Iterator[tuple[str, ModelSpec, FleetSpec]]:
+    """Yield ``(name, model, fleet)`` for every instance whose name matches ``filter`` (all when None)."""
+    for t, g, hw in GRID:
+        name = f"t{t}-g{g}-{hw}"
+        if _matches(name, filter):
+            yield name, make_model(t, g), make_fleet(g, hw)
+    for g in DCNV2_FLEETS:
+        name = f"mlperf-dcnv2-g{g}-h100"
+        if _matches(name, filter):
+            yield name, dcnv2_model(g), make_fleet(g, "h100")
+
+
+def get(name: str) -> tuple[ModelSpec, FleetSpec]:
+    """One instance by its exact name."""
+    for n, model, fleet in instances(name):
+        if n == name:
+            return model, fleet
+    raise KeyError(f"no benchmark instance {name!r}; known: {', '.join(names())}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("filter", nargs="?", default=None, help="glob or substring, comma-separated")
+    parser.add_argument("--check", action="store_true", help="plan each with the greedy planner; fail if infeasible")
+    args = parser.parse_args(argv)
+    bad = 0
+    print(f"{'instance':<24} {'tables':>6} {'gpus':>5} {'batch':>6} {'weights GB':>10}  greedy")
+    for name, model, fleet in instances(args.filter):
+        weights = sum(t.weight_bytes for t in model.embedding_tables)
+        line = f"{name:<24} {len(model.embedding_tables):>6} {fleet.world_size:>5} {model.batch_size_per_gpu:>6} "
+        line += f"{weights / 1e9:>10.1f}"
+        if args.check:
+            from solver.planner import make_plan
+            from solver.spec import PlanStatus, SolveParams
+
+            t0 = time.perf_counter()
+            plan = make_plan(model, fleet, SolveParams(solver="greedy"))
+            ok = plan.status is not PlanStatus.infeasible
+            bad += not ok
+            step = f"{plan.predicted_step_ms:.3f} ms" if ok else "INFEASIBLE"
+            line += f"  {step} ({time.perf_counter() - t0:.1f} s)"
+        print(line, flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

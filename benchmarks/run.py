@@ -1,0 +1,149 @@
+"""`make bench`: greedy vs CP-SAT (vs TorchRec's planner where the baseline extra is installed), one table.
+
+For every instance of :mod:`benchmarks.instances` (fixed seeds) it prints the greedy plan's predicted step time
+and planning seconds, CP-SAT's plan, its proven bound and gap, and — when TorchRec is importable — TorchRec's
+EmbeddingShardingPlanner plan for the same instance, imported with ``from_torchrec`` and scored under our cost
+model, with its planning time. Ratios are from one run on one machine; absolute seconds depend on the machine
+(the header names it).
+
+    python benchmarks/run.py [FILTER] [--time-limit S] [--torchrec-timeout S] [--no-torchrec] [--json OUT]
+
+The CP-SAT time limit defaults to the issue's targets: 10 s at 200 tables × 32 GPUs, 30 s up to 200 × 64,
+120 s at 1,000 × 512, 60 s otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.instances import instances
+from benchmarks.torchrec_baseline import torchrec_available, torchrec_plan
+from solver.planner import make_plan, score_plan
+from solver.spec import FleetSpec, ModelSpec, SolveParams
+from solver.torchrec_import import from_torchrec
+
+
+def default_time_limit(model: ModelSpec, fleet: FleetSpec) -> float:
+    tables, gpus = len(model.embedding_tables), fleet.world_size
+    if tables <= 200 and gpus <= 32:
+        return 10.0
+    if tables <= 200 and gpus <= 64:
+        return 30.0
+    if tables >= 1000 and gpus >= 256:
+        return 120.0
+    return 60.0
+
+
+def machine() -> str:
+    return f"{platform.node()} · {platform.processor() or platform.machine()} · {os.cpu_count()} cores"
+
+
+def run_one(
+    name: str, model: ModelSpec, fleet: FleetSpec, time_limit: float | None, torchrec_timeout: float | None
+) -> dict[str, Any]:
+    row: dict[str, Any] = {"instance": name, "tables": len(model.embedding_tables), "gpus": fleet.world_size}
+    t = time.perf_counter()
+    greedy = make_plan(model, fleet, SolveParams(solver="greedy"))
+    row["greedy_s"] = time.perf_counter() - t
+    row["greedy_ms"] = greedy.predicted_step_ms
+    limit = time_limit or default_time_limit(model, fleet)
+    t = time.perf_counter()
+    cp = make_plan(model, fleet, SolveParams(solver="cpsat", time_limit_s=limit, num_workers=2))
+    row["cpsat_s"] = time.perf_counter() - t
+    row["cpsat_ms"] = cp.predicted_step_ms
+    row["bound_ms"] = cp.lower_bound_ms
+    row["gap"] = cp.solver.gap
+    row["status"] = cp.status.value
+    row["limit_s"] = limit
+    if torchrec_timeout:
+        got = torchrec_plan(model, fleet, time_limit_s=torchrec_timeout)
+        if got is None:
+            row["torchrec_ms"] = None
+            row["torchrec_s"] = f">{torchrec_timeout:.0f}"
+        else:
+            serialized, seconds = got
+            plan = from_torchrec(serialized, model, fleet)
+            problems, scored = score_plan(model, fleet, plan)
+            row["torchrec_s"] = seconds
+            row["torchrec_ms"] = scored.predicted_step_ms
+            row["torchrec_valid"] = not problems
+            row["torchrec_problems"] = problems[:3]
+    return row
+
+
+def _f(v: Any, fmt: str) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, str):
+        return v
+    return format(v, fmt)
+
+
+def print_row(row: dict[str, Any], torchrec: bool) -> None:
+    better = (row["greedy_ms"] - row["cpsat_ms"]) / row["greedy_ms"] if row["greedy_ms"] else 0.0
+    line = (
+        f"{row['instance']:<22} {row['tables']:>6} {row['gpus']:>5} {_f(row['greedy_ms'], '9.3f')} "
+        f"{_f(row['greedy_s'], '8.2f')} {_f(row['cpsat_ms'], '9.3f')} {_f(row['bound_ms'], '9.3f')} "
+        f"{_f(row['gap'] * 100 if row['gap'] is not None else None, '6.2f')}% {_f(row['cpsat_s'], '7.1f')} "
+        f"{row['status']:<8} {better * 100:>7.1f}%"
+    )
+    if torchrec:
+        tr = row.get("torchrec_ms")
+        vs = "" if tr is None else f"{(tr - row['cpsat_ms']) / tr * 100:>7.1f}%"
+        valid = "" if row.get("torchrec_valid", True) else " (invalid)"
+        line += f" {_f(tr, '10.3f')} {_f(row.get('torchrec_s'), '8.1f')} {vs}{valid}"
+    print(line, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("filter", nargs="?", default=None, help="fnmatch pattern on instance names")
+    ap.add_argument("--time-limit", type=float, default=None, help="CP-SAT seconds (default: per target)")
+    ap.add_argument("--torchrec-timeout", type=float, default=600.0, help="seconds TorchRec may plan")
+    ap.add_argument("--no-torchrec", action="store_true", help="skip TorchRec even when installed")
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
+    args = ap.parse_args(argv)
+    missing = torchrec_available()
+    use_torchrec = not args.no_torchrec and missing is None
+    print(f"# machine: {machine()}")
+    print(f"# TorchRec baseline: {'on' if use_torchrec else 'off (' + (missing or '--no-torchrec') + ')'}")
+    header = (
+        f"{'instance':<22} {'tables':>6} {'gpus':>5} {'greedy ms':>9} {'greedy s':>8} {'cpsat ms':>9} "
+        f"{'bound ms':>9} {'gap':>7} {'cpsat s':>7} {'status':<8} {'vs greedy':>8}"
+    )
+    if use_torchrec:
+        header += f" {'torchrec ms':>10} {'trec s':>8} {'vs trec':>8}"
+    print(header)
+    rows = []
+    for name, model, fleet in instances(args.filter):
+        row = run_one(name, model, fleet, args.time_limit, args.torchrec_timeout if use_torchrec else None)
+        rows.append(row)
+        print_row(row, use_torchrec)
+    big = [r for r in rows if r["gpus"] >= 64]
+    if rows:
+        gains = [(r["greedy_ms"] - r["cpsat_ms"]) / r["greedy_ms"] for r in rows]
+        print(f"# CP-SAT never worse than greedy: {all(g >= -1e-9 for g in gains)}")
+    if big:
+        med = statistics.median((r["greedy_ms"] - r["cpsat_ms"]) / r["greedy_ms"] for r in big)
+        print(f"# median improvement over greedy at >= 64 GPUs: {med * 100:.1f}%")
+        tr = [r for r in big if r.get("torchrec_ms")]
+        if tr:
+            med_tr = statistics.median((r["torchrec_ms"] - r["cpsat_ms"]) / r["torchrec_ms"] for r in tr)
+            print(f"# median improvement over TorchRec at >= 64 GPUs: {med_tr * 100:.1f}% ({len(tr)} instances)")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
