@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: help install install-baseline lint typecheck test test-fast bench run all clean
+.PHONY: help install install-baseline lint typecheck test test-fast bench bench-greedy run all clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-17s %s\n", $$1, $$2}'
@@ -41,8 +41,11 @@ test: lint typecheck ## lint, typecheck, then the whole test suite (what CI runs
 test-fast: install ## the test suite without lint and typecheck
 	$(VENV)/bin/pytest -q -x
 
-bench: install ## planner benchmarks (prints tables; see benchmarks/)
-	$(PY) benchmarks/bench_greedy.py
+bench: install ## greedy vs CP-SAT (vs TorchRec if installed) on the benchmark instances; BENCH_ARGS=... to filter
+	$(PY) benchmarks/run.py $(BENCH_ARGS)
+
+bench-greedy: install ## the greedy planner alone on every instance (seconds to answer)
+	$(PY) benchmarks/run.py --greedy-only $(BENCH_ARGS)
 
 run: install ## plan the example DLRM on 8x H100 and print the per-rank table
 	$(VENV)/bin/shardwise plan examples/dlrm_small.json examples/fleet_8xh100.json -o plan.json

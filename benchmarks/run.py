@@ -49,13 +49,20 @@ def machine() -> str:
 
 
 def run_one(
-    name: str, model: ModelSpec, fleet: FleetSpec, time_limit: float | None, torchrec_timeout: float | None
+    name: str,
+    model: ModelSpec,
+    fleet: FleetSpec,
+    time_limit: float | None,
+    torchrec_timeout: float | None,
+    greedy_only: bool = False,
 ) -> dict[str, Any]:
     row: dict[str, Any] = {"instance": name, "tables": len(model.embedding_tables), "gpus": fleet.world_size}
     t = time.perf_counter()
     greedy = make_plan(model, fleet, SolveParams(solver="greedy"))
     row["greedy_s"] = time.perf_counter() - t
     row["greedy_ms"] = greedy.predicted_step_ms
+    if greedy_only:
+        return row
     limit = time_limit or default_time_limit(model, fleet)
     t = time.perf_counter()
     cp = make_plan(model, fleet, SolveParams(solver="cpsat", time_limit_s=limit, num_workers=2))
@@ -111,12 +118,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=None, help="CP-SAT seconds (default: per target)")
     ap.add_argument("--torchrec-timeout", type=float, default=600.0, help="seconds TorchRec may plan")
     ap.add_argument("--no-torchrec", action="store_true", help="skip TorchRec even when installed")
+    ap.add_argument("--greedy-only", action="store_true", help="time the greedy planner alone")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     args = ap.parse_args(argv)
     missing = torchrec_available()
-    use_torchrec = not args.no_torchrec and missing is None
+    use_torchrec = not args.no_torchrec and not args.greedy_only and missing is None
     print(f"# machine: {machine()}")
     print(f"# TorchRec baseline: {'on' if use_torchrec else 'off (' + (missing or '--no-torchrec') + ')'}")
+    if args.greedy_only:
+        print(f"{'instance':<22} {'tables':>6} {'gpus':>5} {'greedy ms':>9} {'greedy s':>8}")
+        for name, model, fleet in instances(args.filter):
+            row = run_one(name, model, fleet, None, None, greedy_only=True)
+            print(f"{name:<22} {row['tables']:>6} {row['gpus']:>5} {row['greedy_ms']:>9.3f} {row['greedy_s']:>8.2f}")
+        return 0
     header = (
         f"{'instance':<22} {'tables':>6} {'gpus':>5} {'greedy ms':>9} {'greedy s':>8} {'cpsat ms':>9} "
         f"{'bound ms':>9} {'gap':>7} {'cpsat s':>7} {'status':<8} {'vs greedy':>8}"

@@ -17,33 +17,26 @@ facts as constraints (:meth:`solver.formulation.Formulation._add_makespan`) and 
 
 from __future__ import annotations
 
-import numpy as np
-
 from solver.candidates import Candidate
 from solver.evaluate import dense_cost
 from solver.spec import DenseStyle, ModelSpec
 from solver.topology import Topology
 
 
-def candidate_work(topo: Topology, c: Candidate) -> float:
+def candidate_work(c: Candidate) -> float:
     """Least total time a candidate adds over all ranks: its shards on their cheapest class, plus its every-rank
     term on every rank."""
-    per_class_ranks = np.array([len(cls.ranks) for cls in topo.classes])
-    placed = float(np.min(c.time_ms, axis=1).sum())
-    return placed + float((c.every_rank_ms * per_class_ranks).sum())
+    return c.work_ms
 
 
 def every_rank_floor(c: Candidate) -> float:
     """The least time a candidate adds to *every* rank: its every-rank term, plus its shard for fleet-wide ones."""
-    floor = float(c.every_rank_ms.min())
-    if c.scope == "fleet":
-        floor += float(c.time_ms[:, 0].min())
-    return floor
+    return c.floor_ms
 
 
 def heaviest_rank_time(c: Candidate) -> float:
-    """What the rank holding ``c``'s slowest shard carries of ``c`` at the least."""
-    return float(np.min(c.time_ms, axis=1).max()) + float(c.every_rank_ms.min())
+    """What the rank holding ``c``'s slowest shard carries of it at the least."""
+    return c.heavy_ms
 
 
 def dense_min_per_class(topo: Topology, model: ModelSpec) -> list[float]:
@@ -66,7 +59,7 @@ def lower_bound_ms(topo: Topology, model: ModelSpec, cands: list[list[Candidate]
     W = topo.world_size
     dense = dense_min_per_class(topo, model)
     dense_total = sum(dense[cls.index] * len(cls.ranks) for cls in topo.classes)
-    work = sum(min(candidate_work(topo, c) for c in cs) for cs in cands if cs)
+    work = sum(min(candidate_work(c) for c in cs) for cs in cands if cs)
     lb1 = (dense_total + work) / W
     floors = table_floors(cands)
     lb2 = min(dense, default=0.0) + sum(floors)

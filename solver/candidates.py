@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from functools import cached_property
+from typing import Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -43,8 +44,7 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 
-@dataclass(frozen=True)
-class Shape:
+class Shape(NamedTuple):
     row_offset: int
     num_rows: int
     col_offset: int
@@ -72,8 +72,32 @@ class Candidate:
     compute_ms: FloatArray
     comm_ms: FloatArray
     every_rank_ms: FloatArray
+    every_total_ms: float = 0.0  # the every-rank term summed over all ranks
 
-    @property
+    @cached_property
+    def placed_ms(self) -> float:
+        """Sum over shards of the time on the cheapest class."""
+        return float(np.min(self.time_ms, axis=1).sum())
+
+    @cached_property
+    def work_ms(self) -> float:
+        """Least total time the candidate adds over all ranks (see :mod:`solver.bounds`)."""
+        return self.placed_ms + self.every_total_ms
+
+    @cached_property
+    def floor_ms(self) -> float:
+        """Least time it adds to *every* rank: its every-rank term, plus its shard for fleet-wide ones."""
+        floor = float(self.every_rank_ms.min())
+        if self.scope == "fleet":
+            floor += float(self.time_ms[:, 0].min())
+        return floor
+
+    @cached_property
+    def heavy_ms(self) -> float:
+        """What the rank holding its slowest shard carries of it at the least."""
+        return float(np.min(self.time_ms, axis=1).max()) + float(self.every_rank_ms.min())
+
+    @cached_property
     def time_ms(self) -> FloatArray:
         out: FloatArray = self.compute_ms + self.comm_ms
         return out
@@ -115,23 +139,28 @@ def enumerate_candidates(topo: Topology, model: ModelSpec, index: int) -> list[C
     side = np.array([data_side_ms(topo, B, table, c) for c in topo.classes])
     out: list[Candidate] = []
 
+    # id(shape list) → (the list, kept alive so its id stays unique; (rows, cols) → shard indices)
+    distinct: dict[int, tuple[list[Shape], list[tuple[tuple[int, int], IntArray]]]] = {}
+
     def per_class(
         sharding: ShardingType,
         shapes: list[Shape],
         placement: Placement,
         frac: float | None,
         classes: list[int],
-        group: list[int] | None,
+        group: tuple[int, ...] | None,
     ) -> tuple[IntArray, IntArray, FloatArray, FloatArray]:
         """Cost arrays ``[shard, class]``; each distinct (rows, cols, class) is priced once."""
         hbm = np.zeros((len(shapes), ncls), dtype=np.int64)
         host = np.zeros_like(hbm)
         comp = np.full((len(shapes), ncls), np.inf)
         comm = np.full((len(shapes), ncls), np.inf)
-        rows_of: dict[tuple[int, int], list[int]] = {}
-        for i, s in enumerate(shapes):
-            rows_of.setdefault((s.num_rows, s.num_cols), []).append(i)
-        for (nr, nc), idx in rows_of.items():
+        if id(shapes) not in distinct:
+            rows_of: dict[tuple[int, int], list[int]] = {}
+            for i, s in enumerate(shapes):
+                rows_of.setdefault((s.num_rows, s.num_cols), []).append(i)
+            distinct[id(shapes)] = (shapes, [(k, np.array(v, dtype=np.int64)) for k, v in rows_of.items()])
+        for (nr, nc), idx in distinct[id(shapes)][1]:
             for ci in classes:
                 c = shard_cost(topo, B, table, sharding, nr, nc, placement, frac, topo.classes[ci], group)
                 hbm[idx, ci], host[idx, ci] = c.memory.hbm, c.memory.host
@@ -145,7 +174,7 @@ def enumerate_candidates(topo: Topology, model: ModelSpec, index: int) -> list[C
         shapes: list[Shape],
         placement: Placement,
         frac: float | None,
-        group: list[int] | None,
+        group: tuple[int, ...] | None,
     ) -> None:
         if scope == "fleet":  # one row per rank, priced with the rank's class
             hbm_c, host_c, comp_c, comm_c = per_class(sharding, shapes, placement, frac, present, group)
@@ -157,34 +186,55 @@ def enumerate_candidates(topo: Topology, model: ModelSpec, index: int) -> list[C
             hbm, host, comp, comm = per_class(sharding, shapes, placement, frac, classes, group)
         every = np.zeros(ncls) if sharding is ShardingType.data_parallel else side
         out.append(
-            Candidate(index, sharding, placement, frac, scope, scope_class, tuple(shapes), hbm, host, comp, comm, every)
+            Candidate(
+                index,
+                sharding,
+                placement,
+                frac,
+                scope,
+                scope_class,
+                tuple(shapes),
+                hbm,
+                host,
+                comp,
+                comm,
+                every,
+                float((every * class_sizes).sum()),
+            )
         )
 
     rank_cls = topo.rank_class
+    class_sizes = np.array([len(c.ranks) for c in topo.classes])
     present = sorted({int(c) for c in rank_cls})
     fleet_rows = [Shape(off, size, 0, D) for off, size in even_split(R, W)] if W > 1 and R >= W else []
     full = [Shape(0, R, 0, D)]
+    columns = {
+        n: [Shape(0, R, off, size) for off, size in even_split(D, n)]
+        for n in COLUMN_SPLITS
+        if D % n == 0 and D // n >= MIN_COLUMN_WIDTH and n <= W
+    }
+    group_rows = {
+        cls.index: [Shape(off, size, 0, D) for off, size in even_split(R, len(cls.ranks))]
+        for cls in topo.classes
+        if len(topo.classes) > 1 and 1 < len(cls.ranks) <= R
+    }
+    host_rows = {
+        cls.index: [Shape(off, size, 0, D) for off, size in even_split(R, cls.gpus_per_host)]
+        for cls in topo.classes
+        if topo.num_hosts > 1 and 1 < cls.gpus_per_host <= R
+    }
+    everyone = tuple(range(W))
     for placement, frac in _placements(table):
         add(ShardingType.table_wise, "rank", None, full, placement, frac, None)
-        for n in COLUMN_SPLITS:
-            if D % n == 0 and D // n >= MIN_COLUMN_WIDTH and n <= W:
-                shapes = [Shape(0, R, off, size) for off, size in even_split(D, n)]
-                add(ShardingType.column_wise, "rank", None, shapes, placement, frac, None)
+        for shapes in columns.values():
+            add(ShardingType.column_wise, "rank", None, shapes, placement, frac, None)
         if fleet_rows:
-            add(ShardingType.row_wise, "fleet", None, fleet_rows, placement, frac, list(range(W)))
-        if len(topo.classes) > 1:
-            for cls in topo.classes:
-                k = len(cls.ranks)
-                if 1 < k <= R:
-                    shapes = [Shape(off, size, 0, D) for off, size in even_split(R, k)]
-                    add(ShardingType.row_wise, "group", cls.index, shapes, placement, frac, list(cls.ranks))
-        if topo.num_hosts > 1:
-            for cls in topo.classes:
-                g = cls.gpus_per_host
-                if 1 < g <= R:
-                    shapes = [Shape(off, size, 0, D) for off, size in even_split(R, g)]
-                    group = list(topo.hosts[cls.hosts[0]].ranks)
-                    add(ShardingType.table_row_wise, "host", cls.index, shapes, placement, frac, group)
+            add(ShardingType.row_wise, "fleet", None, fleet_rows, placement, frac, everyone)
+        for ci, shapes in group_rows.items():
+            add(ShardingType.row_wise, "group", ci, shapes, placement, frac, topo.classes[ci].ranks)
+        for ci, shapes in host_rows.items():
+            group = topo.hosts[topo.classes[ci].hosts[0]].ranks
+            add(ShardingType.table_row_wise, "host", ci, shapes, placement, frac, group)
     smallest = min(c.hbm_limit_bytes for c in topo.classes)
     if W > 1 and table.weight_bytes * 3 <= smallest * DATA_PARALLEL_MAX_FRACTION:
         add(ShardingType.data_parallel, "fleet", None, [Shape(0, R, 0, D)] * W, Placement.hbm, None, None)

@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from hwprofiles import HardwareProfile
 from solver.spec import DenseLayerSpec, DenseStyle, Dtype, EmbeddingTableSpec, Optimizer, Placement, Pooling
@@ -277,6 +278,11 @@ def shard_memory(
 # ----------------------------------------------------------------------------------------------- compute
 
 
+@lru_cache(maxsize=4096)
+def _partial_sum(n: int, s: float) -> float:
+    return float(sum(float(i) ** (-s) for i in range(1, n + 1)))
+
+
 def generalized_harmonic(n: float, s: float) -> float:
     """``H(n, s) = Σ_{i≤n} i^−s``: the first 63 terms summed, the rest (``i = m..n``, ``m = 64``) by Euler–Maclaurin,
     ``∫_m^n x^−s dx + (m^−s + n^−s)/2 + s/12·(m^(−s−1) − n^(−s−1))`` (relative error < 1e-9 for s ≤ 5; starting the
@@ -285,14 +291,15 @@ def generalized_harmonic(n: float, s: float) -> float:
         return 0.0
     m = 64
     if n < m:
-        return float(sum(float(i) ** (-s) for i in range(1, int(n) + 1)))
-    head = sum(float(i) ** (-s) for i in range(1, m))
+        return _partial_sum(int(n), s)
+    head = _partial_sum(m - 1, s)
     log_ratio = math.log(n / m)  # ∫_m^n x^−s dx = (n^(1−s) − m^(1−s))/(1−s), → ln(n/m) as s → 1
     integral = log_ratio if s == 1 else m ** (1 - s) * math.expm1((1 - s) * log_ratio) / (1 - s)
     tail = integral + (m ** (-s) + n ** (-s)) / 2 + s / 12 * (m ** (-s - 1) - n ** (-s - 1))
     return float(head + tail)
 
 
+@lru_cache(maxsize=65536)
 def cache_hit_rate(num_rows: int, cache_fraction: float | None, access_skew: float | None) -> float:
     """Share of lookups served from an HBM cache holding the ``⌈f·r⌉`` hottest rows.
 
@@ -348,6 +355,7 @@ def shard_compute_ms(
 # ----------------------------------------------------------------------------------------------- communication
 
 
+@lru_cache(maxsize=1 << 16)
 def shard_comm_ms(table: EmbeddingTableSpec, sharding: ST, num_rows: int, num_cols: int, ctx: CommContext) -> float:
     """Owner-side communication of one shard per step (module docstring)."""
     W = ctx.world_size

@@ -116,8 +116,10 @@ class Topology:
         return min(inter_host_bw(c.profile) for c in self.classes)
 
     def context(self, cls: DeviceClass, batch: int, group: Iterable[int] | None = None) -> CommContext:
-        """The :class:`CommContext` of a shard on a GPU of ``cls``; ``group`` = ranks sharing the table's rows."""
-        key = (cls.index, batch, None if group is None else tuple(sorted(set(group))))
+        """The :class:`CommContext` of a shard on a GPU of ``cls``; ``group`` = ranks sharing the table's rows
+        (a sorted tuple of distinct ranks is taken as is; any other iterable is normalised)."""
+        members = group if group is None or isinstance(group, tuple) else tuple(sorted(set(group)))
+        key = (cls.index, batch, members)
         hit = self._contexts.get(key)
         if hit is None:
             hit = self._contexts[key] = self._make_context(cls, batch, key[2])
