@@ -5,8 +5,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+TORCH_STAMP := $(VENV)/.torch-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: help install install-baseline lint typecheck test test-fast bench bench-greedy run all clean
+.PHONY: help install install-torch install-baseline lint typecheck test test-fast bench bench-greedy run all clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-17s %s\n", $$1, $$2}'
@@ -22,23 +23,31 @@ install: $(STAMP) ## create .venv and install shardwise with the server and dev 
 # TorchRec's CPU triple (shared/STYLE.md §3): torch 2.13.0 + fbgemm-gpu-cpu 1.8.0 + torchrec 1.8.0. torchrec goes in
 # --no-deps: its metadata asks for the CUDA fbgemm-gpu wheel (GBs), which replaces the CPU one and fails to load.
 # iopath is for torchrec.datasets; torch is named again in step 2 so that no dependency can move it.
-install-baseline: install ## add TorchRec (CPU) to .venv for the baseline benchmark and @torchrec tests (~0.9 GB)
-	$(PIP) install torch==2.13.0
-	$(PIP) install torch==2.13.0 fbgemm-gpu-cpu==1.8.0 tensordict torchmetrics==1.0.3 tqdm pyre-extensions iopath
-	$(PIP) install --no-deps torchrec==1.8.0
-	$(PY) -c "from torchrec.distributed.planner import EmbeddingShardingPlanner; print('torchrec planner OK')"
+# torch 2.13.0 goes in first (the CPU build on this machine's disk) so that the open range torch>=2.6 of the torch
+# extra installs nothing more.
+$(TORCH_STAMP): $(STAMP)
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[server,dev,torch]'
+	$(PIP) install -q torch==2.13.0 fbgemm-gpu-cpu==1.8.0 tensordict torchmetrics==1.0.3 tqdm pyre-extensions iopath
+	$(PIP) install -q --no-deps torchrec==1.8.0
+	$(PY) -c "from torchrec.distributed.planner import EmbeddingShardingPlanner"
+	touch $(TORCH_STAMP)
 
-lint: install ## ruff lint + format check
+install-torch: $(TORCH_STAMP) ## add torch 2.13.0 (CPU) and TorchRec's CPU triple: the torch side, its tests, the baseline
+
+install-baseline: install-torch ## the same as install-torch (TorchRec for the baseline benchmark)
+
+lint: install-torch ## ruff lint + format check
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-typecheck: install ## mypy --strict on the packages
+typecheck: install-torch ## mypy --strict on the packages (torch installed so that clients/ is checked against it)
 	$(VENV)/bin/mypy
 
 test: lint typecheck ## lint, typecheck, then the whole test suite (what CI runs)
 	$(VENV)/bin/pytest -q
 
-test-fast: install ## the test suite without lint and typecheck
+test-fast: install-torch ## the test suite without lint and typecheck
 	$(VENV)/bin/pytest -q -x
 
 bench: install ## greedy vs CP-SAT (vs TorchRec if installed) on the benchmark instances; BENCH_ARGS=... to filter

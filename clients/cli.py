@@ -127,6 +127,12 @@ def plan(
     seed: Annotated[int, typer.Option(help="CP-SAT random seed (same seed, same plan)", min=0)] = 0,
     workers: Annotated[int, typer.Option(help="CP-SAT worker threads", min=1)] = 2,
     gap: Annotated[float, typer.Option(help="stop once within this relative gap of the bound", min=0.0)] = 0.0,
+    deterministic_time: Annotated[
+        float | None,
+        typer.Option(
+            "--deterministic-time", help="CP-SAT work limit in deterministic units: reproducible on any machine"
+        ),
+    ] = None,
 ) -> None:
     """Plan MODEL on FLEET; print the per-rank table and (with -o) write the plan."""
     model = load_spec(model_path, ModelSpec)
@@ -138,6 +144,7 @@ def plan(
             random_seed=seed,
             num_workers=workers,
             relative_gap_limit=gap,
+            max_deterministic_time=deterministic_time,
         )
     except ValidationError as exc:
         fail(describe_validation_error(exc))

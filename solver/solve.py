@@ -4,16 +4,20 @@ Order of work (time limit ``T`` = ``SolveParams.time_limit_s``):
 
 1. the greedy plan (:mod:`solver.greedy`): hint, fallback, and the benchmark baseline;
 2. the candidate space the model searches (:func:`model_candidates`): every table keeps its whole-table options
-   (table_wise in every placement, data_parallel); splits (column_wise, row_wise, table_row_wise) are kept for
-   tables heavy enough for a split to matter — a whole-table time of at least :data:`SPLIT_SHARE` of the greedy
-   step time, in HBM — and the greedy's own pick is always kept. The reported bound is proven over this space;
-3. CP-SAT on :class:`solver.formulation.Formulation` (rank mode up to 64 GPUs, host mode beyond) for at most
+   (table_wise, data_parallel); splits (column_wise, row_wise, table_row_wise, in HBM) are kept for the tables
+   heavy enough for a split to matter — a whole-table time of at least :data:`SPLIT_SHARE` of the greedy step
+   time, the heaviest :data:`SPLITS_PER_BIN` per bin at most; offloaded table_wise placements (uvm_cache, host)
+   only when memory is tight (the greedy plan fills some GPU to :data:`MEMORY_TIGHT` or more; with room to spare
+   they only add time) and for tables of at least :data:`OFFLOAD_SHARE` of a GPU; the greedy's own pick is always
+   kept. The reported bound is proven over this space;
+3. CP-SAT on :class:`solver.formulation.Formulation` (rank mode up to 8 GPUs, host mode beyond) for at most
    :data:`LEVEL1_SHARE` of ``T`` in host mode (all of it in rank mode);
 4. host mode: each host's shards are packed onto its GPUs by a small exact model (:func:`pack_host`) with each
    GPU's own HBM; a host that cannot be packed sends us back to the greedy plan;
 5. the better of the CP-SAT plan and the greedy plan (by the evaluator's figures) is returned, with the bound.
 
-Status: ``optimal`` when the returned plan's predicted step time meets the proven bound (to rounding), else
+Status: ``optimal`` when the returned plan's predicted step time meets the proven bound (within
+:data:`OPTIMAL_GAP`, the resolution of the integer scaling), else
 ``feasible``. Same input + same ``SolveParams`` (seed, workers, ``max_deterministic_time``) → the same plan.
 """
 
@@ -40,6 +44,11 @@ from solver.validate import assert_valid_plan
 log = logging.getLogger(__name__)
 
 SPLIT_SHARE = 0.05
+SPLITS_PER_BIN = 2  # at most this many split-able tables per bin (the heaviest), to keep the model small
+OFFLOAD_SHARE = 0.01  # a table smaller than this share of a GPU is not worth offloading in the model
+MEMORY_TIGHT = 0.5  # below this fill of the fullest GPU in the greedy plan, offloaded placements only cost time
+FINISH_MARGIN_S = 0.5  # kept from the time limit for packing, evaluation and validation
+OPTIMAL_GAP = 1e-5  # what the integer time scale can resolve: closer than this to the bound counts as proved
 LEVEL1_SHARE = 0.75
 Progress = Callable[[float, float], None]  # (best predicted ms so far, bound ms)
 
@@ -53,16 +62,44 @@ _STATUS = {
 
 
 def model_candidates(
-    cands: Sequence[Sequence[Candidate]], chosen: Sequence[Placed | None], greedy_ms: float
+    cands: Sequence[Sequence[Candidate]],
+    chosen: Sequence[Placed | None],
+    greedy_ms: float,
+    *,
+    memory_tight: bool = True,
+    max_split_tables: int | None = None,
+    offload_min_bytes: int = 0,
+    weights: Sequence[int] = (),
 ) -> list[list[Candidate]]:
     """Step 2 of the module docstring."""
+    whole_of = []
+    for cs in cands:
+        whole_of.append(
+            [
+                c
+                for c in cs
+                if c.sharding.value in ("table_wise", "data_parallel")
+                and (
+                    c.placement is Placement.hbm
+                    or (memory_tight and (not weights or weights[c.table] >= offload_min_bytes))
+                )
+            ]
+        )
+    best = [min((float(c.time_ms.min()) for c in w), default=math.inf) for w in whole_of]
+    heavy = [t for t in range(len(cands)) if best[t] >= SPLIT_SHARE * greedy_ms]
+    heavy.sort(key=lambda t: (-best[t], t))
+    if max_split_tables is not None:
+        heavy = heavy[:max_split_tables]
+    split = set(heavy)
     out = []
     for t, cs in enumerate(cands):
-        whole = [c for c in cs if c.sharding.value in ("table_wise", "data_parallel")]
-        best_whole = min((float(c.time_ms.min()) for c in whole), default=math.inf)
-        keep = list(whole)
-        if best_whole >= SPLIT_SHARE * greedy_ms:
-            keep += [c for c in cs if c not in whole and c.placement is Placement.hbm]
+        keep = list(whole_of[t])
+        if t in split:
+            keep += [
+                c
+                for c in cs
+                if c.sharding.value not in ("table_wise", "data_parallel") and c.placement is Placement.hbm
+            ]
         pick = chosen[t]
         if pick is not None and all(c is not pick.candidate for c in keep):
             keep.append(pick.candidate)
@@ -79,9 +116,15 @@ class _Progress(cp_model.CpSolverSolutionCallback):
         self.on_progress(Scale.ms(self.objective_value), Scale.ms(self.best_objective_bound))
 
 
-def _params(params: SolveParams, time_limit: float) -> cp_model.CpSolver:
+LARGE_MODEL_VARIABLES = 30_000  # beyond this, full presolve alone can eat the time limit
+
+
+def _params(params: SolveParams, time_limit: float, variables: int = 0) -> cp_model.CpSolver:
     solver = cp_model.CpSolver()
     p = solver.parameters
+    if variables > LARGE_MODEL_VARIABLES:
+        p.max_presolve_iterations = 1
+        p.symmetry_level = 0
     p.max_time_in_seconds = max(time_limit, 0.05)
     if params.max_deterministic_time is not None:
         p.max_deterministic_time = params.max_deterministic_time
@@ -280,7 +323,7 @@ def plan_cpsat(
 ) -> Plan:
     """A plan from CP-SAT with its proven bound; the greedy plan when CP-SAT cannot do better."""
     start = time.perf_counter()
-    deadline = start + params.time_limit_s
+    deadline = start + params.time_limit_s - FINISH_MARGIN_S
     all_cands = [enumerate_candidates(topo, model, i) for i in range(len(model.embedding_tables))]
     g = run_greedy(topo, model, params, all_cands, solver_name="cpsat")
     greedy = g.plan
@@ -290,16 +333,35 @@ def plan_cpsat(
     greedy_ms = greedy.predicted_step_ms or 0.0
     if on_progress:
         on_progress(greedy_ms, greedy.lower_bound_ms or 0.0)
-    cands = model_candidates(all_cands, chosen, greedy_ms)
+    fill = max((r.hbm_used_bytes / topo.hbm_limit(r.rank) for r in greedy.ranks), default=1.0)
     mode: Mode = "rank" if topo.world_size <= RANK_BINS_MAX else "host"
+    nbins = topo.world_size if mode == "rank" else topo.num_hosts
+    cands = model_candidates(
+        all_cands,
+        chosen,
+        greedy_ms,
+        memory_tight=fill >= MEMORY_TIGHT,
+        max_split_tables=SPLITS_PER_BIN * nbins,
+        offload_min_bytes=int(OFFLOAD_SHARE * min(c.hbm_limit_bytes for c in topo.classes)),
+        weights=[t.weight_bytes for t in model.embedding_tables],
+    )
+    built = time.perf_counter()
     form = Formulation(topo, model, cands, mode, horizon_ms=greedy_ms * 4 + 1)
     hint = to_assignment(form, cands, placed)
     hint.dense = [s for _, s in dense_choice]
-    form.add_hint(hint)
+    form.add_hint(hint, greedy_ms)
+    log.info(
+        "%s mode: %d bins, %d variables; greedy and candidates %.2fs, model and hint %.2fs",
+        mode,
+        form.nbins,
+        len(form.model.proto.variables),
+        built - start,
+        time.perf_counter() - built,
+    )
     budget = deadline - time.perf_counter()
     if mode == "host":
         budget *= LEVEL1_SHARE
-    solver = _params(params, budget)
+    solver = _params(params, budget, len(form.model.proto.variables))
     callback = _Progress(on_progress, 1.0) if on_progress else None
     status = solver.solve(form.model, callback) if callback else solver.solve(form.model)
     status_name = _STATUS.get(status, "UNKNOWN")
@@ -372,7 +434,7 @@ def plan_cpsat(
         bound_ms=bound_ms,
     )
     pred = final.predicted_step_ms or 0.0
-    proved = bound_ms is not None and pred <= bound_ms * (1 + 1e-6) + 1e-6
+    proved = bound_ms is not None and pred - bound_ms <= OPTIMAL_GAP * pred
     if proved:
         final = build_plan(
             topo,

@@ -222,3 +222,23 @@ def test_progress_reports_best_and_bound() -> None:
     assert seen, "no progress reported"
     assert all(lb <= best + 1e-6 for best, lb in seen)
     assert seen[-1][0] == pytest.approx(plan.predicted_step_ms)
+
+
+def test_small_instance_is_proved_optimal() -> None:
+    # three tables on one 8-GPU host: CP-SAT closes the gap and says so
+    model = ModelSpec.model_validate(
+        {
+            "name": "tiny",
+            "batch_size_per_gpu": 512,
+            "embedding_tables": [
+                {"name": f"t{i}", "num_embeddings": 10_000 * (i + 1), "embedding_dim": 64} for i in range(3)
+            ],
+        }
+    )
+    fleet = FleetSpec.model_validate(_load("fleet_8xh100.json"))
+    plan = make_plan(model, fleet, SolveParams(time_limit_s=20, num_workers=1))
+    assert plan.status is PlanStatus.optimal
+    assert plan.solver.status == "OPTIMAL"
+    assert plan.lower_bound_ms is not None
+    assert plan.predicted_step_ms is not None
+    assert plan.predicted_step_ms - plan.lower_bound_ms <= 1e-5 * plan.predicted_step_ms

@@ -1,0 +1,387 @@
+"""Export a shardwise :class:`~solver.spec.Plan` to TorchRec, for jobs already on ``DistributedModelParallel``.
+
+:func:`to_torchrec_dict` gives the serialized form of TorchRec's ``ShardingPlan`` (what ``ShardingPlan._serialize``
+writes and :func:`solver.torchrec_import.from_torchrec` reads) without importing torch; :func:`to_torchrec` builds
+the real ``torchrec.distributed.types.ShardingPlan`` from it (TorchRec imported lazily)::
+
+    plan = to_torchrec(shardwise_plan, model_spec, module_fqn="sparse.ebc")
+    dmp = DistributedModelParallel(model, plan=plan, env=ShardingEnv.from_process_group(pg), device=device)
+
+One ``ParameterSharding`` per table, keyed by the table's name under its module's FQN:
+
+* sharding type as is (table_wise, row_wise, column_wise, table_row_wise, data_parallel);
+* compute kernel from the placement: ``hbm`` → ``fused``, ``uvm_cache`` → ``fused_uvm_caching`` with
+  ``CacheParams(load_factor=cache_fraction)``, ``host`` → ``fused_uvm``; data_parallel → ``dense`` (TorchRec's only
+  data-parallel kernel). On ``device_type="cpu"`` ``fused`` is TorchRec's sharded CPU kernel too; TorchRec has no
+  UVM kernels there, so a plan that puts a table in host memory is refused for CPU;
+* one ``ShardMetadata`` per shard (offsets ``[row_offset, col_offset]``, sizes ``[num_rows, num_cols]``,
+  placement ``rank:R/cuda:L`` with L the GPU's index on its host, ``rank:R/cpu`` on CPU); data_parallel has no
+  sharding spec and lists every rank.
+
+TorchRec executes only some row layouts, and they are checked rather than emitted wrong: its row-wise kernels route
+an id to the block ``id // ceil(rows / n)`` (n = world size for row_wise, GPUs per host for table_row_wise) whatever
+the shard sizes say, so a row_wise table needs a block on every rank in rank order, and a table_row_wise table one
+on every GPU of one host, each ``ceil(rows / n)`` rows (the last ones shorter or empty). shardwise splits remainders
+evenly instead (10 rows on 4 ranks: 3, 3, 2, 2; TorchRec: 3, 3, 3, 1), so the two agree when n divides the rows.
+Otherwise :class:`TorchRecExportError` is raised, unless ``relayout_rows=True``, which emits TorchRec's blocks on
+the same ranks (a rank then holds at most one row more than planned). Row-wise over part of the fleet (one group
+of a mixed fleet) has no TorchRec form and is refused. Every shard of a table must share one placement (TorchRec
+has one compute kernel per table).
+
+Known TorchRec defect, refused while ``check_torchrec_issues`` is on (the default) and the model is given: in
+TorchRec 1.8, when a collection holds a mean-pooled table sharded row_wise or table_row_wise, ShardedEmbeddingBag-
+Collection divides the pooled output of every table of that collection *not* sharded row-wise (table_wise,
+column_wise, data_parallel) by its bag length as well (``_create_mean_pooling_divisor`` resets the divisor to 1 only
+for the row-wise sum-pooled features). Such a plan runs and returns wrong numbers, so it is not emitted; shard the
+mean-pooled table another way, put every table of its collection row-wise, or give it a collection of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from solver.spec import ModelSpec, Placement, Plan, ShardingType, ShardPlan, TablePlan
+
+if TYPE_CHECKING:
+    from torchrec.distributed.types import ShardingPlan
+
+__all__ = ["COMPUTE_KERNELS", "TorchRecExportError", "to_torchrec", "to_torchrec_dict"]
+
+#: placement → TorchRec compute kernel of a sharded (not data-parallel) table.
+COMPUTE_KERNELS: Final[Mapping[Placement, str]] = {
+    Placement.hbm: "fused",
+    Placement.uvm_cache: "fused_uvm_caching",
+    Placement.host: "fused_uvm",
+}
+DATA_PARALLEL_KERNEL: Final = "dense"
+DEFAULT_MODULE_FQN: Final = "sparse.ebc"
+
+
+class TorchRecExportError(ValueError):
+    """The plan cannot be expressed as a TorchRec ShardingPlan (the message names the table and why)."""
+
+
+def to_torchrec_dict(
+    plan: Plan,
+    model: ModelSpec | None = None,
+    *,
+    module_fqn: str | Mapping[str, str] = DEFAULT_MODULE_FQN,
+    device_type: str = "cuda",
+    world_size: int | None = None,
+    local_world_size: int | None = None,
+    relayout_rows: bool = False,
+    check_torchrec_issues: bool = True,
+) -> dict[str, Any]:
+    """The serialized TorchRec ``ShardingPlan`` of ``plan``: ``{"plan": {module_fqn: {table: {...}}}}``.
+
+    - ``model``: when given, the plan must cover exactly its tables, inside their shapes.
+    - ``module_fqn``: the FQN of the embedding collection in the model DistributedModelParallel wraps, or a mapping
+      table name → FQN for models with several collections.
+    - ``device_type``: ``"cuda"`` (placements ``rank:R/cuda:L``), ``"cpu"``, or another torch device type.
+    - ``world_size``: the number of ranks; by default the plan's rank list, else one past the highest shard rank.
+    - ``local_world_size``: GPUs per host (table_row_wise blocks, local device indices); by default from the plan's
+      rank list when every host has as many, else ``world_size``.
+    - ``relayout_rows``: emit TorchRec's row blocks where the plan's differ (see the module docstring).
+    - ``check_torchrec_issues``: refuse plans TorchRec is known to compute wrongly (see the module docstring);
+      needs ``model`` (without it the pooling of the tables is unknown and nothing is checked).
+
+    Raises :class:`TorchRecExportError` (a ``ValueError``) for a plan TorchRec cannot execute as it is.
+    """
+    world = _world_size(plan, world_size)
+    local = _local_world_size(plan, world, local_world_size)
+    hosts = _host_layout(plan, world, local)
+    if model is not None:
+        _check_against_model(plan, model)
+    modules: dict[str, dict[str, Any]] = {}
+    for tp in plan.tables:
+        fqn = module_fqn if isinstance(module_fqn, str) else module_fqn.get(tp.name)
+        if not fqn:
+            raise TorchRecExportError(f"table {tp.name}: module_fqn names no module for it")
+        shape = (model.table(tp.name).num_embeddings, model.table(tp.name).embedding_dim) if model else None
+        modules.setdefault(fqn, {})[tp.name] = _entry(tp, shape, world, local, hosts, device_type, relayout_rows)
+    if not isinstance(module_fqn, str):
+        unused = sorted(set(module_fqn) - {t.name for t in plan.tables})
+        if unused:
+            raise TorchRecExportError(f"module_fqn names table(s) the plan does not have: {', '.join(unused)}")
+    if model is not None and check_torchrec_issues:
+        for tables in modules.values():
+            _check_mean_pooling(tables, model)
+    return {"plan": modules}
+
+
+def to_torchrec(
+    plan: Plan,
+    model: ModelSpec | None = None,
+    *,
+    module_fqn: str | Mapping[str, str] = DEFAULT_MODULE_FQN,
+    device_type: str = "cuda",
+    world_size: int | None = None,
+    local_world_size: int | None = None,
+    relayout_rows: bool = False,
+    check_torchrec_issues: bool = True,
+) -> ShardingPlan:
+    """``torchrec.distributed.types.ShardingPlan`` of ``plan``; arguments and errors as :func:`to_torchrec_dict`.
+
+    ``to_torchrec(...)._serialize()`` equals :func:`to_torchrec_dict` (placements as strings).
+    """
+    from torchrec.distributed.types import (
+        CacheParams,
+        EmbeddingModuleShardingPlan,
+        EnumerableShardingSpec,
+        ParameterSharding,
+        ShardingPlan,
+        ShardMetadata,
+    )
+
+    serialized = to_torchrec_dict(
+        plan,
+        model,
+        module_fqn=module_fqn,
+        device_type=device_type,
+        world_size=world_size,
+        local_world_size=local_world_size,
+        relayout_rows=relayout_rows,
+        check_torchrec_issues=check_torchrec_issues,
+    )
+    modules: dict[str, Any] = {}
+    for fqn, tables in serialized["plan"].items():
+        module_plan = EmbeddingModuleShardingPlan()
+        for name, entry in tables.items():
+            shards = entry.get("shards")
+            cache = entry.get("cache_params")
+            module_plan[name] = ParameterSharding(
+                sharding_type=entry["sharding_type"],
+                compute_kernel=entry["compute_kernel"],
+                ranks=list(entry["ranks"]),
+                sharding_spec=(
+                    None
+                    if shards is None
+                    else EnumerableShardingSpec(
+                        [
+                            ShardMetadata(
+                                shard_offsets=list(s["shard_offsets"]),
+                                shard_sizes=list(s["shard_sizes"]),
+                                placement=s["placement"],
+                            )
+                            for s in shards
+                        ]
+                    )
+                ),
+                cache_params=None if cache is None else CacheParams(load_factor=cache["load_factor"]),
+            )
+        modules[fqn] = module_plan
+    return ShardingPlan(plan=modules)
+
+
+# --------------------------------------------------------------------------------------------------- helpers
+
+
+def _world_size(plan: Plan, given: int | None) -> int:
+    if plan.ranks:
+        if given is not None and given != len(plan.ranks):
+            raise TorchRecExportError(f"world_size={given}, but the plan has {len(plan.ranks)} ranks")
+        return len(plan.ranks)
+    if given is not None:
+        if given < 1:
+            raise TorchRecExportError(f"world_size must be positive, got {given}")
+        return given
+    ranks = [s.rank for t in plan.tables for s in t.shards]
+    if not ranks:
+        raise TorchRecExportError("the plan has no tables to export")
+    return max(ranks) + 1
+
+
+def _local_world_size(plan: Plan, world: int, given: int | None) -> int:
+    if given is not None:
+        if given < 1 or world % given:
+            raise TorchRecExportError(f"local_world_size={given} must divide the world size {world}")
+        return given
+    if plan.ranks:
+        per_host: dict[int, int] = {}
+        for r in plan.ranks:
+            per_host[r.host] = per_host.get(r.host, 0) + 1
+        if len(set(per_host.values())) == 1:
+            return next(iter(per_host.values()))
+    return world
+
+
+def _host_layout(plan: Plan, world: int, local: int) -> list[tuple[int, int]]:
+    """Per rank: (first rank of its host, its index on that host)."""
+    if plan.ranks:
+        first: dict[int, int] = {}
+        for r in plan.ranks:
+            first.setdefault(r.host, r.rank)
+        return [(first[r.host], r.rank - first[r.host]) for r in plan.ranks]
+    return [(r - r % local, r % local) for r in range(world)]
+
+
+def _check_against_model(plan: Plan, model: ModelSpec) -> None:
+    names = [t.name for t in plan.tables]
+    known = {t.name for t in model.embedding_tables}
+    problems = [f"table {n} is not in model {model.name}" for n in sorted(set(names) - known)]
+    problems += [f"table {n} is missing from the plan" for n in sorted(known - set(names))]
+    problems += [f"table {n} is planned twice" for n in sorted({n for n in names if names.count(n) > 1})]
+    for tp in plan.tables:
+        if tp.name not in known:
+            continue
+        t = model.table(tp.name)
+        for i, s in enumerate(tp.shards):
+            if s.row_offset + s.num_rows > t.num_embeddings or s.col_offset + s.num_cols > t.embedding_dim:
+                problems.append(f"table {tp.name}: shard {i} lies outside {t.num_embeddings} × {t.embedding_dim}")
+    if problems:
+        raise TorchRecExportError("; ".join(problems))
+
+
+_ROW_TYPES: Final = (ShardingType.row_wise.value, ShardingType.table_row_wise.value)
+
+
+def _check_mean_pooling(tables: Mapping[str, Mapping[str, Any]], model: ModelSpec) -> None:
+    """Refuse the layout TorchRec 1.8 mis-scales (module docstring): a row-wise mean table beside other shardings."""
+    mean_rw = [
+        n for n, e in tables.items() if e["sharding_type"] in _ROW_TYPES and model.table(n).pooling.value == "mean"
+    ]
+    others = [n for n, e in tables.items() if e["sharding_type"] not in _ROW_TYPES]
+    if mean_rw and others:
+        raise TorchRecExportError(
+            f"table {mean_rw[0]}: mean pooling sharded {tables[mean_rw[0]]['sharding_type']} makes TorchRec 1.8 divide "
+            f"the outputs of the collection's other tables ({', '.join(others)}) by their bag lengths too; shard it "
+            "another way, or every table of its collection row-wise (check_torchrec_issues=False emits it anyway)"
+        )
+
+
+def _table_shape(tp: TablePlan) -> tuple[int, int]:
+    """Rows × columns the shards of a (valid) table plan cover."""
+    return (
+        max(s.row_offset + s.num_rows for s in tp.shards),
+        max(s.col_offset + s.num_cols for s in tp.shards),
+    )
+
+
+def _ceil_blocks(rows: int, parts: int) -> list[tuple[int, int]]:
+    """TorchRec's row blocks: (offset, size) of ``parts`` blocks of ``ceil(rows / parts)`` rows, the last short."""
+    block = -(-rows // parts)
+    return [(min(i * block, rows), max(0, min(block, rows - i * block))) for i in range(parts)]
+
+
+def _entry(
+    tp: TablePlan,
+    shape: tuple[int, int] | None,
+    world: int,
+    local: int,
+    hosts: Sequence[tuple[int, int]],
+    device_type: str,
+    relayout_rows: bool,
+) -> dict[str, Any]:
+    where = f"table {tp.name}"
+    for s in tp.shards:
+        if s.rank >= world:
+            raise TorchRecExportError(f"{where}: shard on rank {s.rank}, but the world has {world} ranks")
+    placements = {(s.placement, s.cache_fraction) for s in tp.shards}
+    if len(placements) > 1:
+        raise TorchRecExportError(f"{where}: its shards differ in placement; TorchRec has one compute kernel per table")
+    placement, fraction = placements.pop()
+    st = tp.sharding_type
+
+    if st is ShardingType.data_parallel:
+        ranks = sorted(s.rank for s in tp.shards)
+        if ranks != list(range(world)):
+            raise TorchRecExportError(f"{where}: TorchRec's data_parallel copies a table to all {world} ranks")
+        if placement is not Placement.hbm:
+            raise TorchRecExportError(f"{where}: a data_parallel copy lives in HBM, not {placement.value}")
+        return {"sharding_type": st.value, "compute_kernel": DATA_PARALLEL_KERNEL, "ranks": ranks}
+
+    if device_type == "cpu" and placement is not Placement.hbm:
+        raise TorchRecExportError(
+            f"{where}: placement {placement.value} needs TorchRec's UVM kernels, which exist on CUDA only"
+        )
+    rows, cols = shape or _table_shape(tp)
+    layout: list[tuple[int, int, int, int, int]]  # (rank, row offset, rows, col offset, cols)
+    if st is ShardingType.table_wise:
+        s = tp.shards[0]
+        if len(tp.shards) != 1 or (s.row_offset, s.num_rows, s.col_offset, s.num_cols) != (0, rows, 0, cols):
+            raise TorchRecExportError(f"{where}: table_wise needs one shard holding the whole {rows} × {cols} table")
+        layout = [(s.rank, 0, rows, 0, cols)]
+    elif st is ShardingType.column_wise:
+        layout = [
+            (s.rank, s.row_offset, s.num_rows, s.col_offset, s.num_cols)
+            for s in sorted(tp.shards, key=lambda s: s.col_offset)
+        ]
+        edges = [0] + [c0 + nc for _r, _r0, _nr, c0, nc in layout]
+        if (
+            any(r0 != 0 or nr != rows for _r, r0, nr, _c0, _nc in layout)
+            or [c0 for *_, c0, _nc in layout] != edges[:-1]
+            or edges[-1] != cols
+        ):
+            raise TorchRecExportError(f"{where}: column_wise shards must hold every row and tile the {cols} columns")
+    elif st is ShardingType.row_wise:
+        layout = _row_layout(tp, list(range(world)), rows, cols, relayout_rows, f"over all {world} ranks")
+    else:  # table_row_wise
+        first = {hosts[s.rank][0] for s in tp.shards}
+        if len(first) != 1:
+            raise TorchRecExportError(f"{where}: table_row_wise shards must stay on one host")
+        base = first.pop()
+        if base % local or any(hosts[r] != (base, r - base) for r in range(base, min(base + local, world))):
+            raise TorchRecExportError(
+                f"{where}: TorchRec's table_row_wise needs hosts of local_world_size={local} GPUs in rank order"
+            )
+        layout = _row_layout(
+            tp, list(range(base, base + local)), rows, cols, relayout_rows, f"over the {local} GPUs of its host"
+        )
+
+    entry: dict[str, Any] = {
+        "sharding_type": st.value,
+        "compute_kernel": COMPUTE_KERNELS[placement],
+        "ranks": [rank for rank, *_ in layout],
+        "shards": [
+            {
+                "shard_offsets": [row_off, col_off],
+                "shard_sizes": [n_rows, n_cols],
+                "placement": _placement(rank, hosts, device_type),
+            }
+            for rank, row_off, n_rows, col_off, n_cols in layout
+        ],
+    }
+    if placement is Placement.uvm_cache:
+        entry["cache_params"] = {"load_factor": fraction}
+    return entry
+
+
+def _row_layout(
+    tp: TablePlan, ranks: list[int], rows: int, cols: int, relayout: bool, scope: str
+) -> list[tuple[int, int, int, int, int]]:
+    """TorchRec's row blocks on ``ranks`` (block i on ranks[i]), if the plan's shards are those (or ``relayout``)."""
+    where = f"table {tp.name}"
+    want = _ceil_blocks(rows, len(ranks))
+    layout = [(r, off, n, 0, cols) for r, (off, n) in zip(ranks, want, strict=True)]
+    have = sorted((s.rank, s.row_offset, s.num_rows, s.col_offset, s.num_cols) for s in tp.shards)
+    if have == [b for b in layout if b[2] > 0]:
+        return layout
+    planned = sorted({s.rank for s in tp.shards})
+    if not relayout or any(s.num_cols != cols or s.col_offset for s in tp.shards) or not set(planned) <= set(ranks):
+        raise TorchRecExportError(
+            f"{where}: TorchRec's {tp.sharding_type.value} needs blocks of ceil({rows}/{len(ranks)}) rows {scope}, "
+            f"block i on rank {ranks[0]}+i ({_describe_rows(want)}); the plan has "
+            f"{_describe_rows([(s.row_offset, s.num_rows) for s in _by_rank(tp.shards)])} on ranks {planned}"
+            + ("" if relayout else "; relayout_rows=True emits TorchRec's blocks on the same ranks")
+        )
+    filled = [r for r, _off, n, *_ in layout if n > 0]
+    if not set(filled) <= set(planned):
+        raise TorchRecExportError(
+            f"{where}: relayout_rows keeps rows on the plan's ranks {planned}; TorchRec's blocks need ranks {filled}"
+        )
+    return layout
+
+
+def _by_rank(shards: Sequence[ShardPlan]) -> list[ShardPlan]:
+    return sorted(shards, key=lambda s: (s.rank, s.row_offset))
+
+
+def _describe_rows(blocks: Sequence[tuple[int, int]]) -> str:
+    return "rows " + ", ".join(str(n) for _off, n in blocks)
+
+
+def _placement(rank: int, hosts: Sequence[tuple[int, int]], device_type: str) -> str:
+    if device_type == "cpu":
+        return f"rank:{rank}/cpu"  # TorchRec's own form (sharding_plan.placement)
+    return f"rank:{rank}/{device_type}:{hosts[rank][1]}"
