@@ -24,6 +24,8 @@ class Solver(StrEnum):
     greedy = "greedy"
 
 
+MAX_PROBLEMS = 12  # an invalid plan lists this many problems, then how many more
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Plan where every embedding table lives.")
 
 M = TypeVar("M", bound=BaseModel)
@@ -181,8 +183,10 @@ def evaluate(
     problems, scored = planner.score_plan(model, fleet, given)
     if problems:
         typer.echo(f"plan is invalid ({len(problems)} problem(s)):", err=True)
-        for p in problems:
+        for p in problems[:MAX_PROBLEMS]:
             typer.echo(f"  - {p}", err=True)
+        if len(problems) > MAX_PROBLEMS:
+            typer.echo(f"  … and {len(problems) - MAX_PROBLEMS} more", err=True)
         raise typer.Exit(1)
     print_plan(scored)
 

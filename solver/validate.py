@@ -95,6 +95,11 @@ def check_structure(topo: Topology, model: ModelSpec, plan: Plan) -> list[str]:
     """Table and dense-layer checks: what must hold before a plan can even be priced."""
     out: list[str] = []
     W = topo.world_size
+    highest = max((sh.rank for t in plan.tables for sh in t.shards), default=-1)
+    if highest >= W:
+        out.append(
+            f"the plan places shards on ranks up to {highest}, but the fleet has {W} ranks (another fleet's plan?)"
+        )
     names = [t.name for t in plan.tables]
     expected = {t.name for t in model.embedding_tables}
     for n in sorted(expected - set(names)):
