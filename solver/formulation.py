@@ -51,7 +51,11 @@ Constraints (and the method that adds each family)
    (``T ≥ heaviest(c)·x_{t,c} + dense_floor + Σ_{t'≠t} floor_{t'}``), and ``T ≥ LB`` —
    :meth:`Formulation._add_makespan`;
 8. symmetry: bins that are interchangeable (same class, same host in rank mode, the same fixed-rank shard
-   shapes) carry non-increasing loads in index order — :meth:`Formulation._add_symmetry_breaking`.
+   shapes) carry non-increasing loads in index order — :meth:`Formulation._add_symmetry_breaking`;
+9. incumbent: with the greedy plan's step time ``T_inc``, no GPU may take ``k + 1`` shards longer than
+   ``(T_inc − base)/(k + 1)`` (it would end later than the incumbent); only worse plans are cut —
+   :meth:`Formulation._add_incumbent_cuts`; also, in host mode, the GPU cut of
+   :meth:`Formulation._add_gpu_cut`.
 
 The greedy plan is the hint (:meth:`Formulation.add_hint`); :mod:`solver.solve` runs the model and falls back to
 the greedy plan when CP-SAT finds nothing better in time.
@@ -147,8 +151,10 @@ class Formulation:
         cands: Sequence[Sequence[Candidate]],
         mode: Mode,
         horizon_ms: float,
+        incumbent_ms: float | None = None,
     ) -> None:
         self.topo, self.spec, self.cands, self.mode = topo, model, cands, mode
+        self.incumbent_ms = incumbent_ms
         self.model = cp_model.CpModel()
         W = topo.world_size
         if mode == "rank":
@@ -354,6 +360,27 @@ class Formulation:
         self.model.add(Scale.time(lower_bound_ms(self.topo, self.spec, cands)) <= self.T)
         if self.mode == "host":
             self._add_gpu_cut()
+        if self.incumbent_ms is not None:
+            self._add_incumbent_cuts(base)
+
+    def _add_incumbent_cuts(self, base: float) -> None:
+        """Family 9: with an incumbent plan of step time ``T_inc`` (the greedy's), ``k + 1`` shards longer than
+        ``θ_k = (T_inc − base)/(k + 1)`` on one GPU would make that GPU slower than the incumbent (every GPU carries
+        ``base`` = the dense layers and every table's floor already), so a bin of ``g`` GPUs takes at most ``k·g``
+        of them: ``Σ_{τ > θ_k} a_{·,b} ≤ k·g_b`` for k = 0..3. Only plans worse than the incumbent are cut, so the
+        bound stays valid for the returned plan (never worse than the incumbent)."""
+        assert self.incumbent_ms is not None
+        room = self.incumbent_ms - base
+        if room <= 0:
+            return
+        for b in range(self.nbins):
+            items = self.largest_item[b]
+            g = len(self.bin_ranks[b])
+            for k in range(4):
+                theta = Scale.time(room / (k + 1))
+                over = [v for v, c in items if c > theta]
+                if len(over) > k * g:
+                    self.model.add(sum(over) <= k * g)
 
     def _add_gpu_cut(self) -> None:
         """Host mode: the GPU holding a host's largest table_wise / column_wise shard carries it plus at least the

@@ -13,7 +13,8 @@ Order of work (time limit ``T`` = ``SolveParams.time_limit_s``):
 3. CP-SAT on :class:`solver.formulation.Formulation` (rank mode up to 8 GPUs, host mode beyond) for at most
    :data:`LEVEL1_SHARE` of ``T`` in host mode (all of it in rank mode);
 4. host mode: each host's shards are packed onto its GPUs by a small exact model (:func:`pack_host`) with each
-   GPU's own HBM; a host that cannot be packed sends us back to the greedy plan;
+   GPU's own HBM; a host that cannot be packed sends us back to the greedy plan; :func:`repack_fleet` then moves
+   and swaps shards between hosts with the time left (the shardings stay fixed);
 5. the better of the CP-SAT plan and the greedy plan (by the evaluator's figures) is returned, with the bound.
 
 Status: ``optimal`` when the returned plan's predicted step time meets the proven bound (within
@@ -30,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 from ortools.sat.python import cp_model
 
 from solver.candidates import Candidate, enumerate_candidates
@@ -49,7 +51,8 @@ OFFLOAD_SHARE = 0.01  # a table smaller than this share of a GPU is not worth of
 MEMORY_TIGHT = 0.5  # below this fill of the fullest GPU in the greedy plan, offloaded placements only cost time
 FINISH_MARGIN_S = 0.5  # kept from the time limit for packing, evaluation and validation
 OPTIMAL_GAP = 1e-5  # what the integer time scale can resolve: closer than this to the bound counts as proved
-LEVEL1_SHARE = 0.75
+LEVEL1_SHARE = 0.7
+PACK_HOST_MAX_S = 1.0  # per host; what is left goes to moving shards between hosts
 Progress = Callable[[float, float], None]  # (best predicted ms so far, bound ms)
 
 _STATUS = {
@@ -296,7 +299,7 @@ def _host_mode_tables(
     remaining_hosts = topo.num_hosts
     for h, items in per_host.items():
         rr = list(topo.hosts[h].ranks)
-        budget = max(0.05, (deadline - time.perf_counter()) / max(remaining_hosts, 1))
+        budget = max(0.05, min(PACK_HOST_MAX_S, (deadline - time.perf_counter()) / max(remaining_hosts, 1)))
         remaining_hosts -= 1
         if not items:
             continue
@@ -307,12 +310,139 @@ def _host_mode_tables(
         for it, k in zip(items, got, strict=True):
             ranks_for[(it.table, it.shard)] = rr[k]
 
+    items = [it for h in sorted(per_host) for it in per_host[h]]
+    if items and deadline - time.perf_counter() > 0.1:
+        moved = repack_fleet(form, cands, a, items, base_load, base_hbm, ranks_for, deadline)
+        if moved is not None:
+            ranks_for = moved
+
     def ranks_of(t: int, c: Candidate) -> list[int]:
         if c.scope == "rank":
             return [ranks_for[(t, i)] for i in range(len(c.shapes))]
         return _fixed_ranks(topo, c, a, t)
 
     return _tables_from(topo, model, cands, a, ranks_of)
+
+
+def repack_fleet(
+    form: Formulation,
+    cands: Sequence[Sequence[Candidate]],
+    a: Assignment,
+    items: list[_Item],
+    base_load: npt.NDArray[np.int64],
+    base_hbm: npt.NDArray[np.int64],
+    start: dict[tuple[int, int], int],
+    deadline: float,
+) -> dict[tuple[int, int], int] | None:
+    """Level two, fleet-wide: with every table's sharding fixed by level one, move or swap table_wise /
+    column_wise shards between *any* GPUs (not only inside their host) while that lowers the slowest GPU —
+    a local search from the per-host packing, within each GPU's HBM and each host's memory.
+    Returns the new GPU of every shard, or None when no move helped."""
+    topo = form.topo
+    W = topo.world_size
+    group = [info.group for info in topo.ranks]
+    host_of = [info.host for info in topo.ranks]
+    caps = np.array([Scale.capacity(topo.hbm_limit(r)) for r in range(W)], dtype=np.int64)
+    host_room = [
+        Scale.capacity(h.host_memory_bytes) - used
+        for h, used in zip(topo.hosts, _fixed_host_use(form, cands, a), strict=True)
+    ]
+    cand_of = [cands[it.table][a.choice[it.table]] for it in items]
+    tau = [
+        [
+            Scale.time(c.time_ms[it.shard, k]) if math.isfinite(c.time_ms[it.shard, k]) else -1
+            for k in range(len(topo.classes))
+        ]
+        for it, c in zip(items, cand_of, strict=True)
+    ]
+    mem = [
+        [Scale.size(int(c.hbm[it.shard, k])) for k in range(len(topo.classes))]
+        for it, c in zip(items, cand_of, strict=True)
+    ]
+    dram = [
+        [Scale.size(int(c.host[it.shard, k])) for k in range(len(topo.classes))]
+        for it, c in zip(items, cand_of, strict=True)
+    ]
+    where = [start[(it.table, it.shard)] for it in items]
+    load = base_load.copy()
+    hbm = base_hbm.copy()
+    host_used = [0] * topo.num_hosts
+    on: list[set[int]] = [set() for _ in range(W)]
+    for n, r in enumerate(where):
+        load[r] += tau[n][group[r]]
+        hbm[r] += mem[n][group[r]]
+        host_used[host_of[r]] += dram[n][group[r]]
+        on[r].add(n)
+    first = int(load.max())
+
+    def fits(n: int, r: int, leaving: int | None = None) -> bool:
+        k = group[r]
+        if tau[n][k] < 0:
+            return False
+        extra = mem[leaving][k] if leaving is not None else 0
+        if hbm[r] - extra + mem[n][k] > caps[r]:
+            return False
+        return host_of[r] == host_of[where[n]] or host_used[host_of[r]] + dram[n][k] <= host_room[host_of[r]]
+
+    def place(n: int, r: int) -> None:
+        old = where[n]
+        ko, kn = group[old], group[r]
+        load[old] -= tau[n][ko]
+        hbm[old] -= mem[n][ko]
+        host_used[host_of[old]] -= dram[n][ko]
+        on[old].discard(n)
+        load[r] += tau[n][kn]
+        hbm[r] += mem[n][kn]
+        host_used[host_of[r]] += dram[n][kn]
+        on[r].add(n)
+        where[n] = r
+
+    while time.perf_counter() < deadline:
+        hot = int(np.argmax(load))
+        peak = int(load[hot])
+        best: tuple[int, int, int, int | None] | None = None  # (new peak of the pair, item, to, swap item)
+        order = np.argsort(load)
+        for n in sorted(on[hot], key=lambda n: -tau[n][group[hot]]):
+            for r in order[: min(W, 16)]:
+                r = int(r)
+                if r == hot:
+                    continue
+                if fits(n, r):
+                    pair = max(peak - tau[n][group[hot]], int(load[r]) + tau[n][group[r]])
+                    if pair < peak and (best is None or pair < best[0]):
+                        best = (pair, n, r, None)
+                for m2 in on[r]:
+                    gain = tau[n][group[hot]] - tau[m2][group[hot]] if tau[m2][group[hot]] >= 0 else -1
+                    if gain <= 0 or not fits(n, r, leaving=m2) or not fits(m2, hot, leaving=n):
+                        continue
+                    pair = max(peak - gain, int(load[r]) - tau[m2][group[r]] + tau[n][group[r]])
+                    if pair < peak and (best is None or pair < best[0]):
+                        best = (pair, n, r, m2)
+        if best is None:
+            break
+        _, item, dest, swap = best
+        place(item, dest)
+        if swap is not None:
+            place(swap, hot)
+    final = int(load.max())
+    log.debug("fleet repack: slowest GPU %.4f ms → %.4f ms", Scale.ms(first), Scale.ms(final))
+    if final >= first:
+        return None
+    return {(it.table, it.shard): where[n] for n, it in enumerate(items)}
+
+
+def _fixed_host_use(form: Formulation, cands: Sequence[Sequence[Candidate]], a: Assignment) -> list[int]:
+    """Host memory each host gives to fixed-rank shards (row_wise, table_row_wise, data_parallel), scaled."""
+    topo = form.topo
+    used = [0] * topo.num_hosts
+    for t, j in enumerate(a.choice):
+        c = cands[t][j]
+        if c.scope != "rank":
+            col = 0 if c.scope == "fleet" else c.scope_class
+            assert col is not None
+            for i, r in enumerate(_fixed_ranks(topo, c, a, t)):
+                used[topo.ranks[r].host] += Scale.size(int(c.host[i, col]))
+    return used
 
 
 def plan_cpsat(
@@ -346,7 +476,7 @@ def plan_cpsat(
         weights=[t.weight_bytes for t in model.embedding_tables],
     )
     built = time.perf_counter()
-    form = Formulation(topo, model, cands, mode, horizon_ms=greedy_ms * 4 + 1)
+    form = Formulation(topo, model, cands, mode, horizon_ms=greedy_ms * 4 + 1, incumbent_ms=greedy_ms)
     hint = to_assignment(form, cands, placed)
     hint.dense = [s for _, s in dense_choice]
     form.add_hint(hint, greedy_ms)
