@@ -1,0 +1,515 @@
+"""Apply a shardwise :class:`~solver.spec.Plan` to a real model with torch.distributed alone.
+
+::
+
+    dist.init_process_group("gloo")              # or nccl; one process per rank of the plan
+    model = apply_plan(model, plan, model_spec=spec)
+    emb, dense = split_parameters(model)      # emb is empty on a rank that holds no shard
+    opts = [torch.optim.Adam(param_groups(dense), lr=1e-3)] + ([RowWiseAdagrad(emb, lr=0.05)] if emb else [])
+
+:func:`apply_plan` first checks the plan against the module (:func:`check_plan`: names, shapes, tiling, world size,
+dtypes; every problem listed in one :class:`PlanMismatchError`, a ``ValueError``) — before any collective, so a bad
+plan fails the same way on every rank instead of hanging one of them. Then, in place:
+
+* **embedding tables** — every ``nn.EmbeddingBag`` the plan names (by FQN) is replaced by a
+  :class:`~clients.sharded_embedding.ShardedEmbeddingBag` holding this rank's shards (table_wise, row_wise,
+  column_wise, table_row_wise, data_parallel; ids and pooled rows exchanged with all-to-all, row-sparse gradients —
+  see :mod:`clients.sharded_embedding`). The model's own code keeps working (``self.t(ids, offsets)``); one
+  exchange for all tables: ``ShardedEmbeddingBagCollection.from_module(model)(features)``. Only this rank's shards
+  are copied to the device, never the whole table; a table on the meta device gets N(0, 1) shards
+  (data_parallel copies broadcast from the group's first rank).
+* **dense layers**, by the plan's dense entries:
+
+  - ``replicate`` → ``DistributedDataParallel`` around the layer (its FQN gains ``.module``);
+  - ``fsdp`` → FSDP2 ``fully_shard(layer, mesh=<all ranks>)`` (each layer its own unit, parameters become
+    ``DTensor`` ``Shard(0)``, gradients reduce-scattered and averaged);
+  - ``colwise`` / ``rowwise`` → ``parallelize_module(layer, mesh["tp"], ColwiseParallel | RowwiseParallel)``,
+    tensor parallel over the GPUs of a host (``plan.ranks[i].host``; one host — the tests — means all ranks) and
+    data parallel across hosts, as the cost model prices it. Input stays data parallel: each layer takes the rank's
+    own rows as ``Shard(0)`` of the TP group's batch (``input_layouts=Shard(0)``), so DTensor all-gathers the
+    group's batch (colwise) or all-to-alls it into column slices (rowwise) and returns the rank's rows
+    (``output_layouts=Shard(0)``: colwise all-to-all, rowwise reduce-scatter of the partial sums). Layers are not
+    fused pairwise (a colwise → rowwise pair could skip one exchange), because the plan does not say what runs
+    between them. **Every rank of a TP group must feed the same local batch size.** A gradient hook divides TP
+    gradients by the world size and, over several hosts, all-reduces them across hosts (the DDP convention below);
+  - parameters no plan entry covers (norms, unplanned layers, embedding bags left out) are replicated: their
+    largest fully uncovered submodules are wrapped in DDP; parameters owned directly by a module that also holds
+    planned children get an averaging all-reduce hook.
+
+Gradient convention: every parameter receives the gradient of the **mean over ranks** of the local losses (DDP's),
+so with equal local batches and a mean-reduced loss the sharded model's gradients equal the unsharded model's on
+the global batch. Placement ``hbm`` / ``uvm_cache`` / ``host`` is a memory-tier hint that TorchRec's kernels honour
+through :mod:`clients.torchrec_plan`; here weights live on the device, except ``host`` shards on an accelerator,
+which stay in CPU memory (see :mod:`clients.sharded_embedding`).
+
+Composition order (torchtitan's): tables, then TP, then FSDP, then DDP. Requirements: an initialised process group
+whose size is the plan's world size (``len(plan.ranks)`` when the plan lists its ranks), dense layers materialised
+(not meta), every dense entry on every rank, TP over several hosts only on the default group with hosts of equal
+size. Pass the device to :func:`apply_plan` rather than calling ``.to()`` on the sharded model afterwards (that
+would pull ``host`` shards onto the accelerator).
+
+Checked on CPU with gloo at world sizes 2 and 4 (``tests/torch_integration/test_apply.py``: every sharding type, a
+mixed plan with every dense style, TP over one and over two "hosts") and on two H200s with NCCL (torch 2.11).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Shard
+from torch.nn.parallel import DistributedDataParallel
+
+from clients.sharded_embedding import ShardedEmbeddingBag, average_grad_hook
+from solver.spec import DensePlan, DenseStyle, Dtype, ModelSpec, Plan, PlanStatus, Pooling, ShardingType, TablePlan
+
+__all__ = [
+    "PlanMismatchError",
+    "apply_fsdp",
+    "apply_plan",
+    "apply_replicate",
+    "apply_tensor_parallel",
+    "build_mesh",
+    "check_plan",
+    "param_groups",
+    "split_parameters",
+]
+
+_TORCH_DTYPES: Mapping[Dtype, torch.dtype] = {
+    Dtype.fp32: torch.float32,
+    Dtype.fp16: torch.float16,
+    Dtype.bf16: torch.bfloat16,
+}
+_TP_STYLES = (DenseStyle.colwise, DenseStyle.rowwise)
+
+
+class PlanMismatchError(ValueError):
+    """The plan does not fit the module or the process group; ``problems`` lists every reason."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("plan does not fit the model: " + "; ".join(problems))
+
+
+@dataclass
+class _Checked:
+    tables: list[tuple[TablePlan, nn.EmbeddingBag]] = field(default_factory=list)
+    dense: list[tuple[DensePlan, nn.Module]] = field(default_factory=list)
+    hosts: list[int] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------------------ checks
+
+
+def _ancestors(name: str) -> list[str]:
+    """The FQNs of the modules above ``name``: ``"a.b.c"`` → ``["a", "a.b"]``."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _under(name: str, roots: set[str]) -> bool:
+    """``name`` is one of ``roots`` or lies inside one of them."""
+    return name in roots or any(a in roots for a in _ancestors(name))
+
+
+def _hosts(plan: Plan, world_size: int, problems: list[str]) -> list[int]:
+    if not plan.ranks:
+        return [0] * world_size
+    if len(plan.ranks) != world_size:
+        problems.append(f"world size: the plan is for {len(plan.ranks)} ranks, the process group has {world_size}")
+        return [0] * world_size
+    by_rank = sorted(plan.ranks, key=lambda r: r.rank)
+    if [r.rank for r in by_rank] != list(range(world_size)):
+        problems.append(f"plan ranks must be numbered 0..{world_size - 1}")
+        return [0] * world_size
+    return [r.host for r in by_rank]
+
+
+def _check_tiling(tp: TablePlan, rows: int, cols: int, world_size: int, hosts: Sequence[int]) -> list[str]:
+    where = f"table {tp.name}"
+    out: list[str] = []
+    for i, s in enumerate(tp.shards):
+        if s.rank >= world_size:
+            out.append(f"{where}: shard {i} is on rank {s.rank}, but the process group has {world_size} ranks")
+        if s.row_offset + s.num_rows > rows or s.col_offset + s.num_cols > cols:
+            out.append(
+                f"{where}: shard {i} (rows {s.row_offset}..{s.row_offset + s.num_rows}, cols "
+                f"{s.col_offset}..{s.col_offset + s.num_cols}) lies outside the module's {rows} × {cols} weight"
+            )
+    if out:
+        return out
+    st = tp.sharding_type
+    if st is ShardingType.data_parallel:
+        if any((s.row_offset, s.num_rows, s.col_offset, s.num_cols) != (0, rows, 0, cols) for s in tp.shards):
+            out.append(f"{where}: data_parallel shards must be full {rows} × {cols} copies")
+        if sorted(s.rank for s in tp.shards) != list(range(world_size)):
+            out.append(f"{where}: data_parallel needs one copy on every rank (lookups are local)")
+        return out
+    bands: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for s in tp.shards:
+        bands.setdefault((s.col_offset, s.num_cols), []).append((s.row_offset, s.num_rows))
+    pos = 0
+    for c0, nc in sorted(bands):
+        if c0 != pos:
+            out.append(f"{where}: columns {min(c0, pos)}..{max(c0, pos)} are not tiled by column bands exactly once")
+            return out
+        pos = c0 + nc
+        at = 0
+        for r0, nr in sorted(bands[(c0, nc)]):
+            if r0 != at:
+                out.append(
+                    f"{where}: rows {min(r0, at)}..{max(r0, at)} of columns {c0}..{c0 + nc} are not covered "
+                    "exactly once"
+                )
+                return out
+            at = r0 + nr
+        if at != rows:
+            out.append(f"{where}: the shards of columns {c0}..{c0 + nc} cover {at} of the module's {rows} rows")
+            return out
+    if pos != cols:
+        out.append(f"{where}: the shards cover {pos} of the module's {cols} columns")
+        return out
+    if st is ShardingType.table_wise and len(tp.shards) != 1:
+        out.append(f"{where}: table_wise needs exactly one shard, got {len(tp.shards)}")
+    if st is ShardingType.column_wise and any(s.num_rows != rows for s in tp.shards):
+        out.append(f"{where}: column_wise shards must hold every row")
+    if st in (ShardingType.row_wise, ShardingType.table_row_wise) and any(s.num_cols != cols for s in tp.shards):
+        out.append(f"{where}: {st.value} shards must hold every column")
+    if st is ShardingType.table_row_wise and len({hosts[s.rank] for s in tp.shards}) > 1:
+        out.append(f"{where}: table_row_wise shards must stay inside one host")
+    return out
+
+
+def _check_table(tp: TablePlan, mod: nn.Module | None, spec: ModelSpec | None, checked: _Checked, W: int) -> None:
+    where = f"table {tp.name}"
+    problems = checked.problems
+    if mod is None:
+        problems.append(f"{where}: the model has no module named {tp.name!r}")
+        return
+    if not isinstance(mod, nn.EmbeddingBag):
+        problems.append(f"{where}: is a {type(mod).__name__}; apply_plan shards nn.EmbeddingBag modules only")
+        return
+    before = len(problems)
+    rows, cols = mod.num_embeddings, mod.embedding_dim
+    if mod.mode not in ("sum", "mean"):
+        problems.append(f"{where}: pooling mode {mod.mode!r} is not supported (sum or mean)")
+    for attr in ("padding_idx", "max_norm"):
+        if getattr(mod, attr) is not None:
+            problems.append(f"{where}: {attr} is not supported")
+    if mod.scale_grad_by_freq:
+        problems.append(f"{where}: scale_grad_by_freq is not supported")
+    if not mod.weight.dtype.is_floating_point:
+        problems.append(f"{where}: weight dtype {mod.weight.dtype} is not a floating-point type")
+    if spec is not None:
+        try:
+            t = spec.table(tp.name)
+        except KeyError:
+            problems.append(f"{where}: not in the model spec {spec.name!r}")
+        else:
+            if (t.num_embeddings, t.embedding_dim) != (rows, cols):
+                problems.append(
+                    f"{where}: the spec says {t.num_embeddings} × {t.embedding_dim}, the module is {rows} × {cols}"
+                )
+            want = _TORCH_DTYPES.get(t.dtype)
+            if want is None:
+                problems.append(f"{where}: dtype {t.dtype.value} has no executable torch dtype here")
+            elif want != mod.weight.dtype:
+                problems.append(f"{where}: the spec says {t.dtype.value}, the module's weight is {mod.weight.dtype}")
+            if t.pooling is Pooling.none or t.pooling.value != mod.mode:
+                problems.append(f"{where}: the spec says pooling {t.pooling.value}, the module's mode is {mod.mode}")
+    problems.extend(_check_tiling(tp, rows, cols, W, checked.hosts))
+    if len(problems) == before:
+        checked.tables.append((tp, mod))
+
+
+def _check_dense(dp: DensePlan, mod: nn.Module | None, spec: ModelSpec | None, checked: _Checked, W: int) -> None:
+    where = f"dense layer {dp.name}"
+    problems = checked.problems
+    if mod is None:
+        problems.append(f"{where}: the model has no module named {dp.name!r}")
+        return
+    before = len(problems)
+    if sorted(dp.ranks) != list(range(W)):
+        problems.append(f"{where}: must run on all {W} ranks, the plan says {sorted(dp.ranks)}")
+    if dp.style in _TP_STYLES and not isinstance(mod, nn.Linear):
+        problems.append(f"{where}: {dp.style.value} needs an nn.Linear, got {type(mod).__name__}")
+    params = list(mod.parameters())
+    if not any(p.requires_grad for p in params):
+        problems.append(f"{where}: has no trainable parameters")
+    if any(p.is_meta for p in params):
+        problems.append(f"{where}: has parameters on the meta device; materialise dense layers first")
+    if spec is not None and isinstance(mod, nn.Linear):
+        layer = next((d for d in spec.dense_layers if d.name == dp.name), None)
+        if layer is None:
+            problems.append(f"{where}: not in the model spec {spec.name!r}")
+        else:
+            if (layer.in_features, layer.out_features) != (mod.in_features, mod.out_features):
+                problems.append(
+                    f"{where}: the spec says {layer.in_features} → {layer.out_features}, the module is "
+                    f"{mod.in_features} → {mod.out_features}"
+                )
+            want = _TORCH_DTYPES.get(layer.dtype)
+            if want is not None and want != mod.weight.dtype:
+                problems.append(
+                    f"{where}: the spec says {layer.dtype.value}, the module's weight is {mod.weight.dtype}"
+                )
+    if len(problems) == before:
+        checked.dense.append((dp, mod))
+
+
+def _check(
+    module: nn.Module, plan: Plan, world_size: int, model_spec: ModelSpec | None, default_group: bool
+) -> _Checked:
+    checked = _Checked()
+    problems = checked.problems
+    if plan.status is PlanStatus.infeasible:
+        problems.append("the plan is infeasible; there is nothing to apply")
+    checked.hosts = _hosts(plan, world_size, problems)
+    modules = dict(module.named_modules())
+    names = [t.name for t in plan.tables] + [d.name for d in plan.dense]
+    for n in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"{n}: named more than once in the plan")
+    entries = set(names)
+    for b in names:
+        for a in _ancestors(b):
+            if a in entries:
+                problems.append(f"{b}: nested inside {a}; plan entries must not overlap")
+    for tp in plan.tables:
+        _check_table(tp, modules.get(tp.name), model_spec, checked, world_size)
+    for dp in plan.dense:
+        _check_dense(dp, modules.get(dp.name), model_spec, checked, world_size)
+    if model_spec is not None:
+        planned = {t.name for t in plan.tables}
+        for t in model_spec.embedding_tables:
+            if t.name not in planned:
+                problems.append(f"table {t.name}: in the model spec but not in the plan")
+    if any(d.style in _TP_STYLES for d in plan.dense):
+        sizes: dict[int, int] = {}
+        for h in checked.hosts:
+            sizes[h] = sizes.get(h, 0) + 1
+        contiguous = checked.hosts == sorted(checked.hosts)
+        if len(sizes) > 1 and (len(set(sizes.values())) > 1 or not contiguous):
+            problems.append("tensor-parallel dense layers need hosts of equal size with consecutive ranks")
+        if len(sizes) > 1 and not default_group:
+            problems.append("tensor-parallel dense layers over several hosts need the default process group")
+    tables = {t.name for t in plan.tables}
+    for name, p in module.named_parameters():
+        if p.is_meta and not _under(name, tables):
+            problems.append(f"parameter {name}: on the meta device and not an embedding table of the plan")
+    return checked
+
+
+def check_plan(module: nn.Module, plan: Plan, *, world_size: int, model_spec: ModelSpec | None = None) -> list[str]:
+    """Every reason ``plan`` cannot be applied to ``module`` on ``world_size`` ranks (empty: it can). No collectives."""
+    return _check(module, plan, world_size, model_spec, default_group=True).problems
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def _set_submodule(root: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, attr = name.rpartition(".")
+    parent = root.get_submodule(parent_name) if parent_name else root
+    setattr(parent, attr, new)
+
+
+def _default_device(group: dist.ProcessGroup) -> torch.device:
+    if "nccl" in str(dist.get_backend(group)) and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _tp_grad_hook(dp_group: dist.ProcessGroup | None, world_size: int) -> Any:
+    """All-reduce a TP gradient across hosts (its data-parallel replicas) and divide by the world size."""
+
+    def hook(param: torch.Tensor) -> None:
+        grad = param.grad
+        if grad is None:
+            return
+        local = grad.to_local() if isinstance(grad, DTensor) else grad
+        if dp_group is not None:
+            dist.all_reduce(local, group=dp_group)
+        local.div_(world_size)
+
+    return hook
+
+
+# ------------------------------------------------------------------------------------------------ dense styles
+
+
+def build_mesh(plan: Plan, device_type: str, *, process_group: dist.ProcessGroup | None = None) -> DeviceMesh:
+    """The tensor-parallel mesh of ``plan``: 1-D ``("tp",)`` over one host, 2-D ``("dp", "tp")`` over several.
+
+    Hosts come from ``plan.ranks`` (none listed: one host). A collective (it creates the sub-groups).
+    """
+    group = process_group if process_group is not None else dist.group.WORLD
+    assert group is not None
+    world = dist.get_world_size(group)
+    hosts = [r.host for r in sorted(plan.ranks, key=lambda r: r.rank)] or [0] * world
+    num_hosts = len(set(hosts))
+    if num_hosts == 1:
+        if group is dist.group.WORLD:
+            return init_device_mesh(device_type, (world,), mesh_dim_names=("tp",))
+        return DeviceMesh.from_group(group, device_type, mesh_dim_names=("tp",))
+    return init_device_mesh(device_type, (num_hosts, world // num_hosts), mesh_dim_names=("dp", "tp"))
+
+
+def apply_tensor_parallel(module: nn.Module, styles: Mapping[str, DenseStyle], mesh: DeviceMesh) -> None:
+    """ColwiseParallel / RowwiseParallel on each named ``nn.Linear`` over ``mesh["tp"]`` (data-parallel rows in and
+    out, see the module docstring), with gradient hooks for the DDP convention across ``mesh["dp"]``."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    tp_mesh = mesh["tp"]
+    dp_group = mesh.get_group("dp") if mesh.mesh_dim_names and "dp" in mesh.mesh_dim_names else None
+    world = mesh.size()
+    for name, style in styles.items():
+        if style is DenseStyle.colwise:
+            parallel: Any = ColwiseParallel(input_layouts=Shard(0), output_layouts=Shard(0))
+        elif style is DenseStyle.rowwise:
+            parallel = RowwiseParallel(input_layouts=Shard(0), output_layouts=Shard(0))
+        else:
+            raise ValueError(f"dense layer {name}: {style.value} is not a tensor-parallel style")
+        layer = module.get_submodule(name)
+        parallelize_module(layer, tp_mesh, parallel)  # per layer: plan names are not fnmatch patterns
+        for p in layer.parameters():
+            p.register_post_accumulate_grad_hook(_tp_grad_hook(dp_group, world))  # type: ignore[no-untyped-call]
+
+
+def apply_fsdp(module: nn.Module, names: Iterable[str], mesh: DeviceMesh) -> None:
+    """FSDP2 ``fully_shard`` on each named layer over ``mesh`` (each layer its own unit)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for name in names:
+        fully_shard(module.get_submodule(name), mesh=mesh)
+
+
+def apply_replicate(
+    module: nn.Module, names: Iterable[str], process_group: dist.ProcessGroup, device: torch.device
+) -> None:
+    """Wrap each named submodule in ``DistributedDataParallel`` (in place: its FQN gains ``.module``)."""
+    device_ids = [device.index] if device.type == "cuda" and device.index is not None else None
+    for name in names:
+        sub = module.get_submodule(name)
+        if not any(p.requires_grad for p in sub.parameters()):
+            continue
+        _set_submodule(module, name, DistributedDataParallel(sub, device_ids=device_ids, process_group=process_group))
+
+
+def split_parameters(module: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """``(embedding shards, everything else)``: the first take sparse gradients (see RowWiseAdagrad), the second
+    a dense optimizer — through :func:`param_groups` when they mix DTensors (FSDP, TP) and plain tensors."""
+    emb: list[nn.Parameter] = []
+    seen: set[int] = set()
+    for m in module.modules():
+        if isinstance(m, ShardedEmbeddingBag):
+            for p in m.parameters():
+                emb.append(p)
+                seen.add(id(p))
+    return emb, [p for p in module.parameters() if id(p) not in seen]
+
+
+def param_groups(params: Iterable[nn.Parameter]) -> list[dict[str, Any]]:
+    """``params`` as optimizer groups, DTensor parameters (FSDP, TP) apart from plain ones.
+
+    A foreach optimizer step (``torch.optim.Adam`` on CUDA by default) refuses a group that mixes DTensors and plain
+    tensors; one group of each works: ``torch.optim.Adam(param_groups(dense), lr=...)``.
+    """
+    plain: list[nn.Parameter] = []
+    distributed: list[nn.Parameter] = []
+    for p in params:
+        (distributed if isinstance(p, DTensor) else plain).append(p)
+    return [{"params": g} for g in (plain, distributed) if g]
+
+
+def _uncovered(module: nn.Module, planned: Sequence[str]) -> tuple[list[str], list[tuple[nn.Module, str]]]:
+    """Trainable parameters no plan entry covers: the largest uncovered submodules (for DDP), and the loose
+    ``(module, parameter name)`` pairs owned by modules that also hold planned children (for hooks)."""
+    entries = set(planned)
+    above = {a for q in planned for a in _ancestors(q)}  # modules holding a plan entry
+    loose_names = {n for n, p in module.named_parameters() if p.requires_grad and not _under(n, entries)}
+    wrapped: set[str] = set()
+    for name, sub in module.named_modules():
+        if not name or name in above or _under(name, entries) or _under(name, wrapped):
+            continue
+        own = [f"{name}.{n}" for n, p in sub.named_parameters() if p.requires_grad]
+        if own and all(n in loose_names for n in own):
+            wrapped.add(name)
+    loose: list[tuple[nn.Module, str]] = []
+    for n in sorted(loose_names):
+        if _under(n, wrapped):
+            continue
+        owner, _, attr = n.rpartition(".")
+        loose.append((module.get_submodule(owner) if owner else module, attr))
+    return sorted(wrapped), loose
+
+
+# ------------------------------------------------------------------------------------------------ entry point
+
+
+def apply_plan(
+    module: nn.Module,
+    plan: Plan,
+    *,
+    model_spec: ModelSpec | None = None,
+    process_group: dist.ProcessGroup | None = None,
+    device: torch.device | str | None = None,
+) -> nn.Module:
+    """Shard ``module`` in place exactly as ``plan`` says and return it (see the module docstring).
+
+    Raises :class:`PlanMismatchError` (a ``ValueError``) before any collective when the plan does not fit.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("apply_plan needs an initialised torch.distributed process group")
+    group = process_group if process_group is not None else dist.group.WORLD
+    assert group is not None
+    world = dist.get_world_size(group)
+    checked = _check(module, plan, world, model_spec, default_group=group is dist.group.WORLD)
+    if checked.problems:
+        raise PlanMismatchError(checked.problems)
+    dev = torch.device(device) if device is not None else _default_device(group)
+
+    planned = [t.name for t in plan.tables] + [d.name for d in plan.dense]
+    wrapped, loose = _uncovered(module, planned)
+
+    # 1. embedding tables: only this rank's shards reach the device
+    for tp, bag in checked.tables:
+        sharded = ShardedEmbeddingBag.from_embedding_bag(
+            tp.name, bag, tp.sharding_type, tp.shards, device=dev, process_group=group
+        )
+        if sharded.data_parallel and bag.weight.is_meta:
+            with torch.no_grad():
+                dist.broadcast(sharded.weights[0], src=dist.get_global_rank(group, 0), group=group)
+        _set_submodule(module, tp.name, sharded)
+
+    # 2. dense layers and uncovered parameters on the device
+    for _, mod in checked.dense:
+        mod.to(dev)
+    for name in wrapped:
+        module.get_submodule(name).to(dev)
+    for owner, attr in loose:
+        p = getattr(owner, attr)
+        p.data = p.data.to(dev)
+
+    # 3. TP, then FSDP, then DDP
+    styles = {d.name: d.style for d, _ in checked.dense}
+    tp_styles = {n: s for n, s in styles.items() if s in _TP_STYLES}
+    if tp_styles:
+        apply_tensor_parallel(module, tp_styles, build_mesh(plan, dev.type, process_group=group))
+    fsdp = [n for n, s in styles.items() if s is DenseStyle.fsdp]
+    if fsdp:
+        if group is dist.group.WORLD:
+            mesh = init_device_mesh(dev.type, (world,), mesh_dim_names=("dp",))
+        else:
+            mesh = DeviceMesh.from_group(group, dev.type, mesh_dim_names=("dp",))
+        apply_fsdp(module, fsdp, mesh)
+    replicate = [n for n, s in styles.items() if s is DenseStyle.replicate]
+    apply_replicate(module, replicate + wrapped, group, dev)
+    for owner, attr in loose:
+        getattr(owner, attr).register_post_accumulate_grad_hook(average_grad_hook(group, world))
+    return module

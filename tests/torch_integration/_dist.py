@@ -1,0 +1,84 @@
+"""Run a function in ``world_size`` spawned processes joined by a gloo (or nccl) process group on 127.0.0.1.
+
+``run(fn, world_size, *args)`` returns what ``fn(rank, world_size, *args)`` returned on every rank, in rank order;
+a rank that raised gives its traceback as ``{"__error__": text}``. A rank that hangs (a collective nobody else
+joins) is killed after ``timeout_s``; it and a rank that died are reported with an ``"__error__"`` too. ``fn`` must
+be importable by the children (a module-level function).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _entry(
+    fn: Callable[..., Any], rank: int, world_size: int, port: int, backend: str, out: Any, args: tuple[Any, ...]
+) -> None:
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    torch.set_num_threads(1)
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=60),
+        )
+        result = fn(rank, world_size, *args)
+    except BaseException:
+        out.put((rank, {"__error__": traceback.format_exc()}))
+        return
+    out.put((rank, result))
+    dist.destroy_process_group()
+
+
+def run(
+    fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo", timeout_s: float = 240
+) -> list[Any]:
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, backend, out, args)) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(results) < world_size and time.monotonic() < deadline:
+            try:
+                rank, result = out.get(timeout=0.5)
+            except queue.Empty:
+                if not any(p.is_alive() for p in procs):
+                    break  # every process is gone without answering: no point waiting
+                continue
+            results[rank] = result
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return [
+        results.get(r, {"__error__": f"no answer (timed out, or died: exit code {procs[r].exitcode})"})
+        for r in range(world_size)
+    ]
