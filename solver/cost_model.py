@@ -7,7 +7,7 @@ Notation (per training step)
 ----------------------------
 ``B`` batch per GPU, ``W`` world size, ``g`` GPUs in the owner's host, ``H`` hosts in the fleet;
 a table has ``R`` rows, ``D`` columns, ``b`` bytes per weight, ``F`` features, ``L`` ids per sample per feature;
-a shard holds ``r`` rows × ``c`` columns.  Ids are int64 (8 B), bag lengths int32 (4 B), pooled outputs and their
+a shard holds ``r`` rows × ``c`` columns.  Ids and bag lengths are int64 (8 B), pooled outputs and their
 gradients are fp32 (4 B) for fp32 tables and 2 B otherwise (``ob``).
 
 * global ids of a table ``N = W·B·F·L``, global bags ``Nb = W·B·F``.
@@ -19,10 +19,11 @@ gradients are fp32 (4 B) for fp32 tables and 2 B otherwise (``ob``).
 Memory (:func:`shard_memory`)
 -----------------------------
 ``weights = r·c·b``;  optimizer state: sgd 0, adagrad ``r·c·4``, rowwise_adagrad ``r·4``, adam ``2·r·c·4``;
-gradients: the executor updates touched rows in place (fused row-wise update / sparse gradient), so a sharded table
-keeps a gradient buffer for the rows it touches, ``u·c·4`` with ``u = r·(1 − e^(−n/r))`` (expected distinct rows
-of ``n`` uniform draws; skew only lowers it); a data_parallel copy keeps a dense gradient ``r·c·b`` (all-reduced);
-buffers ``n·8 + (bags)·4 + 2·o·c·ob`` (ids in, pooled output out, output gradient back);
+gradients: the executor (``clients.apply``) gives a sharded table a coalesced row-sparse gradient — fp32 values and
+an int64 row index for each row the step touched — that the optimizer applies to those rows only, so a shard keeps
+``u·(c·4 + 8)`` with ``u = r·(1 − e^(−n/r))`` (expected distinct rows of ``n`` uniform draws; skew only lowers it);
+a data_parallel copy keeps a dense gradient ``r·c·b`` (all-reduced);
+buffers ``n·8 + (bags)·8 + 2·o·c·ob`` (int64 ids and bag lengths in, pooled output out, output gradient back);
 UVM cache ``⌈f·r⌉·(c·b + 16)`` (rows plus 16 B of slot/LRU state per cached row).
 Placement ``hbm``: HBM = weights + optimizer + gradients + buffers.  ``uvm_cache``: weights and optimizer state live
 in host memory, HBM = cache + gradients + buffers.  ``host``: HBM = gradients + buffers, the rest in host memory.
@@ -44,7 +45,7 @@ between the shard's rank and *all* ranks is split: ``(g−1)/(W−1)`` of peers 
 :func:`intra_host_bw`), the rest sit behind the NIC (:func:`inter_host_bw`); the two run in parallel, so the time
 is the larger of the two parts.  Per shard (owner side):
 
-* table_wise / column_wise: input-id all-to-all ``(n·8 + Nb·4)·(W−1)/W``; pooled-output all-to-all forward and its
+* table_wise / column_wise: input-id all-to-all ``(n·8 + Nb·8)·(W−1)/W``; pooled-output all-to-all forward and its
   gradient backward ``2·o·c·ob·(W−1)/W``.
 * row_wise / table_row_wise over a group of ``k`` ranks on ``h`` hosts: ids as above; partial outputs
   ``P = o·c·ob`` are reduce-scattered (forward) and all-gathered (backward) hierarchically — inside each host
@@ -54,7 +55,7 @@ is the larger of the two parts.  Per shard (owner side):
   ``2·((g−1)/g·S / intra + (H−1)/H·S/g / inter)``.
 
 Every rank also sends its own batch's ids and receives its own pooled outputs for every sharded table
-(:func:`table_data_side_ms`): ``(B·F·L·8 + B·F·4 + 2·B·F·D·ob)·(W−1)/W`` over the same intra/inter split.
+(:func:`table_data_side_ms`): ``(B·F·L·8 + B·F·8 + 2·B·F·D·ob)·(W−1)/W`` over the same intra/inter split.
 
 Dense layers (:func:`dense_cost`): roofline ``max(3·f·B / (peak(dtype)·achieved.gemm),
 3·(w + B·(in+out)·b) / (hbm_bw·achieved.memory_bound))`` with ``f`` forward FLOPs per sample; memory and collectives
@@ -76,7 +77,8 @@ from solver.spec import DenseLayerSpec, DenseStyle, Dtype, EmbeddingTableSpec, O
 from solver.spec import ShardingType as ST
 
 ID_BYTES = 8
-LENGTH_BYTES = 4
+LENGTH_BYTES = 8  # bag lengths travel as int64, as the executor sends them
+ROW_INDEX_BYTES = 8  # the int64 row index of each row in a sparse gradient
 GRAD_BYTES = 4  # gradients and optimizer state are fp32
 CACHE_META_BYTES_PER_ROW = 16
 MS = 1e3
@@ -263,7 +265,7 @@ def shard_memory(
     if sharding is ST.data_parallel:
         grads = num_rows * num_cols * table.dtype.nbytes
     else:
-        grads = math.ceil(touched_rows(traffic.ids, num_rows)) * num_cols * GRAD_BYTES
+        grads = math.ceil(touched_rows(traffic.ids, num_rows)) * (num_cols * GRAD_BYTES + ROW_INDEX_BYTES)
     buffers = math.ceil(
         traffic.ids * ID_BYTES + traffic.bags * LENGTH_BYTES + 2 * traffic.out_rows * num_cols * out_bytes(table.dtype)
     )

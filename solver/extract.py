@@ -12,7 +12,7 @@ from solver.evaluate import evaluate
 from solver.spec import DensePlan, FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams, SolverInfo, TablePlan
 from solver.topology import Topology
 
-COST_MODEL_VERSION = "1"
+COST_MODEL_VERSION = "2"  # 2: sparse-gradient row indices and int64 bag lengths, as the executor does
 
 SolverStatus = Literal["OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN", "MODEL_INVALID", "HEURISTIC"]
 

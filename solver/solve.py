@@ -18,7 +18,7 @@ Order of work (time limit ``T`` = ``SolveParams.time_limit_s``):
 5. the better of the CP-SAT plan and the greedy plan (by the evaluator's figures) is returned, with the bound.
 
 Status: ``optimal`` when the returned plan's predicted step time meets the proven bound (within
-:data:`OPTIMAL_GAP`, the resolution of the integer scaling), else
+:data:`OPTIMAL_GAP` or :data:`OPTIMAL_ABS_MS`, the resolution of the integer scaling), else
 ``feasible``. Same input + same ``SolveParams`` (seed, workers, ``max_deterministic_time``) → the same plan.
 """
 
@@ -50,7 +50,8 @@ SPLITS_PER_BIN = 2  # at most this many split-able tables per bin (the heaviest)
 OFFLOAD_SHARE = 0.01  # a table smaller than this share of a GPU is not worth offloading in the model
 MEMORY_TIGHT = 0.5  # below this fill of the fullest GPU in the greedy plan, offloaded placements only cost time
 FINISH_MARGIN_S = 0.5  # kept from the time limit for packing, evaluation and validation
-OPTIMAL_GAP = 1e-5  # what the integer time scale can resolve: closer than this to the bound counts as proved
+OPTIMAL_GAP = 1e-5  # what the integer time scale can resolve: closer than this to the bound counts as proved,
+OPTIMAL_ABS_MS = 1e-4  # or closer than 0.1 µs (floored 0.1-ns terms add up to that on sub-millisecond steps)
 LEVEL1_SHARE = 0.7
 PACK_HOST_MAX_S = 1.0  # per host; what is left goes to moving shards between hosts
 Progress = Callable[[float, float], None]  # (best predicted ms so far, bound ms)
@@ -536,7 +537,7 @@ def plan_cpsat(
         tables, dense_plans, step = greedy.tables, greedy.dense, greedy_ms
     else:
         step = cp_ms
-    proved = bound_ms is not None and step - bound_ms <= OPTIMAL_GAP * step
+    proved = bound_ms is not None and step - bound_ms <= max(OPTIMAL_GAP * step, OPTIMAL_ABS_MS)
     final = build_plan(
         topo,
         model,

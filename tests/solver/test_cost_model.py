@@ -52,8 +52,9 @@ def approx(x: float) -> Any:
 
 # table_wise on W = 4, B = 10: N = W·B·F·L = 80 ids, Nb = W·B·F = 40 bags, o = Nb = 40 pooled rows.
 TW_IDS, TW_BAGS, TW_OUT = 80, 40, 40
-TW_GRADS = math.ceil(1000 * (1 - math.exp(-80 / 1000))) * 8 * 4  # u = R·(1 − e^(−n/R)) = 76.88 → 77 rows · c · 4
-TW_BUFFERS = 80 * 8 + 40 * 4 + 2 * 40 * 8 * 4  # 640 + 160 + 2560 = 3360
+# u = R·(1 − e^(−n/R)) = 76.88 → 77 rows, each c·4 B of fp32 gradient + an 8-byte int64 row index
+TW_GRADS = math.ceil(1000 * (1 - math.exp(-80 / 1000))) * (8 * 4 + 8)
+TW_BUFFERS = 80 * 8 + 40 * 8 + 2 * 40 * 8 * 4  # int64 ids and lengths: 640 + 320 + 2560 = 3520
 WEIGHTS = 1000 * 8 * 4  # 32000
 
 STATE = {
@@ -67,7 +68,7 @@ STATE = {
 @pytest.mark.parametrize("optimizer", sorted(STATE))
 def test_shard_memory_hbm_placement(optimizer: str) -> None:
     m = cm.shard_memory(table(optimizer=optimizer), ST.table_wise, 1000, 8, Placement.hbm, None, B, W)
-    assert TW_GRADS == 77 * 32
+    assert TW_GRADS == 77 * 40
     assert (m.weights, m.optimizer, m.gradients, m.buffers, m.cache, m.host) == (
         WEIGHTS,
         STATE[optimizer],
@@ -106,16 +107,16 @@ def test_shard_memory_row_wise_shard() -> None:
     m = cm.shard_memory(table(optimizer="adagrad"), ST.row_wise, 250, 8, Placement.hbm, None, B, W)
     assert m.weights == 250 * 8 * 4
     assert m.optimizer == 250 * 8 * 4
-    assert m.gradients == math.ceil(250 * (1 - math.exp(-20 / 250))) * 8 * 4
-    assert m.buffers == 20 * 8 + 40 * 4 + 2 * 40 * 8 * 4  # 160 + 160 + 2560
+    assert m.gradients == math.ceil(250 * (1 - math.exp(-20 / 250))) * (8 * 4 + 8)
+    assert m.buffers == 20 * 8 + 40 * 8 + 2 * 40 * 8 * 4  # 160 + 320 + 2560
 
 
 def test_shard_memory_column_wise_shard() -> None:
     # a column slice serves every id and writes every bag, c = 4 columns
     m = cm.shard_memory(table(), ST.column_wise, 1000, 4, Placement.hbm, None, B, W)
     assert m.weights == 1000 * 4 * 4
-    assert m.gradients == math.ceil(1000 * (1 - math.exp(-80 / 1000))) * 4 * 4
-    assert m.buffers == 80 * 8 + 40 * 4 + 2 * 40 * 4 * 4
+    assert m.gradients == math.ceil(1000 * (1 - math.exp(-80 / 1000))) * (4 * 4 + 8)
+    assert m.buffers == 80 * 8 + 40 * 8 + 2 * 40 * 4 * 4
 
 
 @pytest.mark.parametrize(("dtype", "b", "ob"), [("fp32", 4, 4), ("fp16", 2, 2), ("bf16", 2, 2)])
@@ -124,26 +125,26 @@ def test_shard_memory_data_parallel_keeps_a_dense_gradient(dtype: str, b: int, o
     m = cm.shard_memory(table(dtype=dtype), ST.data_parallel, 1000, 8, Placement.hbm, None, B, W)
     assert m.weights == 1000 * 8 * b
     assert m.gradients == 1000 * 8 * b
-    assert m.buffers == 20 * 8 + 10 * 4 + 2 * 10 * 8 * ob
+    assert m.buffers == 20 * 8 + 10 * 8 + 2 * 10 * 8 * ob
 
 
 def test_shard_memory_low_precision_table() -> None:
     m = cm.shard_memory(table(dtype="bf16"), ST.table_wise, 1000, 8, Placement.hbm, None, B, W)
     assert m.weights == 1000 * 8 * 2
     assert m.gradients == TW_GRADS  # gradients stay fp32
-    assert m.buffers == 80 * 8 + 40 * 4 + 2 * 40 * 8 * 2  # outputs in 2 bytes
+    assert m.buffers == 80 * 8 + 40 * 8 + 2 * 40 * 8 * 2  # outputs in 2 bytes
 
 
 def test_shard_memory_sequence_table_writes_one_row_per_id() -> None:
     m = cm.shard_memory(table(pooling="none"), ST.table_wise, 1000, 8, Placement.hbm, None, B, W)
-    assert m.buffers == 80 * 8 + 40 * 4 + 2 * 80 * 8 * 4  # o = n = 80
+    assert m.buffers == 80 * 8 + 40 * 8 + 2 * 80 * 8 * 4  # o = n = 80
 
 
 def test_shard_memory_more_features_more_ids() -> None:
     # F = 3: N = 4·10·3·2 = 240, Nb = 120
     m = cm.shard_memory(table(num_features=3), ST.table_wise, 1000, 8, Placement.hbm, None, B, W)
-    assert m.gradients == math.ceil(1000 * (1 - math.exp(-240 / 1000))) * 8 * 4
-    assert m.buffers == 240 * 8 + 120 * 4 + 2 * 120 * 8 * 4
+    assert m.gradients == math.ceil(1000 * (1 - math.exp(-240 / 1000))) * (8 * 4 + 8)
+    assert m.buffers == 240 * 8 + 120 * 8 + 2 * 120 * 8 * 4
 
 
 # ================================================================================================ touched rows
@@ -436,17 +437,17 @@ def test_topology_contexts_carry_the_links(fleet_topo: Topology, mesh_profile: H
 def test_shard_comm_table_wise(fleet_topo: Topology) -> None:
     ctx = fleet_topo.context(fleet_topo.classes[0], B)
     got = cm.shard_comm_ms(table(), ST.table_wise, 1000, 8, ctx)
-    ids = (160 * 8 + 80 * 4) * 7 / 8  # 1400 B
+    ids = (160 * 8 + 80 * 8) * 7 / 8  # int64 ids and lengths: 1680 B
     out = 80 * 8 * 4 * 7 / 8  # o·c·ob·(W−1)/W = 2240 B, forward and backward
     expected_s = split8(ids) + 2 * split8(out)
-    assert expected_s == approx(3.2e-7 + 2 * 5.12e-7)
+    assert expected_s == approx(3.84e-7 + 2 * 5.12e-7)
     assert got == approx(expected_s * 1e3)
 
 
 def test_shard_comm_column_wise(fleet_topo: Topology) -> None:
     ctx = fleet_topo.context(fleet_topo.classes[0], B)
     got = cm.shard_comm_ms(table(), ST.column_wise, 1000, 4, ctx)
-    expected_s = split8((160 * 8 + 80 * 4) * 7 / 8) + 2 * split8(80 * 4 * 4 * 7 / 8)
+    expected_s = split8((160 * 8 + 80 * 8) * 7 / 8) + 2 * split8(80 * 4 * 4 * 7 / 8)
     assert got == approx(expected_s * 1e3)
 
 
@@ -454,7 +455,7 @@ def test_shard_comm_row_wise_over_the_fleet(fleet_topo: Topology) -> None:
     # k = 8 ranks on h = 2 hosts (4 per host); a block of r = 125 rows serves n = 160·125/1000 = 20 ids
     ctx = fleet_topo.context(fleet_topo.classes[0], B, range(8))
     got = cm.shard_comm_ms(table(), ST.row_wise, 125, 8, ctx)
-    ids = (20 * 8 + 80 * 4) * 7 / 8  # 420 B
+    ids = (20 * 8 + 80 * 8) * 7 / 8  # 700 B
     partial = 80 * 8 * 4  # P = o·c·ob = 2560 B
     rs = 3 / 4 * partial / INTRA + 1 / 2 * partial / 4 / INTER  # 3.84e-8 + 1.28e-7
     expected_s = split8(ids) + 2 * rs  # reduce-scatter forward, all-gather backward; k = W: nothing more
@@ -465,7 +466,7 @@ def test_shard_comm_row_wise_over_a_group_sends_pooled_rows_on(fleet_topo: Topol
     # k = 4 ranks of host 0, h = 1; r = 250 rows → n = 40 ids
     ctx = fleet_topo.context(fleet_topo.classes[0], B, [0, 1, 2, 3])
     got = cm.shard_comm_ms(table(), ST.table_row_wise, 250, 8, ctx)
-    ids = (40 * 8 + 80 * 4) * 7 / 8  # 560 B
+    ids = (40 * 8 + 80 * 8) * 7 / 8  # 840 B
     partial = 80 * 8 * 4
     rs = 3 / 4 * partial / INTRA  # one host: no NIC stage
     a2a = split8(partial / 4 * 7 / 8)  # k < W: the pooled rows P/k go on to every rank, both ways
@@ -476,7 +477,7 @@ def test_shard_comm_row_wise_sequence_table_is_not_reduced(fleet_topo: Topology)
     # pooling none: rows are not summed, o = n = 20; outputs go back by all-to-all as for table_wise
     ctx = fleet_topo.context(fleet_topo.classes[0], B, range(8))
     got = cm.shard_comm_ms(table(pooling="none"), ST.row_wise, 125, 8, ctx)
-    expected_s = split8((20 * 8 + 80 * 4) * 7 / 8) + 2 * split8(20 * 8 * 4 * 7 / 8)
+    expected_s = split8((20 * 8 + 80 * 8) * 7 / 8) + 2 * split8(20 * 8 * 4 * 7 / 8)
     assert got == approx(expected_s * 1e3)
 
 
@@ -498,16 +499,16 @@ def test_shard_comm_on_one_gpu_is_free(sharding: ST) -> None:
 def test_table_data_side(fleet_topo: Topology) -> None:
     # every rank: its B·F·L ids, B·F lengths, and its pooled rows out and their gradients back
     ctx = fleet_topo.context(fleet_topo.classes[0], B)
-    nbytes = 10 * 2 * 8 + 10 * 4 + 2 * 10 * 8 * 4  # 160 + 40 + 640 = 840
+    nbytes = 10 * 2 * 8 + 10 * 8 + 2 * 10 * 8 * 4  # 160 + 80 + 640 = 880
     assert cm.table_data_side_ms(table(), ctx) == approx(split8(nbytes * 7 / 8) * 1e3)
     # bf16 outputs: ob = 2; two features: B·F = 20 bags
-    nbytes = 20 * 2 * 8 + 20 * 4 + 2 * 20 * 8 * 2
+    nbytes = 20 * 2 * 8 + 20 * 8 + 2 * 20 * 8 * 2
     assert cm.table_data_side_ms(table(dtype="bf16", num_features=2), ctx) == approx(split8(nbytes * 7 / 8) * 1e3)
 
 
 def test_table_data_side_sequence_table(fleet_topo: Topology) -> None:
     ctx = fleet_topo.context(fleet_topo.classes[0], B)
-    nbytes = 10 * 2 * 8 + 10 * 4 + 2 * 20 * 8 * 4  # one output row per id: B·F·L = 20
+    nbytes = 10 * 2 * 8 + 10 * 8 + 2 * 20 * 8 * 4  # one output row per id: B·F·L = 20
     assert cm.table_data_side_ms(table(pooling="none"), ctx) == approx(split8(nbytes * 7 / 8) * 1e3)
 
 
