@@ -29,6 +29,7 @@ torch = pytest.importorskip("torch")
 
 import torch.distributed as dist  # noqa: E402  (after the importorskip)
 from _dist import run  # noqa: E402
+from _fleets import tiny_fleet  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
 from clients import apply as apply_mod  # noqa: E402
@@ -45,6 +46,7 @@ from solver.spec import (  # noqa: E402
     RankPlan,
     ShardingType,
     ShardPlan,
+    SolveParams,
     TablePlan,
 )
 
@@ -208,6 +210,20 @@ def mixed_plan(world: int) -> Plan:
         "top.2": DenseStyle.rowwise,
     }
     return make_plan(world, tables, dense)
+
+
+def planner_plan(world: int) -> Plan:
+    """shardwise's own plan for this model: ``describe()`` on the meta device, the greedy planner on 100-kB GPUs
+    (two to a host, as :func:`hosts_of` has it), so small that the plan mixes sharding types (data_parallel
+    beside table_wise today)."""
+    from clients.describe import describe
+    from solver.planner import make_plan as plan_with_shardwise
+
+    with torch.device("meta"):
+        spec = describe(DLRM(), batch_size_per_gpu=16, name="apply-small", pooling_factors=2.0)
+    plan = plan_with_shardwise(spec, tiny_fleet(world, hbm_bytes=100_000), SolveParams(solver="greedy"))
+    assert plan.status is not PlanStatus.infeasible, plan.explanation
+    return plan
 
 
 # ------------------------------------------------------------------------------------------------ comparisons
@@ -471,6 +487,7 @@ def worker(rank: int, world: int, only: tuple[str, ...] = ()) -> dict[str, str]:
     for st in ShardingType:
         guarded(st.value, lambda st=st: check_training(rank, world, one_type_plan(world, st), mixed=False))
     guarded("mixed", lambda: check_training(rank, world, mixed_plan(world), mixed=True))
+    guarded("planner", lambda: check_training(rank, world, planner_plan(world), mixed=True))
     guarded("meta_tables", lambda: check_meta_tables(rank, world))
     if not only or "validation" in only:
         results.update({f"validation:{k}": v for k, v in check_validation(rank, world).items()})
@@ -521,6 +538,16 @@ def test_each_sharding_type_matches_reference(world: int, sharding_type: str) ->
 @pytest.mark.parametrize("world", [2, 4])
 def test_mixed_plan_with_every_dense_style_matches_reference(world: int) -> None:
     assert_passed(world, "mixed")
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_planner_plan_mixes_sharding_types(world: int) -> None:
+    assert len({t.sharding_type for t in planner_plan(world).tables}) >= 2
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_planner_plan_matches_reference(world: int) -> None:
+    assert_passed(world, "planner")
 
 
 @pytest.mark.parametrize("world", [2, 4])

@@ -16,9 +16,9 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from _fleets import tiny_fleet
 
 from clients.torchrec_plan import TorchRecExportError, to_torchrec, to_torchrec_dict
-from hwprofiles import HardwareProfile
 from solver.planner import make_plan, score_plan
 from solver.spec import (
     DensePlan,
@@ -39,39 +39,7 @@ LR = 0.5
 
 # ---------------------------------------------------------------------------------------------- the fleet
 
-#: a GPU with 10 MB of HBM and fast links: small enough that the planner mixes sharding types for TABLES below.
-TINY_GPU = HardwareProfile.model_validate(
-    {
-        "name": "tiny-gpu",
-        "vendor": "other",
-        "display_name": "Tiny test GPU",
-        "hbm_bytes": 10_000_000,
-        "hbm_bandwidth_bytes_per_s": 1_000_000_000_000,
-        "memory_access_granularity_bytes": 32,
-        "peak_flops_per_s": {"fp32": 1_000_000_000_000, "bf16": 4_000_000_000_000},
-        "scale_up_topology": "switched",
-        "scale_up_bytes_per_s": 1_000_000_000_000,
-        "scale_up_per_peer_bytes_per_s": 1_000_000_000_000,
-        "scale_up_domain_size": 8,
-        "scale_out_bytes_per_s": 10_000_000_000,
-        "host_link_bytes_per_s": 10_000_000_000,
-        "intra_host_latency_us": 10,
-        "inter_host_latency_us": 20,
-        "gpus_per_host": 2,
-        "host_memory_bytes": 1_000_000_000_000,
-        "achieved": {
-            "embedding_gather": 0.5,
-            "memory_bound": 0.25,
-            "gemm": 0.5,
-            "intra_host_collective": 0.5,
-            "inter_host_collective": 0.25,
-            "host_link": 0.5,
-        },
-    }
-)
-FLEET = FleetSpec(
-    name="tiny-1x2", hosts=[{"gpu": TINY_GPU, "count": 1, "gpus_per_host": WORLD}], hbm_reserve_fraction=0
-)
+FLEET = tiny_fleet(WORLD)  # 10 MB GPUs: small enough that the planner mixes sharding types for TABLES below
 
 # ---------------------------------------------------------------------------------------------- the model
 
