@@ -9,8 +9,9 @@ Extend, never rename: new fields get defaults so that older documents still vali
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import StrEnum
+from itertools import pairwise
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
@@ -260,6 +261,73 @@ class TablePlan(_Frozen):
     name: Name
     sharding_type: ShardingType
     shards: list[ShardPlan] = Field(min_length=1)
+
+    def layout_problems(
+        self, rows: int, cols: int, world_size: int, host_of: Callable[[int], int], ranks_in: str = "the fleet"
+    ) -> list[str]:
+        """What is wrong with how the shards lay out a ``rows`` × ``cols`` table on ranks ``0..world_size-1``
+        (empty = nothing): ranks out of range, shards out of bounds, overlaps and gaps (the shards must tile the
+        table exactly once; data_parallel: full copies in HBM on distinct ranks), and the sharding type's shape
+        (table_wise one shard, column_wise every row, row_wise / table_row_wise every column, table_row_wise
+        inside one host). The one check of a plan's geometry, for the solver's validator and the executor."""
+        out: list[str] = []
+        where = f"table {self.name}"
+        for i, s in enumerate(self.shards):
+            if s.rank >= world_size:
+                out.append(f"{where}: shard {i} on rank {s.rank}, but {ranks_in} has {world_size} ranks")
+            if s.row_offset + s.num_rows > rows or s.col_offset + s.num_cols > cols:
+                out.append(
+                    f"{where}: shard {i} rows {s.row_offset}..{s.row_offset + s.num_rows} × cols "
+                    f"{s.col_offset}..{s.col_offset + s.num_cols} is out of bounds ({rows} × {cols})"
+                )
+        if out:
+            return out
+        st = self.sharding_type
+        if st is ShardingType.data_parallel:
+            for i, s in enumerate(self.shards):
+                if (s.row_offset, s.num_rows, s.col_offset, s.num_cols) != (0, rows, 0, cols):
+                    out.append(f"{where}: data_parallel shard {i} is not a full copy")
+                if s.placement is not Placement.hbm:
+                    out.append(f"{where}: data_parallel copies live in HBM, shard {i} is {s.placement.value}")
+            ranks = [s.rank for s in self.shards]
+            if len(set(ranks)) != len(ranks):
+                out.append(f"{where}: data_parallel lists a rank twice")
+            return out
+        area = sum(s.num_rows * s.num_cols for s in self.shards)  # column bands, each tiled by row blocks once
+        if area != rows * cols:
+            out.append(
+                f"{where}: shards cover {area} cells of {rows * cols} ({'overlap' if area > rows * cols else 'gap'})"
+            )
+        cuts = sorted(
+            {0, cols, *[s.col_offset for s in self.shards], *[s.col_offset + s.num_cols for s in self.shards]}
+        )
+        for lo, hi in pairwise(cuts):
+            spans = sorted(
+                (s.row_offset, s.row_offset + s.num_rows)
+                for s in self.shards
+                if s.col_offset <= lo and s.col_offset + s.num_cols >= hi
+            )
+            pos = 0
+            for a, b in spans:
+                if a < pos:
+                    out.append(f"{where}: shards overlap at rows {a}..{min(b, pos)}, cols {lo}..{hi}")
+                    break
+                if a > pos:
+                    out.append(f"{where}: rows {pos}..{a} of cols {lo}..{hi} belong to no shard (gap)")
+                    break
+                pos = b
+            else:
+                if pos != rows:
+                    out.append(f"{where}: rows {pos}..{rows} of cols {lo}..{hi} belong to no shard (gap)")
+        if st is ShardingType.table_wise and len(self.shards) != 1:
+            out.append(f"{where}: table_wise needs exactly one shard, got {len(self.shards)}")
+        if st is ShardingType.column_wise and any(s.num_rows != rows for s in self.shards):
+            out.append(f"{where}: column_wise shards must hold every row")
+        if st in (ShardingType.row_wise, ShardingType.table_row_wise) and any(s.num_cols != cols for s in self.shards):
+            out.append(f"{where}: {st.value} shards must hold every column")
+        if st is ShardingType.table_row_wise and len({host_of(s.rank) for s in self.shards}) > 1:
+            out.append(f"{where}: table_row_wise shards must stay inside one host")
+        return out
 
 
 class DensePlan(_Frozen):

@@ -16,10 +16,8 @@
 
 from __future__ import annotations
 
-from itertools import pairwise
-
 from solver.evaluate import evaluate
-from solver.spec import ModelSpec, Plan, PlanStatus, ShardingType, TablePlan
+from solver.spec import ModelSpec, Plan, PlanStatus, TablePlan
 from solver.topology import Topology
 from solver.units import fmt_bytes
 
@@ -31,64 +29,8 @@ class PlanValidationError(ValueError):
 
 
 def _check_table(topo: Topology, model: ModelSpec, tp: TablePlan) -> list[str]:
-    out: list[str] = []
     t = model.table(tp.name)
-    R, D, W = t.num_embeddings, t.embedding_dim, topo.world_size
-    where = f"table {tp.name}"
-    for i, s in enumerate(tp.shards):
-        if s.rank >= W:
-            out.append(f"{where}: shard {i} on rank {s.rank}, but the fleet has {W} ranks")
-        if s.row_offset + s.num_rows > R or s.col_offset + s.num_cols > D:
-            out.append(
-                f"{where}: shard {i} rows {s.row_offset}..{s.row_offset + s.num_rows} × cols "
-                f"{s.col_offset}..{s.col_offset + s.num_cols} is out of bounds ({R} × {D})"
-            )
-    if out:
-        return out
-    st = tp.sharding_type
-    if st is ShardingType.data_parallel:
-        for i, s in enumerate(tp.shards):
-            if (s.row_offset, s.num_rows, s.col_offset, s.num_cols) != (0, R, 0, D):
-                out.append(f"{where}: data_parallel shard {i} is not a full copy")
-            if s.placement.value != "hbm":
-                out.append(f"{where}: data_parallel copies live in HBM, shard {i} is {s.placement.value}")
-        ranks = [s.rank for s in tp.shards]
-        if len(set(ranks)) != len(ranks):
-            out.append(f"{where}: data_parallel lists a rank twice")
-        return out
-    # tiling: column bands, each tiled by row blocks exactly once
-    area = sum(s.num_rows * s.num_cols for s in tp.shards)
-    if area != R * D:
-        kind = "overlap" if area > R * D else "gap"
-        out.append(f"{where}: shards cover {area} cells of {R * D} ({kind})")
-    cuts = sorted({0, D, *[s.col_offset for s in tp.shards], *[s.col_offset + s.num_cols for s in tp.shards]})
-    for lo, hi in pairwise(cuts):
-        spans = sorted(
-            (s.row_offset, s.row_offset + s.num_rows)
-            for s in tp.shards
-            if s.col_offset <= lo and s.col_offset + s.num_cols >= hi
-        )
-        pos = 0
-        for a, b in spans:
-            if a < pos:
-                out.append(f"{where}: shards overlap at rows {a}..{min(b, pos)}, cols {lo}..{hi}")
-                break
-            if a > pos:
-                out.append(f"{where}: rows {pos}..{a} of cols {lo}..{hi} belong to no shard (gap)")
-                break
-            pos = b
-        else:
-            if pos != R:
-                out.append(f"{where}: rows {pos}..{R} of cols {lo}..{hi} belong to no shard (gap)")
-    if st is ShardingType.table_wise and len(tp.shards) != 1:
-        out.append(f"{where}: table_wise needs exactly one shard, got {len(tp.shards)}")
-    if st is ShardingType.column_wise and any(s.num_rows != R for s in tp.shards):
-        out.append(f"{where}: column_wise shards must hold every row")
-    if st in (ShardingType.row_wise, ShardingType.table_row_wise) and any(s.num_cols != D for s in tp.shards):
-        out.append(f"{where}: {st.value} shards must hold every column")
-    if st is ShardingType.table_row_wise and len({topo.ranks[s.rank].host for s in tp.shards}) > 1:
-        out.append(f"{where}: table_row_wise shards must stay inside one host")
-    return out
+    return tp.layout_problems(t.num_embeddings, t.embedding_dim, topo.world_size, lambda r: topo.ranks[r].host)
 
 
 def check_structure(topo: Topology, model: ModelSpec, plan: Plan) -> list[str]:
