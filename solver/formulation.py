@@ -335,10 +335,6 @@ class Formulation:
             if terms:
                 self.model.add(sum(c * v for v, c in terms) <= Scale.capacity(self.topo.hosts[h].host_memory_bytes))
 
-    def fixed_load(self, b: int) -> int:
-        """The constant part of bin ``b``'s load (the dense layers' collective latency)."""
-        return self._const_load[b]
-
     def _bin_load(self, b: int) -> cp_model.LinearExprT:
         return sum(c * v for v, c in self.load[b]) + self._const_load[b]
 

@@ -113,9 +113,12 @@ def model_candidates(
 
 
 class _Progress(cp_model.CpSolverSolutionCallback):
-    def __init__(self, on_progress: Progress, divisor: float) -> None:
+    """Reports the model's objective and bound as CP-SAT improves them (in host mode the objective is level one's,
+    the per-GPU average of the busiest host, before packing)."""
+
+    def __init__(self, on_progress: Progress) -> None:
         super().__init__()
-        self.on_progress, self.divisor = on_progress, divisor
+        self.on_progress = on_progress
 
     def on_solution_callback(self) -> None:
         self.on_progress(Scale.ms(self.objective_value), Scale.ms(self.best_objective_bound))
@@ -494,7 +497,7 @@ def plan_cpsat(
     if mode == "host":
         budget *= LEVEL1_SHARE
     solver = _params(params, budget, len(form.model.proto.variables))
-    callback = _Progress(on_progress, 1.0) if on_progress else None
+    callback = _Progress(on_progress) if on_progress else None
     status = solver.solve(form.model, callback) if callback else solver.solve(form.model)
     status_name = _STATUS.get(status, "UNKNOWN")
     log.info(
