@@ -57,7 +57,7 @@ bench-greedy: install ## the greedy planner alone on every instance (seconds to 
 	$(PY) benchmarks/run.py --greedy-only $(BENCH_ARGS)
 
 run: install ## plan the example DLRM on 8x H100 and print the per-rank table
-	$(VENV)/bin/shardwise plan examples/dlrm_small.json examples/fleet_8xh100.json -o plan.json
+	$(VENV)/bin/shardwise plan examples/dlrm_dcnv2.json examples/fleet_8xh100.json --time-limit 10 -o plan.json
 
 all: test ## everything CI checks
 
