@@ -244,7 +244,6 @@ def pack_host(
 
 
 def _tables_from(
-    topo: Topology,
     model: ModelSpec,
     cands: Sequence[Sequence[Candidate]],
     a: Assignment,
@@ -278,6 +277,7 @@ def _host_mode_tables(
     W = topo.world_size
     base_load = np.zeros(W, dtype=np.int64)
     base_hbm = np.zeros(W, dtype=np.int64)
+    base_host = [0] * topo.num_hosts  # host memory of the fixed-rank shards, scaled
     per_host: dict[int, list[_Item]] = {h: [] for h in range(topo.num_hosts)}
     for t, j in enumerate(a.choice):
         c = cands[t][j]
@@ -295,6 +295,7 @@ def _host_mode_tables(
         for i, r in enumerate(_fixed_ranks(topo, c, a, t)):
             base_load[r] += Scale.time(c.time_ms[i, col])
             base_hbm[r] += Scale.size(int(c.hbm[i, col]))
+            base_host[topo.ranks[r].host] += Scale.size(int(c.host[i, col]))
     for layer, style in zip(model.dense_layers, a.dense, strict=True):  # the dense layers sit on every GPU
         for cls in topo.classes:
             dc = dense_cost(topo, model.batch_size_per_gpu, model, layer.name, style, cls)
@@ -317,7 +318,7 @@ def _host_mode_tables(
 
     items = [it for h in sorted(per_host) for it in per_host[h]]
     if items and deadline - time.perf_counter() > 0.1:
-        moved = repack_fleet(form, cands, a, items, base_load, base_hbm, ranks_for, deadline)
+        moved = repack_fleet(form, cands, a, items, base_load, base_hbm, base_host, ranks_for, deadline)
         if moved is not None:
             ranks_for = moved
 
@@ -326,7 +327,7 @@ def _host_mode_tables(
             return [ranks_for[(t, i)] for i in range(len(c.shapes))]
         return _fixed_ranks(topo, c, a, t)
 
-    return _tables_from(topo, model, cands, a, ranks_of)
+    return _tables_from(model, cands, a, ranks_of)
 
 
 def repack_fleet(
@@ -336,6 +337,7 @@ def repack_fleet(
     items: list[_Item],
     base_load: npt.NDArray[np.int64],
     base_hbm: npt.NDArray[np.int64],
+    base_host: list[int],
     start: dict[tuple[int, int], int],
     deadline: float,
 ) -> dict[tuple[int, int], int] | None:
@@ -348,10 +350,7 @@ def repack_fleet(
     group = [info.group for info in topo.ranks]
     host_of = [info.host for info in topo.ranks]
     caps = np.array([Scale.capacity(topo.hbm_limit(r)) for r in range(W)], dtype=np.int64)
-    host_room = [
-        Scale.capacity(h.host_memory_bytes) - used
-        for h, used in zip(topo.hosts, _fixed_host_use(form, cands, a), strict=True)
-    ]
+    host_room = [Scale.capacity(h.host_memory_bytes) - used for h, used in zip(topo.hosts, base_host, strict=True)]
     cand_of = [cands[it.table][a.choice[it.table]] for it in items]
     tau = [
         [
@@ -436,20 +435,6 @@ def repack_fleet(
     return {(it.table, it.shard): where[n] for n, it in enumerate(items)}
 
 
-def _fixed_host_use(form: Formulation, cands: Sequence[Sequence[Candidate]], a: Assignment) -> list[int]:
-    """Host memory each host gives to fixed-rank shards (row_wise, table_row_wise, data_parallel), scaled."""
-    topo = form.topo
-    used = [0] * topo.num_hosts
-    for t, j in enumerate(a.choice):
-        c = cands[t][j]
-        if c.scope != "rank":
-            col = 0 if c.scope == "fleet" else c.scope_class
-            assert col is not None
-            for i, r in enumerate(_fixed_ranks(topo, c, a, t)):
-                used[topo.ranks[r].host] += Scale.size(int(c.host[i, col]))
-    return used
-
-
 def plan_cpsat(
     topo: Topology,
     model: ModelSpec,
@@ -518,7 +503,6 @@ def plan_cpsat(
         dense_styles = a.dense
         if mode == "rank":
             tables = _tables_from(
-                topo,
                 model,
                 cands,
                 a,
