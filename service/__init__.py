@@ -1,0 +1,1 @@
+"""The shardwise service: FastAPI app, storage, job runners and web pages (the ``server`` extra)."""

@@ -1,0 +1,129 @@
+"""``create_app(settings)``: the FastAPI app. The engine and the job runner belong to its lifespan.
+
+Routes live under ``/api/v1`` (one router per resource); ``/healthz``, ``/readyz`` and ``/metrics`` at the root.
+The schema is made by the migrations (``shardwise serve`` runs them first), never here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio.to_thread
+from fastapi import APIRouter, FastAPI
+from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
+
+from service import errors
+from service import repository as repo
+from service.db import make_engine, session_factory
+from service.jobs import JobRunner, LocalRunner
+from service.observability import Metrics, RequestMiddleware, configure_logging
+from service.routers import health, hwprofiles, jobs, plans, specs
+from service.routers.common import BODY_MODELS
+from service.settings import Settings
+from solver.extract import solver_version
+from solver.spec import Plan
+
+log = logging.getLogger(__name__)
+
+API_PREFIX = "/api/v1"
+
+
+def _operation_id(route: APIRoute) -> str:
+    return f"{route.tags[0]}-{route.name}" if route.tags else route.name
+
+
+def make_runner(settings: Settings, app: FastAPI) -> JobRunner:
+    return LocalRunner(settings.database_url, settings.job_workers, on_done=lambda job_id: _observe(app, job_id))
+
+
+def _observe(app: FastAPI, job_id: str) -> None:
+    """Solve-time metric for a job the local runner finished."""
+    try:
+        with app.state.sessions() as session:
+            job = repo.job_by_id(session, job_id)
+            if job is None or job.plan_id is None:
+                return
+            row = repo.plan_by_id(session, str(job.plan_id))
+            if row is None:
+                return
+            plan = Plan.model_validate(row.body)
+            app.state.metrics.solve_seconds.labels(plan.solver.name, plan.status.value).observe(plan.solver.seconds)
+    except Exception:
+        log.warning("could not record the solve time of job %s", job_id, exc_info=True)
+
+
+def create_app(settings: Settings | None = None, *, runner: JobRunner | None = None) -> FastAPI:
+    settings = settings or Settings()
+    configure_logging(settings.log_level, settings.log_json)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # sync routes run in worker threads; a POST /plans may wait on a solve for its whole wait budget
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.request_threads
+        engine = make_engine(settings.database_url)
+        app.state.engine = engine
+        app.state.sessions = session_factory(engine)
+        owned = runner is None  # a runner handed in is started and stopped by its owner
+        app.state.runner = runner or make_runner(settings, app)
+        if owned and app.state.runner.name == "local":  # nobody else can still be running them
+            try:
+                with app.state.sessions() as session:
+                    n = repo.fail_interrupted_jobs(
+                        session, "local", "the service restarted while this job was queued or running"
+                    )
+                if n:
+                    log.warning("marked %d interrupted job(s) failed", n)
+            except Exception:
+                log.warning("could not check for interrupted jobs (is the schema migrated?)", exc_info=True)
+        if owned:
+            app.state.runner.start()
+        log.info(
+            "shardwise %s ready: %s database, %s runner", solver_version(), engine.dialect.name, app.state.runner.name
+        )
+        try:
+            yield
+        finally:
+            if owned:
+                app.state.runner.shutdown()
+            engine.dispose()
+
+    app = FastAPI(
+        title="shardwise",
+        version=solver_version(),
+        summary="Plans where every embedding table and dense tensor of a training job lives on a GPU fleet.",
+        lifespan=lifespan,
+        generate_unique_id_function=_operation_id,
+    )
+    app.state.settings = settings
+    app.state.metrics = Metrics()
+    errors.install(app)
+    app.add_middleware(
+        RequestMiddleware, max_body_bytes=settings.max_body_bytes, metrics=app.state.metrics, fastapi_app=app
+    )
+
+    api = APIRouter(prefix=API_PREFIX)
+    for router in (plans.router, jobs.router, specs.models, specs.fleets, hwprofiles.router):
+        api.include_router(router)
+    app.include_router(api)
+    app.include_router(health.router)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """OpenAPI plus the schemas of the bodies that routes validate themselves (they need the custom profiles)."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for model in BODY_MODELS:
+        body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, sub in body.pop("$defs", {}).items():
+            components.setdefault(name, sub)
+        components[model.__name__] = body
+    app.openapi_schema = schema
+    return schema

@@ -1,0 +1,185 @@
+"""RFC 9457 problem details for every error the API returns.
+
+One exception base (``ServiceError``) with a subclass per problem type, one handler that renders it, and handlers
+that turn FastAPI's validation errors, Starlette's HTTP errors and anything unexpected into the same shape.
+Routes declare the problems they may answer with ``problem_responses(...)`` so that they appear in OpenAPI.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from solver.resources import UNION_TAGS, Problem
+
+log = logging.getLogger(__name__)
+
+PROBLEM_JSON = "application/problem+json"
+
+
+class ServiceError(Exception):
+    status: ClassVar[int] = 500
+    slug: ClassVar[str] = "internal"
+    title: ClassVar[str] = "Internal server error"
+
+    def __init__(self, detail: str, *, headers: Mapping[str, str] | None = None, **extensions: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.headers = dict(headers or {})
+        self.extensions = extensions
+
+    def problem(self, instance: str | None = None) -> dict[str, Any]:
+        return problem_body(self.status, self.slug, self.title, self.detail, instance, **self.extensions)
+
+
+class BadRequest(ServiceError):
+    status, slug, title = 400, "bad-request", "Bad request"
+
+
+class Unauthorized(ServiceError):
+    status, slug, title = 401, "unauthorized", "Missing or invalid bearer token"
+
+
+class NotFound(ServiceError):
+    status, slug, title = 404, "not-found", "Not found"
+
+
+class Conflict(ServiceError):
+    status, slug, title = 409, "conflict", "Conflict"
+
+
+class PayloadTooLarge(ServiceError):
+    status, slug, title = 413, "body-too-large", "Request body too large"
+
+
+class InvalidInput(ServiceError):
+    status, slug, title = 422, "validation", "The request is not valid"
+
+
+class LimitExceeded(ServiceError):
+    status, slug, title = 422, "limit-exceeded", "The request asks for more than this service allows"
+
+
+class Infeasible(ServiceError):
+    status, slug, title = 422, "infeasible", "No plan fits this fleet"
+
+
+class NotReady(ServiceError):
+    status, slug, title = 503, "not-ready", "The service is not ready"
+
+
+def problem_body(
+    status: int, slug: str, title: str, detail: str | None, instance: str | None = None, **extensions: Any
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"type": f"/problems/{slug}", "title": title, "status": status}
+    if detail is not None:
+        body["detail"] = detail
+    if instance is not None:
+        body["instance"] = instance
+    body.update(extensions)
+    return body
+
+
+def problem_response(body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(
+        dict(body), status_code=int(body["status"]), headers=dict(headers or {}), media_type=PROBLEM_JSON
+    )
+
+
+def field_errors(errors: Sequence[Any]) -> list[dict[str, Any]]:
+    """Pydantic/FastAPI errors as JSON-safe ``{loc, msg, type}`` (inputs and contexts are dropped: they may hold
+    secrets or objects that do not serialise)."""
+    return [
+        {"loc": clean_loc(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+        for e in errors
+    ]
+
+
+def clean_loc(loc: Sequence[Any]) -> list[str | int]:
+    """The error path without the union tags of inline-or-reference fields."""
+    return [p if isinstance(p, int) else str(p) for p in loc if p not in UNION_TAGS]
+
+
+def validation_problem(exc: ValidationError, prefix: Sequence[str] = ("body",)) -> InvalidInput:
+    errors = [{**e, "loc": (*prefix, *e["loc"])} for e in exc.errors()]
+    return InvalidInput(describe_errors(errors), errors=field_errors(errors))
+
+
+def describe_errors(errors: Sequence[Any]) -> str:
+    first = errors[0]
+    where = ".".join(str(p) for p in clean_loc(first.get("loc", ()))) or "<root>"
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{where}: {first.get('msg', 'invalid')}{more}"
+
+
+_STATUS_SLUGS = {
+    400: "bad-request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not-found",
+    405: "method-not-allowed",
+    406: "not-acceptable",
+    409: "conflict",
+    413: "body-too-large",
+    415: "unsupported-media-type",
+    429: "too-many-requests",
+}
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers (once, in ``create_app``)."""
+
+    @app.exception_handler(ServiceError)
+    async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
+        return problem_response(exc.problem(request.url.path), exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = list(exc.errors())
+        return problem_response(
+            problem_body(
+                422,
+                "validation",
+                InvalidInput.title,
+                describe_errors(errors) if errors else None,
+                request.url.path,
+                errors=field_errors(errors),
+            )
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        slug = _STATUS_SLUGS.get(exc.status_code, "http-error")
+        title = slug.replace("-", " ").capitalize()
+        detail = exc.detail if isinstance(exc.detail, str) else None
+        return problem_response(
+            problem_body(exc.status_code, slug, title, detail, request.url.path), getattr(exc, "headers", None)
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return problem_response(
+            problem_body(
+                500, "internal", ServiceError.title, "an unexpected error; it has been logged", request.url.path
+            )
+        )
+
+
+def problem_responses(*errors: type[ServiceError]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` for the problems a route may answer with."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for err in errors:
+        entry = out.setdefault(
+            err.status, {"description": err.title, "content": {PROBLEM_JSON: {"schema": Problem.model_json_schema()}}}
+        )
+        if err.title not in entry["description"]:
+            entry["description"] += f"; {err.title}"
+    return out

@@ -1,0 +1,242 @@
+"""Jobs: the solve that runs outside the request, and the runners that run it.
+
+``execute_job(job_id, database_url)`` is the whole of a job, written so that any process holding the database URL
+can run it: it claims the job, solves the request stored on it (reporting the solver's best and bound on the row as
+they improve), stores the plan once (the plans' unique request hash settles races) and ends the job. Its state
+lives in the database, so any API replica answers for any job.
+
+Runners decide *where* it runs: ``LocalRunner`` in a pool of local processes (the embedded default); a Celery
+runner (``service.celery_app``) on workers when a broker URL is set. ``JobRunner`` is the seam.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from functools import cache
+from multiprocessing import get_context
+from typing import Any, Protocol
+
+from sqlalchemy import Engine, update
+from sqlalchemy.orm import Session
+
+from service import repository as repo
+from service.db import make_engine, session_factory
+from service.errors import problem_body
+from service.models import JobRow, utcnow
+from solver.resources import JobState
+from solver.spec import FleetSpec, ModelSpec, PlanStatus, SolveParams
+
+log = logging.getLogger(__name__)
+
+PROGRESS_EVERY_S = 0.5  # at most two progress writes a second per job
+MAX_ATTEMPTS = 3  # a job that keeps killing its process ends failed after this many starts
+
+
+@cache
+def _engine(database_url: str) -> Engine:
+    return make_engine(database_url)
+
+
+def execute_job(job_id: str, database_url: str, max_attempts: int = MAX_ATTEMPTS) -> str:
+    """Run job ``job_id`` to its end; returns its final state. Safe to call again after a crash (redelivery)."""
+    sessions = session_factory(_engine(database_url))
+    with sessions() as session:
+        job = repo.job_by_id(session, job_id)
+        if job is None:
+            return "missing"
+        if job.state not in repo.ACTIVE:
+            return job.state  # done already (a duplicate delivery)
+        if job.attempts >= max_attempts:
+            _finish(
+                session,
+                job,
+                JobState.failed,
+                error=problem_body(
+                    500,
+                    "solve-crashed",
+                    "The solve kept crashing",
+                    f"the job was started {job.attempts} times and never finished; it is not retried again",
+                ),
+            )
+            return job.state
+        job.state = JobState.running.value
+        job.attempts += 1
+        job.updated_at = utcnow()
+        session.commit()
+
+        existing = repo.plan_by_hash(session, job.request_hash)
+        if existing is not None:  # solved meanwhile (another replica, an earlier attempt)
+            return _finish_with_plan(session, job, existing)
+
+        try:
+            model = ModelSpec.model_validate(job.request["model"])
+            fleet = FleetSpec.model_validate(job.request["fleet"])
+            params = SolveParams.model_validate(job.request["options"])
+            report = _progress_reporter(sessions, job.id)
+            from solver.planner import make_plan
+
+            plan = make_plan(model, fleet, params, on_progress=report)
+        except Exception as exc:
+            log.exception("job %s failed", job_id)
+            session.rollback()
+            _finish(
+                session,
+                job,
+                JobState.failed,
+                error=problem_body(500, "solve-failed", "The solve failed", f"{type(exc).__name__}: {exc}"),
+            )
+            return job.state
+        row = repo.store_plan(session, plan, fleet, job.request, model_ref=job.model_ref, fleet_ref=job.fleet_ref)
+        return _finish_with_plan(session, job, row)
+
+
+def _finish_with_plan(session: Session, job: JobRow, row: Any) -> str:
+    if row.status == PlanStatus.infeasible.value:
+        error = infeasible_problem(row)
+        _finish(session, job, JobState.failed, error=error, plan_id=row.id)
+    else:
+        _finish(session, job, JobState.succeeded, plan_id=row.id)
+    return job.state
+
+
+def infeasible_problem(row: Any, instance: str | None = None, **extra: Any) -> dict[str, Any]:
+    body = row.body
+    return problem_body(
+        422,
+        "infeasible",
+        "No plan fits this fleet",
+        "; ".join(body.get("explanation", [])) or "the model does not fit the fleet",
+        instance,
+        explanation=body.get("explanation", []),
+        plan_id=str(row.id),
+        plan=body,
+        **extra,
+    )
+
+
+def _finish(
+    session: Session, job: JobRow, state: JobState, *, error: dict[str, Any] | None = None, plan_id: Any = None
+) -> None:
+    job.state = state.value
+    job.active_hash = None
+    job.error = error
+    job.plan_id = plan_id
+    job.updated_at = utcnow()
+    session.commit()
+
+
+def _progress_reporter(sessions: Callable[[], Session], job_key: Any) -> Callable[[float, float], None]:
+    last = [0.0]
+
+    def report(best_ms: float, bound_ms: float) -> None:
+        now = time.monotonic()
+        if now - last[0] < PROGRESS_EVERY_S:
+            return
+        last[0] = now
+        try:
+            with sessions() as s:
+                s.execute(
+                    update(JobRow)
+                    .where(JobRow.id == job_key)
+                    .values(best_ms=best_ms, bound_ms=bound_ms, progress_at=utcnow(), updated_at=utcnow())
+                )
+                s.commit()
+        except Exception:  # progress is best effort; the solve goes on
+            log.warning("could not record progress of job %s", job_key, exc_info=True)
+
+    return report
+
+
+def mark_failed(database_url: str, job_id: str, reason: str) -> None:
+    """End a job that its process could not (the process died)."""
+    with session_factory(_engine(database_url))() as session:
+        job = repo.job_by_id(session, job_id)
+        if job is not None and job.state in repo.ACTIVE:
+            _finish(
+                session, job, JobState.failed, error=problem_body(500, "solve-crashed", "The solve crashed", reason)
+            )
+
+
+# ------------------------------------------------------------------------------------------------- runners
+
+
+class JobRunner(Protocol):
+    name: str
+
+    def start(self) -> None: ...
+
+    def submit(self, job_id: str) -> None: ...
+
+    def wait(self, job_id: str, timeout_s: float) -> None:
+        """Return when the job may have ended or ``timeout_s`` passed; the caller reads its state."""
+
+    def shutdown(self) -> None: ...
+
+
+def _warm() -> None:
+    import solver.planner
+    import solver.solve  # noqa: F401
+
+
+class LocalRunner:
+    """Jobs in a pool of local solver processes (spawned: the API's threads are never forked)."""
+
+    name = "local"
+
+    def __init__(self, database_url: str, workers: int = 1, on_done: Callable[[str], None] | None = None) -> None:
+        self.database_url = database_url
+        self.workers = workers
+        self.on_done = on_done
+        self._pool: ProcessPoolExecutor | None = None
+        self._events: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        if self._pool is not None:
+            return
+        self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=get_context("spawn"), initializer=_warm)
+
+    def submit(self, job_id: str) -> None:
+        with self._lock:
+            self._events.setdefault(job_id, threading.Event())
+            if self._pool is None:
+                self.start()
+            assert self._pool is not None
+            try:
+                future = self._pool.submit(execute_job, job_id, self.database_url)
+            except BrokenProcessPool:
+                self._pool = None
+                self.start()
+                assert self._pool is not None
+                future = self._pool.submit(execute_job, job_id, self.database_url)
+        future.add_done_callback(lambda f: self._done(job_id, f))
+
+    def _done(self, job_id: str, future: Future[str]) -> None:
+        exc = future.exception()
+        if exc is not None:  # the process died (or the pool broke): the job cannot end itself
+            log.error("job %s: its solver process failed: %r", job_id, exc)
+            mark_failed(self.database_url, job_id, f"the solver process ended abnormally: {exc!r}")
+        with self._lock:
+            event = self._events.pop(job_id, None)
+        if event is not None:
+            event.set()
+        if self.on_done is not None:
+            self.on_done(job_id)
+
+    def wait(self, job_id: str, timeout_s: float) -> None:
+        with self._lock:
+            event = self._events.get(job_id)
+        if event is not None:
+            event.wait(timeout_s)
+        elif timeout_s > 0:
+            time.sleep(min(timeout_s, 0.05))  # not ours (another replica's): the caller polls
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None

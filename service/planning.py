@@ -1,0 +1,182 @@
+"""The rules of ``POST /plans``: resolve names, refuse what is over the caps, reuse a stored plan, else solve once.
+
+A request becomes (model, fleet, options) with every reference resolved — named specs by version, custom
+hardware profiles inlined into the fleet — so its hash covers everything the answer depends on, and a job can be
+run by any process from the request stored on it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from hwprofiles import HardwareProfile, catalogue
+from service import repository as repo
+from service.errors import InvalidInput, LimitExceeded, NotFound, validation_problem
+from service.jobs import JobRunner
+from service.models import FleetVersionRow, JobRow, ModelVersionRow, PlanRow
+from service.settings import Settings
+from solver.extract import request_hash
+from solver.spec import FleetSpec, ModelSpec, SolveParams
+
+
+@dataclass(frozen=True)
+class Resolved:
+    model: ModelSpec
+    fleet: FleetSpec
+    params: SolveParams
+    model_ref: str | None
+    fleet_ref: str | None
+
+    @property
+    def request(self) -> dict[str, Any]:
+        return {
+            "model": self.model.model_dump(mode="json"),
+            "fleet": self.fleet.model_dump(mode="json"),
+            "options": self.params.model_dump(mode="json"),
+        }
+
+    @property
+    def hash(self) -> str:
+        return request_hash(self.model, self.fleet, self.params)
+
+
+def split_ref(ref: str) -> tuple[str, int | None]:
+    name, _, version = ref.partition("@")
+    if not name:
+        raise InvalidInput(f"{ref!r} is not a reference: use name or name@version")
+    if not version or version == "latest":
+        return name, None
+    if not version.isdigit() or int(version) < 1:
+        raise InvalidInput(f"{ref!r}: the version after @ must be a positive integer or 'latest'")
+    return name, int(version)
+
+
+def _spec_row(session: Session, kind: Literal["model", "fleet"], ref: str) -> ModelVersionRow | FleetVersionRow:
+    table: type[ModelVersionRow] | type[FleetVersionRow] = ModelVersionRow if kind == "model" else FleetVersionRow
+    name, version = split_ref(ref)
+    row = repo.get_version(session, table, name, version)
+    if row is None:
+        raise NotFound(f"no {kind} named {ref!r}" + ("" if version is None else " at that version"))
+    return row
+
+
+def profiles_context(session: Session) -> dict[str, HardwareProfile]:
+    """Custom profiles from the store, by name (for the specs' validation context)."""
+    return {row.name: HardwareProfile.model_validate(row.profile) for row in repo.custom_profiles(session)}
+
+
+def inline_profiles(fleet: FleetSpec, custom: dict[str, HardwareProfile]) -> FleetSpec:
+    """The fleet with every custom profile name replaced by the profile itself (catalogue names stay names)."""
+    known = catalogue()
+    groups = [
+        g.model_copy(update={"gpu": custom[g.gpu]}) if isinstance(g.gpu, str) and g.gpu not in known else g
+        for g in fleet.hosts
+    ]
+    return fleet.model_copy(update={"hosts": groups})
+
+
+def resolve_model(session: Session, model: ModelSpec | str) -> tuple[ModelSpec, str | None]:
+    if isinstance(model, ModelSpec):
+        return model, None
+    row = _spec_row(session, "model", model)
+    return ModelSpec.model_validate(row.spec), f"{row.name}@{row.version}"
+
+
+def resolve_fleet(
+    session: Session, fleet: FleetSpec | dict[str, Any] | str, custom: dict[str, HardwareProfile] | None = None
+) -> tuple[FleetSpec, str | None]:
+    custom = profiles_context(session) if custom is None else custom
+    ref: str | None = None
+    if isinstance(fleet, str):
+        row = _spec_row(session, "fleet", fleet)
+        data: Any = row.spec
+        ref = f"{row.name}@{row.version}"
+    elif isinstance(fleet, FleetSpec):
+        data = fleet.model_dump(mode="json")
+    else:
+        data = fleet
+    try:
+        spec = FleetSpec.model_validate(data, context={"profiles": custom})
+    except ValidationError as exc:
+        raise validation_problem(exc, ("body", "fleet")) from exc
+    return inline_profiles(spec, custom), ref
+
+
+def parse_fleet_body(raw: Any, custom: dict[str, HardwareProfile]) -> FleetSpec | str:
+    """A fleet from a raw request body: a reference, or a spec validated with the custom profiles known."""
+    if isinstance(raw, str):
+        return raw
+    try:
+        return FleetSpec.model_validate(raw, context={"profiles": custom})
+    except ValidationError as exc:
+        raise validation_problem(exc, ("body", "fleet")) from exc
+
+
+def check_caps(settings: Settings, model: ModelSpec, fleet: FleetSpec, params: SolveParams | None) -> None:
+    if len(model.embedding_tables) > settings.max_tables:
+        raise LimitExceeded(
+            f"the model has {len(model.embedding_tables)} tables; this service plans at most {settings.max_tables}"
+        )
+    if fleet.world_size > settings.max_ranks:
+        raise LimitExceeded(f"the fleet has {fleet.world_size} GPUs; this service plans at most {settings.max_ranks}")
+    if params is not None and params.time_limit_s > settings.max_time_limit_s:
+        raise LimitExceeded(
+            f"time_limit_s {params.time_limit_s:g} is over this service's cap of {settings.max_time_limit_s:g} s"
+        )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What ``submit`` found: a stored plan (reused or just solved), or a job still running."""
+
+    plan: PlanRow | None
+    job: JobRow | None
+    reused: bool
+    started: bool = False  # this request started the solve
+
+
+def submit(session: Session, runner: JobRunner, resolved: Resolved, wait_s: float) -> Outcome:
+    """Answer from the store, or start (or join) the one job for this request and wait up to ``wait_s`` for it."""
+    rhash = resolved.hash
+    for _ in range(3):
+        stored = repo.plan_by_hash(session, rhash)
+        if stored is not None:
+            return Outcome(stored, None, reused=True)
+        job, created = repo.create_job(
+            session,
+            rhash,
+            resolved.request,
+            runner=runner.name,
+            model_ref=resolved.model_ref,
+            fleet_ref=resolved.fleet_ref,
+        )
+        if job is not None:
+            break
+    else:  # pragma: no cover - a job finished three times between our insert and our read
+        raise RuntimeError("the job for this request kept finishing under us")
+    job_id = str(job.id)
+    if created:
+        runner.submit(job_id)
+    job = wait_for(session, runner, job_id, wait_s)
+    if job.state in repo.ACTIVE or job.plan_id is None:
+        return Outcome(None, job, reused=False, started=created)
+    plan = repo.plan_by_id(session, str(job.plan_id))
+    return Outcome(plan, job, reused=False, started=created)
+
+
+def wait_for(session: Session, runner: JobRunner, job_id: str, wait_s: float) -> JobRow:
+    deadline = time.monotonic() + wait_s
+    while True:
+        session.expire_all()
+        job = repo.job_by_id(session, job_id)
+        assert job is not None
+        remaining = deadline - time.monotonic()
+        if job.state not in repo.ACTIVE or remaining <= 0:
+            return job
+        session.close()  # give the connection back while waiting: waiters must not drain the pool
+        runner.wait(job_id, remaining)

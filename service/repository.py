@@ -1,0 +1,341 @@
+"""Queries, one function per question; rules (what to reuse, when to solve) live in ``service.planning``.
+
+Every write that races across replicas leans on a unique constraint, not on a read-then-write: plans on
+``request_hash``, live jobs on ``active_hash``, spec versions on ``(name, version)``, custom profiles on ``name``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import Select, delete, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service.models import FleetVersionRow, JobRow, ModelVersionRow, PlanRow, ProfileRow, utcnow
+from solver.extract import canonical_json
+from solver.resources import Job, JobProgress, JobState, Pagination, PlanSummary, StoredPlan
+from solver.spec import FleetSpec, Plan, PlanStatus
+
+ACTIVE = (JobState.queued.value, JobState.running.value)
+
+
+def content_hash(obj: Any) -> str:
+    return "sha256:" + hashlib.sha256(canonical_json(obj).encode()).hexdigest()
+
+
+def parse_uuid(value: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        return None
+
+
+# ------------------------------------------------------------------------------------------------- plans
+
+
+def plan_by_id(session: Session, plan_id: str) -> PlanRow | None:
+    key = parse_uuid(plan_id)
+    return session.get(PlanRow, key) if key else None
+
+
+def plan_by_hash(session: Session, request_hash: str) -> PlanRow | None:
+    return session.scalars(select(PlanRow).where(PlanRow.request_hash == request_hash)).first()
+
+
+def store_plan(
+    session: Session,
+    plan: Plan,
+    fleet: FleetSpec,
+    request: dict[str, Any],
+    *,
+    model_ref: str | None,
+    fleet_ref: str | None,
+) -> PlanRow:
+    """Insert ``plan`` (committing); when another process stored this request hash first, return theirs."""
+    plan_id = uuid.uuid4()
+    counts: dict[str, int] = {}
+    for group in fleet.hosts:
+        counts[group.gpu_name] = counts.get(group.gpu_name, 0) + group.count * group.gpus_per_host
+    fills = [r.hbm_used_bytes / r.hbm_capacity_bytes for r in plan.ranks if r.hbm_capacity_bytes]
+    body = plan.model_copy(update={"id": str(plan_id)}).model_dump(mode="json")
+    row = PlanRow(
+        id=plan_id,
+        created_at=utcnow(),
+        request_hash=plan.request_hash,
+        model_name=plan.model,
+        fleet_name=plan.fleet,
+        model_ref=model_ref,
+        fleet_ref=fleet_ref,
+        gpu_types="," + ",".join(sorted(counts)) + ",",
+        gpu_counts=counts,
+        world_size=fleet.world_size,
+        num_tables=len(request["model"]["embedding_tables"]),
+        status=plan.status.value,
+        solver=plan.solver.name,
+        predicted_step_ms=plan.predicted_step_ms,
+        lower_bound_ms=plan.lower_bound_ms,
+        gap=plan.solver.gap,
+        peak_hbm_fill=max(fills) if fills else None,
+        body=body,
+        request=request,
+    )
+    session.add(row)
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        existing = plan_by_hash(session, plan.request_hash)
+        if existing is None:
+            raise
+        return existing
+    return row
+
+
+def stored_plan(row: PlanRow, *, reused: bool = False) -> StoredPlan:
+    return StoredPlan.model_validate(
+        {
+            **row.body,
+            "created_at": row.created_at,
+            "reused": reused,
+            "model_ref": row.model_ref,
+            "fleet_ref": row.fleet_ref,
+        }
+    )
+
+
+def summary(row: PlanRow) -> PlanSummary:
+    return PlanSummary(
+        id=str(row.id),
+        created_at=row.created_at,
+        request_hash=row.request_hash,
+        model=row.model_name,
+        fleet=row.fleet_name,
+        gpu_types=row.gpu_counts,
+        world_size=row.world_size,
+        num_tables=row.num_tables,
+        status=PlanStatus(row.status),
+        predicted_step_ms=row.predicted_step_ms,
+        lower_bound_ms=row.lower_bound_ms,
+        gap=row.gap,
+        peak_hbm_fill=row.peak_hbm_fill,
+        solver=row.solver,
+    )
+
+
+@dataclass(frozen=True)
+class PlanFilters:
+    model: str | None = None
+    fleet: str | None = None
+    gpu: str | None = None
+    status: PlanStatus | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+    def apply(self, query: Select[Any]) -> Select[Any]:
+        if self.model:
+            query = query.where(PlanRow.model_name == self.model)
+        if self.fleet:
+            query = query.where(PlanRow.fleet_name == self.fleet)
+        if self.gpu:
+            query = query.where(PlanRow.gpu_types.contains(f",{self.gpu},", autoescape=True))
+        if self.status:
+            query = query.where(PlanRow.status == self.status.value)
+        if self.created_after:
+            query = query.where(PlanRow.created_at >= self.created_after)
+        if self.created_before:
+            query = query.where(PlanRow.created_at < self.created_before)
+        return query
+
+
+def list_plans(session: Session, filters: PlanFilters, page: int, limit: int) -> tuple[Sequence[PlanRow], Pagination]:
+    total = session.scalar(filters.apply(select(func.count()).select_from(PlanRow))) or 0
+    rows = session.scalars(
+        filters.apply(select(PlanRow))
+        .order_by(PlanRow.created_at.desc(), PlanRow.id.desc())
+        .offset((page - 1) * limit)
+        .limit(limit)
+    ).all()
+    return rows, Pagination(total_count=total, max_page=math.ceil(total / limit), page=page, limit=limit)
+
+
+def delete_plan(session: Session, row: PlanRow) -> None:
+    session.execute(update(JobRow).where(JobRow.plan_id == row.id).values(plan_id=None))
+    session.execute(delete(PlanRow).where(PlanRow.id == row.id))
+
+
+# ------------------------------------------------------------------------------------------------- jobs
+
+
+def job_by_id(session: Session, job_id: str) -> JobRow | None:
+    key = parse_uuid(job_id)
+    return session.get(JobRow, key) if key else None
+
+
+def active_job(session: Session, request_hash: str) -> JobRow | None:
+    return session.scalars(select(JobRow).where(JobRow.active_hash == request_hash)).first()
+
+
+def create_job(
+    session: Session,
+    request_hash: str,
+    request: dict[str, Any],
+    *,
+    runner: str,
+    model_ref: str | None,
+    fleet_ref: str | None,
+) -> tuple[JobRow | None, bool]:
+    """(job, created): a new queued job, or the live one for this hash. (None, False) when the live job finished
+    between our insert and our read — the caller looks for the stored plan again."""
+    now = utcnow()
+    row = JobRow(
+        id=uuid.uuid4(),
+        created_at=now,
+        updated_at=now,
+        request_hash=request_hash,
+        active_hash=request_hash,
+        state=JobState.queued.value,
+        runner=runner,
+        attempts=0,
+        request=request,
+        model_ref=model_ref,
+        fleet_ref=fleet_ref,
+    )
+    session.add(row)
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        return active_job(session, request_hash), False
+    return row, True
+
+
+def job_resource(row: JobRow, plan_url: str | None = None) -> Job:
+    return Job(
+        id=str(row.id),
+        state=JobState(row.state),
+        request_hash=row.request_hash,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        attempts=row.attempts,
+        progress=JobProgress(best_ms=row.best_ms, bound_ms=row.bound_ms, updated_at=row.progress_at),
+        plan_id=str(row.plan_id) if row.plan_id else None,
+        plan_url=plan_url,
+        error=row.error,
+    )
+
+
+def fail_interrupted_jobs(session: Session, runner: str, reason: str) -> int:
+    """Mark the live jobs of ``runner`` failed (a restart cut them off); returns how many."""
+    from service.errors import problem_body
+
+    result = session.execute(
+        update(JobRow)
+        .where(JobRow.runner == runner, JobRow.state.in_(ACTIVE))
+        .values(
+            state=JobState.failed.value,
+            active_hash=None,
+            updated_at=utcnow(),
+            error=problem_body(500, "interrupted", "The solve was interrupted", reason),
+        )
+    )
+    session.commit()
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------------------------------------- specs
+
+SpecRow = ModelVersionRow | FleetVersionRow
+SpecTable = type[ModelVersionRow] | type[FleetVersionRow]
+
+
+def latest_version(session: Session, table: SpecTable, name: str) -> SpecRow | None:
+    query = select(table).where(table.name == name).order_by(table.version.desc()).limit(1)
+    return cast(SpecRow | None, session.scalars(query).first())
+
+
+def get_version(session: Session, table: SpecTable, name: str, version: int | None) -> SpecRow | None:
+    if version is None:
+        return latest_version(session, table, name)
+    return cast(
+        SpecRow | None, session.scalars(select(table).where(table.name == name, table.version == version)).first()
+    )
+
+
+def add_version(session: Session, table: SpecTable, name: str, spec: dict[str, Any]) -> tuple[SpecRow, bool]:
+    """(row, created): content already stored under ``name`` returns that version; otherwise the next one."""
+    digest = content_hash(spec)
+    for _ in range(5):  # another writer may take the next number first
+        same = session.scalars(
+            select(table).where(table.name == name, table.content_hash == digest).order_by(table.version)
+        ).first()
+        if same is not None:
+            return cast(SpecRow, same), False
+        latest = latest_version(session, table, name)
+        row: SpecRow = table(
+            name=name,
+            version=(latest.version + 1) if latest else 1,
+            created_at=utcnow(),
+            content_hash=digest,
+            spec=spec,
+        )
+        session.add(row)
+        try:
+            session.commit()
+        except IntegrityError:
+            session.rollback()
+            continue
+        return row, True
+    raise RuntimeError(f"could not store a new version of {name!r}: too much contention")
+
+
+def list_versions(
+    session: Session, table: SpecTable, name: str | None, page: int, limit: int
+) -> tuple[Sequence[SpecRow], Pagination]:
+    query = select(table)
+    count = select(func.count()).select_from(table)
+    if name:
+        query = query.where(table.name == name)
+        count = count.where(table.name == name)
+    total = session.scalar(count) or 0
+    rows = cast(
+        Sequence[SpecRow],
+        session.scalars(query.order_by(table.name, table.version.desc()).offset((page - 1) * limit).limit(limit)).all(),
+    )
+    return rows, Pagination(total_count=total, max_page=math.ceil(total / limit), page=page, limit=limit)
+
+
+# ------------------------------------------------------------------------------------------------- profiles
+
+
+def custom_profiles(session: Session) -> Sequence[ProfileRow]:
+    return session.scalars(select(ProfileRow).order_by(ProfileRow.name)).all()
+
+
+def custom_profile(session: Session, name: str) -> ProfileRow | None:
+    return session.get(ProfileRow, name)
+
+
+def add_profile(session: Session, name: str, profile: dict[str, Any]) -> tuple[ProfileRow, bool]:
+    """(row, created); a different profile already stored under ``name`` raises ``ValueError``."""
+    digest = content_hash(profile)
+    existing = custom_profile(session, name)
+    if existing is None:
+        row = ProfileRow(name=name, created_at=utcnow(), content_hash=digest, profile=profile)
+        session.add(row)
+        try:
+            session.commit()
+            return row, True
+        except IntegrityError:
+            session.rollback()
+            existing = custom_profile(session, name)
+            assert existing is not None
+    if existing.content_hash != digest:
+        raise ValueError(f"a different custom profile named {name!r} exists; profiles are immutable")
+    return existing, False

@@ -1,0 +1,1 @@
+"""One router per resource; ``api_router`` gathers them under ``/api/v1``."""

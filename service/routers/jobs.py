@@ -1,0 +1,30 @@
+"""``/jobs/{id}``: a solve that outlived its request."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+from service import repository as repo
+from service.auth import ReadAccess
+from service.db import SessionDep
+from service.errors import NotFound, Unauthorized, problem_responses
+from solver.resources import Job
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+
+@router.get(
+    "/{job_id}",
+    response_model=Job,
+    summary="A job's state, progress and plan link",
+    dependencies=[ReadAccess],
+    responses=problem_responses(NotFound, Unauthorized),
+)
+def get_job(job_id: str, session: SessionDep, response: Response) -> Job:
+    row = repo.job_by_id(session, job_id)
+    if row is None:
+        raise NotFound(f"no job with id {job_id!r}")
+    if row.state in repo.ACTIVE:
+        response.headers["Retry-After"] = "1"
+    # a failed job links its plan too when there is one: the infeasible plan and its explanation
+    return repo.job_resource(row, f"/api/v1/plans/{row.plan_id}" if row.plan_id else None)

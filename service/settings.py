@@ -1,0 +1,55 @@
+"""Service settings, read from ``SHARDWISE_*`` environment variables (and a ``.env`` file when present)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SHARDWISE_", env_file=".env", env_ignore_empty=True, extra="ignore")
+
+    database_url: str = Field(
+        default="sqlite:///./shardwise.db", description="SQLAlchemy URL; postgresql://... for PostgreSQL"
+    )
+    api_tokens: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list, description="comma-separated bearer tokens; when set, writes need one"
+    )
+    auth_reads: bool = Field(default=False, description="reads need a token too (when tokens are set)")
+
+    # caps on what one request may ask for
+    max_tables: int = Field(default=5000, ge=1)
+    max_ranks: int = Field(default=4096, ge=1)
+    max_time_limit_s: float = Field(default=600.0, gt=0)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    max_page_size: int = Field(default=200, ge=1)
+
+    # jobs
+    wait_s: float = Field(default=10.0, ge=0, description="default seconds a POST /plans waits before 202")
+    request_threads: int = Field(default=200, ge=1, description="threads serving requests (waiting ones included)")
+    job_workers: int = Field(default=1, ge=1, description="local solver processes (the embedded runner)")
+    broker_url: str | None = Field(default=None, description="Celery broker; jobs run on workers when set")
+
+    log_json: bool = Field(default=True, description="one JSON object per log line")
+    log_level: str = "INFO"
+
+    @field_validator("api_tokens", mode="before")
+    @classmethod
+    def _split_tokens(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [t.strip() for t in value.split(",") if t.strip()]
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _normalise_driver(cls, value: str) -> str:
+        # one PostgreSQL driver (psycopg 3) whatever spelling the user gives
+        for prefix in ("postgres://", "postgresql://", "postgresql+psycopg2://"):
+            if value.startswith(prefix):
+                return "postgresql+psycopg://" + value[len(prefix) :]
+        return value
+
+    def token_values(self) -> list[str]:
+        return [t.get_secret_value() for t in self.api_tokens]
