@@ -1,0 +1,686 @@
+"""``ShardwiseClient``: the typed, retrying HTTP client a job script uses to get a plan from a shardwise service.
+
+::
+
+    from clients.client import ShardwiseClient
+
+    with ShardwiseClient() as client:              # SHARDWISE_URL, SHARDWISE_TOKEN
+        plan = client.plan(spec, "h100-2x8@3", solver="cpsat", time_limit_s=60)
+
+Every method returns the wire models of ``solver.spec`` / ``solver.resources`` (never dicts, except the two
+documents that are dicts by nature: ``export`` and ``healthz``) and raises the typed errors of ``clients.errors``.
+
+Transport: connection errors, timeouts and HTTP 408/429/5xx are retried up to ``max_retries`` extra times with
+exponential backoff (0.5 s doubling to 8 s, minus up to 25 % jitter), or after the server's ``Retry-After``
+(seconds or an HTTP date, capped at 60 s) when it sends one. Every POST carries an ``Idempotency-Key``, the same on
+each retry of one call and a new one per call, so a retried POST cannot solve or register twice.
+
+Import-light on purpose: httpx, pydantic and the wire models; never the server's stack (FastAPI, SQLAlchemy,
+OR-Tools, numpy).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import os
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from datetime import UTC, date, datetime
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeVar, overload
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from clients.errors import (
+    AuthenticationError,
+    BadRequestError,
+    ConflictError,
+    NotFoundError,
+    PayloadTooLargeError,
+    PlanInfeasibleError,
+    PlannerAPIError,
+    PlannerConnectionError,
+    PlannerError,
+    PlannerResponseError,
+    PlannerTimeoutError,
+    PlanNotFoundError,
+    RateLimitError,
+    ServerError,
+    ValidationFailedError,
+    error_from_problem,
+)
+from hwprofiles import HardwareProfile
+from solver.resources import (
+    Evaluation,
+    FleetRecord,
+    Job,
+    JobState,
+    ModelRecord,
+    Page,
+    PlanOptions,
+    PlanSummary,
+    Problem,
+    ProfileRecord,
+    StoredPlan,
+)
+from solver.spec import FleetSpec, ModelSpec, PlanStatus
+
+if TYPE_CHECKING:
+    from solver.port_spec import PortReport
+
+__all__ = [
+    "AuthenticationError",
+    "BadRequestError",
+    "ConflictError",
+    "NotFoundError",
+    "PayloadTooLargeError",
+    "PlanInfeasibleError",
+    "PlanNotFoundError",
+    "PlannerAPIError",
+    "PlannerConnectionError",
+    "PlannerError",
+    "PlannerResponseError",
+    "PlannerTimeoutError",
+    "RateLimitError",
+    "ServerError",
+    "ShardwiseClient",
+    "ValidationFailedError",
+]
+
+DEFAULT_BASE_URL: Final = "http://127.0.0.1:8000"
+API_PREFIX: Final = "/api/v1"
+DEFAULT_TIMEOUT: Final = httpx.Timeout(30, connect=5)
+DEFAULT_MAX_RETRIES: Final = 2
+INITIAL_RETRY_DELAY_S: Final = 0.5
+MAX_RETRY_DELAY_S: Final = 8.0
+MAX_RETRY_AFTER_S: Final = 60.0  # a Retry-After longer than this is waited for this long, then asked again
+JITTER: Final = 0.25  # a backoff delay is shortened by up to this fraction, so that clients spread out
+WAIT_MARGIN_S: Final = 10.0  # a POST /plans that asks the server to wait wait_s reads for at least wait_s + this
+PAGE_SIZE: Final = 100  # the server caps limit at 200
+
+RETRY_STATUSES: Final = frozenset({408, 429, 500, 502, 503, 504})
+#: transport failures worth another try: the request may not have reached the server, or the answer was lost
+_RETRY_TRANSPORT: Final = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError, httpx.ProxyError)
+
+ModelRef = ModelSpec | Mapping[str, Any] | str
+"""A model inline (``ModelSpec`` or its JSON as a dict) or by reference (``"name@version"``, or ``"name"``: latest)."""
+FleetRef = FleetSpec | Mapping[str, Any] | str
+"""A fleet inline (``FleetSpec`` or its JSON as a dict) or by reference (``"name@version"``, or ``"name"``)."""
+ProgressCallback = Callable[[Job], None]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _ref(value: BaseModel | Mapping[str, Any] | str) -> Any:
+    """A model/fleet/profile as the JSON the API takes. Dicts go as they are: the server validates them, and only
+    it knows the custom profiles a fleet may name (and fields a newer server accepts)."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, str):
+        return value
+    return dict(value)
+
+
+def _segment(value: str | int) -> str:
+    """One path segment, percent-encoded (names may hold ``/`` and ``:``)."""
+    return quote(str(value), safe="")
+
+
+def _query_value(value: object) -> str:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, PlanStatus):
+        return value.value
+    return str(value)
+
+
+def parse_retry_after(headers: httpx.Headers, now: float | None = None) -> float | None:
+    """Seconds the server asks us to wait (``Retry-After-Ms``, or ``Retry-After`` in seconds or as an HTTP date),
+    or None when it did not ask (or the value cannot be read). Never negative, never above ``MAX_RETRY_AFTER_S``."""
+    seconds: float | None = None
+    ms = headers.get("retry-after-ms")
+    if ms is not None:
+        try:
+            seconds = float(ms) / 1000
+        except ValueError:
+            seconds = None
+    value = headers.get("retry-after")
+    if seconds is None and value is not None:
+        value = value.strip()
+        try:
+            seconds = float(value)
+        except ValueError:
+            try:
+                when = email.utils.parsedate_to_datetime(value)
+            except (TypeError, ValueError, IndexError):
+                return None
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=UTC)
+            seconds = when.timestamp() - (time.time() if now is None else now)
+    if seconds is None or not math.isfinite(seconds):
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+
+
+def _problem_of(response: httpx.Response) -> Problem:
+    """The RFC 9457 body of an error answer, or one made up from the status line when the body is not one
+    (a proxy's HTML page, an empty 502)."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, Mapping):
+        data = dict(body)
+        data.setdefault("title", response.reason_phrase or f"HTTP {response.status_code}")
+        data.setdefault("status", response.status_code)
+        detail = data.get("detail")
+        if isinstance(detail, list):  # FastAPI's default 422 body, {"detail": [{loc, msg, type}]}: the errors
+            data.setdefault("errors", detail)
+            data["detail"] = None
+        elif detail is not None and not isinstance(detail, str):
+            data["detail"] = str(detail)
+        try:
+            return Problem.model_validate(data)
+        except ValidationError:
+            pass
+    text = response.text.strip() if response.content else ""
+    return Problem(
+        title=response.reason_phrase or f"HTTP {response.status_code}",
+        status=response.status_code,
+        detail=" ".join(text.split())[:200] or None,
+    )
+
+
+class ShardwiseClient:
+    """A synchronous client for the shardwise planning service (``/api/v1``).
+
+    ``base_url``: the server's root (``http://host:8000``; a trailing ``/api/v1`` is accepted); default
+    ``$SHARDWISE_URL``, then ``http://127.0.0.1:8000``. ``token``: sent as ``Authorization: Bearer``; default
+    ``$SHARDWISE_TOKEN``. ``http_client``: an ``httpx.Client`` to use as is (FastAPI's ``TestClient`` is one); when
+    it has a ``base_url`` of its own and no ``base_url`` is given here, paths are sent relative to it. Its own
+    timeout applies unless ``timeout`` is given. ``close()`` closes only a client this one created.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        token: str | None = None,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        http_client: httpx.Client | None = None,
+        poll_interval: float = 0.5,
+    ) -> None:
+        if max_retries < 0:
+            raise ValueError("max_retries must be >= 0")
+        if poll_interval <= 0:
+            raise ValueError("poll_interval must be > 0")
+        self.max_retries = max_retries
+        self.poll_interval = poll_interval
+        self.token = token if token is not None else (os.environ.get("SHARDWISE_TOKEN") or None)
+
+        client_base = str(http_client.base_url).rstrip("/") if http_client is not None else ""
+        relative = bool(client_base) and base_url is None
+        root = client_base if relative else (base_url or os.environ.get("SHARDWISE_URL") or DEFAULT_BASE_URL)
+        root = root.rstrip("/")
+        if root.endswith(API_PREFIX):
+            root = root[: -len(API_PREFIX)]
+            relative = False  # the injected client's base already holds /api/v1: send absolute URLs instead
+        self.base_url = root
+        #: prefix of every request URL: the absolute root, or "" when the injected client resolves relative paths
+        self._root = "" if relative else root
+
+        if http_client is None:
+            self.timeout = httpx.Timeout(timeout)
+            self._http = httpx.Client(timeout=self.timeout, headers={"User-Agent": "shardwise-python"})
+            self._owns_http = True
+        else:
+            self.timeout = http_client.timeout if timeout is DEFAULT_TIMEOUT else httpx.Timeout(timeout)
+            self._http = http_client
+            self._owns_http = False
+
+        # seams for tests: replace to record delays instead of sleeping, or to fix the jitter and the clock
+        self._sleep: Callable[[float], None] = time.sleep
+        self._random: Callable[[], float] = random.random
+        self._monotonic: Callable[[], float] = time.monotonic
+
+    # ------------------------------------------------------------------------------------------- lifecycle
+
+    def close(self) -> None:
+        """Close the HTTP connection pool, if this client created it (an injected one is the caller's)."""
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ShardwiseClient(base_url={self.base_url!r}, max_retries={self.max_retries})"
+
+    # ------------------------------------------------------------------------------------------- plans
+
+    @overload
+    def plan(
+        self,
+        model: ModelRef,
+        fleet: FleetRef,
+        *,
+        wait: Literal[True] = ...,
+        on_progress: ProgressCallback | None = ...,
+        timeout_s: float | None = ...,
+        **options: Any,
+    ) -> StoredPlan: ...
+
+    @overload
+    def plan(
+        self,
+        model: ModelRef,
+        fleet: FleetRef,
+        *,
+        wait: bool,
+        on_progress: ProgressCallback | None = ...,
+        timeout_s: float | None = ...,
+        **options: Any,
+    ) -> StoredPlan | Job: ...
+
+    def plan(
+        self,
+        model: ModelRef,
+        fleet: FleetRef,
+        *,
+        wait: bool = True,
+        on_progress: ProgressCallback | None = None,
+        timeout_s: float | None = None,
+        **options: Any,
+    ) -> StoredPlan | Job:
+        """Plan ``model`` on ``fleet`` (``POST /plans``): the stored plan (``reused`` when it was already there).
+
+        ``options`` are ``PlanOptions`` fields (``solver``, ``time_limit_s``, ``random_seed``, ``wait_s``...).
+        When the solve outlives the request (202), follow the job until it ends, calling ``on_progress(job)``
+        with every state seen, for at most ``timeout_s`` seconds from the call (None: no limit) — or, with
+        ``wait=False``, return the ``Job`` at once (see ``submit``). An infeasible model raises
+        ``PlanInfeasibleError`` carrying the explanation.
+        """
+        deadline = None if timeout_s is None else self._monotonic() + timeout_s
+        answer, delay = self._submit(model, fleet, options)
+        if isinstance(answer, StoredPlan) or not wait:
+            return answer
+        return self._follow(answer, delay, on_progress, deadline, timeout_s)
+
+    def submit(self, model: ModelRef, fleet: FleetRef, **options: Any) -> StoredPlan | Job:
+        """``POST /plans`` without following a job: the plan when the server had it or solved it within its wait
+        (pass ``wait_s=0`` for a job at once), else the ``Job`` to poll with ``get_job`` or ``wait_for``."""
+        answer, _ = self._submit(model, fleet, options)
+        return answer
+
+    def wait_for(
+        self, job_id: str, on_progress: ProgressCallback | None = None, timeout_s: float | None = None
+    ) -> StoredPlan:
+        """Poll ``GET /jobs/{id}`` until the job ends: its plan, or the job's error raised as its typed exception
+        (``PlanInfeasibleError`` for an infeasible model). ``PlannerTimeoutError`` (with ``.job``) after
+        ``timeout_s`` seconds."""
+        deadline = None if timeout_s is None else self._monotonic() + timeout_s
+        job, delay = self._fetch_job(job_id)
+        return self._follow(job, delay, on_progress, deadline, timeout_s)
+
+    def get_job(self, job_id: str) -> Job:
+        """``GET /jobs/{id}``."""
+        return self._fetch_job(job_id)[0]
+
+    def get_plan(self, plan_id: str) -> StoredPlan:
+        """``GET /plans/{id}``."""
+        return self._parse(StoredPlan, self._request("GET", f"/plans/{_segment(plan_id)}"))
+
+    def delete_plan(self, plan_id: str) -> None:
+        """``DELETE /plans/{id}``."""
+        self._request("DELETE", f"/plans/{_segment(plan_id)}")
+
+    def list_plans_page(
+        self,
+        page: int = 1,
+        limit: int = 50,
+        *,
+        model: str | None = None,
+        fleet: str | None = None,
+        gpu: str | None = None,
+        status: PlanStatus | str | None = None,
+        created_after: datetime | str | None = None,
+        created_before: datetime | str | None = None,
+    ) -> Page[PlanSummary]:
+        """One page of the plan history (``GET /plans``), newest first; the server caps ``limit`` at 200."""
+        filters = {
+            "model": model,
+            "fleet": fleet,
+            "gpu": gpu,
+            "status": status,
+            "created_after": created_after,
+            "created_before": created_before,
+        }
+        return self._page(PlanSummary, "/plans", page, limit, filters)
+
+    def list_plans(
+        self,
+        *,
+        model: str | None = None,
+        fleet: str | None = None,
+        gpu: str | None = None,
+        status: PlanStatus | str | None = None,
+        created_after: datetime | str | None = None,
+        created_before: datetime | str | None = None,
+        page_size: int = PAGE_SIZE,
+    ) -> Iterator[PlanSummary]:
+        """Every plan matching the filters, newest first, fetching one page at a time as the iteration needs it."""
+        filters = {
+            "model": model,
+            "fleet": fleet,
+            "gpu": gpu,
+            "status": status,
+            "created_after": created_after,
+            "created_before": created_before,
+        }
+        return self._iterate(PlanSummary, "/plans", page_size, filters, key=lambda s: s.id)
+
+    def evaluate(self, plan_id: str, fleet: FleetRef, model: ModelRef | None = None) -> Evaluation:
+        """Score a stored plan on ``fleet`` (``POST /plans/{id}/evaluate``; the plan's own model unless given)."""
+        body: dict[str, Any] = {"fleet": _ref(fleet)}
+        if model is not None:
+            body["model"] = _ref(model)
+        return self._parse(Evaluation, self._request("POST", f"/plans/{_segment(plan_id)}/evaluate", json=body))
+
+    def export(self, plan_id: str, format: Literal["torchrec", "json"] = "torchrec") -> dict[str, Any]:
+        """A stored plan as a document: ``torchrec`` (TorchRec's serialized sharding plan) or ``json`` (the plan)."""
+        if format == "torchrec":
+            path = f"/plans/{_segment(plan_id)}/torchrec"
+        elif format == "json":
+            path = f"/plans/{_segment(plan_id)}"
+        else:
+            raise ValueError(f"format must be 'torchrec' or 'json', not {format!r}")
+        body = self._json(self._request("GET", path))
+        if not isinstance(body, dict):
+            raise PlannerResponseError(f"GET {path}: expected a JSON object, got {type(body).__name__}", status=200)
+        return body
+
+    def port(self, model: ModelRef, source_fleet: FleetRef, target_fleet: FleetRef, **options: Any) -> PortReport:
+        """Carry ``model``'s plan from ``source_fleet`` to ``target_fleet`` and re-plan it there (``POST /port``).
+
+        ``options`` are ``PlanOptions`` fields for the re-plan.
+        """
+        from solver.port_spec import PortReport  # written beside this client; pydantic only
+
+        body = {
+            "model": _ref(model),
+            "source_fleet": _ref(source_fleet),
+            "target_fleet": _ref(target_fleet),
+            "options": self._options(options),
+        }
+        timeout = self._timeout_for_wait(options.get("wait_s"))
+        return self._parse(PortReport, self._request("POST", "/port", json=body, timeout=timeout))
+
+    # ------------------------------------------------------------------------------------------- models, fleets
+
+    def register_model(self, spec: ModelSpec | Mapping[str, Any]) -> ModelRecord:
+        """``POST /models``: a new version, or the existing version when identical to one."""
+        return self._parse(ModelRecord, self._request("POST", "/models", json=_ref(spec)))
+
+    def get_model(self, name: str, version: int | None = None) -> ModelRecord:
+        """``GET /models/{name}[/{version}]``: that version, or the latest; ``name`` may be ``"name@version"``."""
+        name, version = self._split_ref(name, version)
+        path = f"/models/{_segment(name)}" + (f"/{version}" if version is not None else "")
+        return self._parse(ModelRecord, self._request("GET", path))
+
+    def list_models(self, name: str | None = None, *, page_size: int = PAGE_SIZE) -> Iterator[ModelRecord]:
+        """Every registered model version (``GET /models``), of one name when given."""
+        return self._iterate(ModelRecord, "/models", page_size, {"name": name}, key=lambda r: (r.name, r.version))
+
+    def register_fleet(self, spec: FleetSpec | Mapping[str, Any]) -> FleetRecord:
+        """``POST /fleets``: a new version, or the existing version when identical to one."""
+        return self._parse(FleetRecord, self._request("POST", "/fleets", json=_ref(spec)))
+
+    def get_fleet(self, name: str, version: int | None = None) -> FleetRecord:
+        """``GET /fleets/{name}[/{version}]``: that version, or the latest; ``name`` may be ``"name@version"``."""
+        name, version = self._split_ref(name, version)
+        path = f"/fleets/{_segment(name)}" + (f"/{version}" if version is not None else "")
+        return self._parse(FleetRecord, self._request("GET", path))
+
+    def list_fleets(self, name: str | None = None, *, page_size: int = PAGE_SIZE) -> Iterator[FleetRecord]:
+        """Every registered fleet version (``GET /fleets``), of one name when given."""
+        return self._iterate(FleetRecord, "/fleets", page_size, {"name": name}, key=lambda r: (r.name, r.version))
+
+    # ------------------------------------------------------------------------------------------- profiles
+
+    def profiles(self) -> list[ProfileRecord]:
+        """``GET /hwprofiles``: the catalogue and the custom profiles."""
+        response = self._request("GET", "/hwprofiles")
+        body = self._json(response)
+        if not isinstance(body, list):
+            raise PlannerResponseError(f"GET /hwprofiles: expected a JSON list, got {type(body).__name__}", status=200)
+        try:
+            return [ProfileRecord.model_validate(item) for item in body]
+        except ValidationError as exc:
+            raise self._bad_body(response, exc) from exc
+
+    def get_profile(self, name: str) -> ProfileRecord:
+        """``GET /hwprofiles/{name}``."""
+        return self._parse(ProfileRecord, self._request("GET", f"/hwprofiles/{_segment(name)}"))
+
+    def register_profile(self, profile: HardwareProfile | Mapping[str, Any]) -> ProfileRecord:
+        """``POST /hwprofiles``: a custom profile (``ConflictError`` when the name is taken by another one)."""
+        return self._parse(ProfileRecord, self._request("POST", "/hwprofiles", json=_ref(profile)))
+
+    # ------------------------------------------------------------------------------------------- health
+
+    def healthz(self) -> dict[str, Any]:
+        """``GET /healthz`` (at the server's root, beside ``/api/v1``): the server's health document."""
+        body = self._json(self._request("GET", "/healthz", api=False))
+        return body if isinstance(body, dict) else {"status": body}
+
+    # ------------------------------------------------------------------------------------------- internals: plans
+
+    def _options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The options as sent: validated here (a typo fails before any request), only the fields given, so the
+        server's defaults apply to the rest."""
+        return PlanOptions.model_validate(dict(options)).model_dump(mode="json", exclude_unset=True)
+
+    def _timeout_for_wait(self, wait_s: Any) -> httpx.Timeout | None:
+        """A read timeout long enough for a request that asks the server to wait ``wait_s`` seconds."""
+        if not isinstance(wait_s, int | float) or self.timeout.read is None:
+            return None
+        needed = float(wait_s) + WAIT_MARGIN_S
+        if self.timeout.read >= needed:
+            return None
+        return httpx.Timeout(
+            connect=self.timeout.connect, read=needed, write=self.timeout.write, pool=self.timeout.pool
+        )
+
+    def _submit(self, model: ModelRef, fleet: FleetRef, options: Mapping[str, Any]) -> tuple[StoredPlan | Job, float]:
+        body = {"model": _ref(model), "fleet": _ref(fleet), "options": self._options(options)}
+        timeout = self._timeout_for_wait(options.get("wait_s"))
+        response = self._request("POST", "/plans", json=body, timeout=timeout)
+        if response.status_code == 202:
+            return self._parse(Job, response), self._poll_delay(response)
+        return self._parse(StoredPlan, response), 0.0
+
+    def _poll_delay(self, response: httpx.Response) -> float:
+        after = parse_retry_after(response.headers)
+        return self.poll_interval if after is None else after
+
+    def _fetch_job(self, job_id: str) -> tuple[Job, float]:
+        response = self._request("GET", f"/jobs/{_segment(job_id)}")
+        return self._parse(Job, response), self._poll_delay(response)
+
+    def _follow(
+        self,
+        job: Job,
+        delay: float,
+        on_progress: ProgressCallback | None,
+        deadline: float | None,
+        timeout_s: float | None,
+    ) -> StoredPlan:
+        """Report ``job``, then poll it every ``delay`` (the server's Retry-After, else poll_interval) until it
+        ends or the ``deadline`` (a ``_monotonic()`` time) passes."""
+        while True:
+            if on_progress is not None:
+                on_progress(job)
+            if job.state is JobState.succeeded:
+                if not job.plan_id:
+                    raise PlannerResponseError(f"job {job.id} succeeded without a plan_id", status=200)
+                return self.get_plan(job.plan_id)
+            if job.state is JobState.failed:
+                raise self._job_error(job)
+            if deadline is not None:
+                remaining = deadline - self._monotonic()
+                if remaining <= 0:
+                    raise PlannerTimeoutError(
+                        f"job {job.id} still {job.state.value} after {timeout_s:g} s; resume with wait_for({job.id!r})",
+                        job=job,
+                    )
+                delay = min(delay, remaining)
+            self._sleep(delay)
+            job, delay = self._fetch_job(job.id)
+
+    @staticmethod
+    def _job_error(job: Job) -> PlannerAPIError:
+        error = dict(job.error or {})
+        error.setdefault("title", "Job failed")
+        status = error.get("status")
+        if not isinstance(status, int) or status < 400:
+            status = 500
+            error["status"] = status
+        try:
+            problem = Problem.model_validate(error)
+        except ValidationError:
+            problem = Problem(title="Job failed", status=status, detail=str(job.error))
+        return error_from_problem(status, problem, job_id=job.id)
+
+    @staticmethod
+    def _split_ref(name: str, version: int | None) -> tuple[str, int | None]:
+        if version is None and "@" in name:
+            base, _, tail = name.rpartition("@")
+            if tail.isdigit():
+                return base, int(tail)
+        return name, version
+
+    # ------------------------------------------------------------------------------------------- internals: pages
+
+    def _page(self, item: type[M], path: str, page: int, limit: int, filters: Mapping[str, object]) -> Page[M]:
+        params = {"page": str(page), "limit": str(limit)}
+        params.update({k: _query_value(v) for k, v in filters.items() if v is not None})
+        return self._parse(Page[item], self._request("GET", path, params=params))  # type: ignore[valid-type]
+
+    def _iterate(
+        self,
+        item: type[M],
+        path: str,
+        page_size: int,
+        filters: Mapping[str, object],
+        key: Callable[[M], object],
+    ) -> Iterator[M]:
+        """Pages 1..max_page, lazily. Rows that a new insert pushed onto the next page are not yielded twice."""
+        seen: set[object] = set()
+        page = 1
+        while True:
+            result = self._page(item, path, page, page_size, filters)
+            for row in result.items:
+                k = key(row)
+                if k not in seen:
+                    seen.add(k)
+                    yield row
+            if not result.items or page >= result.pagination.max_page:
+                return
+            page += 1
+
+    # ------------------------------------------------------------------------------------------- internals: HTTP
+
+    def _url(self, path: str, api: bool = True) -> str:
+        return self._root + (API_PREFIX if api else "") + path
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json, application/problem+json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        return headers
+
+    def _backoff(self, attempt: int) -> float:
+        """Exponential backoff for retry ``attempt`` (0 = the first retry): 0.5, 1, 2, 4, 8, 8... s, less jitter."""
+        base = min(INITIAL_RETRY_DELAY_S * 2.0**attempt, MAX_RETRY_DELAY_S)
+        return base * (1 - JITTER * self._random())
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str] | None = None,
+        timeout: httpx.Timeout | None = None,
+        api: bool = True,
+    ) -> httpx.Response:
+        """Send one call, retrying what may succeed on another try; a success answer, or the typed error."""
+        url = self._url(path, api)
+        headers = self._headers()
+        if method == "POST":
+            headers["Idempotency-Key"] = str(uuid.uuid4())  # one key for every try of this call
+        what = f"{method} {url}"
+        attempt = 0
+        while True:
+            try:
+                response = self._http.request(
+                    method, url, json=json, params=params, headers=headers, timeout=timeout or self.timeout
+                )
+            except _RETRY_TRANSPORT as exc:
+                if attempt < self.max_retries:
+                    self._sleep(self._backoff(attempt))
+                    attempt += 1
+                    continue
+                tries = f"after {attempt + 1} tries" if attempt else "(no retries)"
+                if isinstance(exc, httpx.TimeoutException):
+                    raise PlannerTimeoutError(f"{what} timed out {tries}: {type(exc).__name__}") from exc
+                raise PlannerConnectionError(f"{what} failed {tries}: {exc or type(exc).__name__}") from exc
+            except httpx.TransportError as exc:  # not worth a retry: a bad URL, an unsupported scheme
+                raise PlannerConnectionError(f"{what} failed: {exc or type(exc).__name__}") from exc
+
+            if response.status_code in RETRY_STATUSES and attempt < self.max_retries:
+                after = parse_retry_after(response.headers)
+                response.close()
+                self._sleep(self._backoff(attempt) if after is None else after)
+                attempt += 1
+                continue
+            if response.is_error:
+                raise error_from_problem(response.status_code, _problem_of(response))
+            return response
+
+    @staticmethod
+    def _json(response: httpx.Response) -> Any:
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise PlannerResponseError(
+                f"{response.request.method} {response.request.url}: the answer is not JSON", status=response.status_code
+            ) from exc
+
+    def _parse(self, model: type[M], response: httpx.Response) -> M:
+        body = self._json(response)
+        try:
+            return model.model_validate(body)
+        except ValidationError as exc:
+            raise self._bad_body(response, exc) from exc
+
+    @staticmethod
+    def _bad_body(response: httpx.Response, exc: ValidationError) -> PlannerResponseError:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "<root>"
+        return PlannerResponseError(
+            f"{response.request.method} {response.request.url}: unexpected answer ({loc}: {first['msg']}); "
+            "are the client and server versions compatible?",
+            status=response.status_code,
+        )
