@@ -4,7 +4,7 @@ else the service settings (``SHARDWISE_DATABASE_URL``)."""
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import create_engine, pool
+from sqlalchemy import Engine, create_engine, pool
 
 from service.models import Base
 from service.settings import Settings
@@ -32,9 +32,14 @@ def run_migrations_offline() -> None:
 
 
 def run_migrations_online() -> None:
-    connection = config.attributes.get("connection")
-    if connection is not None:  # a caller's connection (tests)
-        _run(connection)
+    given = config.attributes.get("connection")  # a caller's connection or engine (pytest-alembic)
+    if isinstance(given, Engine):
+        with given.connect() as conn:
+            _run(conn)
+            conn.commit()
+        return
+    if given is not None:
+        _run(given)
         return
     engine = create_engine(_url(), poolclass=pool.NullPool)
     with engine.connect() as conn:

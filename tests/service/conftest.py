@@ -132,7 +132,8 @@ def clean_db(database_url: str) -> Iterator[str]:
 
 
 def make_settings(database_url: str, **overrides: Any) -> Settings:
-    return Settings(database_url=database_url, log_json=True, log_level="INFO", wait_s=30.0, **overrides)
+    values: dict[str, Any] = {"log_json": True, "log_level": "INFO", "wait_s": 30.0, **overrides}
+    return Settings(database_url=database_url, **values)
 
 
 @pytest.fixture

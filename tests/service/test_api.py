@@ -10,11 +10,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from conftest import fleet, make_settings, small_model
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, func, select
 from sqlalchemy.orm import Session
 
+from conftest import fleet, make_settings, small_model
 from hwprofiles import get_profile
 from service.app import create_app
 from service.jobs import LocalRunner
