@@ -1,0 +1,12 @@
+"""The ASGI entry point for servers: ``uvicorn --factory service.asgi:app_from_env`` (settings from the
+environment, ``SHARDWISE_*``). ``shardwise serve`` migrates the database first, then runs this."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from service.app import create_app
+
+
+def app_from_env() -> FastAPI:
+    return create_app()
