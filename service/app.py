@@ -15,13 +15,14 @@ import anyio.to_thread
 from fastapi import APIRouter, FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
+from fastapi.staticfiles import StaticFiles
 
 from service import errors
 from service import repository as repo
 from service.db import make_engine, session_factory
 from service.jobs import JobRunner, LocalRunner
 from service.observability import Metrics, RequestMiddleware, configure_logging
-from service.routers import health, hwprofiles, jobs, plans, specs
+from service.routers import health, hwprofiles, jobs, plans, port, specs, ui
 from service.routers.common import BODY_MODELS
 from service.settings import Settings
 from solver.extract import solver_version
@@ -37,6 +38,10 @@ def _operation_id(route: APIRoute) -> str:
 
 
 def make_runner(settings: Settings, app: FastAPI) -> JobRunner:
+    if settings.broker_url:  # jobs on Celery workers; imported only then (the embedded default needs no Celery)
+        from service.celery_app import CeleryRunner
+
+        return CeleryRunner(settings)
     return LocalRunner(settings.database_url, settings.job_workers, on_done=lambda job_id: _observe(app, job_id))
 
 
@@ -106,10 +111,12 @@ def create_app(settings: Settings | None = None, *, runner: JobRunner | None = N
     )
 
     api = APIRouter(prefix=API_PREFIX)
-    for router in (plans.router, jobs.router, specs.models, specs.fleets, hwprofiles.router):
+    for router in (plans.router, jobs.router, specs.models, specs.fleets, hwprofiles.router, port.router):
         api.include_router(router)
     app.include_router(api)
     app.include_router(health.router)
+    app.mount("/static", StaticFiles(directory=ui.STATIC_DIR), name="static")
+    app.include_router(ui.router)  # last: it ends with a catch-all for /ui/...
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

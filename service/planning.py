@@ -21,6 +21,7 @@ from service.jobs import JobRunner
 from service.models import FleetVersionRow, JobRow, ModelVersionRow, PlanRow
 from service.settings import Settings
 from solver.extract import request_hash
+from solver.resources import PlanOptions
 from solver.spec import FleetSpec, ModelSpec, SolveParams
 
 
@@ -128,6 +129,15 @@ def check_caps(settings: Settings, model: ModelSpec, fleet: FleetSpec, params: S
         raise LimitExceeded(
             f"time_limit_s {params.time_limit_s:g} is over this service's cap of {settings.max_time_limit_s:g} s"
         )
+
+
+def solve_params(settings: Settings, options: PlanOptions) -> tuple[SolveParams, float]:
+    """The request's solve options (a default time limit over the cap is capped, an explicit one is refused
+    by ``check_caps``) and its wait budget."""
+    params = options.solve_params()
+    if "time_limit_s" not in options.model_fields_set and params.time_limit_s > settings.max_time_limit_s:
+        params = params.model_copy(update={"time_limit_s": settings.max_time_limit_s})
+    return params, settings.wait_s if options.wait_s is None else options.wait_s
 
 
 @dataclass(frozen=True)

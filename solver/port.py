@@ -491,12 +491,14 @@ def port_analysis(
     *,
     profiles: Mapping[str, HardwareProfile] | None = None,
     source_plan: Plan | None = None,
+    target_plan: Plan | None = None,
     on_progress: Progress | None = None,
 ) -> PortReport:
     """Direct port versus re-plan of ``model`` from ``source_fleet`` to ``target_fleet`` (module docstring).
 
     ``params`` drive both solves (the source plan when none is given, and the re-plan); ``profiles`` are custom
     hardware profiles the fleets may name; ``on_progress(best_ms, bound_ms)`` follows the re-plan's CP-SAT search.
+    ``target_plan``: a plan already made for ``target_fleet`` (the service's stored one) instead of solving again.
     Raises :class:`PortError` when ``source_plan`` is not a valid plan of ``model`` on ``source_fleet``.
     """
     known = dict(profiles or {})
@@ -512,7 +514,7 @@ def port_analysis(
             raise PortError(problems)
     direct = direct_port(topo, model, source, source_fleet.name)
 
-    replan = make_plan(model, target_fleet, params, known, on_progress)
+    replan = target_plan if target_plan is not None else make_plan(model, target_fleet, params, known, on_progress)
     replan_from: Literal["solver", "direct_port"] = "solver"
     fallback_note: str | None = None
     if direct.feasible and direct.plan is not None and direct.predicted_step_ms is not None:

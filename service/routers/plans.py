@@ -25,7 +25,15 @@ from service.errors import (
 )
 from service.jobs import infeasible_problem
 from service.models import PlanRow
-from service.planning import Resolved, check_caps, profiles_context, resolve_fleet, resolve_model, submit
+from service.planning import (
+    Resolved,
+    check_caps,
+    profiles_context,
+    resolve_fleet,
+    resolve_model,
+    solve_params,
+    submit,
+)
 from service.routers.common import JsonBody, MetricsDep, PageDep, RunnerDep, SettingsDep, body_schema, parse
 from solver.resources import EvaluateRequest, Evaluation, Job, Page, PlanRequest, PlanSummary, StoredPlan
 from solver.spec import ModelSpec, Plan, PlanStatus
@@ -74,11 +82,8 @@ def create_plan(
     body = parse(PlanRequest, raw, {"profiles": custom})
     model, model_ref = resolve_model(session, body.model)
     fleet, fleet_ref = resolve_fleet(session, body.fleet, custom)
-    params = body.options.solve_params()
-    if "time_limit_s" not in body.options.model_fields_set and params.time_limit_s > settings.max_time_limit_s:
-        params = params.model_copy(update={"time_limit_s": settings.max_time_limit_s})  # the default, capped
+    params, wait_s = solve_params(settings, body.options)
     check_caps(settings, model, fleet, params)
-    wait_s = settings.wait_s if body.options.wait_s is None else body.options.wait_s
     outcome = submit(session, runner, Resolved(model, fleet, params, model_ref, fleet_ref), wait_s)
     if outcome.started:
         metrics.solves.labels(runner.name).inc()
