@@ -30,11 +30,12 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.run import machine
 from service.db import upgrade
+
+ROOT = Path(__file__).resolve().parent.parent
 
 EXAMPLES = [
     ("dlrm_dcnv2.json", "fleet_8xh100.json"),

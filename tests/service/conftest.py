@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
 
 from service.app import create_app
 from service.db import upgrade
@@ -145,3 +146,21 @@ def settings(clean_db: str) -> Settings:
 def client(settings: Settings, runner: LocalRunner) -> Iterator[TestClient]:
     with TestClient(create_app(settings, runner=runner)) as c:
         yield c
+
+
+def count(url: str, table: type[Any]) -> int:
+    engine = create_engine(url)
+    with Session(engine) as s:
+        n = s.scalar(select(func.count()).select_from(table)) or 0
+    engine.dispose()
+    return n
+
+
+def assert_problem(response: Any, status: int, slug: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    body: dict[str, Any] = response.json()
+    assert body["type"] == f"/problems/{slug}"
+    assert body["status"] == status
+    assert body["title"]
+    return body

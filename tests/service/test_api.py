@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, func, select
+from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-from conftest import fleet, make_settings, small_model
+from conftest import assert_problem, count, fleet, make_settings, small_model
 from hwprofiles import get_profile
 from service.app import create_app
 from service.jobs import LocalRunner
@@ -30,24 +30,6 @@ GREEDY = {"solver": "greedy"}
 
 def plan_request(model: Any = None, fleet_: Any = None, **options: Any) -> dict[str, Any]:
     return {"model": model or small_model(), "fleet": fleet_ or fleet(), "options": {**GREEDY, **options}}
-
-
-def count(url: str, table: type[Any]) -> int:
-    engine = create_engine(url)
-    with Session(engine) as s:
-        n = s.scalar(select(func.count()).select_from(table)) or 0
-    engine.dispose()
-    return n
-
-
-def assert_problem(response: Any, status: int, slug: str) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith("application/problem+json")
-    body: dict[str, Any] = response.json()
-    assert body["type"] == f"/problems/{slug}"
-    assert body["status"] == status
-    assert body["title"]
-    return body
 
 
 # ------------------------------------------------------------------------------------------------- plans

@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
-from test_api import assert_problem, count
 
-from conftest import fleet, small_model
+from conftest import assert_problem, count, fleet, small_model
 from service.models import PlanRow
 from solver.port import port_analysis
 from solver.port_spec import PortReport
@@ -39,7 +38,8 @@ def test_port_over_http_equals_the_local_analysis(client: TestClient, settings: 
         SolveParams(solver="greedy"),
     )
     assert report.speedup == local.speedup
-    assert report.speedup is not None and report.speedup > 1
+    assert report.speedup is not None
+    assert report.speedup > 1
     assert report.direct_port.predicted_step_ms == local.direct_port.predicted_step_ms
     assert report.replan.tables == local.replan.tables
     assert report.hints == local.hints
