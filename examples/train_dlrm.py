@@ -13,8 +13,11 @@ What it does, on every rank:
 2. builds the fleet from torchrun's environment — ``WORLD_SIZE`` ranks, ``LOCAL_WORLD_SIZE`` GPUs per host, so
    ``WORLD_SIZE / LOCAL_WORLD_SIZE`` hosts — of the GPU kind ``--gpu`` names (a catalogue profile, default
    ``nvidia-h200``);
-3. rank 0 plans it with the library call ``make_plan(spec, fleet, SolveParams(solver=..., time_limit_s=...))``
-   and broadcasts the plan (CP-SAT stops on a time limit, so two ranks planning alone could disagree);
+3. with ``--url`` (or ``SHARDWISE_URL``) every rank asks a shardwise service for the plan:
+   ``ShardwiseClient(url).plan(spec, fleet, solver=..., time_limit_s=...)``; the ranks send the same request, so
+   the service solves it once and hands every rank the same plan (a later run gets it from the store). Without a
+   service, rank 0 plans it with the library call ``make_plan(spec, fleet, SolveParams(...))`` and broadcasts the
+   plan (CP-SAT stops on a time limit, so two ranks planning alone could disagree);
 4. ``apply_plan`` shards the model (tables as the plan says, dense layers replicate / fsdp / colwise / rowwise),
    with tables still on the meta device, so each rank only materialises its own shards;
 5. trains ``--steps`` steps on synthetic data (uniform ids, bag lengths averaging the pooling factor, random
@@ -26,8 +29,6 @@ would only make the predicted milliseconds look meaningful when they are not): t
 executor of that world size, and the printed ``predicted_step_ms`` is what the cost model expects on those GPUs,
 not on the CPU.
 
-Planning over HTTP (``--url``, a shardwise service) is not offered yet: the service does not exist. When it does,
-step 3 becomes a POST of the spec and fleet, with the same plan back.
 """
 
 from __future__ import annotations
@@ -49,9 +50,9 @@ from torch import Tensor, nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from clients.apply import apply_plan, param_groups, split_parameters
+from clients.client import ShardwiseClient
 from clients.describe import describe
 from clients.sharded_embedding import RowWiseAdagrad, ShardedEmbeddingBagCollection
-from solver.planner import make_plan
 from solver.spec import FleetSpec, ModelSpec, Plan, SolveParams
 
 # ------------------------------------------------------------------------------------------------ the model
@@ -178,12 +179,20 @@ def fleet_from_env(gpu: str) -> FleetSpec:
 
 def plan_on_rank0(spec: ModelSpec, fleet: FleetSpec, params: SolveParams) -> Plan:
     """Rank 0 plans, every rank gets the same plan (a collective)."""
+    from solver.planner import make_plan  # the local planner needs the server extra; the service path does not
+
     box: list[str | None] = [None]
     if dist.get_rank() == 0:
         box[0] = make_plan(spec, fleet, params).model_dump_json()
     dist.broadcast_object_list(box, src=0)
     assert box[0] is not None
     return Plan.model_validate_json(box[0])
+
+
+def plan_from_service(url: str, spec: ModelSpec, fleet: FleetSpec, params: SolveParams) -> Plan:
+    """Every rank asks the service; one request hash, so one solve and the same plan for all of them."""
+    with ShardwiseClient(url) as client:
+        return client.plan(spec, fleet, solver=params.solver, time_limit_s=params.time_limit_s)
 
 
 def describe_plan(plan: Plan) -> list[str]:
@@ -245,6 +254,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=256, help="samples per rank and step")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--url", default=os.environ.get("SHARDWISE_URL"), help="a shardwise service [env SHARDWISE_URL]")
     return p.parse_args(argv)
 
 
@@ -265,9 +275,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         cfg = SMALL
         spec = model_spec(cfg, args.batch_size)
         fleet = fleet_from_env(args.gpu)
-        plan = plan_on_rank0(spec, fleet, SolveParams(solver=args.solver, time_limit_s=args.time_limit))
+        params = SolveParams(solver=args.solver, time_limit_s=args.time_limit)
+        plan = plan_from_service(args.url, spec, fleet, params) if args.url else plan_on_rank0(spec, fleet, params)
         if rank == 0:
-            print(f"fleet {fleet.name}, world {fleet.world_size}, device {args.device}")
+            where = f"service {args.url}" if args.url else "planned locally"
+            print(f"fleet {fleet.name}, world {fleet.world_size}, device {args.device}, {where}")
             print("\n".join(describe_plan(plan)))
         model = build_sharded(cfg, plan, spec, device, seed=args.seed)
         ebc = ShardedEmbeddingBagCollection.from_module(model)

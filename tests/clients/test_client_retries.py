@@ -849,3 +849,32 @@ def test_an_injected_base_url_that_holds_the_api_prefix_is_not_doubled(stored_pl
     http = httpx.Client(base_url="http://testserver/api/v1/", transport=httpx.MockTransport(server))
     ShardwiseClient(http_client=http).get_plan("p")
     assert str(server.requests[0].url) == "http://testserver/api/v1/plans/p"
+
+
+BLOCK_SERVER_STACK = """
+import importlib.abc, sys
+HEAVY = {'fastapi', 'starlette', 'sqlalchemy', 'alembic', 'ortools', 'numpy', 'torch', 'uvicorn', 'celery'}
+class _BaseInstall(importlib.abc.MetaPathFinder):  # these packages are absent on the base install
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in HEAVY:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, _BaseInstall())
+"""
+
+
+def test_the_base_install_runs_the_client_and_cli_without_the_server_stack() -> None:
+    """With the server stack made unimportable, the client and the CLI import, the remote commands answer, and the
+    local planner says in one line which extra it needs."""
+    code = BLOCK_SERVER_STACK + (
+        "import clients.client, clients.cli\n"
+        "from typer.testing import CliRunner\n"
+        "r = CliRunner()\n"
+        "print(r.invoke(clients.cli.app, ['--help']).exit_code)\n"
+        "out = r.invoke(clients.cli.app, ['list', '--url', 'http://127.0.0.1:9'])\n"
+        "print(out.exit_code, 'cannot reach' in out.output)\n"
+        "out = r.invoke(clients.cli.app, ['plan', 'examples/dlrm_dcnv2.json', 'examples/fleet_8xh100.json'])\n"
+        "print(out.exit_code, 'server extra' in out.output)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:3] == ["0", "2 True", "2 True"], out.stdout + out.stderr
