@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 TORCH_STAMP := $(VENV)/.torch-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: help install install-torch install-baseline lint typecheck test test-fast bench bench-greedy run all clean
+.PHONY: help install install-torch install-baseline install-browser lint typecheck test test-fast bench bench-greedy run plan-example load all clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-17s %s\n", $$1, $$2}'
@@ -37,6 +37,11 @@ install-torch: $(TORCH_STAMP) ## add torch 2.13.0 (CPU) and TorchRec's CPU tripl
 
 install-baseline: install-torch ## the same as install-torch (TorchRec for the baseline benchmark)
 
+# The Playwright tests drive Debian's Chromium (playwright install cannot download browsers here); they skip
+# themselves when it is missing. Runs as root (no sudo); does nothing once /usr/bin/chromium exists.
+install-browser: ## Debian's chromium for the browser tests (apt-get, only when /usr/bin/chromium is missing)
+	@test -x /usr/bin/chromium || { apt-get update -q && apt-get install -y -q chromium; }
+
 lint: install-torch ## ruff lint + format check
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -44,10 +49,10 @@ lint: install-torch ## ruff lint + format check
 typecheck: install-torch ## mypy --strict on the packages (torch installed so that clients/ is checked against it)
 	$(VENV)/bin/mypy
 
-test: lint typecheck ## lint, typecheck, then the whole test suite (what CI runs)
+test: lint typecheck install-browser ## lint, typecheck, then the whole test suite (what CI runs)
 	$(VENV)/bin/pytest -q
 
-test-fast: install-torch ## the test suite without lint and typecheck
+test-fast: install-torch install-browser ## the test suite without lint and typecheck
 	$(VENV)/bin/pytest -q -x
 
 bench: install ## greedy vs CP-SAT (vs TorchRec if installed) on the benchmark instances; BENCH_ARGS=... to filter
@@ -56,8 +61,14 @@ bench: install ## greedy vs CP-SAT (vs TorchRec if installed) on the benchmark i
 bench-greedy: install ## the greedy planner alone on every instance (seconds to answer)
 	$(PY) benchmarks/run.py --greedy-only $(BENCH_ARGS)
 
-run: install ## plan the example DLRM on 8x H100 and print the per-rank table
+run: install ## install, migrate and serve on http://127.0.0.1:8000 (SQLite ./shardwise.db unless SHARDWISE_DATABASE_URL)
+	$(VENV)/bin/shardwise serve --host 127.0.0.1 --port 8000
+
+plan-example: install ## plan the example DLRM on 8x H100 locally (no server) and print the per-rank table
 	$(VENV)/bin/shardwise plan examples/dlrm_dcnv2.json examples/fleet_8xh100.json --time-limit 10 -o plan.json
+
+load: install ## reused-plan latency/throughput at 50 clients and cold plans, against a real uvicorn
+	$(PY) benchmarks/load_service.py $(LOAD_ARGS)
 
 all: test ## everything CI checks
 
