@@ -75,7 +75,8 @@ class PlanRow(Base):
     gap: Mapped[float | None] = mapped_column(Float)
     peak_hbm_fill: Mapped[float | None] = mapped_column(Float)
     body: Mapped[dict[str, Any]] = mapped_column(JSON)  # the wire Plan
-    request: Mapped[dict[str, Any]] = mapped_column(JSON)  # the resolved model, fleet and options it answers
+    # the resolved model, fleet and options it answers (loaded when read: a reused answer never needs it)
+    request: Mapped[dict[str, Any]] = mapped_column(JSON, deferred=True)
 
     __table_args__ = (Index("ix_plans_created_at_id", "created_at", "id"),)
 

@@ -98,16 +98,19 @@ def store_plan(
     return row
 
 
+def stored_plan_json(row: PlanRow, *, reused: bool = False) -> dict[str, Any]:
+    """The ``StoredPlan`` body as JSON-ready data, without re-validating the plan (it was valid when stored)."""
+    return {
+        **row.body,
+        "created_at": row.created_at.isoformat().replace("+00:00", "Z"),
+        "reused": reused,
+        "model_ref": row.model_ref,
+        "fleet_ref": row.fleet_ref,
+    }
+
+
 def stored_plan(row: PlanRow, *, reused: bool = False) -> StoredPlan:
-    return StoredPlan.model_validate(
-        {
-            **row.body,
-            "created_at": row.created_at,
-            "reused": reused,
-            "model_ref": row.model_ref,
-            "fleet_ref": row.fleet_ref,
-        }
-    )
+    return StoredPlan.model_validate(stored_plan_json(row, reused=reused))
 
 
 def summary(row: PlanRow) -> PlanSummary:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal
 
@@ -17,6 +18,7 @@ COST_MODEL_VERSION = "2"  # 2: sparse-gradient row indices and int64 bag lengths
 SolverStatus = Literal["OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN", "MODEL_INVALID", "HEURISTIC"]
 
 
+@cache  # read once per process: it is in every request hash
 def solver_version() -> str:
     try:
         pkg = version("shardwise")

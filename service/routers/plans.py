@@ -94,7 +94,7 @@ def create_plan(
         if row.status == PlanStatus.infeasible.value:
             return problem_response(infeasible_problem(row, request.url.path, reused=outcome.reused))
         return JSONResponse(
-            repo.stored_plan(row, reused=outcome.reused).model_dump(mode="json"),
+            repo.stored_plan_json(row, reused=outcome.reused),
             status_code=200 if outcome.reused else 201,
             headers={"Location": plan_location(row.id)},
         )
@@ -138,8 +138,8 @@ def list_plans(
     dependencies=[ReadAccess],
     responses=problem_responses(NotFound, Unauthorized),
 )
-def get_plan(plan_id: str, session: SessionDep) -> StoredPlan:
-    return repo.stored_plan(_row(session, plan_id))
+def get_plan(plan_id: str, session: SessionDep) -> JSONResponse:
+    return JSONResponse(repo.stored_plan_json(_row(session, plan_id)))
 
 
 @router.get(
