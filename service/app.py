@@ -42,7 +42,7 @@ def make_runner(settings: Settings, app: FastAPI) -> JobRunner:
         from service.celery_app import CeleryRunner
 
         return CeleryRunner(settings)
-    return LocalRunner(settings.database_url, settings.job_workers, on_done=lambda job_id: _observe(app, job_id))
+    return LocalRunner(settings.database_url, settings.job_workers)
 
 
 def _observe(app: FastAPI, job_id: str) -> None:
@@ -74,6 +74,8 @@ def create_app(settings: Settings | None = None, *, runner: JobRunner | None = N
         app.state.sessions = session_factory(engine)
         owned = runner is None  # a runner handed in is started and stopped by its owner
         app.state.runner = runner or make_runner(settings, app)
+        if isinstance(app.state.runner, LocalRunner):  # it knows when a job ends: time the solve then
+            app.state.runner.on_done = lambda job_id: _observe(app, job_id)
         if owned and app.state.runner.name == "local":  # nobody else can still be running them
             try:
                 with app.state.sessions() as session:

@@ -63,6 +63,7 @@ def test_plan_then_reuse(client: TestClient, settings: Settings) -> None:
     assert 'shardwise_http_request_duration_seconds_count{method="POST",route="/api/v1/plans",status="201"} 1.0' in (
         metrics
     )
+    assert 'shardwise_solve_seconds_count{solver="greedy",status="' in metrics
 
 
 def test_a_different_option_is_a_different_request(client: TestClient) -> None:

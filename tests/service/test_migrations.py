@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 from pytest_alembic.tests import (  # noqa: F401  (collected here, run against each engine below)
     test_model_definitions_match_ddl,
     test_single_head_revision,
@@ -15,7 +16,8 @@ from pytest_alembic.tests import (  # noqa: F401  (collected here, run against e
 )
 from sqlalchemy import Engine, create_engine, inspect
 
-from conftest import create_pg_database, drop_pg_database, postgres_available
+from conftest import create_pg_database, drop_pg_database, make_settings, postgres_available
+from service.app import create_app
 from service.db import MIGRATIONS, downgrade, make_engine, migrations_at_head, upgrade
 from service.models import Base
 
@@ -58,6 +60,11 @@ def test_upgrade_downgrade_round_trip(empty_database: str) -> None:
         downgrade(empty_database, "base")
         assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
         assert migrations_at_head(engine)[0] is False
+        with TestClient(create_app(make_settings(empty_database))) as client:  # the readiness probe notices
+            not_ready = client.get("/readyz")
+            assert not_ready.status_code == 503
+            assert not_ready.json()["type"] == "/problems/not-ready"
+            assert client.get("/healthz").status_code == 200
         upgrade(empty_database)
         assert migrations_at_head(engine)[0] is True
     finally:
