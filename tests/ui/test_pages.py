@@ -1,0 +1,498 @@
+"""The web pages at the HTML level, in process: plans made by the real API, pages parsed with selectolax.
+
+One migrated SQLite database for the module and real solver processes; isolation is by emptying every table after
+each test (as in ``tests/service``), since solves run in separate processes that must see committed rows. Only
+SQLite: the pages read through the same repository functions the API tests run on PostgreSQL too.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import math
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from selectolax.lexbor import LexborHTMLParser, LexborNode
+from sqlalchemy import create_engine
+from sqlalchemy import text as sql
+from ui_support import (
+    big_fleet,
+    fleet,
+    hot_model,
+    mixed_fleet,
+    post_plan,
+    small_model,
+    store_plan_directly,
+)
+
+from service.app import create_app
+from service.db import upgrade
+from service.jobs import LocalRunner
+from service.models import Base
+from service.settings import Settings
+
+BAR_UNITS = 1000.0
+
+
+@pytest.fixture(scope="module")
+def database_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    url = f"sqlite:///{tmp_path_factory.mktemp('ui-db') / 'shardwise.db'}"
+    upgrade(url)
+    return url
+
+
+@pytest.fixture(scope="module")
+def runner(database_url: str) -> Iterator[LocalRunner]:
+    made = LocalRunner(database_url, workers=1)
+    made.start()
+    yield made
+    made.shutdown()
+
+
+@pytest.fixture
+def clean_db(database_url: str) -> Iterator[str]:
+    yield database_url
+    engine = create_engine(database_url)
+    deadline = time.monotonic() + 60
+    with engine.connect() as conn:
+        while time.monotonic() < deadline:  # a job of this test still solving would write into the next one
+            active = conn.execute(sql("SELECT count(*) FROM jobs WHERE state IN ('queued', 'running')")).scalar()
+            conn.commit()
+            if not active:
+                break
+            time.sleep(0.1)
+        for table in reversed(Base.metadata.sorted_tables):
+            conn.execute(table.delete())
+        conn.commit()
+    engine.dispose()
+
+
+@pytest.fixture
+def client(clean_db: str, runner: LocalRunner) -> Iterator[TestClient]:
+    settings = Settings(database_url=clean_db, log_json=True, log_level="WARNING", wait_s=30.0)
+    with TestClient(create_app(settings, runner=runner)) as c:
+        yield c
+
+
+def page(client: TestClient, url: str, status: int = 200, **kwargs: Any) -> LexborHTMLParser:
+    response = client.get(url, **kwargs)
+    assert response.status_code == status, response.text[:2000]
+    assert response.headers["content-type"].startswith("text/html")
+    return LexborHTMLParser(response.text)
+
+
+def attr(node: LexborNode | None, name: str) -> str:
+    assert node is not None
+    value = node.attributes.get(name)
+    assert value is not None, f"{node.tag} has no {name}"
+    return value
+
+
+def text(node: LexborNode | None) -> str:
+    assert node is not None
+    return " ".join(node.text(deep=True, separator=" ").split())
+
+
+def history_ids(doc: LexborHTMLParser) -> list[str]:
+    return [attr(tr, "data-plan-id") for tr in doc.css("#plan-rows tr.plan-row")]
+
+
+def fills(plan: dict[str, Any]) -> dict[int, float]:
+    return {r["rank"]: r["hbm_used_bytes"] / r["hbm_capacity_bytes"] for r in plan["ranks"]}
+
+
+# ------------------------------------------------------------------------------------------------- history
+
+
+def test_root_redirects_to_the_history(client: TestClient) -> None:
+    response = client.get("/", follow_redirects=False)
+    assert response.status_code == 302
+    assert response.headers["location"] == "/ui/plans"
+
+
+def test_history_lists_plans_newest_first(client: TestClient) -> None:
+    made = [
+        post_plan(client, small_model("alpha"), fleet("h100x2")),
+        post_plan(client, small_model("beta"), fleet("h200x4", gpu="nvidia-h200", gpus=4)),
+        post_plan(client, hot_model(), mixed_fleet()),
+    ]
+    api = client.get("/api/v1/plans").json()["items"]
+    doc = page(client, "/ui/plans")
+    assert history_ids(doc) == [p["id"] for p in api]  # the API's order: newest first
+    assert set(history_ids(doc)) == {p["id"] for p in made}
+
+    rows = {attr(tr, "data-plan-id"): tr for tr in doc.css("#plan-rows tr.plan-row")}
+    for item in api:
+        tr = rows[item["id"]]
+        assert text(tr.css_first("td.model")) == item["model"]
+        assert item["fleet"] in text(tr.css_first("td.fleet"))
+        assert {a.attributes["href"] for a in tr.css("a")} == {f"/ui/plans/{item['id']}"}
+        assert f"{item['predicted_step_ms']:.3f} ms" in text(tr)
+        assert text(tr.css_first(".status")) == "best found"  # greedy: a feasible plan, not proved optimal
+        assert f"{item['peak_hbm_fill'] * 100:.1f}%" in text(tr.css_first("td.fill"))
+    assert "2× nvidia-h100-sxm" in text(rows[made[0]["id"]].css_first("td.fleet"))
+    assert "4× nvidia-h200" in text(rows[made[1]["id"]].css_first("td.fleet"))
+    mixed = text(rows[made[2]["id"]].css_first("td.fleet"))
+    assert "2× nvidia-h100-sxm" in mixed
+    assert "2× nvidia-h200" in mixed
+    hot_cells = [attr(tr, "data-plan-id") for tr in doc.css("#plan-rows tr.plan-row") if tr.css_first("td.fill.hot")]
+    assert hot_cells == [made[2]["id"]]  # only the plan with a GPU over 90% has its mini bar flagged
+    # the filter menus offer what the store holds
+    assert [o.attributes["value"] for o in doc.css("select[name=model] option")] == ["", "alpha", "beta", "hot-dlrm"]
+    gpus = [o.attributes["value"] for o in doc.css("select[name=gpu] option")]
+    assert gpus == ["", "nvidia-h100-sxm", "nvidia-h200"]
+    form = doc.css_first("form#filters")
+    assert form is not None
+    assert form.attributes["hx-get"] == "/ui/plans"
+    assert form.attributes["hx-target"] == "#plan-results"
+    assert form.attributes["hx-push-url"] == "true"
+
+
+def test_history_filters(client: TestClient) -> None:
+    a = post_plan(client, small_model("alpha"), fleet("h100x2"))
+    b = post_plan(client, small_model("beta"), fleet("h200x4", gpu="nvidia-h200", gpus=4))
+    c = post_plan(client, small_model("alpha", tables=2), fleet("h200x2", gpu="nvidia-h200"))
+    too_big = small_model("huge", tables=1, rows=2_000_000_000, dim=512)
+    response = client.post("/api/v1/plans", json={"model": too_big, "fleet": fleet(), "options": {"solver": "greedy"}})
+    assert response.status_code == 422
+    infeasible_id = response.json()["plan_id"]
+
+    assert set(history_ids(page(client, "/ui/plans?model=alpha"))) == {a["id"], c["id"]}
+    assert set(history_ids(page(client, "/ui/plans?gpu=nvidia-h200"))) == {b["id"], c["id"]}
+    assert set(history_ids(page(client, "/ui/plans?fleet=h100x2"))) == {a["id"], infeasible_id}
+    assert set(history_ids(page(client, "/ui/plans?model=alpha&gpu=nvidia-h200"))) == {c["id"]}
+    only_bad = page(client, "/ui/plans?status=infeasible")
+    assert history_ids(only_bad) == [infeasible_id]
+    assert text(only_bad.css_first("#plan-rows .status")) == "infeasible"
+    assert set(history_ids(page(client, "/ui/plans?status=feasible&model="))) == {a["id"], b["id"], c["id"]}
+
+    none = page(client, "/ui/plans?model=nobody")
+    assert history_ids(none) == []
+    assert "No plan matches these filters" in text(none.css_first("#plan-rows"))
+    assert attr(none.css_first("select[name=model] option[selected]"), "value") == "nobody"
+    past = page(client, "/ui/plans?model=alpha&page=9")
+    assert history_ids(past) == []
+    assert "past the last one" in text(past.css_first("#plan-rows"))
+    assert attr(past.css_first("#plan-rows a"), "href") == "/ui/plans?model=alpha"
+    # the chosen values stay selected in the menus
+    chosen = page(client, "/ui/plans?model=alpha&status=feasible")
+    assert attr(chosen.css_first("select[name=model] option[selected]"), "value") == "alpha"
+    assert attr(chosen.css_first("select[name=status] option[selected]"), "value") == "feasible"
+
+    bad = page(client, "/ui/plans?status=done", status=400)
+    assert "status must be one of" in text(bad.css_first(".detail"))
+    page(client, "/ui/plans?page=0", status=400)
+    page(client, "/ui/plans?limit=abc", status=400)
+
+
+def test_history_paging_swaps_a_fragment(client: TestClient) -> None:
+    made = [post_plan(client, small_model(f"m{i}"), fleet()) for i in range(3)]
+    newest_first = [p["id"] for p in reversed(made)]
+
+    response = client.get("/ui/plans?limit=2", headers={"HX-Request": "true"})
+    assert response.status_code == 200
+    assert "HX-Request" in response.headers["vary"]
+    assert response.headers["hx-push-url"] == "/ui/plans?limit=2"  # canonical: no empty fields, no page=1
+    assert "<html" not in response.text  # a fragment, not a page
+    frag = LexborHTMLParser(response.text)
+    results = frag.css("div#plan-results")
+    assert len(results) == 1
+    assert history_ids(frag) == newest_first[:2]
+    assert frag.css_first("form#filters") is None
+    nxt = frag.css_first(".pager a.next")
+    assert nxt is not None
+    assert attr(nxt, "hx-get") == "/ui/plans?limit=2&page=2"
+    assert attr(nxt, "href") == attr(nxt, "hx-get")  # works without JavaScript too
+    assert attr(nxt, "hx-target") == "#plan-results"
+    assert attr(nxt, "hx-swap") == "outerHTML"
+    assert attr(nxt, "hx-push-url") == "true"
+    assert frag.css_first(".pager a.prev") is None
+    assert "page 1 of 2" in text(frag.css_first(".pager .count"))
+
+    response = client.get("/ui/plans?model=&limit=2&page=2&gpu=", headers={"HX-Request": "true"})
+    assert response.headers["hx-push-url"] == "/ui/plans?limit=2&page=2"
+    second = LexborHTMLParser(response.text)
+    assert history_ids(second) == newest_first[2:]
+    prev = second.css_first(".pager a.prev")
+    assert prev is not None
+    assert attr(prev, "hx-get") == "/ui/plans?limit=2"
+    assert second.css_first(".pager a.next") is None
+
+    # the same URL without htmx (a reload, a bookmark) is the whole page; so is htmx's history restore
+    full = page(client, "/ui/plans?limit=2&page=2")
+    assert full.css_first("form#filters") is not None
+    assert history_ids(full) == newest_first[2:]
+    restore = client.get("/ui/plans?limit=2", headers={"HX-Request": "true", "HX-History-Restore-Request": "true"})
+    assert "<html" in restore.text
+
+
+# ------------------------------------------------------------------------------------------------- one plan
+
+
+def test_plan_page_one_bar_per_gpu_with_widths_proportional_to_bytes(client: TestClient) -> None:
+    plan = post_plan(client, hot_model(), mixed_fleet())
+    doc = page(client, f"/ui/plans/{plan['id']}")
+    bars = doc.css("svg.hbm-bar")
+    assert len(bars) == len(plan["ranks"]) == 4
+    assert doc.css_first(".hbm-heatmap") is None
+
+    scale = BAR_UNITS / max(r["hbm_capacity_bytes"] for r in plan["ranks"])
+    for bar, rank in zip(bars, plan["ranks"], strict=True):
+        assert int(attr(bar, "data-rank")) == rank["rank"]
+        segments = bar.css("rect.seg")
+        assert segments, "every rank stores something (dense layers at least)"
+        by_kind = {attr(s, "class").split()[1].removeprefix("seg-"): int(attr(s, "data-bytes")) for s in segments}
+        assert by_kind == {k: v for k, v in rank["hbm_breakdown"].items() if v}
+        assert sum(by_kind.values()) == rank["hbm_used_bytes"]
+        x = 0.0
+        for s in segments:  # stacked left to right, each as long as its bytes on the plan's one scale
+            width = float(attr(s, "width"))
+            assert width == pytest.approx(int(attr(s, "data-bytes")) * scale, abs=2e-3)
+            assert float(attr(s, "x")) == pytest.approx(x, abs=2e-3)
+            x += width
+        cap = bar.css_first("rect.cap")
+        assert cap is not None
+        assert float(attr(cap, "width")) == pytest.approx(rank["hbm_capacity_bytes"] * scale, abs=2e-3)
+        limit = bar.css_first("line.limit")
+        assert limit is not None
+        assert float(attr(limit, "x1")) == pytest.approx(
+            math.floor(rank["hbm_capacity_bytes"] * 0.95) * scale, abs=2e-3
+        )
+        assert bar.css_first("rect.reserve") is not None
+    # the H200s are longer bars than the H100s: one scale for the fleet
+    widths = [float(attr(b.css_first("rect.cap"), "width")) for b in bars]
+    assert widths[0] < widths[2] == BAR_UNITS
+
+    # per-rank time split compute / comm, on one scale too
+    time_bars = doc.css("svg.time-bar")
+    assert len(time_bars) == 4
+    tscale = BAR_UNITS / max(r["predicted_ms"]["compute"] + r["predicted_ms"]["comm"] for r in plan["ranks"])
+    for bar, rank in zip(time_bars, plan["ranks"], strict=True):
+        compute, comm = bar.css_first("rect.t-compute"), bar.css_first("rect.t-comm")
+        assert compute is not None
+        assert comm is not None
+        assert float(attr(compute, "width")) == pytest.approx(rank["predicted_ms"]["compute"] * tscale, abs=2e-3)
+        assert float(attr(comm, "width")) == pytest.approx(rank["predicted_ms"]["comm"] * tscale, abs=2e-3)
+        row = doc.css_first(f"tr.rank[data-rank='{rank['rank']}']")
+        assert f"{rank['predicted_ms']['compute']:.3f} ms" in text(row)
+        assert f"{rank['predicted_ms']['comm']:.3f} ms" in text(row)
+        assert f"{rank['hbm_used_bytes'] / 1e9:.1f} GB" in text(row)
+
+
+def test_plan_page_flags_ranks_over_90_percent(client: TestClient) -> None:
+    plan = post_plan(client, hot_model(), mixed_fleet())
+    expected = {r for r, f in fills(plan).items() if f > 0.9}
+    assert expected, "the fixture must fill a GPU past 90%"
+    assert len(expected) < len(plan["ranks"]), "and leave another below it"
+    doc = page(client, f"/ui/plans/{plan['id']}")
+    flagged = {int(attr(tr, "data-rank")) for tr in doc.css("tr.rank.hot")}
+    assert flagged == expected
+    assert {int(attr(b, "data-rank")) for b in doc.css("svg.hbm-bar.hot")} == expected
+    for r in expected:
+        assert "over 90%" in text(doc.css_first(f"tr.rank[data-rank='{r}'] .flag"))
+    assert "over 90% of HBM" in text(doc.css_first(".alert.hot-ranks"))
+
+    calm = post_plan(client, small_model(), fleet())
+    calm_doc = page(client, f"/ui/plans/{calm['id']}")
+    assert calm_doc.css("tr.rank.hot") == []
+    assert calm_doc.css_first(".alert.hot-ranks") is None
+
+
+def test_plan_page_tables_explanation_links_and_snippet(client: TestClient) -> None:
+    plan = post_plan(client, hot_model(), mixed_fleet())
+    doc = page(client, f"/ui/plans/{plan['id']}")
+    head = text(doc.css_first(".plan-head"))
+    assert "hot-dlrm" in head
+    assert "best found" in head
+    assert f"{plan['predicted_step_ms']:.3f} ms" in head
+
+    rows = {attr(tr, "data-table"): tr for tr in doc.css("#table-rows tr")}
+    assert set(rows) == {t["name"] for t in plan["tables"]}
+    for t in plan["tables"]:
+        cells = text(rows[t["name"]])
+        assert t["sharding_type"] in cells
+        assert {s["placement"] for s in t["shards"]} <= set(cells.split())
+        ranks = sorted({s["rank"] for s in t["shards"]})
+        shown = text(rows[t["name"]].css_first(".ranks-cell"))
+        assert shown == (str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}–{ranks[-1]}")  # contiguous here
+    big = text(rows["big"])
+    assert "270,000,000 × 128 fp32" in big
+    assert "138.2 GB" in big
+    search = doc.css_first("input#table-search")
+    assert search is not None
+    assert attr(search, "data-filter") == "#table-rows"
+
+    assert [text(li) for li in doc.css(".explanation li")] == plan["explanation"]
+    links = {attr(a, "href") for a in doc.css(".links a")}
+    assert {f"/api/v1/plans/{plan['id']}", f"/api/v1/plans/{plan['id']}/torchrec"} <= links
+    for href in (f"/api/v1/plans/{plan['id']}", f"/api/v1/plans/{plan['id']}/torchrec"):
+        assert client.get(href).status_code == 200
+
+    snippet = doc.css_first("code#snippet")
+    assert snippet is not None
+    code = snippet.text()
+    tree = ast.parse(code)  # valid Python
+    imported = {(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert {("clients.client", "ShardwiseClient"), ("clients.apply", "apply_plan")} <= imported
+    assert f'.get_plan("{plan["id"]}")' in code
+    assert 'ShardwiseClient("http://testserver")' in code
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "apply_plan"]
+    assert len(calls) == 1
+    pytest.importorskip("torch")
+    from clients.apply import apply_plan
+
+    inspect.signature(apply_plan).bind(*["arg"] * len(calls[0].args), **{k.arg: 0 for k in calls[0].keywords if k.arg})
+
+
+def test_infeasible_plan_page_shows_why_and_no_layout(client: TestClient) -> None:
+    too_big = small_model("huge", tables=1, rows=2_000_000_000, dim=512)
+    response = client.post("/api/v1/plans", json={"model": too_big, "fleet": fleet(), "options": {"solver": "greedy"}})
+    assert response.status_code == 422
+    body = response.json()
+    doc = page(client, f"/ui/plans/{body['plan_id']}")
+    assert text(doc.css_first(".plan-head .status")) == "infeasible"
+    assert [text(li) for li in doc.css(".explanation li")] == body["explanation"]
+    assert doc.css("svg.hbm-bar") == []
+    assert doc.css_first("#snippet") is None  # nothing to apply
+    assert all(not attr(a, "href").endswith("/torchrec") for a in doc.css(".links a"))
+
+
+def test_plan_page_draws_a_heatmap_at_512_gpus(client: TestClient) -> None:
+    plan = post_plan(client, small_model("wide", tables=6, rows=1_000_000), big_fleet())
+    assert len(plan["ranks"]) == 512
+    response = client.get(f"/ui/plans/{plan['id']}")
+    assert response.status_code == 200
+    assert len(response.content) < 150_000  # compact: one tiny cell per GPU, no per-rank bars
+    doc = LexborHTMLParser(response.text)
+    assert doc.css("svg.hbm-bar") == []
+    assert doc.css("tr.rank") == []
+    cells = doc.css(".hbm-heatmap .cell")
+    assert len(cells) == 512
+    assert len(doc.css(".hbm-heatmap .host")) == 64
+    assert len(doc.css(".time-heatmap .cell")) == 512
+    first = attr(cells[0], "title")
+    r0 = plan["ranks"][0]
+    assert first.startswith("rank 0 · host 0:")
+    assert f"({r0['hbm_used_bytes'] / r0['hbm_capacity_bytes'] * 100:.1f}%)" in first
+    assert f"{r0['predicted_ms']['total']:.3f} ms" in first
+    # every cell's colour class follows its fill
+    for cell, f in zip(cells, fills(plan).values(), strict=True):
+        cls = attr(cell, "class").split()[1]
+        assert cls == ("hot" if f > 0.9 else f"f{min(int(f / 0.9 * 10), 9)}")
+    assert len(doc.css(".extremes table")) == 2
+
+
+# ------------------------------------------------------------------------------------------------- compare
+
+
+def layout(t: dict[str, Any]) -> tuple[str, list[int], list[str]]:
+    return t["sharding_type"], sorted({s["rank"] for s in t["shards"]}), sorted(s["placement"] for s in t["shards"])
+
+
+def test_compare_shows_step_times_fills_and_moved_tables(client: TestClient) -> None:
+    model = small_model("cmp", tables=6, rows=2_000_000)
+    a = post_plan(client, model, fleet("h100x2"))
+    b = post_plan(client, model, fleet("h100x4", gpus=4))
+    expected = {
+        t["name"] for t in a["tables"] if layout(t) != layout(next(u for u in b["tables"] if u["name"] == t["name"]))
+    }
+    assert expected, "going from 2 to 4 GPUs must move some table"
+
+    doc = page(client, f"/ui/compare?a={a['id']}&b={b['id']}")
+    moved = {attr(tr, "data-table"): tr for tr in doc.css("table.moved tr.move")}
+    assert set(moved) == expected
+    for name, tr in moved.items():
+        ta = next(t for t in a["tables"] if t["name"] == name)
+        tb = next(t for t in b["tables"] if t["name"] == name)
+        cells = tr.css("td")
+        assert cells[1].text().startswith(ta["sharding_type"])
+        assert cells[2].text().startswith(tb["sharding_type"])
+        assert text(cells[3])
+    assert {attr(tr, "data-table") for tr in doc.css("table.unmoved tr")} == {t["name"] for t in a["tables"]} - expected
+
+    verdict = text(doc.css_first(".verdict"))
+    ratio = b["predicted_step_ms"] / a["predicted_step_ms"]
+    assert f"{ratio:.3f}" in verdict
+    assert f"{a['predicted_step_ms']:.3f} ms" in verdict
+    assert f"{b['predicted_step_ms']:.3f} ms" in verdict
+    steps = [text(dd) for dd in doc.css(".side dd.step-ms")]
+    assert steps == [f"{a['predicted_step_ms']:.3f} ms", f"{b['predicted_step_ms']:.3f} ms"]
+
+    rows = doc.css("table.fill-pairs tbody tr")
+    assert len(rows) == 4  # ranks 0-3: B has four GPUs, A two
+    for tr in rows:
+        r = int(attr(tr, "data-rank"))
+        for side, plan in (("a", a), ("b", b)):
+            cell = text(tr.css_first(f"td.{side}"))
+            if r < len(plan["ranks"]):
+                assert f"{fills(plan)[r] * 100:.1f}%" in cell
+            else:
+                assert cell == "—"
+
+    same = page(client, f"/ui/compare?a={a['id']}&b={a['id']}")
+    assert same.css("table.moved tr.move") == []
+    assert "Same predicted step time" in text(same.css_first(".verdict"))
+
+
+def test_compare_needs_two_known_plans(client: TestClient) -> None:
+    a = post_plan(client, small_model(), fleet())
+    missing = page(client, f"/ui/compare?a={a['id']}", status=400)
+    assert "b is missing" in text(missing.css_first(".detail"))
+    options = [attr(o, "value") for o in missing.css("select[name=b] option") if attr(o, "value")]
+    assert options == [a["id"]]  # a friendly way on: pick from the recent plans
+    assert attr(missing.css_first("select[name=a] option[selected]"), "value") == a["id"]
+    picker = page(client, "/ui/compare")  # the bare page (the nav link): a picker, not an error
+    assert [attr(o, "value") for o in picker.css("select[name=a] option") if attr(o, "value")] == [a["id"]]
+
+    unknown = page(client, f"/ui/compare?a={a['id']}&b=00000000-0000-0000-0000-000000000000", status=404)
+    assert "00000000-0000-0000-0000-000000000000" in text(unknown.css_first(".detail"))
+
+
+# ------------------------------------------------------------------------------------------ errors, escaping, assets
+
+
+def test_trailing_slash_redirects(client: TestClient) -> None:
+    response = client.get("/ui/plans/?model=x", follow_redirects=False)
+    assert response.status_code == 307
+    assert response.headers["location"] == "/ui/plans?model=x"
+
+
+@pytest.mark.parametrize(
+    "url", ["/ui/plans/00000000-0000-0000-0000-000000000000", "/ui/plans/not-a-uuid", "/ui/nothing"]
+)
+def test_unknown_pages_are_html_404s(client: TestClient, url: str) -> None:
+    doc = page(client, url, status=404)
+    assert text(doc.css_first("h1")).startswith("404")
+    assert doc.css_first("a[href='/ui/plans']") is not None
+
+
+def test_markup_in_stored_names_is_escaped(client: TestClient, clean_db: str) -> None:
+    evil = "<script>alert('pwned')</script>"
+    plan_id = store_plan_directly(
+        clean_db, small_model(), fleet(), model=evil, explanation=[f"table {evil} & friends <b>bold</b>"]
+    )
+    for url in ("/ui/plans", f"/ui/plans/{plan_id}", f"/ui/compare?a={plan_id}&b={plan_id}"):
+        body = client.get(url).text
+        assert evil not in body
+        assert "<b>bold</b>" not in body
+        assert "&lt;script&gt;alert(" in body
+        doc = LexborHTMLParser(body)
+        assert all("pwned" not in s.text() for s in doc.css("script"))
+    doc = page(client, f"/ui/plans/{plan_id}")
+    assert text(doc.css_first(".explanation li")) == f"table {evil} & friends <b>bold</b>"  # shown as text
+
+
+def test_static_assets_are_served(client: TestClient) -> None:
+    doc = page(client, "/ui/plans")
+    scripts = [attr(s, "src") for s in doc.css("script[src]")]
+    assert any(s.startswith("/static/htmx.min.js") for s in scripts)
+    for src in [*scripts, attr(doc.css_first("link[rel=stylesheet]"), "href")]:
+        response = client.get(src)
+        assert response.status_code == 200, src
+    htmx = client.get("/static/htmx.min.js").text
+    assert htmx.startswith("/*! htmx 2.")
+    assert "0BSD" in htmx.splitlines()[0]

@@ -1,0 +1,200 @@
+"""The pages in a real browser: Debian's headless Chromium, driven by Playwright, against uvicorn in a subprocess.
+
+The server runs as it does in production (``uvicorn --factory service.asgi:app_from_env`` on 127.0.0.1, settings
+from ``SHARDWISE_*``) on a SQLite file migrated by Alembic; plans are seeded through the HTTP API. Skipped, with
+the reason, when Chromium is not installed (``make install-browser``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from ui_support import REPO_ROOT, fleet, hot_model, mixed_fleet, post_plan, small_model
+
+from service.db import upgrade
+
+pytestmark = pytest.mark.playwright
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_ARGS = [
+    "--no-sandbox",  # root in a container
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+# The README's picture of the plan page. Rewritten when missing or with SHARDWISE_UPDATE_SCREENSHOTS=1 only: the
+# page shows its creation time, so writing it on every run would leave a changed binary in every checkout.
+SCREENSHOT = REPO_ROOT / "docs" / "screenshots" / "plan_page.png"
+UPDATE_SCREENSHOT = os.environ.get("SHARDWISE_UPDATE_SCREENSHOTS") == "1" or not SCREENSHOT.exists()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real uvicorn on a free loopback port; yields its base URL once ``/healthz`` answers."""
+    workdir = tmp_path_factory.mktemp("ui-server")
+    url = f"sqlite:///{workdir / 'shardwise.db'}"
+    upgrade(url)
+    port = free_port()
+    env = {
+        **os.environ,
+        "SHARDWISE_DATABASE_URL": url,
+        "SHARDWISE_LOG_JSON": "false",
+        "SHARDWISE_LOG_LEVEL": "WARNING",
+        "SHARDWISE_WAIT_S": "60",
+    }
+    log = (workdir / "server.log").open("w+")
+    command = [sys.executable, "-m", "uvicorn", "--factory", "service.asgi:app_from_env"]
+    proc = subprocess.Popen(
+        [*command, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+        cwd=workdir,  # no stray .env or shardwise.db from the checkout
+        env={**env, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")])},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                log.seek(0)
+                pytest.fail(f"uvicorn exited with {proc.returncode}:\n{log.read()}")
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                log.seek(0)
+                pytest.fail(f"uvicorn did not answer /healthz within 30 s:\n{log.read()}")
+            time.sleep(0.1)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def seeded(server: str) -> dict[str, Any]:
+    """Four plans of three models, through the HTTP API: the one to look at fills an H200 past 90%."""
+    with httpx.Client(base_url=server, timeout=60) as http:
+        others = [
+            post_plan(http, small_model("dlrm-small"), fleet("h100x2")),
+            post_plan(http, small_model("dlrm-small", tables=2), fleet("h200x4", gpu="nvidia-h200", gpus=4)),
+            post_plan(http, small_model("ranker", tables=3), fleet("h100x4", gpus=4)),
+        ]
+        hot = post_plan(http, hot_model(), mixed_fleet())
+    return {"hot": hot, "others": others}
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if CHROMIUM is None:
+        pytest.skip("Chromium is not installed (make install-browser: apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def test_history_filter_open_plan_and_screenshot(
+    browser: Any, server: str, seeded: dict[str, Any], tmp_path: Path
+) -> None:
+    hot = seeded["hot"]
+    context = browser.new_context(viewport={"width": 1280, "height": 960}, device_scale_factor=1)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    try:
+        page.goto(f"{server}/ui/plans")
+        rows = page.locator("#plan-rows tr.plan-row")
+        assert rows.count() == 4
+
+        # filter: htmx swaps the results in place and pushes the URL; the document is never reloaded
+        page.evaluate("window.__sameDocument = true")
+        page.select_option("select[name=model]", "dlrm-small")
+        page.wait_for_function("document.querySelectorAll('#plan-rows tr.plan-row').length === 2")
+        assert page.evaluate("window.__sameDocument === true")
+        assert "model=dlrm-small" in page.url
+        assert rows.count() == 2
+        page.select_option("select[name=gpu]", "nvidia-h200")
+        page.wait_for_function("document.querySelectorAll('#plan-rows tr.plan-row').length === 1")
+        assert page.evaluate("window.__sameDocument === true")
+        page.select_option("select[name=model]", "")
+        page.wait_for_function("document.querySelectorAll('#plan-rows tr.plan-row').length === 2")
+        assert page.evaluate("window.__sameDocument === true")
+        assert rows.count() == 2  # the two plans with H200s: one of dlrm-small, the hot one
+
+        # open the hot plan from its row
+        page.locator(f"#plan-rows tr[data-plan-id='{hot['id']}'] td.model a").click()
+        page.wait_for_url(f"**/ui/plans/{hot['id']}")
+        bars = page.locator("svg.hbm-bar")
+        assert bars.count() == len(hot["ranks"]) == 4
+        assert bars.first.bounding_box()["width"] > 100  # drawn, not collapsed
+        full = {r["rank"] for r in hot["ranks"] if r["hbm_used_bytes"] / r["hbm_capacity_bytes"] > 0.9}
+        flagged = page.locator("tr.rank.hot")
+        assert flagged.count() == len(full) == 1
+        assert int(flagged.first.get_attribute("data-rank")) in full
+        flag = flagged.first.locator(".flag")
+        assert flag.is_visible()
+        assert flag.inner_text().strip() == "over 90%"
+        # a flagged row is tinted red: the browser applied the style sheet
+        assert flagged.first.evaluate("e => getComputedStyle(e).backgroundColor") != "rgba(0, 0, 0, 0)"
+
+        # the table search filters rows as you type
+        search = page.locator("#table-search")
+        search.fill("big")
+        assert page.locator("#table-rows tr:visible").count() == 1
+        search.fill("")
+        assert page.locator("#table-rows tr:visible").count() == len(hot["tables"])
+
+        search.blur()
+        shot = tmp_path / "plan_page.png"
+        page.screenshot(path=str(shot))  # the viewport: header, GPU bars, the start of the tables
+        assert shot.read_bytes().startswith(b"\x89PNG")
+        assert shot.stat().st_size > 10_000  # not a blank page
+        if UPDATE_SCREENSHOT:
+            SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(shot, SCREENSHOT)
+        assert errors == []
+    finally:
+        context.close()
+
+
+def test_back_button_restores_the_filtered_history(browser: Any, server: str, seeded: dict[str, Any]) -> None:
+    page = browser.new_page()
+    try:
+        page.goto(f"{server}/ui/plans?model=ranker")
+        assert page.locator("#plan-rows tr.plan-row").count() == 1
+        page.select_option("select[name=model]", "")
+        page.wait_for_function("document.querySelectorAll('#plan-rows tr.plan-row').length === 4")
+        page.go_back()
+        page.wait_for_function("document.querySelectorAll('#plan-rows tr.plan-row').length === 1")
+        assert page.url.endswith("/ui/plans?model=ranker")
+    finally:
+        page.close()

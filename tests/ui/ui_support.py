@@ -1,0 +1,91 @@
+"""What the page tests share: request documents, and plans made through the API or stored directly.
+
+A plain module, not a ``conftest.py``: ``tests/service`` imports its helpers with ``from conftest import ...``, and
+a second ``conftest`` module here would take that name in ``sys.modules`` whenever both directories are given to
+one pytest run (``pytest tests/service tests/ui``). Fixtures live in the test modules that use them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
+
+from service import repository as repo
+from service.models import PlanRow
+from solver.planner import make_plan
+from solver.spec import FleetSpec, ModelSpec, Plan, SolveParams
+
+GREEDY = {"solver": "greedy"}
+
+
+def small_model(name: str = "small", tables: int = 4, rows: int = 100_000, dim: int = 64) -> dict[str, Any]:
+    return {
+        "name": name,
+        "batch_size_per_gpu": 1024,
+        "embedding_tables": [
+            {"name": f"t{i}", "num_embeddings": rows * (i + 1), "embedding_dim": dim, "pooling_factor": 2.0}
+            for i in range(tables)
+        ],
+        "dense_layers": [{"name": "top.0", "kind": "linear", "in_features": 256, "out_features": 256}],
+    }
+
+
+def fleet(name: str = "h100x2", gpu: str = "nvidia-h100-sxm", gpus: int = 2, hosts: int = 1) -> dict[str, Any]:
+    return {"name": name, "hosts": [{"gpu": gpu, "count": hosts, "gpus_per_host": gpus}]}
+
+
+def hot_model() -> dict[str, Any]:
+    """One 138 GB table (270M × 128 fp32) beside six small ones: on ``mixed_fleet`` it lands table-wise on one
+    H200 and fills it past 90% (the reserve is 5%), while the other GPUs stay nearly empty."""
+    small = small_model("hot-dlrm", tables=6)
+    big = {"name": "big", "num_embeddings": 270_000_000, "embedding_dim": 128}
+    return {**small, "embedding_tables": [big, *small["embedding_tables"]]}
+
+
+def mixed_fleet() -> dict[str, Any]:
+    return {
+        "name": "h100-h200-mix",
+        "hosts": [
+            {"gpu": "nvidia-h100-sxm", "count": 1, "gpus_per_host": 2},
+            {"gpu": "nvidia-h200", "count": 1, "gpus_per_host": 2},
+        ],
+        "hbm_reserve_fraction": 0.05,
+    }
+
+
+def big_fleet() -> dict[str, Any]:
+    return {"name": "h100-64x8", "hosts": [{"gpu": "nvidia-h100-sxm", "count": 64, "gpus_per_host": 8}]}
+
+
+def post_plan(client: Any, model: dict[str, Any], fleet_: dict[str, Any]) -> dict[str, Any]:
+    """A plan made by the real API (greedy: fast and deterministic); ``client`` is a TestClient or httpx.Client."""
+    response = client.post("/api/v1/plans", json={"model": model, "fleet": fleet_, "options": GREEDY})
+    assert response.status_code in (200, 201), response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def store_plan_directly(database_url: str, model: dict[str, Any], fleet_: dict[str, Any], /, **changes: Any) -> str:
+    """Plan with the solver and store the result through the repository, with ``changes`` applied to the plan
+    (what the API would refuse, e.g. a model name holding markup). Returns the plan id."""
+    spec, fl = ModelSpec.model_validate(model), FleetSpec.model_validate(fleet_)
+    params = SolveParams(solver="greedy")
+    plan: Plan = make_plan(spec, fl, params).model_copy(update=changes)
+    request = {
+        "model": spec.model_dump(mode="json"),
+        "fleet": fl.model_dump(mode="json"),
+        "options": params.model_dump(),
+    }
+    engine = create_engine(database_url)
+    try:
+        with Session(engine) as session:
+            row: PlanRow = repo.store_plan(session, plan, fl, request, model_ref=None, fleet_ref=None)
+            return str(row.id)
+    finally:
+        engine.dispose()
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
