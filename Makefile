@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 TORCH_STAMP := $(VENV)/.torch-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: help install install-torch install-baseline install-browser lint typecheck test test-fast bench bench-greedy run plan-example load all clean
+.PHONY: help install install-torch install-baseline install-browser lint typecheck test test-fast bench bench-greedy run plan-example load bench-queue all clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-17s %s\n", $$1, $$2}'
@@ -69,6 +69,9 @@ plan-example: install ## plan the example DLRM on 8x H100 locally (no server) an
 
 load: install ## reused-plan latency/throughput at 50 clients and cold plans, against a real uvicorn
 	$(PY) benchmarks/load_service.py $(LOAD_ARGS)
+
+bench-queue: install ## cold plans per minute with 1 and 2 Celery workers, and the latency the queue adds (Redis, PostgreSQL)
+	$(PY) benchmarks/queue_bench.py $(QUEUE_ARGS)
 
 all: test ## everything CI checks
 

@@ -3,7 +3,8 @@
 Local commands (no server needed): ``plan``, ``evaluate``, ``port``, ``profiles``. They load the solver lazily, so
 the base install can show ``--help`` and says in one line which extra to add when the solver's dependencies are
 missing. Remote commands talk to a server through ``ShardwiseClient``: ``submit`` (with a progress bar of the
-solver's best and bound), ``show``, ``show-job``, ``list``, ``export``; ``serve`` runs the server itself.
+solver's best and bound), ``show``, ``show-job``, ``list``, ``export``; ``serve`` runs the server itself and
+``worker`` a Celery solver worker.
 Bad input is one line on stderr and exit code 2; an infeasible plan is an answer (its explanation) and exit code 1.
 """
 
@@ -548,6 +549,20 @@ def serve(
         f"shardwise on http://{host}:{port} · UI http://{host}:{port}/ui/plans · database {settings.database_url}"
     )
     uvicorn.run("service.asgi:app_from_env", factory=True, host=host, port=port, log_level="warning")
+
+
+@app.command()
+def worker(
+    concurrency: Annotated[int, typer.Option(help="solver processes in this worker", min=1)] = 1,
+    loglevel: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING")] = "INFO",
+    hostname: Annotated[str | None, typer.Option(help="the worker's node name (default celery@<host>)")] = None,
+) -> None:
+    """Run a Celery solver worker (SHARDWISE_BROKER_URL and SHARDWISE_DATABASE_URL from the environment)."""
+    try:
+        from service.celery_app import run_worker
+    except ImportError as exc:
+        fail(f"the worker needs the server extra ({exc.name} is missing): pip install 'shardwise[server]'")
+    run_worker(concurrency=concurrency, loglevel=loglevel, hostname=hostname)
 
 
 def main() -> None:

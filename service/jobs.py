@@ -7,6 +7,12 @@ lives in the database, so any API replica answers for any job.
 
 Runners decide *where* it runs: ``LocalRunner`` in a pool of local processes (the embedded default); a Celery
 runner (``service.celery_app``) on workers when a broker URL is set. ``JobRunner`` is the seam.
+
+Claiming is a compare-and-set on the row (``attempts`` is its version), so two deliveries of one job never both
+claim it. With a lease (``lease_s``, the Celery runner) a ``running`` job whose row was touched less than ``lease_s``
+ago belongs to a live process: a second delivery leaves it alone and gets ``BUSY``; the process that holds a job
+touches its row (``updated_at``, the heartbeat) every ``lease_s / 3`` seconds while it solves. A job whose holder
+died stops being touched, and once the lease has run out the next delivery claims it again.
 """
 
 from __future__ import annotations
@@ -14,14 +20,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager, nullcontext
+from datetime import datetime, timedelta
 from functools import cache
 from multiprocessing import get_context
 from typing import Any, Protocol
 
-from sqlalchemy import Engine, update
+from sqlalchemy import Engine, or_, update
 from sqlalchemy.orm import Session
 
 from service import repository as repo
@@ -35,6 +43,7 @@ log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 0.5  # at most two progress writes a second per job
 MAX_ATTEMPTS = 3  # a job that keeps killing its process ends failed after this many starts
+BUSY = "busy"  # execute_job's answer when a live process holds the job (or claimed it under us)
 
 
 @cache
@@ -42,8 +51,12 @@ def _engine(database_url: str) -> Engine:
     return make_engine(database_url)
 
 
-def execute_job(job_id: str, database_url: str, max_attempts: int = MAX_ATTEMPTS) -> str:
-    """Run job ``job_id`` to its end; returns its final state. Safe to call again after a crash (redelivery)."""
+def execute_job(job_id: str, database_url: str, max_attempts: int = MAX_ATTEMPTS, lease_s: float | None = None) -> str:
+    """Run job ``job_id`` to its end; returns its final state, or ``BUSY`` when another process holds it.
+
+    Safe to call again after a crash (redelivery) and concurrently with itself: the claim is a compare-and-set.
+    With ``lease_s`` a running job touched less than ``lease_s`` ago is left to its holder (see the module doc).
+    """
     sessions = session_factory(_engine(database_url))
     with sessions() as session:
         job = repo.job_by_id(session, job_id)
@@ -51,6 +64,8 @@ def execute_job(job_id: str, database_url: str, max_attempts: int = MAX_ATTEMPTS
             return "missing"
         if job.state not in repo.ACTIVE:
             return job.state  # done already (a duplicate delivery)
+        if lease_s is not None and job.state == JobState.running.value and job.updated_at > _lease_cutoff(lease_s):
+            return BUSY  # a live process is solving it
         if job.attempts >= max_attempts:
             _finish(
                 session,
@@ -64,35 +79,89 @@ def execute_job(job_id: str, database_url: str, max_attempts: int = MAX_ATTEMPTS
                 ),
             )
             return job.state
-        job.state = JobState.running.value
-        job.attempts += 1
-        job.updated_at = utcnow()
-        session.commit()
+        if not _claim(session, job, lease_s):
+            session.refresh(job)  # another delivery claimed it (or ended it) between our read and our write
+            return job.state if job.state not in repo.ACTIVE else BUSY
 
-        existing = repo.plan_by_hash(session, job.request_hash)
-        if existing is not None:  # solved meanwhile (another replica, an earlier attempt)
-            return _finish_with_plan(session, job, existing)
+        heartbeat = _heartbeat(sessions, job.id, job.attempts, lease_s / 3) if lease_s is not None else nullcontext()
+        with heartbeat:
+            existing = repo.plan_by_hash(session, job.request_hash)
+            if existing is not None:  # solved meanwhile (another replica, an earlier attempt)
+                return _finish_with_plan(session, job, existing)
 
-        try:
-            model = ModelSpec.model_validate(job.request["model"])
-            fleet = FleetSpec.model_validate(job.request["fleet"])
-            params = SolveParams.model_validate(job.request["options"])
-            report = _progress_reporter(sessions, job.id)
-            from solver.planner import make_plan
+            try:
+                model = ModelSpec.model_validate(job.request["model"])
+                fleet = FleetSpec.model_validate(job.request["fleet"])
+                params = SolveParams.model_validate(job.request["options"])
+                report = _progress_reporter(sessions, job.id)
+                from solver.planner import make_plan
 
-            plan = make_plan(model, fleet, params, on_progress=report)
-        except Exception as exc:
-            log.exception("job %s failed", job_id)
-            session.rollback()
-            _finish(
-                session,
-                job,
-                JobState.failed,
-                error=problem_body(500, "solve-failed", "The solve failed", f"{type(exc).__name__}: {exc}"),
-            )
-            return job.state
-        row = repo.store_plan(session, plan, fleet, job.request, model_ref=job.model_ref, fleet_ref=job.fleet_ref)
-        return _finish_with_plan(session, job, row)
+                plan = make_plan(model, fleet, params, on_progress=report)
+            except Exception as exc:
+                log.exception("job %s failed", job_id)
+                session.rollback()
+                _finish(
+                    session,
+                    job,
+                    JobState.failed,
+                    error=problem_body(500, "solve-failed", "The solve failed", f"{type(exc).__name__}: {exc}"),
+                )
+                return job.state
+            row = repo.store_plan(session, plan, fleet, job.request, model_ref=job.model_ref, fleet_ref=job.fleet_ref)
+            return _finish_with_plan(session, job, row)
+
+
+def _lease_cutoff(lease_s: float) -> datetime:
+    return utcnow() - timedelta(seconds=lease_s)
+
+
+def _claim(session: Session, job: JobRow, lease_s: float | None) -> bool:
+    """Compare-and-set ``job`` to running (one more attempt); False when another process changed it first."""
+    conditions = [JobRow.id == job.id, JobRow.attempts == job.attempts, JobRow.state.in_(repo.ACTIVE)]
+    if lease_s is not None:  # a running job only once its holder stopped touching it
+        conditions.append(or_(JobRow.state == JobState.queued.value, JobRow.updated_at <= _lease_cutoff(lease_s)))
+    result = session.execute(
+        update(JobRow)
+        .where(*conditions)
+        .values(state=JobState.running.value, attempts=JobRow.attempts + 1, updated_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        return False
+    session.refresh(job)
+    return True
+
+
+@contextmanager
+def _heartbeat(sessions: Callable[[], Session], job_key: Any, attempt: int, every_s: float) -> Iterator[None]:
+    """Touch the job's row every ``every_s`` seconds while the block runs (only while this attempt holds it)."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(every_s):
+            try:
+                with sessions() as s:
+                    s.execute(
+                        update(JobRow)
+                        .where(
+                            JobRow.id == job_key,
+                            JobRow.state == JobState.running.value,
+                            JobRow.attempts == attempt,
+                        )
+                        .values(updated_at=utcnow())
+                    )
+                    s.commit()
+            except Exception:  # a missed beat is retried on the next one
+                log.warning("could not record the heartbeat of job %s", job_key, exc_info=True)
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-{job_key}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
 
 
 def _finish_with_plan(session: Session, job: JobRow, row: Any) -> str:

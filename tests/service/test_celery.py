@@ -1,5 +1,5 @@
 """Jobs on Celery workers, end to end: the real local Redis (and RabbitMQ when it is there), PostgreSQL (and SQLite),
-worker subprocesses started the way ``shardwise worker`` starts them (``run_worker``), the API app in process.
+worker subprocesses started by ``shardwise worker``, the API app in process.
 
 Isolation: every queue name carries this session's random suffix, one queue per database and per test that kills
 workers (so that no other worker takes their jobs); nothing is flushed (other sessions may share the broker), the
@@ -26,10 +26,18 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, func, select, text, update
+from sqlalchemy import create_engine, select, text, update
 from sqlalchemy.orm import Session
 
-from conftest import create_pg_database, drop_pg_database, fleet, postgres_available, small_model
+from conftest import (
+    assert_problem,
+    count,
+    create_pg_database,
+    drop_pg_database,
+    fleet,
+    postgres_available,
+    small_model,
+)
 from service import repository as repo
 from service.app import create_app
 from service.celery_app import CeleryRunner, WorkerSettings
@@ -81,7 +89,7 @@ def drop_queues() -> None:
         try:
             if broker == REDIS_URL:
                 client = redis.Redis.from_url(REDIS_URL)
-                client.delete(queue, f"_kombu.binding.{queue}")
+                client.delete(queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
                 for tag, raw in client.hgetall("unacked").items():
                     if json.loads(raw)[2] == queue:  # [message, exchange, routing key]
                         client.hdel("unacked", tag)
@@ -112,11 +120,16 @@ class Worker:
             "SHARDWISE_LOG_JSON": "false",
         }
         name = f"w{uuid.uuid4().hex[:8]}@%h"
-        code = f"from service.celery_app import run_worker; run_worker(concurrency={concurrency}, hostname={name!r})"
+        command = ["worker", "--concurrency", str(concurrency), "--hostname", name]  # `shardwise worker ...`
         self.log = log
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", code], cwd=ROOT, env=env, stdout=out, stderr=out, start_new_session=True
+                [sys.executable, "-m", "clients.cli", *command],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
             )
 
     def pool_pids(self) -> list[int]:
@@ -263,14 +276,6 @@ def slow_body(name: str, time_limit_s: float = 5, **options: Any) -> dict[str, A
     )
 
 
-def count(url: str, table: type[Any]) -> int:
-    engine = create_engine(url)
-    with Session(engine) as s:
-        n = s.scalar(select(func.count()).select_from(table)) or 0
-    engine.dispose()
-    return n
-
-
 def job_row(url: str, job_id: str) -> JobRow:
     engine = create_engine(url)
     with Session(engine) as s:
@@ -396,10 +401,7 @@ def test_a_job_past_its_time_limit_ends_failed(pg: Backend) -> None:
         small_model("overrun", tables=300, rows=50_000), fleet(gpus=8, hosts=4), solver="cpsat", time_limit_s=0.2
     )
     with TestClient(create_app(settings)) as client:
-        answer = client.post("/api/v1/plans", json=body)
-        assert answer.status_code == 504, answer.text
-        problem = answer.json()
-        assert problem["type"] == "/problems/solve-timed-out"
+        problem = assert_problem(client.post("/api/v1/plans", json=body), 504, "solve-timed-out")
         assert "0.2" in problem["detail"]
         job = Job.model_validate(client.get(f"/api/v1/jobs/{problem['job_id']}").json())
         assert job.state.value == "failed"
@@ -521,3 +523,16 @@ def test_the_api_uses_the_celery_runner_when_a_broker_is_set(sqlite_url: str) ->
     assert runner.name == "celery"
     assert runner.settings.hard_limit_s(3) == 10
     assert runner.settings.visibility_timeout_s() > runner.settings.hard_limit_s(runner.settings.max_time_limit_s)
+
+
+def test_a_job_the_broker_does_not_take_ends_failed_at_once(sqlite_url: str) -> None:
+    """No broker: the job ends failed (503) instead of staying queued for every later request to join."""
+    settings = WorkerSettings(database_url=sqlite_url, broker_url="redis://127.0.0.1:1/0", wait_s=5.0)
+    try:
+        with TestClient(create_app(settings)) as client:
+            for _ in range(2):  # the failed job is not joined: the next request makes (and fails) its own
+                answer = client.post("/api/v1/plans", json=request_body(model=small_model("nobroker")))
+                assert_problem(answer, 503, "queue-unavailable")
+        assert count(sqlite_url, JobRow) == 2
+    finally:
+        empty(sqlite_url)
