@@ -290,12 +290,15 @@ class LocalRunner:
         if exc is not None:  # the process died (or the pool broke): the job cannot end itself
             log.error("job %s: its solver process failed: %r", job_id, exc)
             mark_failed(self.database_url, job_id, f"the solver process ended abnormally: {exc!r}")
+        if self.on_done is not None:  # before the waiters wake: they may read what it records
+            try:
+                self.on_done(job_id)
+            except Exception:
+                log.warning("the on_done hook failed for job %s", job_id, exc_info=True)
         with self._lock:
             event = self._events.pop(job_id, None)
         if event is not None:
             event.set()
-        if self.on_done is not None:
-            self.on_done(job_id)
 
     def wait(self, job_id: str, timeout_s: float) -> None:
         with self._lock:
