@@ -33,8 +33,9 @@ from service.auth import ReadAccess
 from service.db import SessionDep
 from service.models import PlanRow
 from solver.extract import solver_version
+from solver.port_spec import PortReport
 from solver.resources import StoredPlan
-from solver.spec import HbmBreakdown, ModelSpec, Plan, PlanStatus, RankPlan, TablePlan
+from solver.spec import FleetSpec, HbmBreakdown, ModelSpec, Plan, PlanStatus, RankPlan, SolveParams, TablePlan
 
 router = APIRouter(include_in_schema=False, dependencies=[ReadAccess])
 
@@ -638,6 +639,30 @@ def _recent(session: Session, n: int = 50) -> list[HistoryRow]:
     return [history_row(r) for r in rows]
 
 
+def port_view(row_a: PlanRow, row_b: PlanRow) -> PortReport | None:
+    """When A and B plan the same model on two fleets, B is a re-plan of A's port: the port analysis of A's plan
+    carried rank for rank onto B's fleet, against B (the same report as ``POST /api/v1/port``)."""
+    from solver.port import PortError, port_analysis
+
+    req_a, req_b = row_a.request, row_b.request
+    if req_a["model"] != req_b["model"] or req_a["fleet"] == req_b["fleet"]:
+        return None
+    source = Plan.model_validate(row_a.body)
+    if source.status is PlanStatus.infeasible:
+        return None
+    try:
+        return port_analysis(
+            ModelSpec.model_validate(req_a["model"]),
+            FleetSpec.model_validate(req_a["fleet"]),
+            FleetSpec.model_validate(req_b["fleet"]),
+            SolveParams.model_validate(req_b["options"]),
+            source_plan=source,
+            target_plan=Plan.model_validate(row_b.body),
+        )
+    except PortError:
+        return None
+
+
 @router.get("/ui/compare", response_class=HTMLResponse)
 def compare(request: Request, session: SessionDep) -> HTMLResponse:
     a_id = request.query_params.get("a", "").strip()
@@ -664,6 +689,7 @@ def compare(request: Request, session: SessionDep) -> HTMLResponse:
         ratio = b.plan.predicted_step_ms / a.plan.predicted_step_ms
     moves = table_moves(a.plan, b.plan)
     context: dict[str, Any] = {
+        "port": port_view(loaded_a[0], loaded_b[0]),
         "a": a,
         "b": b,
         "ratio": ratio,

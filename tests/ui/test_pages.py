@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 import math
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,6 +36,9 @@ from service.db import upgrade
 from service.jobs import LocalRunner
 from service.models import Base
 from service.settings import Settings
+from solver.port import port_analysis
+from solver.resources import StoredPlan
+from solver.spec import FleetSpec, ModelSpec, SolveParams
 
 BAR_UNITS = 1000.0
 
@@ -436,6 +441,36 @@ def test_compare_shows_step_times_fills_and_moved_tables(client: TestClient) -> 
     same = page(client, f"/ui/compare?a={a['id']}&b={a['id']}")
     assert same.css("table.moved tr.move") == []
     assert "Same predicted step time" in text(same.css_first(".verdict"))
+
+
+def test_compare_of_one_model_on_two_fleets_shows_the_port_analysis(client: TestClient) -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "port_b200_to_mi350x"
+    model, b200, mi350x = (
+        json.loads((example / f).read_text()) for f in ("model.json", "fleet_b200.json", "fleet_mi350x.json")
+    )
+    a = post_plan(client, model, b200)
+    b = post_plan(client, model, mi350x)
+    doc = page(client, f"/ui/compare?a={a['id']}&b={b['id']}")
+    section = doc.css_first("section.port")
+    assert section is not None
+    report = port_analysis(
+        ModelSpec.model_validate(model),
+        FleetSpec.model_validate(b200),
+        FleetSpec.model_validate(mi350x),
+        SolveParams(solver="greedy"),
+        source_plan=StoredPlan.model_validate(a),
+        target_plan=StoredPlan.model_validate(b),
+    )
+    assert report.speedup is not None
+    assert text(section.css_first("dd.speedup")) == f"{report.speedup:.2f}×"
+    assert text(section.css_first("dd.direct-ms")) == f"{report.direct_port.predicted_step_ms:.3f} ms"
+    assert [text(li) for li in section.css("ul.hints li")] == report.hints
+    assert {attr(tr, "data-table") for tr in section.css("table.port-changes tbody tr")} == {
+        c.table for c in report.table_changes
+    }
+    # two plans of different models are no port: no section
+    other = post_plan(client, small_model("other"), b200)
+    assert page(client, f"/ui/compare?a={other['id']}&b={b['id']}").css_first("section.port") is None
 
 
 def test_compare_needs_two_known_plans(client: TestClient) -> None:
