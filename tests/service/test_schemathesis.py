@@ -6,6 +6,7 @@ generated solve short: the point is the handling of odd input, not the solver.
 
 from __future__ import annotations
 
+import atexit
 import tempfile
 from pathlib import Path
 
@@ -25,6 +26,7 @@ def _app() -> object:
     upgrade(url)
     runner = LocalRunner(url, workers=1)
     runner.start()
+    atexit.register(runner.shutdown)  # schemathesis keeps the app's lifespan open until the process ends
     return create_app(
         make_settings(url, max_tables=20, max_ranks=16, max_time_limit_s=2, wait_s=3, log_level="WARNING"),
         runner=runner,
