@@ -18,10 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +30,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.run import machine
-from service.db import upgrade
+from service.devserver import running_server
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,48 +39,6 @@ EXAMPLES = [
     ("dlrm_dcnv2.json", "fleet_8xmi350x.json"),
     ("dlrm_dcnv2.json", "fleet_mixed_b200_mi350x.json"),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_server(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
-    url = f"sqlite:///{tmp / 'shardwise.db'}"
-    upgrade(url)
-    port = free_port()
-    env = {**os.environ, "SHARDWISE_DATABASE_URL": url, "SHARDWISE_LOG_LEVEL": "WARNING", "SHARDWISE_WAIT_S": "60"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "--factory",
-            "service.asgi:app_from_env",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--no-access-log",
-            "--log-level",
-            "warning",
-        ],
-        cwd=ROOT,
-        env=env,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                return proc, base
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("the server did not become ready in 60 s")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -124,55 +79,55 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=10.0, help="CP-SAT limit for the cold plans")
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory(prefix="shardwise-load-") as tmp:
-        proc, base = start_server(Path(tmp))
-        try:
-            print(f"machine: {machine()} · server: uvicorn, 1 process, SQLite · clients on the same machine\n")
-            print(f"{'cold plan (example)':<48} {'solver':>6} {'status':>9} {'ms':>9} {'wall s':>7}")
-            first_body: dict[str, Any] | None = None
-            plan_id = ""
-            with httpx.Client(base_url=base, timeout=300) as client:
-                for model_file, fleet_file in EXAMPLES:
-                    model = json.loads((ROOT / "examples" / model_file).read_text())
-                    fleet = json.loads((ROOT / "examples" / fleet_file).read_text())
-                    for solver in ("greedy", "cpsat"):
-                        body = {
-                            "model": model,
-                            "fleet": fleet,
-                            "options": {"solver": solver, "time_limit_s": args.time_limit},
-                        }
-                        t = time.perf_counter()
-                        r = client.post("/api/v1/plans", json=body)
-                        while r.status_code == 202:  # followed like the client does
-                            time.sleep(0.2)
-                            job = client.get(r.headers["location"]).json()
-                            if job["state"] not in ("queued", "running"):
-                                r = client.get(job["plan_url"])
-                        wall = time.perf_counter() - t
-                        plan = r.json()
-                        print(
-                            f"{model_file + ' on ' + fleet_file:<48} {solver:>6} {plan['status']:>9} "
-                            f"{plan['predicted_step_ms']:>9.3f} {wall:>7.2f}"
-                        )
-                        if first_body is None:
-                            first_body, plan_id = body, plan["id"]
-            assert first_body is not None
+    with (
+        tempfile.TemporaryDirectory(prefix="shardwise-load-") as tmp,
+        running_server(
+            f"sqlite:///{Path(tmp) / 'shardwise.db'}", env={"SHARDWISE_WAIT_S": "60"}, access_log=False
+        ) as base,
+    ):
+        print(f"machine: {machine()} · server: uvicorn, 1 process, SQLite · clients on the same machine\n")
+        print(f"{'cold plan (example)':<48} {'solver':>6} {'status':>9} {'ms':>9} {'wall s':>7}")
+        first_body: dict[str, Any] | None = None
+        plan_id = ""
+        with httpx.Client(base_url=base, timeout=300) as client:
+            for model_file, fleet_file in EXAMPLES:
+                model = json.loads((ROOT / "examples" / model_file).read_text())
+                fleet = json.loads((ROOT / "examples" / fleet_file).read_text())
+                for solver in ("greedy", "cpsat"):
+                    body = {
+                        "model": model,
+                        "fleet": fleet,
+                        "options": {"solver": solver, "time_limit_s": args.time_limit},
+                    }
+                    t = time.perf_counter()
+                    r = client.post("/api/v1/plans", json=body)
+                    while r.status_code == 202:  # followed like the client does
+                        time.sleep(0.2)
+                        job = client.get(r.headers["location"]).json()
+                        if job["state"] not in ("queued", "running"):
+                            r = client.get(job["plan_url"])
+                    wall = time.perf_counter() - t
+                    plan = r.json()
+                    print(
+                        f"{model_file + ' on ' + fleet_file:<48} {solver:>6} {plan['status']:>9} "
+                        f"{plan['predicted_step_ms']:>9.3f} {wall:>7.2f}"
+                    )
+                    if first_body is None:
+                        first_body, plan_id = body, plan["id"]
+        assert first_body is not None
+        print(
+            f"\n{'reused, ' + str(args.clients) + ' concurrent clients':<40} {'requests':>9} {'req/s':>8} "
+            f"{'p50 ms':>8} {'p99 ms':>8}"
+        )
+        for label, method, path, body in (
+            ("POST /api/v1/plans (from the store)", "POST", "/api/v1/plans", first_body),
+            ("GET /api/v1/plans/{id}", "GET", f"/api/v1/plans/{plan_id}", None),
+        ):
+            latencies, elapsed = asyncio.run(hammer(base, args.clients, args.seconds, method, path, body))
             print(
-                f"\n{'reused, ' + str(args.clients) + ' concurrent clients':<40} {'requests':>9} {'req/s':>8} "
-                f"{'p50 ms':>8} {'p99 ms':>8}"
+                f"{label:<40} {len(latencies):>9} {len(latencies) / elapsed:>8.1f} "
+                f"{statistics.median(latencies) * 1000:>8.2f} {percentile(latencies, 0.99) * 1000:>8.2f}"
             )
-            for label, method, path, body in (
-                ("POST /api/v1/plans (from the store)", "POST", "/api/v1/plans", first_body),
-                ("GET /api/v1/plans/{id}", "GET", f"/api/v1/plans/{plan_id}", None),
-            ):
-                latencies, elapsed = asyncio.run(hammer(base, args.clients, args.seconds, method, path, body))
-                print(
-                    f"{label:<40} {len(latencies):>9} {len(latencies) / elapsed:>8.1f} "
-                    f"{statistics.median(latencies) * 1000:>8.2f} {percentile(latencies, 0.99) * 1000:>8.2f}"
-                )
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
 
 
 if __name__ == "__main__":

@@ -108,16 +108,6 @@ def resolve_fleet(
     return inline_profiles(spec, custom), ref
 
 
-def parse_fleet_body(raw: Any, custom: dict[str, HardwareProfile]) -> FleetSpec | str:
-    """A fleet from a raw request body: a reference, or a spec validated with the custom profiles known."""
-    if isinstance(raw, str):
-        return raw
-    try:
-        return FleetSpec.model_validate(raw, context={"profiles": custom})
-    except ValidationError as exc:
-        raise validation_problem(exc, ("body", "fleet")) from exc
-
-
 def check_caps(settings: Settings, model: ModelSpec, fleet: FleetSpec, params: SolveParams | None) -> None:
     if len(model.embedding_tables) > settings.max_tables:
         raise LimitExceeded(

@@ -13,7 +13,7 @@ from service.auth import ReadAccess, WriteAccess
 from service.db import SessionDep
 from service.errors import InvalidInput, NotFound, Unauthorized, problem_responses
 from service.models import FleetVersionRow, ModelVersionRow
-from service.planning import parse_fleet_body, profiles_context
+from service.planning import profiles_context
 from service.routers.common import JsonBody, PageDep, body_schema, parse
 from solver.resources import FleetRecord, ModelRecord, Page
 from solver.spec import FleetSpec, ModelSpec
@@ -108,13 +108,7 @@ def get_model_version(name: Name, version: Version, session: SessionDep) -> Mode
     },
 )
 def register_fleet(raw: JsonBody, session: SessionDep) -> JSONResponse:
-    if not isinstance(raw, dict):
-        raise InvalidInput(
-            "the body must be a fleet object",
-            errors=[{"loc": ["body"], "msg": "expected an object", "type": "dict_type"}],
-        )
-    spec = parse_fleet_body(raw, profiles_context(session))
-    assert isinstance(spec, FleetSpec)
+    spec = parse(FleetSpec, raw, {"profiles": profiles_context(session)})
     row, created = repo.add_version(session, FleetVersionRow, spec.name, spec.model_dump(mode="json"))
     return _created("fleet", row, created)
 

@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, func, select, text
@@ -27,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from service.app import create_app
 from service.db import upgrade
+from service.devserver import running_server
 from service.jobs import LocalRunner
 from service.models import Base
 from service.settings import Settings
@@ -170,51 +167,9 @@ def assert_problem(response: Any, status: int, slug: str) -> dict[str, Any]:
     return body
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real ``uvicorn`` on a free loopback port, SQLite migrated by alembic; yields its base URL."""
-    url = f"sqlite:///{tmp_path_factory.mktemp('live') / 'live.db'}"
-    upgrade(url)
-    port = free_port()
-    env = {**os.environ, "SHARDWISE_DATABASE_URL": url, "SHARDWISE_LOG_LEVEL": "WARNING"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "--factory",
-            "service.asgi:app_from_env",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        env=env,
-        cwd=Path(__file__).resolve().parents[2],
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, "uvicorn exited"
-            assert time.monotonic() < deadline, "uvicorn did not become ready"
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+    workdir = tmp_path_factory.mktemp("live")
+    with running_server(f"sqlite:///{workdir / 'live.db'}", log=workdir / "server.log") as base:
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()

@@ -9,10 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +17,7 @@ import httpx
 import pytest
 from ui_support import REPO_ROOT, fleet, hot_model, mixed_fleet, post_plan, small_model
 
-from service.db import upgrade
+from service.devserver import running_server
 
 pytestmark = pytest.mark.playwright
 
@@ -40,61 +36,18 @@ SCREENSHOT = REPO_ROOT / "docs" / "screenshots" / "plan_page.png"
 UPDATE_SCREENSHOT = os.environ.get("SHARDWISE_UPDATE_SCREENSHOTS") == "1" or not SCREENSHOT.exists()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real uvicorn on a free loopback port; yields its base URL once ``/healthz`` answers."""
+    """A real uvicorn on a free loopback port; yields its base URL once it is ready."""
     workdir = tmp_path_factory.mktemp("ui-server")
-    url = f"sqlite:///{workdir / 'shardwise.db'}"
-    upgrade(url)
-    port = free_port()
-    env = {
-        **os.environ,
-        "SHARDWISE_DATABASE_URL": url,
-        "SHARDWISE_LOG_JSON": "false",
-        "SHARDWISE_LOG_LEVEL": "WARNING",
-        "SHARDWISE_WAIT_S": "60",
-    }
-    log = (workdir / "server.log").open("w+")
-    command = [sys.executable, "-m", "uvicorn", "--factory", "service.asgi:app_from_env"]
-    proc = subprocess.Popen(
-        [*command, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+    env = {"SHARDWISE_LOG_JSON": "false", "SHARDWISE_WAIT_S": "60"}
+    with running_server(
+        f"sqlite:///{workdir / 'shardwise.db'}",
+        env=env,
         cwd=workdir,  # no stray .env or shardwise.db from the checkout
-        env={**env, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")])},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                pytest.fail(f"uvicorn exited with {proc.returncode}:\n{log.read()}")
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                log.seek(0)
-                pytest.fail(f"uvicorn did not answer /healthz within 30 s:\n{log.read()}")
-            time.sleep(0.1)
+        log=workdir / "server.log",
+    ) as base:
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,105 @@
+"""A throwaway shardwise server in a subprocess: ``with running_server(url) as base: ...``.
+
+For the benchmarks and the tests that need a real socket (the load script, the client against uvicorn, the
+browser tests): it migrates the database, starts ``uvicorn --factory service.asgi:app_from_env`` on a free loopback
+port, waits for ``/readyz``, yields the base URL, and stops the server (and its solver processes) at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from service.db import upgrade
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def running_server(
+    database_url: str,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    log: Path | None = None,
+    access_log: bool = True,
+    ready_timeout_s: float = 60.0,
+) -> Iterator[str]:
+    """Serve ``database_url`` (migrated first) until the block ends; yields ``http://127.0.0.1:<port>``.
+
+    ``env`` adds ``SHARDWISE_*`` settings; ``cwd`` is the server's working directory (the repository by default);
+    ``log`` collects its output (else it goes to this process's). Raises ``RuntimeError`` with the log's tail when
+    the server exits or is not ready in time.
+    """
+    upgrade(database_url)
+    port = free_port()
+    full_env = {
+        **os.environ,
+        "SHARDWISE_LOG_LEVEL": "WARNING",
+        **(env or {}),
+        "SHARDWISE_DATABASE_URL": database_url,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--factory",
+        "service.asgi:app_from_env",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+    if not access_log:
+        command.append("--no-access-log")
+    out = log.open("ab") if log is not None else None
+    proc = subprocess.Popen(
+        command, cwd=cwd or ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT if out else None
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ready_timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {proc.returncode}{_tail(log)}")
+            try:
+                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server was not ready in {ready_timeout_s:g} s{_tail(log)}")
+            time.sleep(0.1)
+        yield base
+    finally:
+        proc.terminate()  # uvicorn's shutdown stops the solver pool too
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if out is not None:
+            out.close()
+
+
+def _tail(log: Path | None, lines: int = 40) -> str:
+    if log is None or not log.exists():
+        return ""
+    return ":\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
