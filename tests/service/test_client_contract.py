@@ -203,10 +203,11 @@ def test_job_script_path_end_to_end(live_server: str) -> None:
         timeout=300,
         cwd=ROOT,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert f"service {live_server}" in done.stdout
-    assert "plan: " in done.stdout
-    assert "loss" in done.stdout
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert f"service {live_server}" in done.stdout, output
+    assert "plan: " in done.stdout, output
+    assert "loss" in done.stdout, output
     with ShardwiseClient(live_server) as api:
         dlrm = list(api.list_plans(model="dlrm"))
-    assert len(dlrm) == 1  # both ranks asked; one solve, one stored plan
+    assert len(dlrm) == 1, dlrm  # both ranks asked; one solve, one stored plan
