@@ -263,6 +263,14 @@ class CeleryRunner:
                 status=503,
             )
 
+    def problem(self) -> str | None:
+        try:
+            with self.app.connection_for_write() as conn:
+                conn.ensure_connection(max_retries=1, timeout=2)
+        except Exception as exc:
+            return f"the broker does not answer: {type(exc).__name__}"
+        return None
+
     def _time_limit_s(self, job_id: str) -> float:
         if self._engine is None:
             self._engine = make_engine(self.settings.database_url)

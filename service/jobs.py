@@ -244,6 +244,9 @@ class JobRunner(Protocol):
     def wait(self, job_id: str, timeout_s: float) -> None:
         """Return when the job may have ended or ``timeout_s`` passed; the caller reads its state."""
 
+    def problem(self) -> str | None:
+        """Why jobs cannot run now (for ``/readyz``), or None."""
+
     def shutdown(self) -> None: ...
 
 
@@ -299,6 +302,9 @@ class LocalRunner:
             event = self._events.pop(job_id, None)
         if event is not None:
             event.set()
+
+    def problem(self) -> str | None:
+        return None if self._pool is not None else "the solver process pool is not running"
 
     def wait(self, job_id: str, timeout_s: float) -> None:
         with self._lock:

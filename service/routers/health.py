@@ -20,7 +20,7 @@ def healthz() -> dict[str, str]:
 
 @router.get(
     "/readyz",
-    summary="Readiness: the database answers and its schema is at the latest migration",
+    summary="Readiness: the database answers, its schema is at the latest migration, jobs can run",
     responses=problem_responses(NotReady),
 )
 def readyz(request: Request) -> dict[str, Any]:
@@ -34,6 +34,9 @@ def readyz(request: Request) -> dict[str, Any]:
             current_revision=current,
             head_revision=head,
         )
+    runner_problem = request.app.state.runner.problem()
+    if runner_problem is not None:
+        raise NotReady(f"jobs cannot run: {runner_problem}", runner=request.app.state.runner.name)
     return {
         "status": "ready",
         "database": request.app.state.engine.dialect.name,

@@ -307,6 +307,7 @@ def ended(job: Job) -> bool:
 def test_a_worker_solves_a_submitted_job(backend: Backend) -> None:
     with TestClient(create_app(backend.settings())) as client:
         assert client.app.state.runner.name == "celery"  # type: ignore[attr-defined]
+        assert client.get("/readyz").json()["runner"] == "celery"  # the broker answers
         first = client.post("/api/v1/plans", json=request_body())
         assert first.status_code == 201, first.text
         plan = StoredPlan.model_validate(first.json())
@@ -533,6 +534,8 @@ def test_a_job_the_broker_does_not_take_ends_failed_at_once(sqlite_url: str) -> 
             for _ in range(2):  # the failed job is not joined: the next request makes (and fails) its own
                 answer = client.post("/api/v1/plans", json=request_body(model=small_model("nobroker")))
                 assert_problem(answer, 503, "queue-unavailable")
+            not_ready = assert_problem(client.get("/readyz"), 503, "not-ready")  # the probe says so too
+            assert "broker" in not_ready["detail"]
         assert count(sqlite_url, JobRow) == 2
     finally:
         empty(sqlite_url)
