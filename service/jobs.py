@@ -315,6 +315,14 @@ class LocalRunner:
             time.sleep(min(timeout_s, 0.05))  # not ours (another replica's): the caller polls
 
     def shutdown(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        """Stop the solver processes now. A job they were solving is marked failed at the next start-up; without
+        the terminate, a process busy in a long solve would outlive the service."""
+        if self._pool is None:
+            return
+        processes = list((self._pool._processes or {}).values())  # the pool has no public handle on them
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool = None
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.join(timeout=5)
