@@ -1,12 +1,17 @@
 """``/models`` and ``/fleets``: named, versioned specs. Posting new content under a name adds the next version;
-posting content already stored returns that version (200); an old version is never rewritten."""
+posting content already stored returns that version (200); an old version is never rewritten.
+
+Both resources have the same four routes; ``versioned_router`` makes them for one kind of spec.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from service import repository as repo
 from service.auth import ReadAccess, WriteAccess
@@ -15,145 +20,103 @@ from service.errors import InvalidInput, NotFound, Unauthorized, problem_respons
 from service.models import FleetVersionRow, ModelVersionRow
 from service.planning import profiles_context
 from service.routers.common import JsonBody, PageDep, body_schema, parse
-from solver.resources import FleetRecord, ModelRecord, Page
+from solver.resources import FleetRecord, ModelRecord, Page, Pagination
 from solver.spec import FleetSpec, ModelSpec
 
 Name = Annotated[str, Path(min_length=1, max_length=200)]
 Version = Annotated[int, Path(ge=1, le=2**31 - 1)]
 
 
-def _record(kind: Literal["model", "fleet"], row: Any) -> ModelRecord | FleetRecord:
-    cls = ModelRecord if kind == "model" else FleetRecord
-    return cls.model_validate(
-        {"name": row.name, "version": row.version, "created_at": row.created_at, "spec": row.spec}
+@dataclass(frozen=True)
+class SpecKind:
+    name: Literal["model", "fleet"]
+    spec: type[ModelSpec] | type[FleetSpec]
+    record: type[ModelRecord] | type[FleetRecord]
+    table: repo.SpecTable
+    custom_profiles: bool  # a fleet may name the store's custom hardware profiles
+
+    def to_record(self, row: repo.SpecRow) -> BaseModel:
+        return self.record.model_validate(
+            {"name": row.name, "version": row.version, "created_at": row.created_at, "spec": row.spec}
+        )
+
+
+def versioned_router(kind: SpecKind) -> APIRouter:
+    router = APIRouter(prefix=f"/{kind.name}s", tags=[f"{kind.name}s"])
+    record, page = kind.record, Page[kind.record]  # type: ignore[name-defined]
+
+    @router.post(
+        "",
+        name=f"register_{kind.name}",
+        status_code=201,
+        response_model=record,
+        summary=f"Register a {kind.name} (a new version)",
+        openapi_extra=body_schema(kind.spec),
+        dependencies=[WriteAccess],
+        responses={
+            200: {"model": record, "description": "this content is stored already"},
+            **problem_responses(InvalidInput, Unauthorized),
+        },
     )
+    def register(raw: JsonBody, session: SessionDep) -> JSONResponse:
+        context = {"profiles": profiles_context(session)} if kind.custom_profiles else None
+        spec = parse(kind.spec, raw, context)
+        row, created = repo.add_version(session, kind.table, spec.name, spec.model_dump(mode="json"))
+        return JSONResponse(
+            kind.to_record(row).model_dump(mode="json"),
+            status_code=201 if created else 200,
+            headers={"Location": f"/api/v1/{kind.name}s/{row.name}/{row.version}"},
+        )
 
-
-def _created(kind: Literal["model", "fleet"], row: Any, created: bool) -> JSONResponse:
-    return JSONResponse(
-        _record(kind, row).model_dump(mode="json"),
-        status_code=201 if created else 200,
-        headers={"Location": f"/api/v1/{kind}s/{row.name}/{row.version}"},
+    @router.get(
+        "",
+        name=f"list_{kind.name}s",
+        response_model=page,
+        summary=f"Registered {kind.name}s, every version",
+        dependencies=[ReadAccess],
+        responses=problem_responses(InvalidInput, Unauthorized),
     )
+    def list_versions(
+        session: SessionDep, paging: PageDep, name: Annotated[str | None, Query(max_length=200)] = None
+    ) -> Any:
+        rows, pagination = repo.list_versions(session, kind.table, name, paging.page, paging.limit)
+        return _page([kind.to_record(r) for r in rows], pagination)
+
+    @router.get(
+        "/{name}",
+        name=f"get_{kind.name}",
+        response_model=record,
+        summary=f"A {kind.name}'s latest version",
+        dependencies=[ReadAccess],
+        responses=problem_responses(NotFound, Unauthorized),
+    )
+    def latest(name: Name, session: SessionDep) -> Any:
+        return _get(session, kind, name, None)
+
+    @router.get(
+        "/{name}/{version}",
+        name=f"get_{kind.name}_version",
+        response_model=record,
+        summary=f"One version of a {kind.name}",
+        dependencies=[ReadAccess],
+        responses=problem_responses(NotFound, Unauthorized),
+    )
+    def one_version(name: Name, version: Version, session: SessionDep) -> Any:
+        return _get(session, kind, name, version)
+
+    return router
 
 
-models = APIRouter(prefix="/models", tags=["models"])
-fleets = APIRouter(prefix="/fleets", tags=["fleets"])
+def _page(items: list[BaseModel], pagination: Pagination) -> dict[str, Any]:
+    return {"items": items, "pagination": pagination}
 
 
-@models.post(
-    "",
-    status_code=201,
-    response_model=ModelRecord,
-    summary="Register a model (a new version)",
-    openapi_extra=body_schema(ModelSpec),
-    dependencies=[WriteAccess],
-    responses={
-        200: {"model": ModelRecord, "description": "this content is stored already"},
-        **problem_responses(InvalidInput, Unauthorized),
-    },
-)
-def register_model(raw: JsonBody, session: SessionDep) -> JSONResponse:
-    spec = parse(ModelSpec, raw)
-    row, created = repo.add_version(session, ModelVersionRow, spec.name, spec.model_dump(mode="json"))
-    return _created("model", row, created)
-
-
-@models.get(
-    "",
-    response_model=Page[ModelRecord],
-    summary="Registered models, every version",
-    dependencies=[ReadAccess],
-    responses=problem_responses(InvalidInput, Unauthorized),
-)
-def list_models(
-    session: SessionDep, paging: PageDep, name: Annotated[str | None, Query(max_length=200)] = None
-) -> Page[ModelRecord]:
-    rows, pagination = repo.list_versions(session, ModelVersionRow, name, paging.page, paging.limit)
-    return Page[ModelRecord](items=[_record("model", r) for r in rows], pagination=pagination)
-
-
-@models.get(
-    "/{name}",
-    response_model=ModelRecord,
-    summary="A model's latest version",
-    dependencies=[ReadAccess],
-    responses=problem_responses(NotFound, Unauthorized),
-)
-def get_model(name: Name, session: SessionDep) -> ModelRecord | FleetRecord:
-    return _get(session, "model", name, None)
-
-
-@models.get(
-    "/{name}/{version}",
-    response_model=ModelRecord,
-    summary="One version of a model",
-    dependencies=[ReadAccess],
-    responses=problem_responses(NotFound, Unauthorized),
-)
-def get_model_version(name: Name, version: Version, session: SessionDep) -> ModelRecord | FleetRecord:
-    return _get(session, "model", name, version)
-
-
-@fleets.post(
-    "",
-    status_code=201,
-    response_model=FleetRecord,
-    summary="Register a fleet (a new version)",
-    openapi_extra=body_schema(FleetSpec),
-    dependencies=[WriteAccess],
-    responses={
-        200: {"model": FleetRecord, "description": "this content is stored already"},
-        **problem_responses(InvalidInput, Unauthorized),
-    },
-)
-def register_fleet(raw: JsonBody, session: SessionDep) -> JSONResponse:
-    spec = parse(FleetSpec, raw, {"profiles": profiles_context(session)})
-    row, created = repo.add_version(session, FleetVersionRow, spec.name, spec.model_dump(mode="json"))
-    return _created("fleet", row, created)
-
-
-@fleets.get(
-    "",
-    response_model=Page[FleetRecord],
-    summary="Registered fleets, every version",
-    dependencies=[ReadAccess],
-    responses=problem_responses(InvalidInput, Unauthorized),
-)
-def list_fleets(
-    session: SessionDep, paging: PageDep, name: Annotated[str | None, Query(max_length=200)] = None
-) -> Page[FleetRecord]:
-    rows, pagination = repo.list_versions(session, FleetVersionRow, name, paging.page, paging.limit)
-    return Page[FleetRecord](items=[_record("fleet", r) for r in rows], pagination=pagination)
-
-
-@fleets.get(
-    "/{name}",
-    response_model=FleetRecord,
-    summary="A fleet's latest version",
-    dependencies=[ReadAccess],
-    responses=problem_responses(NotFound, Unauthorized),
-)
-def get_fleet(name: Name, session: SessionDep) -> ModelRecord | FleetRecord:
-    return _get(session, "fleet", name, None)
-
-
-@fleets.get(
-    "/{name}/{version}",
-    response_model=FleetRecord,
-    summary="One version of a fleet",
-    dependencies=[ReadAccess],
-    responses=problem_responses(NotFound, Unauthorized),
-)
-def get_fleet_version(name: Name, version: Version, session: SessionDep) -> ModelRecord | FleetRecord:
-    return _get(session, "fleet", name, version)
-
-
-def _get(
-    session: SessionDep, kind: Literal["model", "fleet"], name: str, version: int | None
-) -> ModelRecord | FleetRecord:
-    table = ModelVersionRow if kind == "model" else FleetVersionRow
-    row = repo.get_version(session, table, name, version)
+def _get(session: SessionDep, kind: SpecKind, name: str, version: int | None) -> BaseModel:
+    row = repo.get_version(session, kind.table, name, version)
     if row is None:
-        raise NotFound(f"no {kind} named {name!r}" + ("" if version is None else f" at version {version}"))
-    return _record(kind, row)
+        raise NotFound(f"no {kind.name} named {name!r}" + ("" if version is None else f" at version {version}"))
+    return kind.to_record(row)
+
+
+models = versioned_router(SpecKind("model", ModelSpec, ModelRecord, ModelVersionRow, custom_profiles=False))
+fleets = versioned_router(SpecKind("fleet", FleetSpec, FleetRecord, FleetVersionRow, custom_profiles=True))
