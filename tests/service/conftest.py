@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,8 +24,8 @@ from service.app import create_app
 from service.db import upgrade
 from service.devserver import running_server
 from service.jobs import LocalRunner
-from service.models import Base
 from service.settings import Settings
+from service_support import empty_tables, fleet, small_model  # noqa: F401  (re-exported to the tests)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 PG_ADMIN_URL = os.environ.get("SHARDWISE_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -34,22 +33,6 @@ PG_ADMIN_URL = os.environ.get("SHARDWISE_TEST_DATABASE_URL", "postgresql+psycopg
 
 def example(name: str) -> dict[str, Any]:
     return json.loads((EXAMPLES / name).read_text())  # type: ignore[no-any-return]
-
-
-def small_model(name: str = "small", tables: int = 4, rows: int = 100_000, dim: int = 64) -> dict[str, Any]:
-    return {
-        "name": name,
-        "batch_size_per_gpu": 1024,
-        "embedding_tables": [
-            {"name": f"t{i}", "num_embeddings": rows * (i + 1), "embedding_dim": dim, "pooling_factor": 2.0}
-            for i in range(tables)
-        ],
-        "dense_layers": [{"name": "top.0", "kind": "linear", "in_features": 256, "out_features": 256}],
-    }
-
-
-def fleet(name: str = "h100x2", gpu: str = "nvidia-h100-sxm", gpus: int = 2, hosts: int = 1) -> dict[str, Any]:
-    return {"name": name, "hosts": [{"gpu": gpu, "count": hosts, "gpus_per_host": gpus}]}
 
 
 def postgres_available() -> bool:
@@ -118,19 +101,7 @@ def runner(database_url: str, runners: dict[str, LocalRunner]) -> LocalRunner:
 @pytest.fixture
 def clean_db(database_url: str) -> Iterator[str]:
     yield database_url
-    engine = create_engine(database_url)
-    deadline = time.monotonic() + 60
-    with engine.connect() as conn:
-        while time.monotonic() < deadline:  # a job of this test still solving would write into the next one
-            active = conn.execute(text("SELECT count(*) FROM jobs WHERE state IN ('queued', 'running')")).scalar()
-            conn.commit()
-            if not active:
-                break
-            time.sleep(0.1)
-        for table in reversed(Base.metadata.sorted_tables):
-            conn.execute(table.delete())
-        conn.commit()
-    engine.dispose()
+    empty_tables(database_url)
 
 
 def make_settings(database_url: str, **overrides: Any) -> Settings:

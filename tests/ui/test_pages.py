@@ -11,7 +11,6 @@ import ast
 import inspect
 import json
 import math
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,15 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from selectolax.lexbor import LexborHTMLParser, LexborNode
-from sqlalchemy import create_engine
-from sqlalchemy import text as sql
+
+from service.app import create_app
+from service.db import upgrade
+from service.jobs import LocalRunner
+from service.settings import Settings
+from service_support import empty_tables
+from solver.port import port_analysis
+from solver.resources import StoredPlan
+from solver.spec import FleetSpec, ModelSpec, SolveParams
 from ui_support import (
     big_fleet,
     fleet,
@@ -30,15 +36,6 @@ from ui_support import (
     small_model,
     store_plan_directly,
 )
-
-from service.app import create_app
-from service.db import upgrade
-from service.jobs import LocalRunner
-from service.models import Base
-from service.settings import Settings
-from solver.port import port_analysis
-from solver.resources import StoredPlan
-from solver.spec import FleetSpec, ModelSpec, SolveParams
 
 BAR_UNITS = 1000.0
 
@@ -61,19 +58,7 @@ def runner(database_url: str) -> Iterator[LocalRunner]:
 @pytest.fixture
 def clean_db(database_url: str) -> Iterator[str]:
     yield database_url
-    engine = create_engine(database_url)
-    deadline = time.monotonic() + 60
-    with engine.connect() as conn:
-        while time.monotonic() < deadline:  # a job of this test still solving would write into the next one
-            active = conn.execute(sql("SELECT count(*) FROM jobs WHERE state IN ('queued', 'running')")).scalar()
-            conn.commit()
-            if not active:
-                break
-            time.sleep(0.1)
-        for table in reversed(Base.metadata.sorted_tables):
-            conn.execute(table.delete())
-        conn.commit()
-    engine.dispose()
+    empty_tables(database_url)
 
 
 @pytest.fixture

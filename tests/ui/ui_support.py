@@ -15,26 +15,9 @@ from sqlalchemy.orm import Session
 
 from service import repository as repo
 from service.models import PlanRow
+from service_support import GREEDY, fleet, small_model  # noqa: F401  (re-exported to the UI tests)
 from solver.planner import make_plan
 from solver.spec import FleetSpec, ModelSpec, Plan, SolveParams
-
-GREEDY = {"solver": "greedy"}
-
-
-def small_model(name: str = "small", tables: int = 4, rows: int = 100_000, dim: int = 64) -> dict[str, Any]:
-    return {
-        "name": name,
-        "batch_size_per_gpu": 1024,
-        "embedding_tables": [
-            {"name": f"t{i}", "num_embeddings": rows * (i + 1), "embedding_dim": dim, "pooling_factor": 2.0}
-            for i in range(tables)
-        ],
-        "dense_layers": [{"name": "top.0", "kind": "linear", "in_features": 256, "out_features": 256}],
-    }
-
-
-def fleet(name: str = "h100x2", gpu: str = "nvidia-h100-sxm", gpus: int = 2, hosts: int = 1) -> dict[str, Any]:
-    return {"name": name, "hosts": [{"gpu": gpu, "count": hosts, "gpus_per_host": gpus}]}
 
 
 def hot_model() -> dict[str, Any]:

@@ -1,0 +1,47 @@
+"""Helpers the service's test packages share (``tests/service`` and ``tests/ui``): small specs and emptying a
+test database between tests. A plain module on pytest's ``pythonpath``, not a ``conftest.py``: two conftest
+modules in sibling folders would shadow each other's name."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import create_engine, text
+
+from service.models import Base
+
+GREEDY = {"solver": "greedy"}
+
+
+def small_model(name: str = "small", tables: int = 4, rows: int = 100_000, dim: int = 64) -> dict[str, Any]:
+    return {
+        "name": name,
+        "batch_size_per_gpu": 1024,
+        "embedding_tables": [
+            {"name": f"t{i}", "num_embeddings": rows * (i + 1), "embedding_dim": dim, "pooling_factor": 2.0}
+            for i in range(tables)
+        ],
+        "dense_layers": [{"name": "top.0", "kind": "linear", "in_features": 256, "out_features": 256}],
+    }
+
+
+def fleet(name: str = "h100x2", gpu: str = "nvidia-h100-sxm", gpus: int = 2, hosts: int = 1) -> dict[str, Any]:
+    return {"name": name, "hosts": [{"gpu": gpu, "count": hosts, "gpus_per_host": gpus}]}
+
+
+def empty_tables(database_url: str, wait_for_jobs_s: float = 60.0) -> None:
+    """Delete every row, once the jobs still solving have ended (they would write into the next test)."""
+    engine = create_engine(database_url)
+    deadline = time.monotonic() + wait_for_jobs_s
+    with engine.connect() as conn:
+        while time.monotonic() < deadline:
+            active = conn.execute(text("SELECT count(*) FROM jobs WHERE state IN ('queued', 'running')")).scalar()
+            conn.commit()
+            if not active:
+                break
+            time.sleep(0.1)
+        for table in reversed(Base.metadata.sorted_tables):
+            conn.execute(table.delete())
+        conn.commit()
+    engine.dispose()
