@@ -15,9 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
-from ui_support import REPO_ROOT, fleet, hot_model, mixed_fleet, post_plan, small_model
 
 from service.devserver import running_server
+from ui_support import REPO_ROOT, fleet, hot_model, mixed_fleet, post_plan, small_model
 
 pytestmark = pytest.mark.playwright
 
