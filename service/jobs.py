@@ -88,6 +88,7 @@ def execute_job(job_id: str, database_url: str, max_attempts: int = MAX_ATTEMPTS
             existing = repo.plan_by_hash(session, job.request_hash)
             if existing is not None:  # solved meanwhile (another replica, an earlier attempt)
                 return _finish_with_plan(session, job, existing)
+            session.commit()  # hold no transaction open while solving (minutes on PostgreSQL: idle in transaction)
 
             try:
                 model = ModelSpec.model_validate(job.request["model"])
