@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint, Uuid
 from sqlalchemy.engine import Dialect
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, declared_attr, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 NAMING_CONVENTION = {
@@ -105,30 +105,27 @@ class JobRow(Base):
     fleet_ref: Mapped[str | None] = mapped_column(String(220))
 
 
-class ModelVersionRow(Base):
+class _SpecVersion:
+    """The columns of one stored version of a named spec (a model or a fleet): the same for both tables."""
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200))
+    version: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    content_hash: Mapped[str] = mapped_column(String(80))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+    @declared_attr.directive
+    def __table_args__(cls) -> tuple[UniqueConstraint]:  # a constraint object per table, not one shared
+        return (UniqueConstraint("name", "version"),)
+
+
+class ModelVersionRow(_SpecVersion, Base):
     __tablename__ = "model_versions"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    name: Mapped[str] = mapped_column(String(200))
-    version: Mapped[int] = mapped_column(Integer)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    content_hash: Mapped[str] = mapped_column(String(80))
-    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
 
-    __table_args__ = (UniqueConstraint("name", "version"),)
-
-
-class FleetVersionRow(Base):
+class FleetVersionRow(_SpecVersion, Base):
     __tablename__ = "fleet_versions"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    name: Mapped[str] = mapped_column(String(200))
-    version: Mapped[int] = mapped_column(Integer)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    content_hash: Mapped[str] = mapped_column(String(80))
-    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
-
-    __table_args__ = (UniqueConstraint("name", "version"),)
 
 
 class ProfileRow(Base):
