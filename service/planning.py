@@ -89,23 +89,19 @@ def resolve_model(session: Session, model: ModelSpec | str) -> tuple[ModelSpec, 
 
 
 def resolve_fleet(
-    session: Session, fleet: FleetSpec | dict[str, Any] | str, custom: dict[str, HardwareProfile] | None = None
+    session: Session, fleet: FleetSpec | str, custom: dict[str, HardwareProfile]
 ) -> tuple[FleetSpec, str | None]:
-    custom = profiles_context(session) if custom is None else custom
+    """The fleet with its custom profiles inlined, and ``name@version`` when it was named. An inline fleet was
+    validated with ``custom`` when the body was parsed; a stored one is validated against it here."""
     ref: str | None = None
     if isinstance(fleet, str):
         row = _spec_row(session, "fleet", fleet)
-        data: Any = row.spec
         ref = f"{row.name}@{row.version}"
-    elif isinstance(fleet, FleetSpec):
-        data = fleet.model_dump(mode="json")
-    else:
-        data = fleet
-    try:
-        spec = FleetSpec.model_validate(data, context={"profiles": custom})
-    except ValidationError as exc:
-        raise validation_problem(exc, ("body", "fleet")) from exc
-    return inline_profiles(spec, custom), ref
+        try:
+            fleet = FleetSpec.model_validate(row.spec, context={"profiles": custom})
+        except ValidationError as exc:
+            raise validation_problem(exc, ("body", "fleet")) from exc
+    return inline_profiles(fleet, custom), ref
 
 
 def check_caps(settings: Settings, model: ModelSpec, fleet: FleetSpec, params: SolveParams | None) -> None:
