@@ -70,18 +70,31 @@ def dense_cost(
     return cm.dense_cost(layer, style, cls.profile, topo.context(cls, batch))
 
 
+#: The collectives a step runs, in the groups a sharding turns on together: 3 all-to-alls (ids, outputs, output
+#: grads) if anything is sharded, a reduce-scatter and an all-gather if anything is row-sharded, an all-reduce if
+#: anything is data-parallel (the dense layers' all-reduce is counted on its own).
+COLLECTIVES: dict[str, tuple[str, ...]] = {
+    "a2a": ("a2a_ids", "a2a_out", "a2a_grad"),
+    "rs": ("reduce_scatter", "all_gather"),
+    "ar": ("all_reduce",),
+}
+
+
+def collective_groups(sharding: ShardingType) -> frozenset[str]:
+    """The :data:`COLLECTIVES` groups a table sharded this way needs."""
+    if sharding is ShardingType.data_parallel:
+        return frozenset({"ar"})
+    if sharding in (ShardingType.row_wise, ShardingType.table_row_wise):
+        return frozenset({"a2a", "rs"})
+    return frozenset({"a2a"})
+
+
 def latency_kinds(tables: Sequence[TablePlan]) -> int:
-    """Collectives per step: 3 all-to-alls (ids, outputs, output grads) if anything is sharded, a reduce-scatter
-    and an all-gather if anything is row-sharded, an all-reduce if anything is data-parallel or dense."""
-    kinds = set()
+    """Collectives per step the tables need (see :data:`COLLECTIVES`); each costs its fixed latency once."""
+    groups: set[str] = set()
     for t in tables:
-        if t.sharding_type is ShardingType.data_parallel:
-            kinds.add("ar")
-        else:
-            kinds.update({"a2a_ids", "a2a_out", "a2a_grad"})
-            if t.sharding_type in (ShardingType.row_wise, ShardingType.table_row_wise):
-                kinds.update({"rs", "ag"})
-    return len(kinds)
+        groups |= collective_groups(t.sharding_type)
+    return sum(len(COLLECTIVES[g]) for g in groups)
 
 
 @dataclass

@@ -77,8 +77,8 @@ from ortools.sat.python import cp_model
 from solver.bounds import dense_min_per_class, heaviest_rank_time, lower_bound_ms, table_floors
 from solver.candidates import Candidate
 from solver.cost_model import collective_latency_ms
-from solver.evaluate import dense_cost
-from solver.spec import DenseStyle, ModelSpec, ShardingType
+from solver.evaluate import COLLECTIVES, collective_groups, dense_cost
+from solver.spec import DenseStyle, ModelSpec
 from solver.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -301,18 +301,13 @@ class Formulation:
 
     def _add_latency_kinds(self) -> None:
         """Family 4: a collective kind costs its latency on every GPU as soon as one table uses it."""
-        weights = {"a2a": 3, "rs": 2, "ar": 1}
+        weights = {q: len(kinds) for q, kinds in COLLECTIVES.items()}
         for q in weights:
             self.kinds[q] = self.model.new_bool_var(f"u[{q}]")
         for row in self.vars:
             for cv in row:
-                st = cv.cand.sharding
-                if st is ShardingType.data_parallel:
-                    self.model.add_implication(cv.x, self.kinds["ar"])
-                else:
-                    self.model.add_implication(cv.x, self.kinds["a2a"])
-                    if st in (ShardingType.row_wise, ShardingType.table_row_wise):
-                        self.model.add_implication(cv.x, self.kinds["rs"])
+                for q in collective_groups(cv.cand.sharding):
+                    self.model.add_implication(cv.x, self.kinds[q])
         multi = self.topo.num_hosts > 1
         dense_kind = 1 if self.spec.dense_layers else 0
         for b in range(self.nbins):
@@ -440,10 +435,7 @@ class Formulation:
                 for h, v in cv.hosts.items():
                     val[v.index] = int(chosen and a.host.get(t) == h)
                 if chosen:
-                    st = cv.cand.sharding
-                    used.add("ar" if st is ShardingType.data_parallel else "a2a")
-                    if st in (ShardingType.row_wise, ShardingType.table_row_wise):
-                        used.add("rs")
+                    used |= collective_groups(cv.cand.sharding)
         for styles, chosen_style in zip(self.dense_vars, a.dense, strict=True):
             for s, v in styles.items():
                 val[v.index] = int(s is chosen_style)

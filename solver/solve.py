@@ -38,7 +38,7 @@ import numpy.typing as npt
 from ortools.sat.python import cp_model
 
 from solver.candidates import Candidate, enumerate_candidates
-from solver.evaluate import dense_cost, evaluate
+from solver.evaluate import collective_groups, dense_cost, evaluate
 from solver.extract import build_plan
 from solver.formulation import RANK_BINS_MAX, Assignment, Formulation, Mode, Scale
 from solver.greedy import Placed, placed_to_table, run_greedy
@@ -49,7 +49,6 @@ from solver.spec import (
     Placement,
     Plan,
     PlanStatus,
-    ShardingType,
     SolveParams,
     TablePlan,
 )
@@ -455,13 +454,6 @@ def repack_fleet(
     return {(it.table, it.shard): where[n] for n, it in enumerate(items)}
 
 
-def _kinds(c: Candidate) -> tuple[bool, bool, bool]:
-    """The collective kinds a candidate uses (all-to-all, reduce-scatter / all-gather, all-reduce)."""
-    dp = c.sharding is ShardingType.data_parallel
-    rows = c.sharding in (ShardingType.row_wise, ShardingType.table_row_wise)
-    return (not dp, rows, dp)
-
-
 def lns_fleet(
     form: Formulation,
     cands: Sequence[Sequence[Candidate]],
@@ -496,7 +488,9 @@ def lns_fleet(
         alts[t] = [
             j
             for j, c in enumerate(cands[t])
-            if c.scope == "rank" and _kinds(c) == _kinds(cur) and np.array_equal(c.every_rank_ms, cur.every_rank_ms)
+            if c.scope == "rank"
+            and collective_groups(c.sharding) == collective_groups(cur.sharding)
+            and np.array_equal(c.every_rank_ms, cur.every_rank_ms)
         ]
 
     def tau(t: int, j: int, i: int, r: int) -> int:

@@ -1,0 +1,133 @@
+"""The lower bound of solver.bounds: hand-computed values, its definition checked against random instances, and
+validity against real plans (a bound above some plan's step time would be a false proof)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from solver.bounds import _least_step, lower_bound_ms
+from solver.candidates import Candidate, Shape, enumerate_candidates
+from solver.greedy import plan_greedy
+from solver.planner import make_plan
+from solver.spec import FleetSpec, ModelSpec, Placement, ShardingType, SolveParams
+from solver.topology import Topology
+
+
+def hand(table: int, shards: list[float], every: float = 0.0, ranks: int = 2) -> Candidate:
+    """A hand-priced rank-scope candidate: one shard per entry of ``shards`` (ms), ``every`` ms on each of
+    ``ranks`` ranks."""
+    n = len(shards)
+    return Candidate(
+        table=table,
+        sharding=ShardingType.table_wise if n == 1 else ShardingType.column_wise,
+        placement=Placement.hbm,
+        cache_fraction=None,
+        scope="rank",
+        scope_class=None,
+        shapes=tuple(Shape(0, 10, i, 1) for i in range(n)),
+        hbm=np.zeros((n, 1), dtype=np.int64),
+        host=np.zeros((n, 1), dtype=np.int64),
+        compute_ms=np.array(shards, dtype=float).reshape(n, 1),
+        comm_ms=np.zeros((n, 1)),
+        every_rank_ms=np.array([every]),
+        every_total_ms=every * ranks,
+    )
+
+
+def test_a_table_too_heavy_to_stay_whole_pays_for_its_split() -> None:
+    # 2 GPUs. Table A whole takes 10 ms, split in two 6 + 6; table B takes 2 ms.
+    # Average with A whole: (10 + 2) / 2 = 6, heaviest usable shard 6: the plain facts give 6.
+    # At T < 10 A cannot stay whole, so its split's 12 ms count: (12 + 2) / 2 = 7 → the bound is 7.
+    # The optimum is 8 (A split, 6 + 2 on one GPU); a bound of 7 is what these facts can prove.
+    cands = [[hand(0, [10.0]), hand(0, [6.0, 6.0])], [hand(1, [2.0])]]
+    assert _least_step(cands, fixed=[0.0], class_sizes=[2]) == pytest.approx(7.0)
+
+
+def test_the_whole_table_wins_once_the_average_allows_it() -> None:
+    # 4 GPUs, A whole 5 ms or split 3 + 3; three small 1 ms tables. Split: (6 + 3) / 4 = 2.25 < 3 → T = 3;
+    # whole: threshold 5. The least is 3 (A split, nothing waits longer than its 3 ms shard).
+    cands = [[hand(0, [5.0]), hand(0, [3.0, 3.0])], *([hand(t, [1.0])] for t in (1, 2, 3))]
+    assert _least_step(cands, fixed=[0.0], class_sizes=[4]) == pytest.approx(3.0)
+
+
+def test_every_rank_terms_and_fixed_time_are_on_every_rank() -> None:
+    # every rank runs 0.5 ms fixed and each table's 0.25 ms data side; one 4 ms table on 2 GPUs
+    cands = [[hand(0, [4.0], every=0.25)], [hand(1, [1.0], every=0.25)]]
+    # heaviest: 0.5 + 0.25 + 0.25 + 4 = 5; average: (2·0.5 + 2·0.25·2 + 5) / 2 = 3.5
+    assert _least_step(cands, fixed=[0.5], class_sizes=[2]) == pytest.approx(5.0)
+
+
+@st.composite
+def random_cands(draw: st.DrawFn) -> tuple[list[list[Candidate]], list[float], list[int]]:
+    tables = draw(st.integers(1, 6))
+    ranks = draw(st.integers(1, 8))
+    out = []
+    for t in range(tables):
+        n = draw(st.integers(1, 3))
+        out.append(
+            [
+                hand(t, draw(st.lists(st.floats(0.1, 10.0), min_size=k, max_size=k)), draw(st.floats(0.0, 0.5)), ranks)
+                for k in draw(st.lists(st.integers(1, 4), min_size=n, max_size=n))
+            ]
+        )
+    return out, [draw(st.floats(0.0, 2.0))], [ranks]
+
+
+def _meets_both(cands: list[list[Candidate]], fixed: list[float], sizes: list[int], T: float) -> bool:
+    """The definition in solver.bounds, written out directly."""
+    floors = [min(c.floor_ms for c in cs) for cs in cands]
+    base = fixed[0] + sum(floors)
+    work = 0.0
+    for cs, f in zip(cands, floors, strict=True):
+        usable = [c.work_ms for c in cs if base + max(c.heavy_ms - f, 0.0) <= T]
+        if not usable:
+            return False
+        work += min(usable)
+    return (fixed[0] * sizes[0] + work) / sizes[0] <= T
+
+
+@settings(max_examples=200, deadline=None)
+@given(random_cands())
+def test_the_sweep_finds_the_least_step_meeting_both_facts(
+    case: tuple[list[list[Candidate]], list[float], list[int]],
+) -> None:
+    cands, fixed, sizes = case
+    T = _least_step(cands, fixed, sizes)
+    assert _meets_both(cands, fixed, sizes, T * (1 + 1e-12))
+    assert not _meets_both(cands, fixed, sizes, T * (1 - 1e-9))
+
+
+def test_a_one_gpu_plan_meets_its_bound_exactly(small_model: ModelSpec) -> None:
+    # one GPU: every table whole on it, the dense layers on it, 3 all-to-alls and the dense all-reduce — the bound,
+    # latencies included, is the plan's step time
+    fleet = FleetSpec.model_validate(
+        {"name": "one", "hosts": [{"gpu": "nvidia-h100-sxm", "count": 1, "gpus_per_host": 1}]}
+    )
+    plan = plan_greedy(Topology(fleet, {}), small_model)
+    assert plan.predicted_step_ms is not None
+    assert plan.lower_bound_ms is not None
+    assert plan.lower_bound_ms == pytest.approx(plan.predicted_step_ms, rel=1e-9)
+
+
+@pytest.mark.parametrize("fleet_file", ["fleet_8xh100.json", "fleet_mixed_b200_mi350x.json"])
+def test_the_bound_never_exceeds_a_real_plan(
+    load_model: Callable[[str], ModelSpec], fleet_file: str, examples_dir: Path
+) -> None:
+    model = load_model("dlrm_dcnv2")
+    fleet = FleetSpec.model_validate_json((examples_dir / fleet_file).read_text(encoding="utf-8"))
+    topo = Topology(fleet, {})
+    cands = [enumerate_candidates(topo, model, i) for i in range(len(model.embedding_tables))]
+    bound = lower_bound_ms(topo, model, cands)
+    for solver in ("greedy", "cpsat"):
+        plan = make_plan(model, fleet, SolveParams(solver=solver, time_limit_s=5, num_workers=1))
+        assert plan.predicted_step_ms is not None
+        assert bound <= plan.predicted_step_ms + 1e-9
+    assert math.isfinite(bound)
+    assert bound > 0
