@@ -2,26 +2,31 @@
 
 Order of work (time limit ``T`` = ``SolveParams.time_limit_s``):
 
-1. the greedy plan (:mod:`solver.greedy`): hint, fallback, and the benchmark baseline;
+1. the start: the greedy plan (:mod:`solver.greedy`, also the benchmark baseline) or, when it is faster, target
+   packing's (:mod:`solver.target`, at most :data:`TARGET_SHARE` of ``T``) — CP-SAT's hint, incumbent and fallback;
 2. the candidate space the model searches (:func:`model_candidates`): every table keeps its whole-table options
    (table_wise, data_parallel); splits (column_wise, row_wise, table_row_wise, in HBM) are kept for the tables
    heavy enough for a split to matter — a whole-table time of at least :data:`SPLIT_SHARE` of the greedy step
    time, the heaviest :data:`SPLITS_PER_BIN` per bin at most; offloaded table_wise placements (uvm_cache, host)
    only when memory is tight (the greedy plan fills some GPU to :data:`MEMORY_TIGHT` or more; with room to spare
    they only add time) and for tables of at least :data:`OFFLOAD_SHARE` of a GPU; the greedy's own pick is always
-   kept. The reported bound is proven over this space;
+   kept, and so is the start's. The reported bound is proven over this space;
 3. CP-SAT on :class:`solver.formulation.Formulation` (rank mode up to 8 GPUs, host mode beyond) for at most
-   :data:`LEVEL1_SHARE` of ``T`` in host mode (all of it in rank mode);
+   :data:`LEVEL1_SHARE` of ``T`` in host mode (all of it in rank mode); in host mode, when it finds no solution in
+   that time, step 4 starts from the start's assignment;
 4. host mode: each host's shards are packed onto its GPUs by a small exact model (:func:`pack_host`) with each
-   GPU's own HBM; a host that cannot be packed sends us back to the greedy plan; :func:`repack_fleet` then moves
+   GPU's own HBM (the start's GPUs are its hint where the host's shards are the start's); a host that cannot be
+   packed sends us back to the start; :func:`repack_fleet` then moves
    and swaps shards between hosts (the shardings stay fixed), and :func:`lns_fleet` spends the time left until the
    deadline re-solving the slowest GPU with a few others exactly (shards move, and a table wholly on them may
    switch between table_wise and column_wise);
-5. the better of the CP-SAT plan and the greedy plan (by the evaluator's figures) is returned, with the bound.
+5. the better of the CP-SAT plan and the start (by the evaluator's figures) is returned, with the bound.
 
 Status: ``optimal`` when the returned plan's predicted step time meets the proven bound (within
 :data:`OPTIMAL_GAP` or :data:`OPTIMAL_ABS_MS`, the resolution of the integer scaling), else
-``feasible``. Same input + same ``SolveParams`` (seed, workers, ``max_deterministic_time``) → the same plan.
+``feasible``. Same input + same ``SolveParams`` (seed, workers, ``max_deterministic_time``) → the same plan: with
+``max_deterministic_time`` set, every CP-SAT call stops on deterministic time and the wall clock only ends the whole
+solve (a run cut off by ``time_limit_s`` depends on the machine).
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from solver.spec import (
     SolveParams,
     TablePlan,
 )
+from solver.target import target_packing
 from solver.topology import Topology
 from solver.validate import assert_valid_plan
 
@@ -69,6 +75,7 @@ LEVEL1_SHARE = 0.7
 PACK_HOST_MAX_S = 0.25  # per host; what is left goes to moving shards between hosts
 LNS_GPUS = 8  # GPUs re-packed together in a round of the fleet-wide search (the slowest one among them)
 LNS_ROUND_S = 0.2  # at most this long per round
+TARGET_SHARE = 0.1  # of the time limit, at most, for target packing (solver.target)
 Progress = Callable[[float, float], None]  # (best predicted ms so far, bound ms)
 
 _STATUS = {
@@ -204,23 +211,33 @@ def pack_host(
     base_hbm: list[int],
     params: SolveParams,
     time_limit: float,
+    hint: list[int] | None = None,
 ) -> list[int] | None:
     """Put a host's rank-scope shards on its GPUs: minimise the slowest GPU, each GPU within its own HBM.
 
     ``base_*`` is what every GPU of the host carries already (fixed-rank shards, dense layers, every-rank terms).
-    The longest-first packing is the hint and the fallback; returns the local GPU of every item, or None when they
-    cannot be packed.
+    The better of ``hint`` (a local GPU per item, e.g. the start plan's) and the longest-first packing is the
+    CP-SAT hint and the fallback; returns the local GPU of every item, or None when they cannot be packed.
     """
     ranks = topo.hosts[host].ranks
     g = len(ranks)
     caps = [Scale.capacity(topo.hbm_limit(r)) for r in ranks]
-    lpt = _lpt(items, base_load, base_hbm, caps)
 
     def makespan(where: list[int]) -> int:
         load = list(base_load)
         for it, k in zip(items, where, strict=True):
             load[k] += it.time
         return max(load)
+
+    def fits(where: list[int]) -> bool:
+        hbm = list(base_hbm)
+        for it, k in zip(items, where, strict=True):
+            hbm[k] += it.hbm
+        return all(u <= c for u, c in zip(hbm, caps, strict=True))
+
+    lpt = _lpt(items, base_load, base_hbm, caps)
+    if hint is not None and fits(hint) and (lpt is None or makespan(hint) < makespan(lpt)):
+        lpt = hint
 
     m = cp_model.CpModel()
     z = [[m.new_bool_var(f"z[{i},{k}]") for k in range(g)] for i in range(len(items))]
@@ -285,8 +302,10 @@ def _host_mode_tables(
     a: Assignment,
     params: SolveParams,
     deadline: float,
+    start: Sequence[Placed],
 ) -> list[TablePlan] | None:
-    """Level two: pack every host's rank-scope shards onto its GPUs."""
+    """Level two: pack every host's rank-scope shards onto its GPUs (the start's GPUs are the hint of a host
+    whose shards all come from it)."""
     topo, model = form.topo, form.spec
     W = topo.world_size
     base_load = np.zeros(W, dtype=np.int64)
@@ -320,12 +339,30 @@ def _host_mode_tables(
     for h, items in per_host.items():
         rr = list(topo.hosts[h].ranks)
         budget = max(0.05, min(PACK_HOST_MAX_S, (deadline - time.perf_counter()) / max(remaining_hosts, 1)))
+        if params.max_deterministic_time is not None:  # deterministic runs: the clock is only the overall deadline
+            budget = max(0.05, deadline - time.perf_counter())
         remaining_hosts -= 1
         if not items:
             continue
-        got = pack_host(topo, h, items, [int(base_load[r]) for r in rr], [int(base_hbm[r]) for r in rr], params, budget)
+        hint = [
+            rr.index(start[it.table].ranks[it.shard])
+            if start[it.table].candidate is cands[it.table][a.choice[it.table]]
+            and start[it.table].ranks[it.shard] in rr
+            else -1
+            for it in items
+        ]
+        got = pack_host(
+            topo,
+            h,
+            items,
+            [int(base_load[r]) for r in rr],
+            [int(base_hbm[r]) for r in rr],
+            params,
+            budget,
+            hint if -1 not in hint else None,
+        )
         if got is None:
-            log.info("host %d could not be packed onto its GPUs; falling back to the greedy plan", h)
+            log.info("host %d could not be packed onto its GPUs; falling back to the start", h)
             return None
         for it, k in zip(items, got, strict=True):
             ranks_for[(it.table, it.shard)] = rr[k]
@@ -536,7 +573,7 @@ def lns_fleet(
         inside = set(pick)
         sub = sorted({t for r in pick for t in on[r]})
         m = cp_model.CpModel()
-        T = m.new_int_var(0, peak, "T")
+        T = m.new_int_var(0, peak - 1, "T")  # a round must lower the peak: CP-SAT proves quickly when it cannot
         gpu_load: dict[int, list[tuple[cp_model.IntVar, int]]] = {r: [] for r in pick}
         gpu_hbm: dict[int, list[tuple[cp_model.IntVar, int]]] = {r: [] for r in pick}
         host_terms: dict[int, list[tuple[cp_model.IntVar, int]]] = {}
@@ -578,8 +615,8 @@ def lns_fleet(
         for h, terms in host_terms.items():
             m.add(sum(c * v for v, c in terms) + host_fixed[h] <= host_room[h])
         m.minimize(T)
-        m.add_hint(T, peak)
-        solver = _params(params, min(LNS_ROUND_S, deadline - time.perf_counter()))
+        wall = deadline - time.perf_counter()
+        solver = _params(params, wall if det_left is not None else min(LNS_ROUND_S, wall))
         solver.parameters.num_workers = 1
         solver.parameters.random_seed = params.random_seed + rounds
         if det_left is not None:
@@ -624,33 +661,56 @@ def plan_cpsat(
 ) -> Plan:
     """A plan from CP-SAT with its proven bound; the greedy plan when CP-SAT cannot do better."""
     start = time.perf_counter()
-    deadline = start + params.time_limit_s * (1 - FINISH_MARGIN_SHARE) - FINISH_MARGIN_S
+    budget_s = params.time_limit_s * (1 - FINISH_MARGIN_SHARE) - FINISH_MARGIN_S
+    deadline = start + budget_s
     all_cands = [enumerate_candidates(topo, model, i) for i in range(len(model.embedding_tables))]
     g = run_greedy(topo, model, params, all_cands, solver_name="cpsat")
     greedy = g.plan
     if greedy.status is PlanStatus.infeasible:
         return greedy
-    chosen, placed, dense_choice = g.chosen, g.placed, g.dense
+    dense_choice = g.dense
     greedy_ms = greedy.predicted_step_ms or 0.0
     if on_progress:
         on_progress(greedy_ms, greedy.lower_bound_ms or 0.0)
+    dense_plans = [DensePlan(name=n, style=s, ranks=list(range(topo.world_size))) for n, s in dense_choice]
+    # the start: the better of the greedy plan and target packing (hint, incumbent and fallback)
+    placed, start_tables, start_ms = g.placed, greedy.tables, greedy_ms
+    det = params.max_deterministic_time is not None  # then the clock only ends the whole solve
+    packed = target_packing(
+        topo,
+        model,
+        all_cands,
+        dense_choice,
+        greedy.lower_bound_ms or 0.0,
+        greedy_ms,
+        deadline if det else start + TARGET_SHARE * budget_s,
+    )
+    if packed is not None:
+        packed_tables = [placed_to_table(model, p) for p in packed]
+        ms = evaluate(topo, model, packed_tables, dense_plans).step_ms
+        log.info("target packing %.4f ms (greedy %.4f ms)", ms, greedy_ms)
+        if ms < greedy_ms:
+            placed, start_tables, start_ms = packed, packed_tables, ms
+            if on_progress:
+                on_progress(start_ms, greedy.lower_bound_ms or 0.0)
+    chosen: list[Placed | None] = list(placed)
     fill = max((r.hbm_used_bytes / topo.hbm_limit(r.rank) for r in greedy.ranks), default=1.0)
     mode: Mode = "rank" if topo.world_size <= RANK_BINS_MAX else "host"
     nbins = topo.world_size if mode == "rank" else topo.num_hosts
     cands = model_candidates(
         all_cands,
         chosen,
-        greedy_ms,
+        start_ms,
         memory_tight=fill >= MEMORY_TIGHT,
         max_split_tables=SPLITS_PER_BIN * nbins,
         offload_min_bytes=int(OFFLOAD_SHARE * min(c.hbm_limit_bytes for c in topo.classes)),
         weights=[t.weight_bytes for t in model.embedding_tables],
     )
     built = time.perf_counter()
-    form = Formulation(topo, model, cands, mode, horizon_ms=greedy_ms * 4 + 1, incumbent_ms=greedy_ms)
+    form = Formulation(topo, model, cands, mode, horizon_ms=start_ms * 4 + 1, incumbent_ms=start_ms)
     hint = to_assignment(form, cands, placed)
     hint.dense = [s for _, s in dense_choice]
-    form.add_hint(hint, greedy_ms)
+    form.add_hint(hint, start_ms)
     log.info(
         "%s mode: %d bins, %d variables; greedy and candidates %.2fs, model and hint %.2fs",
         mode,
@@ -694,18 +754,20 @@ def plan_cpsat(
                 ),
             )
         else:
-            tables = _host_mode_tables(form, cands, a, params, deadline)
-    dense_plans = [
+            tables = _host_mode_tables(form, cands, a, params, deadline, placed)
+    elif mode == "host" and status_name != "MODEL_INVALID":  # no level-one answer in time: search from the start
+        tables = _host_mode_tables(form, cands, hint, params, deadline, placed)
+    cp_dense = [
         DensePlan(name=layer.name, style=s, ranks=list(range(topo.world_size)))
         for layer, s in zip(model.dense_layers, dense_styles, strict=True)
     ]
-    # the better of the CP-SAT plan and the greedy plan, by the evaluator's figures
-    cp_ms = evaluate(topo, model, tables, dense_plans).step_ms if tables is not None else math.inf
-    log.info("cp-sat plan %.4f ms after packing (greedy %.4f ms)", cp_ms, greedy_ms)
-    if tables is None or cp_ms > greedy_ms:
-        tables, dense_plans, step = greedy.tables, greedy.dense, greedy_ms
+    # the better of the CP-SAT plan and the start, by the evaluator's figures
+    cp_ms = evaluate(topo, model, tables, cp_dense).step_ms if tables is not None else math.inf
+    log.info("cp-sat plan %.4f ms after packing (start %.4f ms, greedy %.4f ms)", cp_ms, start_ms, greedy_ms)
+    if tables is None or cp_ms > start_ms:
+        tables, step = start_tables, start_ms
     else:
-        step = cp_ms
+        dense_plans, step = cp_dense, cp_ms
     proved = bound_ms is not None and step - bound_ms <= max(OPTIMAL_GAP * step, OPTIMAL_ABS_MS)
     final = build_plan(
         topo,
