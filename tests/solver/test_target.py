@@ -5,38 +5,20 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import pytest
-from test_cpsat import toy_fleet, toy_model
+from test_cpsat import table_wise, toy_fleet, toy_model
 
 from benchmarks.instances import get
-from solver.candidates import Candidate, Shape, enumerate_candidates
+from solver.candidates import enumerate_candidates
 from solver.evaluate import evaluate
 from solver.extract import build_plan
 from solver.greedy import Placed, placed_to_table, run_greedy
-from solver.spec import DensePlan, Placement, ShardingType, SolveParams
+from solver.spec import DensePlan, SolveParams
 from solver.target import target_packing
 from solver.topology import Topology
 from solver.validate import assert_valid_plan
 
 FAR = 1e9  # a deadline that never comes
-
-
-def whole(table: int, ms: float, hbm: int = 0) -> Candidate:
-    return Candidate(
-        table=table,
-        sharding=ShardingType.table_wise,
-        placement=Placement.hbm,
-        cache_fraction=None,
-        scope="rank",
-        scope_class=None,
-        shapes=(Shape(0, 10, 0, 4),),
-        hbm=np.full((1, 1), hbm, dtype=np.int64),
-        host=np.zeros((1, 1), dtype=np.int64),
-        compute_ms=np.full((1, 1), ms),
-        comm_ms=np.zeros((1, 1)),
-        every_rank_ms=np.zeros(1),
-    )
 
 
 def loads(placed: list[Placed], gpus: int) -> list[float]:
@@ -51,7 +33,7 @@ def test_best_fit_pairs_the_small_tables_beside_the_big_one() -> None:
     # 2 GPUs, tables of 4, 3 and 1 ms: best fit under T = 4 puts 4 alone and 3 + 1 together (optimal);
     # the bisection from [1, 8] finds a target within its tolerance of 4
     topo = Topology(toy_fleet(2), {})
-    cands = [[whole(0, 4.0)], [whole(1, 3.0)], [whole(2, 1.0)]]
+    cands = [[table_wise(0, 4.0, 0)], [table_wise(1, 3.0, 0)], [table_wise(2, 1.0, 0)]]
     got = target_packing(topo, toy_model(3), cands, [], 1.0, 8.0, FAR)
     assert got is not None
     assert sorted(loads(got, 2)) == [4.0, 4.0]
@@ -60,7 +42,7 @@ def test_best_fit_pairs_the_small_tables_beside_the_big_one() -> None:
 
 def test_a_target_below_the_largest_table_packs_nothing() -> None:
     topo = Topology(toy_fleet(2), {})
-    cands = [[whole(0, 4.0)], [whole(1, 1.0)]]
+    cands = [[table_wise(0, 4.0, 0)], [table_wise(1, 1.0, 0)]]
     assert target_packing(topo, toy_model(2), cands, [], 1.0, 3.9, FAR) is None
 
 
@@ -68,7 +50,7 @@ def test_memory_keeps_two_large_tables_apart() -> None:
     # the toy GPU has 1 MB: two 0.6 MB tables cannot share one, whatever their times say, so the 2 ms table
     # goes beside one of them and the best target is 3
     topo = Topology(toy_fleet(2), {})
-    cands = [[whole(0, 1.0, 600_000)], [whole(1, 1.0, 600_000)], [whole(2, 2.0)]]
+    cands = [[table_wise(0, 1.0, 600_000)], [table_wise(1, 1.0, 600_000)], [table_wise(2, 2.0, 0)]]
     got = target_packing(topo, toy_model(3), cands, [], 1.0, 10.0, FAR)
     assert got is not None
     assert got[0].ranks != got[1].ranks
