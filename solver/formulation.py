@@ -6,10 +6,10 @@ Bins
 The model places shards into *bins*. For fleets of at most :data:`RANK_BINS_MAX` GPUs a bin is a GPU (rank
 mode). Larger fleets are solved in two levels (host mode): a bin is a host of ``g`` GPUs whose load and HBM are
 the sums over its GPUs, then :mod:`solver.solve` packs each host's shards onto its GPUs with a small exact model
-per host. Host mode keeps 1,000 tables × 512 GPUs at tens of thousands of booleans instead of millions, and its
-objective stays a valid lower bound: the slowest GPU of a host carries at least the host's average load.
-Memory stays exact: level two enforces every GPU's own capacity, and if a host cannot be packed the greedy plan
-is returned instead (never an overfull GPU).
+per host. Host mode keeps 1,000 tables × 512 GPUs at about 230 thousand booleans (rank mode would need eight times
+as many), and its objective stays a valid lower bound: the slowest GPU of a host carries at least the host's
+average load. Memory stays exact: level two enforces every GPU's own capacity, and if a host cannot be packed the
+start plan (greedy or target packing, :mod:`solver.target`) is returned instead (never an overfull GPU).
 
 Data (all coefficients integer, scaled in :class:`Scale` — the one place where scaling lives)
 -----------------------------------------------------------------------------------------------
@@ -52,13 +52,13 @@ Constraints (and the method that adds each family)
    :meth:`Formulation._add_makespan`;
 8. symmetry: bins that are interchangeable (same class, same host in rank mode, the same fixed-rank shard
    shapes) carry non-increasing loads in index order — :meth:`Formulation._add_symmetry_breaking`;
-9. incumbent: with the greedy plan's step time ``T_inc``, no GPU may take ``k + 1`` shards longer than
+9. incumbent: with the start plan's step time ``T_inc``, no GPU may take ``k + 1`` shards longer than
    ``(T_inc − base)/(k + 1)`` (it would end later than the incumbent); only worse plans are cut —
    :meth:`Formulation._add_incumbent_cuts`; also, in host mode, the GPU cut of
    :meth:`Formulation._add_gpu_cut`.
 
-The greedy plan is the hint (:meth:`Formulation.add_hint`); :mod:`solver.solve` runs the model and falls back to
-the greedy plan when CP-SAT finds nothing better in time.
+The start plan is the hint (:meth:`Formulation.add_hint`); :mod:`solver.solve` runs the model and falls back to
+the start when CP-SAT finds nothing better in time.
 """
 
 from __future__ import annotations
@@ -355,7 +355,7 @@ class Formulation:
             self._add_incumbent_cuts(base)
 
     def _add_incumbent_cuts(self, base: float) -> None:
-        """Family 9: with an incumbent plan of step time ``T_inc`` (the greedy's), ``k + 1`` shards longer than
+        """Family 9: with an incumbent plan of step time ``T_inc`` (the start's), ``k + 1`` shards longer than
         ``θ_k = (T_inc − base)/(k + 1)`` on one GPU would make that GPU slower than the incumbent (every GPU carries
         ``base`` = the dense layers and every table's floor already), so a bin of ``g`` GPUs takes at most ``k·g``
         of them: ``Σ_{τ > θ_k} a_{·,b} ≤ k·g_b`` for k = 0..3. Only plans worse than the incumbent are cut, so the
@@ -466,7 +466,7 @@ class Formulation:
         return Assignment(choice=list(a.choice), shard_bins=shard_bins, host=host, dense=list(a.dense))
 
     def add_hint(self, a: Assignment, step_ms: float = 0.0) -> None:
-        """A (canonicalised) assignment — the greedy plan, whose predicted step time is ``step_ms`` — as the
+        """A (canonicalised) assignment — the start plan, whose predicted step time is ``step_ms`` — as the
         solution hint, T included."""
         if self.symmetric_groups:
             a = self.canonical(a)

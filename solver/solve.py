@@ -6,7 +6,7 @@ Order of work (time limit ``T`` = ``SolveParams.time_limit_s``):
    packing's (:mod:`solver.target`, at most :data:`TARGET_SHARE` of ``T``) — CP-SAT's hint, incumbent and fallback;
 2. the candidate space the model searches (:func:`model_candidates`): every table keeps its whole-table options
    (table_wise, data_parallel); splits (column_wise, row_wise, table_row_wise, in HBM) are kept for the tables
-   heavy enough for a split to matter — a whole-table time of at least :data:`SPLIT_SHARE` of the greedy step
+   heavy enough for a split to matter — a whole-table time of at least :data:`SPLIT_SHARE` of the start's step
    time, the heaviest :data:`SPLITS_PER_BIN` per bin at most; offloaded table_wise placements (uvm_cache, host)
    only when memory is tight (the greedy plan fills some GPU to :data:`MEMORY_TIGHT` or more; with room to spare
    they only add time) and for tables of at least :data:`OFFLOAD_SHARE` of a GPU; the greedy's own pick is always
@@ -16,8 +16,8 @@ Order of work (time limit ``T`` = ``SolveParams.time_limit_s``):
    that time, step 4 starts from the start's assignment;
 4. host mode: each host's shards are packed onto its GPUs by a small exact model (:func:`pack_host`) with each
    GPU's own HBM (the start's GPUs are its hint where the host's shards are the start's); a host that cannot be
-   packed sends us back to the start; :func:`repack_fleet` then moves
-   and swaps shards between hosts (the shardings stay fixed), and :func:`lns_fleet` spends the time left until the
+   packed sends us back to the start; :func:`repack_fleet` then moves and swaps shards between hosts (the
+   shardings stay fixed), and :func:`lns_fleet` spends the time left until the
    deadline re-solving the slowest GPU with a few others exactly (shards move, and a table wholly on them may
    switch between table_wise and column_wise);
 5. the better of the CP-SAT plan and the start (by the evaluator's figures) is returned, with the bound.
@@ -659,7 +659,7 @@ def plan_cpsat(
     params: SolveParams,
     on_progress: Progress | None = None,
 ) -> Plan:
-    """A plan from CP-SAT with its proven bound; the greedy plan when CP-SAT cannot do better."""
+    """A plan from CP-SAT with its proven bound; the start (greedy or target packing) when CP-SAT cannot do better."""
     start = time.perf_counter()
     budget_s = params.time_limit_s * (1 - FINISH_MARGIN_SHARE) - FINISH_MARGIN_S
     deadline = start + budget_s
