@@ -4,11 +4,16 @@ same plan."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
-from solver.greedy import plan_greedy
+from solver.candidates import enumerate_candidates
+from solver.extract import build_plan
+from solver.formulation import Formulation
+from solver.greedy import plan_greedy, run_greedy
 from solver.planner import make_plan
-from solver.spec import FleetSpec, ModelSpec, SolveParams
+from solver.solve import _host_mode_tables, model_candidates, to_assignment
+from solver.spec import DensePlan, FleetSpec, ModelSpec, SolveParams
 from solver.topology import Topology
 from solver.validate import check_plan
 
@@ -46,3 +51,24 @@ def test_host_mode_plan_valid_and_deterministic() -> None:
         return json.dumps(data, sort_keys=True)
 
     assert body(first.model_dump_json()) == body(second.model_dump_json())
+
+
+def test_level_two_from_the_start_keeps_a_valid_plan_no_slower_than_the_start() -> None:
+    # what plan_cpsat does when level one finds nothing in time: pack, repack and search from the start itself
+    model, fleet = _model(), _fleet(2)
+    topo = Topology(fleet)
+    params = SolveParams(time_limit_s=30, max_deterministic_time=0.5, num_workers=1, random_seed=3)
+    cands = [enumerate_candidates(topo, model, i) for i in range(len(model.embedding_tables))]
+    g = run_greedy(topo, model, params, cands)
+    assert g.plan.predicted_step_ms is not None
+    space = model_candidates(cands, g.chosen, g.plan.predicted_step_ms)
+    form = Formulation(topo, model, space, "host", horizon_ms=4 * g.plan.predicted_step_ms)
+    start = to_assignment(form, space, g.placed)
+    start.dense = [s for _, s in g.dense]
+    tables = _host_mode_tables(form, space, start, params, time.perf_counter() + 20, g.placed)
+    assert tables is not None
+    dense = [DensePlan(name=n, style=s, ranks=list(range(topo.world_size))) for n, s in g.dense]
+    plan = build_plan(topo, model, tables, dense, params, solver_name="cpsat", status="FEASIBLE", seconds=0.0)
+    assert check_plan(topo, model, plan) == []
+    assert plan.predicted_step_ms is not None
+    assert plan.predicted_step_ms <= g.plan.predicted_step_ms + 1e-9
