@@ -72,6 +72,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
+import numpy.typing as npt
 from ortools.sat.python import cp_model
 
 from solver.bounds import dense_min_per_class, heaviest_rank_time, lower_bound_ms, table_floors
@@ -101,6 +102,16 @@ class Scale:
     @classmethod
     def time(cls, ms: float) -> int:
         return math.floor(ms * cls.TIME_PER_MS)
+
+    @classmethod
+    def times(cls, ms: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """:meth:`time` of every element."""
+        return np.floor(np.asarray(ms, dtype=np.float64) * cls.TIME_PER_MS).astype(np.int64)
+
+    @classmethod
+    def sizes(cls, nbytes: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """:meth:`size` of every element."""
+        return np.ceil(np.asarray(nbytes, dtype=np.float64) / cls.BYTES_PER_UNIT).astype(np.int64)
 
     @classmethod
     def ms(cls, units: float) -> float:
