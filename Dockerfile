@@ -3,6 +3,8 @@ FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
 COPY pyproject.toml README.md alembic.ini ./
+COPY shardwise shardwise
+COPY wire wire
 COPY solver solver
 COPY hwprofiles hwprofiles
 COPY clients clients

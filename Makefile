@@ -42,9 +42,10 @@ install-baseline: install-torch ## the same as install-torch (TorchRec for the b
 install-browser: ## Debian's chromium for the browser tests (apt-get, only when /usr/bin/chromium is missing)
 	@test -x /usr/bin/chromium || { apt-get update -q && apt-get install -y -q chromium; }
 
-lint: install-torch ## ruff lint + format check
+lint: install-torch ## ruff lint + format check, and the layer contracts (import-linter, pyproject.toml)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 typecheck: install-torch ## mypy --strict on the packages (torch installed so that clients/ is checked against it)
 	$(VENV)/bin/mypy

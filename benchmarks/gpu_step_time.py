@@ -19,7 +19,7 @@ The two plans, for the fleet of one host with two ``nvidia-h200`` (``FleetSpec``
 
 * ``shardwise`` — ``make_plan(spec, fleet, SolveParams(solver="cpsat", ...))``;
 * ``round_robin`` — table ``i`` table_wise on rank ``i % 2``, every dense layer replicated, priced with
-  ``solver.planner.score_plan`` so it has ``predicted_ms`` too.
+  ``shardwise.solver.planner.score_plan`` so it has ``predicted_ms`` too.
 
 Measured, per plan and rank: a training step (forward through ``ShardedEmbeddingBagCollection`` — one exchange
 for all tables —, BCE loss, backward, Adam on the dense parameters and row-wise Adagrad on the table shards), timed
@@ -55,8 +55,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from clients.sharded_embedding import ShardedEmbeddingBagCollection
-from solver.spec import (
+from shardwise.clients.sharded_embedding import ShardedEmbeddingBagCollection
+from shardwise.wire.spec import (
     DensePlan,
     DenseStyle,
     FleetSpec,
@@ -133,7 +133,7 @@ def h200_fleet(world: int = 2) -> FleetSpec:
 
 def round_robin(spec: ModelSpec, fleet: FleetSpec) -> Plan:
     """Table ``i`` table_wise on rank ``i % W``, dense layers replicated; priced under the cost model."""
-    from solver.planner import score_plan
+    from shardwise.solver.planner import score_plan
 
     W = fleet.world_size
     tables = [
@@ -161,7 +161,7 @@ def round_robin(spec: ModelSpec, fleet: FleetSpec) -> Plan:
 
 
 def make_plans(spec: ModelSpec, fleet: FleetSpec, solver: str, time_limit: float) -> dict[str, Plan]:
-    from solver.planner import make_plan
+    from shardwise.solver.planner import make_plan
 
     planned = make_plan(spec, fleet, SolveParams(solver=solver, time_limit_s=time_limit))
     if planned.status is PlanStatus.infeasible:

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from fnmatch import fnmatch
 from pathlib import Path
 
-from solver.spec import (
+from shardwise.wire.spec import (
     DenseLayerSpec,
     Dtype,
     EmbeddingTableSpec,
@@ -184,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         line = f"{name:<24} {len(model.embedding_tables):>6} {fleet.world_size:>5} {model.batch_size_per_gpu:>6} "
         line += f"{weights / 1e9:>10.1f}"
         if args.check:
-            from solver.planner import make_plan
-            from solver.spec import PlanStatus, SolveParams
+            from shardwise.solver.planner import make_plan
+            from shardwise.wire.spec import PlanStatus, SolveParams
 
             t0 = time.perf_counter()
             plan = make_plan(model, fleet, SolveParams(solver="greedy"))

@@ -30,7 +30,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.run import machine
-from service.devserver import running_server
+from shardwise.service.devserver import running_server
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -41,11 +41,11 @@ from fastapi.testclient import TestClient  # noqa: E402
 from sqlalchemy import create_engine, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
-from service.app import create_app  # noqa: E402
-from service.celery_app import WorkerSettings  # noqa: E402
-from service.db import upgrade  # noqa: E402
-from service.jobs import JobRunner, LocalRunner  # noqa: E402
-from service.models import Base  # noqa: E402
+from shardwise.service.app import create_app  # noqa: E402
+from shardwise.service.celery_app import WorkerSettings  # noqa: E402
+from shardwise.service.db import upgrade  # noqa: E402
+from shardwise.service.jobs import JobRunner, LocalRunner  # noqa: E402
+from shardwise.service.models import Base  # noqa: E402
 
 
 def machine() -> str:
@@ -86,7 +86,8 @@ class Worker:
             "SHARDWISE_CELERY_QUEUE": queue,
             "SHARDWISE_LOG_JSON": "false",
         }
-        code = f"from service.celery_app import run_worker; run_worker(1, 'INFO', 'bench{uuid.uuid4().hex[:6]}@%h')"
+        node = f"bench{uuid.uuid4().hex[:6]}@%h"
+        code = f"from shardwise.service.celery_app import run_worker; run_worker(1, 'INFO', '{node}')"
         self.log = log
         with log.open("ab") as out:
             self.proc = subprocess.Popen(

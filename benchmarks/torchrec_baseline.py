@@ -4,7 +4,7 @@
 ``EmbeddingCollection`` for sequence tables, pooling ``none``), describes the fleet as a TorchRec ``Topology``, runs
 ``EmbeddingShardingPlanner(...).plan(module, sharders)`` and returns the plan in TorchRec's serialized form
 (``ShardingPlan._serialize``: ``{"plan": {fqn: {table: {sharding_type, compute_kernel, ranks, shards}}}}``), which
-``solver.torchrec_import.from_torchrec`` imports, with the seconds ``plan()`` took.
+``shardwise.wire.torchrec.importer.from_torchrec`` imports, with the seconds ``plan()`` took.
 
 What TorchRec is told (it models one kind of GPU and one set of links for the whole fleet):
 
@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from solver.spec import FleetSpec, ModelSpec
+from shardwise.wire.spec import FleetSpec, ModelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 NOT_INSTALLED = "torchrec not installed (make install-baseline)"
@@ -206,7 +206,7 @@ def build_topology(fleet: FleetSpec) -> Any:
     from torchrec.distributed.planner import Topology
     from torchrec.distributed.planner.types import CustomTopologyData
 
-    from solver.topology import Topology as ShardwiseTopology
+    from shardwise.solver.topology import Topology as ShardwiseTopology
 
     topo = ShardwiseTopology(fleet)
     first = topo.classes[0]
@@ -302,8 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(args)
 
     from benchmarks.instances import instances
-    from solver.planner import score_plan
-    from solver.torchrec_import import from_torchrec
+    from shardwise.solver.planner import score_plan
+    from shardwise.wire.torchrec.importer import from_torchrec
 
     print(f"{'instance':<24} {'torchrec s':>10} {'step ms':>9}  problems")
     for name, model, fleet in instances(ns.filter):

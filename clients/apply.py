@@ -1,4 +1,4 @@
-"""Apply a shardwise :class:`~solver.spec.Plan` to a real model with torch.distributed alone.
+"""Apply a shardwise :class:`~shardwise.wire.spec.Plan` to a real model with torch.distributed alone.
 
 ::
 
@@ -12,9 +12,9 @@ dtypes; every problem listed in one :class:`PlanMismatchError`, a ``ValueError``
 plan fails the same way on every rank instead of hanging one of them. Then, in place:
 
 * **embedding tables** — every ``nn.EmbeddingBag`` the plan names (by FQN) is replaced by a
-  :class:`~clients.sharded_embedding.ShardedEmbeddingBag` holding this rank's shards (table_wise, row_wise,
+  :class:`~shardwise.clients.sharded_embedding.ShardedEmbeddingBag` holding this rank's shards (table_wise, row_wise,
   column_wise, table_row_wise, data_parallel; ids and pooled rows exchanged with all-to-all, row-sparse gradients —
-  see :mod:`clients.sharded_embedding`). The model's own code keeps working (``self.t(ids, offsets)``); one
+  see :mod:`shardwise.clients.sharded_embedding`). The model's own code keeps working (``self.t(ids, offsets)``); one
   exchange for all tables: ``ShardedEmbeddingBagCollection.from_module(model)(features)``. Only this rank's shards
   are copied to the device, never the whole table; a table on the meta device gets N(0, 1) shards
   (data_parallel copies broadcast from the group's first rank).
@@ -39,8 +39,8 @@ plan fails the same way on every rank instead of hanging one of them. Then, in p
 Gradient convention: every parameter receives the gradient of the **mean over ranks** of the local losses (DDP's),
 so with equal local batches and a mean-reduced loss the sharded model's gradients equal the unsharded model's on
 the global batch. Placement ``hbm`` / ``uvm_cache`` / ``host`` is a memory-tier hint that TorchRec's kernels honour
-through :mod:`clients.torchrec_plan`; here weights live on the device, except ``host`` shards on an accelerator,
-which stay in CPU memory (see :mod:`clients.sharded_embedding`).
+through :mod:`shardwise.wire.torchrec.exporter`; here weights live on the device, except ``host`` shards on an
+accelerator, which stay in CPU memory (see :mod:`shardwise.clients.sharded_embedding`).
 
 Composition order (torchtitan's): tables, then TP, then FSDP, then DDP. Requirements: an initialised process group
 whose size is the plan's world size (``len(plan.ranks)`` when the plan lists its ranks), dense layers materialised
@@ -65,8 +65,18 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 from torch.nn.parallel import DistributedDataParallel
 
-from clients.sharded_embedding import ShardedEmbeddingBag, average_grad_hook
-from solver.spec import DensePlan, DenseStyle, Dtype, ModelSpec, Plan, PlanStatus, Pooling, ShardingType, TablePlan
+from shardwise.clients.sharded_embedding import ShardedEmbeddingBag, average_grad_hook
+from shardwise.wire.spec import (
+    DensePlan,
+    DenseStyle,
+    Dtype,
+    ModelSpec,
+    Plan,
+    PlanStatus,
+    Pooling,
+    ShardingType,
+    TablePlan,
+)
 
 __all__ = [
     "PlanMismatchError",
@@ -132,8 +142,8 @@ def _hosts(plan: Plan, world_size: int, problems: list[str]) -> list[int]:
 
 
 def _check_tiling(tp: TablePlan, rows: int, cols: int, world_size: int, hosts: Sequence[int]) -> list[str]:
-    """The plan's own geometry (:meth:`~solver.spec.TablePlan.layout_problems`), then what this executor needs on
-    top: a data_parallel copy on every rank (lookups are local), and shards that form column bands, each tiled by
+    """The plan's own geometry (:meth:`~shardwise.wire.spec.TablePlan.layout_problems`), then what this executor needs
+    on top: a data_parallel copy on every rank (lookups are local), and shards that form column bands, each tiled by
     row blocks (the shape a lookup is routed by)."""
     out = tp.layout_problems(rows, cols, world_size, lambda r: hosts[r], ranks_in="the process group")
     if out:

@@ -3,8 +3,8 @@
 Local commands (no server needed): ``plan``, ``evaluate``, ``port``, ``profiles``. They load the solver lazily, so
 the base install can show ``--help`` and says in one line which extra to add when the solver's dependencies are
 missing. Remote commands talk to a server through ``ShardwiseClient``: ``submit`` (with a progress bar of the
-solver's best and bound), ``show``, ``show-job``, ``list``, ``export``; ``serve`` runs the server itself and
-``worker`` a Celery solver worker.
+solver's best and bound), ``show``, ``show-job``, ``list``, ``export``. ``serve`` (the server itself) and ``worker`` (a
+Celery solver worker) are the service's commands, added through its ``shardwise.commands`` entry point.
 Bad input is one line on stderr and exit code 2; an infeasible plan is an answer (its explanation) and exit code 1.
 """
 
@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar, cast
 
@@ -23,12 +24,12 @@ import typer
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from solver.port_spec import PortReport
-from solver.resources import Job, StoredPlan
-from solver.spec import FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams
+from shardwise.wire.port_spec import PortReport
+from shardwise.wire.resources import Job, StoredPlan
+from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams
 
 if TYPE_CHECKING:
-    from clients.client import ShardwiseClient
+    from shardwise.clients.client import ShardwiseClient
 
 
 class Solver(StrEnum):
@@ -84,7 +85,7 @@ def _solver_modules() -> Any:
     try:
         import numpy  # noqa: F401
 
-        from solver import planner
+        from shardwise.solver import planner
     except ImportError as exc:  # pragma: no cover - exercised on the base install only
         fail(f"the local planner needs the server extra ({exc.name} is missing): pip install 'shardwise[server]'")
     return planner
@@ -92,7 +93,7 @@ def _solver_modules() -> Any:
 
 def _port_module() -> Any:
     _solver_modules()  # the one-line message when the server extra is missing
-    from solver import port
+    from shardwise.solver import port
 
     return port
 
@@ -191,7 +192,7 @@ def evaluate(
     model = load_spec(model_path, ModelSpec)
     fleet = load_spec(fleet_path, FleetSpec)
     if torchrec:
-        from solver.torchrec_import import from_torchrec
+        from shardwise.wire.torchrec.importer import from_torchrec
 
         try:
             given = from_torchrec(_read_document(plan_path), model, fleet)
@@ -322,7 +323,7 @@ def port(
 @app.command()
 def profiles() -> None:
     """List the accelerator catalogue."""
-    from hwprofiles import catalogue
+    from shardwise.hwprofiles import catalogue
 
     typer.echo(f"{'name':<17} {'HBM GB':>8} {'HBM TB/s':>8} {'bf16 TF':>8} {'scale-up GB/s':>13} {'peer GB/s':>9}")
     for name, p in sorted(catalogue().items()):
@@ -344,7 +345,7 @@ TokenOption = Annotated[
 
 def make_client(url: str | None, token: str | None) -> ShardwiseClient:
     """The client the remote commands use (tests hand the real app in here)."""
-    from clients.client import ShardwiseClient
+    from shardwise.clients.client import ShardwiseClient
 
     return ShardwiseClient(url, token=token)
 
@@ -352,7 +353,7 @@ def make_client(url: str | None, token: str | None) -> ShardwiseClient:
 @contextmanager
 def remote(url: str | None, token: str | None) -> Iterator[ShardwiseClient]:
     """A client whose errors end the command in one line (exit 2), an infeasible plan with its explanation (1)."""
-    from clients.errors import PlanInfeasibleError, PlannerConnectionError, PlannerError
+    from shardwise.clients.errors import PlanInfeasibleError, PlannerConnectionError, PlannerError
 
     client = make_client(url, token)
     try:
@@ -528,41 +529,18 @@ def export(
     typer.echo(f"written to {output}")
 
 
-@app.command()
-def serve(
-    host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="port", min=1, max=65535)] = 8000,
-    migrate: Annotated[bool, typer.Option("--migrate/--no-migrate", help="alembic upgrade head first")] = True,
-) -> None:
-    """Run the service (settings from SHARDWISE_* variables; SQLite ./shardwise.db by default)."""
-    try:
-        import uvicorn
+def _add_service_commands(target: typer.Typer) -> None:
+    """``serve`` and ``worker`` belong to the service; its ``shardwise.commands`` entry point adds them here.
 
-        from service.db import upgrade
-        from service.settings import Settings
-    except ImportError as exc:
-        fail(f"the service needs the server extra ({exc.name} is missing): pip install 'shardwise[server]'")
-    settings = Settings()
-    if migrate:
-        upgrade(settings.database_url)
-    typer.echo(
-        f"shardwise on http://{host}:{port} · UI http://{host}:{port}/ui/plans · database {settings.database_url}"
-    )
-    uvicorn.run("service.asgi:app_from_env", factory=True, host=host, port=port, log_level="warning")
+    The service's command module imports typer only, so the base install lists them too and they say which extra
+    is missing when run; the client side never imports service code.
+    """
+    for ep in entry_points(group="shardwise.commands"):
+        register = ep.load()
+        register(target)
 
 
-@app.command()
-def worker(
-    concurrency: Annotated[int, typer.Option(help="solver processes in this worker", min=1)] = 1,
-    loglevel: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING")] = "INFO",
-    hostname: Annotated[str | None, typer.Option(help="the worker's node name (default celery@<host>)")] = None,
-) -> None:
-    """Run a Celery solver worker (SHARDWISE_BROKER_URL and SHARDWISE_DATABASE_URL from the environment)."""
-    try:
-        from service.celery_app import run_worker
-    except ImportError as exc:
-        fail(f"the worker needs the server extra ({exc.name} is missing): pip install 'shardwise[server]'")
-    run_worker(concurrency=concurrency, loglevel=loglevel, hostname=hostname)
+_add_service_commands(app)
 
 
 def main() -> None:

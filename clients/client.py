@@ -2,13 +2,14 @@
 
 ::
 
-    from clients.client import ShardwiseClient
+    from shardwise.clients.client import ShardwiseClient
 
     with ShardwiseClient() as client:              # SHARDWISE_URL, SHARDWISE_TOKEN
         plan = client.plan(spec, "h100-2x8@3", solver="cpsat", time_limit_s=60)
 
-Every method returns the wire models of ``solver.spec`` / ``solver.resources`` (never dicts, except the two
-documents that are dicts by nature: ``export`` and ``healthz``) and raises the typed errors of ``clients.errors``.
+Every method returns the wire models of ``shardwise.wire.spec`` / ``shardwise.wire.resources`` (never dicts, except the
+two documents that are dicts by nature: ``export`` and ``healthz``) and raises the typed errors of
+``shardwise.clients.errors``.
 
 Transport: connection errors, timeouts and HTTP 408/429/5xx are retried up to ``max_retries`` extra times with
 exponential backoff (0.5 s doubling to 8 s, minus up to 25 % jitter), or after the server's ``Retry-After``
@@ -36,7 +37,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from clients.errors import (
+from shardwise.clients.errors import (
     AuthenticationError,
     BadRequestError,
     ConflictError,
@@ -54,8 +55,8 @@ from clients.errors import (
     ValidationFailedError,
     error_from_problem,
 )
-from hwprofiles import HardwareProfile
-from solver.resources import (
+from shardwise.hwprofiles import HardwareProfile
+from shardwise.wire.resources import (
     Evaluation,
     FleetRecord,
     Job,
@@ -68,10 +69,10 @@ from solver.resources import (
     ProfileRecord,
     StoredPlan,
 )
-from solver.spec import FleetSpec, ModelSpec, PlanStatus
+from shardwise.wire.spec import FleetSpec, ModelSpec, PlanStatus
 
 if TYPE_CHECKING:
-    from solver.port_spec import PortReport
+    from shardwise.wire.port_spec import PortReport
 
 __all__ = [
     "AuthenticationError",
@@ -415,7 +416,7 @@ class ShardwiseClient:
 
         ``options`` are ``PlanOptions`` fields for the re-plan.
         """
-        from solver.port_spec import PortReport  # written beside this client; pydantic only
+        from shardwise.wire.port_spec import PortReport  # written beside this client; pydantic only
 
         body = {
             "model": _ref(model),

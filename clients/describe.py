@@ -1,4 +1,4 @@
-"""Describe a real ``nn.Module`` as a shardwise :class:`~solver.spec.ModelSpec`, without allocating its weights.
+"""Describe a real ``nn.Module`` as a shardwise :class:`~shardwise.wire.spec.ModelSpec`, without allocating its weights.
 
 Build the model on the meta device (``with torch.device("meta"): model = MyModel()``) and call
 :func:`describe`; nothing is materialised, so a model with a 1 TB table is described in milliseconds. What becomes
@@ -27,7 +27,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from solver.spec import DenseLayerSpec, Dtype, EmbeddingTableSpec, ModelSpec, Optimizer, Pooling
+from shardwise.wire.spec import DenseLayerSpec, Dtype, EmbeddingTableSpec, ModelSpec, Optimizer, Pooling
 
 if TYPE_CHECKING:
     import torch

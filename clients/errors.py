@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from solver.resources import Problem
-from solver.spec import Plan
+from shardwise.wire.resources import Problem
+from shardwise.wire.spec import Plan
 
 if TYPE_CHECKING:
-    from solver.resources import Job
+    from shardwise.wire.resources import Job
 
 __all__ = [
     "AuthenticationError",

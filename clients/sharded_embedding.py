@@ -1,4 +1,5 @@
-"""Sharded embedding bags for :func:`clients.apply.apply_plan`: the five sharding types on torch.distributed alone.
+"""Sharded embedding bags for :func:`shardwise.clients.apply.apply_plan`: the five sharding types on torch.distributed
+alone.
 
 :class:`ShardedEmbeddingBag` replaces one ``nn.EmbeddingBag`` and holds this rank's shards of it; called like the
 module it replaces (``bag(ids, offsets)``), it runs the exchange for that table alone.
@@ -42,7 +43,7 @@ index work is a few int64 per id (ids and offsets saved from forward, ``unique``
 optimizer that accepts sparse gradients: :class:`RowWiseAdagrad` (here; state ``r·4`` B, the wire's
 ``rowwise_adagrad``), ``torch.optim.SGD`` (state 0), ``torch.optim.Adagrad`` (state ``r·c·4``) or
 ``torch.optim.SparseAdam`` (``2·r·c·4``, lazy Adam) — all checked on CPU. ``torch.optim.Adam`` refuses sparse
-gradients: use :func:`clients.apply.split_parameters` to give the dense parameters their own optimizer.
+gradients: use :func:`shardwise.clients.apply.split_parameters` to give the dense parameters their own optimizer.
 data_parallel tables keep a dense gradient (``r·c·b``) that a gradient hook all-reduces (average) as soon as it is
 accumulated — what the cost model charges for them.
 
@@ -56,7 +57,7 @@ gradient of the unsharded model on the global batch.
 Placements
 ----------
 ``hbm`` and ``uvm_cache`` shards live on the executor's device (``uvm_cache`` is a memory-tier hint: TorchRec's
-``fused_uvm_caching`` kernel honours it through :mod:`clients.torchrec_plan`; there is no HBM cache here).
+``fused_uvm_caching`` kernel honours it through :mod:`shardwise.wire.torchrec.exporter`; there is no HBM cache here).
 ``host`` shards stay in CPU memory when the device is an accelerator: their lookups run on the CPU and only the
 pooled rows (and their gradients) cross to the device. On a CPU executor every placement is the same.
 
@@ -81,7 +82,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import FunctionCtx
 
-from solver.spec import Placement, ShardingType, ShardPlan
+from shardwise.wire.spec import Placement, ShardingType, ShardPlan
 
 __all__ = [
     "RowWiseAdagrad",
@@ -521,7 +522,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
     """Every :class:`ShardedEmbeddingBag` of a model, looked up with one exchange per call.
 
     Not a submodule of the model (it would register the tables twice): build it with :meth:`from_module` after
-    :func:`clients.apply.apply_plan` and call it with ``{table name: (ids, offsets)}``.
+    :func:`shardwise.clients.apply.apply_plan` and call it with ``{table name: (ids, offsets)}``.
     """
 
     def __init__(self, tables: Sequence[ShardedEmbeddingBag]) -> None:

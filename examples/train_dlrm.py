@@ -8,7 +8,7 @@
 What it does, on every rank:
 
 1. builds the model on the meta device (no memory) and describes it: ``describe(model, batch_size_per_gpu=...)``
-   gives the :class:`~solver.spec.ModelSpec` (tables, dense layers, FLOPs), with the synthetic data's pooling
+   gives the :class:`~shardwise.wire.spec.ModelSpec` (tables, dense layers, FLOPs), with the synthetic data's pooling
    factors;
 2. builds the fleet from torchrun's environment — ``WORLD_SIZE`` ranks, ``LOCAL_WORLD_SIZE`` GPUs per host, so
    ``WORLD_SIZE / LOCAL_WORLD_SIZE`` hosts — of the GPU kind ``--gpu`` names (a catalogue profile, default
@@ -49,11 +49,11 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from clients.apply import apply_plan, param_groups, split_parameters
-from clients.client import ShardwiseClient
-from clients.describe import describe
-from clients.sharded_embedding import RowWiseAdagrad, ShardedEmbeddingBagCollection
-from solver.spec import FleetSpec, ModelSpec, Plan, SolveParams
+from shardwise.clients.apply import apply_plan, param_groups, split_parameters
+from shardwise.clients.client import ShardwiseClient
+from shardwise.clients.describe import describe
+from shardwise.clients.sharded_embedding import RowWiseAdagrad, ShardedEmbeddingBagCollection
+from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, SolveParams
 
 # ------------------------------------------------------------------------------------------------ the model
 
@@ -179,7 +179,9 @@ def fleet_from_env(gpu: str) -> FleetSpec:
 
 def plan_on_rank0(spec: ModelSpec, fleet: FleetSpec, params: SolveParams) -> Plan:
     """Rank 0 plans, every rank gets the same plan (a collective)."""
-    from solver.planner import make_plan  # the local planner needs the server extra; the service path does not
+    from shardwise.solver.planner import (
+        make_plan,  # the local planner needs the server extra; the service path does not
+    )
 
     box: list[str | None] = [None]
     if dist.get_rank() == 0:

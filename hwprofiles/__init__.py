@@ -1,7 +1,7 @@
 """Accelerator profiles: one validated YAML file per GPU, and the loader."""
 
-from hwprofiles.loader import ProfileError, catalogue, get_profile, load_profile_file, parse_profile
-from hwprofiles.schema import RATE_DTYPES, AchievedFractions, HardwareProfile
+from shardwise.hwprofiles.loader import ProfileError, catalogue, get_profile, load_profile_file, parse_profile
+from shardwise.hwprofiles.schema import RATE_DTYPES, AchievedFractions, HardwareProfile
 
 __all__ = [
     "RATE_DTYPES",

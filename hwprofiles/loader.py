@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from hwprofiles.schema import HardwareProfile
+from shardwise.hwprofiles.schema import HardwareProfile
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Engine, create_engine, pool
 
-from service.models import Base
-from service.settings import Settings
+from shardwise.service.models import Base
+from shardwise.service.settings import Settings
 
 config = context.config
 target_metadata = Base.metadata

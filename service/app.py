@@ -17,16 +17,16 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 
-from service import errors
-from service import repository as repo
-from service.db import make_engine, session_factory
-from service.jobs import JobRunner, LocalRunner
-from service.observability import Metrics, RequestMiddleware, configure_logging
-from service.routers import health, hwprofiles, jobs, plans, port, specs, ui
-from service.routers.common import BODY_MODELS
-from service.settings import Settings
-from solver.extract import solver_version
-from solver.spec import Plan
+from shardwise.service import errors
+from shardwise.service import repository as repo
+from shardwise.service.db import make_engine, session_factory
+from shardwise.service.jobs import JobRunner, LocalRunner
+from shardwise.service.observability import Metrics, RequestMiddleware, configure_logging
+from shardwise.service.routers import health, hwprofiles, jobs, plans, port, specs, ui
+from shardwise.service.routers.common import BODY_MODELS
+from shardwise.service.settings import Settings
+from shardwise.solver.extract import solver_version
+from shardwise.wire.spec import Plan
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def _operation_id(route: APIRoute) -> str:
 
 def make_runner(settings: Settings, app: FastAPI) -> JobRunner:
     if settings.broker_url:  # jobs on Celery workers; imported only then (the embedded default needs no Celery)
-        from service.celery_app import CeleryRunner
+        from shardwise.service.celery_app import CeleryRunner
 
         return CeleryRunner(settings)
     return LocalRunner(settings.database_url, settings.job_workers)

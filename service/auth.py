@@ -9,8 +9,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from service.errors import Unauthorized
-from service.settings import Settings
+from shardwise.service.errors import Unauthorized
+from shardwise.service.settings import Settings
 
 bearer = HTTPBearer(auto_error=False, description="one of the tokens in SHARDWISE_API_TOKENS")
 

@@ -2,7 +2,7 @@
 
 A message carries a job id and nothing else; the job (request, state, attempts, progress, plan) lives in the
 database, so any API replica answers for any job and the broker needs no result backend. The task is
-``execute_job`` with a lease (``service.jobs``), and the delivery rules are these:
+``execute_job`` with a lease (``shardwise.service.jobs``), and the delivery rules are these:
 
 * **Acks late** (``task_acks_late``), **prefetch one** (``worker_prefetch_multiplier=1``): a message is acknowledged
   when its job has ended, and a worker holds no more messages than it has solver processes. A message whose worker
@@ -45,9 +45,9 @@ Settings (``SHARDWISE_*``, on ``WorkerSettings`` beside the service's): ``CELERY
 ``JOB_TIME_MARGIN_S``, ``JOB_MAX_ATTEMPTS``, ``BROKER_VISIBILITY_TIMEOUT_S``. The API and the workers must agree
 on the queue; the lease and the attempts are the workers'; the margin is read where the job is queued.
 
-Start a worker with ``run_worker()`` (``shardwise worker``) or ``celery -A service.celery_app worker``; its health
-check is ``celery -A service.celery_app inspect ping -d <its node name>``. Workers and API replicas share one
-database: PostgreSQL across hosts (SQLite only works with everything on one host, as in the tests).
+Start a worker with ``run_worker()`` (``shardwise worker``) or ``celery -A shardwise.service.celery_app worker``; its
+health check is ``celery -A shardwise.service.celery_app inspect ping -d <its node name>``. Workers and API replicas
+share one database: PostgreSQL across hosts (SQLite only works with everything on one host, as in the tests).
 """
 
 from __future__ import annotations
@@ -67,14 +67,14 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from service import repository as repo
-from service.db import make_engine, session_factory
-from service.errors import problem_body
-from service.jobs import BUSY, MAX_ATTEMPTS, execute_job
-from service.models import JobRow, utcnow
-from service.observability import JsonFormatter, configure_logging
-from service.settings import Settings
-from solver.resources import JobState
+from shardwise.service import repository as repo
+from shardwise.service.db import make_engine, session_factory
+from shardwise.service.errors import problem_body
+from shardwise.service.jobs import BUSY, MAX_ATTEMPTS, execute_job
+from shardwise.service.models import JobRow, utcnow
+from shardwise.service.observability import JsonFormatter, configure_logging
+from shardwise.service.settings import Settings
+from shardwise.wire.resources import JobState
 
 log = logging.getLogger(__name__)
 
@@ -300,7 +300,7 @@ class CeleryRunner:
 
 # ------------------------------------------------------------------------------------------------- the worker
 
-app = make_celery(WorkerSettings())  # ``celery -A service.celery_app worker`` finds it here
+app = make_celery(WorkerSettings())  # ``celery -A shardwise.service.celery_app worker`` finds it here
 solve_job = app.tasks[SOLVE_TASK]
 
 
@@ -322,8 +322,8 @@ def _setup_logging(loglevel: Any = None, **_: Any) -> None:
 @worker_init.connect  # type: ignore[untyped-decorator]
 def _preload_solver(**_: Any) -> None:
     """Import the solver (OR-Tools) in the worker's main process, so each forked pool process starts warm."""
-    import solver.planner
-    import solver.solve  # noqa: F401
+    import shardwise.solver.planner
+    import shardwise.solver.solve  # noqa: F401
 
 
 def run_worker(concurrency: int = 1, loglevel: str = "INFO", hostname: str | None = None) -> None:

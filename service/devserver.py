@@ -1,8 +1,8 @@
 """A throwaway shardwise server in a subprocess: ``with running_server(url) as base: ...``.
 
 For the benchmarks and the tests that need a real socket (the load script, the client against uvicorn, the
-browser tests): it migrates the database, starts ``uvicorn --factory service.asgi:app_from_env`` on a free loopback
-port, waits for ``/readyz``, yields the base URL, and stops the server (and its solver processes) at the end.
+browser tests): it migrates the database, starts ``uvicorn --factory shardwise.service.asgi:app_from_env`` on a free
+loopback port, waits for ``/readyz``, yields the base URL, and stops the server (and its solver processes) at the end.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from service.db import upgrade
+from shardwise.service.db import upgrade
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,7 +59,7 @@ def running_server(
         "-m",
         "uvicorn",
         "--factory",
-        "service.asgi:app_from_env",
+        "shardwise.service.asgi:app_from_env",
         "--host",
         "127.0.0.1",
         "--port",

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from solver.resources import UNION_TAGS, Problem
+from shardwise.wire.resources import UNION_TAGS, Problem
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ they improve), stores the plan once (the plans' unique request hash settles race
 lives in the database, so any API replica answers for any job.
 
 Runners decide *where* it runs: ``LocalRunner`` in a pool of local processes (the embedded default); a Celery
-runner (``service.celery_app``) on workers when a broker URL is set. ``JobRunner`` is the seam.
+runner (``shardwise.service.celery_app``) on workers when a broker URL is set. ``JobRunner`` is the seam.
 
 Claiming is a compare-and-set on the row (``attempts`` is its version), so two deliveries of one job never both
 claim it. With a lease (``lease_s``, the Celery runner) a ``running`` job whose row was touched less than ``lease_s``
@@ -32,12 +32,12 @@ from typing import Any, Protocol
 from sqlalchemy import Engine, or_, update
 from sqlalchemy.orm import Session
 
-from service import repository as repo
-from service.db import make_engine, session_factory
-from service.errors import problem_body
-from service.models import JobRow, utcnow
-from solver.resources import JobState
-from solver.spec import FleetSpec, ModelSpec, PlanStatus, SolveParams
+from shardwise.service import repository as repo
+from shardwise.service.db import make_engine, session_factory
+from shardwise.service.errors import problem_body
+from shardwise.service.models import JobRow, utcnow
+from shardwise.wire.resources import JobState
+from shardwise.wire.spec import FleetSpec, ModelSpec, PlanStatus, SolveParams
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def execute_job(job_id: str, database_url: str, max_attempts: int = MAX_ATTEMPTS
                 fleet = FleetSpec.model_validate(job.request["fleet"])
                 params = SolveParams.model_validate(job.request["options"])
                 report = _progress_reporter(sessions, job.id)
-                from solver.planner import make_plan
+                from shardwise.solver.planner import make_plan
 
                 plan = make_plan(model, fleet, params, on_progress=report)
             except Exception as exc:
@@ -252,8 +252,8 @@ class JobRunner(Protocol):
 
 
 def _warm() -> None:
-    import solver.planner
-    import solver.solve  # noqa: F401
+    import shardwise.solver.planner
+    import shardwise.solver.solve  # noqa: F401
 
 
 class LocalRunner:

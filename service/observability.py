@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import PayloadTooLarge, problem_body
+from shardwise.service.errors import PayloadTooLarge, problem_body
 
 access_log = logging.getLogger("shardwise.access")
 

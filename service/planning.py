@@ -14,15 +14,15 @@ from typing import Any, Literal
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from hwprofiles import HardwareProfile, catalogue
-from service import repository as repo
-from service.errors import InvalidInput, LimitExceeded, NotFound, validation_problem
-from service.jobs import JobRunner
-from service.models import FleetVersionRow, JobRow, ModelVersionRow, PlanRow
-from service.settings import Settings
-from solver.extract import request_hash
-from solver.resources import PlanOptions
-from solver.spec import FleetSpec, ModelSpec, SolveParams
+from shardwise.hwprofiles import HardwareProfile, catalogue
+from shardwise.service import repository as repo
+from shardwise.service.errors import InvalidInput, LimitExceeded, NotFound, validation_problem
+from shardwise.service.jobs import JobRunner
+from shardwise.service.models import FleetVersionRow, JobRow, ModelVersionRow, PlanRow
+from shardwise.service.settings import Settings
+from shardwise.solver.extract import request_hash
+from shardwise.wire.resources import PlanOptions
+from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Queries, one function per question; rules (what to reuse, when to solve) live in ``service.planning``.
+"""Queries, one function per question; rules (what to reuse, when to solve) live in ``shardwise.service.planning``.
 
 Every write that races across replicas leans on a unique constraint, not on a read-then-write: plans on
 ``request_hash``, live jobs on ``active_hash``, spec versions on ``(name, version)``, custom profiles on ``name``.
@@ -18,10 +18,10 @@ from sqlalchemy import Select, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.models import FleetVersionRow, JobRow, ModelVersionRow, PlanRow, ProfileRow, utcnow
-from solver.extract import canonical_json
-from solver.resources import Job, JobProgress, JobState, Pagination, PlanSummary, StoredPlan
-from solver.spec import FleetSpec, Plan, PlanStatus
+from shardwise.service.models import FleetVersionRow, JobRow, ModelVersionRow, PlanRow, ProfileRow, utcnow
+from shardwise.solver.extract import canonical_json
+from shardwise.wire.resources import Job, JobProgress, JobState, Pagination, PlanSummary, StoredPlan
+from shardwise.wire.spec import FleetSpec, Plan, PlanStatus
 
 ACTIVE = (JobState.queued.value, JobState.running.value)
 
@@ -236,7 +236,7 @@ def job_resource(row: JobRow, plan_url: str | None = None) -> Job:
 
 def fail_interrupted_jobs(session: Session, runner: str, reason: str) -> int:
     """Mark the live jobs of ``runner`` failed (a restart cut them off); returns how many."""
-    from service.errors import problem_body
+    from shardwise.service.errors import problem_body
 
     result = session.execute(
         update(JobRow)

@@ -1,1 +1,1 @@
-"""The planning domain. Import-light on purpose: the client imports ``solver.spec`` without OR-Tools or numpy."""
+"""The planning domain: cost model, candidates, the greedy and CP-SAT planners, bounds, validation, port analysis."""

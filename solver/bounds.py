@@ -17,13 +17,13 @@ The two interact (the usable set grows with ``T``, the least work shrinks), so t
 meets both: between two consecutive thresholds ``θ`` the average is constant, and :func:`_least_step` sweeps the
 sorted thresholds once — exact, no bisection tolerance.
 
-Collective latencies: a plan pays the latency of each collective group it uses (:data:`solver.evaluate.COLLECTIVES`:
-all-to-all if anything is sharded, reduce-scatter / all-gather if anything is row-sharded, all-reduce if anything
-is data-parallel; the dense layers' all-reduce always). The bound is the least, over the sets of groups a plan may
-use, of the bound computed with only the candidates those groups allow and their latency in ``fixed_k``; a set
-that leaves some table without a candidate is impossible and skipped.
+Collective latencies: a plan pays the latency of each collective group it uses
+(:data:`shardwise.solver.evaluate.COLLECTIVES`: all-to-all if anything is sharded, reduce-scatter / all-gather if
+anything is row-sharded, all-reduce if anything is data-parallel; the dense layers' all-reduce always). The bound is
+the least, over the sets of groups a plan may use, of the bound computed with only the candidates those groups allow
+and their latency in ``fixed_k``; a set that leaves some table without a candidate is impossible and skipped.
 
-The CP-SAT model adds the same facts as constraints (:meth:`solver.formulation.Formulation._add_makespan`) and
+The CP-SAT model adds the same facts as constraints (:meth:`shardwise.solver.formulation.Formulation._add_makespan`) and
 proves more.
 """
 
@@ -33,11 +33,11 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from solver.candidates import Candidate
-from solver.cost_model import collective_latency_ms
-from solver.evaluate import COLLECTIVES, collective_groups, dense_cost
-from solver.spec import DenseStyle, ModelSpec
-from solver.topology import Topology
+from shardwise.solver.candidates import Candidate
+from shardwise.solver.cost_model import collective_latency_ms
+from shardwise.solver.evaluate import COLLECTIVES, collective_groups, dense_cost
+from shardwise.solver.topology import Topology
+from shardwise.wire.spec import DenseStyle, ModelSpec
 
 
 def candidate_work(c: Candidate) -> float:

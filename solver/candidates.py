@@ -15,8 +15,8 @@ data_parallel             ``fleet``   a full copy on every rank (hbm only)
 ========================  ==========  ====================================================================
 
 Placements: ``hbm``, ``uvm_cache`` at :data:`CACHE_FRACTIONS`, ``host`` — the latter two only for tables large enough
-for host memory to matter (:data:`OFFLOAD_MIN_BYTES`). Costs come from :func:`solver.evaluate.shard_cost`, so a
-candidate's price is exactly what the evaluator later charges its plan.
+for host memory to matter (:data:`OFFLOAD_MIN_BYTES`). Costs come from :func:`shardwise.solver.evaluate.shard_cost`, so
+a candidate's price is exactly what the evaluator later charges its plan.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from typing import Literal, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from solver.evaluate import data_side_ms, shard_cost
-from solver.spec import EmbeddingTableSpec, ModelSpec, Placement, ShardingType
-from solver.topology import Topology
+from shardwise.solver.evaluate import data_side_ms, shard_cost
+from shardwise.solver.topology import Topology
+from shardwise.wire.spec import EmbeddingTableSpec, ModelSpec, Placement, ShardingType
 
 CACHE_FRACTIONS: tuple[float, ...] = (0.1, 0.25, 0.5)
 COLUMN_SPLITS: tuple[int, ...] = (2, 4, 8)
@@ -81,7 +81,7 @@ class Candidate:
 
     @cached_property
     def work_ms(self) -> float:
-        """Least total time the candidate adds over all ranks (see :mod:`solver.bounds`)."""
+        """Least total time the candidate adds over all ranks (see :mod:`shardwise.solver.bounds`)."""
         return self.placed_ms + self.every_total_ms
 
     @cached_property

@@ -19,10 +19,10 @@ gradients are fp32 (4 B) for fp32 tables and 2 B otherwise (``ob``).
 Memory (:func:`shard_memory`)
 -----------------------------
 ``weights = r·c·b``;  optimizer state: sgd 0, adagrad ``r·c·4``, rowwise_adagrad ``r·4``, adam ``2·r·c·4``;
-gradients: the executor (``clients.apply``) gives a sharded table a coalesced row-sparse gradient — fp32 values and
-an int64 row index for each row the step touched — that the optimizer applies to those rows only, so a shard keeps
-``u·(c·4 + 8)`` with ``u = r·(1 − e^(−n/r))`` (expected distinct rows of ``n`` uniform draws; skew only lowers it);
-a data_parallel copy keeps a dense gradient ``r·c·b`` (all-reduced);
+gradients: the executor (``shardwise.clients.apply``) gives a sharded table a coalesced row-sparse gradient — fp32
+values and an int64 row index for each row the step touched — that the optimizer applies to those rows only, so a shard
+keeps ``u·(c·4 + 8)`` with ``u = r·(1 − e^(−n/r))`` (expected distinct rows of ``n`` uniform draws; skew only lowers
+it); a data_parallel copy keeps a dense gradient ``r·c·b`` (all-reduced);
 buffers ``n·8 + (bags)·8 + 2·o·c·ob`` (int64 ids and bag lengths in, pooled output out, output gradient back);
 UVM cache ``⌈f·r⌉·(c·b + 16)`` (rows plus 16 B of slot/LRU state per cached row).
 Placement ``hbm``: HBM = weights + optimizer + gradients + buffers.  ``uvm_cache``: weights and optimizer state live
@@ -72,9 +72,9 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from hwprofiles import HardwareProfile
-from solver.spec import DenseLayerSpec, DenseStyle, Dtype, EmbeddingTableSpec, Optimizer, Placement, Pooling
-from solver.spec import ShardingType as ST
+from shardwise.hwprofiles import HardwareProfile
+from shardwise.wire.spec import DenseLayerSpec, DenseStyle, Dtype, EmbeddingTableSpec, Optimizer, Placement, Pooling
+from shardwise.wire.spec import ShardingType as ST
 
 ID_BYTES = 8
 LENGTH_BYTES = 8  # bag lengths travel as int64, as the executor sends them

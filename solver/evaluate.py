@@ -11,8 +11,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from solver import cost_model as cm
-from solver.spec import (
+from shardwise.solver import cost_model as cm
+from shardwise.solver.topology import DeviceClass, Topology
+from shardwise.wire.spec import (
     DensePlan,
     DenseStyle,
     EmbeddingTableSpec,
@@ -24,7 +25,6 @@ from solver.spec import (
     ShardingType,
     TablePlan,
 )
-from solver.topology import DeviceClass, Topology
 
 
 @dataclass(frozen=True)

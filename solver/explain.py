@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from solver.candidates import Candidate
-from solver.spec import ModelSpec
-from solver.topology import Topology
-from solver.units import fmt_bytes
+from shardwise.solver.candidates import Candidate
+from shardwise.solver.topology import Topology
+from shardwise.wire.spec import ModelSpec
+from shardwise.wire.units import fmt_bytes
 
 if TYPE_CHECKING:
-    from solver.greedy import LoadState
+    from shardwise.solver.greedy import LoadState
 
 
 def smallest_shortage(topo: Topology, state: LoadState, cands: list[Candidate]) -> str:

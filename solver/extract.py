@@ -9,9 +9,9 @@ from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal
 
-from solver.evaluate import evaluate
-from solver.spec import DensePlan, FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams, SolverInfo, TablePlan
-from solver.topology import Topology
+from shardwise.solver.evaluate import evaluate
+from shardwise.solver.topology import Topology
+from shardwise.wire.spec import DensePlan, FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams, SolverInfo, TablePlan
 
 COST_MODEL_VERSION = "2"  # 2: sparse-gradient row indices and int64 bag lengths, as the executor does
 

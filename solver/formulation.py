@@ -5,15 +5,15 @@ Bins
 ----
 The model places shards into *bins*. For fleets of at most :data:`RANK_BINS_MAX` GPUs a bin is a GPU (rank
 mode). Larger fleets are solved in two levels (host mode): a bin is a host of ``g`` GPUs whose load and HBM are
-the sums over its GPUs, then :mod:`solver.solve` packs each host's shards onto its GPUs with a small exact model
-per host. Host mode keeps 1,000 tables × 512 GPUs at about 230 thousand booleans (rank mode would need eight times
+the sums over its GPUs, then :mod:`shardwise.solver.solve` packs each host's shards onto its GPUs with a small exact
+model per host. Host mode keeps 1,000 tables × 512 GPUs at about 230 thousand booleans (rank mode would need eight times
 as many), and its objective stays a valid lower bound: the slowest GPU of a host carries at least the host's
 average load. Memory stays exact: level two enforces every GPU's own capacity, and if a host cannot be packed the
-start plan (greedy or target packing, :mod:`solver.target`) is returned instead (never an overfull GPU).
+start plan (greedy or target packing, :mod:`shardwise.solver.target`) is returned instead (never an overfull GPU).
 
 Data (all coefficients integer, scaled in :class:`Scale` — the one place where scaling lives)
 -----------------------------------------------------------------------------------------------
-``C_t`` candidates of table ``t`` (:mod:`solver.candidates`); for candidate ``c`` and shard ``i``:
+``C_t`` candidates of table ``t`` (:mod:`shardwise.solver.candidates`); for candidate ``c`` and shard ``i``:
 ``τ_{c,i,k}`` time and ``m_{c,i,k}`` HBM on device class ``k``, ``η_{c,i,k}`` host memory;
 ``ε_{c,k}`` the every-rank time of a sharded table; dense layer ``l`` in style ``s``: ``δ_{l,s,k}`` time and
 ``μ_{l,s,k}`` HBM; ``κ_b`` usable HBM of bin ``b`` (capacity × (1 − reserve), × ``g`` in host mode), ``H_h`` host
@@ -47,7 +47,7 @@ Constraints (and the method that adds each family)
 6. per-host memory: ``Σ η·(a, y, x) over the host's bins ≤ H_h`` — :meth:`Formulation._add_host_memory`;
 7. makespan: for every bin ``load_b + Σ_q λ_{b,q}·u_q ≤ T·n_b`` (``n_b`` = GPUs in the bin) where
    ``load_b = Σ τ·a + Σ τ·y + Σ τ·x (fixed-rank shards) + Σ ε·x (every rank) + Σ δ·d``; and the cuts of
-   :mod:`solver.bounds`: the GPU holding a candidate's slowest shard also carries every other table's floor
+   :mod:`shardwise.solver.bounds`: the GPU holding a candidate's slowest shard also carries every other table's floor
    (``T ≥ heaviest(c)·x_{t,c} + dense_floor + Σ_{t'≠t} floor_{t'}``), and ``T ≥ LB`` —
    :meth:`Formulation._add_makespan`;
 8. symmetry: bins that are interchangeable (same class, same host in rank mode, the same fixed-rank shard
@@ -57,8 +57,8 @@ Constraints (and the method that adds each family)
    :meth:`Formulation._add_incumbent_cuts`; also, in host mode, the GPU cut of
    :meth:`Formulation._add_gpu_cut`.
 
-The start plan is the hint (:meth:`Formulation.add_hint`); :mod:`solver.solve` runs the model and falls back to
-the start when CP-SAT finds nothing better in time.
+The start plan is the hint (:meth:`Formulation.add_hint`); :mod:`shardwise.solver.solve` runs the model and falls back
+to the start when CP-SAT finds nothing better in time.
 """
 
 from __future__ import annotations
@@ -75,12 +75,12 @@ import numpy as np
 import numpy.typing as npt
 from ortools.sat.python import cp_model
 
-from solver.bounds import dense_min_per_class, heaviest_rank_time, lower_bound_ms, table_floors
-from solver.candidates import Candidate
-from solver.cost_model import collective_latency_ms
-from solver.evaluate import COLLECTIVES, collective_groups, dense_cost
-from solver.spec import DenseStyle, ModelSpec
-from solver.topology import Topology
+from shardwise.solver.bounds import dense_min_per_class, heaviest_rank_time, lower_bound_ms, table_floors
+from shardwise.solver.candidates import Candidate
+from shardwise.solver.cost_model import collective_latency_ms
+from shardwise.solver.evaluate import COLLECTIVES, collective_groups, dense_cost
+from shardwise.solver.topology import Topology
+from shardwise.wire.spec import DenseStyle, ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +346,7 @@ class Formulation:
 
     def _add_makespan(self) -> None:
         """Family 7: every bin finishes by T (per GPU); the GPU holding a candidate's slowest shard carries it plus
-        every other table's floor and the dense layers (:mod:`solver.bounds`):
+        every other table's floor and the dense layers (:mod:`shardwise.solver.bounds`):
         ``T ≥ heaviest(c)·x_{t,c} + dense_floor + Σ_{t'≠t} floor_{t'}``; ``T ≥ ⌊LB⌋``; in host mode the GPU cut
         of :meth:`_add_gpu_cut`."""
         for b in range(self.nbins):

@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from solver.bounds import candidate_work, every_rank_floor, lower_bound_ms
-from solver.candidates import Candidate, enumerate_candidates
-from solver.evaluate import dense_cost
-from solver.explain import explain_infeasible
-from solver.extract import build_plan
-from solver.spec import DensePlan, DenseStyle, ModelSpec, Placement, Plan, ShardPlan, SolveParams, TablePlan
-from solver.topology import Topology
-from solver.units import fmt_bytes
+from shardwise.solver.bounds import candidate_work, every_rank_floor, lower_bound_ms
+from shardwise.solver.candidates import Candidate, enumerate_candidates
+from shardwise.solver.evaluate import dense_cost
+from shardwise.solver.explain import explain_infeasible
+from shardwise.solver.extract import build_plan
+from shardwise.solver.topology import Topology
+from shardwise.wire.spec import DensePlan, DenseStyle, ModelSpec, Placement, Plan, ShardPlan, SolveParams, TablePlan
+from shardwise.wire.units import fmt_bytes
 
 DENSE_SHARE = 0.25
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
-from hwprofiles import HardwareProfile
-from solver.extract import build_plan
-from solver.greedy import plan_greedy
-from solver.spec import FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams
-from solver.topology import Topology
-from solver.validate import check_plan, check_structure
+from shardwise.hwprofiles import HardwareProfile
+from shardwise.solver.extract import build_plan
+from shardwise.solver.greedy import plan_greedy
+from shardwise.solver.topology import Topology
+from shardwise.solver.validate import check_plan, check_structure
+from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def make_plan(
     if params.solver == "greedy":
         plan = plan_greedy(topo, model, params)
     else:
-        from solver.solve import plan_cpsat  # OR-Tools only when asked for
+        from shardwise.solver.solve import plan_cpsat  # OR-Tools only when asked for
 
         plan = plan_cpsat(topo, model, params, on_progress)
     log.info("planned %s on %s: %s %.3f ms", model.name, fleet.name, plan.status.value, plan.predicted_step_ms or 0)

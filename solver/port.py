@@ -14,8 +14,9 @@ does running its placement unchanged cost there, and what does re-partitioning f
    kept and the report says so (``replan_from = "direct_port"``).
 4. **Comparison**: speed-up (direct port ms / re-plan ms), bytes of weights and optimizer state moved from host
    memory into HBM, per-rank HBM before and after, every table whose sharding type or placement changed and why, and
-   co-design hints. Every figure comes from :func:`solver.evaluate.shard_cost` / :func:`solver.evaluate.evaluate`
-   (the one pricing of a shard) and the cost model's own terms (cache hit rate, partial-sum bytes); no second model.
+   co-design hints. Every figure comes from :func:`shardwise.solver.evaluate.shard_cost` /
+   :func:`shardwise.solver.evaluate.evaluate` (the one pricing of a shard) and the cost model's own terms (cache hit
+   rate, partial-sum bytes); no second model.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from hwprofiles import HardwareProfile
-from solver import cost_model as cm
-from solver.evaluate import Evaluation, ShardCost, data_side_ms, evaluate, shard_cost
-from solver.extract import build_plan, canonical_json, solver_version, summarize
-from solver.planner import make_plan, score_plan
-from solver.port_spec import (
+from shardwise.hwprofiles import HardwareProfile
+from shardwise.solver import cost_model as cm
+from shardwise.solver.evaluate import Evaluation, ShardCost, data_side_ms, evaluate, shard_cost
+from shardwise.solver.extract import build_plan, canonical_json, solver_version, summarize
+from shardwise.solver.planner import make_plan, score_plan
+from shardwise.solver.topology import Topology
+from shardwise.solver.validate import check_structure
+from shardwise.wire.port_spec import (
     DirectPort,
     MissingShard,
     PortReport,
@@ -40,7 +43,7 @@ from solver.port_spec import (
     TableChange,
     TableLayout,
 )
-from solver.spec import (
+from shardwise.wire.spec import (
     DensePlan,
     FleetSpec,
     ModelSpec,
@@ -52,9 +55,7 @@ from solver.spec import (
     SolveParams,
     TablePlan,
 )
-from solver.topology import Topology
-from solver.units import fmt_bytes
-from solver.validate import check_structure
+from shardwise.wire.units import fmt_bytes
 
 __all__ = ["PortError", "carry_over", "direct_port", "port_analysis"]
 
@@ -277,7 +278,7 @@ def _placement_label(tp: TablePlan) -> str:
 
 
 def _price(topo: Topology, model: ModelSpec, tp: TablePlan) -> _Priced:
-    """Each shard priced exactly as :func:`solver.evaluate.evaluate` prices it."""
+    """Each shard priced exactly as :func:`shardwise.solver.evaluate.evaluate` prices it."""
     table = model.table(tp.name)
     group = [s.rank for s in tp.shards]
     costs = [

@@ -2,8 +2,10 @@
 
 Order of work (time limit ``T`` = ``SolveParams.time_limit_s``):
 
-1. the start: the greedy plan (:mod:`solver.greedy`, also the benchmark baseline) or, when it is faster, target
-   packing's (:mod:`solver.target`, at most :data:`TARGET_SHARE` of ``T``) — CP-SAT's hint, incumbent and fallback;
+1. the start: the greedy plan (:mod:`shardwise.solver.greedy`, also the benchmark baseline) or, when it is faster,
+target
+   packing's (:mod:`shardwise.solver.target`, at most :data:`TARGET_SHARE` of ``T``) — CP-SAT's hint, incumbent and
+   fallback;
 2. the candidate space the model searches (:func:`model_candidates`): every table keeps its whole-table options
    (table_wise, data_parallel); splits (column_wise, row_wise, table_row_wise, in HBM) are kept for the tables
    heavy enough for a split to matter — a whole-table time of at least :data:`SPLIT_SHARE` of the start's step
@@ -11,7 +13,7 @@ Order of work (time limit ``T`` = ``SolveParams.time_limit_s``):
    only when memory is tight (the greedy plan fills some GPU to :data:`MEMORY_TIGHT` or more; with room to spare
    they only add time) and for tables of at least :data:`OFFLOAD_SHARE` of a GPU; the greedy's own pick is always
    kept, and so is the start's. The reported bound is proven over this space;
-3. CP-SAT on :class:`solver.formulation.Formulation` (rank mode up to 8 GPUs, host mode beyond) for at most
+3. CP-SAT on :class:`shardwise.solver.formulation.Formulation` (rank mode up to 8 GPUs, host mode beyond) for at most
    :data:`LEVEL1_SHARE` of ``T`` in host mode (all of it in rank mode); in host mode, when it finds no solution in
    that time, step 4 starts from the start's assignment;
 4. host mode: each host's shards are packed onto its GPUs by a small exact model (:func:`pack_host`) with each
@@ -42,12 +44,15 @@ import numpy as np
 import numpy.typing as npt
 from ortools.sat.python import cp_model
 
-from solver.candidates import Candidate, enumerate_candidates
-from solver.evaluate import collective_groups, dense_cost, evaluate
-from solver.extract import build_plan
-from solver.formulation import RANK_BINS_MAX, Assignment, Formulation, Mode, Scale
-from solver.greedy import Placed, placed_to_table, run_greedy
-from solver.spec import (
+from shardwise.solver.candidates import Candidate, enumerate_candidates
+from shardwise.solver.evaluate import collective_groups, dense_cost, evaluate
+from shardwise.solver.extract import build_plan
+from shardwise.solver.formulation import RANK_BINS_MAX, Assignment, Formulation, Mode, Scale
+from shardwise.solver.greedy import Placed, placed_to_table, run_greedy
+from shardwise.solver.target import target_packing
+from shardwise.solver.topology import Topology
+from shardwise.solver.validate import assert_valid_plan
+from shardwise.wire.spec import (
     DensePlan,
     DenseStyle,
     ModelSpec,
@@ -57,9 +62,6 @@ from solver.spec import (
     SolveParams,
     TablePlan,
 )
-from solver.target import target_packing
-from solver.topology import Topology
-from solver.validate import assert_valid_plan
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +77,7 @@ LEVEL1_SHARE = 0.7
 PACK_HOST_MAX_S = 0.25  # per host; what is left goes to moving shards between hosts
 LNS_GPUS = 8  # GPUs re-packed together in a round of the fleet-wide search (the slowest one among them)
 LNS_ROUND_S = 0.2  # at most this long per round
-TARGET_SHARE = 0.1  # of the time limit, at most, for target packing (solver.target)
+TARGET_SHARE = 0.1  # of the time limit, at most, for target packing (shardwise.solver.target)
 Progress = Callable[[float, float], None]  # (best predicted ms so far, bound ms)
 
 _STATUS = {

@@ -1,13 +1,13 @@
 """Target packing: a second start for CP-SAT besides the greedy plan, for the fleets where the greedy's
 balance-first choices cost work.
 
-The greedy planner (:mod:`solver.greedy`) puts each table where the slowest GPU stays lowest; late in its pass that
-often means splitting a table over two GPUs (column_wise) where one would have done, and every split adds work.
-At 1,000 tables on 512 GPUs (two tables per GPU) its plan does about 4 % more work than the bound allows.
+The greedy planner (:mod:`shardwise.solver.greedy`) puts each table where the slowest GPU stays lowest; late in its
+pass that often means splitting a table over two GPUs (column_wise) where one would have done, and every split adds
+work. At 1,000 tables on 512 GPUs (two tables per GPU) its plan does about 4 % more work than the bound allows.
 
 Target packing turns the question round. For a target step time ``T`` every GPU starts with what it runs whatever
-the plan (the dense layers, every table's least every-rank term — its *floor*, see :mod:`solver.bounds` — and the
-latency of the collectives it may use); then, tables by descending size (their cheapest layout's longest shard),
+the plan (the dense layers, every table's least every-rank term — its *floor*, see :mod:`shardwise.solver.bounds` — and
+the latency of the collectives it may use); then, tables by descending size (their cheapest layout's longest shard),
 each table takes the cheapest of its candidates (least work beyond its floors, then fewest shards) whose shards
 still fit under ``T``:
 
@@ -20,11 +20,11 @@ A table with no candidate that fits fails the target. A bisection on ``T`` betwe
 step time (:data:`TOLERANCE`, at most :data:`PASSES` passes, or until the deadline) keeps the lowest target that
 packed.
 
-A collective costs its latency on every GPU as soon as one table uses it (:data:`solver.evaluate.COLLECTIVES`), so
-one table_row_wise table turns on the reduce-scatter and all-gather for everyone. The bisection therefore runs
-once per set of collective groups (all of them first), with only the candidates that set allows and exactly its
-latency in every GPU's starting load, and the lowest target over the sets wins. Deterministic: no randomness, ties
-go to the lowest index.
+A collective costs its latency on every GPU as soon as one table uses it
+(:data:`shardwise.solver.evaluate.COLLECTIVES`), so one table_row_wise table turns on the reduce-scatter and all-gather
+for everyone. The bisection therefore runs once per set of collective groups (all of them first), with only the
+candidates that set allows and exactly its latency in every GPU's starting load, and the lowest target over the sets
+wins. Deterministic: no randomness, ties go to the lowest index.
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from solver.candidates import Candidate
-from solver.cost_model import collective_latency_ms
-from solver.evaluate import COLLECTIVES, collective_groups
-from solver.greedy import LoadState, Placed, _initial_state
-from solver.spec import DenseStyle, ModelSpec
-from solver.topology import Topology
+from shardwise.solver.candidates import Candidate
+from shardwise.solver.cost_model import collective_latency_ms
+from shardwise.solver.evaluate import COLLECTIVES, collective_groups
+from shardwise.solver.greedy import LoadState, Placed, _initial_state
+from shardwise.solver.topology import Topology
+from shardwise.wire.spec import DenseStyle, ModelSpec
 
 TOLERANCE = 0.001  # stop when the bracket on T is this narrow, relative
 PASSES = 12
@@ -213,8 +213,8 @@ def target_packing(
     deadline: float,
 ) -> list[Placed] | None:
     """The module docstring's bisection on ``T`` in ``[lo_ms, hi_ms]``, once per set of collective groups a plan
-    may use (each with only the candidates it allows and its latency; see :mod:`solver.bounds`): the placements of
-    the lowest target that packed, or None when none packed at ``hi_ms`` (or the deadline came first)."""
+    may use (each with only the candidates it allows and its latency; see :mod:`shardwise.solver.bounds`): the
+    placements of the lowest target that packed, or None when none packed at ``hi_ms`` (or the deadline came first)."""
     best: list[Placed] | None = None
     groups = sorted(COLLECTIVES)
     for n in range(len(groups), 0, -1):

@@ -14,9 +14,9 @@ from functools import cached_property
 import numpy as np
 import numpy.typing as npt
 
-from hwprofiles import HardwareProfile, get_profile
-from solver.cost_model import CommContext, inter_host_bw, intra_host_bw
-from solver.spec import FleetSpec
+from shardwise.hwprofiles import HardwareProfile, get_profile
+from shardwise.solver.cost_model import CommContext, inter_host_bw, intra_host_bw
+from shardwise.wire.spec import FleetSpec
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@
 
 from __future__ import annotations
 
-from solver.evaluate import evaluate
-from solver.spec import ModelSpec, Plan, PlanStatus, TablePlan
-from solver.topology import Topology
-from solver.units import fmt_bytes
+from shardwise.solver.evaluate import evaluate
+from shardwise.solver.topology import Topology
+from shardwise.wire.spec import ModelSpec, Plan, PlanStatus, TablePlan
+from shardwise.wire.units import fmt_bytes
 
 
 class PlanValidationError(ValueError):

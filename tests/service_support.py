@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import create_engine, text
 
-from service.models import Base
+from shardwise.service.models import Base
 
 GREEDY = {"solver": "greedy"}
 

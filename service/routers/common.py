@@ -9,10 +9,10 @@ from typing import Annotated, Any, TypeVar
 from fastapi import Depends, Query, Request
 from pydantic import BaseModel, ValidationError
 
-from service.errors import InvalidInput, validation_problem
-from service.jobs import JobRunner
-from service.observability import Metrics
-from service.settings import Settings
+from shardwise.service.errors import InvalidInput, validation_problem
+from shardwise.service.jobs import JobRunner
+from shardwise.service.observability import Metrics
+from shardwise.service.settings import Settings
 
 M = TypeVar("M", bound=BaseModel)
 

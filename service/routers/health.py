@@ -7,8 +7,8 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from service.db import migrations_at_head
-from service.errors import NotReady, problem_responses
+from shardwise.service.db import migrations_at_head
+from shardwise.service.errors import NotReady, problem_responses
 
 router = APIRouter(tags=["health"])
 

@@ -7,13 +7,13 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 from fastapi.responses import JSONResponse
 
-from hwprofiles import HardwareProfile, ProfileError, catalogue, parse_profile
-from service import repository as repo
-from service.auth import ReadAccess, WriteAccess
-from service.db import SessionDep
-from service.errors import Conflict, InvalidInput, NotFound, Unauthorized, problem_responses
-from service.routers.common import JsonBody, body_schema
-from solver.resources import ProfileRecord
+from shardwise.hwprofiles import HardwareProfile, ProfileError, catalogue, parse_profile
+from shardwise.service import repository as repo
+from shardwise.service.auth import ReadAccess, WriteAccess
+from shardwise.service.db import SessionDep
+from shardwise.service.errors import Conflict, InvalidInput, NotFound, Unauthorized, problem_responses
+from shardwise.service.routers.common import JsonBody, body_schema
+from shardwise.wire.resources import ProfileRecord
 
 router = APIRouter(prefix="/hwprofiles", tags=["hwprofiles"])
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from service import repository as repo
-from service.auth import ReadAccess
-from service.db import SessionDep
-from service.errors import NotFound, Unauthorized, problem_responses
-from solver.resources import Job
+from shardwise.service import repository as repo
+from shardwise.service.auth import ReadAccess
+from shardwise.service.db import SessionDep
+from shardwise.service.errors import NotFound, Unauthorized, problem_responses
+from shardwise.wire.resources import Job
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 

@@ -8,11 +8,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from clients.torchrec_plan import DEFAULT_MODULE_FQN, TorchRecExportError, to_torchrec_dict
-from service import repository as repo
-from service.auth import ReadAccess, WriteAccess
-from service.db import SessionDep
-from service.errors import (
+from shardwise.service import repository as repo
+from shardwise.service.auth import ReadAccess, WriteAccess
+from shardwise.service.db import SessionDep
+from shardwise.service.errors import (
     Infeasible,
     InvalidInput,
     LimitExceeded,
@@ -23,9 +22,9 @@ from service.errors import (
     problem_response,
     problem_responses,
 )
-from service.jobs import infeasible_problem
-from service.models import PlanRow
-from service.planning import (
+from shardwise.service.jobs import infeasible_problem
+from shardwise.service.models import PlanRow
+from shardwise.service.planning import (
     Resolved,
     check_caps,
     profiles_context,
@@ -34,9 +33,10 @@ from service.planning import (
     solve_params,
     submit,
 )
-from service.routers.common import JsonBody, MetricsDep, PageDep, RunnerDep, SettingsDep, body_schema, parse
-from solver.resources import EvaluateRequest, Evaluation, Job, Page, PlanRequest, PlanSummary, StoredPlan
-from solver.spec import ModelSpec, Plan, PlanStatus
+from shardwise.service.routers.common import JsonBody, MetricsDep, PageDep, RunnerDep, SettingsDep, body_schema, parse
+from shardwise.wire.resources import EvaluateRequest, Evaluation, Job, Page, PlanRequest, PlanSummary, StoredPlan
+from shardwise.wire.spec import ModelSpec, Plan, PlanStatus
+from shardwise.wire.torchrec.exporter import DEFAULT_MODULE_FQN, TorchRecExportError, to_torchrec_dict
 
 router = APIRouter(prefix="/plans", tags=["plans"])
 
@@ -188,7 +188,7 @@ def delete_plan(plan_id: str, session: SessionDep) -> Response:
     responses=problem_responses(NotFound, InvalidInput, LimitExceeded, Unauthorized),
 )
 def evaluate_plan(plan_id: str, raw: JsonBody, session: SessionDep, settings: SettingsDep) -> Evaluation:
-    from solver.planner import score_plan
+    from shardwise.solver.planner import score_plan
 
     row = _row(session, plan_id)
     custom = profiles_context(session)

@@ -12,11 +12,18 @@ import time
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from service import repository as repo
-from service.auth import WriteAccess
-from service.db import SessionDep
-from service.errors import InvalidInput, LimitExceeded, NotFound, Unauthorized, problem_response, problem_responses
-from service.planning import (
+from shardwise.service import repository as repo
+from shardwise.service.auth import WriteAccess
+from shardwise.service.db import SessionDep
+from shardwise.service.errors import (
+    InvalidInput,
+    LimitExceeded,
+    NotFound,
+    Unauthorized,
+    problem_response,
+    problem_responses,
+)
+from shardwise.service.planning import (
     Resolved,
     check_caps,
     profiles_context,
@@ -26,10 +33,10 @@ from service.planning import (
     submit,
     wait_for,
 )
-from service.routers.common import JsonBody, RunnerDep, SettingsDep, body_schema, parse
-from solver.port_spec import PortReport
-from solver.resources import Job, PortRequest
-from solver.spec import Plan
+from shardwise.service.routers.common import JsonBody, RunnerDep, SettingsDep, body_schema, parse
+from shardwise.wire.port_spec import PortReport
+from shardwise.wire.resources import Job, PortRequest
+from shardwise.wire.spec import Plan
 
 router = APIRouter(tags=["port"])
 
@@ -46,7 +53,7 @@ router = APIRouter(tags=["port"])
     },
 )
 def port(raw: JsonBody, session: SessionDep, settings: SettingsDep, runner: RunnerDep, request: Request) -> Response:
-    from solver.port import PortError, port_analysis
+    from shardwise.solver.port import PortError, port_analysis
 
     custom = profiles_context(session)
     body = parse(PortRequest, raw, {"profiles": custom})

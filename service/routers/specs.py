@@ -13,15 +13,15 @@ from fastapi import APIRouter, Path, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from service import repository as repo
-from service.auth import ReadAccess, WriteAccess
-from service.db import SessionDep
-from service.errors import InvalidInput, NotFound, Unauthorized, problem_responses
-from service.models import FleetVersionRow, ModelVersionRow
-from service.planning import profiles_context
-from service.routers.common import JsonBody, PageDep, body_schema, parse
-from solver.resources import FleetRecord, ModelRecord, Page, Pagination
-from solver.spec import FleetSpec, ModelSpec
+from shardwise.service import repository as repo
+from shardwise.service.auth import ReadAccess, WriteAccess
+from shardwise.service.db import SessionDep
+from shardwise.service.errors import InvalidInput, NotFound, Unauthorized, problem_responses
+from shardwise.service.models import FleetVersionRow, ModelVersionRow
+from shardwise.service.planning import profiles_context
+from shardwise.service.routers.common import JsonBody, PageDep, body_schema, parse
+from shardwise.wire.resources import FleetRecord, ModelRecord, Page, Pagination
+from shardwise.wire.spec import FleetSpec, ModelSpec
 
 Name = Annotated[str, Path(min_length=1, max_length=200)]
 Version = Annotated[int, Path(ge=1, le=2**31 - 1)]

@@ -28,14 +28,14 @@ from fastapi.templating import Jinja2Templates
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service import repository as repo
-from service.auth import ReadAccess
-from service.db import SessionDep
-from service.models import PlanRow
-from solver.extract import solver_version
-from solver.port_spec import PortReport
-from solver.resources import StoredPlan
-from solver.spec import FleetSpec, HbmBreakdown, ModelSpec, Plan, PlanStatus, RankPlan, SolveParams, TablePlan
+from shardwise.service import repository as repo
+from shardwise.service.auth import ReadAccess
+from shardwise.service.db import SessionDep
+from shardwise.service.models import PlanRow
+from shardwise.solver.extract import solver_version
+from shardwise.wire.port_spec import PortReport
+from shardwise.wire.resources import StoredPlan
+from shardwise.wire.spec import FleetSpec, HbmBreakdown, ModelSpec, Plan, PlanStatus, RankPlan, SolveParams, TablePlan
 
 router = APIRouter(include_in_schema=False, dependencies=[ReadAccess])
 
@@ -487,8 +487,8 @@ def snippet(base_url: str, plan: Plan) -> str:
 import torch
 import torch.distributed as dist
 
-from clients.apply import apply_plan
-from clients.client import ShardwiseClient
+from shardwise.clients.apply import apply_plan
+from shardwise.clients.client import ShardwiseClient
 
 # launch with torchrun: one process per rank of the plan ({world} in all)
 dist.init_process_group("nccl")
@@ -642,7 +642,7 @@ def _recent(session: Session, n: int = 50) -> list[HistoryRow]:
 def port_view(row_a: PlanRow, row_b: PlanRow) -> PortReport | None:
     """When A and B plan the same model on two fleets, B is a re-plan of A's port: the port analysis of A's plan
     carried rank for rank onto B's fleet, against B (the same report as ``POST /api/v1/port``)."""
-    from solver.port import PortError, port_analysis
+    from shardwise.solver.port import PortError, port_analysis
 
     req_a, req_b = row_a.request, row_b.request
     if req_a["model"] != req_b["model"] or req_a["fleet"] == req_b["fleet"]:

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from clients.cli import app
-from solver.spec import Plan, PlanStatus
+from shardwise.clients.cli import app
+from shardwise.wire.spec import Plan, PlanStatus
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 DLRM = str(EXAMPLES / "dlrm_dcnv2.json")

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from clients.cli import app
-from hwprofiles import get_profile
-from solver.port_spec import PortReport
-from solver.spec import Plan, PlanStatus
+from shardwise.clients.cli import app
+from shardwise.hwprofiles import get_profile
+from shardwise.wire.port_spec import PortReport
+from shardwise.wire.spec import Plan, PlanStatus
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 PORT = EXAMPLES / "port_b200_to_mi350x"

@@ -1,4 +1,4 @@
-"""clients.describe: a real nn.Module (on the meta device) → ModelSpec, without allocating its weights."""
+"""shardwise.clients.describe: a real nn.Module (on the meta device) → ModelSpec, without allocating its weights."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402  (after the importorskip)
 
-from clients.describe import describe  # noqa: E402
-from solver.spec import DenseLayerSpec, EmbeddingTableSpec, ModelSpec  # noqa: E402
+from shardwise.clients.describe import describe  # noqa: E402
+from shardwise.wire.spec import DenseLayerSpec, EmbeddingTableSpec, ModelSpec  # noqa: E402
 
 
 class SparseArch(nn.Module):

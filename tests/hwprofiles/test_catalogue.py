@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from hwprofiles import HardwareProfile, ProfileError, catalogue, get_profile, load_profile_file, parse_profile
-from hwprofiles.loader import PROFILE_DIR
+from shardwise.hwprofiles import HardwareProfile, ProfileError, catalogue, get_profile, load_profile_file, parse_profile
+from shardwise.hwprofiles.loader import PROFILE_DIR
 
 PROFILE_FILES = sorted(PROFILE_DIR.glob("*.yaml"))
 

@@ -20,12 +20,12 @@ from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from service.app import create_app
-from service.db import upgrade
-from service.devserver import running_server
-from service.jobs import LocalRunner
-from service.settings import Settings
 from service_support import empty_tables, fleet, small_model  # noqa: F401  (re-exported to the tests)
+from shardwise.service.app import create_app
+from shardwise.service.db import upgrade
+from shardwise.service.devserver import running_server
+from shardwise.service.jobs import LocalRunner
+from shardwise.service.settings import Settings
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 PG_ADMIN_URL = os.environ.get("SHARDWISE_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")

@@ -15,15 +15,15 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 from conftest import assert_problem, count, fleet, make_settings, small_model
-from hwprofiles import get_profile
-from service.app import create_app
-from service.jobs import LocalRunner
-from service.models import JobRow, PlanRow
-from service.settings import Settings
-from solver.resources import Job, StoredPlan
-from solver.spec import FleetSpec, ModelSpec
-from solver.topology import Topology
-from solver.validate import check_plan
+from shardwise.hwprofiles import get_profile
+from shardwise.service.app import create_app
+from shardwise.service.jobs import LocalRunner
+from shardwise.service.models import JobRow, PlanRow
+from shardwise.service.settings import Settings
+from shardwise.solver.topology import Topology
+from shardwise.solver.validate import check_plan
+from shardwise.wire.resources import Job, StoredPlan
+from shardwise.wire.spec import FleetSpec, ModelSpec
 
 GREEDY = {"solver": "greedy"}
 

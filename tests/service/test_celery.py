@@ -38,13 +38,13 @@ from conftest import (
     postgres_available,
     small_model,
 )
-from service import repository as repo
-from service.app import create_app
-from service.celery_app import CeleryRunner, WorkerSettings
-from service.db import upgrade
-from service.jobs import BUSY, execute_job
-from service.models import Base, JobRow, PlanRow, utcnow
-from solver.resources import Job, StoredPlan
+from shardwise.service import repository as repo
+from shardwise.service.app import create_app
+from shardwise.service.celery_app import CeleryRunner, WorkerSettings
+from shardwise.service.db import upgrade
+from shardwise.service.jobs import BUSY, execute_job
+from shardwise.service.models import Base, JobRow, PlanRow, utcnow
+from shardwise.wire.resources import Job, StoredPlan
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("SHARDWISE_TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
@@ -124,7 +124,7 @@ class Worker:
         self.log = log
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "clients.cli", *command],
+                [sys.executable, "-m", "shardwise.clients.cli", *command],
                 cwd=ROOT,
                 env=env,
                 stdout=out,
@@ -453,8 +453,8 @@ def db(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 def new_job(url: str, body: dict[str, Any]) -> str:
-    from service.planning import Resolved
-    from solver.spec import FleetSpec, ModelSpec, SolveParams
+    from shardwise.service.planning import Resolved
+    from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams
 
     resolved = Resolved(
         ModelSpec.model_validate(body["model"]),

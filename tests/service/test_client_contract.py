@@ -13,14 +13,14 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from clients import cli
-from clients.client import ShardwiseClient
-from clients.errors import PlanInfeasibleError, PlanNotFoundError, ValidationFailedError
 from conftest import EXAMPLES, count, fleet, small_model
-from hwprofiles import get_profile
-from service.models import PlanRow
-from solver.resources import Job, StoredPlan
-from solver.spec import FleetSpec, ModelSpec, PlanStatus
+from shardwise.clients import cli
+from shardwise.clients.client import ShardwiseClient
+from shardwise.clients.errors import PlanInfeasibleError, PlanNotFoundError, ValidationFailedError
+from shardwise.hwprofiles import get_profile
+from shardwise.service.models import PlanRow
+from shardwise.wire.resources import Job, StoredPlan
+from shardwise.wire.spec import FleetSpec, ModelSpec, PlanStatus
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,9 +17,9 @@ from pytest_alembic.tests import (  # noqa: F401  (collected here, run against e
 from sqlalchemy import Engine, create_engine, inspect
 
 from conftest import create_pg_database, drop_pg_database, make_settings, postgres_available
-from service.app import create_app
-from service.db import MIGRATIONS, downgrade, make_engine, migrations_at_head, upgrade
-from service.models import Base
+from shardwise.service.app import create_app
+from shardwise.service.db import MIGRATIONS, downgrade, make_engine, migrations_at_head, upgrade
+from shardwise.service.models import Base
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

@@ -9,10 +9,10 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from conftest import assert_problem, count, fleet, small_model
-from service.models import PlanRow
-from solver.port import port_analysis
-from solver.port_spec import PortReport
-from solver.spec import FleetSpec, ModelSpec, SolveParams
+from shardwise.service.models import PlanRow
+from shardwise.solver.port import port_analysis
+from shardwise.wire.port_spec import PortReport
+from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "port_b200_to_mi350x"
 

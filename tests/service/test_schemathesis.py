@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
 from conftest import make_settings
-from service.app import create_app
-from service.db import upgrade
-from service.jobs import LocalRunner
+from shardwise.service.app import create_app
+from shardwise.service.db import upgrade
+from shardwise.service.jobs import LocalRunner
 
 
 def _app() -> object:

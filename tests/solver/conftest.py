@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from hwprofiles import HardwareProfile
-from solver.spec import FleetSpec, ModelSpec
+from shardwise.hwprofiles import HardwareProfile
+from shardwise.wire.spec import FleetSpec, ModelSpec
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 

@@ -1,5 +1,5 @@
-"""The lower bound of solver.bounds: hand-computed values, its definition checked against random instances, and
-validity against real plans (a bound above some plan's step time would be a false proof)."""
+"""The lower bound of shardwise.solver.bounds: hand-computed values, its definition checked against random instances,
+and validity against real plans (a bound above some plan's step time would be a false proof)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solver.bounds import _least_step, lower_bound_ms
-from solver.candidates import Candidate, Shape, enumerate_candidates
-from solver.greedy import plan_greedy
-from solver.planner import make_plan
-from solver.spec import FleetSpec, ModelSpec, Placement, ShardingType, SolveParams
-from solver.topology import Topology
+from shardwise.solver.bounds import _least_step, lower_bound_ms
+from shardwise.solver.candidates import Candidate, Shape, enumerate_candidates
+from shardwise.solver.greedy import plan_greedy
+from shardwise.solver.planner import make_plan
+from shardwise.solver.topology import Topology
+from shardwise.wire.spec import FleetSpec, ModelSpec, Placement, ShardingType, SolveParams
 
 
 def hand(table: int, shards: list[float], every: float = 0.0, ranks: int = 2) -> Candidate:
@@ -81,7 +81,7 @@ def random_cands(draw: st.DrawFn) -> tuple[list[list[Candidate]], list[float], l
 
 
 def _meets_both(cands: list[list[Candidate]], fixed: list[float], sizes: list[int], T: float) -> bool:
-    """The definition in solver.bounds, written out directly."""
+    """The definition in shardwise.solver.bounds, written out directly."""
     floors = [min(c.floor_ms for c in cs) for cs in cands]
     base = fixed[0] + sum(floors)
     work = 0.0

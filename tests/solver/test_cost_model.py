@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from hwprofiles import HardwareProfile
-from solver import cost_model as cm
-from solver.spec import DenseLayerSpec, DenseStyle, EmbeddingTableSpec, FleetSpec, Placement
-from solver.spec import ShardingType as ST
-from solver.topology import Topology
+from shardwise.hwprofiles import HardwareProfile
+from shardwise.solver import cost_model as cm
+from shardwise.solver.topology import Topology
+from shardwise.wire.spec import DenseLayerSpec, DenseStyle, EmbeddingTableSpec, FleetSpec, Placement
+from shardwise.wire.spec import ShardingType as ST
 
 B = 10  # batch per GPU
 W = 4  # world size for the memory / compute cases

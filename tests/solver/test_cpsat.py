@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 from ortools.sat.python import cp_model
 
-from solver.candidates import Candidate, Shape
-from solver.formulation import Formulation, Scale
-from solver.greedy import plan_greedy
-from solver.planner import make_plan
-from solver.solve import OPTIMAL_ABS_MS, OPTIMAL_GAP, plan_cpsat
-from solver.spec import FleetSpec, ModelSpec, Placement, PlanStatus, ShardingType, SolveParams
-from solver.topology import Topology
-from solver.validate import check_plan
+from shardwise.solver.candidates import Candidate, Shape
+from shardwise.solver.formulation import Formulation, Scale
+from shardwise.solver.greedy import plan_greedy
+from shardwise.solver.planner import make_plan
+from shardwise.solver.solve import OPTIMAL_ABS_MS, OPTIMAL_GAP, plan_cpsat
+from shardwise.solver.topology import Topology
+from shardwise.solver.validate import check_plan
+from shardwise.wire.spec import FleetSpec, ModelSpec, Placement, PlanStatus, ShardingType, SolveParams
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 

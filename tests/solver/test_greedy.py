@@ -6,13 +6,13 @@ from collections.abc import Callable
 
 import pytest
 
-from hwprofiles import get_profile
-from solver.evaluate import evaluate
-from solver.greedy import plan_greedy
-from solver.planner import make_plan
-from solver.spec import FleetSpec, ModelSpec, Plan, PlanStatus, ShardingType, SolveParams
-from solver.topology import Topology
-from solver.validate import check_plan
+from shardwise.hwprofiles import get_profile
+from shardwise.solver.evaluate import evaluate
+from shardwise.solver.greedy import plan_greedy
+from shardwise.solver.planner import make_plan
+from shardwise.solver.topology import Topology
+from shardwise.solver.validate import check_plan
+from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, PlanStatus, ShardingType, SolveParams
 
 GREEDY = SolveParams(solver="greedy")
 EXAMPLE_FLEETS = ["fleet_8xh100", "fleet_8xmi350x", "fleet_mixed_b200_mi350x"]

@@ -1,5 +1,5 @@
-"""Host mode's fleet-wide search (:func:`solver.solve.lns_fleet`): valid plans, never worse than greedy, same seed →
-same plan."""
+"""Host mode's fleet-wide search (:func:`shardwise.solver.solve.lns_fleet`): valid plans, never worse than greedy, same
+seed → same plan."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import json
 import time
 from pathlib import Path
 
-from solver.candidates import enumerate_candidates
-from solver.extract import build_plan
-from solver.formulation import Formulation
-from solver.greedy import plan_greedy, run_greedy
-from solver.planner import make_plan
-from solver.solve import _host_mode_tables, model_candidates, to_assignment
-from solver.spec import DensePlan, FleetSpec, ModelSpec, SolveParams
-from solver.topology import Topology
-from solver.validate import check_plan
+from shardwise.solver.candidates import enumerate_candidates
+from shardwise.solver.extract import build_plan
+from shardwise.solver.formulation import Formulation
+from shardwise.solver.greedy import plan_greedy, run_greedy
+from shardwise.solver.planner import make_plan
+from shardwise.solver.solve import _host_mode_tables, model_candidates, to_assignment
+from shardwise.solver.topology import Topology
+from shardwise.solver.validate import check_plan
+from shardwise.wire.spec import DensePlan, FleetSpec, ModelSpec, SolveParams
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 

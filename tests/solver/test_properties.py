@@ -8,12 +8,12 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from hwprofiles import catalogue
-from solver.evaluate import evaluate
-from solver.planner import make_plan
-from solver.spec import FleetSpec, ModelSpec, PlanStatus, SolveParams
-from solver.topology import Topology
-from solver.validate import check_plan
+from shardwise.hwprofiles import catalogue
+from shardwise.solver.evaluate import evaluate
+from shardwise.solver.planner import make_plan
+from shardwise.solver.topology import Topology
+from shardwise.solver.validate import check_plan
+from shardwise.wire.spec import FleetSpec, ModelSpec, PlanStatus, SolveParams
 
 GPU_NAMES = sorted(catalogue())
 DIMS = [4, 8, 16, 32, 64, 128]

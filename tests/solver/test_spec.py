@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from hwprofiles import HardwareProfile, catalogue, get_profile
-from solver.spec import (
+from shardwise.hwprofiles import HardwareProfile, catalogue, get_profile
+from shardwise.wire.spec import (
     Dtype,
     EmbeddingTableSpec,
     FleetSpec,

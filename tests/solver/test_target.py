@@ -1,4 +1,4 @@
-"""Target packing (solver.target): best fit under a target step time, the bisection on the target, memory, and
+"""Target packing (shardwise.solver.target): best fit under a target step time, the bisection on the target, memory, and
 its place as CP-SAT's start."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import pytest
 from test_cpsat import table_wise, toy_fleet, toy_model
 
 from benchmarks.instances import get
-from solver.candidates import enumerate_candidates
-from solver.evaluate import evaluate
-from solver.extract import build_plan
-from solver.greedy import Placed, placed_to_table, run_greedy
-from solver.spec import DensePlan, SolveParams
-from solver.target import target_packing
-from solver.topology import Topology
-from solver.validate import assert_valid_plan
+from shardwise.solver.candidates import enumerate_candidates
+from shardwise.solver.evaluate import evaluate
+from shardwise.solver.extract import build_plan
+from shardwise.solver.greedy import Placed, placed_to_table, run_greedy
+from shardwise.solver.target import target_packing
+from shardwise.solver.topology import Topology
+from shardwise.solver.validate import assert_valid_plan
+from shardwise.wire.spec import DensePlan, SolveParams
 
 FAR = 1e9  # a deadline that never comes
 

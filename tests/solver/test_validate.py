@@ -6,9 +6,11 @@ from typing import Any
 
 import pytest
 
-from solver.extract import build_plan
-from solver.planner import make_plan
-from solver.spec import (
+from shardwise.solver.extract import build_plan
+from shardwise.solver.planner import make_plan
+from shardwise.solver.topology import Topology
+from shardwise.solver.validate import PlanValidationError, assert_valid_plan, check_plan
+from shardwise.wire.spec import (
     DensePlan,
     FleetSpec,
     ModelSpec,
@@ -19,8 +21,6 @@ from solver.spec import (
     SolveParams,
     TablePlan,
 )
-from solver.topology import Topology
-from solver.validate import PlanValidationError, assert_valid_plan, check_plan
 
 GREEDY = SolveParams(solver="greedy")
 

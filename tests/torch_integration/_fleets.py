@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from hwprofiles import HardwareProfile
-from solver.spec import FleetSpec
+from shardwise.hwprofiles import HardwareProfile
+from shardwise.wire.spec import FleetSpec
 
 #: 10 MB of HBM and fast links.
 TINY_GPU = HardwareProfile.model_validate(

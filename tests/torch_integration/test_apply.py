@@ -32,10 +32,10 @@ from _dist import run  # noqa: E402
 from _fleets import tiny_fleet  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
-from clients import apply as apply_mod  # noqa: E402
-from clients.apply import PlanMismatchError, apply_plan, param_groups, split_parameters  # noqa: E402
-from clients.sharded_embedding import RowWiseAdagrad, ShardedEmbeddingBag, ShardedEmbeddingBagCollection  # noqa: E402
-from solver.spec import (  # noqa: E402
+from shardwise.clients import apply as apply_mod  # noqa: E402
+from shardwise.clients.apply import PlanMismatchError, apply_plan, param_groups, split_parameters  # noqa: E402
+from shardwise.clients.sharded_embedding import RowWiseAdagrad, ShardedEmbeddingBag, ShardedEmbeddingBagCollection  # noqa: E402
+from shardwise.wire.spec import (  # noqa: E402
     DensePlan,
     DenseStyle,
     EmbeddingTableSpec,
@@ -216,8 +216,8 @@ def planner_plan(world: int) -> Plan:
     """shardwise's own plan for this model: ``describe()`` on the meta device, the greedy planner on 100-kB GPUs
     (two to a host, as :func:`hosts_of` has it), so small that the plan mixes sharding types (data_parallel
     beside table_wise today)."""
-    from clients.describe import describe
-    from solver.planner import make_plan as plan_with_shardwise
+    from shardwise.clients.describe import describe
+    from shardwise.solver.planner import make_plan as plan_with_shardwise
 
     with torch.device("meta"):
         spec = describe(DLRM(), batch_size_per_gpu=16, name="apply-small", pooling_factors=2.0)

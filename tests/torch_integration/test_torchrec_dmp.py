@@ -1,9 +1,10 @@
-"""shardwise plans exported to TorchRec (clients.torchrec_plan), checked offline and run by DistributedModelParallel.
+"""shardwise plans exported to TorchRec (shardwise.wire.torchrec.exporter), checked offline and run by
+DistributedModelParallel.
 
 The offline tests need neither torch nor TorchRec: the serialized form, the layouts TorchRec can execute, and the
-round trip through solver.torchrec_import.from_torchrec. The ``dist`` test spawns two gloo processes on loopback
-and wraps a small EmbeddingBagCollection model in DistributedModelParallel under two plans: a hand-built one with
-every sharding type and the one shardwise's greedy planner makes for the model's description; in both, the pooled
+round trip through shardwise.wire.torchrec.importer.from_torchrec. The ``dist`` test spawns two gloo processes on
+loopback and wraps a small EmbeddingBagCollection model in DistributedModelParallel under two plans: a hand-built one
+with every sharding type and the one shardwise's greedy planner makes for the model's description; in both, the pooled
 embeddings and the logits equal the unsharded model's, and after one backward the embedding weights (updated in
 backward by TorchRec's fused SGD) and the dense gradients match the reference too.
 """
@@ -18,9 +19,8 @@ from typing import Any
 import pytest
 from _fleets import tiny_fleet
 
-from clients.torchrec_plan import TorchRecExportError, to_torchrec, to_torchrec_dict
-from solver.planner import make_plan, score_plan
-from solver.spec import (
+from shardwise.solver.planner import make_plan, score_plan
+from shardwise.wire.spec import (
     DensePlan,
     FleetSpec,
     ModelSpec,
@@ -31,7 +31,8 @@ from solver.spec import (
     SolveParams,
     TablePlan,
 )
-from solver.torchrec_import import from_torchrec
+from shardwise.wire.torchrec.exporter import TorchRecExportError, to_torchrec, to_torchrec_dict
+from shardwise.wire.torchrec.importer import from_torchrec
 
 WORLD = 2
 LOCAL_BATCH = 4
@@ -503,7 +504,7 @@ def test_dmp_on_gloo_matches_the_unsharded_model() -> None:
     pytest.importorskip("torchrec", exc_type=ImportError)
     import torch.multiprocessing as mp
 
-    from clients.describe import describe
+    from shardwise.clients.describe import describe
 
     spec = describe(
         build_model(device="meta"), batch_size_per_gpu=256, name="dmp-small", pooling_factors=POOLING_FACTORS

@@ -19,14 +19,14 @@ import pytest
 from fastapi.testclient import TestClient
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
-from service.app import create_app
-from service.db import upgrade
-from service.jobs import LocalRunner
-from service.settings import Settings
 from service_support import empty_tables
-from solver.port import port_analysis
-from solver.resources import StoredPlan
-from solver.spec import FleetSpec, ModelSpec, SolveParams
+from shardwise.service.app import create_app
+from shardwise.service.db import upgrade
+from shardwise.service.jobs import LocalRunner
+from shardwise.service.settings import Settings
+from shardwise.solver.port import port_analysis
+from shardwise.wire.resources import StoredPlan
+from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams
 from ui_support import (
     big_fleet,
     fleet,
@@ -327,13 +327,13 @@ def test_plan_page_tables_explanation_links_and_snippet(client: TestClient) -> N
     code = snippet.text()
     tree = ast.parse(code)  # valid Python
     imported = {(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
-    assert {("clients.client", "ShardwiseClient"), ("clients.apply", "apply_plan")} <= imported
+    assert {("shardwise.clients.client", "ShardwiseClient"), ("shardwise.clients.apply", "apply_plan")} <= imported
     assert f'.get_plan("{plan["id"]}")' in code
     assert 'ShardwiseClient("http://testserver")' in code
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "apply_plan"]
     assert len(calls) == 1
     pytest.importorskip("torch")
-    from clients.apply import apply_plan
+    from shardwise.clients.apply import apply_plan
 
     inspect.signature(apply_plan).bind(*["arg"] * len(calls[0].args), **{k.arg: 0 for k in calls[0].keywords if k.arg})
 

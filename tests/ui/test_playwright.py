@@ -1,8 +1,8 @@
 """The pages in a real browser: Debian's headless Chromium, driven by Playwright, against uvicorn in a subprocess.
 
-The server runs as it does in production (``uvicorn --factory service.asgi:app_from_env`` on 127.0.0.1, settings
-from ``SHARDWISE_*``) on a SQLite file migrated by Alembic; plans are seeded through the HTTP API. Skipped, with
-the reason, when Chromium is not installed (``make install-browser``).
+The server runs as it does in production (``uvicorn --factory shardwise.service.asgi:app_from_env`` on 127.0.0.1,
+settings from ``SHARDWISE_*``) on a SQLite file migrated by Alembic; plans are seeded through the HTTP API. Skipped,
+with the reason, when Chromium is not installed (``make install-browser``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.devserver import running_server
+from shardwise.service.devserver import running_server
 from ui_support import REPO_ROOT, fleet, hot_model, mixed_fleet, post_plan, small_model
 
 pytestmark = pytest.mark.playwright

@@ -13,11 +13,11 @@ from typing import Any
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-from service import repository as repo
-from service.models import PlanRow
 from service_support import GREEDY, fleet, small_model  # noqa: F401  (re-exported to the UI tests)
-from solver.planner import make_plan
-from solver.spec import FleetSpec, ModelSpec, Plan, SolveParams
+from shardwise.service import repository as repo
+from shardwise.service.models import PlanRow
+from shardwise.solver.planner import make_plan
+from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, SolveParams
 
 
 def hot_model() -> dict[str, Any]:

@@ -1,7 +1,8 @@
-"""Export a shardwise :class:`~solver.spec.Plan` to TorchRec, for jobs already on ``DistributedModelParallel``.
+"""Export a shardwise :class:`~shardwise.wire.spec.Plan` to TorchRec, for jobs already on ``DistributedModelParallel``.
 
 :func:`to_torchrec_dict` gives the serialized form of TorchRec's ``ShardingPlan`` (what ``ShardingPlan._serialize``
-writes and :func:`solver.torchrec_import.from_torchrec` reads) without importing torch; :func:`to_torchrec` builds
+writes and :func:`shardwise.wire.torchrec.importer.from_torchrec` reads) without importing torch; :func:`to_torchrec`
+builds
 the real ``torchrec.distributed.types.ShardingPlan`` from it (TorchRec imported lazily)::
 
     plan = to_torchrec(shardwise_plan, model_spec, module_fqn="sparse.ebc")
@@ -41,12 +42,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from solver.spec import ModelSpec, Placement, Plan, ShardingType, ShardPlan, TablePlan
+from shardwise.wire.spec import ModelSpec, Placement, Plan, ShardingType, ShardPlan, TablePlan
 
 if TYPE_CHECKING:
     from torchrec.distributed.types import ShardingPlan
 
-__all__ = ["COMPUTE_KERNELS", "TorchRecExportError", "to_torchrec", "to_torchrec_dict"]
+__all__ = ["COMPUTE_KERNELS", "DEFAULT_MODULE_FQN", "TorchRecExportError", "to_torchrec", "to_torchrec_dict"]
 
 #: placement → TorchRec compute kernel of a sharded (not data-parallel) table.
 COMPUTE_KERNELS: Final[Mapping[Placement, str]] = {

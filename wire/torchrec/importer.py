@@ -24,9 +24,9 @@ Mapping:
   empty shards (TorchRec gives ranks past the last row block zero rows) are dropped.
 * dense layers, which TorchRec does not plan, are replicated on every rank (what DistributedModelParallel does).
 
-:func:`from_torchrec` returns a ``feasible`` :class:`~solver.spec.Plan` whose figures are placeholders; score it
-with ``solver.planner.score_plan(model, fleet, plan)``, which validates it and recomputes every figure. This module
-imports the wire models only (no torch, no numpy), so the base install can import a plan.
+:func:`from_torchrec` returns a ``feasible`` :class:`~shardwise.wire.spec.Plan` whose figures are placeholders; score it
+with ``shardwise.solver.planner.score_plan(model, fleet, plan)``, which validates it and recomputes every figure. This
+module imports the wire models only (no torch, no numpy), so the base install can import a plan.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from solver.spec import (
+from shardwise.wire.spec import (
     DensePlan,
     DenseStyle,
     FleetSpec,

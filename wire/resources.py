@@ -1,7 +1,7 @@
 """The HTTP API's resource bodies, shared by the service (which renders them) and the client (which parses them).
 
-Pydantic and ``solver.spec`` only: a job script installs these without the server stack. The plan itself is
-``solver.spec.Plan``; a stored plan adds when and from what request it was made (``StoredPlan``).
+Pydantic and ``shardwise.wire.spec`` only: a job script installs these without the server stack. The plan itself is
+``shardwise.wire.spec.Plan``; a stored plan adds when and from what request it was made (``StoredPlan``).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, NonNegativeInt, PositiveInt, Tag
 
-from hwprofiles import HardwareProfile
-from solver.spec import FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams
+from shardwise.hwprofiles import HardwareProfile
+from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams
 
 T = TypeVar("T")
 

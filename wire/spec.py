@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from hwprofiles import HardwareProfile, catalogue
+from shardwise.hwprofiles import HardwareProfile, catalogue
 
 SCHEMA_VERSION: Final = 1
 

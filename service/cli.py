@@ -1,0 +1,74 @@
+"""The service's commands: ``serve`` (the API and pages) and ``worker`` (a Celery solver worker).
+
+They run as ``shardwise-server serve|worker`` and, through the ``shardwise.commands`` entry point, as ``shardwise
+serve|worker``. This module imports typer alone at module level, so that the base install (no server extra) can list
+the commands; each one imports the server stack when it runs and says in one line which extra is missing.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, NoReturn
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run the shardwise service or a solver worker.")
+
+
+def _missing_extra(what: str, exc: ImportError) -> NoReturn:
+    typer.echo(
+        f"error: {what} needs the server extra ({exc.name} is missing): pip install 'shardwise[server]'", err=True
+    )
+    raise typer.Exit(2)
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port", min=1, max=65535)] = 8000,
+    migrate: Annotated[bool, typer.Option("--migrate/--no-migrate", help="alembic upgrade head first")] = True,
+) -> None:
+    """Run the service (settings from SHARDWISE_* variables; SQLite ./shardwise.db by default)."""
+    try:
+        import uvicorn
+
+        from shardwise.service.db import upgrade
+        from shardwise.service.settings import Settings
+    except ImportError as exc:
+        _missing_extra("the service", exc)
+    settings = Settings()
+    if migrate:
+        upgrade(settings.database_url)
+    typer.echo(
+        f"shardwise on http://{host}:{port} · UI http://{host}:{port}/ui/plans · database {settings.database_url}"
+    )
+    uvicorn.run("shardwise.service.asgi:app_from_env", factory=True, host=host, port=port, log_level="warning")
+
+
+def worker(
+    concurrency: Annotated[int, typer.Option(help="solver processes in this worker", min=1)] = 1,
+    loglevel: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING")] = "INFO",
+    hostname: Annotated[str | None, typer.Option(help="the worker's node name (default celery@<host>)")] = None,
+) -> None:
+    """Run a Celery solver worker (SHARDWISE_BROKER_URL and SHARDWISE_DATABASE_URL from the environment)."""
+    try:
+        from shardwise.service.celery_app import run_worker
+    except ImportError as exc:
+        _missing_extra("the worker", exc)
+    run_worker(concurrency=concurrency, loglevel=loglevel, hostname=hostname)
+
+
+def register(target: typer.Typer) -> None:
+    """Add ``serve`` and ``worker`` to another Typer app (the ``shardwise.commands`` entry point)."""
+    target.command()(serve)
+    target.command()(worker)
+
+
+register(app)
+
+
+def main() -> None:
+    """Console entry point of ``shardwise-server``."""
+    app(prog_name="shardwise-server")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

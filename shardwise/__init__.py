@@ -1,0 +1,66 @@
+"""shardwise: plans where every embedding table and dense tensor of a training job lives on a mixed GPU fleet.
+
+The public API, importable from the top (each name loads its module on first use, so ``import shardwise`` stays
+light and the base install — no torch, no solver stack — imports what it can run)::
+
+    from shardwise import ModelSpec, FleetSpec, Plan                # the wire contract (base install)
+    from shardwise import ShardwiseClient                           # the HTTP client (base install)
+    from shardwise import from_torchrec, to_torchrec_dict           # TorchRec plans in and out (base install)
+    from shardwise import make_plan                                 # plan locally (numpy, OR-Tools: ``server``)
+    from shardwise import describe, apply_plan, split_parameters    # the torch side (the ``torch`` extra)
+    from shardwise import to_torchrec                               # a real TorchRec ShardingPlan (TorchRec)
+
+The subpackages are the floors of docs/architecture.md: ``shardwise.hwprofiles`` (accelerator profiles) under
+``shardwise.wire`` (the contract) under ``shardwise.solver`` (planning) under ``shardwise.service`` (the HTTP service);
+``shardwise.clients`` (client, CLI, torch side) stands on the wire alone.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shardwise.clients.apply import apply_plan, split_parameters
+    from shardwise.clients.client import ShardwiseClient
+    from shardwise.clients.describe import describe
+    from shardwise.solver.planner import make_plan
+    from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, SolveParams
+    from shardwise.wire.torchrec import from_torchrec, to_torchrec, to_torchrec_dict
+
+try:
+    __version__ = version("shardwise")
+except PackageNotFoundError:  # a checkout on sys.path without an install
+    __version__ = "0+unknown"
+
+#: public name → the module that defines it
+_PUBLIC: dict[str, str] = {
+    "ModelSpec": "shardwise.wire.spec",
+    "FleetSpec": "shardwise.wire.spec",
+    "Plan": "shardwise.wire.spec",
+    "SolveParams": "shardwise.wire.spec",
+    "ShardwiseClient": "shardwise.clients.client",
+    "from_torchrec": "shardwise.wire.torchrec",
+    "to_torchrec": "shardwise.wire.torchrec",
+    "to_torchrec_dict": "shardwise.wire.torchrec",
+    "make_plan": "shardwise.solver.planner",
+    "describe": "shardwise.clients.describe",
+    "apply_plan": "shardwise.clients.apply",
+    "split_parameters": "shardwise.clients.apply",
+}
+
+__all__ = sorted([*_PUBLIC, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shardwise' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next access is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})

@@ -1,0 +1,130 @@
+"""The install a job script gets: the wheel alone, in a fresh virtual environment, with no extras.
+
+One real install rather than import-blocking tricks: the wheel is built from this checkout, its top level must hold
+the ``shardwise`` package and its metadata only (a training repository's own ``service/`` or ``clients/`` folder
+can then neither shadow nor be shadowed), and the fresh environment — pydantic, httpx, typer and PyYAML, nothing
+of the server stack — runs the CLI: the catalogue, the remote commands against a real server, and a one-line
+answer where a command needs an extra.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from shardwise.service.devserver import running_server
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    build = tmp_path_factory.mktemp("build")  # setuptools' build tree, kept out of the checkout
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
+        check=True,
+        cwd=build,
+        capture_output=True,
+    )
+    (found,) = out.glob("shardwise-*.whl")
+    return found
+
+
+@pytest.fixture(scope="module")
+def base_env(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    env = tmp_path_factory.mktemp("venv")
+    venv.create(env, with_pip=True, clear=True)
+    subprocess.run([env / "bin" / "pip", "install", "-q", str(wheel)], check=True, capture_output=True)
+    return env
+
+
+def run(env: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run([env / "bin" / args[0], *args[1:]], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    if check:
+        assert out.returncode == 0, out.stdout + out.stderr
+    return out
+
+
+def test_the_wheel_holds_one_top_level_package(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert tops == {"shardwise", wheel.name.split("-py3")[0] + ".dist-info"}, sorted(tops)
+    # the floors, and the data files each one reads at run time
+    for part in ("wire/spec.py", "wire/torchrec/exporter.py", "solver/planner.py", "service/app.py", "clients/cli.py"):
+        assert f"shardwise/{part}" in names, part
+    assert any(n.startswith("shardwise/hwprofiles/profiles/") and n.endswith(".yaml") for n in names)
+    assert any(n.startswith("shardwise/service/templates/") for n in names)
+    assert any(n.startswith("shardwise/migrations/versions/") for n in names)
+    entry_points = zipfile.ZipFile(wheel).read(wheel.name.split("-py3")[0] + ".dist-info/entry_points.txt").decode()
+    assert "shardwise = shardwise.clients.cli:main" in entry_points
+    assert "service = shardwise.service.cli:register" in entry_points
+
+
+def test_the_base_install_has_no_server_stack(base_env: Path) -> None:
+    code = (
+        "import importlib.util, shardwise\n"
+        "from shardwise import ModelSpec, FleetSpec, Plan, ShardwiseClient, from_torchrec, to_torchrec_dict\n"
+        "print(sorted(m for m in ('fastapi', 'sqlalchemy', 'ortools', 'numpy', 'torch', 'celery', 'uvicorn')"
+        " if importlib.util.find_spec(m)))\n"
+    )
+    out = run(base_env, "python", "-c", code)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_base_install_lists_the_catalogue(base_env: Path) -> None:
+    out = run(base_env, "shardwise", "profiles")
+    assert "nvidia-h100-sxm" in out.stdout
+    assert "amd-mi350x" in out.stdout
+
+
+def test_the_base_install_runs_the_remote_commands(base_env: Path, tmp_path: Path) -> None:
+    with running_server(f"sqlite:///{tmp_path / 'remote.db'}") as base:
+        empty = run(base_env, "shardwise", "list", "--url", base)
+        submitted = run(
+            base_env,
+            "shardwise",
+            "submit",
+            str(EXAMPLES / "dlrm_dcnv2.json"),
+            str(EXAMPLES / "fleet_8xh100.json"),
+            "--solver",
+            "greedy",
+            "--quiet",
+            "--url",
+            base,
+        )
+        plan_id = submitted.stdout.split()[1]
+        listed = run(base_env, "shardwise", "list", "--url", base)
+        shown = run(base_env, "shardwise", "show", plan_id, "--json", "--url", base)
+        exported = run(base_env, "shardwise", "export", plan_id, "--url", base)
+    assert plan_id.startswith("plan-") or len(plan_id) > 8, submitted.stdout
+    assert plan_id not in empty.stdout
+    assert plan_id in listed.stdout
+    assert json.loads(shown.stdout)["id"] == plan_id
+    assert "sharding_type" in exported.stdout  # TorchRec's serialized plan, translated by the wire package
+
+
+def test_commands_that_need_an_extra_say_so_in_one_line(base_env: Path) -> None:
+    planned = run(
+        base_env,
+        "shardwise",
+        "plan",
+        str(EXAMPLES / "dlrm_dcnv2.json"),
+        str(EXAMPLES / "fleet_8xh100.json"),
+        check=False,
+    )
+    served = run(base_env, "shardwise", "serve", check=False)
+    for out in (planned, served):
+        assert out.returncode == 2, out.stdout + out.stderr
+        lines = [line for line in out.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1, out.stderr
+        assert "server extra" in lines[0]
