@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.instances import instances
 from benchmarks.torchrec_baseline import torchrec_available, torchrec_plan
 from shardwise.solver.planner import make_plan, score_plan
+from shardwise.solver.torchrec.importer import from_torchrec
 from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams
-from shardwise.wire.torchrec.importer import from_torchrec
 
 
 def default_time_limit(model: ModelSpec, fleet: FleetSpec) -> float:

@@ -4,7 +4,7 @@
 ``EmbeddingCollection`` for sequence tables, pooling ``none``), describes the fleet as a TorchRec ``Topology``, runs
 ``EmbeddingShardingPlanner(...).plan(module, sharders)`` and returns the plan in TorchRec's serialized form
 (``ShardingPlan._serialize``: ``{"plan": {fqn: {table: {sharding_type, compute_kernel, ranks, shards}}}}``), which
-``shardwise.wire.torchrec.importer.from_torchrec`` imports, with the seconds ``plan()`` took.
+``shardwise.solver.torchrec.importer.from_torchrec`` imports, with the seconds ``plan()`` took.
 
 What TorchRec is told (it models one kind of GPU and one set of links for the whole fleet):
 
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from benchmarks.instances import instances
     from shardwise.solver.planner import score_plan
-    from shardwise.wire.torchrec.importer import from_torchrec
+    from shardwise.solver.torchrec.importer import from_torchrec
 
     print(f"{'instance':<24} {'torchrec s':>10} {'step ms':>9}  problems")
     for name, model, fleet in instances(ns.filter):

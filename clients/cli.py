@@ -192,7 +192,7 @@ def evaluate(
     model = load_spec(model_path, ModelSpec)
     fleet = load_spec(fleet_path, FleetSpec)
     if torchrec:
-        from shardwise.wire.torchrec.importer import from_torchrec
+        from shardwise.solver.torchrec.importer import from_torchrec
 
         try:
             given = from_torchrec(_read_document(plan_path), model, fleet)

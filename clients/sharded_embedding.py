@@ -57,7 +57,7 @@ gradient of the unsharded model on the global batch.
 Placements
 ----------
 ``hbm`` and ``uvm_cache`` shards live on the executor's device (``uvm_cache`` is a memory-tier hint: TorchRec's
-``fused_uvm_caching`` kernel honours it through :mod:`shardwise.wire.torchrec.exporter`; there is no HBM cache here).
+``fused_uvm_caching`` kernel honours it through :mod:`shardwise.solver.torchrec.exporter`; there is no HBM cache here).
 ``host`` shards stay in CPU memory when the device is an accelerator: their lookups run on the CPU and only the
 pooled rows (and their gradients) cross to the device. On a CPU executor every placement is the same.
 

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from shardwise.clients.client import ShardwiseClient
     from shardwise.clients.describe import describe
     from shardwise.solver.planner import make_plan
+    from shardwise.solver.torchrec import from_torchrec, to_torchrec, to_torchrec_dict
     from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, SolveParams
-    from shardwise.wire.torchrec import from_torchrec, to_torchrec, to_torchrec_dict
 
 try:
     __version__ = version("shardwise")
@@ -41,9 +41,9 @@ _PUBLIC: dict[str, str] = {
     "Plan": "shardwise.wire.spec",
     "SolveParams": "shardwise.wire.spec",
     "ShardwiseClient": "shardwise.clients.client",
-    "from_torchrec": "shardwise.wire.torchrec",
-    "to_torchrec": "shardwise.wire.torchrec",
-    "to_torchrec_dict": "shardwise.wire.torchrec",
+    "from_torchrec": "shardwise.solver.torchrec",
+    "to_torchrec": "shardwise.solver.torchrec",
+    "to_torchrec_dict": "shardwise.solver.torchrec",
     "make_plan": "shardwise.solver.planner",
     "describe": "shardwise.clients.describe",
     "apply_plan": "shardwise.clients.apply",

@@ -57,7 +57,10 @@ def test_the_untouched_tree_keeps_every_contract(tree: Path) -> None:
 def test_the_wire_importing_numpy_breaks_the_base_install(tree: Path) -> None:
     add_import(tree, "wire.units", "import numpy")
     report = broken(lint(tree))
-    assert "The base install (wire, profiles, client, CLI) imports no server, solver or torch stack BROKEN" in report
+    contract = (
+        "The base install (wire, profiles, TorchRec interop, client, CLI) imports no server, solver or torch stack"
+    )
+    assert f"{contract} BROKEN" in report
     assert "shardwise.wire.units -> numpy" in report
 
 

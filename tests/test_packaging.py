@@ -60,7 +60,13 @@ def test_the_wheel_holds_one_top_level_package(wheel: Path) -> None:
     tops = {n.split("/")[0] for n in names}
     assert tops == {"shardwise", wheel.name.split("-py3")[0] + ".dist-info"}, sorted(tops)
     # the floors, and the data files each one reads at run time
-    for part in ("wire/spec.py", "wire/torchrec/exporter.py", "solver/planner.py", "service/app.py", "clients/cli.py"):
+    for part in (
+        "wire/spec.py",
+        "solver/torchrec/exporter.py",
+        "solver/planner.py",
+        "service/app.py",
+        "clients/cli.py",
+    ):
         assert f"shardwise/{part}" in names, part
     assert any(n.startswith("shardwise/hwprofiles/profiles/") and n.endswith(".yaml") for n in names)
     assert any(n.startswith("shardwise/service/templates/") for n in names)

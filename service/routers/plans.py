@@ -34,9 +34,9 @@ from shardwise.service.planning import (
     submit,
 )
 from shardwise.service.routers.common import JsonBody, MetricsDep, PageDep, RunnerDep, SettingsDep, body_schema, parse
+from shardwise.solver.torchrec.exporter import DEFAULT_MODULE_FQN, TorchRecExportError, to_torchrec_dict
 from shardwise.wire.resources import EvaluateRequest, Evaluation, Job, Page, PlanRequest, PlanSummary, StoredPlan
 from shardwise.wire.spec import ModelSpec, Plan, PlanStatus
-from shardwise.wire.torchrec.exporter import DEFAULT_MODULE_FQN, TorchRecExportError, to_torchrec_dict
 
 router = APIRouter(prefix="/plans", tags=["plans"])
 

@@ -1,4 +1,4 @@
-"""Importing TorchRec sharding plans (shardwise.wire.torchrec.importer) and the TorchRec baseline (benchmarks/)."""
+"""Importing TorchRec sharding plans (shardwise.solver.torchrec.importer) and the TorchRec baseline (benchmarks/)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 from shardwise.clients.cli import app
 from shardwise.solver.planner import score_plan
 from shardwise.solver.topology import Topology
+from shardwise.solver.torchrec.importer import TorchRecImportError, from_torchrec
 from shardwise.solver.validate import check_plan
 from shardwise.wire.spec import DenseStyle, FleetSpec, ModelSpec, Placement, PlanStatus, ShardingType
-from shardwise.wire.torchrec.importer import TorchRecImportError, from_torchrec
 
 ROOT = Path(__file__).resolve().parents[2]
 

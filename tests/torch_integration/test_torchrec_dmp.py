@@ -1,8 +1,8 @@
-"""shardwise plans exported to TorchRec (shardwise.wire.torchrec.exporter), checked offline and run by
+"""shardwise plans exported to TorchRec (shardwise.solver.torchrec.exporter), checked offline and run by
 DistributedModelParallel.
 
 The offline tests need neither torch nor TorchRec: the serialized form, the layouts TorchRec can execute, and the
-round trip through shardwise.wire.torchrec.importer.from_torchrec. The ``dist`` test spawns two gloo processes on
+round trip through shardwise.solver.torchrec.importer.from_torchrec. The ``dist`` test spawns two gloo processes on
 loopback and wraps a small EmbeddingBagCollection model in DistributedModelParallel under two plans: a hand-built one
 with every sharding type and the one shardwise's greedy planner makes for the model's description; in both, the pooled
 embeddings and the logits equal the unsharded model's, and after one backward the embedding weights (updated in
@@ -20,6 +20,8 @@ import pytest
 from _fleets import tiny_fleet
 
 from shardwise.solver.planner import make_plan, score_plan
+from shardwise.solver.torchrec.exporter import TorchRecExportError, to_torchrec, to_torchrec_dict
+from shardwise.solver.torchrec.importer import from_torchrec
 from shardwise.wire.spec import (
     DensePlan,
     FleetSpec,
@@ -31,8 +33,6 @@ from shardwise.wire.spec import (
     SolveParams,
     TablePlan,
 )
-from shardwise.wire.torchrec.exporter import TorchRecExportError, to_torchrec, to_torchrec_dict
-from shardwise.wire.torchrec.importer import from_torchrec
 
 WORLD = 2
 LOCAL_BATCH = 4

@@ -1,7 +1,7 @@
 """Export a shardwise :class:`~shardwise.wire.spec.Plan` to TorchRec, for jobs already on ``DistributedModelParallel``.
 
 :func:`to_torchrec_dict` gives the serialized form of TorchRec's ``ShardingPlan`` (what ``ShardingPlan._serialize``
-writes and :func:`shardwise.wire.torchrec.importer.from_torchrec` reads) without importing torch; :func:`to_torchrec`
+writes and :func:`shardwise.solver.torchrec.importer.from_torchrec` reads) without importing torch; :func:`to_torchrec`
 builds
 the real ``torchrec.distributed.types.ShardingPlan`` from it (TorchRec imported lazily)::
 
