@@ -87,12 +87,12 @@ def _solver_modules() -> Any:
 
         from shardwise.solver import planner
     except ImportError as exc:  # pragma: no cover - exercised on the base install only
-        fail(f"the local planner needs the server extra ({exc.name} is missing): pip install 'shardwise[server]'")
+        fail(f"the local planner needs the planner extra ({exc.name} is missing): pip install 'shardwise[planner]'")
     return planner
 
 
 def _port_module() -> Any:
-    _solver_modules()  # the one-line message when the server extra is missing
+    _solver_modules()  # the one-line message when the planner extra is missing
     from shardwise.solver import port
 
     return port

@@ -180,7 +180,7 @@ def fleet_from_env(gpu: str) -> FleetSpec:
 def plan_on_rank0(spec: ModelSpec, fleet: FleetSpec, params: SolveParams) -> Plan:
     """Rank 0 plans, every rank gets the same plan (a collective)."""
     from shardwise.solver.planner import (
-        make_plan,  # the local planner needs the server extra; the service path does not
+        make_plan,  # the local planner needs the planner extra; the service path does not
     )
 
     box: list[str | None] = [None]

@@ -6,7 +6,7 @@ light and the base install — no torch, no solver stack — imports what it can
     from shardwise import ModelSpec, FleetSpec, Plan                # the wire contract (base install)
     from shardwise import ShardwiseClient                           # the HTTP client (base install)
     from shardwise import from_torchrec, to_torchrec_dict           # TorchRec plans in and out (base install)
-    from shardwise import make_plan                                 # plan locally (numpy, OR-Tools: ``server``)
+    from shardwise import make_plan                                 # plan locally (the ``planner`` extra)
     from shardwise import describe, apply_plan, split_parameters    # the torch side (the ``torch`` extra)
     from shardwise import to_torchrec                               # a real TorchRec ShardingPlan (TorchRec)
 

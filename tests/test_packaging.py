@@ -129,8 +129,8 @@ def test_commands_that_need_an_extra_say_so_in_one_line(base_env: Path) -> None:
         check=False,
     )
     served = run(base_env, "shardwise", "serve", check=False)
-    for out in (planned, served):
+    for out, extra in ((planned, "shardwise[planner]"), (served, "shardwise[server]")):
         assert out.returncode == 2, out.stdout + out.stderr
         lines = [line for line in out.stderr.splitlines() if line.strip()]
         assert len(lines) == 1, out.stderr
-        assert "server extra" in lines[0]
+        assert f"pip install '{extra}'" in lines[0]

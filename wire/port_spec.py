@@ -1,8 +1,8 @@
 """The port report's wire models: a plan carried from one fleet to another versus a re-plan for the target.
 
-Pydantic and :mod:`shardwise.wire.spec` only (no OR-Tools, no numpy), so that the HTTP client and the CLI can parse a
-report without the server extra; :func:`shardwise.solver.port.port_analysis` builds it. Every size is in bytes, every
-time in milliseconds. Extend, never rename.
+Pydantic and :mod:`shardwise.wire.spec` only (no OR-Tools, no numpy), so that the HTTP client and the CLI can parse
+a report without the planner or server extras; :func:`shardwise.solver.port.port_analysis` builds it. Every size is
+in bytes, every time in milliseconds. Extend, never rename.
 
 Shape::
 
