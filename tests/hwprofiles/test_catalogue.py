@@ -1,5 +1,5 @@
 """The accelerator catalogue: every YAML file validates, carries a source per figure, and holds the figures of
-``shared/hardware_reference.md`` (measured bytes, per-direction bandwidths, per-peer vs all-peer links)."""
+``docs/hardware_sources.md`` (measured bytes, per-direction bandwidths, per-peer vs all-peer links)."""
 
 from __future__ import annotations
 
