@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv and install shardwise with the server and dev extras
 
-# TorchRec's CPU triple (shared/STYLE.md §3): torch 2.13.0 + fbgemm-gpu-cpu 1.8.0 + torchrec 1.8.0. torchrec goes in
+# TorchRec's CPU triple (docs/architecture.md, "The torch side"): torch 2.13.0 + fbgemm-gpu-cpu 1.8.0 + torchrec 1.8.0. torchrec goes in
 # --no-deps: its metadata asks for the CUDA fbgemm-gpu wheel (GBs), which replaces the CPU one and fails to load.
 # iopath is for torchrec.datasets; torch is named again in step 2 so that no dependency can move it.
 # torch 2.13.0 goes in first (the CPU build on this machine's disk) so that the open range torch>=2.6 of the torch

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -230,3 +231,20 @@ def test_invalid_yaml_is_a_profile_error(tmp_path: Path) -> None:
     bad.write_text("name: [unclosed\n", encoding="utf-8")
     with pytest.raises(ProfileError, match=r"not valid YAML"):
         load_profile_file(bad)
+
+
+HARDWARE_SOURCES = Path(__file__).resolve().parents[2] / "docs" / "hardware_sources.md"
+
+
+@pytest.mark.parametrize("path", PROFILE_FILES, ids=lambda p: p.stem)
+def test_every_cited_source_and_note_is_defined_in_the_docs(path: Path) -> None:
+    """A profile's ``[N13]`` or ``N-4`` must be findable in docs/hardware_sources.md, in the repository."""
+    page = HARDWARE_SOURCES.read_text(encoding="utf-8")
+    defined_keys = set(re.findall(r"^\* (\[[A-Z]\d+\])", page, flags=re.MULTILINE))
+    defined_notes = set(re.findall(r"\*\*(N-\d+)", page)) | set(re.findall(r"^#+ .*?(N-\d+)", page, flags=re.M))
+    text = path.read_text(encoding="utf-8")
+    cited_keys = set(re.findall(r"\[[A-Z]\d+\]", text))
+    cited_notes = set(re.findall(r"\bN-\d+\b", text))
+    assert cited_keys, f"{path.name} cites no source"
+    assert cited_keys <= defined_keys, sorted(cited_keys - defined_keys)
+    assert cited_notes <= defined_notes, sorted(cited_notes - defined_notes)
