@@ -10,6 +10,7 @@ answer where a command needs an extra.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import venv
@@ -22,6 +23,9 @@ from shardwise.service.devserver import running_server
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
+#: what the wheel is built from: the project file, the README it embeds, and the package with its folders
+SOURCES = ("pyproject.toml", "README.md", "shardwise")
+SOURCES += ("wire", "solver", "service", "clients", "hwprofiles", "migrations")
 
 pytestmark = pytest.mark.slow
 
@@ -29,11 +33,18 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    build = tmp_path_factory.mktemp("build")  # setuptools' build tree, kept out of the checkout
+    # built from a copy of the sources, so that setuptools' build/ and egg-info (which would carry stale modules
+    # into a later wheel) stay out of the checkout
+    src = tmp_path_factory.mktemp("src")
+    for name in SOURCES:
+        path = ROOT / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.copytree(path, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(path, src / name, follow_symlinks=False)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(src)],
         check=True,
-        cwd=build,
         capture_output=True,
     )
     (found,) = out.glob("shardwise-*.whl")
