@@ -25,7 +25,6 @@ import jinja2
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shardwise.service import repository as repo
@@ -196,23 +195,25 @@ class HistoryRow:
         return round(min(self.peak_fill or 0.0, 1.0) * 100, 1)
 
 
-def gpu_mix(counts: Mapping[str, Any]) -> str:
-    return " + ".join(f"{n}× {gpu}" for gpu, n in sorted(counts.items(), key=lambda kv: (-int(kv[1]), kv[0])))
+def gpu_mix(counts: Mapping[str, int]) -> str:
+    return " + ".join(f"{n}× {gpu}" for gpu, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def history_row(row: PlanRow) -> HistoryRow:
+    """The page's row: the API's ``PlanSummary`` of the plan, with the GPU mix spelled out."""
+    s = repo.summary(row)
     return HistoryRow(
-        id=str(row.id),
-        created_at=row.created_at,
-        model=row.model_name,
-        fleet=row.fleet_name,
-        gpus=gpu_mix(row.gpu_counts),
-        world_size=row.world_size,
-        status=row.status,
-        solver=row.solver,
-        predicted_step_ms=row.predicted_step_ms,
-        gap=row.gap,
-        peak_fill=row.peak_hbm_fill,
+        id=s.id,
+        created_at=s.created_at,
+        model=s.model,
+        fleet=s.fleet,
+        gpus=gpu_mix(s.gpu_types),
+        world_size=s.world_size,
+        status=s.status.value,
+        solver=s.solver,
+        predicted_step_ms=s.predicted_step_ms,
+        gap=s.gap,
+        peak_fill=s.peak_hbm_fill,
     )
 
 
@@ -224,17 +225,12 @@ class Choices:
 
 
 def filter_choices(session: Session) -> Choices:
-    """The distinct models, fleets and GPU types in the store, for the filter menus. (Read-only queries that
-    only this page asks; they stay next to it.)"""
-    models = session.scalars(
-        select(PlanRow.model_name).distinct().order_by(PlanRow.model_name).limit(CHOICES_LIMIT)
-    ).all()
-    fleets = session.scalars(
-        select(PlanRow.fleet_name).distinct().order_by(PlanRow.fleet_name).limit(CHOICES_LIMIT)
-    ).all()
-    mixes = session.scalars(select(PlanRow.gpu_types).distinct().limit(CHOICES_LIMIT)).all()
-    gpus = sorted({g for mix in mixes for g in mix.split(",") if g})
-    return Choices(models, fleets, gpus)
+    """The distinct models, fleets and GPU types in the store, for the filter menus."""
+    return Choices(
+        repo.plan_model_names(session, CHOICES_LIMIT),
+        repo.plan_fleet_names(session, CHOICES_LIMIT),
+        repo.plan_gpu_types(session, CHOICES_LIMIT),
+    )
 
 
 def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
