@@ -516,3 +516,14 @@ def test_static_assets_are_served(client: TestClient) -> None:
     htmx = client.get("/static/htmx.min.js").text
     assert htmx.startswith("/*! htmx 2.")
     assert "0BSD" in htmx.splitlines()[0]
+
+
+def test_every_page_needs_a_token_when_reads_do(clean_db: str, runner: LocalRunner) -> None:
+    """The read-token rule sits on the pages' router and reaches each page module's routes, the catch-all too."""
+    settings = Settings(database_url=clean_db, log_level="WARNING", api_tokens="s3cret", auth_reads=True)
+    with TestClient(create_app(settings, runner=runner)) as c:
+        for url in ("/", "/ui", "/ui/plans", "/ui/plans/nope", "/ui/compare", "/ui/nope"):
+            assert c.get(url, follow_redirects=False).status_code == 401, url
+            answer = c.get(url, follow_redirects=False, headers={"Authorization": "Bearer s3cret"})
+            assert answer.status_code in (200, 302, 404), url
+        assert c.get("/static/ui.css").status_code == 200  # the assets stay open
