@@ -1,8 +1,9 @@
 """The plan page's "Apply it" snippet: the few lines of a training script that fetch this plan and shard a model
-with it.
+with it, written against the package's public API (``from shardwise import ...``; a name ``shardwise/__init__.py``
+does not export would come from its module path, e.g. ``shardwise.clients.apply``).
 
 Only text: the service never imports the client side (``shardwise.clients``); tests/ui parses the snippet and checks
-the call against the real ``apply_plan``.
+its imports against ``shardwise.__all__`` and its call against the real ``apply_plan``.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ def snippet(base_url: str, plan: Plan) -> str:
 import torch
 import torch.distributed as dist
 
-from shardwise.clients.apply import apply_plan
-from shardwise.clients.client import ShardwiseClient
+from shardwise import ShardwiseClient, apply_plan
 
 # launch with torchrun: one process per rank of the plan ({world} in all)
 dist.init_process_group("nccl")
