@@ -168,6 +168,23 @@ def list_plans(session: Session, filters: PlanFilters, page: int, limit: int) ->
     return rows, Pagination(total_count=total, max_page=math.ceil(total / limit), page=page, limit=limit)
 
 
+def plan_model_names(session: Session, limit: int) -> Sequence[str]:
+    """The distinct model names of the stored plans, sorted; at most ``limit``."""
+    return session.scalars(select(PlanRow.model_name).distinct().order_by(PlanRow.model_name).limit(limit)).all()
+
+
+def plan_fleet_names(session: Session, limit: int) -> Sequence[str]:
+    """The distinct fleet names of the stored plans, sorted; at most ``limit``."""
+    return session.scalars(select(PlanRow.fleet_name).distinct().order_by(PlanRow.fleet_name).limit(limit)).all()
+
+
+def plan_gpu_types(session: Session, limit: int) -> list[str]:
+    """The GPU profile names in the stored plans' fleets, sorted, read from at most ``limit`` distinct GPU mixes
+    (``gpu_types`` holds each plan's mix as ``,name,name,``; ``PlanFilters.gpu`` matches one name in it)."""
+    mixes = session.scalars(select(PlanRow.gpu_types).distinct().limit(limit)).all()
+    return sorted({gpu for mix in mixes for gpu in mix.split(",") if gpu})
+
+
 def delete_plan(session: Session, row: PlanRow) -> None:
     session.execute(update(JobRow).where(JobRow.plan_id == row.id).values(plan_id=None))
     session.execute(delete(PlanRow).where(PlanRow.id == row.id))

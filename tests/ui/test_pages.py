@@ -19,6 +19,7 @@ import pytest
 from fastapi.testclient import TestClient
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
+import shardwise
 from service_support import empty_tables
 from shardwise.service.app import create_app
 from shardwise.service.db import upgrade
@@ -327,13 +328,14 @@ def test_plan_page_tables_explanation_links_and_snippet(client: TestClient) -> N
     code = snippet.text()
     tree = ast.parse(code)  # valid Python
     imported = {(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
-    assert {("shardwise.clients.client", "ShardwiseClient"), ("shardwise.clients.apply", "apply_plan")} <= imported
+    assert {("shardwise", "ShardwiseClient"), ("shardwise", "apply_plan")} <= imported  # the public API
+    assert {name for module, name in imported if module == "shardwise"} <= set(shardwise.__all__)
     assert f'.get_plan("{plan["id"]}")' in code
     assert 'ShardwiseClient("http://testserver")' in code
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "apply_plan"]
     assert len(calls) == 1
     pytest.importorskip("torch")
-    from shardwise.clients.apply import apply_plan
+    from shardwise import apply_plan
 
     inspect.signature(apply_plan).bind(*["arg"] * len(calls[0].args), **{k.arg: 0 for k in calls[0].keywords if k.arg})
 
@@ -516,3 +518,14 @@ def test_static_assets_are_served(client: TestClient) -> None:
     htmx = client.get("/static/htmx.min.js").text
     assert htmx.startswith("/*! htmx 2.")
     assert "0BSD" in htmx.splitlines()[0]
+
+
+def test_every_page_needs_a_token_when_reads_do(clean_db: str, runner: LocalRunner) -> None:
+    """The read-token rule sits on the pages' router and reaches each page module's routes, the catch-all too."""
+    settings = Settings(database_url=clean_db, log_level="WARNING", api_tokens="s3cret", auth_reads=True)
+    with TestClient(create_app(settings, runner=runner)) as c:
+        for url in ("/", "/ui", "/ui/plans", "/ui/plans/nope", "/ui/compare", "/ui/nope"):
+            assert c.get(url, follow_redirects=False).status_code == 401, url
+            answer = c.get(url, follow_redirects=False, headers={"Authorization": "Bearer s3cret"})
+            assert answer.status_code in (200, 302, 404), url
+        assert c.get("/static/ui.css").status_code == 200  # the assets stay open

@@ -1,0 +1,108 @@
+"""The page of one plan, ``/ui/plans/{plan_id}`` (``plan.html``): its head, every rank's HBM and time bars (a
+heatmap per host beyond ``HEATMAP_ABOVE`` GPUs), the tables with their layout and size, the dense layers, the
+explanation and the "Apply it" snippet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+
+from shardwise.service.db import SessionDep
+from shardwise.service.models import PlanRow
+from shardwise.service.routers.ui.formatting import (
+    FILL_CLASSES,
+    HEATMAP_CSS,
+    STATUS_LABELS,
+    placement_label,
+    rank_ranges,
+)
+from shardwise.service.routers.ui.rendering import page, plan_not_found
+from shardwise.service.routers.ui.snippet import snippet
+from shardwise.service.routers.ui.views import (
+    HBM_PARTS,
+    HEATMAP_ABOVE,
+    by_host,
+    history_row,
+    load_plan,
+    rank_views,
+    reserve_of,
+)
+from shardwise.wire.spec import ModelSpec, Plan
+
+router = APIRouter()
+
+
+@dataclass(frozen=True)
+class TableView:
+    name: str
+    sharding_type: str
+    ranks: str
+    num_ranks: int
+    placement: str
+    shards: int
+    shape: str  # "40,000,000 × 128 fp32"
+    weight_bytes: int | None
+
+
+def table_views(plan: Plan, model: ModelSpec | None) -> list[TableView]:
+    specs = {t.name: t for t in model.embedding_tables} if model is not None else {}
+    out: list[TableView] = []
+    for tp in plan.tables:
+        spec = specs.get(tp.name)
+        shape = f"{spec.num_embeddings:,} × {spec.embedding_dim} {spec.dtype.value}" if spec else ""
+        ranks = {s.rank for s in tp.shards}
+        out.append(
+            TableView(
+                name=tp.name,
+                sharding_type=tp.sharding_type.value,
+                ranks=rank_ranges(ranks),
+                num_ranks=len(ranks),
+                placement=placement_label(tp),
+                shards=len(tp.shards),
+                shape=shape,
+                weight_bytes=spec.weight_bytes if spec else None,
+            )
+        )
+    return out
+
+
+def _model_of(row: PlanRow) -> ModelSpec | None:
+    try:
+        return ModelSpec.model_validate(row.request["model"])
+    except (KeyError, TypeError, ValueError):  # a request stored in another shape: the page shows no sizes
+        return None
+
+
+@router.get("/ui/plans/{plan_id}", response_class=HTMLResponse)
+def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLResponse:
+    loaded = load_plan(session, plan_id)
+    if loaded is None:
+        return plan_not_found(request, plan_id)
+    row, plan = loaded
+    reserve = reserve_of(row)
+    views = rank_views(plan.ranks, reserve)
+    heatmap = len(views) > HEATMAP_ABOVE
+    base = str(request.base_url).rstrip("/")
+    context: dict[str, Any] = {
+        "plan": plan,
+        "row": history_row(row),
+        "status_label": STATUS_LABELS.get(plan.status.value, plan.status.value),
+        "reserve": reserve,
+        "ranks": views,
+        "heatmap": heatmap,
+        "hosts": by_host(views) if heatmap else [],
+        "hot": [v for v in views if v.hot],
+        "fullest": sorted(views, key=lambda v: (-v.fill, v.rank))[:8] if heatmap else [],
+        "slowest": sorted(views, key=lambda v: (-v.total_ms, v.rank))[:8] if heatmap else [],
+        "parts": HBM_PARTS,
+        "tables": table_views(plan, _model_of(row)),
+        "dense": [(d.name, d.style.value, rank_ranges(d.ranks)) for d in plan.dense],
+        "snippet": snippet(base, plan),
+        "fill_classes": FILL_CLASSES,
+        "heatmap_css": HEATMAP_CSS,
+    }
+    return page(request, "plan.html", context)
