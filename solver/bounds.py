@@ -33,8 +33,8 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from shardwise.solver.candidates import Candidate
 from shardwise.solver.cost_model import collective_latency_ms
+from shardwise.solver.cpsat.candidates import Candidate
 from shardwise.solver.evaluate import COLLECTIVES, collective_groups, dense_cost
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import DenseStyle, ModelSpec

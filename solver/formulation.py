@@ -13,7 +13,7 @@ start plan (greedy or target packing, :mod:`shardwise.solver.target`) is returne
 
 Data (all coefficients integer, scaled in :class:`Scale` — the one place where scaling lives)
 -----------------------------------------------------------------------------------------------
-``C_t`` candidates of table ``t`` (:mod:`shardwise.solver.candidates`); for candidate ``c`` and shard ``i``:
+``C_t`` candidates of table ``t`` (:mod:`shardwise.solver.cpsat.candidates`); for candidate ``c`` and shard ``i``:
 ``τ_{c,i,k}`` time and ``m_{c,i,k}`` HBM on device class ``k``, ``η_{c,i,k}`` host memory;
 ``ε_{c,k}`` the every-rank time of a sharded table; dense layer ``l`` in style ``s``: ``δ_{l,s,k}`` time and
 ``μ_{l,s,k}`` HBM; ``κ_b`` usable HBM of bin ``b`` (capacity × (1 − reserve), × ``g`` in host mode), ``H_h`` host
@@ -76,8 +76,8 @@ import numpy.typing as npt
 from ortools.sat.python import cp_model
 
 from shardwise.solver.bounds import dense_min_per_class, heaviest_rank_time, lower_bound_ms, table_floors
-from shardwise.solver.candidates import Candidate
 from shardwise.solver.cost_model import collective_latency_ms
+from shardwise.solver.cpsat.candidates import Candidate
 from shardwise.solver.evaluate import COLLECTIVES, collective_groups, dense_cost
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import DenseStyle, ModelSpec

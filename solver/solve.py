@@ -44,7 +44,7 @@ import numpy as np
 import numpy.typing as npt
 from ortools.sat.python import cp_model
 
-from shardwise.solver.candidates import Candidate, enumerate_candidates
+from shardwise.solver.cpsat.candidates import Candidate, enumerate_candidates
 from shardwise.solver.evaluate import collective_groups, dense_cost, evaluate
 from shardwise.solver.extract import build_plan
 from shardwise.solver.formulation import RANK_BINS_MAX, Assignment, Formulation, Mode, Scale

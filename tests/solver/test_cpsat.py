@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from ortools.sat.python import cp_model
 
-from shardwise.solver.candidates import Candidate, Shape
+from shardwise.solver.cpsat.candidates import Candidate, Shape
 from shardwise.solver.formulation import Formulation, Scale
 from shardwise.solver.greedy import plan_greedy
 from shardwise.solver.planner import make_plan

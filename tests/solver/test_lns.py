@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from shardwise.solver.candidates import enumerate_candidates
+from shardwise.solver.cpsat.candidates import enumerate_candidates
 from shardwise.solver.extract import build_plan
 from shardwise.solver.formulation import Formulation
 from shardwise.solver.greedy import plan_greedy, run_greedy
