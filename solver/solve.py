@@ -13,9 +13,9 @@ target
    only when memory is tight (the greedy plan fills some GPU to :data:`MEMORY_TIGHT` or more; with room to spare
    they only add time) and for tables of at least :data:`OFFLOAD_SHARE` of a GPU; the greedy's own pick is always
    kept, and so is the start's. The reported bound is proven over this space;
-3. CP-SAT on :class:`shardwise.solver.formulation.Formulation` (rank mode up to 8 GPUs, host mode beyond) for at most
-   :data:`LEVEL1_SHARE` of ``T`` in host mode (all of it in rank mode); in host mode, when it finds no solution in
-   that time, step 4 starts from the start's assignment;
+3. CP-SAT on :class:`shardwise.solver.cpsat.formulation.Formulation` (rank mode up to 8 GPUs, host mode beyond) for
+   at most :data:`LEVEL1_SHARE` of ``T`` in host mode (all of it in rank mode); in host mode, when it finds no
+   solution in that time, step 4 starts from the start's assignment;
 4. host mode: each host's shards are packed onto its GPUs by a small exact model (:func:`pack_host`) with each
    GPU's own HBM (the start's GPUs are its hint where the host's shards are the start's); a host that cannot be
    packed sends us back to the start; :func:`repack_fleet` then moves and swaps shards between hosts (the
@@ -45,9 +45,11 @@ import numpy.typing as npt
 from ortools.sat.python import cp_model
 
 from shardwise.solver.cpsat.candidates import Candidate, enumerate_candidates
+from shardwise.solver.cpsat.formulation import RANK_BINS_MAX, Assignment, Formulation, Mode
+from shardwise.solver.cpsat.params import cp_solver
+from shardwise.solver.cpsat.scale import Scale
 from shardwise.solver.evaluate import collective_groups, dense_cost, evaluate
 from shardwise.solver.extract import build_plan
-from shardwise.solver.formulation import RANK_BINS_MAX, Assignment, Formulation, Mode, Scale
 from shardwise.solver.greedy import Placed, placed_to_table, run_greedy
 from shardwise.solver.target import target_packing
 from shardwise.solver.topology import Topology
@@ -147,28 +149,6 @@ class _Progress(cp_model.CpSolverSolutionCallback):
         self.on_progress(Scale.ms(self.objective_value), Scale.ms(self.best_objective_bound))
 
 
-LARGE_MODEL_VARIABLES = 30_000  # beyond this, full presolve alone can eat the time limit
-
-
-def _params(params: SolveParams, time_limit: float, variables: int = 0) -> cp_model.CpSolver:
-    solver = cp_model.CpSolver()
-    p = solver.parameters
-    if variables > LARGE_MODEL_VARIABLES:
-        p.max_presolve_iterations = 1
-        p.symmetry_level = 0
-    p.max_time_in_seconds = max(time_limit, 0.05)
-    if params.max_deterministic_time is not None:
-        p.max_deterministic_time = params.max_deterministic_time
-    p.num_workers = params.num_workers
-    p.random_seed = params.random_seed
-    p.interleave_search = params.interleave_search
-    if params.relative_gap_limit > 0:
-        p.relative_gap_limit = params.relative_gap_limit
-    p.log_search_progress = False
-    p.cp_model_probing_level = 0
-    return solver
-
-
 def to_assignment(form: Formulation, cands: Sequence[Sequence[Candidate]], chosen: Sequence[Placed]) -> Assignment:
     """A greedy placement in the formulation's terms."""
     choice, shard_bins, host = [], {}, {}
@@ -255,7 +235,7 @@ def pack_host(
         for i, k in enumerate(lpt):
             for kk in range(g):
                 m.add_hint(z[i][kk], kk == k)
-    solver = _params(params, time_limit)
+    solver = cp_solver(params, time_limit)
     status = solver.solve(m)
     got = None
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -619,7 +599,7 @@ def lns_fleet(
             m.add(sum(c * v for v, c in terms) + host_fixed[h] <= host_room[h])
         m.minimize(T)
         wall = deadline - time.perf_counter()
-        solver = _params(params, wall if det_left is not None else min(LNS_ROUND_S, wall))
+        solver = cp_solver(params, wall if det_left is not None else min(LNS_ROUND_S, wall))
         solver.parameters.num_workers = 1
         solver.parameters.random_seed = params.random_seed + rounds
         if det_left is not None:
@@ -725,7 +705,7 @@ def plan_cpsat(
     budget = deadline - time.perf_counter()
     if mode == "host":
         budget *= LEVEL1_SHARE
-    solver = _params(params, budget, len(form.model.proto.variables))
+    solver = cp_solver(params, budget, len(form.model.proto.variables))
     callback = _Progress(on_progress) if on_progress else None
     status = solver.solve(form.model, callback) if callback else solver.solve(form.model)
     status_name = _STATUS.get(status, "UNKNOWN")

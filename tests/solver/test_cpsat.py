@@ -10,7 +10,8 @@ import pytest
 from ortools.sat.python import cp_model
 
 from shardwise.solver.cpsat.candidates import Candidate, Shape
-from shardwise.solver.formulation import Formulation, Scale
+from shardwise.solver.cpsat.formulation import Formulation
+from shardwise.solver.cpsat.scale import Scale
 from shardwise.solver.greedy import plan_greedy
 from shardwise.solver.planner import make_plan
 from shardwise.solver.solve import OPTIMAL_ABS_MS, OPTIMAL_GAP, plan_cpsat

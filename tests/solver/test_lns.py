@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from shardwise.solver.cpsat.candidates import enumerate_candidates
+from shardwise.solver.cpsat.formulation import Formulation
 from shardwise.solver.extract import build_plan
-from shardwise.solver.formulation import Formulation
 from shardwise.solver.greedy import plan_greedy, run_greedy
 from shardwise.solver.planner import make_plan
 from shardwise.solver.solve import _host_mode_tables, model_candidates, to_assignment
