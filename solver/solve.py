@@ -16,9 +16,9 @@ target
 3. CP-SAT on :class:`shardwise.solver.cpsat.formulation.Formulation` (rank mode up to 8 GPUs, host mode beyond) for
    at most :data:`LEVEL1_SHARE` of ``T`` in host mode (all of it in rank mode); in host mode, when it finds no
    solution in that time, step 4 starts from the start's assignment;
-4. host mode: each host's shards are packed onto its GPUs by a small exact model (:func:`pack_host`) with each
-   GPU's own HBM (the start's GPUs are its hint where the host's shards are the start's); a host that cannot be
-   packed sends us back to the start; :func:`repack_fleet` then moves and swaps shards between hosts (the
+4. host mode: level two (:mod:`shardwise.solver.cpsat.packing`) packs each host's shards onto its GPUs by a small
+   exact model with each GPU's own HBM (the start's GPUs are its hint where the host's shards are the start's); a
+   host that cannot be packed sends us back to the start; it then moves and swaps shards between hosts (the
    shardings stay fixed), and :func:`lns_fleet` spends the time left until the
    deadline re-solving the slowest GPU with a few others exactly (shards move, and a table wholly on them may
    switch between table_wise and column_wise);
@@ -38,7 +38,6 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -46,9 +45,10 @@ from ortools.sat.python import cp_model
 
 from shardwise.solver.cpsat.candidates import Candidate, enumerate_candidates
 from shardwise.solver.cpsat.formulation import RANK_BINS_MAX, Assignment, Formulation, Mode
+from shardwise.solver.cpsat.packing import fixed_loads, fixed_ranks, pack_hosts, repack_fleet
 from shardwise.solver.cpsat.params import cp_solver
 from shardwise.solver.cpsat.scale import Scale
-from shardwise.solver.evaluate import collective_groups, dense_cost, evaluate
+from shardwise.solver.evaluate import collective_groups, evaluate
 from shardwise.solver.extract import build_plan
 from shardwise.solver.greedy import Placed, placed_to_table, run_greedy
 from shardwise.solver.target import target_packing
@@ -76,7 +76,6 @@ FINISH_MARGIN_SHARE = 0.04  # plus this share of it (2,000 tables x 512 mixed GP
 OPTIMAL_GAP = 1e-5  # what the integer time scale can resolve: closer than this to the bound counts as proved,
 OPTIMAL_ABS_MS = 1e-4  # or closer than 0.1 µs (floored 0.1-ns terms add up to that on sub-millisecond steps)
 LEVEL1_SHARE = 0.7
-PACK_HOST_MAX_S = 0.25  # per host; what is left goes to moving shards between hosts
 LNS_GPUS = 8  # GPUs re-packed together in a round of the fleet-wide search (the slowest one among them)
 LNS_ROUND_S = 0.2  # at most this long per round
 TARGET_SHARE = 0.1  # of the time limit, at most, for target packing (shardwise.solver.target)
@@ -161,101 +160,6 @@ def to_assignment(form: Formulation, cands: Sequence[Sequence[Candidate]], chose
     return Assignment(choice=choice, shard_bins=shard_bins, host=host, dense=[])
 
 
-@dataclass
-class _Item:
-    table: int
-    shard: int
-    time: int
-    hbm: int
-    host: int
-
-
-def _lpt(items: list[_Item], base_load: list[int], base_hbm: list[int], caps: list[int]) -> list[int] | None:
-    """Longest item first onto the least-loaded GPU with room (None if some item fits nowhere)."""
-    load, hbm = list(base_load), list(base_hbm)
-    where = [0] * len(items)
-    for i in sorted(range(len(items)), key=lambda i: (-items[i].time, i)):
-        options = [k for k in range(len(caps)) if hbm[k] + items[i].hbm <= caps[k]]
-        if not options:
-            return None
-        k = min(options, key=lambda k: (load[k] + items[i].time, k))
-        where[i] = k
-        load[k] += items[i].time
-        hbm[k] += items[i].hbm
-    return where
-
-
-def pack_host(
-    topo: Topology,
-    host: int,
-    items: list[_Item],
-    base_load: list[int],
-    base_hbm: list[int],
-    params: SolveParams,
-    time_limit: float,
-    hint: list[int] | None = None,
-) -> list[int] | None:
-    """Put a host's rank-scope shards on its GPUs: minimise the slowest GPU, each GPU within its own HBM.
-
-    ``base_*`` is what every GPU of the host carries already (fixed-rank shards, dense layers, every-rank terms).
-    The better of ``hint`` (a local GPU per item, e.g. the start plan's) and the longest-first packing is the
-    CP-SAT hint and the fallback; returns the local GPU of every item, or None when they cannot be packed.
-    """
-    ranks = topo.hosts[host].ranks
-    g = len(ranks)
-    caps = [Scale.capacity(topo.hbm_limit(r)) for r in ranks]
-
-    def makespan(where: list[int]) -> int:
-        load = list(base_load)
-        for it, k in zip(items, where, strict=True):
-            load[k] += it.time
-        return max(load)
-
-    def fits(where: list[int]) -> bool:
-        hbm = list(base_hbm)
-        for it, k in zip(items, where, strict=True):
-            hbm[k] += it.hbm
-        return all(u <= c for u, c in zip(hbm, caps, strict=True))
-
-    lpt = _lpt(items, base_load, base_hbm, caps)
-    if hint is not None and fits(hint) and (lpt is None or makespan(hint) < makespan(lpt)):
-        lpt = hint
-
-    m = cp_model.CpModel()
-    z = [[m.new_bool_var(f"z[{i},{k}]") for k in range(g)] for i in range(len(items))]
-    for row in z:
-        m.add_exactly_one(row)
-    horizon = sum(it.time for it in items) + max(base_load, default=0) + 1
-    T = m.new_int_var(0, horizon, "T")
-    for k in range(g):
-        m.add(sum(it.hbm * z[i][k] for i, it in enumerate(items)) + base_hbm[k] <= caps[k])
-        m.add(sum(it.time * z[i][k] for i, it in enumerate(items)) + base_load[k] <= T)
-    m.minimize(T)
-    if lpt is not None:
-        for i, k in enumerate(lpt):
-            for kk in range(g):
-                m.add_hint(z[i][kk], kk == k)
-    solver = cp_solver(params, time_limit)
-    status = solver.solve(m)
-    got = None
-    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        got = [next(k for k in range(g) if solver.boolean_value(z[i][k])) for i in range(len(items))]
-    log.debug(
-        "host %d: %d shards, largest %.4f ms, base %.4f..%.4f ms, longest-first %s, cp-sat %s (%s)",
-        host,
-        len(items),
-        Scale.ms(max(it.time for it in items)),
-        Scale.ms(min(base_load)),
-        Scale.ms(max(base_load)),
-        None if lpt is None else Scale.ms(makespan(lpt)),
-        None if got is None else Scale.ms(makespan(got)),
-        solver.status_name(status),
-    )
-    if got is not None and (lpt is None or makespan(got) <= makespan(lpt)):
-        return got
-    return lpt
-
-
 def _tables_from(
     model: ModelSpec,
     cands: Sequence[Sequence[Candidate]],
@@ -269,15 +173,6 @@ def _tables_from(
     return out
 
 
-def _fixed_ranks(topo: Topology, c: Candidate, a: Assignment, t: int) -> list[int]:
-    if c.scope == "host":
-        return list(topo.hosts[a.host[t]].ranks)
-    if c.scope == "group":
-        assert c.scope_class is not None
-        return list(topo.classes[c.scope_class].ranks)
-    return list(range(topo.world_size))
-
-
 def _host_mode_tables(
     form: Formulation,
     cands: Sequence[Sequence[Candidate]],
@@ -289,189 +184,29 @@ def _host_mode_tables(
     """Level two: pack every host's rank-scope shards onto its GPUs (the start's GPUs are the hint of a host
     whose shards all come from it)."""
     topo, model = form.topo, form.spec
-    W = topo.world_size
-    base_load = np.zeros(W, dtype=np.int64)
-    base_hbm = np.zeros(W, dtype=np.int64)
-    base_host = np.zeros(topo.num_hosts, dtype=np.int64)  # host memory of the fixed-rank shards, scaled
-    per_host: dict[int, list[_Item]] = {h: [] for h in range(topo.num_hosts)}
-    rank_class, rank_host = topo.rank_class, np.array([info.host for info in topo.ranks])
-    for t, j in enumerate(a.choice):
-        c = cands[t][j]
-        base_load += Scale.times(c.every_rank_ms)[rank_class]  # every-rank term
-        if c.scope == "rank":
-            for i, b in enumerate(a.shard_bins[t]):
-                k = form.bin_class[b]
-                per_host[b].append(
-                    _Item(t, i, Scale.time(c.time_ms[i, k]), Scale.size(int(c.hbm[i, k])), int(c.host[i, k]))
-                )
-            continue
-        col = 0 if c.scope == "fleet" else c.scope_class
-        assert col is not None
-        fixed = np.array(_fixed_ranks(topo, c, a, t))
-        n = len(fixed)
-        base_load[fixed] += Scale.times(c.time_ms[:n, col])
-        base_hbm[fixed] += Scale.sizes(c.hbm[:n, col])
-        np.add.at(base_host, rank_host[fixed], Scale.sizes(c.host[:n, col]))
-    for layer, style in zip(model.dense_layers, a.dense, strict=True):  # the dense layers sit on every GPU
-        for cls in topo.classes:
-            dc = dense_cost(topo, model.batch_size_per_gpu, model, layer.name, style, cls)
-            base_load[list(cls.ranks)] += Scale.time(dc.compute_ms + dc.comm_ms)
-            base_hbm[list(cls.ranks)] += Scale.size(dc.hbm_bytes)
-    ranks_for: dict[tuple[int, int], int] = {}
-    remaining_hosts = topo.num_hosts
-    for h, items in per_host.items():
-        rr = list(topo.hosts[h].ranks)
-        budget = max(0.05, min(PACK_HOST_MAX_S, (deadline - time.perf_counter()) / max(remaining_hosts, 1)))
-        if params.max_deterministic_time is not None:  # deterministic runs: the clock is only the overall deadline
-            budget = max(0.05, deadline - time.perf_counter())
-        remaining_hosts -= 1
-        if not items:
-            continue
-        hint = [
-            rr.index(start[it.table].ranks[it.shard])
-            if start[it.table].candidate is cands[it.table][a.choice[it.table]]
-            and start[it.table].ranks[it.shard] in rr
-            else -1
-            for it in items
-        ]
-        got = pack_host(
-            topo,
-            h,
-            items,
-            [int(base_load[r]) for r in rr],
-            [int(base_hbm[r]) for r in rr],
-            params,
-            budget,
-            hint if -1 not in hint else None,
-        )
-        if got is None:
-            log.info("host %d could not be packed onto its GPUs; falling back to the start", h)
-            return None
-        for it, k in zip(items, got, strict=True):
-            ranks_for[(it.table, it.shard)] = rr[k]
-
-    items = [it for h in sorted(per_host) for it in per_host[h]]
+    fixed = fixed_loads(form, cands, a)
+    ranks_for = pack_hosts(form, cands, a, fixed, params, deadline, start)
+    if ranks_for is None:
+        return None
+    items = [it for h in sorted(fixed.items) for it in fixed.items[h]]
+    base_host = fixed.host_mem.tolist()
     if items and deadline - time.perf_counter() > 0.1:
-        moved = repack_fleet(form, cands, a, items, base_load, base_hbm, base_host.tolist(), ranks_for, deadline)
+        moved = repack_fleet(form, cands, a, items, fixed.load, fixed.hbm, base_host, ranks_for, deadline)
         if moved is not None:
             ranks_for = moved
     if items and deadline - time.perf_counter() > 0.1:
-        better = lns_fleet(form, cands, a, base_load, base_hbm, base_host.tolist(), ranks_for, params, deadline)
+        better = lns_fleet(form, cands, a, fixed.load, fixed.hbm, base_host, ranks_for, params, deadline)
         if better is not None:
             a = Assignment(choice=better[0], shard_bins=a.shard_bins, host=a.host, dense=a.dense)
             ranks_for = better[1]
+    placed = ranks_for
 
     def ranks_of(t: int, c: Candidate) -> list[int]:
         if c.scope == "rank":
-            return [ranks_for[(t, i)] for i in range(len(c.shapes))]
-        return _fixed_ranks(topo, c, a, t)
+            return [placed[(t, i)] for i in range(len(c.shapes))]
+        return fixed_ranks(topo, c, a, t)
 
     return _tables_from(model, cands, a, ranks_of)
-
-
-def repack_fleet(
-    form: Formulation,
-    cands: Sequence[Sequence[Candidate]],
-    a: Assignment,
-    items: list[_Item],
-    base_load: npt.NDArray[np.int64],
-    base_hbm: npt.NDArray[np.int64],
-    base_host: list[int],
-    start: dict[tuple[int, int], int],
-    deadline: float,
-) -> dict[tuple[int, int], int] | None:
-    """Level two, fleet-wide: with every table's sharding fixed by level one, move or swap table_wise /
-    column_wise shards between *any* GPUs (not only inside their host) while that lowers the slowest GPU —
-    a local search from the per-host packing, within each GPU's HBM and each host's memory.
-    Returns the new GPU of every shard, or None when no move helped."""
-    topo = form.topo
-    W = topo.world_size
-    group = [info.group for info in topo.ranks]
-    host_of = [info.host for info in topo.ranks]
-    caps = np.array([Scale.capacity(topo.hbm_limit(r)) for r in range(W)], dtype=np.int64)
-    host_room = [Scale.capacity(h.host_memory_bytes) - used for h, used in zip(topo.hosts, base_host, strict=True)]
-    cand_of = [cands[it.table][a.choice[it.table]] for it in items]
-    tau = [
-        [
-            Scale.time(c.time_ms[it.shard, k]) if math.isfinite(c.time_ms[it.shard, k]) else -1
-            for k in range(len(topo.classes))
-        ]
-        for it, c in zip(items, cand_of, strict=True)
-    ]
-    mem = [
-        [Scale.size(int(c.hbm[it.shard, k])) for k in range(len(topo.classes))]
-        for it, c in zip(items, cand_of, strict=True)
-    ]
-    dram = [
-        [Scale.size(int(c.host[it.shard, k])) for k in range(len(topo.classes))]
-        for it, c in zip(items, cand_of, strict=True)
-    ]
-    where = [start[(it.table, it.shard)] for it in items]
-    load = base_load.copy()
-    hbm = base_hbm.copy()
-    host_used = [0] * topo.num_hosts
-    on: list[set[int]] = [set() for _ in range(W)]
-    for n, r in enumerate(where):
-        load[r] += tau[n][group[r]]
-        hbm[r] += mem[n][group[r]]
-        host_used[host_of[r]] += dram[n][group[r]]
-        on[r].add(n)
-    first = int(load.max())
-
-    def fits(n: int, r: int, leaving: int | None = None) -> bool:
-        k = group[r]
-        if tau[n][k] < 0:
-            return False
-        extra = mem[leaving][k] if leaving is not None else 0
-        if hbm[r] - extra + mem[n][k] > caps[r]:
-            return False
-        return host_of[r] == host_of[where[n]] or host_used[host_of[r]] + dram[n][k] <= host_room[host_of[r]]
-
-    def place(n: int, r: int) -> None:
-        old = where[n]
-        ko, kn = group[old], group[r]
-        load[old] -= tau[n][ko]
-        hbm[old] -= mem[n][ko]
-        host_used[host_of[old]] -= dram[n][ko]
-        on[old].discard(n)
-        load[r] += tau[n][kn]
-        hbm[r] += mem[n][kn]
-        host_used[host_of[r]] += dram[n][kn]
-        on[r].add(n)
-        where[n] = r
-
-    while time.perf_counter() < deadline:
-        hot = int(np.argmax(load))
-        peak = int(load[hot])
-        best: tuple[int, int, int, int | None] | None = None  # (new peak of the pair, item, to, swap item)
-        order = np.argsort(load)
-        for n in sorted(on[hot], key=lambda n: -tau[n][group[hot]]):
-            for r in order[: min(W, 16)]:
-                r = int(r)
-                if r == hot:
-                    continue
-                if fits(n, r):
-                    pair = max(peak - tau[n][group[hot]], int(load[r]) + tau[n][group[r]])
-                    if pair < peak and (best is None or pair < best[0]):
-                        best = (pair, n, r, None)
-                for m2 in on[r]:
-                    gain = tau[n][group[hot]] - tau[m2][group[hot]] if tau[m2][group[hot]] >= 0 else -1
-                    if gain <= 0 or not fits(n, r, leaving=m2) or not fits(m2, hot, leaving=n):
-                        continue
-                    pair = max(peak - gain, int(load[r]) - tau[m2][group[r]] + tau[n][group[r]])
-                    if pair < peak and (best is None or pair < best[0]):
-                        best = (pair, n, r, m2)
-        if best is None:
-            break
-        _, item, dest, swap = best
-        place(item, dest)
-        if swap is not None:
-            place(swap, hot)
-    final = int(load.max())
-    log.debug("fleet repack: slowest GPU %.4f ms → %.4f ms", Scale.ms(first), Scale.ms(final))
-    if final >= first:
-        return None
-    return {(it.table, it.shard): where[n] for n, it in enumerate(items)}
 
 
 def lns_fleet(
@@ -731,9 +466,7 @@ def plan_cpsat(
                 cands,
                 a,
                 lambda t, c: (
-                    [form.bin_ranks[b][0] for b in a.shard_bins[t]]
-                    if c.scope == "rank"
-                    else _fixed_ranks(topo, c, a, t)
+                    [form.bin_ranks[b][0] for b in a.shard_bins[t]] if c.scope == "rank" else fixed_ranks(topo, c, a, t)
                 ),
             )
         else:
