@@ -19,7 +19,7 @@ target
 4. host mode: level two (:mod:`shardwise.solver.cpsat.packing`) packs each host's shards onto its GPUs by a small
    exact model with each GPU's own HBM (the start's GPUs are its hint where the host's shards are the start's); a
    host that cannot be packed sends us back to the start; it then moves and swaps shards between hosts (the
-   shardings stay fixed), and :func:`lns_fleet` spends the time left until the
+   shardings stay fixed), and the LNS (:mod:`shardwise.solver.cpsat.lns`) spends the time left until the
    deadline re-solving the slowest GPU with a few others exactly (shards move, and a table wholly on them may
    switch between table_wise and column_wise);
 5. the better of the CP-SAT plan and the start (by the evaluator's figures) is returned, with the bound.
@@ -35,20 +35,18 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import time
 from collections.abc import Callable, Sequence
 
-import numpy as np
-import numpy.typing as npt
 from ortools.sat.python import cp_model
 
 from shardwise.solver.cpsat.candidates import Candidate, enumerate_candidates
 from shardwise.solver.cpsat.formulation import RANK_BINS_MAX, Assignment, Formulation, Mode
+from shardwise.solver.cpsat.lns import lns_fleet
 from shardwise.solver.cpsat.packing import fixed_loads, fixed_ranks, pack_hosts, repack_fleet
 from shardwise.solver.cpsat.params import cp_solver
 from shardwise.solver.cpsat.scale import Scale
-from shardwise.solver.evaluate import collective_groups, evaluate
+from shardwise.solver.evaluate import evaluate
 from shardwise.solver.extract import build_plan
 from shardwise.solver.greedy import Placed, placed_to_table, run_greedy
 from shardwise.solver.target import target_packing
@@ -76,8 +74,6 @@ FINISH_MARGIN_SHARE = 0.04  # plus this share of it (2,000 tables x 512 mixed GP
 OPTIMAL_GAP = 1e-5  # what the integer time scale can resolve: closer than this to the bound counts as proved,
 OPTIMAL_ABS_MS = 1e-4  # or closer than 0.1 µs (floored 0.1-ns terms add up to that on sub-millisecond steps)
 LEVEL1_SHARE = 0.7
-LNS_GPUS = 8  # GPUs re-packed together in a round of the fleet-wide search (the slowest one among them)
-LNS_ROUND_S = 0.2  # at most this long per round
 TARGET_SHARE = 0.1  # of the time limit, at most, for target packing (shardwise.solver.target)
 Progress = Callable[[float, float], None]  # (best predicted ms so far, bound ms)
 
@@ -207,168 +203,6 @@ def _host_mode_tables(
         return fixed_ranks(topo, c, a, t)
 
     return _tables_from(model, cands, a, ranks_of)
-
-
-def lns_fleet(
-    form: Formulation,
-    cands: Sequence[Sequence[Candidate]],
-    a: Assignment,
-    base_load: npt.NDArray[np.int64],
-    base_hbm: npt.NDArray[np.int64],
-    base_host: list[int],
-    start: dict[tuple[int, int], int],
-    params: SolveParams,
-    deadline: float,
-) -> tuple[list[int], dict[tuple[int, int], int]] | None:
-    """Level two, fleet-wide, until the deadline: a large-neighbourhood search over the GPUs. Each round takes the
-    slowest GPU and about :data:`LNS_GPUS` others (the least loaded ones and a seeded random few) and re-solves
-    them exactly: every shard on them moves freely among them, and a table whose shards all lie on them may also
-    change to another of its rank-scope candidates (table_wise ↔ column_wise) with the same every-rank term and
-    the same collective kinds, so that nothing outside the picked GPUs changes. The small model minimises the
-    slowest picked GPU, each within its HBM and each host within its memory; its answer is kept when it lowers
-    that. With ``max_deterministic_time`` set, the rounds stop after that much deterministic time (same seed →
-    same plan). Returns the new candidate of every table and GPU of every rank-scope shard, or None when no
-    round helped."""
-    topo = form.topo
-    W = topo.world_size
-    group = [info.group for info in topo.ranks]
-    host_of = [info.host for info in topo.ranks]
-    caps = [Scale.capacity(topo.hbm_limit(r)) for r in range(W)]
-    host_room = [Scale.capacity(h.host_memory_bytes) - used for h, used in zip(topo.hosts, base_host, strict=True)]
-    choice = list(a.choice)
-    tables = [t for t, j in enumerate(choice) if cands[t][j].scope == "rank"]
-    alts: dict[int, list[int]] = {}
-    for t in tables:
-        cur = cands[t][choice[t]]
-        alts[t] = [
-            j
-            for j, c in enumerate(cands[t])
-            if c.scope == "rank"
-            and collective_groups(c.sharding) == collective_groups(cur.sharding)
-            and np.array_equal(c.every_rank_ms, cur.every_rank_ms)
-        ]
-
-    def tau(t: int, j: int, i: int, r: int) -> int:
-        ms = cands[t][j].time_ms[i, group[r]]
-        return Scale.time(ms) if math.isfinite(ms) else -1
-
-    def mem(t: int, j: int, i: int, r: int) -> int:
-        return Scale.size(int(cands[t][j].hbm[i, group[r]]))
-
-    def dram(t: int, j: int, i: int, r: int) -> int:
-        return Scale.size(int(cands[t][j].host[i, group[r]]))
-
-    pos = {t: [start[(t, i)] for i in range(len(cands[t][choice[t]].shapes))] for t in tables}
-    load = [int(x) for x in base_load]
-    host_used = [0] * topo.num_hosts
-    on: list[set[int]] = [set() for _ in range(W)]  # tables with a shard on the GPU
-
-    def charge(t: int, sign: int) -> None:
-        j = choice[t]
-        for i, r in enumerate(pos[t]):
-            load[r] += sign * tau(t, j, i, r)
-            host_used[host_of[r]] += sign * dram(t, j, i, r)
-            if sign > 0:
-                on[r].add(t)
-            else:
-                on[r].discard(t)
-
-    for t in tables:
-        charge(t, 1)
-    first = max(load)
-    rng = random.Random(params.random_seed)
-    det_left = params.max_deterministic_time
-    rounds = improved = 0
-    size = LNS_GPUS
-    while time.perf_counter() < deadline - 0.05 and (det_left is None or det_left > 0):
-        peak = max(load)
-        hot = load.index(peak)
-        by_load = sorted(range(W), key=lambda r: (load[r], r))
-        pick = [hot] + [r for r in by_load[: size // 2] if r != hot]
-        rest = [r for r in range(W) if r not in pick]
-        pick += rng.sample(rest, min(len(rest), size + 1 - len(pick)))
-        pick.sort()
-        inside = set(pick)
-        sub = sorted({t for r in pick for t in on[r]})
-        m = cp_model.CpModel()
-        T = m.new_int_var(0, peak - 1, "T")  # a round must lower the peak: CP-SAT proves quickly when it cannot
-        gpu_load: dict[int, list[tuple[cp_model.IntVar, int]]] = {r: [] for r in pick}
-        gpu_hbm: dict[int, list[tuple[cp_model.IntVar, int]]] = {r: [] for r in pick}
-        host_terms: dict[int, list[tuple[cp_model.IntVar, int]]] = {}
-        host_fixed = list(host_used)
-        pinned_load = {r: int(base_load[r]) for r in pick}
-        pinned_hbm = {r: int(base_hbm[r]) for r in pick}
-        decode: dict[int, list[tuple[int, cp_model.IntVar, list[dict[int, cp_model.IntVar]]]]] = {}
-        for t in sub:
-            j0 = choice[t]
-            free = all(r in inside for r in pos[t])
-            options = alts[t] if free else [j0]
-            for i, r in enumerate(pos[t]):  # its shards on the picked GPUs are re-placed by the model
-                if r in inside:
-                    host_fixed[host_of[r]] -= dram(t, j0, i, r)
-            xs = []
-            for j in options:
-                x = m.new_bool_var("")
-                m.add_hint(x, j == j0)
-                shards: list[dict[int, cp_model.IntVar]] = []
-                for i in range(len(cands[t][j].shapes)):
-                    if j == j0 and pos[t][i] not in inside:
-                        shards.append({})
-                        continue
-                    row = {r: m.new_bool_var("") for r in pick if tau(t, j, i, r) >= 0}
-                    m.add(sum(row.values()) == x)
-                    for r, v in row.items():
-                        m.add_hint(v, j == j0 and pos[t][i] == r)
-                        gpu_load[r].append((v, tau(t, j, i, r)))
-                        gpu_hbm[r].append((v, mem(t, j, i, r)))
-                        if dram(t, j, i, r):
-                            host_terms.setdefault(host_of[r], []).append((v, dram(t, j, i, r)))
-                    shards.append(row)
-                xs.append((j, x, shards))
-            m.add_exactly_one(x for _, x, _ in xs)
-            decode[t] = xs
-        for r in pick:
-            m.add(sum(c * v for v, c in gpu_load[r]) + pinned_load[r] <= T)
-            m.add(sum(c * v for v, c in gpu_hbm[r]) + pinned_hbm[r] <= caps[r])
-        for h, terms in host_terms.items():
-            m.add(sum(c * v for v, c in terms) + host_fixed[h] <= host_room[h])
-        m.minimize(T)
-        wall = deadline - time.perf_counter()
-        solver = cp_solver(params, wall if det_left is not None else min(LNS_ROUND_S, wall))
-        solver.parameters.num_workers = 1
-        solver.parameters.random_seed = params.random_seed + rounds
-        if det_left is not None:
-            solver.parameters.max_deterministic_time = min(det_left, LNS_ROUND_S)
-        status = solver.solve(m)
-        rounds += 1
-        if det_left is not None:
-            det_left -= max(solver.response_proto.deterministic_time, 1e-3)
-        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) and solver.value(T) < peak:
-            for t in sub:
-                charge(t, -1)
-                j, _, shards = next(o for o in decode[t] if solver.boolean_value(o[1]))
-                old = pos[t] if j == choice[t] else []
-                pos[t] = [
-                    old[i] if not row else next(r for r, v in row.items() if solver.boolean_value(v))
-                    for i, row in enumerate(shards)
-                ]
-                choice[t] = j
-                charge(t, 1)
-            improved += 1
-            size = LNS_GPUS
-        else:
-            size = min(W - 1, size + 2)
-    final = max(load)
-    log.debug(
-        "fleet lns: %d rounds, %d improved, slowest GPU %.4f ms → %.4f ms",
-        rounds,
-        improved,
-        Scale.ms(first),
-        Scale.ms(final),
-    )
-    if final >= first:
-        return None
-    return choice, {(t, i): r for t in tables for i, r in enumerate(pos[t])}
 
 
 def plan_cpsat(
