@@ -1,11 +1,12 @@
-"""Run the CP-SAT formulation: greedy hint, candidate pruning, the solve, GPU packing in host mode, status mapping.
+"""The CP-SAT run: the start, the candidate space, level one, level two and the LNS, the time each gets, the
+status.
 
-Order of work (time limit ``T`` = ``SolveParams.time_limit_s``):
+Order of work (time limit ``T`` = ``SolveParams.time_limit_s``; the run's budget ``B`` is ``T`` less
+:data:`FINISH_MARGIN_S` and :data:`FINISH_MARGIN_SHARE` of it, kept to price and check the returned plan):
 
 1. the start: the greedy plan (:mod:`shardwise.solver.greedy`, also the benchmark baseline) or, when it is faster,
-target
-   packing's (:mod:`shardwise.solver.target`, at most :data:`TARGET_SHARE` of ``T``) — CP-SAT's hint, incumbent and
-   fallback;
+   target packing's (:mod:`shardwise.solver.target`, at most :data:`TARGET_SHARE` of ``B``) — CP-SAT's hint,
+   incumbent and fallback;
 2. the candidate space the model searches (:func:`model_candidates`): every table keeps its whole-table options
    (table_wise, data_parallel); splits (column_wise, row_wise, table_row_wise, in HBM) are kept for the tables
    heavy enough for a split to matter — a whole-table time of at least :data:`SPLIT_SHARE` of the start's step
@@ -13,22 +14,26 @@ target
    only when memory is tight (the greedy plan fills some GPU to :data:`MEMORY_TIGHT` or more; with room to spare
    they only add time) and for tables of at least :data:`OFFLOAD_SHARE` of a GPU; the greedy's own pick is always
    kept, and so is the start's. The reported bound is proven over this space;
-3. CP-SAT on :class:`shardwise.solver.cpsat.formulation.Formulation` (rank mode up to 8 GPUs, host mode beyond) for
-   at most :data:`LEVEL1_SHARE` of ``T`` in host mode (all of it in rank mode); in host mode, when it finds no
-   solution in that time, step 4 starts from the start's assignment;
-4. host mode: level two (:mod:`shardwise.solver.cpsat.packing`) packs each host's shards onto its GPUs by a small
-   exact model with each GPU's own HBM (the start's GPUs are its hint where the host's shards are the start's); a
-   host that cannot be packed sends us back to the start; it then moves and swaps shards between hosts (the
-   shardings stay fixed), and the LNS (:mod:`shardwise.solver.cpsat.lns`) spends the time left until the
-   deadline re-solving the slowest GPU with a few others exactly (shards move, and a table wholly on them may
-   switch between table_wise and column_wise);
+3. level one, CP-SAT on :class:`~shardwise.solver.cpsat.formulation.Formulation` (rank mode up to
+   :data:`~shardwise.solver.cpsat.formulation.RANK_BINS_MAX` GPUs, host mode beyond), for what is left of ``B``
+   in rank mode and :data:`LEVEL1_SHARE` of it in host mode; in host mode, when it finds no solution in that
+   time, step 4 starts from the start's assignment;
+4. host mode (:func:`host_mode_tables`): level two (:mod:`shardwise.solver.cpsat.packing`) packs each host's
+   shards onto its GPUs by a small exact model with each GPU's own HBM (each host an equal share of the time
+   left, at most :data:`~shardwise.solver.cpsat.packing.PACK_HOST_MAX_S`; a host that cannot be packed sends us
+   back to the start), then moves and swaps shards between hosts (the shardings stay fixed) while that helps;
+   the LNS (:mod:`shardwise.solver.cpsat.lns`) spends the time left until the deadline re-solving the slowest
+   GPU with a few others exactly (shards move, and a table wholly on them may switch between table_wise and
+   column_wise);
 5. the better of the CP-SAT plan and the start (by the evaluator's figures) is returned, with the bound.
 
 Status: ``optimal`` when the returned plan's predicted step time meets the proven bound (within
-:data:`OPTIMAL_GAP` or :data:`OPTIMAL_ABS_MS`, the resolution of the integer scaling), else
-``feasible``. Same input + same ``SolveParams`` (seed, workers, ``max_deterministic_time``) → the same plan: with
-``max_deterministic_time`` set, every CP-SAT call stops on deterministic time and the wall clock only ends the whole
-solve (a run cut off by ``time_limit_s`` depends on the machine).
+:data:`OPTIMAL_GAP` or :data:`OPTIMAL_ABS_MS`, the resolution of the integer scaling), else ``feasible``; the
+plan's ``solver.status`` is level one's CP-SAT status (:data:`STATUS`). Same input + same ``SolveParams`` (seed,
+workers, ``max_deterministic_time``) → the same plan: with ``max_deterministic_time`` set, target packing and
+every host's packing run until the deadline, every CP-SAT call stops on deterministic time (the LNS rounds share
+one such budget) and the wall clock only ends the whole solve (a run cut off by ``time_limit_s`` depends on the
+machine).
 """
 
 from __future__ import annotations
@@ -73,11 +78,12 @@ FINISH_MARGIN_S = 0.5  # kept from the time limit for evaluation and validation 
 FINISH_MARGIN_SHARE = 0.04  # plus this share of it (2,000 tables x 512 mixed GPUs: 3 s to price and check the plan)
 OPTIMAL_GAP = 1e-5  # what the integer time scale can resolve: closer than this to the bound counts as proved,
 OPTIMAL_ABS_MS = 1e-4  # or closer than 0.1 µs (floored 0.1-ns terms add up to that on sub-millisecond steps)
-LEVEL1_SHARE = 0.7
+LEVEL1_SHARE = 0.7  # of the time left after the start, for level one in host mode (level two and the LNS: the rest)
 TARGET_SHARE = 0.1  # of the time limit, at most, for target packing (shardwise.solver.target)
 Progress = Callable[[float, float], None]  # (best predicted ms so far, bound ms)
 
-_STATUS = {
+#: CP-SAT's status → the name the plan reports in ``solver.status``
+STATUS = {
     cp_model.OPTIMAL: "OPTIMAL",
     cp_model.FEASIBLE: "FEASIBLE",
     cp_model.INFEASIBLE: "INFEASIBLE",
@@ -169,7 +175,7 @@ def _tables_from(
     return out
 
 
-def _host_mode_tables(
+def host_mode_tables(
     form: Formulation,
     cands: Sequence[Sequence[Candidate]],
     a: Assignment,
@@ -177,8 +183,8 @@ def _host_mode_tables(
     deadline: float,
     start: Sequence[Placed],
 ) -> list[TablePlan] | None:
-    """Level two: pack every host's rank-scope shards onto its GPUs (the start's GPUs are the hint of a host
-    whose shards all come from it)."""
+    """Step 4: level two from level one's (or the start's) assignment ``a`` — pack every host, repack between
+    hosts, then the LNS while time is left. None when some host cannot be packed (the caller keeps the start)."""
     topo, model = form.topo, form.spec
     fixed = fixed_loads(form, cands, a)
     ranks_for = pack_hosts(form, cands, a, fixed, params, deadline, start)
@@ -277,7 +283,7 @@ def plan_cpsat(
     solver = cp_solver(params, budget, len(form.model.proto.variables))
     callback = _Progress(on_progress) if on_progress else None
     status = solver.solve(form.model, callback) if callback else solver.solve(form.model)
-    status_name = _STATUS.get(status, "UNKNOWN")
+    status_name = STATUS.get(status, "UNKNOWN")
     log.info(
         "cp-sat %s in %.2fs: objective %.4f ms, bound %.4f ms",
         status_name,
@@ -304,9 +310,9 @@ def plan_cpsat(
                 ),
             )
         else:
-            tables = _host_mode_tables(form, cands, a, params, deadline, placed)
+            tables = host_mode_tables(form, cands, a, params, deadline, placed)
     elif mode == "host" and status_name != "MODEL_INVALID":  # no level-one answer in time: search from the start
-        tables = _host_mode_tables(form, cands, hint, params, deadline, placed)
+        tables = host_mode_tables(form, cands, hint, params, deadline, placed)
     cp_dense = [
         DensePlan(name=layer.name, style=s, ranks=list(range(topo.world_size)))
         for layer, s in zip(model.dense_layers, dense_styles, strict=True)
