@@ -36,10 +36,11 @@ processing time first (:func:`longest_first`); CP-SAT's answer is kept when it i
 
 Moving shards between hosts (:func:`repack_fleet`): no model, a local search
 ----------------------------------------------------------------------------
-With every sharding fixed, the slowest GPU's shards (longest first) are tried on the 16 least-loaded GPUs of the
-whole fleet, alone or swapped with a shorter shard there, within each GPU's HBM and each host's memory (a shard that
-changes host takes its host memory with it). The move that leaves the pair's slower GPU fastest is made while it
-lowers the slowest GPU; the search ends when no move does. :mod:`shardwise.solver.cpsat.lns` then goes further.
+With every sharding fixed, the slowest GPU's shards (longest first) are tried on the :data:`REPACK_PEERS`
+least-loaded GPUs of the whole fleet, alone or swapped with a shorter shard there, within each GPU's HBM and each
+host's memory (a shard that changes host takes its host memory with it). The move that leaves the pair's slower GPU
+fastest is made while it lowers the slowest GPU; the search ends when no move does (:class:`FleetRepack` holds its
+state). :mod:`shardwise.solver.cpsat.lns` then goes further.
 """
 
 from __future__ import annotations
@@ -296,6 +297,115 @@ def pack_hosts(
     return ranks_for
 
 
+class FleetRepack:
+    """The state of :func:`repack_fleet`'s local search: the GPU of every item, each GPU's load and HBM, each host's
+    memory in use, the items on each GPU, and every item's price on each device class (-1 time: it cannot run)."""
+
+    def __init__(
+        self,
+        topo: Topology,
+        cands: Sequence[Sequence[Candidate]],
+        a: Assignment,
+        items: list[Item],
+        base_load: npt.NDArray[np.int64],
+        base_hbm: npt.NDArray[np.int64],
+        base_host: list[int],
+        start: dict[tuple[int, int], int],
+    ) -> None:
+        W = topo.world_size
+        self.group = [info.group for info in topo.ranks]
+        self.host_of = [info.host for info in topo.ranks]
+        self.caps = np.array([Scale.capacity(topo.hbm_limit(r)) for r in range(W)], dtype=np.int64)
+        self.host_room = [
+            Scale.capacity(h.host_memory_bytes) - used for h, used in zip(topo.hosts, base_host, strict=True)
+        ]
+        classes = range(len(topo.classes))
+        cand_of = [cands[it.table][a.choice[it.table]] for it in items]
+        self.tau = [
+            [Scale.time(c.time_ms[it.shard, k]) if math.isfinite(c.time_ms[it.shard, k]) else -1 for k in classes]
+            for it, c in zip(items, cand_of, strict=True)
+        ]
+        self.mem = [
+            [Scale.size(int(c.hbm[it.shard, k])) for k in classes] for it, c in zip(items, cand_of, strict=True)
+        ]
+        self.dram = [
+            [Scale.size(int(c.host[it.shard, k])) for k in classes] for it, c in zip(items, cand_of, strict=True)
+        ]
+        self.where = [start[(it.table, it.shard)] for it in items]
+        self.load = base_load.copy()
+        self.hbm = base_hbm.copy()
+        self.host_used = [0] * topo.num_hosts
+        self.on: list[set[int]] = [set() for _ in range(W)]
+        for n, r in enumerate(self.where):
+            k = self.group[r]
+            self.load[r] += self.tau[n][k]
+            self.hbm[r] += self.mem[n][k]
+            self.host_used[self.host_of[r]] += self.dram[n][k]
+            self.on[r].add(n)
+
+    def peak(self) -> int:
+        return int(self.load.max())
+
+    def fits(self, n: int, r: int, leaving: int | None = None) -> bool:
+        """Item ``n`` may go to GPU ``r`` (in place of item ``leaving``): it runs there, within the GPU's HBM, and
+        within the host's memory when it changes host."""
+        k = self.group[r]
+        if self.tau[n][k] < 0:
+            return False
+        extra = self.mem[leaving][k] if leaving is not None else 0
+        if self.hbm[r] - extra + self.mem[n][k] > self.caps[r]:
+            return False
+        h = self.host_of[r]
+        return h == self.host_of[self.where[n]] or self.host_used[h] + self.dram[n][k] <= self.host_room[h]
+
+    def place(self, n: int, r: int) -> None:
+        """Move item ``n`` to GPU ``r``."""
+        old = self.where[n]
+        ko, kn = self.group[old], self.group[r]
+        self.load[old] -= self.tau[n][ko]
+        self.hbm[old] -= self.mem[n][ko]
+        self.host_used[self.host_of[old]] -= self.dram[n][ko]
+        self.on[old].discard(n)
+        self.load[r] += self.tau[n][kn]
+        self.hbm[r] += self.mem[n][kn]
+        self.host_used[self.host_of[r]] += self.dram[n][kn]
+        self.on[r].add(n)
+        self.where[n] = r
+
+    def improve(self) -> bool:
+        """Make the move or swap of the module docstring that leaves the pair's slower GPU fastest, if one lowers
+        the slowest GPU; False when none does."""
+        tau, group, load = self.tau, self.group, self.load
+        W = len(self.on)
+        hot = int(np.argmax(load))
+        peak = int(load[hot])
+        best: tuple[int, int, int, int | None] | None = None  # (new peak of the pair, item, to, swap item)
+        order = np.argsort(load)
+        for n in sorted(self.on[hot], key=lambda n: -tau[n][group[hot]]):
+            for r in order[: min(W, REPACK_PEERS)]:
+                r = int(r)
+                if r == hot:
+                    continue
+                if self.fits(n, r):
+                    pair = max(peak - tau[n][group[hot]], int(load[r]) + tau[n][group[r]])
+                    if pair < peak and (best is None or pair < best[0]):
+                        best = (pair, n, r, None)
+                for m2 in self.on[r]:
+                    gain = tau[n][group[hot]] - tau[m2][group[hot]] if tau[m2][group[hot]] >= 0 else -1
+                    if gain <= 0 or not self.fits(n, r, leaving=m2) or not self.fits(m2, hot, leaving=n):
+                        continue
+                    pair = max(peak - gain, int(load[r]) - tau[m2][group[r]] + tau[n][group[r]])
+                    if pair < peak and (best is None or pair < best[0]):
+                        best = (pair, n, r, m2)
+        if best is None:
+            return False
+        _, item, dest, swap = best
+        self.place(item, dest)
+        if swap is not None:
+            self.place(swap, hot)
+        return True
+
+
 def repack_fleet(
     form: Formulation,
     cands: Sequence[Sequence[Candidate]],
@@ -311,91 +421,12 @@ def repack_fleet(
     column_wise shards between *any* GPUs (not only inside their host) while that lowers the slowest GPU —
     a local search from the per-host packing, within each GPU's HBM and each host's memory.
     Returns the new GPU of every shard, or None when no move helped."""
-    topo = form.topo
-    W = topo.world_size
-    group = [info.group for info in topo.ranks]
-    host_of = [info.host for info in topo.ranks]
-    caps = np.array([Scale.capacity(topo.hbm_limit(r)) for r in range(W)], dtype=np.int64)
-    host_room = [Scale.capacity(h.host_memory_bytes) - used for h, used in zip(topo.hosts, base_host, strict=True)]
-    cand_of = [cands[it.table][a.choice[it.table]] for it in items]
-    tau = [
-        [
-            Scale.time(c.time_ms[it.shard, k]) if math.isfinite(c.time_ms[it.shard, k]) else -1
-            for k in range(len(topo.classes))
-        ]
-        for it, c in zip(items, cand_of, strict=True)
-    ]
-    mem = [
-        [Scale.size(int(c.hbm[it.shard, k])) for k in range(len(topo.classes))]
-        for it, c in zip(items, cand_of, strict=True)
-    ]
-    dram = [
-        [Scale.size(int(c.host[it.shard, k])) for k in range(len(topo.classes))]
-        for it, c in zip(items, cand_of, strict=True)
-    ]
-    where = [start[(it.table, it.shard)] for it in items]
-    load = base_load.copy()
-    hbm = base_hbm.copy()
-    host_used = [0] * topo.num_hosts
-    on: list[set[int]] = [set() for _ in range(W)]
-    for n, r in enumerate(where):
-        load[r] += tau[n][group[r]]
-        hbm[r] += mem[n][group[r]]
-        host_used[host_of[r]] += dram[n][group[r]]
-        on[r].add(n)
-    first = int(load.max())
-
-    def fits(n: int, r: int, leaving: int | None = None) -> bool:
-        k = group[r]
-        if tau[n][k] < 0:
-            return False
-        extra = mem[leaving][k] if leaving is not None else 0
-        if hbm[r] - extra + mem[n][k] > caps[r]:
-            return False
-        return host_of[r] == host_of[where[n]] or host_used[host_of[r]] + dram[n][k] <= host_room[host_of[r]]
-
-    def place(n: int, r: int) -> None:
-        old = where[n]
-        ko, kn = group[old], group[r]
-        load[old] -= tau[n][ko]
-        hbm[old] -= mem[n][ko]
-        host_used[host_of[old]] -= dram[n][ko]
-        on[old].discard(n)
-        load[r] += tau[n][kn]
-        hbm[r] += mem[n][kn]
-        host_used[host_of[r]] += dram[n][kn]
-        on[r].add(n)
-        where[n] = r
-
-    while time.perf_counter() < deadline:
-        hot = int(np.argmax(load))
-        peak = int(load[hot])
-        best: tuple[int, int, int, int | None] | None = None  # (new peak of the pair, item, to, swap item)
-        order = np.argsort(load)
-        for n in sorted(on[hot], key=lambda n: -tau[n][group[hot]]):
-            for r in order[: min(W, REPACK_PEERS)]:
-                r = int(r)
-                if r == hot:
-                    continue
-                if fits(n, r):
-                    pair = max(peak - tau[n][group[hot]], int(load[r]) + tau[n][group[r]])
-                    if pair < peak and (best is None or pair < best[0]):
-                        best = (pair, n, r, None)
-                for m2 in on[r]:
-                    gain = tau[n][group[hot]] - tau[m2][group[hot]] if tau[m2][group[hot]] >= 0 else -1
-                    if gain <= 0 or not fits(n, r, leaving=m2) or not fits(m2, hot, leaving=n):
-                        continue
-                    pair = max(peak - gain, int(load[r]) - tau[m2][group[r]] + tau[n][group[r]])
-                    if pair < peak and (best is None or pair < best[0]):
-                        best = (pair, n, r, m2)
-        if best is None:
-            break
-        _, item, dest, swap = best
-        place(item, dest)
-        if swap is not None:
-            place(swap, hot)
-    final = int(load.max())
+    search = FleetRepack(form.topo, cands, a, items, base_load, base_hbm, base_host, start)
+    first = search.peak()
+    while time.perf_counter() < deadline and search.improve():
+        pass
+    final = search.peak()
     log.debug("fleet repack: slowest GPU %.4f ms → %.4f ms", Scale.ms(first), Scale.ms(final))
     if final >= first:
         return None
-    return {(it.table, it.shard): where[n] for n, it in enumerate(items)}
+    return {(it.table, it.shard): search.where[n] for n, it in enumerate(items)}

@@ -78,8 +78,8 @@ FINISH_MARGIN_S = 0.5  # kept from the time limit for evaluation and validation 
 FINISH_MARGIN_SHARE = 0.04  # plus this share of it (2,000 tables x 512 mixed GPUs: 3 s to price and check the plan)
 OPTIMAL_GAP = 1e-5  # what the integer time scale can resolve: closer than this to the bound counts as proved,
 OPTIMAL_ABS_MS = 1e-4  # or closer than 0.1 µs (floored 0.1-ns terms add up to that on sub-millisecond steps)
-LEVEL1_SHARE = 0.7  # of the time left after the start, for level one in host mode (level two and the LNS: the rest)
-TARGET_SHARE = 0.1  # of the time limit, at most, for target packing (shardwise.solver.target)
+LEVEL1_SHARE = 0.7  # of the budget left once level one is built, for it in host mode (level two and the LNS: the rest)
+TARGET_SHARE = 0.1  # of the run's budget, at most, for target packing (shardwise.solver.target)
 Progress = Callable[[float, float], None]  # (best predicted ms so far, bound ms)
 
 #: CP-SAT's status → the name the plan reports in ``solver.status``
