@@ -13,7 +13,7 @@ be packed the start plan (greedy or target packing, :mod:`shardwise.solver.targe
 overfull GPU).
 
 Data (all coefficients integer, scaled in :class:`~shardwise.solver.cpsat.scale.Scale`, where scaling lives)
----------------------------------------------------------------------------------------------------------
+------------------------------------------------------------------------------------------------------------
 ``C_t`` candidates of table ``t`` (:mod:`shardwise.solver.cpsat.candidates`); for candidate ``c`` and shard ``i``:
 ``τ_{c,i,k}`` time and ``m_{c,i,k}`` HBM on device class ``k``, ``η_{c,i,k}`` host memory;
 ``ε_{c,k}`` the every-rank time of a sharded table; dense layer ``l`` in style ``s``: ``δ_{l,s,k}`` time and

@@ -9,7 +9,7 @@ lowers the slowest picked GPU; a round that cannot widens the next one by two GP
 set, the rounds stop after that much deterministic time (same seed → same plan).
 
 The neighbourhood model (:class:`Neighbourhood`, the variables of one round)
----------------------------------------------------------------------------
+----------------------------------------------------------------------------
 Data (scaled, :class:`~shardwise.solver.cpsat.scale.Scale`): the picked GPUs ``P``, the slowest GPU's load
 ``peak``; the tables ``S`` with a shard on ``P``; for table ``t`` its current candidate ``j₀`` and its options
 ``O_t`` — its interchangeable candidates (:meth:`FleetState.alternatives`) when all its shards lie on ``P``, else
