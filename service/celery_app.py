@@ -322,8 +322,8 @@ def _setup_logging(loglevel: Any = None, **_: Any) -> None:
 @worker_init.connect  # type: ignore[untyped-decorator]
 def _preload_solver(**_: Any) -> None:
     """Import the solver (OR-Tools) in the worker's main process, so each forked pool process starts warm."""
-    import shardwise.solver.planner
-    import shardwise.solver.solve  # noqa: F401
+    import shardwise.solver.cpsat.run
+    import shardwise.solver.planner  # noqa: F401
 
 
 def run_worker(concurrency: int = 1, loglevel: str = "INFO", hostname: str | None = None) -> None:

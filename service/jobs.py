@@ -252,8 +252,8 @@ class JobRunner(Protocol):
 
 
 def _warm() -> None:
-    import shardwise.solver.planner
-    import shardwise.solver.solve  # noqa: F401
+    import shardwise.solver.cpsat.run
+    import shardwise.solver.planner  # noqa: F401
 
 
 class LocalRunner:

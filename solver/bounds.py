@@ -23,8 +23,8 @@ anything is row-sharded, all-reduce if anything is data-parallel; the dense laye
 the least, over the sets of groups a plan may use, of the bound computed with only the candidates those groups allow
 and their latency in ``fixed_k``; a set that leaves some table without a candidate is impossible and skipped.
 
-The CP-SAT model adds the same facts as constraints (:meth:`shardwise.solver.formulation.Formulation._add_makespan`) and
-proves more.
+The CP-SAT model adds the same facts as constraints
+(:meth:`shardwise.solver.cpsat.formulation.Formulation._add_makespan`) and proves more.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from shardwise.solver.candidates import Candidate
 from shardwise.solver.cost_model import collective_latency_ms
+from shardwise.solver.cpsat.candidates import Candidate
 from shardwise.solver.evaluate import COLLECTIVES, collective_groups, dense_cost
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import DenseStyle, ModelSpec

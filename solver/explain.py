@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shardwise.solver.candidates import Candidate
+from shardwise.solver.cpsat.candidates import Candidate
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import ModelSpec
 from shardwise.wire.units import fmt_bytes

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shardwise.solver.bounds import candidate_work, every_rank_floor, lower_bound_ms
-from shardwise.solver.candidates import Candidate, enumerate_candidates
+from shardwise.solver.cpsat.candidates import Candidate, enumerate_candidates
 from shardwise.solver.evaluate import dense_cost
 from shardwise.solver.explain import explain_infeasible
 from shardwise.solver.extract import build_plan

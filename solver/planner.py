@@ -32,7 +32,7 @@ def make_plan(
     if params.solver == "greedy":
         plan = plan_greedy(topo, model, params)
     else:
-        from shardwise.solver.solve import plan_cpsat  # OR-Tools only when asked for
+        from shardwise.solver.cpsat.run import plan_cpsat  # OR-Tools only when asked for
 
         plan = plan_cpsat(topo, model, params, on_progress)
     log.info("planned %s on %s: %s %.3f ms", model.name, fleet.name, plan.status.value, plan.predicted_step_ms or 0)

@@ -36,8 +36,8 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from shardwise.solver.candidates import Candidate
 from shardwise.solver.cost_model import collective_latency_ms
+from shardwise.solver.cpsat.candidates import Candidate
 from shardwise.solver.evaluate import COLLECTIVES, collective_groups
 from shardwise.solver.greedy import LoadState, Placed, _initial_state
 from shardwise.solver.topology import Topology

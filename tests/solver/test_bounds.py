@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardwise.solver.bounds import _least_step, lower_bound_ms
-from shardwise.solver.candidates import Candidate, Shape, enumerate_candidates
+from shardwise.solver.cpsat.candidates import Candidate, Shape, enumerate_candidates
 from shardwise.solver.greedy import plan_greedy
 from shardwise.solver.planner import make_plan
 from shardwise.solver.topology import Topology

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 from ortools.sat.python import cp_model
 
-from shardwise.solver.candidates import Candidate, Shape
-from shardwise.solver.formulation import Formulation, Scale
+from shardwise.solver.cpsat.candidates import Candidate, Shape
+from shardwise.solver.cpsat.formulation import Formulation
+from shardwise.solver.cpsat.run import OPTIMAL_ABS_MS, OPTIMAL_GAP, plan_cpsat
+from shardwise.solver.cpsat.scale import Scale
 from shardwise.solver.greedy import plan_greedy
 from shardwise.solver.planner import make_plan
-from shardwise.solver.solve import OPTIMAL_ABS_MS, OPTIMAL_GAP, plan_cpsat
 from shardwise.solver.topology import Topology
 from shardwise.solver.validate import check_plan
 from shardwise.wire.spec import FleetSpec, ModelSpec, Placement, PlanStatus, ShardingType, SolveParams

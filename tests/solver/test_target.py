@@ -9,7 +9,7 @@ import pytest
 from test_cpsat import table_wise, toy_fleet, toy_model
 
 from benchmarks.instances import get
-from shardwise.solver.candidates import enumerate_candidates
+from shardwise.solver.cpsat.candidates import enumerate_candidates
 from shardwise.solver.evaluate import evaluate
 from shardwise.solver.extract import build_plan
 from shardwise.solver.greedy import Placed, placed_to_table, run_greedy

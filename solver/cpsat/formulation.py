@@ -5,15 +5,16 @@ Bins
 ----
 The model places shards into *bins*. For fleets of at most :data:`RANK_BINS_MAX` GPUs a bin is a GPU (rank
 mode). Larger fleets are solved in two levels (host mode): a bin is a host of ``g`` GPUs whose load and HBM are
-the sums over its GPUs, then :mod:`shardwise.solver.solve` packs each host's shards onto its GPUs with a small exact
-model per host. Host mode keeps 1,000 tables × 512 GPUs at about 230 thousand booleans (rank mode would need eight times
-as many), and its objective stays a valid lower bound: the slowest GPU of a host carries at least the host's
-average load. Memory stays exact: level two enforces every GPU's own capacity, and if a host cannot be packed the
-start plan (greedy or target packing, :mod:`shardwise.solver.target`) is returned instead (never an overfull GPU).
+the sums over its GPUs, then level two (:mod:`shardwise.solver.cpsat.packing`) packs each host's shards onto its GPUs
+with a small exact model per host. Host mode keeps 1,000 tables × 512 GPUs at about 230 thousand booleans (rank mode
+would need eight times as many), and its objective stays a valid lower bound: the slowest GPU of a host carries at
+least the host's average load. Memory stays exact: level two enforces every GPU's own capacity, and if a host cannot
+be packed the start plan (greedy or target packing, :mod:`shardwise.solver.target`) is returned instead (never an
+overfull GPU).
 
-Data (all coefficients integer, scaled in :class:`Scale` — the one place where scaling lives)
------------------------------------------------------------------------------------------------
-``C_t`` candidates of table ``t`` (:mod:`shardwise.solver.candidates`); for candidate ``c`` and shard ``i``:
+Data (all coefficients integer, scaled in :class:`~shardwise.solver.cpsat.scale.Scale`, where scaling lives)
+------------------------------------------------------------------------------------------------------------
+``C_t`` candidates of table ``t`` (:mod:`shardwise.solver.cpsat.candidates`); for candidate ``c`` and shard ``i``:
 ``τ_{c,i,k}`` time and ``m_{c,i,k}`` HBM on device class ``k``, ``η_{c,i,k}`` host memory;
 ``ε_{c,k}`` the every-rank time of a sharded table; dense layer ``l`` in style ``s``: ``δ_{l,s,k}`` time and
 ``μ_{l,s,k}`` HBM; ``κ_b`` usable HBM of bin ``b`` (capacity × (1 − reserve), × ``g`` in host mode), ``H_h`` host
@@ -57,8 +58,8 @@ Constraints (and the method that adds each family)
    :meth:`Formulation._add_incumbent_cuts`; also, in host mode, the GPU cut of
    :meth:`Formulation._add_gpu_cut`.
 
-The start plan is the hint (:meth:`Formulation.add_hint`); :mod:`shardwise.solver.solve` runs the model and falls back
-to the start when CP-SAT finds nothing better in time.
+The start plan is the hint (:meth:`Formulation.add_hint`); :mod:`shardwise.solver.cpsat.run` runs the model and falls
+back to the start when CP-SAT finds nothing better in time.
 """
 
 from __future__ import annotations
@@ -72,12 +73,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-import numpy.typing as npt
 from ortools.sat.python import cp_model
 
 from shardwise.solver.bounds import dense_min_per_class, heaviest_rank_time, lower_bound_ms, table_floors
-from shardwise.solver.candidates import Candidate
 from shardwise.solver.cost_model import collective_latency_ms
+from shardwise.solver.cpsat.candidates import Candidate
+from shardwise.solver.cpsat.scale import Scale
 from shardwise.solver.evaluate import COLLECTIVES, collective_groups, dense_cost
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import DenseStyle, ModelSpec
@@ -86,44 +87,6 @@ log = logging.getLogger(__name__)
 
 RANK_BINS_MAX = 8
 Mode = Literal["rank", "host"]
-
-
-class Scale:
-    """Integer scaling of every CP-SAT coefficient: the one place where it is defined.
-
-    Times in units of 0.1 ns (floored: the model's loads never exceed the true ones, so its bound stays valid, and
-    ten thousand floored terms still sum to within 1 µs of the truth);
-    memory in KiB (item sizes ceiled, capacities floored: a model-feasible plan never overfills a GPU).
-    """
-
-    TIME_PER_MS = 10_000_000
-    BYTES_PER_UNIT = 1024
-
-    @classmethod
-    def time(cls, ms: float) -> int:
-        return math.floor(ms * cls.TIME_PER_MS)
-
-    @classmethod
-    def times(cls, ms: npt.ArrayLike) -> npt.NDArray[np.int64]:
-        """:meth:`time` of every element."""
-        return np.floor(np.asarray(ms, dtype=np.float64) * cls.TIME_PER_MS).astype(np.int64)
-
-    @classmethod
-    def sizes(cls, nbytes: npt.ArrayLike) -> npt.NDArray[np.int64]:
-        """:meth:`size` of every element."""
-        return np.ceil(np.asarray(nbytes, dtype=np.float64) / cls.BYTES_PER_UNIT).astype(np.int64)
-
-    @classmethod
-    def ms(cls, units: float) -> float:
-        return units / cls.TIME_PER_MS
-
-    @classmethod
-    def size(cls, nbytes: int | float) -> int:
-        return math.ceil(nbytes / cls.BYTES_PER_UNIT)
-
-    @classmethod
-    def capacity(cls, nbytes: int | float) -> int:
-        return math.floor(nbytes / cls.BYTES_PER_UNIT)
 
 
 @dataclass

@@ -1,0 +1,343 @@
+"""The CP-SAT run: the start, the candidate space, level one, level two and the LNS, the time each gets, the
+status.
+
+Order of work (time limit ``T`` = ``SolveParams.time_limit_s``; the run's budget ``B`` is ``T`` less
+:data:`FINISH_MARGIN_S` and :data:`FINISH_MARGIN_SHARE` of it, kept to price and check the returned plan):
+
+1. the start: the greedy plan (:mod:`shardwise.solver.greedy`, also the benchmark baseline) or, when it is faster,
+   target packing's (:mod:`shardwise.solver.target`, at most :data:`TARGET_SHARE` of ``B``) — CP-SAT's hint,
+   incumbent and fallback;
+2. the candidate space the model searches (:func:`model_candidates`): every table keeps its whole-table options
+   (table_wise, data_parallel); splits (column_wise, row_wise, table_row_wise, in HBM) are kept for the tables
+   heavy enough for a split to matter — a whole-table time of at least :data:`SPLIT_SHARE` of the start's step
+   time, the heaviest :data:`SPLITS_PER_BIN` per bin at most; offloaded table_wise placements (uvm_cache, host)
+   only when memory is tight (the greedy plan fills some GPU to :data:`MEMORY_TIGHT` or more; with room to spare
+   they only add time) and for tables of at least :data:`OFFLOAD_SHARE` of a GPU; the greedy's own pick is always
+   kept, and so is the start's. The reported bound is proven over this space;
+3. level one, CP-SAT on :class:`~shardwise.solver.cpsat.formulation.Formulation` (rank mode up to
+   :data:`~shardwise.solver.cpsat.formulation.RANK_BINS_MAX` GPUs, host mode beyond), for what is left of ``B``
+   in rank mode and :data:`LEVEL1_SHARE` of it in host mode; in host mode, when it finds no solution in that
+   time, step 4 starts from the start's assignment;
+4. host mode (:func:`host_mode_tables`): level two (:mod:`shardwise.solver.cpsat.packing`) packs each host's
+   shards onto its GPUs by a small exact model with each GPU's own HBM (each host an equal share of the time
+   left, at most :data:`~shardwise.solver.cpsat.packing.PACK_HOST_MAX_S`; a host that cannot be packed sends us
+   back to the start), then moves and swaps shards between hosts (the shardings stay fixed) while that helps;
+   the LNS (:mod:`shardwise.solver.cpsat.lns`) spends the time left until the deadline re-solving the slowest
+   GPU with a few others exactly (shards move, and a table wholly on them may switch between table_wise and
+   column_wise);
+5. the better of the CP-SAT plan and the start (by the evaluator's figures) is returned, with the bound.
+
+Status: ``optimal`` when the returned plan's predicted step time meets the proven bound (within
+:data:`OPTIMAL_GAP` or :data:`OPTIMAL_ABS_MS`, the resolution of the integer scaling), else ``feasible``; the
+plan's ``solver.status`` is level one's CP-SAT status (:data:`STATUS`). Same input + same ``SolveParams`` (seed,
+workers, ``max_deterministic_time``) → the same plan: with ``max_deterministic_time`` set, target packing and
+every host's packing run until the deadline, every CP-SAT call stops on deterministic time (the LNS rounds share
+one such budget) and the wall clock only ends the whole solve (a run cut off by ``time_limit_s`` depends on the
+machine).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+
+from ortools.sat.python import cp_model
+
+from shardwise.solver.cpsat.candidates import Candidate, enumerate_candidates
+from shardwise.solver.cpsat.formulation import RANK_BINS_MAX, Assignment, Formulation, Mode
+from shardwise.solver.cpsat.lns import lns_fleet
+from shardwise.solver.cpsat.packing import fixed_loads, fixed_ranks, pack_hosts, repack_fleet
+from shardwise.solver.cpsat.params import cp_solver
+from shardwise.solver.cpsat.scale import Scale
+from shardwise.solver.evaluate import evaluate
+from shardwise.solver.extract import build_plan
+from shardwise.solver.greedy import Placed, placed_to_table, run_greedy
+from shardwise.solver.target import target_packing
+from shardwise.solver.topology import Topology
+from shardwise.solver.validate import assert_valid_plan
+from shardwise.wire.spec import (
+    DensePlan,
+    DenseStyle,
+    ModelSpec,
+    Placement,
+    Plan,
+    PlanStatus,
+    SolveParams,
+    TablePlan,
+)
+
+log = logging.getLogger(__name__)
+
+SPLIT_SHARE = 0.05
+SPLITS_PER_BIN = 2  # at most this many split-able tables per bin (the heaviest), to keep the model small
+OFFLOAD_SHARE = 0.01  # a table smaller than this share of a GPU is not worth offloading in the model
+MEMORY_TIGHT = 0.5  # below this fill of the fullest GPU in the greedy plan, offloaded placements only cost time
+FINISH_MARGIN_S = 0.5  # kept from the time limit for evaluation and validation of the returned plan,
+FINISH_MARGIN_SHARE = 0.04  # plus this share of it (2,000 tables x 512 mixed GPUs: 3 s to price and check the plan)
+OPTIMAL_GAP = 1e-5  # what the integer time scale can resolve: closer than this to the bound counts as proved,
+OPTIMAL_ABS_MS = 1e-4  # or closer than 0.1 µs (floored 0.1-ns terms add up to that on sub-millisecond steps)
+LEVEL1_SHARE = 0.7  # of the budget left once level one is built, for it in host mode (level two and the LNS: the rest)
+TARGET_SHARE = 0.1  # of the run's budget, at most, for target packing (shardwise.solver.target)
+Progress = Callable[[float, float], None]  # (best predicted ms so far, bound ms)
+
+#: CP-SAT's status → the name the plan reports in ``solver.status``
+STATUS = {
+    cp_model.OPTIMAL: "OPTIMAL",
+    cp_model.FEASIBLE: "FEASIBLE",
+    cp_model.INFEASIBLE: "INFEASIBLE",
+    cp_model.MODEL_INVALID: "MODEL_INVALID",
+    cp_model.UNKNOWN: "UNKNOWN",
+}
+
+
+def model_candidates(
+    cands: Sequence[Sequence[Candidate]],
+    chosen: Sequence[Placed | None],
+    greedy_ms: float,
+    *,
+    memory_tight: bool = True,
+    max_split_tables: int | None = None,
+    offload_min_bytes: int = 0,
+    weights: Sequence[int] = (),
+) -> list[list[Candidate]]:
+    """Step 2 of the module docstring."""
+    whole_of = []
+    for cs in cands:
+        whole_of.append(
+            [
+                c
+                for c in cs
+                if c.sharding.value in ("table_wise", "data_parallel")
+                and (
+                    c.placement is Placement.hbm
+                    or (memory_tight and (not weights or weights[c.table] >= offload_min_bytes))
+                )
+            ]
+        )
+    best = [min((float(c.time_ms.min()) for c in w), default=math.inf) for w in whole_of]
+    heavy = [t for t in range(len(cands)) if best[t] >= SPLIT_SHARE * greedy_ms]
+    heavy.sort(key=lambda t: (-best[t], t))
+    if max_split_tables is not None:
+        heavy = heavy[:max_split_tables]
+    split = set(heavy)
+    out = []
+    for t, cs in enumerate(cands):
+        keep = list(whole_of[t])
+        if t in split:
+            keep += [
+                c
+                for c in cs
+                if c.sharding.value not in ("table_wise", "data_parallel") and c.placement is Placement.hbm
+            ]
+        pick = chosen[t]
+        if pick is not None and all(c is not pick.candidate for c in keep):
+            keep.append(pick.candidate)
+        out.append(keep)
+    return out
+
+
+class _Progress(cp_model.CpSolverSolutionCallback):
+    """Reports the model's objective and bound as CP-SAT improves them (in host mode the objective is level one's,
+    the per-GPU average of the busiest host, before packing)."""
+
+    def __init__(self, on_progress: Progress) -> None:
+        super().__init__()
+        self.on_progress = on_progress
+
+    def on_solution_callback(self) -> None:
+        self.on_progress(Scale.ms(self.objective_value), Scale.ms(self.best_objective_bound))
+
+
+def to_assignment(form: Formulation, cands: Sequence[Sequence[Candidate]], chosen: Sequence[Placed]) -> Assignment:
+    """A greedy placement in the formulation's terms."""
+    choice, shard_bins, host = [], {}, {}
+    for t, placed in enumerate(chosen):
+        choice.append(next(j for j, c in enumerate(cands[t]) if c is placed.candidate))
+        if placed.candidate.scope == "rank":
+            shard_bins[t] = [int(form.bin_of_rank[r]) for r in placed.ranks]
+        elif placed.candidate.scope == "host":
+            host[t] = form.topo.ranks[placed.ranks[0]].host
+    return Assignment(choice=choice, shard_bins=shard_bins, host=host, dense=[])
+
+
+def _tables_from(
+    model: ModelSpec,
+    cands: Sequence[Sequence[Candidate]],
+    a: Assignment,
+    ranks_of: Callable[[int, Candidate], list[int]],
+) -> list[TablePlan]:
+    out = []
+    for t, j in enumerate(a.choice):
+        c = cands[t][j]
+        out.append(placed_to_table(model, Placed(c, ranks_of(t, c))))
+    return out
+
+
+def host_mode_tables(
+    form: Formulation,
+    cands: Sequence[Sequence[Candidate]],
+    a: Assignment,
+    params: SolveParams,
+    deadline: float,
+    start: Sequence[Placed],
+) -> list[TablePlan] | None:
+    """Step 4: level two from level one's (or the start's) assignment ``a`` — pack every host, repack between
+    hosts, then the LNS while time is left. None when some host cannot be packed (the caller keeps the start)."""
+    topo, model = form.topo, form.spec
+    fixed = fixed_loads(form, cands, a)
+    ranks_for = pack_hosts(form, cands, a, fixed, params, deadline, start)
+    if ranks_for is None:
+        return None
+    items = [it for h in sorted(fixed.items) for it in fixed.items[h]]
+    base_host = fixed.host_mem.tolist()
+    if items and deadline - time.perf_counter() > 0.1:
+        moved = repack_fleet(form, cands, a, items, fixed.load, fixed.hbm, base_host, ranks_for, deadline)
+        if moved is not None:
+            ranks_for = moved
+    if items and deadline - time.perf_counter() > 0.1:
+        better = lns_fleet(form, cands, a, fixed.load, fixed.hbm, base_host, ranks_for, params, deadline)
+        if better is not None:
+            a = Assignment(choice=better[0], shard_bins=a.shard_bins, host=a.host, dense=a.dense)
+            ranks_for = better[1]
+    placed = ranks_for
+
+    def ranks_of(t: int, c: Candidate) -> list[int]:
+        if c.scope == "rank":
+            return [placed[(t, i)] for i in range(len(c.shapes))]
+        return fixed_ranks(topo, c, a, t)
+
+    return _tables_from(model, cands, a, ranks_of)
+
+
+def plan_cpsat(
+    topo: Topology,
+    model: ModelSpec,
+    params: SolveParams,
+    on_progress: Progress | None = None,
+) -> Plan:
+    """A plan from CP-SAT with its proven bound; the start (greedy or target packing) when CP-SAT cannot do better."""
+    start = time.perf_counter()
+    budget_s = params.time_limit_s * (1 - FINISH_MARGIN_SHARE) - FINISH_MARGIN_S
+    deadline = start + budget_s
+    all_cands = [enumerate_candidates(topo, model, i) for i in range(len(model.embedding_tables))]
+    g = run_greedy(topo, model, params, all_cands, solver_name="cpsat")
+    greedy = g.plan
+    if greedy.status is PlanStatus.infeasible:
+        return greedy
+    dense_choice = g.dense
+    greedy_ms = greedy.predicted_step_ms or 0.0
+    if on_progress:
+        on_progress(greedy_ms, greedy.lower_bound_ms or 0.0)
+    dense_plans = [DensePlan(name=n, style=s, ranks=list(range(topo.world_size))) for n, s in dense_choice]
+    # the start: the better of the greedy plan and target packing (hint, incumbent and fallback)
+    placed, start_tables, start_ms = g.placed, greedy.tables, greedy_ms
+    det = params.max_deterministic_time is not None  # then the clock only ends the whole solve
+    packed = target_packing(
+        topo,
+        model,
+        all_cands,
+        dense_choice,
+        greedy.lower_bound_ms or 0.0,
+        greedy_ms,
+        deadline if det else min(deadline, time.perf_counter() + TARGET_SHARE * budget_s),
+    )
+    if packed is not None:
+        packed_tables = [placed_to_table(model, p) for p in packed]
+        ms = evaluate(topo, model, packed_tables, dense_plans).step_ms
+        log.info("target packing %.4f ms (greedy %.4f ms)", ms, greedy_ms)
+        if ms < greedy_ms:
+            placed, start_tables, start_ms = packed, packed_tables, ms
+            if on_progress:
+                on_progress(start_ms, greedy.lower_bound_ms or 0.0)
+    chosen: list[Placed | None] = list(placed)
+    fill = max((r.hbm_used_bytes / topo.hbm_limit(r.rank) for r in greedy.ranks), default=1.0)
+    mode: Mode = "rank" if topo.world_size <= RANK_BINS_MAX else "host"
+    nbins = topo.world_size if mode == "rank" else topo.num_hosts
+    cands = model_candidates(
+        all_cands,
+        chosen,
+        start_ms,
+        memory_tight=fill >= MEMORY_TIGHT,
+        max_split_tables=SPLITS_PER_BIN * nbins,
+        offload_min_bytes=int(OFFLOAD_SHARE * min(c.hbm_limit_bytes for c in topo.classes)),
+        weights=[t.weight_bytes for t in model.embedding_tables],
+    )
+    built = time.perf_counter()
+    form = Formulation(topo, model, cands, mode, horizon_ms=start_ms * 4 + 1, incumbent_ms=start_ms)
+    hint = to_assignment(form, cands, placed)
+    hint.dense = [s for _, s in dense_choice]
+    form.add_hint(hint, start_ms)
+    log.info(
+        "%s mode: %d bins, %d variables; greedy and candidates %.2fs, model and hint %.2fs",
+        mode,
+        form.nbins,
+        len(form.model.proto.variables),
+        built - start,
+        time.perf_counter() - built,
+    )
+    budget = deadline - time.perf_counter()
+    if mode == "host":
+        budget *= LEVEL1_SHARE
+    solver = cp_solver(params, budget, len(form.model.proto.variables))
+    callback = _Progress(on_progress) if on_progress else None
+    status = solver.solve(form.model, callback) if callback else solver.solve(form.model)
+    status_name = STATUS.get(status, "UNKNOWN")
+    log.info(
+        "cp-sat %s in %.2fs: objective %.4f ms, bound %.4f ms",
+        status_name,
+        solver.wall_time,
+        Scale.ms(solver.objective_value) if status_name in ("OPTIMAL", "FEASIBLE") else math.nan,
+        Scale.ms(solver.best_objective_bound),
+    )
+    # the model's bound, or the greedy's (valid over every candidate, so over this space too), whichever is higher
+    bound_ms: float | None = greedy.lower_bound_ms
+    if status_name != "MODEL_INVALID":
+        bound_ms = max(bound_ms or 0.0, Scale.ms(solver.best_objective_bound))
+    tables: list[TablePlan] | None = None
+    dense_styles: list[DenseStyle] = hint.dense
+    if status_name in ("OPTIMAL", "FEASIBLE"):
+        a = form.read(solver)
+        dense_styles = a.dense
+        if mode == "rank":
+            tables = _tables_from(
+                model,
+                cands,
+                a,
+                lambda t, c: (
+                    [form.bin_ranks[b][0] for b in a.shard_bins[t]] if c.scope == "rank" else fixed_ranks(topo, c, a, t)
+                ),
+            )
+        else:
+            tables = host_mode_tables(form, cands, a, params, deadline, placed)
+    elif mode == "host" and status_name != "MODEL_INVALID":  # no level-one answer in time: search from the start
+        tables = host_mode_tables(form, cands, hint, params, deadline, placed)
+    cp_dense = [
+        DensePlan(name=layer.name, style=s, ranks=list(range(topo.world_size)))
+        for layer, s in zip(model.dense_layers, dense_styles, strict=True)
+    ]
+    # the better of the CP-SAT plan and the start, by the evaluator's figures
+    cp_ms = evaluate(topo, model, tables, cp_dense).step_ms if tables is not None else math.inf
+    log.info("cp-sat plan %.4f ms after packing (start %.4f ms, greedy %.4f ms)", cp_ms, start_ms, greedy_ms)
+    if tables is None or cp_ms > start_ms:
+        tables, step = start_tables, start_ms
+    else:
+        dense_plans, step = cp_dense, cp_ms
+    proved = bound_ms is not None and step - bound_ms <= max(OPTIMAL_GAP * step, OPTIMAL_ABS_MS)
+    final = build_plan(
+        topo,
+        model,
+        tables,
+        dense_plans,
+        params,
+        solver_name="cpsat",
+        status="OPTIMAL" if proved else "FEASIBLE",
+        seconds=time.perf_counter() - start,
+        bound_ms=bound_ms,
+    )
+    final = final.model_copy(update={"solver": final.solver.model_copy(update={"status": status_name})})
+    assert_valid_plan(topo, model, final)  # solver-agnostic checks: a broken plan never leaves the solver
+    if on_progress:
+        on_progress(final.predicted_step_ms or step, final.lower_bound_ms or 0.0)
+    return final
