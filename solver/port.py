@@ -284,15 +284,15 @@ def _price(topo: Topology, model: ModelSpec, tp: TablePlan) -> _Priced:
     costs = [
         shard_cost(
             topo,
-            model.batch_size_per_gpu,
             table,
-            tp.sharding_type,
-            s.num_rows,
-            s.num_cols,
-            s.placement,
-            s.cache_fraction,
-            topo.class_of(s.rank),
-            group,
+            sharding=tp.sharding_type,
+            num_rows=s.num_rows,
+            num_cols=s.num_cols,
+            placement=s.placement,
+            cache_fraction=s.cache_fraction,
+            cls=topo.class_of(s.rank),
+            batch=model.batch_size_per_gpu,
+            group=group,
         )
         for s in tp.shards
     ]
@@ -459,15 +459,15 @@ def _drop_offload_hint(topo: Topology, model: ModelSpec, plan: Plan, priced: _Pr
     for s, now in zip(tp.shards, priced.costs, strict=True):
         c = shard_cost(
             topo,
-            model.batch_size_per_gpu,
             table,
-            tp.sharding_type,
-            s.num_rows,
-            s.num_cols,
-            Placement.hbm,
-            None,
-            topo.class_of(s.rank),
-            group,
+            sharding=tp.sharding_type,
+            num_rows=s.num_rows,
+            num_cols=s.num_cols,
+            placement=Placement.hbm,
+            cache_fraction=None,
+            cls=topo.class_of(s.rank),
+            batch=model.batch_size_per_gpu,
+            group=group,
         )
         in_hbm.append(c)
         delta[s.rank] = delta.get(s.rank, 0) + c.memory.hbm - now.memory.hbm
