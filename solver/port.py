@@ -195,7 +195,7 @@ def direct_port(topo: Topology, model: ModelSpec, source: Plan, source_fleet: st
         carried.dense,
         source.solver.params,
         solver_name="direct-port",
-        status="FEASIBLE",
+        solver_status="HEURISTIC",  # priced as carried over: no solver ran on it
         seconds=0.0,
     )
     plan_id, rhash = _direct_identity(model, source, target)
@@ -538,7 +538,7 @@ def port_analysis(
                 direct.plan.dense,
                 params,
                 solver_name=replan.solver.name,
-                status="FEASIBLE",
+                solver_status="HEURISTIC",  # the direct port's layout, kept: not what the solver answered
                 seconds=replan.solver.seconds,
                 bound_ms=replan.lower_bound_ms,
                 explanation=[

@@ -46,7 +46,7 @@ from ortools.sat.python import cp_model
 
 from shardwise.solver.candidates import Candidate, enumerate_candidates
 from shardwise.solver.evaluate import collective_groups, dense_cost, evaluate
-from shardwise.solver.extract import build_plan
+from shardwise.solver.extract import SolverStatus, build_plan
 from shardwise.solver.formulation import RANK_BINS_MAX, Assignment, Formulation, Mode, Scale
 from shardwise.solver.greedy import Placed, placed_to_table, run_greedy
 from shardwise.solver.target import target_packing
@@ -80,7 +80,7 @@ LNS_ROUND_S = 0.2  # at most this long per round
 TARGET_SHARE = 0.1  # of the time limit, at most, for target packing (shardwise.solver.target)
 Progress = Callable[[float, float], None]  # (best predicted ms so far, bound ms)
 
-_STATUS = {
+_STATUS: dict[cp_model.CpSolverStatus, SolverStatus] = {
     cp_model.OPTIMAL: "OPTIMAL",
     cp_model.FEASIBLE: "FEASIBLE",
     cp_model.INFEASIBLE: "INFEASIBLE",
@@ -779,11 +779,11 @@ def plan_cpsat(
         dense_plans,
         params,
         solver_name="cpsat",
-        status="OPTIMAL" if proved else "FEASIBLE",
+        solver_status=status_name,  # CP-SAT's own word, even where the plan kept is the start
         seconds=time.perf_counter() - start,
+        proved_optimal=proved,
         bound_ms=bound_ms,
     )
-    final = final.model_copy(update={"solver": final.solver.model_copy(update={"status": status_name})})
     assert_valid_plan(topo, model, final)  # solver-agnostic checks: a broken plan never leaves the solver
     if on_progress:
         on_progress(final.predicted_step_ms or step, final.lower_bound_ms or 0.0)
