@@ -1,4 +1,5 @@
-"""Turn an assignment (tables, dense styles) into the wire :class:`Plan`, with the evaluator's figures."""
+"""Turn an assignment (tables, dense styles) into the wire :class:`Plan`, with the evaluator's figures; a placed
+candidate into the wire's :class:`TablePlan`."""
 
 from __future__ import annotations
 
@@ -7,11 +8,24 @@ import json
 from collections.abc import Sequence
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from shardwise.solver.evaluate import evaluate
 from shardwise.solver.topology import Topology
-from shardwise.wire.spec import DensePlan, FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams, SolverInfo, TablePlan
+from shardwise.wire.spec import (
+    DensePlan,
+    FleetSpec,
+    ModelSpec,
+    Plan,
+    PlanStatus,
+    ShardPlan,
+    SolveParams,
+    SolverInfo,
+    TablePlan,
+)
+
+if TYPE_CHECKING:  # the service imports this module at start-up (request_hash); candidates bring numpy
+    from shardwise.solver.load import Placed
 
 COST_MODEL_VERSION = "2"  # 2: sparse-gradient row indices and int64 bag lengths, as the executor does
 
@@ -100,6 +114,24 @@ def build_plan(
         explanation=notes,
         **common,
     )
+
+
+def placed_to_table(model: ModelSpec, p: Placed) -> TablePlan:
+    """The wire's table plan of a placed candidate: its shard shapes on the ranks they went to."""
+    c = p.candidate
+    shards = [  # shapes and ranks come from validated candidates: skip re-validation on this hot path
+        ShardPlan.model_construct(
+            rank=r,
+            row_offset=s.row_offset,
+            num_rows=s.num_rows,
+            col_offset=s.col_offset,
+            num_cols=s.num_cols,
+            placement=c.placement,
+            cache_fraction=c.cache_fraction,
+        )
+        for r, s in zip(p.ranks, c.shapes, strict=True)
+    ]
+    return TablePlan(name=model.embedding_tables[c.table].name, sharding_type=c.sharding, shards=shards)
 
 
 def summarize(tables: Sequence[TablePlan], step_ms: float, bound: float | None) -> list[str]:

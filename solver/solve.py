@@ -46,9 +46,10 @@ from ortools.sat.python import cp_model
 
 from shardwise.solver.candidates import Candidate, enumerate_candidates
 from shardwise.solver.evaluate import collective_groups, dense_cost, evaluate
-from shardwise.solver.extract import SolverStatus, build_plan
+from shardwise.solver.extract import SolverStatus, build_plan, placed_to_table
 from shardwise.solver.formulation import RANK_BINS_MAX, Assignment, Formulation, Mode, Scale
-from shardwise.solver.greedy import Placed, placed_to_table, run_greedy
+from shardwise.solver.greedy import run_greedy
+from shardwise.solver.load import Placed
 from shardwise.solver.target import target_packing
 from shardwise.solver.topology import Topology
 from shardwise.solver.validate import assert_valid_plan

@@ -11,8 +11,9 @@ from test_cpsat import table_wise, toy_fleet, toy_model
 from benchmarks.instances import get
 from shardwise.solver.candidates import enumerate_candidates
 from shardwise.solver.evaluate import evaluate
-from shardwise.solver.extract import build_plan
-from shardwise.solver.greedy import Placed, placed_to_table, run_greedy
+from shardwise.solver.extract import build_plan, placed_to_table
+from shardwise.solver.greedy import run_greedy
+from shardwise.solver.load import Placed
 from shardwise.solver.target import target_packing
 from shardwise.solver.topology import Topology
 from shardwise.solver.validate import assert_valid_plan
