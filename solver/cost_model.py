@@ -250,6 +250,7 @@ def cached_rows(num_rows: int, cache_fraction: float | None) -> int:
 
 def shard_memory(
     table: EmbeddingTableSpec,
+    *,
     sharding: ST,
     num_rows: int,
     num_cols: int,
@@ -321,6 +322,7 @@ def cache_hit_rate(num_rows: int, cache_fraction: float | None, access_skew: flo
 
 def shard_compute_ms(
     table: EmbeddingTableSpec,
+    *,
     sharding: ST,
     num_rows: int,
     num_cols: int,

@@ -40,20 +40,45 @@ class ShardCost:
 
 def shard_cost(
     topo: Topology,
-    batch: int,
     table: EmbeddingTableSpec,
+    *,
     sharding: ShardingType,
     num_rows: int,
     num_cols: int,
     placement: Placement,
     cache_fraction: float | None,
     cls: DeviceClass,
+    batch: int,
     group: Iterable[int] | None = None,
 ) -> ShardCost:
-    """Memory and time of one shard on a GPU of class ``cls``; ``group`` = ranks sharing the table's rows."""
+    """Memory and time of one shard of ``table`` on a GPU of class ``cls`` with ``batch`` samples per GPU;
+    ``group`` = ranks sharing the table's rows.
+
+    Everything after the table is keyword-only: a shard's shape is five values of which three are numbers or None,
+    and a positional call that swaps two of them still type-checks and prices the wrong shard.
+    """
     W = topo.world_size
-    memory = cm.shard_memory(table, sharding, num_rows, num_cols, placement, cache_fraction, batch, W)
-    compute = cm.shard_compute_ms(table, sharding, num_rows, num_cols, placement, cache_fraction, cls.profile, batch, W)
+    memory = cm.shard_memory(
+        table,
+        sharding=sharding,
+        num_rows=num_rows,
+        num_cols=num_cols,
+        placement=placement,
+        cache_fraction=cache_fraction,
+        batch=batch,
+        world=W,
+    )
+    compute = cm.shard_compute_ms(
+        table,
+        sharding=sharding,
+        num_rows=num_rows,
+        num_cols=num_cols,
+        placement=placement,
+        cache_fraction=cache_fraction,
+        profile=cls.profile,
+        batch=batch,
+        world=W,
+    )
     ctx = topo.context(cls, batch, group if sharding in (ShardingType.row_wise, ShardingType.table_row_wise) else None)
     comm = cm.shard_comm_ms(table, sharding, num_rows, num_cols, ctx)
     return ShardCost(memory=memory, compute_ms=compute, comm_ms=comm)
@@ -164,15 +189,15 @@ def evaluate(topo: Topology, model: ModelSpec, tables: Sequence[TablePlan], dens
             cls = topo.class_of(s.rank)
             c = shard_cost(
                 topo,
-                B,
                 table,
-                tp.sharding_type,
-                s.num_rows,
-                s.num_cols,
-                s.placement,
-                s.cache_fraction,
-                cls,
-                group,
+                sharding=tp.sharding_type,
+                num_rows=s.num_rows,
+                num_cols=s.num_cols,
+                placement=s.placement,
+                cache_fraction=s.cache_fraction,
+                cls=cls,
+                batch=B,
+                group=group,
             )
             acc[s.rank].add(c)
             per_table[tp.name] = max(per_table[tp.name], c.total_ms)

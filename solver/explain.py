@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from shardwise.solver.cpsat.candidates import Candidate
+from shardwise.solver.load import LoadState
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import ModelSpec
 from shardwise.wire.units import fmt_bytes
-
-if TYPE_CHECKING:
-    from shardwise.solver.greedy import LoadState
 
 
 def smallest_shortage(topo: Topology, state: LoadState, cands: list[Candidate]) -> str:

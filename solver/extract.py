@@ -1,4 +1,5 @@
-"""Turn an assignment (tables, dense styles) into the wire :class:`Plan`, with the evaluator's figures."""
+"""Turn an assignment (tables, dense styles) into the wire :class:`Plan`, with the evaluator's figures; a placed
+candidate into the wire's :class:`TablePlan`."""
 
 from __future__ import annotations
 
@@ -7,14 +8,29 @@ import json
 from collections.abc import Sequence
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from shardwise.solver.evaluate import evaluate
 from shardwise.solver.topology import Topology
-from shardwise.wire.spec import DensePlan, FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams, SolverInfo, TablePlan
+from shardwise.wire.spec import (
+    DensePlan,
+    FleetSpec,
+    ModelSpec,
+    Plan,
+    PlanStatus,
+    ShardPlan,
+    SolveParams,
+    SolverInfo,
+    TablePlan,
+)
+
+if TYPE_CHECKING:  # the service imports this module at start-up (request_hash); candidates bring numpy
+    from shardwise.solver.load import Placed
 
 COST_MODEL_VERSION = "2"  # 2: sparse-gradient row indices and int64 bag lengths, as the executor does
 
+#: :attr:`SolverInfo.status <shardwise.wire.spec.SolverInfo.status>`: what a solver reported about the plan
+#: (CP-SAT's verdicts), or HEURISTIC where no solver's verdict stands behind it. Never the plan's own status.
 SolverStatus = Literal["OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN", "MODEL_INVALID", "HEURISTIC"]
 
 
@@ -50,17 +66,24 @@ def build_plan(
     params: SolveParams,
     *,
     solver_name: str,
-    status: SolverStatus,
+    solver_status: SolverStatus,
     seconds: float,
+    proved_optimal: bool = False,
     bound_ms: float | None = None,
     explanation: Sequence[str] = (),
 ) -> Plan:
-    """Evaluate ``tables`` + ``dense`` and wrap them; ``tables=None`` gives an infeasible plan."""
+    """Evaluate ``tables`` + ``dense`` and wrap them; ``tables=None`` gives an infeasible plan.
+
+    Two statuses, two meanings. ``solver_status`` goes into ``plan.solver.status`` as is: what the solver said
+    (CP-SAT's verdict), or ``"HEURISTIC"`` where none stands behind the layout (the greedy planner, a plan priced
+    as given). The plan's own ``status`` is about the layout: ``infeasible`` when there is none, ``optimal`` when the
+    caller proved it (``proved_optimal``: its step time meets a lower bound), else ``feasible``.
+    """
     rhash = request_hash(model, topo.fleet, params)
     info: dict[str, Any] = {
         "name": solver_name,
         "version": solver_version(),
-        "status": status,
+        "status": solver_status,
         "seconds": round(seconds, 3),
         "params": params,
     }
@@ -78,7 +101,7 @@ def build_plan(
     bound = None if bound_ms is None else round(min(bound_ms, step), 6)
     gap = None if bound is None or step <= 0 else round((step - bound) / step, 6)
     info.update(objective_ms=step, bound_ms=bound, gap=gap)
-    plan_status = PlanStatus.optimal if status == "OPTIMAL" else PlanStatus.feasible
+    plan_status = PlanStatus.optimal if proved_optimal else PlanStatus.feasible
     notes = list(explanation) or summarize(ordered, ev.step_ms, bound)
     return Plan(
         status=plan_status,
@@ -91,6 +114,24 @@ def build_plan(
         explanation=notes,
         **common,
     )
+
+
+def placed_to_table(model: ModelSpec, p: Placed) -> TablePlan:
+    """The wire's table plan of a placed candidate: its shard shapes on the ranks they went to."""
+    c = p.candidate
+    shards = [  # shapes and ranks come from validated candidates: skip re-validation on this hot path
+        ShardPlan.model_construct(
+            rank=r,
+            row_offset=s.row_offset,
+            num_rows=s.num_rows,
+            col_offset=s.col_offset,
+            num_cols=s.num_cols,
+            placement=c.placement,
+            cache_fraction=c.cache_fraction,
+        )
+        for r, s in zip(p.ranks, c.shapes, strict=True)
+    ]
+    return TablePlan(name=model.embedding_tables[c.table].name, sharding_type=c.sharding, shards=shards)
 
 
 def summarize(tables: Sequence[TablePlan], step_ms: float, bound: float | None) -> list[str]:

@@ -15,7 +15,7 @@ where. It is CP-SAT's hint and fallback and the baseline in benchmarks.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -23,32 +23,13 @@ from shardwise.solver.bounds import candidate_work, every_rank_floor, lower_boun
 from shardwise.solver.cpsat.candidates import Candidate, enumerate_candidates
 from shardwise.solver.evaluate import dense_cost
 from shardwise.solver.explain import explain_infeasible
-from shardwise.solver.extract import build_plan
+from shardwise.solver.extract import build_plan, placed_to_table
+from shardwise.solver.load import LoadState, Placed, initial_state
 from shardwise.solver.topology import Topology
-from shardwise.wire.spec import DensePlan, DenseStyle, ModelSpec, Placement, Plan, ShardPlan, SolveParams, TablePlan
+from shardwise.wire.spec import DensePlan, DenseStyle, ModelSpec, Placement, Plan, SolveParams
 from shardwise.wire.units import fmt_bytes
 
 DENSE_SHARE = 0.25
-
-
-@dataclass
-class Placed:
-    """A candidate with the ranks its shards went to."""
-
-    candidate: Candidate
-    ranks: list[int]
-
-
-@dataclass
-class LoadState:
-    load: np.ndarray
-    hbm: np.ndarray
-    host: np.ndarray
-    hbm_limit: np.ndarray
-    host_limit: np.ndarray
-    rank_class: np.ndarray
-    rank_host: np.ndarray
-    placed: list[Placed] = field(default_factory=list)
 
 
 def choose_dense(topo: Topology, model: ModelSpec) -> list[tuple[str, DenseStyle]]:
@@ -66,26 +47,6 @@ def choose_dense(topo: Topology, model: ModelSpec) -> list[tuple[str, DenseStyle
     if sum(o[1] for o in chosen.values()) > budget:
         chosen = {name: min(opts, key=lambda o: (o[1], o[0])) for name, opts in per_layer}
     return [(name, chosen[name][2]) for name, _ in per_layer]
-
-
-def _initial_state(topo: Topology, model: ModelSpec, dense: list[tuple[str, DenseStyle]]) -> LoadState:
-    W = topo.world_size
-    state = LoadState(
-        load=np.zeros(W),
-        hbm=np.zeros(W, dtype=np.int64),
-        host=np.zeros(topo.num_hosts, dtype=np.int64),
-        hbm_limit=np.array([topo.hbm_limit(r) for r in range(W)], dtype=np.int64),
-        host_limit=np.array([h.host_memory_bytes for h in topo.hosts], dtype=np.int64),
-        rank_class=np.array([r.group for r in topo.ranks]),
-        rank_host=np.array([r.host for r in topo.ranks]),
-    )
-    for name, style in dense:
-        for cls in topo.classes:
-            dc = dense_cost(topo, model.batch_size_per_gpu, model, name, style, cls)
-            idx = list(cls.ranks)
-            state.load[idx] += dc.compute_ms + dc.comm_ms
-            state.hbm[idx] += dc.hbm_bytes
-    return state
 
 
 def _try(
@@ -195,7 +156,7 @@ def greedy_assign(
     Memory look-ahead: a candidate is preferred only if the HBM left afterwards still covers the least HBM every
     table after it needs; when no candidate passes that test, the fitting one that adds the least HBM is taken.
     """
-    state = _initial_state(topo, model, dense)
+    state = initial_state(topo, model, dense)
     chosen: list[Placed | None] = [None] * len(model.embedding_tables)
     order = _table_order(cands, model)
     need = [min((min_hbm_need(c) for c in cands[t]), default=0) for t in order]
@@ -250,7 +211,7 @@ def best_of_passes(
 
 def dense_shortage(topo: Topology, model: ModelSpec, dense: list[tuple[str, DenseStyle]]) -> list[str]:
     """The dense layers sit on every rank: if they alone overflow a rank's usable HBM, no table placement helps."""
-    state = _initial_state(topo, model, dense)
+    state = initial_state(topo, model, dense)
     over = state.hbm - state.hbm_limit
     r = int(np.argmax(over))
     if over[r] <= 0:
@@ -303,7 +264,7 @@ def run_greedy(
             dense_plans,
             params,
             solver_name=solver_name,
-            status="INFEASIBLE",
+            solver_status="HEURISTIC",  # no plan found is not a proof that none exists: the explanation says why
             seconds=time.perf_counter() - start,
             explanation=dense_short
             + (
@@ -312,7 +273,7 @@ def run_greedy(
                     model,
                     cands,
                     missing,
-                    empty_state=lambda: _initial_state(topo, model, dense),
+                    empty_state=lambda: initial_state(topo, model, dense),
                     fits=lambda st, c: _try(st, topo, c) is not None,
                 )
                 if missing
@@ -328,7 +289,7 @@ def run_greedy(
         dense_plans,
         params,
         solver_name=solver_name,
-        status="HEURISTIC",
+        solver_status="HEURISTIC",
         seconds=time.perf_counter() - start,
         bound_ms=lower_bound_ms(topo, model, cands),
     )
@@ -343,20 +304,3 @@ def plan_greedy(
 ) -> Plan:
     """A full plan from the greedy planner (or an infeasible answer with its explanation)."""
     return run_greedy(topo, model, params, candidates).plan
-
-
-def placed_to_table(model: ModelSpec, p: Placed) -> TablePlan:
-    c = p.candidate
-    shards = [  # shapes and ranks come from validated candidates: skip re-validation on this hot path
-        ShardPlan.model_construct(
-            rank=r,
-            row_offset=s.row_offset,
-            num_rows=s.num_rows,
-            col_offset=s.col_offset,
-            num_cols=s.num_cols,
-            placement=c.placement,
-            cache_fraction=c.cache_fraction,
-        )
-        for r, s in zip(p.ranks, c.shapes, strict=True)
-    ]
-    return TablePlan(name=model.embedding_tables[c.table].name, sharding_type=c.sharding, shards=shards)

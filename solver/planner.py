@@ -44,7 +44,9 @@ def score_plan(
 ) -> tuple[list[str], Plan]:
     """Validate ``plan`` and re-price it under this cost model (figures are recomputed, never trusted).
 
-    Returns the problems (empty when valid) and the re-priced plan.
+    Returns the problems (empty when valid) and the re-priced plan. It keeps the given plan's solver name, params
+    and seconds (who made the layout), but no solver ran on this question: its solver status is ``HEURISTIC``, and
+    it is ``feasible`` at best (an optimality proved elsewhere, on another fleet or cost model, does not carry over).
     """
     topo = Topology(fleet, dict(profiles or {}))
     if plan.status is PlanStatus.infeasible:
@@ -59,7 +61,7 @@ def score_plan(
         plan.dense,
         plan.solver.params,
         solver_name=plan.solver.name,
-        status="FEASIBLE",
+        solver_status="HEURISTIC",
         seconds=plan.solver.seconds,
         explanation=[f"evaluated: {model.name} on {fleet.name} under shardwise's cost model"],
     )

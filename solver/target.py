@@ -39,7 +39,7 @@ import numpy.typing as npt
 from shardwise.solver.cost_model import collective_latency_ms
 from shardwise.solver.cpsat.candidates import Candidate
 from shardwise.solver.evaluate import COLLECTIVES, collective_groups
-from shardwise.solver.greedy import LoadState, Placed, _initial_state
+from shardwise.solver.load import LoadState, Placed, initial_state
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import DenseStyle, ModelSpec
 
@@ -77,7 +77,7 @@ class _Packer:
     ) -> None:
         cands = [[c for c in cs if collective_groups(c.sharding) <= used] for cs in cands]
         self.topo, self.cands = topo, cands
-        empty = _initial_state(topo, model, dense)
+        empty = initial_state(topo, model, dense)
         rc = empty.rank_class
         self.floors = class_floors(topo, cands)
         kinds = sum(len(COLLECTIVES[g]) for g in used) + (1 if dense else 0)

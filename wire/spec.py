@@ -80,6 +80,10 @@ class DenseStyle(StrEnum):
 
 
 class PlanStatus(StrEnum):
+    """The plan's own status, about its layout: ``optimal`` — it fits and its predicted step time meets a proved
+    lower bound; ``feasible`` — it fits, nothing proved about its speed; ``infeasible`` — no layout (the
+    explanation says why). What the solver reported is :attr:`SolverInfo.status`, a separate field."""
+
     optimal = "optimal"
     feasible = "feasible"
     infeasible = "infeasible"
@@ -349,9 +353,17 @@ class SolveParams(_Frozen):
 
 
 class SolverInfo(_Frozen):
+    """Who made the layout (``name``, ``params``, ``seconds``) and what its solver reported (``status``)."""
+
     name: str = "greedy"
     version: str = ""
-    status: Literal["OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN", "MODEL_INVALID", "HEURISTIC"] = "HEURISTIC"
+    status: Literal["OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN", "MODEL_INVALID", "HEURISTIC"] = Field(
+        default="HEURISTIC",
+        description="what the solver reported, not the plan's status: CP-SAT's OPTIMAL, FEASIBLE, INFEASIBLE, "
+        "UNKNOWN or MODEL_INVALID; HEURISTIC where no solver's verdict stands behind the plan (the greedy planner, "
+        "TorchRec's planner, a layout priced as given: evaluated, ported, or kept from a direct port). Older "
+        "documents may say FEASIBLE for a layout priced as given, INFEASIBLE where the greedy planner found none.",
+    )
     seconds: float = Field(default=0.0, ge=0)
     gap: float | None = Field(default=None, ge=0)
     objective_ms: float | None = None

@@ -162,7 +162,18 @@ def enumerate_candidates(topo: Topology, model: ModelSpec, index: int) -> list[C
             distinct[id(shapes)] = (shapes, [(k, np.array(v, dtype=np.int64)) for k, v in rows_of.items()])
         for (nr, nc), idx in distinct[id(shapes)][1]:
             for ci in classes:
-                c = shard_cost(topo, B, table, sharding, nr, nc, placement, frac, topo.classes[ci], group)
+                c = shard_cost(
+                    topo,
+                    table,
+                    sharding=sharding,
+                    num_rows=nr,
+                    num_cols=nc,
+                    placement=placement,
+                    cache_fraction=frac,
+                    cls=topo.classes[ci],
+                    batch=B,
+                    group=group,
+                )
                 hbm[idx, ci], host[idx, ci] = c.memory.hbm, c.memory.host
                 comp[idx, ci], comm[idx, ci] = c.compute_ms, c.comm_ms
         return hbm, host, comp, comm

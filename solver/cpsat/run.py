@@ -52,8 +52,9 @@ from shardwise.solver.cpsat.packing import fixed_loads, fixed_ranks, pack_hosts,
 from shardwise.solver.cpsat.params import cp_solver
 from shardwise.solver.cpsat.scale import Scale
 from shardwise.solver.evaluate import evaluate
-from shardwise.solver.extract import build_plan
-from shardwise.solver.greedy import Placed, placed_to_table, run_greedy
+from shardwise.solver.extract import SolverStatus, build_plan, placed_to_table
+from shardwise.solver.greedy import run_greedy
+from shardwise.solver.load import Placed
 from shardwise.solver.target import target_packing
 from shardwise.solver.topology import Topology
 from shardwise.solver.validate import assert_valid_plan
@@ -83,7 +84,7 @@ TARGET_SHARE = 0.1  # of the run's budget, at most, for target packing (shardwis
 Progress = Callable[[float, float], None]  # (best predicted ms so far, bound ms)
 
 #: CP-SAT's status → the name the plan reports in ``solver.status``
-STATUS = {
+STATUS: dict[cp_model.CpSolverStatus, SolverStatus] = {
     cp_model.OPTIMAL: "OPTIMAL",
     cp_model.FEASIBLE: "FEASIBLE",
     cp_model.INFEASIBLE: "INFEASIBLE",
@@ -332,11 +333,11 @@ def plan_cpsat(
         dense_plans,
         params,
         solver_name="cpsat",
-        status="OPTIMAL" if proved else "FEASIBLE",
+        solver_status=status_name,  # CP-SAT's own word, even where the plan kept is the start
         seconds=time.perf_counter() - start,
+        proved_optimal=proved,
         bound_ms=bound_ms,
     )
-    final = final.model_copy(update={"solver": final.solver.model_copy(update={"status": status_name})})
     assert_valid_plan(topo, model, final)  # solver-agnostic checks: a broken plan never leaves the solver
     if on_progress:
         on_progress(final.predicted_step_ms or step, final.lower_bound_ms or 0.0)

@@ -67,7 +67,16 @@ STATE = {
 
 @pytest.mark.parametrize("optimizer", sorted(STATE))
 def test_shard_memory_hbm_placement(optimizer: str) -> None:
-    m = cm.shard_memory(table(optimizer=optimizer), ST.table_wise, 1000, 8, Placement.hbm, None, B, W)
+    m = cm.shard_memory(
+        table(optimizer=optimizer),
+        sharding=ST.table_wise,
+        num_rows=1000,
+        num_cols=8,
+        placement=Placement.hbm,
+        cache_fraction=None,
+        batch=B,
+        world=W,
+    )
     assert TW_GRADS == 77 * 40
     assert (m.weights, m.optimizer, m.gradients, m.buffers, m.cache, m.host) == (
         WEIGHTS,
@@ -82,7 +91,16 @@ def test_shard_memory_hbm_placement(optimizer: str) -> None:
 
 @pytest.mark.parametrize("optimizer", sorted(STATE))
 def test_shard_memory_uvm_cache_placement(optimizer: str) -> None:
-    m = cm.shard_memory(table(optimizer=optimizer), ST.table_wise, 1000, 8, Placement.uvm_cache, 0.25, B, W)
+    m = cm.shard_memory(
+        table(optimizer=optimizer),
+        sharding=ST.table_wise,
+        num_rows=1000,
+        num_cols=8,
+        placement=Placement.uvm_cache,
+        cache_fraction=0.25,
+        batch=B,
+        world=W,
+    )
     cache = 250 * (8 * 4 + 16)  # ⌈f·r⌉·(c·b + 16) = 250 · 48 = 12000
     assert (m.weights, m.optimizer, m.cache) == (0, 0, cache)
     assert m.hbm == cache + TW_GRADS + TW_BUFFERS
@@ -90,13 +108,31 @@ def test_shard_memory_uvm_cache_placement(optimizer: str) -> None:
 
 
 def test_shard_memory_uvm_cache_rounds_cached_rows_up() -> None:
-    m = cm.shard_memory(table(), ST.table_wise, 1000, 8, Placement.uvm_cache, 0.0015, B, W)
+    m = cm.shard_memory(
+        table(),
+        sharding=ST.table_wise,
+        num_rows=1000,
+        num_cols=8,
+        placement=Placement.uvm_cache,
+        cache_fraction=0.0015,
+        batch=B,
+        world=W,
+    )
     assert m.cache == 2 * (8 * 4 + 16)  # ⌈1.5⌉ = 2 rows
 
 
 @pytest.mark.parametrize("optimizer", sorted(STATE))
 def test_shard_memory_host_placement(optimizer: str) -> None:
-    m = cm.shard_memory(table(optimizer=optimizer), ST.table_wise, 1000, 8, Placement.host, None, B, W)
+    m = cm.shard_memory(
+        table(optimizer=optimizer),
+        sharding=ST.table_wise,
+        num_rows=1000,
+        num_cols=8,
+        placement=Placement.host,
+        cache_fraction=None,
+        batch=B,
+        world=W,
+    )
     assert (m.weights, m.optimizer, m.cache) == (0, 0, 0)
     assert m.hbm == TW_GRADS + TW_BUFFERS
     assert m.host == WEIGHTS + STATE[optimizer]
@@ -104,7 +140,16 @@ def test_shard_memory_host_placement(optimizer: str) -> None:
 
 def test_shard_memory_row_wise_shard() -> None:
     # a block of r = 250 rows serves n = N·r/R = 80·250/1000 = 20 ids, still writes Nb = 40 partial rows
-    m = cm.shard_memory(table(optimizer="adagrad"), ST.row_wise, 250, 8, Placement.hbm, None, B, W)
+    m = cm.shard_memory(
+        table(optimizer="adagrad"),
+        sharding=ST.row_wise,
+        num_rows=250,
+        num_cols=8,
+        placement=Placement.hbm,
+        cache_fraction=None,
+        batch=B,
+        world=W,
+    )
     assert m.weights == 250 * 8 * 4
     assert m.optimizer == 250 * 8 * 4
     assert m.gradients == math.ceil(250 * (1 - math.exp(-20 / 250))) * (8 * 4 + 8)
@@ -113,7 +158,16 @@ def test_shard_memory_row_wise_shard() -> None:
 
 def test_shard_memory_column_wise_shard() -> None:
     # a column slice serves every id and writes every bag, c = 4 columns
-    m = cm.shard_memory(table(), ST.column_wise, 1000, 4, Placement.hbm, None, B, W)
+    m = cm.shard_memory(
+        table(),
+        sharding=ST.column_wise,
+        num_rows=1000,
+        num_cols=4,
+        placement=Placement.hbm,
+        cache_fraction=None,
+        batch=B,
+        world=W,
+    )
     assert m.weights == 1000 * 4 * 4
     assert m.gradients == math.ceil(1000 * (1 - math.exp(-80 / 1000))) * (4 * 4 + 8)
     assert m.buffers == 80 * 8 + 40 * 8 + 2 * 40 * 4 * 4
@@ -122,27 +176,63 @@ def test_shard_memory_column_wise_shard() -> None:
 @pytest.mark.parametrize(("dtype", "b", "ob"), [("fp32", 4, 4), ("fp16", 2, 2), ("bf16", 2, 2)])
 def test_shard_memory_data_parallel_keeps_a_dense_gradient(dtype: str, b: int, ob: int) -> None:
     # own batch only: n = B·F·L = 20 ids, B·F = 10 bags, o = 10; gradient r·c·b, not the touched rows
-    m = cm.shard_memory(table(dtype=dtype), ST.data_parallel, 1000, 8, Placement.hbm, None, B, W)
+    m = cm.shard_memory(
+        table(dtype=dtype),
+        sharding=ST.data_parallel,
+        num_rows=1000,
+        num_cols=8,
+        placement=Placement.hbm,
+        cache_fraction=None,
+        batch=B,
+        world=W,
+    )
     assert m.weights == 1000 * 8 * b
     assert m.gradients == 1000 * 8 * b
     assert m.buffers == 20 * 8 + 10 * 8 + 2 * 10 * 8 * ob
 
 
 def test_shard_memory_low_precision_table() -> None:
-    m = cm.shard_memory(table(dtype="bf16"), ST.table_wise, 1000, 8, Placement.hbm, None, B, W)
+    m = cm.shard_memory(
+        table(dtype="bf16"),
+        sharding=ST.table_wise,
+        num_rows=1000,
+        num_cols=8,
+        placement=Placement.hbm,
+        cache_fraction=None,
+        batch=B,
+        world=W,
+    )
     assert m.weights == 1000 * 8 * 2
     assert m.gradients == TW_GRADS  # gradients stay fp32
     assert m.buffers == 80 * 8 + 40 * 8 + 2 * 40 * 8 * 2  # outputs in 2 bytes
 
 
 def test_shard_memory_sequence_table_writes_one_row_per_id() -> None:
-    m = cm.shard_memory(table(pooling="none"), ST.table_wise, 1000, 8, Placement.hbm, None, B, W)
+    m = cm.shard_memory(
+        table(pooling="none"),
+        sharding=ST.table_wise,
+        num_rows=1000,
+        num_cols=8,
+        placement=Placement.hbm,
+        cache_fraction=None,
+        batch=B,
+        world=W,
+    )
     assert m.buffers == 80 * 8 + 40 * 8 + 2 * 80 * 8 * 4  # o = n = 80
 
 
 def test_shard_memory_more_features_more_ids() -> None:
     # F = 3: N = 4·10·3·2 = 240, Nb = 120
-    m = cm.shard_memory(table(num_features=3), ST.table_wise, 1000, 8, Placement.hbm, None, B, W)
+    m = cm.shard_memory(
+        table(num_features=3),
+        sharding=ST.table_wise,
+        num_rows=1000,
+        num_cols=8,
+        placement=Placement.hbm,
+        cache_fraction=None,
+        batch=B,
+        world=W,
+    )
     assert m.gradients == math.ceil(1000 * (1 - math.exp(-240 / 1000))) * (8 * 4 + 8)
     assert m.buffers == 240 * 8 + 120 * 8 + 2 * 120 * 8 * 4
 
@@ -222,7 +312,17 @@ def test_shard_compute_hbm_rounds_rows_to_the_granularity(round_profile: Hardwar
     # D = 4 fp32: a 16 B row costs ⌈16/32⌉·32 = 32 B. sgd: no optimizer traffic.
     # gathers n·(row + 2·row) = 80·96 = 7680 B at 5e11; streams 2·o·c·ob = 2·40·4·4 = 1280 B at 2.5e11
     t = table(embedding_dim=4)
-    got = cm.shard_compute_ms(t, ST.table_wise, 1000, 4, Placement.hbm, None, round_profile, B, W)
+    got = cm.shard_compute_ms(
+        t,
+        sharding=ST.table_wise,
+        num_rows=1000,
+        num_cols=4,
+        placement=Placement.hbm,
+        cache_fraction=None,
+        profile=round_profile,
+        batch=B,
+        world=W,
+    )
     expected_s = 80 * (32 + 2 * 32) / GATHER + 2 * 40 * 4 * 4 / STREAM
     assert expected_s == approx(2.048e-8)
     assert got == approx(expected_s * 1e3)
@@ -240,7 +340,17 @@ def test_shard_compute_hbm_rounds_rows_to_the_granularity(round_profile: Hardwar
 def test_shard_compute_hbm_per_optimizer(optimizer: str, update: int, round_profile: HardwareProfile) -> None:
     # D = 16 fp32: row = 64 B; streams 2·40·16·4 = 5120 B
     t = table(embedding_dim=16, optimizer=optimizer)
-    got = cm.shard_compute_ms(t, ST.table_wise, 1000, 16, Placement.hbm, None, round_profile, B, W)
+    got = cm.shard_compute_ms(
+        t,
+        sharding=ST.table_wise,
+        num_rows=1000,
+        num_cols=16,
+        placement=Placement.hbm,
+        cache_fraction=None,
+        profile=round_profile,
+        batch=B,
+        world=W,
+    )
     expected_s = 80 * (64 + 2 * 64 + update) / GATHER + 2 * 40 * 16 * 4 / STREAM
     assert got == approx(expected_s * 1e3)
 
@@ -248,7 +358,17 @@ def test_shard_compute_hbm_per_optimizer(optimizer: str, update: int, round_prof
 def test_shard_compute_narrow_optimizer_state_rounds_up(round_profile: HardwareProfile) -> None:
     # D = 4: adam state per row 4c = 16 B → one 32 B transaction, read + written for two moments: 4·32
     t = table(embedding_dim=4, optimizer="adam")
-    got = cm.shard_compute_ms(t, ST.table_wise, 1000, 4, Placement.hbm, None, round_profile, B, W)
+    got = cm.shard_compute_ms(
+        t,
+        sharding=ST.table_wise,
+        num_rows=1000,
+        num_cols=4,
+        placement=Placement.hbm,
+        cache_fraction=None,
+        profile=round_profile,
+        batch=B,
+        world=W,
+    )
     expected_s = 80 * (32 + 2 * 32 + 4 * 32) / GATHER + 2 * 40 * 4 * 4 / STREAM
     assert got == approx(expected_s * 1e3)
 
@@ -256,14 +376,34 @@ def test_shard_compute_narrow_optimizer_state_rounds_up(round_profile: HardwareP
 def test_shard_compute_granularity_comes_from_the_profile(make_profile: Callable[..., HardwareProfile]) -> None:
     # the same D = 4 fp32 table on a 64 B-granularity device: row = 64 B
     coarse = make_profile(memory_access_granularity_bytes=64)
-    got = cm.shard_compute_ms(table(embedding_dim=4), ST.table_wise, 1000, 4, Placement.hbm, None, coarse, B, W)
+    got = cm.shard_compute_ms(
+        table(embedding_dim=4),
+        sharding=ST.table_wise,
+        num_rows=1000,
+        num_cols=4,
+        placement=Placement.hbm,
+        cache_fraction=None,
+        profile=coarse,
+        batch=B,
+        world=W,
+    )
     assert got == approx((80 * 3 * 64 / GATHER + 2 * 40 * 4 * 4 / STREAM) * 1e3)
 
 
 def test_shard_compute_host_placement_gathers_over_the_host_link(round_profile: HardwareProfile) -> None:
     # every gather (fwd read, bwd read + write) crosses the host link at 5e9; streams stay in HBM
     t = table(embedding_dim=4)
-    got = cm.shard_compute_ms(t, ST.table_wise, 1000, 4, Placement.host, None, round_profile, B, W)
+    got = cm.shard_compute_ms(
+        t,
+        sharding=ST.table_wise,
+        num_rows=1000,
+        num_cols=4,
+        placement=Placement.host,
+        cache_fraction=None,
+        profile=round_profile,
+        batch=B,
+        world=W,
+    )
     expected_s = 80 * (32 + 2 * 32) / LINK + 2 * 40 * 4 * 4 / STREAM
     assert got == approx(expected_s * 1e3)
 
@@ -271,7 +411,17 @@ def test_shard_compute_host_placement_gathers_over_the_host_link(round_profile: 
 def test_shard_compute_uvm_cache_splits_hits_and_misses(round_profile: HardwareProfile) -> None:
     # uniform access, f = 0.5 → h = 0.5; misses cross the link and are written into the cache (n·(1−h)·row)
     t = table(embedding_dim=4)
-    got = cm.shard_compute_ms(t, ST.table_wise, 1000, 4, Placement.uvm_cache, 0.5, round_profile, B, W)
+    got = cm.shard_compute_ms(
+        t,
+        sharding=ST.table_wise,
+        num_rows=1000,
+        num_cols=4,
+        placement=Placement.uvm_cache,
+        cache_fraction=0.5,
+        profile=round_profile,
+        batch=B,
+        world=W,
+    )
     gathers = 80 * (32 + 2 * 32)
     fill = 80 * 0.5 * 32
     expected_s = (gathers * 0.5 + fill) / GATHER + gathers * 0.5 / LINK + 2 * 40 * 4 * 4 / STREAM
@@ -280,17 +430,40 @@ def test_shard_compute_uvm_cache_splits_hits_and_misses(round_profile: HardwareP
 
 def test_shard_compute_offloading_is_slower(round_profile: HardwareProfile) -> None:
     t = table(embedding_dim=16, access_skew=1.05)
-    args = (ST.table_wise, 1000, 16)
-    hbm = cm.shard_compute_ms(t, *args, Placement.hbm, None, round_profile, B, W)
-    cached = [cm.shard_compute_ms(t, *args, Placement.uvm_cache, f, round_profile, B, W) for f in (0.5, 0.25, 0.1)]
-    host = cm.shard_compute_ms(t, *args, Placement.host, None, round_profile, B, W)
+
+    def ms(placement: Placement, frac: float | None) -> float:
+        return cm.shard_compute_ms(
+            t,
+            sharding=ST.table_wise,
+            num_rows=1000,
+            num_cols=16,
+            placement=placement,
+            cache_fraction=frac,
+            profile=round_profile,
+            batch=B,
+            world=W,
+        )
+
+    hbm = ms(Placement.hbm, None)
+    cached = [ms(Placement.uvm_cache, f) for f in (0.5, 0.25, 0.1)]
+    host = ms(Placement.host, None)
     assert hbm < cached[0] < cached[1] < cached[2] < host
 
 
 def test_shard_compute_row_wise_block_serves_its_share(round_profile: HardwareProfile) -> None:
     # r = 250 of R = 1000: n = 20 ids, still o = Nb = 40 output rows
     t = table(embedding_dim=4)
-    got = cm.shard_compute_ms(t, ST.row_wise, 250, 4, Placement.hbm, None, round_profile, B, W)
+    got = cm.shard_compute_ms(
+        t,
+        sharding=ST.row_wise,
+        num_rows=250,
+        num_cols=4,
+        placement=Placement.hbm,
+        cache_fraction=None,
+        profile=round_profile,
+        batch=B,
+        world=W,
+    )
     assert got == approx((20 * 3 * 32 / GATHER + 2 * 40 * 4 * 4 / STREAM) * 1e3)
 
 
@@ -301,7 +474,17 @@ def test_shard_compute_data_parallel_streams_the_whole_copy(
     # own batch: n = 20, o = 10. Gathers n·row only; streams: pooled output + its gradient (2·o·c·ob), then the
     # whole copy once: the fp32 gradient (4c), the weights read and written (2cb) and the state read and written.
     t = table(embedding_dim=4, optimizer=optimizer)
-    got = cm.shard_compute_ms(t, ST.data_parallel, 1000, 4, Placement.hbm, None, round_profile, B, W)
+    got = cm.shard_compute_ms(
+        t,
+        sharding=ST.data_parallel,
+        num_rows=1000,
+        num_cols=4,
+        placement=Placement.hbm,
+        cache_fraction=None,
+        profile=round_profile,
+        batch=B,
+        world=W,
+    )
     streams = 2 * 10 * 4 * 4 + 1000 * (4 * 4 + 2 * 4 * 4) + 2 * state
     assert got == approx((20 * 32 / GATHER + streams / STREAM) * 1e3)
 

@@ -405,6 +405,8 @@ def test_a_slower_replan_falls_back_to_the_direct_port(
     assert report.replan.tables == best.tables
     assert report.speedup == 1.0
     assert report.replan.status is PlanStatus.feasible
+    # the direct port's layout, kept: it names the re-plan's solver but claims no verdict of it
+    assert (report.replan.solver.name, report.replan.solver.status) == ("greedy", "HEURISTIC")
     assert check_plan(Topology(fleet), small_model, report.replan) == []
     assert any("the direct port's layout is kept" in h for h in report.hints)
     assert report.replan.explanation[0] in report.hints

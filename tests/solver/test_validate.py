@@ -106,7 +106,7 @@ def build(topo: Topology, model: ModelSpec, tables: list[TablePlan], dense: list
         hand_dense(model, topo.world_size) if dense is None else dense,
         GREEDY,
         solver_name="hand",
-        status="FEASIBLE",
+        solver_status="HEURISTIC",
         seconds=0.0,
     )
 
