@@ -23,7 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 #: fields that say how long something took or which build ran it, not what the plan is
-TIMING_FIELDS = frozenset({"seconds", "versions", "id", "request_hash"})
+TIMING_FIELDS = frozenset({"seconds", "version", "versions", "id", "request_hash"})
 
 
 def _planner() -> tuple[Any, Any]:
