@@ -65,16 +65,20 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 from torch.nn.parallel import DistributedDataParallel
 
+from shardwise.clients.fused_update import UpdateConfig
+from shardwise.clients.shard_groups import plan_groups
 from shardwise.clients.sharded_embedding import ShardedEmbeddingBag, average_grad_hook
 from shardwise.wire.spec import (
     DensePlan,
     DenseStyle,
     Dtype,
     ModelSpec,
+    Placement,
     Plan,
     PlanStatus,
     Pooling,
     ShardingType,
+    ShardPlan,
     TablePlan,
 )
 
@@ -428,6 +432,18 @@ def _uncovered(module: nn.Module, planned: Sequence[str]) -> tuple[list[str], li
     return sorted(wrapped), loose
 
 
+def _updates(given: UpdateConfig | Mapping[str, UpdateConfig] | None, tables: Sequence[str]) -> dict[str, UpdateConfig]:
+    """Table FQN → its optimizer in backward (none: row-sparse gradients)."""
+    if given is None:
+        return {}
+    if isinstance(given, UpdateConfig):
+        return dict.fromkeys(tables, given)
+    unknown = sorted(set(given) - set(tables))
+    if unknown:
+        raise PlanMismatchError([f"embedding_optimizer names tables the plan does not: {', '.join(unknown)}"])
+    return dict(given)
+
+
 # ------------------------------------------------------------------------------------------------ entry point
 
 
@@ -438,8 +454,13 @@ def apply_plan(
     model_spec: ModelSpec | None = None,
     process_group: dist.ProcessGroup | None = None,
     device: torch.device | str | None = None,
+    embedding_optimizer: UpdateConfig | Mapping[str, UpdateConfig] | None = None,
 ) -> nn.Module:
     """Shard ``module`` in place exactly as ``plan`` says and return it (see the module docstring).
+
+    ``embedding_optimizer``: the tables' optimizer in backward (one :class:`UpdateConfig` for every table, or one per
+    table FQN; a table left out keeps row-sparse gradients). Tables so configured are grouped, looked up together
+    and updated inside ``loss.backward()``; they get no ``.grad`` (see :mod:`shardwise.clients.shard_groups`).
 
     Raises :class:`PlanMismatchError` (a ``ValueError``) before any collective when the plan does not fit.
     """
@@ -456,10 +477,31 @@ def apply_plan(
     planned = [t.name for t in plan.tables] + [d.name for d in plan.dense]
     wrapped, loose = _uncovered(module, planned)
 
-    # 1. embedding tables: only this rank's shards reach the device
+    # 1. embedding tables: only this rank's shards reach the device; with an embedding optimizer, into their groups
+    updates = _updates(embedding_optimizer, [tp.name for tp, _ in checked.tables])
+    rank = dist.get_rank(group)
+    local: list[tuple[str, int, ShardPlan, torch.dtype, torch.device, UpdateConfig]] = []
     for tp, bag in checked.tables:
+        update = updates.get(tp.name)
+        if update is None or tp.sharding_type is ShardingType.data_parallel:
+            continue
+        for i, s in enumerate(tp.shards):
+            if s.rank == rank:
+                where = torch.device("cpu") if s.placement is Placement.host and dev.type != "cpu" else dev
+                local.append((tp.name, i, s, bag.weight.dtype, where, update))
+    storage = plan_groups(local)
+    for tp, bag in checked.tables:
+        grouped = {i: g for (name, i), g in storage.place.items() if name == tp.name}
         sharded = ShardedEmbeddingBag.from_embedding_bag(
-            tp.name, bag, tp.sharding_type, tp.shards, device=dev, process_group=group
+            tp.name,
+            bag,
+            tp.sharding_type,
+            tp.shards,
+            device=dev,
+            process_group=group,
+            allocate=storage.allocator(tp.name) if grouped else None,
+            groups=grouped,
+            update=updates.get(tp.name),
         )
         if sharded.data_parallel and bag.weight.is_meta:
             with torch.no_grad():

@@ -12,16 +12,19 @@ Input is data parallel: every rank passes its own batch (per table a 1-D int64 `
 starts, as ``nn.EmbeddingBag`` takes them; a 2-D ``(bags, ids_per_bag)`` tensor without offsets works too) and gets
 the pooled rows of its own bags back.
 
-The exchange (one per call, carrying every sharded table of the call)
---------------------------------------------------------------------
+The exchange (one per call, carrying every sharded table of the call; :mod:`shardwise.clients.exchange`)
+--------------------------------------------------------------------------------------------------------
 A table's shards are column bands (``col_offset``, ``num_cols``), each cut into row blocks; table_wise is one band of
 one block, column_wise several bands of one block, row_wise / table_row_wise one band of several blocks (a grid of
 both works too). For each band, every id goes to the one block holding its row.
 
-1. **splits** — ``all_to_all_single`` of two integers per (shard, destination): bags and ids that rank will get;
+1. **splits** — ``all_to_all_single`` of two integers per (shard, destination): bags and ids that rank will get,
+   and one ``.tolist()``: the step's only host synchronisation (routing runs on the device, sync-free);
 2. **ids** — ``all_to_all_single`` of the bag lengths and the shard-local ids (row − row_offset), variable splits;
 3. **lookup** — every shard sums its rows per bag (``embedding_bag`` mode ``sum``) for every rank's bags:
-   a row block produces *partial* sums, a whole-row band full ones;
+   a row block produces *partial* sums, a whole-row band full ones; with an embedding optimizer the shards of
+   one group (same device, dtype, width and optimizer) are one weight and one lookup
+   (:mod:`shardwise.clients.shard_groups`);
 4. **pooled outputs** — ``all_to_all_single`` (differentiable) sends each rank the rows of its own bags;
    the owner adds the row blocks of a band (**all-to-all + local sum**, not a reduce-scatter: every shard sends
    its partial sums for every bag once, ``o·c`` values, and the exchange fuses with the other tables' outputs into
@@ -32,8 +35,13 @@ both works too). For each band, every id goes to the one block holding its row.
 Backward runs step 4 in reverse (one ``all_to_all_single`` of the output gradient) and then the local lookup's
 backward. data_parallel tables never communicate in forward: a full copy on every rank, looked up locally.
 
-The update rule: row-sparse gradients (the documented default)
--------------------------------------------------------------
+The update rule: the optimizer in backward, or row-sparse gradients
+------------------------------------------------------------------
+With ``apply_plan(..., embedding_optimizer=UpdateConfig(...))`` (the fast path) the tables are updated inside
+``loss.backward()`` by a fused reduce-by-id + optimizer pass over each group's touched rows
+(:mod:`shardwise.clients.shard_groups`, :mod:`shardwise.clients.fused_update`): tables get no ``.grad``, the user's
+optimizer steps the dense parameters only. Without it (the compatible mode, described next) the tables get
+row-sparse gradients for an optimizer of the user's choice.
 A sharded table never materialises a dense gradient. The shard lookup's backward returns a *coalesced* sparse COO
 gradient: the ``u`` distinct rows the step touched and their summed gradients, ``u × num_cols`` values plus ``u``
 int64 row indices — the cost model's gradient buffer ``u·c·4`` B (+ ``8·u`` B of indices) for fp32. It is built
@@ -72,7 +80,7 @@ collective); ids outside ``[0, num_embeddings)`` raise on the rank that holds th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,87 +88,23 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.autograd.function import FunctionCtx
 
+from shardwise.clients.exchange import _ShardLookup, pooled_lookup
+from shardwise.clients.fused_update import UpdateConfig, init_state
+from shardwise.clients.shard_groups import ShardGroup, fused_data_parallel_hook
 from shardwise.wire.spec import Placement, ShardingType, ShardPlan
 
 __all__ = [
+    "Routed",
     "RowWiseAdagrad",
     "ShardedEmbeddingBag",
     "ShardedEmbeddingBagCollection",
+    "pooled_lookup",
 ]
 
 Features = Mapping[str, tuple[Tensor, Tensor | None] | Tensor]
-
-
-# ------------------------------------------------------------------------------------------- autograd pieces
-
-
-class _AllToAll(torch.autograd.Function):
-    """``all_to_all_single`` with variable splits; backward sends the gradient back the same way, times ``scale``."""
-
-    @staticmethod
-    def forward(
-        ctx: FunctionCtx,
-        x: Tensor,
-        send_splits: list[int],
-        recv_splits: list[int],
-        group: dist.ProcessGroup,
-        scale: float,
-    ) -> Tensor:
-        ctx.send_splits = send_splits  # type: ignore[attr-defined]
-        ctx.recv_splits = recv_splits  # type: ignore[attr-defined]
-        ctx.group = group  # type: ignore[attr-defined]
-        ctx.scale = scale  # type: ignore[attr-defined]
-        out = x.new_empty(sum(recv_splits))
-        dist.all_to_all_single(out, x.contiguous(), recv_splits, send_splits, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None]:
-        back = grad.new_empty(sum(ctx.send_splits))
-        dist.all_to_all_single(back, grad.contiguous(), ctx.send_splits, ctx.recv_splits, group=ctx.group)
-        if ctx.scale != 1.0:
-            back.mul_(ctx.scale)
-        return back, None, None, None, None
-
-
-class _ShardLookup(torch.autograd.Function):
-    """Sum-pooled lookup into one shard whose backward is a coalesced row-sparse gradient.
-
-    Backward: ``rows, inverse = unique(ids)``; ``M`` is the ``u × bags`` sparse matrix with a 1 at
-    ``(inverse[i], bag[i])`` for every id ``i``; the gradient values are ``M @ grad_out`` (``u × c``), never an
-    ``n × c`` per-id copy and never the ``r × c`` dense table.
-    """
-
-    @staticmethod
-    def forward(ctx: FunctionCtx, weight: Tensor, ids: Tensor, offsets: Tensor) -> Tensor:
-        ctx.save_for_backward(ids, offsets)
-        ctx.weight_shape = weight.shape  # type: ignore[attr-defined]
-        if offsets.numel() == 0:
-            return weight.new_zeros((0, weight.shape[1]))
-        return F.embedding_bag(ids, weight, offsets, mode="sum")
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
-        if not ctx.needs_input_grad[0]:
-            return None, None, None
-        ids, offsets = ctx.saved_tensors
-        shape = ctx.weight_shape
-        n, bags = ids.numel(), offsets.numel()
-        if n == 0:
-            rows = ids.new_empty(0)
-            values = grad.new_zeros((0, shape[1]))
-        else:
-            lengths = torch.diff(offsets, append=offsets.new_full((1,), n))
-            bag = torch.repeat_interleave(torch.arange(bags, device=ids.device), lengths)
-            rows, inverse = torch.unique(ids, sorted=True, return_inverse=True)
-            incidence = torch.sparse_coo_tensor(
-                torch.stack([inverse, bag]), grad.new_ones(n), (rows.numel(), bags), check_invariants=False
-            )
-            values = torch.sparse.mm(incidence, grad.contiguous())
-        sparse = torch.sparse_coo_tensor(rows.unsqueeze(0), values, shape, is_coalesced=True, check_invariants=False)
-        return sparse, None, None
+#: where a shard's weight comes from: (shard index, shard, dtype, device) → a view into a group, or None (allocate)
+Allocator = Callable[[int, ShardPlan, torch.dtype, torch.device], Tensor | None]
 
 
 def average_grad_hook(group: dist.ProcessGroup, world_size: int) -> Any:
@@ -198,11 +142,31 @@ def _bands(shards: Sequence[ShardPlan]) -> list[_Band]:
     return out
 
 
+@dataclass
+class Routed:
+    """One table's ids routed to its shards, all on the device; sizes the host learns at the split exchange.
+
+    ``sizes[i]``: ids for shard ``i``; ``blocks[b]`` for a band of several row blocks: the per-(block, bag) counts
+    ``(blocks, bags)`` and the shard-local ids sorted by block (None for a whole-row band: every id as is);
+    ``bad``: ids outside ``[0, num_embeddings)`` (a 0-d tensor, checked by everyone after the split exchange).
+    """
+
+    table: str
+    ids: Tensor
+    lengths: Tensor
+    bags: int
+    sizes: Tensor
+    blocks: list[tuple[Tensor, Tensor] | None]
+    bad: Tensor
+
+
 class ShardedEmbeddingBag(nn.Module):
     """This rank's part of one embedding-bag table sharded as a plan says (see the module docstring).
 
     ``weights[j]`` is the ``j``-th of this rank's shards, ``local_shards[j]`` its place in the table
-    (for data_parallel: one full copy). Parameters are named ``<table fqn>.weights.<j>``.
+    (for data_parallel: one full copy). Parameters are named ``<table fqn>.weights.<j>``. With ``allocate`` (from
+    :func:`shardwise.clients.shard_groups.plan_groups`) the shards are views into their groups' weights and need no
+    gradient; ``update`` is the table's optimizer in backward (data_parallel copies apply it in their hook).
     """
 
     def __init__(
@@ -219,6 +183,9 @@ class ShardedEmbeddingBag(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
         process_group: dist.ProcessGroup | None = None,
+        allocate: Allocator | None = None,
+        groups: Mapping[int, tuple[ShardGroup, int]] | None = None,
+        update: UpdateConfig | None = None,
     ) -> None:
         super().__init__()
         if mode not in ("sum", "mean"):
@@ -234,6 +201,7 @@ class ShardedEmbeddingBag(nn.Module):
         self.group: dist.ProcessGroup = process_group if process_group is not None else dist.group.WORLD  # type: ignore[assignment]
         self.world_size = dist.get_world_size(self.group)
         self.rank = dist.get_rank(self.group)
+        self._plan_shards = tuple(shards)  # the plan's order: what plan_groups and ``groups`` key on
         ordered = sorted(shards, key=lambda s: (s.col_offset, s.row_offset, s.rank))
         self.shards: tuple[ShardPlan, ...] = tuple(ordered)
         self.bands = _bands(self.shards)
@@ -243,22 +211,42 @@ class ShardedEmbeddingBag(nn.Module):
         else:
             mine = [i for i, s in enumerate(self.shards) if s.rank == self.rank]
         self.local_shards: tuple[int, ...] = tuple(mine)
+        self.update = update
+        self._groups: dict[int, tuple[ShardGroup, int]] = dict(groups or {})
         self.weights = nn.ParameterList()
         for i in self.local_shards:
             s = self.shards[i]
             where = self._shard_device(s)
-            if weight is None or weight.is_meta:
-                local = torch.empty((s.num_rows, s.num_cols), dtype=dtype, device=where).normal_()
-            else:
-                block = weight.detach()[
-                    s.row_offset : s.row_offset + s.num_rows, s.col_offset : s.col_offset + s.num_cols
-                ]
-                local = block.to(device=where, dtype=dtype, copy=True).contiguous()
-            self.weights.append(nn.Parameter(local))
+            view = allocate(self._plan_index(i), s, dtype, where) if allocate is not None else None
+            local = view if view is not None else torch.empty((s.num_rows, s.num_cols), dtype=dtype, device=where)
+            with torch.no_grad():
+                if weight is None or weight.is_meta:
+                    local.normal_()
+                else:
+                    block = weight.detach()[
+                        s.row_offset : s.row_offset + s.num_rows, s.col_offset : s.col_offset + s.num_cols
+                    ]
+                    local.copy_(block)
+            self.weights.append(nn.Parameter(local, requires_grad=view is None))
+        self._dp_state: dict[str, Tensor] = {}
         if self.data_parallel:
             for p in self.weights:
-                p.register_post_accumulate_grad_hook(average_grad_hook(self.group, self.world_size))
-        self._boundaries: dict[tuple[int, ...], tuple[Tensor, Tensor]] = {}
+                if update is None:
+                    p.register_post_accumulate_grad_hook(average_grad_hook(self.group, self.world_size))
+                else:
+                    self._dp_state = init_state(update.optimizer, p.shape[0], p.shape[1], p.device)
+                    hook = fused_data_parallel_hook(self.group, self.world_size, update, self._dp_state)
+                    p.register_post_accumulate_grad_hook(hook)
+        self._boundaries: dict[tuple[tuple[int, ...], str], tuple[Tensor, Tensor, Tensor]] = {}
+        self.exchange_plans: dict[Any, Any] = {}  # the exchange's per-table-set plans (clients.exchange)
+
+    def _plan_index(self, i: int) -> int:
+        """The index of ``self.shards[i]`` in the plan's own shard list (what ``plan_groups`` keys on)."""
+        return next(k for k, s in enumerate(self._plan_shards) if s is self.shards[i])
+
+    def group_of(self, i: int) -> tuple[ShardGroup, int] | None:
+        """``(group, first row)`` of shard ``i`` (index into ``self.shards``) when it is grouped, else None."""
+        return self._groups.get(self._plan_index(i))
 
     @classmethod
     def from_embedding_bag(
@@ -270,6 +258,9 @@ class ShardedEmbeddingBag(nn.Module):
         *,
         device: torch.device | str | None = None,
         process_group: dist.ProcessGroup | None = None,
+        allocate: Allocator | None = None,
+        groups: Mapping[int, tuple[ShardGroup, int]] | None = None,
+        update: UpdateConfig | None = None,
     ) -> ShardedEmbeddingBag:
         """Shard an existing ``nn.EmbeddingBag`` (its weights are copied; a meta weight is initialised N(0, 1))."""
         return cls(
@@ -284,6 +275,9 @@ class ShardedEmbeddingBag(nn.Module):
             dtype=bag.weight.dtype,
             device=device,
             process_group=process_group,
+            allocate=allocate,
+            groups=groups,
+            update=update,
         )
 
     def _shard_device(self, shard: ShardPlan) -> torch.device:
@@ -297,15 +291,20 @@ class ShardedEmbeddingBag(nn.Module):
             f"{self.shards[i].col_offset}+{self.shards[i].num_cols}"
             for i in self.local_shards
         )
+        fused = f", update={self.update.optimizer.value}" if self.update is not None else ""
         return (
             f"{self.name!r}, {self.num_embeddings}, {self.embedding_dim}, {self.sharding_type.value}, "
-            f"mode={self.mode!r}, local=[{local}]"
+            f"mode={self.mode!r}, local=[{local}]{fused}"
         )
 
     # -- input
 
     def normalise(self, ids: Tensor, offsets: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """``(ids, lengths)``: 1-D int64 ids on the device and the number of ids of every bag."""
+        """``(ids, lengths)``: 1-D int64 ids on the device and the number of ids of every bag.
+
+        Ids are not range-checked here (that would synchronise): the exchange counts the bad ones on the device and
+        every rank raises ``IndexError`` after the split exchange.
+        """
         if ids.dim() == 2:
             if offsets is not None:
                 raise ValueError(f"table {self.name}: offsets must be None when ids are 2-D")
@@ -323,46 +322,61 @@ class ShardedEmbeddingBag(nn.Module):
                 lengths = torch.diff(offsets, append=offsets.new_full((1,), ids.numel()))
         else:
             raise ValueError(f"table {self.name}: ids must be 1-D (with offsets) or 2-D, got {ids.dim()}-D")
-        flat = flat.to(device=self.device, dtype=torch.int64)
-        if flat.numel():
-            lo, hi = torch.aminmax(flat)
-            if int(lo) < 0 or int(hi) >= self.num_embeddings:
-                raise IndexError(
-                    f"table {self.name}: ids must lie in [0, {self.num_embeddings}), got {int(lo)}..{int(hi)}"
-                )
-        return flat, lengths
+        return flat.to(device=self.device, dtype=torch.int64), lengths
 
     # -- pieces of the exchange
 
-    def route(self, ids: Tensor, lengths: Tensor) -> list[tuple[Tensor, Tensor]]:
-        """Per shard (in ``self.shards`` order): the per-bag counts and shard-local ids this rank sends it."""
-        bags = lengths.numel()
-        out: list[tuple[Tensor, Tensor]] = [(lengths, ids)] * len(self.shards)
+    def route(self, ids: Tensor, lengths: Tensor) -> Routed:
+        """Every id to the shards holding its row, on the device and without a host synchronisation."""
+        bags, n = lengths.numel(), ids.numel()
+        bad = ((ids < 0) | (ids >= self.num_embeddings)).sum()
+        sizes = torch.full((len(self.shards),), n, dtype=torch.int64, device=ids.device)
+        blocks: list[tuple[Tensor, Tensor] | None] = []
         bag: Tensor | None = None
         for band in self.bands:
             if len(band.shards) == 1:
-                continue  # a whole-row shard takes every id as is
+                blocks.append(None)  # a whole-row shard takes every id as is
+                continue
             if bag is None:
-                bag = torch.repeat_interleave(torch.arange(bags, device=ids.device), lengths)
-            bounds, starts = self._band_tensors(band.row_starts, ids.device)
-            block = torch.bucketize(ids, bounds, right=True)
-            order = torch.argsort(block, stable=True)
+                bag = torch.repeat_interleave(torch.arange(bags, device=ids.device), lengths, output_size=n)
+            bounds, starts, index = self._band_tensors(band, ids.device)
             nblocks = len(band.shards)
-            sizes = torch.bincount(block, minlength=nblocks).tolist()
-            counts = torch.bincount(block * bags + bag, minlength=nblocks * bags).view(nblocks, bags)
-            local = (ids - starts[block])[order]
-            for k, piece in enumerate(torch.split(local, sizes)):
-                out[band.shards[k]] = (counts[k], piece)
-        return out
+            block = torch.bucketize(ids, bounds, right=True).clamp_(0, nblocks - 1)
+            order = torch.argsort(block, stable=True)
+            ones = torch.ones_like(block)
+            per_block = torch.zeros(nblocks, dtype=torch.int64, device=ids.device).scatter_add_(0, block, ones)
+            counts = torch.zeros(nblocks * bags, dtype=torch.int64, device=ids.device)
+            counts.scatter_add_(0, block * bags + bag, ones)
+            sizes.index_copy_(0, index, per_block)
+            blocks.append((counts.view(nblocks, bags), (ids - starts[block])[order]))
+        return Routed(self.name, ids, lengths, bags, sizes, blocks, bad)
 
-    def _band_tensors(self, row_starts: tuple[int, ...], device: torch.device) -> tuple[Tensor, Tensor]:
-        cached = self._boundaries.get(row_starts)
-        if cached is None or cached[0].device != device:
+    def shard_input(self, routed: Routed, i: int, size_of: Mapping[int, int]) -> tuple[Tensor, Tensor]:
+        """Bag counts and shard-local ids that shard ``i`` gets from this rank (``size_of``: host id counts by
+        shard index, as the split exchange sent them)."""
+        for b, band in enumerate(self.bands):
+            if i not in band.shards:
+                continue
+            got = routed.blocks[b]
+            if got is None:
+                return routed.lengths, routed.ids
+            counts, local = got
+            k = band.shards.index(i)
+            sizes = [size_of[j] for j in band.shards]
+            start = sum(sizes[:k])
+            return counts[k], local[start : start + sizes[k]]
+        raise KeyError(i)
+
+    def _band_tensors(self, band: _Band, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+        key = (band.row_starts, str(device))
+        cached = self._boundaries.get(key)
+        if cached is None:
             cached = (
-                torch.tensor(row_starts[1:], dtype=torch.int64, device=device),
-                torch.tensor(row_starts, dtype=torch.int64, device=device),
+                torch.tensor(band.row_starts[1:], dtype=torch.int64, device=device),
+                torch.tensor(band.row_starts, dtype=torch.int64, device=device),
+                torch.tensor(band.shards, dtype=torch.int64, device=device),
             )
-            self._boundaries[row_starts] = cached
+            self._boundaries[key] = cached
         return cached
 
     def lookup(self, j: int, ids: Tensor, offsets: Tensor) -> Tensor:
@@ -424,95 +438,6 @@ class ShardedEmbeddingBag(nn.Module):
             )
         dist.all_reduce(full, group=self.group)
         return full
-
-
-# ------------------------------------------------------------------------------------------------ the exchange
-
-
-def pooled_lookup(
-    tables: Sequence[ShardedEmbeddingBag], inputs: Mapping[str, tuple[Tensor, Tensor]]
-) -> dict[str, Tensor]:
-    """Pooled outputs ``name → (bags, dim)`` for normalised inputs ``name → (ids, lengths)`` (see the module doc).
-
-    Every rank must pass the same tables; the order does not matter (they are exchanged sorted by name).
-    """
-    out: dict[str, Tensor] = {}
-    sharded: dict[torch.dtype, list[ShardedEmbeddingBag]] = {}
-    for t in sorted(tables, key=lambda t: t.name):
-        ids, lengths = inputs[t.name]
-        if t.data_parallel:
-            out[t.name] = t.local_forward(ids, lengths)
-        else:
-            sharded.setdefault(t.dtype, []).append(t)
-    for group_tables in sharded.values():
-        out.update(_exchange(group_tables, inputs))
-    return out
-
-
-def _exchange(tables: Sequence[ShardedEmbeddingBag], inputs: Mapping[str, tuple[Tensor, Tensor]]) -> dict[str, Tensor]:
-    group = tables[0].group
-    W, me = tables[0].world_size, tables[0].rank
-    device = tables[0].device
-    dtype = tables[0].dtype
-
-    # 1-2. route every id to its shards; splits first, then counts + ids
-    meta: list[list[int]] = [[] for _ in range(W)]
-    parts: list[list[Tensor]] = [[] for _ in range(W)]
-    for t in tables:
-        ids, lengths = inputs[t.name]
-        for s, (counts, local_ids) in zip(t.shards, t.route(ids, lengths), strict=True):
-            meta[s.rank] += [counts.numel(), local_ids.numel()]
-            parts[s.rank] += [counts, local_ids]
-    mine = [(t, i) for t in tables for i, s in enumerate(t.shards) if s.rank == me]
-    meta_send = torch.tensor([v for d in meta for v in d], dtype=torch.int64, device=device)
-    meta_recv = torch.empty(2 * len(mine) * W, dtype=torch.int64, device=device)
-    dist.all_to_all_single(meta_recv, meta_send, [2 * len(mine)] * W, [len(d) for d in meta], group=group)
-    got = meta_recv.view(W, len(mine), 2).tolist()  # [src][local shard] = (bags, ids)
-
-    send = torch.cat([p for d in parts for p in d]) if any(parts) else torch.empty(0, dtype=torch.int64)
-    recv_splits = [sum(b + n for b, n in got[src]) for src in range(W)]
-    recv = torch.empty(sum(recv_splits), dtype=torch.int64, device=device)
-    dist.all_to_all_single(recv, send.to(device), recv_splits, [sum(p.numel() for p in d) for d in parts], group=group)
-    pieces = iter(torch.split(recv, [x for src in range(W) for b, n in got[src] for x in (b, n)]))
-
-    # 3. look up every local shard for every source's bags
-    lengths_by: list[list[Tensor]] = [[] for _ in mine]
-    ids_by: list[list[Tensor]] = [[] for _ in mine]
-    for _src in range(W):
-        for k in range(len(mine)):
-            lengths_by[k].append(next(pieces))
-            ids_by[k].append(next(pieces))
-    pooled: list[list[Tensor]] = []
-    for k, (t, i) in enumerate(mine):
-        lengths_all = torch.cat(lengths_by[k])
-        offsets = torch.cumsum(lengths_all, 0) - lengths_all
-        rows = t.lookup(t.local_shards.index(i), torch.cat(ids_by[k]), offsets)
-        pooled.append(list(torch.split(rows, [got[src][k][0] for src in range(W)])))
-
-    # 4. pooled rows back to their bags' ranks; row blocks summed, bands concatenated
-    blocks = [pooled[k][src].reshape(-1) for src in range(W) for k in range(len(mine))]
-    x = torch.cat(blocks) if blocks else torch.empty(0, dtype=dtype, device=device)
-    if torch.is_grad_enabled() and not x.requires_grad:
-        x.requires_grad_()  # every rank must take part in the backward all-to-all, shards or not
-    send_splits = [
-        sum(got[src][k][0] * mine[k][0].shards[mine[k][1]].num_cols for k in range(len(mine))) for src in range(W)
-    ]
-    recv_splits = [0] * W
-    theirs: list[tuple[ShardedEmbeddingBag, int, int]] = []  # (table, shard, rank) in the senders' order
-    for d in range(W):
-        for t in tables:
-            bags = inputs[t.name][1].numel()
-            for i, s in enumerate(t.shards):
-                if s.rank == d:
-                    recv_splits[d] += bags * s.num_cols
-                    theirs.append((t, i, bags))
-    y = _AllToAll.apply(x, send_splits, recv_splits, group, 1.0 / W)  # type: ignore[no-untyped-call]
-    assert isinstance(y, Tensor)
-    sizes = [bags * t.shards[i].num_cols for t, i, bags in theirs]
-    per_table: dict[str, dict[int, Tensor]] = {t.name: {} for t in tables}
-    for (t, i, bags), block in zip(theirs, torch.split(y, sizes), strict=True):
-        per_table[t.name][i] = block.view(bags, t.shards[i].num_cols)
-    return {t.name: t.combine(per_table[t.name], inputs[t.name][1]) for t in tables}
 
 
 # ------------------------------------------------------------------------------------------------ the collection

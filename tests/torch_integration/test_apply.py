@@ -34,6 +34,7 @@ from torch import Tensor, nn  # noqa: E402
 
 from shardwise.clients import apply as apply_mod  # noqa: E402
 from shardwise.clients.apply import PlanMismatchError, apply_plan, param_groups, split_parameters  # noqa: E402
+from shardwise.clients.fused_update import RowOptimizer, UpdateConfig  # noqa: E402
 from shardwise.clients.sharded_embedding import RowWiseAdagrad, ShardedEmbeddingBag, ShardedEmbeddingBagCollection  # noqa: E402
 from shardwise.wire.spec import (  # noqa: E402
     DensePlan,
@@ -334,6 +335,84 @@ def check_training(rank: int, world: int, plan: Plan, mixed: bool, device: str =
     return errors
 
 
+#: each sharding type's optimizer in the fused checks: every optimizer runs, and column_wise never gets the row-wise
+#: one (its state is per column slice, as FBGEMM keeps it, so it is not the unsharded update)
+FUSED_OPTIMIZER = {
+    ST.table_wise: RowOptimizer.rowwise_adagrad,
+    ST.row_wise: RowOptimizer.adam,
+    ST.column_wise: RowOptimizer.adagrad,
+    ST.table_row_wise: RowOptimizer.rowwise_adagrad,
+    ST.data_parallel: RowOptimizer.adam,
+}
+FUSED_LR = {
+    RowOptimizer.sgd: 0.1,
+    RowOptimizer.adagrad: 0.1,
+    RowOptimizer.rowwise_adagrad: 0.1,
+    RowOptimizer.adam: 0.05,
+}
+
+
+def _reference_optimizer(kind: RowOptimizer, params: list[nn.Parameter]) -> Any:
+    lr = FUSED_LR[kind]
+    if kind is RowOptimizer.sgd:
+        return torch.optim.SGD(params, lr=lr)
+    if kind is RowOptimizer.adagrad:
+        return torch.optim.Adagrad(params, lr=lr, eps=1e-10)
+    if kind is RowOptimizer.rowwise_adagrad:
+        return RowWiseAdagrad(params, lr=lr, eps=1e-10)
+    return torch.optim.SparseAdam(params, lr=lr, eps=1e-8)  # lazy Adam: touched rows only, as the fused update
+
+
+def _is_data_parallel(model: nn.Module, param: Tensor) -> bool:
+    return any(
+        isinstance(m, ShardedEmbeddingBag) and m.data_parallel and any(p is param for p in m.parameters())
+        for m in model.modules()
+    )
+
+
+def check_training_fused(rank: int, world: int, plan: Plan, kinds: dict[str, RowOptimizer]) -> list[str]:
+    """The optimizer in backward: per table ``kinds[fqn]``, against the unsharded model with the same optimizer.
+
+    Three steps (state carried over: Adam's bias correction, the accumulators), the first through the model's own
+    forward, the others through the collection; after each, the forward output and every parameter are compared,
+    and no table parameter may hold a gradient.
+    """
+    errors: list[str] = []
+    torch.manual_seed(0)
+    ref = DLRM()
+    configs = {fqn: UpdateConfig(optimizer=k, lr=FUSED_LR[k]) for fqn, k in kinds.items()}
+    model = apply_plan(copy.deepcopy(ref), plan, embedding_optimizer=configs)
+    for fqn in TABLES:
+        ref.get_submodule(fqn).sparse = True  # the reference's tables take sparse gradients (SparseAdam needs them)
+    ref_rest = [p for n, p in ref.named_parameters() if not n.startswith("sparse.")]
+    ref_opts = [torch.optim.SGD(ref_rest, lr=0.1)]
+    ref_opts += [_reference_optimizer(kinds[fqn], [ref.get_submodule(fqn).weight]) for fqn in TABLES]
+    emb, rest = split_parameters(model)
+    if any(p.requires_grad for p in emb if p.dim() == 2 and not _is_data_parallel(model, p)):
+        errors.append("grouped table shards must not require gradients")
+    opts = [torch.optim.SGD(param_groups(rest), lr=0.1)]
+    ebc = ShardedEmbeddingBagCollection.from_module(model)
+    for step in range(3):
+        whole, locals_ = global_batch(world, seed=200 + step)
+        g_dense, g_feats, g_target = whole
+        dense, feats, target = locals_[rank]
+        rows = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
+        what = f"fused step {step}"
+        ref_out = ref(g_dense, g_feats)
+        ((ref_out - g_target) ** 2).mean().backward()
+        out = model(dense, feats) if step == 0 else model.head(dense, ebc(feats))  # type: ignore[operator]
+        ((out - target) ** 2).mean().backward()
+        _close(out.detach(), ref_out.detach()[rows], f"{what} forward", errors)
+        with_grad = [n for n, p in model.named_parameters() if n.startswith("sparse.") and p.grad is not None]
+        if with_grad:
+            errors.append(f"{what}: tables hold gradients after backward: {with_grad}")
+        for o in (*ref_opts, *opts):
+            o.step()
+            o.zero_grad()
+        _compare(ref, model, f"{what} after the update", errors, grad=False)
+    return errors
+
+
 def check_meta_tables(rank: int, world: int) -> list[str]:
     """Tables built on the meta device: each rank materialises only its own shards; data_parallel copies agree."""
     errors: list[str] = []
@@ -487,6 +566,14 @@ def worker(rank: int, world: int, only: tuple[str, ...] = ()) -> dict[str, str]:
     for st in ShardingType:
         guarded(st.value, lambda st=st: check_training(rank, world, one_type_plan(world, st), mixed=False))
     guarded("mixed", lambda: check_training(rank, world, mixed_plan(world), mixed=True))
+    for st in ShardingType:
+        kinds = dict.fromkeys(TABLES, FUSED_OPTIMIZER[st])
+        guarded(
+            f"fused:{st.value}",
+            lambda st=st, kinds=kinds: check_training_fused(rank, world, one_type_plan(world, st), kinds),
+        )
+    mixed_kinds = {fqn: FUSED_OPTIMIZER[st] for st, fqn in MIXED.items()}
+    guarded("fused:mixed", lambda: check_training_fused(rank, world, mixed_plan(world), mixed_kinds))
     guarded("planner", lambda: check_training(rank, world, planner_plan(world), mixed=True))
     guarded("meta_tables", lambda: check_meta_tables(rank, world))
     if not only or "validation" in only:
@@ -538,6 +625,17 @@ def test_each_sharding_type_matches_reference(world: int, sharding_type: str) ->
 @pytest.mark.parametrize("world", [2, 4])
 def test_mixed_plan_with_every_dense_style_matches_reference(world: int) -> None:
     assert_passed(world, "mixed")
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("sharding_type", TYPES)
+def test_each_sharding_type_with_the_optimizer_in_backward_matches_reference(world: int, sharding_type: str) -> None:
+    assert_passed(world, f"fused:{sharding_type}")
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_mixed_plan_with_the_optimizer_in_backward_matches_reference(world: int) -> None:
+    assert_passed(world, "fused:mixed")
 
 
 @pytest.mark.parametrize("world", [2, 4])

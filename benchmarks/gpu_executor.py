@@ -1,0 +1,339 @@
+"""The executor on one GPU: a training step's time, its embedding part, GPU busy time, host syncs and peak memory.
+
+One process, world size 1 (NCCL), the ``h200`` model of ``gpu_step_time.py`` (seven fp32 tables of 128 columns,
+24 GB, mean pooling 30 … 1, the DLRM MLPs), every table table_wise on the one GPU, dense layers replicated. Two
+executors of the same plan, measured in one run:
+
+* ``sparse`` — the compatible mode: per-shard lookups whose backward builds coalesced row-sparse gradients, then
+  ``RowWiseAdagrad`` on the tables and Adam on the dense layers (the executor before the fused path);
+* ``fused`` — ``apply_plan(..., embedding_optimizer=UpdateConfig("rowwise_adagrad", lr))``: grouped lookups, the
+  row-wise Adagrad update fused into backward (Triton on the GPU), Adam on the dense layers.
+
+For each batch size and executor: the median step (CUDA events around ``--steps`` steps after ``--warmup``, four
+pre-generated batches in rotation), the embedding part alone (lookup forward, backward and the tables' update: the
+collection's call and a backward of random output gradients, plus the tables' optimizer step in the sparse mode),
+GPU busy time per step and the top kernels (torch.profiler, the union of every kernel and copy), host
+synchronisations inside one step (``torch.cuda.set_sync_debug_mode("warn")``, each warning counted), peak memory
+(``torch.cuda.max_memory_allocated`` from building the model to the last step) beside the cost model's predicted HBM
+for the rank, and the plan's predicted step. Then ``--loss-steps`` training steps of the fused executor with the
+Triton kernels, of the fused executor on its pure-torch backend, and of the sparse executor, from one
+initialisation on the same batches: the three loss curves.
+
+    # the plans (any machine with the planner extra): world-1 plans, priced by the cost model, committed
+    python benchmarks/gpu_executor.py --write-plans
+    # the measurement (a GPU with torch, Triton, pydantic and PyYAML)
+    python benchmarks/gpu_executor.py --out results.json
+    # a CPU smoke test of the whole path (gloo, tiny model): --device cpu --config tiny --batches 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import gpu_step_time as gst
+
+from shardwise.clients.apply import apply_plan, split_parameters
+from shardwise.clients.fused_update import RowOptimizer, UpdateConfig
+from shardwise.clients.sharded_embedding import RowWiseAdagrad, ShardedEmbeddingBagCollection
+from shardwise.wire.spec import ModelSpec, Plan
+
+ex = gst.ex
+ROOT = Path(__file__).resolve().parent.parent
+PLANS = ROOT / "benchmarks" / "gpu_plans" / "executor"
+DEFAULT_BATCHES = (4096, 16384, 32768)
+LR_EMB, LR_DENSE = 0.05, 1e-3
+
+
+# ------------------------------------------------------------------------------------------------ plans
+
+
+def plan_path(config: str, batch: int) -> Path:
+    return PLANS / f"{config}-b{batch}.json"
+
+
+def write_plans(config: str, batches: Sequence[int]) -> None:
+    """World-1 plans (every table table_wise on rank 0, dense replicated), priced by the cost model."""
+    cfg, _ = gst.CONFIGS[config]
+    fleet = gst.h200_fleet(1)
+    PLANS.mkdir(parents=True, exist_ok=True)
+    for b in batches:
+        spec = ex.model_spec(cfg, b)
+        plan = gst.round_robin(spec, fleet)
+        doc = {"model": spec.model_dump(mode="json"), "plan": plan.model_dump(mode="json")}
+        plan_path(config, b).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        r = plan.ranks[0]
+        print(
+            f"{config} b{b}: predicted {plan.predicted_step_ms:.3f} ms (compute {r.predicted_ms.compute:.3f}, "
+            f"comm {r.predicted_ms.comm:.3f}), HBM {r.hbm_used_bytes / 2**30:.2f} GiB → {plan_path(config, b)}"
+        )
+
+
+def load_plan(config: str, batch: int) -> tuple[ModelSpec, Plan]:
+    doc = json.loads(plan_path(config, batch).read_text(encoding="utf-8"))
+    spec = ModelSpec.model_validate(doc["model"])
+    cfg, _ = gst.CONFIGS[config]
+    if spec != ex.model_spec(cfg, batch):
+        raise SystemExit(f"{plan_path(config, batch)} is not this model: --write-plans again")
+    return spec, Plan.model_validate(doc["plan"])
+
+
+# ------------------------------------------------------------------------------------------------ one executor
+
+
+class Runner:
+    """One model under one executor: its training step and its embedding part."""
+
+    def __init__(self, mode: str, cfg: Any, spec: ModelSpec, plan: Plan, device: torch.device, seed: int = 0) -> None:
+        self.mode = mode
+        torch.manual_seed(seed)
+        model = ex.DLRM(cfg, table_device="meta")
+        update = None
+        if mode.startswith("fused"):
+            update = UpdateConfig(optimizer=RowOptimizer.rowwise_adagrad, lr=LR_EMB)
+        torch.manual_seed(seed + 1)  # the tables' N(0, 1) initialisation: the same draws in every executor
+        self.model = apply_plan(model, plan, model_spec=spec, device=device, embedding_optimizer=update)
+        self.ebc = ShardedEmbeddingBagCollection.from_module(self.model)
+        emb, dense = split_parameters(self.model)
+        self.dense_opt = torch.optim.Adam(dense, lr=LR_DENSE)
+        self.emb_opt = RowWiseAdagrad(emb, lr=LR_EMB) if mode == "sparse" else None
+
+    def step(self, batch: Any) -> torch.Tensor:
+        dense, feats, labels = batch
+        logits = self.model.head(dense, self.ebc(feats))
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
+        loss.backward()  # type: ignore[no-untyped-call]
+        for o in (self.dense_opt, self.emb_opt):
+            if o is not None:
+                o.step()
+                o.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def embedding_part(self, batch: Any, grads: dict[str, torch.Tensor]) -> None:
+        """Lookup forward, backward of fixed output gradients, and the tables' update (fused: inside backward)."""
+        _, feats, _ = batch
+        pooled = self.ebc(feats)
+        names = sorted(pooled)
+        torch.autograd.backward([pooled[n] for n in names], [grads[n] for n in names])
+        if self.emb_opt is not None:
+            self.emb_opt.step()
+            self.emb_opt.zero_grad(set_to_none=True)
+
+
+def timed(fn: Callable[[int], Any], n: int, device: torch.device) -> list[float]:
+    """``n`` calls, each between two CUDA events (host clock on the CPU), in ms."""
+    out = []
+    for i in range(n):
+        if device.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            a.record()
+            fn(i)
+            b.record()
+            b.synchronize()
+            out.append(a.elapsed_time(b))
+        else:
+            t = time.perf_counter()
+            fn(i)
+            out.append((time.perf_counter() - t) * 1e3)
+    return out
+
+
+def count_syncs(fn: Callable[[], Any], device: torch.device) -> int | None:
+    """Host synchronisations ``fn`` makes: torch's sync debug mode warns once per synchronising call."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize(device)
+    return sum(1 for w in caught if "synchroniz" in str(w.message).lower())
+
+
+def measure(
+    mode: str, config: str, batch: int, device: torch.device, warmup: int, steps: int, profile: int
+) -> dict[str, Any]:
+    cfg, _ = gst.CONFIGS[config]
+    spec, plan = load_plan(config, batch)
+    gen = torch.Generator().manual_seed(1234)
+    batches = [ex.synthetic_batch(cfg, batch, device, gen) for _ in range(4)]
+    grads = {ex.DLRMConfig.fqn(cfg, t): torch.randn(batch, cfg.dim, device=device, generator=None) for t in cfg.tables}
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    runner = Runner(mode, cfg, spec, plan, device)
+    for i in range(warmup):
+        runner.step(batches[i % 4])
+    step_ms = timed(lambda i: runner.step(batches[i % 4]), steps, device)
+    emb_ms = timed(lambda i: runner.embedding_part(batches[i % 4], grads), steps, device)
+    syncs = count_syncs(lambda: runner.step(batches[0]), device)
+    peak = (torch.cuda.max_memory_allocated(device) - base) if device.type == "cuda" else 0
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    prof = gst.profile_steps(lambda i: runner.step(batches[i % 4]), sync, profile) if device.type == "cuda" else {}
+    rank = plan.ranks[0]
+    out = {
+        "mode": mode,
+        "batch": batch,
+        "step_ms": statistics.median(step_ms),
+        "step_p10_ms": gst.percentile(step_ms, 0.1),
+        "step_p90_ms": gst.percentile(step_ms, 0.9),
+        "embedding_ms": statistics.median(emb_ms),
+        "syncs_per_step": syncs,
+        "peak_bytes": peak,
+        "predicted_hbm_bytes": rank.hbm_used_bytes,
+        "predicted_step_ms": plan.predicted_step_ms,
+        "predicted_compute_ms": rank.predicted_ms.compute,
+        "predicted_comm_ms": rank.predicted_ms.comm,
+        **prof,
+    }
+    return out  # the model goes with this frame: main() collects it before the next one
+
+
+def loss_curves(config: str, batch: int, device: torch.device, steps: int) -> dict[str, list[float]]:
+    """``steps`` training steps of each executor from one initialisation, on the same batches."""
+    cfg, _ = gst.CONFIGS[config]
+    spec, plan = load_plan(config, batch)
+    curves: dict[str, list[float]] = {}
+    for mode in ("fused", "fused-torch", "sparse"):
+        os.environ["SHARDWISE_FUSED_BACKEND"] = "torch" if mode == "fused-torch" else "auto"
+        run = Runner(mode, cfg, spec, plan, device)
+        gen = torch.Generator().manual_seed(99)
+        losses = []
+        for _ in range(steps):
+            losses.append(run.step(ex.synthetic_batch(cfg, batch, device, gen)))
+        curves[mode] = [float(x) for x in torch.stack(losses).cpu()]
+        del run
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    os.environ.pop("SHARDWISE_FUSED_BACKEND", None)
+    return curves
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+
+def machine(device: torch.device) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "host": socket.gethostname(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info |= {"gpu": props.name, "sms": props.multi_processor_count, "cuda": torch.version.cuda}
+        try:
+            import triton
+
+            info["triton"] = triton.__version__
+        except ImportError:
+            info["triton"] = None
+    return info
+
+
+def table(results: Sequence[dict[str, Any]]) -> list[str]:
+    head = (
+        f"{'batch':>6} {'executor':<8} {'step ms':>8} {'emb ms':>7} {'GPU busy':>9} {'syncs':>5} "
+        f"{'peak GiB':>8} {'pred GiB':>8} {'pred ms':>8}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in results:
+        busy = r.get("gpu_busy_ms")
+        busy_s = f"{busy / r['step_ms']:8.0%}" if busy else f"{'n/a':>8}"
+        syncs = "n/a" if r["syncs_per_step"] is None else str(r["syncs_per_step"])
+        lines.append(
+            f"{r['batch']:>6} {r['mode']:<8} {r['step_ms']:8.2f} {r['embedding_ms']:7.2f} {busy_s:>9} {syncs:>5} "
+            f"{r['peak_bytes'] / 2**30:8.2f} {r['predicted_hbm_bytes'] / 2**30:8.2f} {r['predicted_step_ms']:8.2f}"
+        )
+    return lines
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--config", default="h200", choices=sorted(gst.CONFIGS))
+    p.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)), help="comma-separated batch sizes")
+    p.add_argument("--modes", default="sparse,fused", help="executors to measure: sparse, fused")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--profile", type=int, default=5, help="profiled steps per run (0: none)")
+    p.add_argument("--loss-steps", type=int, default=200, help="loss curves: steps per executor (0: none)")
+    p.add_argument("--loss-batch", type=int, default=16384)
+    p.add_argument("--out", type=Path, help="write every figure here as JSON")
+    p.add_argument("--write-plans", action="store_true", help="write the world-1 plans and stop (needs the planner)")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    batches = [int(b) for b in args.batches.split(",") if b]
+    if args.write_plans:
+        write_plans(args.config, batches)
+        return
+    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(gst_free_port()))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", rank=0, world_size=1, timeout=timedelta(minutes=5), device_id=device)
+    else:
+        dist.init_process_group("gloo", rank=0, world_size=1, timeout=timedelta(minutes=5))
+    try:
+        results = []
+        for b in batches:
+            for mode in args.modes.split(","):
+                r = measure(mode, args.config, b, device, args.warmup, args.steps, args.profile)
+                gc.collect()
+                results.append(r)
+                print("\n".join(table([r])[2:]), flush=True)
+        curves = loss_curves(args.config, args.loss_batch, device, args.loss_steps) if args.loss_steps else {}
+        doc = {"machine": machine(device), "config": args.config, "results": results, "loss_curves": curves}
+        print()
+        print("\n".join(table(results)))
+        for r in results:
+            for name, ms, calls in r.get("top_kernels", [])[:6]:
+                print(f"  b{r['batch']} {r['mode']:<7} {ms:7.3f} ms {calls:6.1f}×  {name}")
+        if curves:
+            ref = curves["fused-torch"]
+            for mode, c in curves.items():
+                worst = max(abs(a - b) for a, b in zip(c, ref, strict=True))
+                print(f"loss {mode:<12} first {c[0]:.5f} last {c[-1]:.5f}  max |Δ| vs fused-torch {worst:.2e}")
+        if args.out:
+            args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    finally:
+        dist.destroy_process_group()
+
+
+def gst_free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,312 @@
+"""One exchange per step for every sharded table of a call, with one host synchronisation: the split sizes.
+
+:func:`pooled_lookup` is what :class:`~shardwise.clients.sharded_embedding.ShardedEmbeddingBag` and its collection
+call. For the tables of one dtype it runs (see the sharded_embedding module docstring for the layout):
+
+1. **route** — every table sends each id to the shard holding its row (on the device: bucketize, a stable sort
+   by block, per-(block, bag) counts by ``scatter_add``; no ``bincount``, no ``unique``, no ``nonzero``, nothing
+   whose output size depends on the data), and counts its ids outside ``[0, num_embeddings)``;
+2. **splits** — ``all_to_all_single`` of fixed size: per (destination, shard) the bags and ids it will get, and per
+   destination this rank's count of bad ids; then ONE ``.tolist()`` of what was sent and received. That is the
+   step's only host synchronisation: the collectives that follow need their split sizes on the host. Bad ids on
+   any rank raise ``IndexError`` on every rank (nobody is left waiting in a collective);
+3. **ids** — ``all_to_all_single`` of the bag lengths and shard-local ids, split on the host sizes;
+4. **lookup** — grouped: with an embedding optimizer, the shards of a group (same device, dtype, width and
+   optimizer; :mod:`shardwise.clients.shard_groups`) are looked up by one ``embedding_bag`` over the group's weight,
+   whose backward is the fused reduce-by-id + optimizer update; without one, each shard is looked up alone and its
+   backward is a coalesced row-sparse gradient (:class:`_ShardLookup`, the compatible mode: it synchronises in
+   backward, for ``unique``);
+5. **pooled rows** — ``all_to_all_single`` (differentiable) back to the bags' ranks, row blocks summed, bands
+   concatenated, ``mean`` divided by the bag length.
+
+Device tensors that do not change between steps (block boundaries, the permutation of the split table) are made on
+the first call and cached, so the first step synchronises more than the later ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import FunctionCtx
+
+from shardwise.clients.shard_groups import ShardGroup, group_lookup
+
+if TYPE_CHECKING:
+    from shardwise.clients.sharded_embedding import Routed, ShardedEmbeddingBag
+
+__all__ = ["AllToAll", "pooled_lookup"]
+
+
+class AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` with variable splits; backward sends the gradient back the same way, times ``scale``."""
+
+    @staticmethod
+    def forward(
+        ctx: FunctionCtx,
+        x: Tensor,
+        send_splits: list[int],
+        recv_splits: list[int],
+        group: dist.ProcessGroup,
+        scale: float,
+    ) -> Tensor:
+        ctx.send_splits = send_splits  # type: ignore[attr-defined]
+        ctx.recv_splits = recv_splits  # type: ignore[attr-defined]
+        ctx.group = group  # type: ignore[attr-defined]
+        ctx.scale = scale  # type: ignore[attr-defined]
+        out = x.new_empty(sum(recv_splits))
+        dist.all_to_all_single(out, x.contiguous(), recv_splits, send_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None]:
+        back = grad.new_empty(sum(ctx.send_splits))
+        dist.all_to_all_single(back, grad.contiguous(), ctx.send_splits, ctx.recv_splits, group=ctx.group)
+        if ctx.scale != 1.0:
+            back.mul_(ctx.scale)
+        return back, None, None, None, None
+
+
+class _ShardLookup(torch.autograd.Function):
+    """Sum-pooled lookup into one shard whose backward is a coalesced row-sparse gradient (the compatible mode).
+
+    Backward: ``rows, inverse = unique(ids)``; ``M`` is the ``u × bags`` sparse matrix with a 1 at
+    ``(inverse[i], bag[i])`` for every id ``i``; the gradient values are ``M @ grad_out`` (``u × c``), never an
+    ``n × c`` per-id copy and never the ``r × c`` dense table.
+    """
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, weight: Tensor, ids: Tensor, offsets: Tensor) -> Tensor:
+        ctx.save_for_backward(ids, offsets)
+        ctx.weight_shape = weight.shape  # type: ignore[attr-defined]
+        if offsets.numel() == 0:
+            return weight.new_zeros((0, weight.shape[1]))
+        return F.embedding_bag(ids, weight, offsets, mode="sum")
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
+        if not ctx.needs_input_grad[0]:
+            return None, None, None
+        ids, offsets = ctx.saved_tensors
+        shape = ctx.weight_shape
+        n, bags = ids.numel(), offsets.numel()
+        if n == 0:
+            rows = ids.new_empty(0)
+            values = grad.new_zeros((0, shape[1]))
+        else:
+            lengths = torch.diff(offsets, append=offsets.new_full((1,), n))
+            bag = torch.repeat_interleave(torch.arange(bags, device=ids.device), lengths, output_size=n)
+            rows, inverse = torch.unique(ids, sorted=True, return_inverse=True)
+            incidence = torch.sparse_coo_tensor(
+                torch.stack([inverse, bag]), grad.new_ones(n), (rows.numel(), bags), check_invariants=False
+            )
+            values = torch.sparse.mm(incidence, grad.contiguous())
+        sparse = torch.sparse_coo_tensor(rows.unsqueeze(0), values, shape, is_coalesced=True, check_invariants=False)
+        return sparse, None, None
+
+
+# ------------------------------------------------------------------------------------------------ the plan
+
+
+@dataclass
+class _Plan:
+    """What does not change between calls with the same tables: who sends which shard's ids where."""
+
+    order: list[list[tuple[int, int]]]  # [destination] → (table index, shard index), in table then shard order
+    perm: Tensor  # rows of the per-(table, shard) split table in destination order (device)
+    mine: list[tuple[int, int]]  # this rank's shards (table index, shard index), in the order every sender uses
+
+
+def _make_plan(tables: Sequence[ShardedEmbeddingBag], device: torch.device) -> _Plan:
+    W, me = tables[0].world_size, tables[0].rank
+    order: list[list[tuple[int, int]]] = [[] for _ in range(W)]
+    flat: dict[tuple[int, int], int] = {}
+    for ti, t in enumerate(tables):
+        for i, s in enumerate(t.shards):
+            flat[(ti, i)] = len(flat)
+            order[s.rank].append((ti, i))
+    perm = torch.tensor([flat[e] for d in order for e in d], dtype=torch.int64, device=device)
+    return _Plan(order, perm, list(order[me]))
+
+
+def _plan_for(tables: Sequence[ShardedEmbeddingBag], device: torch.device) -> _Plan:
+    key = (tuple(t.name for t in tables), str(device))
+    cache = tables[0].exchange_plans
+    if key not in cache:
+        cache[key] = _make_plan(tables, device)
+    found: _Plan = cache[key]
+    return found
+
+
+# ------------------------------------------------------------------------------------------------ the exchange
+
+
+def pooled_lookup(
+    tables: Sequence[ShardedEmbeddingBag], inputs: Mapping[str, tuple[Tensor, Tensor]]
+) -> dict[str, Tensor]:
+    """Pooled outputs ``name → (bags, dim)`` for normalised inputs ``name → (ids, lengths)`` (see the module doc).
+
+    Every rank must pass the same tables; the order does not matter (they are exchanged sorted by name).
+    """
+    out: dict[str, Tensor] = {}
+    sharded: dict[torch.dtype, list[ShardedEmbeddingBag]] = {}
+    local: list[ShardedEmbeddingBag] = []
+    for t in sorted(tables, key=lambda t: t.name):
+        (local if t.data_parallel else sharded.setdefault(t.dtype, [])).append(t)
+    routed = {t.name: t.route(*inputs[t.name]) for t in tables}
+    if not sharded:  # no exchange to carry the bad-id counts: check here (the only synchronising path)
+        bad = [t.name for t in local if int(routed[t.name].bad) > 0]
+        if bad:
+            raise IndexError(f"ids outside their table's rows: {', '.join(bad)}")
+    groups = list(sharded.values())
+    for k, group_tables in enumerate(groups):
+        extra = [routed[t.name] for t in local] if k == 0 else []  # data_parallel bad ids ride on the first exchange
+        out.update(_exchange(group_tables, routed, extra))
+    for t in local:
+        ids, lengths = inputs[t.name]
+        out[t.name] = t.local_forward(ids, lengths)
+    return out
+
+
+def _exchange(
+    tables: Sequence[ShardedEmbeddingBag], routed: Mapping[str, Routed], extra: Sequence[Routed]
+) -> dict[str, Tensor]:
+    group = tables[0].group
+    W = tables[0].world_size
+    device = tables[0].device
+    dtype = tables[0].dtype
+    plan = _plan_for(tables, device)
+    rt = [routed[t.name] for t in tables]
+
+    # 2. the split table: per (table, shard) [bags, ids], in destination order, then this rank's bad-id count
+    table_meta = torch.cat([torch.stack([torch.full_like(r.sizes, r.bags), r.sizes], dim=1) for r in rt])  # (shards, 2)
+    ordered = table_meta.index_select(0, plan.perm).reshape(-1)
+    bad = torch.stack([r.bad for r in (*rt, *extra)]).sum().reshape(1)
+    pieces: list[Tensor] = []
+    at = 0
+    for d in range(W):
+        n = 2 * len(plan.order[d])
+        pieces += [ordered[at : at + n], bad]
+        at += n
+    meta_send = torch.cat(pieces)
+    per_src = 2 * len(plan.mine) + 1
+    meta_recv = torch.empty(per_src * W, dtype=torch.int64, device=device)
+    send_meta_splits = [2 * len(plan.order[d]) + 1 for d in range(W)]
+    dist.all_to_all_single(meta_recv, meta_send, [per_src] * W, send_meta_splits, group=group)
+    host = torch.cat([meta_send, meta_recv]).tolist()  # the one synchronisation of the step
+    sent, got = host[: meta_send.numel()], host[meta_send.numel() :]
+    bad_ranks = [src for src in range(W) if got[src * per_src + per_src - 1] > 0]
+    if bad_ranks:
+        raise IndexError(_bad_ids_message(bad_ranks, tables, rt, extra))
+
+    # 3. ids: per destination, per shard, the bag counts then the shard-local ids
+    size_of: list[dict[int, int]] = [{} for _ in tables]  # [table] → shard → ids sent
+    at = 0
+    for d in range(W):
+        for ti, i in plan.order[d]:
+            size_of[ti][i] = sent[at + 1]
+            at += 2
+        at += 1
+    send_parts: list[Tensor] = []
+    send_splits = []
+    for d in range(W):
+        total = 0
+        for ti, i in plan.order[d]:
+            counts, ids = tables[ti].shard_input(rt[ti], i, size_of[ti])
+            send_parts += [counts, ids]
+            total += counts.numel() + ids.numel()
+        send_splits.append(total)
+    send = torch.cat(send_parts) if send_parts else torch.empty(0, dtype=torch.int64, device=device)
+    recv_counts = [
+        [(got[s * per_src + 2 * k], got[s * per_src + 2 * k + 1]) for k in range(len(plan.mine))] for s in range(W)
+    ]
+    recv_splits = [sum(b + n for b, n in recv_counts[s]) for s in range(W)]
+    recv = torch.empty(sum(recv_splits), dtype=torch.int64, device=device)
+    dist.all_to_all_single(recv, send.to(device), recv_splits, send_splits, group=group)
+    split_sizes = [x for s in range(W) for b, n in recv_counts[s] for x in (b, n)]
+    received = iter(torch.split(recv, split_sizes))
+    lengths_by: list[list[Tensor]] = [[] for _ in plan.mine]
+    ids_by: list[list[Tensor]] = [[] for _ in plan.mine]
+    for _src in range(W):
+        for k in range(len(plan.mine)):
+            lengths_by[k].append(next(received))
+            ids_by[k].append(next(received))
+
+    # 4. look up: grouped shards together, the others one by one
+    bags_of = [[recv_counts[s][k][0] for s in range(W)] for k in range(len(plan.mine))]
+    ids_of = [sum(recv_counts[s][k][1] for s in range(W)) for k in range(len(plan.mine))]
+    pooled: list[Tensor | None] = [None] * len(plan.mine)
+    by_group: dict[int, list[int]] = {}
+    groups: dict[int, ShardGroup] = {}
+    for k, (ti, i) in enumerate(plan.mine):
+        found = tables[ti].group_of(i)
+        if found is None:
+            t = tables[ti]
+            lengths_all = torch.cat(lengths_by[k])
+            offsets = torch.cumsum(lengths_all, 0) - lengths_all
+            pooled[k] = t.lookup(t.local_shards.index(i), torch.cat(ids_by[k]), offsets)
+        else:
+            by_group.setdefault(id(found[0]), []).append(k)
+            groups[id(found[0])] = found[0]
+    for gid, ks in by_group.items():
+        g = groups[gid]
+        ids_parts, length_parts = [], []
+        for k in ks:
+            ti, i = plan.mine[k]
+            base = tables[ti].group_of(i)[1]  # type: ignore[index]
+            ids_k = torch.cat(ids_by[k])
+            ids_parts.append(ids_k + base if base else ids_k)
+            length_parts += lengths_by[k]
+        lengths_g = torch.cat(length_parts)
+        n_g = sum(ids_of[k] for k in ks)
+        b_g = sum(sum(bags_of[k]) for k in ks)
+        where = g.weight.device
+        ids_g = torch.cat(ids_parts).to(where)
+        lengths_g = lengths_g.to(where)
+        offsets_g = torch.cumsum(lengths_g, 0) - lengths_g
+        bag_ids = torch.repeat_interleave(torch.arange(b_g, device=where), lengths_g, output_size=n_g)
+        names = tuple(sorted({tables[plan.mine[k][0]].name for k in ks}))
+        rows = group_lookup(g, names, ids_g, offsets_g, bag_ids).to(device)
+        for k, block in zip(ks, torch.split(rows, [sum(bags_of[k]) for k in ks]), strict=True):
+            pooled[k] = block
+
+    # 5. pooled rows back to their bags' ranks; row blocks summed, bands concatenated
+    by_src = []
+    for k, p in enumerate(pooled):
+        assert p is not None
+        by_src.append(list(torch.split(p, bags_of[k])))
+    blocks = [by_src[k][src].reshape(-1) for src in range(W) for k in range(len(plan.mine))]
+    x = torch.cat(blocks) if blocks else torch.empty(0, dtype=dtype, device=device)
+    if torch.is_grad_enabled() and not x.requires_grad:
+        x.requires_grad_()  # every rank must take part in the backward all-to-all, shards or not
+    cols = [tables[ti].shards[i].num_cols for ti, i in plan.mine]
+    send_splits = [sum(bags_of[k][src] * cols[k] for k in range(len(plan.mine))) for src in range(W)]
+    recv_splits = [0] * W
+    theirs: list[tuple[ShardedEmbeddingBag, int, int]] = []  # (table, shard, bags) in the senders' order
+    for d in range(W):
+        for ti, i in plan.order[d]:
+            t = tables[ti]
+            recv_splits[d] += rt[ti].bags * t.shards[i].num_cols
+            theirs.append((t, i, rt[ti].bags))
+    y = AllToAll.apply(x, send_splits, recv_splits, group, 1.0 / W)  # type: ignore[no-untyped-call]
+    assert isinstance(y, Tensor)
+    sizes = [bags * t.shards[i].num_cols for t, i, bags in theirs]
+    per_table: dict[str, dict[int, Tensor]] = {t.name: {} for t in tables}
+    for (t, i, bags), block in zip(theirs, torch.split(y, sizes), strict=True):
+        per_table[t.name][i] = block.view(bags, t.shards[i].num_cols)
+    return {t.name: t.combine(per_table[t.name], routed[t.name].lengths) for t in tables}
+
+
+def _bad_ids_message(
+    ranks: Sequence[int], tables: Sequence[ShardedEmbeddingBag], routed: Sequence[Routed], extra: Sequence[Routed]
+) -> str:
+    """Which tables got ids outside their rows (on this rank: an error path, so it may synchronise)."""
+    mine = [t.name for t, r in zip(tables, routed, strict=True) if int(r.bad) > 0]
+    mine += [r.table for r in extra if int(r.bad) > 0]
+    where = f"; here: {', '.join(mine)}" if mine else ""
+    return f"ids outside their table's rows [0, num_embeddings) on rank(s) {', '.join(map(str, ranks))}{where}"

@@ -1,0 +1,223 @@
+"""Grouped storage and the optimizer in backward: one weight per group of shards, one lookup, one fused update.
+
+With an embedding optimizer (``apply_plan(..., embedding_optimizer=UpdateConfig(...))``), the shards a rank holds
+that share a device, a dtype, a width (``num_cols``) and an optimizer configuration live in ONE ``(R, C)`` tensor,
+the group's ``weight``: each shard is a row range of it (``ShardGroup.base`` of the shard), and each table's
+``weights[j]`` is a view of that range (a parameter that needs no gradient). A step looks the whole group up with one
+``embedding_bag`` over ids offset by their shard's base, the way table-batched embedding kernels do, and its
+backward runs :func:`~shardwise.clients.fused_update.fused_backward_update` once for the group: the output gradient's
+rows are reduced by id and the optimizer is applied to the touched rows in place. No sparse COO tensor, no dense
+table gradient, and no host synchronisation.
+
+The contract this gives the training loop (the optimizer in backward):
+
+* tables get no ``.grad`` — their update happens inside ``loss.backward()``, with the table's optimizer and
+  learning rate from the :class:`~shardwise.clients.fused_update.UpdateConfig` given to ``apply_plan``;
+* the user's optimizer steps the dense parameters only (``split_parameters(model)[1]``), as before;
+* one update per lookup call: a table looked up twice in a step is updated twice (each call's backward), and
+  Adam's bias correction counts each table's own updates;
+* optimizer state lives beside the weights (``ShardGroup.state``, fp32): ``rowwise_adagrad`` one value per row,
+  ``adagrad`` one per element, ``adam`` two per element, ``sgd`` none — what the cost model charges.
+
+data_parallel tables keep a full copy per rank and a dense gradient, all-reduced (averaged) by a hook when it is
+accumulated, as without an embedding optimizer; the same hook then applies the table's optimizer to the rows the
+averaged gradient touches (:func:`dense_update`) and drops the gradient, so they too have no ``.grad`` after
+backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import FunctionCtx
+
+from shardwise.clients.fused_update import RowOptimizer, UpdateConfig, fused_backward_update, init_state
+from shardwise.wire.spec import ShardPlan
+
+__all__ = ["GroupKey", "ShardGroup", "ShardStorage", "dense_update", "group_lookup", "plan_groups"]
+
+
+@dataclass(frozen=True)
+class GroupKey:
+    """What shards must share to be looked up and updated together."""
+
+    device: torch.device
+    dtype: torch.dtype
+    num_cols: int
+    config: UpdateConfig
+
+
+@dataclass(eq=False)
+class ShardGroup:
+    """One ``(R, C)`` weight holding several shards' rows, its optimizer state, and the update counter."""
+
+    key: GroupKey
+    weight: Tensor
+    state: dict[str, Tensor]
+    #: updates so far, per table: Adam's bias correction counts a table's own steps (SparseAdam's per-parameter
+    #: step), whether the table is looked up alone (the model's own forward) or with others (the collection)
+    steps: dict[str, int] = field(default_factory=dict)
+    #: a zero-size tensor that needs a gradient: it makes autograd call the group lookup's backward (the update)
+    trigger: Tensor = field(default_factory=lambda: torch.empty(0, requires_grad=True))
+
+    @property
+    def rows(self) -> int:
+        return int(self.weight.shape[0])
+
+
+@dataclass
+class ShardStorage:
+    """Where each local shard's weight lives: its group and its first row there, by (table name, shard index)."""
+
+    groups: list[ShardGroup]
+    place: dict[tuple[str, int], tuple[ShardGroup, int]]
+
+    def allocator(self, table: str) -> Callable[[int, ShardPlan, torch.dtype, torch.device], Tensor | None]:
+        """For :class:`~shardwise.clients.sharded_embedding.ShardedEmbeddingBag`: shard ``i`` → its view, or
+        None where the shard is not grouped (data_parallel copies)."""
+
+        def allocate(i: int, shard: ShardPlan, dtype: torch.dtype, device: torch.device) -> Tensor | None:
+            found = self.place.get((table, i))
+            if found is None:
+                return None
+            group, base = found
+            view = group.weight[base : base + shard.num_rows]
+            if view.dtype != dtype or view.device != device:
+                raise ValueError(f"table {table}: shard {i} planned into a group of another dtype or device")
+            return view
+
+        return allocate
+
+    def group_of(self, table: str, i: int) -> tuple[ShardGroup, int] | None:
+        return self.place.get((table, i))
+
+
+def plan_groups(
+    shards: Sequence[tuple[str, int, ShardPlan, torch.dtype, torch.device, UpdateConfig]],
+) -> ShardStorage:
+    """Lay this rank's sharded (not data_parallel) shards out in groups and allocate each group's weight once.
+
+    ``shards``: ``(table name, shard index, shard, dtype, device, update config)`` for every local shard, in the
+    tables' order. Every group's weight is allocated at its full size before any shard exists (so the peak memory
+    is the shards' sum, never a second copy); its rows are left uninitialised for the tables to fill.
+    """
+    rows: dict[GroupKey, int] = {}
+    place: dict[tuple[str, int], tuple[GroupKey, int]] = {}
+    for table, i, shard, dtype, device, config in shards:
+        key = GroupKey(device, dtype, shard.num_cols, config)
+        place[(table, i)] = (key, rows.get(key, 0))
+        rows[key] = rows.get(key, 0) + shard.num_rows
+    groups = {
+        key: ShardGroup(
+            key,
+            torch.empty((n, key.num_cols), dtype=key.dtype, device=key.device),
+            init_state(key.config.optimizer, n, key.num_cols, key.device),
+            trigger=torch.empty(0, device=key.device, requires_grad=True),
+        )
+        for key, n in rows.items()
+    }
+    return ShardStorage(list(groups.values()), {k: (groups[g], base) for k, (g, base) in place.items()})
+
+
+class _GroupLookup(torch.autograd.Function):
+    """Sum-pooled lookup of a whole group; backward is the fused reduce-by-id + optimizer update, in place."""
+
+    @staticmethod
+    def forward(
+        ctx: FunctionCtx,
+        trigger: Tensor,
+        group: ShardGroup,
+        tables: tuple[str, ...],
+        ids: Tensor,
+        offsets: Tensor,
+        bags: Tensor,
+    ) -> Tensor:
+        ctx.group = group  # type: ignore[attr-defined]
+        ctx.tables = tables  # type: ignore[attr-defined]
+        ctx.save_for_backward(ids, bags)
+        if offsets.numel() == 0:
+            return group.weight.new_zeros((0, group.weight.shape[1]))
+        return F.embedding_bag(ids, group.weight, offsets, mode="sum")
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None, None]:
+        ids, bags = ctx.saved_tensors
+        group: ShardGroup = ctx.group
+        step = 1 + max(group.steps.get(t, 0) for t in ctx.tables)  # equal unless tables were looked up unevenly
+        for t in ctx.tables:
+            group.steps[t] = step
+        with torch.no_grad():
+            fused_backward_update(group.weight, group.state, ids, bags, grad, group.key.config, step=step)
+        return group.trigger.new_zeros(0), None, None, None, None, None
+
+
+def group_lookup(group: ShardGroup, tables: tuple[str, ...], ids: Tensor, offsets: Tensor, bags: Tensor) -> Tensor:
+    """Pooled rows ``(len(offsets), C)`` of ``group`` for group-row ``ids`` of ``tables``; updates them in backward.
+
+    ``bags[i]`` is the bag (output row) of ``ids[i]``: given by the caller, which knows the number of ids on the host,
+    so that no step needs a synchronising ``repeat_interleave``.
+    """
+    out = _GroupLookup.apply(group.trigger, group, tables, ids, offsets, bags)  # type: ignore[no-untyped-call]
+    assert isinstance(out, Tensor)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ data_parallel
+
+
+def dense_update(weight: Tensor, grad: Tensor, state: Mapping[str, Tensor], config: UpdateConfig, *, step: int) -> None:
+    """The optimizer on a dense (already averaged) table gradient, for the rows it touches, in place.
+
+    Rows whose gradient is zero are the rows no rank looked up; sgd, adagrad and rowwise_adagrad leave them as
+    they are anyway (a zero gradient adds nothing to the accumulators and moves no weight), and for adam they are
+    masked, so that its moments move only on touched rows (lazy Adam, as the sharded tables update). A row whose
+    gradients cancel exactly to zero counts as untouched. No host synchronisation (the mask stays on the device).
+    """
+    g = grad.float()
+    w = weight
+    lr, eps = config.lr, config.epsilon
+    opt = config.optimizer
+    if opt is RowOptimizer.sgd:
+        w.add_((g * -lr).to(w.dtype))
+    elif opt is RowOptimizer.rowwise_adagrad:
+        acc = state["sum"]
+        acc.add_(g.pow(2).mean(dim=1))
+        w.add_((g / (acc.sqrt() + eps).unsqueeze(1) * -lr).to(w.dtype))
+    elif opt is RowOptimizer.adagrad:
+        acc = state["sum"]
+        acc.add_(g.pow(2))
+        w.add_((g / (acc.sqrt() + eps) * -lr).to(w.dtype))
+    else:  # adam, lazy
+        touched = (g != 0).any(dim=1, keepdim=True).to(g.dtype)
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        b1, b2 = config.beta1, config.beta2
+        m.add_((g - m) * ((1 - b1) * touched))
+        v.add_((g.pow(2) - v) * ((1 - b2) * touched))
+        step_size = lr * (1 - b2**step) ** 0.5 / (1 - b1**step)
+        w.add_((m / (v.sqrt() + eps) * (-step_size) * touched).to(w.dtype))
+
+
+def fused_data_parallel_hook(
+    group: dist.ProcessGroup, world_size: int, config: UpdateConfig, state: dict[str, Tensor]
+) -> Callable[[Tensor], None]:
+    """Post-accumulate-grad hook of a data_parallel copy: average over ranks, apply the optimizer, drop the grad."""
+    counter = [0]
+
+    def hook(param: Tensor) -> None:
+        if param.grad is None:
+            return
+        grad = param.grad
+        dist.all_reduce(grad, group=group)
+        grad.div_(world_size)
+        counter[0] += 1
+        with torch.no_grad():
+            dense_update(param, grad, state, config, step=counter[0])
+        param.grad = None
+
+    return hook
