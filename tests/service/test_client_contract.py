@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from conftest import EXAMPLES, count, fleet, small_model
-from shardwise.clients import cli
+from shardwise.clients import cli, cli_remote
 from shardwise.clients.client import ShardwiseClient
 from shardwise.clients.errors import PlanInfeasibleError, PlanNotFoundError, ValidationFailedError
 from shardwise.hwprofiles import get_profile
@@ -110,7 +110,9 @@ def test_a_202_job_is_followed_to_its_plan(api: ShardwiseClient) -> None:
 
 
 def test_cli_remote_commands(client: TestClient, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(cli, "make_client", lambda url, token: ShardwiseClient(http_client=client, poll_interval=0.1))
+    monkeypatch.setattr(
+        cli_remote, "make_client", lambda url, token: ShardwiseClient(http_client=client, poll_interval=0.1)
+    )
     runner = CliRunner()
     model = EXAMPLES / "dlrm_dcnv2.json"
     fleet_file = EXAMPLES / "fleet_8xh100.json"
@@ -145,7 +147,9 @@ def test_cli_remote_commands(client: TestClient, monkeypatch: pytest.MonkeyPatch
 
 
 def test_cli_progress_bar_shows_best_and_bound(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "make_client", lambda url, token: ShardwiseClient(http_client=client, poll_interval=0.2))
+    monkeypatch.setattr(
+        cli_remote, "make_client", lambda url, token: ShardwiseClient(http_client=client, poll_interval=0.2)
+    )
     out = CliRunner().invoke(
         cli.app, ["submit", str(EXAMPLES / "dlrm_dcnv2.json"), str(EXAMPLES / "fleet_8xh100.json"), "--time-limit", "3"]
     )

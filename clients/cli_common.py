@@ -1,0 +1,102 @@
+"""What the local and the remote commands of the ``shardwise`` CLI share: the one-line error exit (``fail``), reading
+a spec file (``load_spec``: JSON or YAML, validated, its first error in one line), the ``--solver`` choices, and a
+plan's per-rank table (``print_plan``) and file (``write_plan``).
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import typer
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from shardwise.wire.spec import Plan, PlanStatus
+
+
+class Solver(StrEnum):
+    cpsat = "cpsat"
+    greedy = "greedy"
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    one_line = " ".join(part.strip() for part in message.splitlines() if part.strip())  # YAML errors span lines
+    typer.echo(f"error: {one_line}", err=True)
+    raise typer.Exit(code)
+
+
+def read_document(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        fail(f"{path}: {exc.strerror or exc}")
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            return yaml.safe_load(text)
+        return json.loads(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        fail(f"{path}: not valid {'YAML' if path.suffix in ('.yaml', '.yml') else 'JSON'}: {exc}")
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """The first error as ``field.path: reason`` (+ how many more)."""
+    errors = exc.errors()
+    first = errors[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "<root>"
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{loc}: {first['msg']}{more}"
+
+
+def load_spec(path: Path, kind: type[M]) -> M:
+    data = read_document(path)
+    try:
+        return kind.model_validate(data)
+    except ValidationError as exc:
+        fail(f"{path}: {describe_validation_error(exc)}")
+
+
+def gb(n: int) -> str:
+    """Bytes as gigabytes, eight wide: a column of the tables."""
+    return f"{n / 1e9:8.2f}"
+
+
+def print_plan(plan: Plan) -> None:
+    """The per-rank table and the plan's summary lines."""
+    if plan.status is PlanStatus.infeasible:
+        typer.echo(f"status: infeasible ({plan.model} on {plan.fleet})")
+        for line in plan.explanation:
+            typer.echo(f"  - {line}")
+        return
+    header = f"{'rank':>4} {'host':>4} {'gpu':<16} {'HBM GB':>8} {'/ cap GB':>8} {'fill':>5} "
+    header += f"{'compute ms':>10} {'comm ms':>9} {'total ms':>9}"
+    typer.echo(header)
+    for r in plan.ranks:
+        fill = r.hbm_used_bytes / r.hbm_capacity_bytes if r.hbm_capacity_bytes else 0.0
+        typer.echo(
+            f"{r.rank:>4} {r.host:>4} {r.gpu:<16} {gb(r.hbm_used_bytes)} {gb(r.hbm_capacity_bytes)} {fill:>5.0%} "
+            f"{r.predicted_ms.compute:>10.3f} {r.predicted_ms.comm:>9.3f} {r.predicted_ms.total:>9.3f}"
+        )
+    bound = "n/a" if plan.lower_bound_ms is None else f"{plan.lower_bound_ms:.3f} ms"
+    gap = "" if plan.solver.gap is None else f", gap {plan.solver.gap:.1%}"
+    typer.echo(
+        f"status: {plan.status.value} ({plan.solver.name}, {plan.solver.seconds:.2f} s) · "
+        f"predicted step {plan.predicted_step_ms:.3f} ms · bound {bound}{gap}"
+    )
+    for line in plan.explanation:
+        typer.echo(f"  - {line}")
+
+
+def write_plan(plan: Plan, out: Path | None) -> None:
+    if out is None:
+        return
+    try:
+        out.write_text(plan.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        fail(f"{out}: {exc.strerror or exc}")
+    typer.echo(f"plan written to {out}")

@@ -1,0 +1,247 @@
+"""The ``shardwise`` CLI's local commands, which need no server: ``plan``, ``evaluate``, ``port`` and ``profiles``,
+with the port comparison's printing (``print_port``).
+
+They load the solver lazily, when they run, so the base install can show ``--help`` and says in one line which extra
+to add when the solver's dependencies are missing. ``register`` adds them to the ``shardwise`` app
+(``shardwise.clients.cli``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+
+from shardwise.clients.cli_common import (
+    Solver,
+    describe_validation_error,
+    fail,
+    gb,
+    load_spec,
+    print_plan,
+    read_document,
+    write_plan,
+)
+from shardwise.wire.port_spec import PortReport
+from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams
+
+MAX_PROBLEMS = 12  # an invalid plan lists this many problems, then how many more
+
+
+def _solver_modules() -> Any:
+    try:
+        import numpy  # noqa: F401
+
+        from shardwise.solver import planner
+    except ImportError as exc:  # pragma: no cover - exercised on the base install only
+        fail(f"the local planner needs the planner extra ({exc.name} is missing): pip install 'shardwise[planner]'")
+    return planner
+
+
+def _port_module() -> Any:
+    _solver_modules()  # the one-line message when the planner extra is missing
+    from shardwise.solver import port
+
+    return port
+
+
+def plan(
+    model_path: Annotated[Path, typer.Argument(metavar="MODEL", help="ModelSpec JSON/YAML")],
+    fleet_path: Annotated[Path, typer.Argument(metavar="FLEET", help="FleetSpec JSON/YAML")],
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="write the plan JSON here")] = None,
+    solver: Annotated[
+        Solver, typer.Option(help="cpsat: optimal plans with a proven bound; greedy: the fast heuristic")
+    ] = Solver.cpsat,
+    time_limit: Annotated[float, typer.Option("--time-limit", help="CP-SAT time limit, seconds", min=0.001)] = 30.0,
+    seed: Annotated[int, typer.Option(help="CP-SAT random seed (same seed, same plan)", min=0)] = 0,
+    workers: Annotated[int, typer.Option(help="CP-SAT worker threads", min=1)] = 2,
+    gap: Annotated[float, typer.Option(help="stop once within this relative gap of the bound", min=0.0)] = 0.0,
+    deterministic_time: Annotated[
+        float | None,
+        typer.Option(
+            "--deterministic-time", help="CP-SAT work limit in deterministic units: reproducible on any machine"
+        ),
+    ] = None,
+) -> None:
+    """Plan MODEL on FLEET; print the per-rank table and (with -o) write the plan."""
+    model = load_spec(model_path, ModelSpec)
+    fleet = load_spec(fleet_path, FleetSpec)
+    try:
+        params = SolveParams(
+            solver=solver.value,
+            time_limit_s=time_limit,
+            random_seed=seed,
+            num_workers=workers,
+            relative_gap_limit=gap,
+            max_deterministic_time=deterministic_time,
+        )
+    except ValidationError as exc:
+        fail(describe_validation_error(exc))
+    planner = _solver_modules()
+    result: Plan = planner.make_plan(model, fleet, params)
+    print_plan(result)
+    write_plan(result, output)
+    if result.status is PlanStatus.infeasible:
+        raise typer.Exit(1)
+
+
+def evaluate(
+    model_path: Annotated[Path, typer.Argument(metavar="MODEL")],
+    fleet_path: Annotated[Path, typer.Argument(metavar="FLEET")],
+    plan_path: Annotated[Path, typer.Argument(metavar="PLAN", help="a plan in shardwise's wire format")],
+    torchrec: Annotated[
+        bool, typer.Option("--torchrec", help="PLAN is a serialized TorchRec ShardingPlan: import it, then score it")
+    ] = False,
+) -> None:
+    """Validate PLAN for MODEL on FLEET and print its predicted step time per rank."""
+    model = load_spec(model_path, ModelSpec)
+    fleet = load_spec(fleet_path, FleetSpec)
+    if torchrec:
+        from shardwise.solver.torchrec.importer import from_torchrec
+
+        try:
+            given = from_torchrec(read_document(plan_path), model, fleet)
+        except ValueError as exc:
+            fail(f"{plan_path}: {exc}")
+    else:
+        given = load_spec(plan_path, Plan)
+    planner = _solver_modules()
+    problems, scored = planner.score_plan(model, fleet, given)
+    if problems:
+        typer.echo(f"plan is invalid ({len(problems)} problem(s)):", err=True)
+        for p in problems[:MAX_PROBLEMS]:
+            typer.echo(f"  - {p}", err=True)
+        if len(problems) > MAX_PROBLEMS:
+            typer.echo(f"  … and {len(problems) - MAX_PROBLEMS} more", err=True)
+        raise typer.Exit(1)
+    print_plan(scored)
+
+
+def _fleet_line(fleet: FleetSpec) -> str:
+    groups = ", ".join(f"{g.count * g.gpus_per_host}× {g.gpu_name}" for g in fleet.hosts)
+    return f"{fleet.name} ({groups})"
+
+
+def _opt_gb(n: int | None) -> str:
+    return f"{'-':>8}" if n is None else gb(n)
+
+
+def _opt_ms(x: float | None) -> str:
+    return f"{'-':>9}" if x is None else f"{x:>9.3f}"
+
+
+def print_port(report: PortReport, source: FleetSpec, target: FleetSpec) -> None:
+    """The comparison as text: the three plans, per-rank HBM and time on the target, short ranks, hints."""
+    typer.echo(f"port {report.model}: {_fleet_line(source)} → {_fleet_line(target)}")
+    src = report.source_plan
+    if src.status is PlanStatus.infeasible:
+        typer.echo(f"source plan:  infeasible on {report.source_fleet}")
+    else:
+        typer.echo(
+            f"source plan:  {src.predicted_step_ms:.3f} ms per step on {report.source_fleet} ({src.solver.name})"
+        )
+    d = report.direct_port
+    if d.feasible:
+        typer.echo(f"direct port:  runs, {d.predicted_step_ms:.3f} ms per step on {report.target_fleet}")
+    else:
+        typer.echo(f"direct port:  does not run on {report.target_fleet}")
+    re = report.replan
+    if re.status is PlanStatus.infeasible:
+        typer.echo(f"re-plan:      infeasible on {report.target_fleet}")
+    else:
+        bound = "" if re.lower_bound_ms is None else f", bound {re.lower_bound_ms:.3f} ms"
+        kept = " (the direct port's layout)" if report.replan_from == "direct_port" else ""
+        typer.echo(f"re-plan:      {re.predicted_step_ms:.3f} ms per step ({re.solver.name}{bound}){kept}")
+    if report.speedup is not None:
+        typer.echo(f"speed-up:     {report.speedup:.2f}× ({report.step_ms_saved:.3f} ms per step saved)")
+    else:
+        typer.echo("speed-up:     n/a (the direct port or the re-plan does not run)")
+    typer.echo("")
+    typer.echo(
+        f"{'rank':>4} {'gpu':<16} {'usable GB':>9} {'src GB':>8} {'port GB':>8} {'re GB':>8} "
+        f"{'port ms':>9} {'re ms':>9}"
+    )
+    for r in report.ranks:
+        typer.echo(
+            f"{r.rank:>4} {r.gpu:<16} {r.hbm_limit_bytes / 1e9:>9.2f} {_opt_gb(r.source_hbm_bytes)} "
+            f"{_opt_gb(r.direct_port_hbm_bytes)} {_opt_gb(r.replan_hbm_bytes)} "
+            f"{_opt_ms(r.direct_port_ms)} {_opt_ms(r.replan_ms)}"
+        )
+    if d.problems:
+        typer.echo("")
+        typer.echo("direct port problems:")
+        for line in d.problems[:MAX_PROBLEMS]:
+            typer.echo(f"  - {line}")
+        if len(d.problems) > MAX_PROBLEMS:
+            typer.echo(f"  … and {len(d.problems) - MAX_PROBLEMS} more")
+    typer.echo("")
+    typer.echo("hints:")
+    for line in report.hints:
+        typer.echo(f"  - {line}")
+
+
+def port(
+    model_path: Annotated[Path, typer.Argument(metavar="MODEL", help="ModelSpec JSON/YAML")],
+    source_path: Annotated[
+        Path, typer.Option("--from", metavar="FLEET_A", help="the fleet the job runs on now (FleetSpec JSON/YAML)")
+    ],
+    target_path: Annotated[
+        Path, typer.Option("--to", metavar="FLEET_B", help="the fleet it moves to (FleetSpec JSON/YAML)")
+    ],
+    plan_path: Annotated[
+        Path | None,
+        typer.Option("--plan", metavar="PLAN", help="the plan FLEET_A runs (wire format); default: plan it"),
+    ] = None,
+    solver: Annotated[
+        Solver, typer.Option(help="cpsat: optimal plans with a proven bound; greedy: the fast heuristic")
+    ] = Solver.cpsat,
+    time_limit: Annotated[
+        float, typer.Option("--time-limit", help="CP-SAT time limit per solve, seconds", min=0.001)
+    ] = 30.0,
+    seed: Annotated[int, typer.Option(help="CP-SAT random seed (same seed, same plan)", min=0)] = 0,
+    workers: Annotated[int, typer.Option(help="CP-SAT worker threads", min=1)] = 2,
+    as_json: Annotated[bool, typer.Option("--json", help="print the report as one JSON object")] = False,
+) -> None:
+    """Compare running MODEL's FLEET_A plan unchanged on FLEET_B (the direct port) with re-planning for FLEET_B."""
+    model = load_spec(model_path, ModelSpec)
+    source = load_spec(source_path, FleetSpec)
+    target = load_spec(target_path, FleetSpec)
+    given = load_spec(plan_path, Plan) if plan_path is not None else None
+    try:
+        params = SolveParams(solver=solver.value, time_limit_s=time_limit, random_seed=seed, num_workers=workers)
+    except ValidationError as exc:
+        fail(describe_validation_error(exc))
+    port_mod = _port_module()
+    try:
+        report: PortReport = port_mod.port_analysis(model, source, target, params, source_plan=given)
+    except port_mod.PortError as exc:
+        fail(f"{plan_path}: {exc}")
+    if as_json:
+        typer.echo(report.model_dump_json(indent=2))
+    else:
+        print_port(report, source, target)
+    if report.replan.status is PlanStatus.infeasible:
+        raise typer.Exit(1)
+
+
+def profiles() -> None:
+    """List the accelerator catalogue."""
+    from shardwise.hwprofiles import catalogue
+
+    typer.echo(f"{'name':<17} {'HBM GB':>8} {'HBM TB/s':>8} {'bf16 TF':>8} {'scale-up GB/s':>13} {'peer GB/s':>9}")
+    for name, p in sorted(catalogue().items()):
+        typer.echo(
+            f"{name:<17} {p.hbm_bytes / 1e9:>8.1f} {p.hbm_bandwidth_bytes_per_s / 1e12:>8.2f} "
+            f"{p.peak_flops_per_s['bf16'] / 1e12:>8.0f} {p.scale_up_bytes_per_s / 1e9:>13.1f} "
+            f"{p.scale_up_per_peer_bytes_per_s / 1e9:>9.1f}"
+        )
+
+
+def register(target: typer.Typer) -> None:
+    """Add ``plan``, ``evaluate``, ``port`` and ``profiles`` to a Typer app (the ``shardwise`` one)."""
+    target.command()(plan)
+    target.command()(evaluate)
+    target.command()(port)
+    target.command()(profiles)
