@@ -19,6 +19,9 @@ The contract this gives the training loop (the optimizer in backward):
 * optimizer state lives beside the weights (``ShardGroup.state``, fp32): ``rowwise_adagrad`` one value per row,
   ``adagrad`` one per element, ``adam`` two per element, ``sgd`` none — what the cost model charges.
 
+``SHARDWISE_FUSED_BACKEND`` (``auto``, ``torch`` or ``triton``; default ``auto``: Triton on CUDA tensors) picks the
+update's backend, read at each backward: the pure-torch one is the reference the Triton kernel is checked against.
+
 data_parallel tables keep a full copy per rank and a dense gradient, all-reduced (averaged) by a hook when it is
 accumulated, as without an embedding optimizer; the same hook then applies the table's optimizer to the rows the
 averaged gradient touches (:func:`dense_update`) and drops the gradient, so they too have no ``.grad`` after
@@ -27,6 +30,7 @@ backward.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -153,7 +157,10 @@ class _GroupLookup(torch.autograd.Function):
         for t in ctx.tables:
             group.steps[t] = step
         with torch.no_grad():
-            fused_backward_update(group.weight, group.state, ids, bags, grad, group.key.config, step=step)
+            backend = os.environ.get("SHARDWISE_FUSED_BACKEND", "auto")
+            fused_backward_update(
+                group.weight, group.state, ids, bags, grad, group.key.config, step=step, backend=backend
+            )
         return group.trigger.new_zeros(0), None, None, None, None, None
 
 
