@@ -172,6 +172,19 @@ def count_syncs(fn: Callable[[], Any], device: torch.device) -> int | None:
     return sum(1 for w in caught if "synchroniz" in str(w.message).lower())
 
 
+def host_profile(step: Callable[[int], Any], sync: Callable[[], None], n: int) -> list[tuple[str, float, float]]:
+    """Where the host's time goes: the operators with the most self CPU time per step (ms, calls per step)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sync()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for i in range(n):
+            step(i)
+        sync()
+    rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:15]
+    return [(e.key, e.self_cpu_time_total / n / 1e3, e.count / n) for e in rows]
+
+
 def measure(
     mode: str, config: str, batch: int, device: torch.device, warmup: int, steps: int, profile: int
 ) -> dict[str, Any]:
@@ -194,8 +207,10 @@ def measure(
     peak = (torch.cuda.max_memory_allocated(device) - base) if device.type == "cuda" else 0
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     prof = gst.profile_steps(lambda i: runner.step(batches[i % 4]), sync, profile) if device.type == "cuda" else {}
+    host = host_profile(lambda i: runner.step(batches[i % 4]), sync, profile) if profile else []
     rank = plan.ranks[0]
     out = {
+        "host_top_ops": host,
         "mode": mode,
         "batch": batch,
         "step_ms": statistics.median(step_ms),
@@ -318,6 +333,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         for r in results:
             for name, ms, calls in r.get("top_kernels", [])[:6]:
                 print(f"  b{r['batch']} {r['mode']:<7} {ms:7.3f} ms {calls:6.1f}×  {name}")
+        for r in results:
+            for name, ms, calls in r.get("host_top_ops", [])[:8]:
+                print(f"  host b{r['batch']} {r['mode']:<7} {ms:7.3f} ms {calls:6.1f}×  {name}")
         if curves:
             ref = curves["fused-torch"]
             for mode, c in curves.items():
