@@ -55,7 +55,6 @@ mixed plan with every dense style, TP over one and over two "hosts") and on two 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -66,20 +65,16 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.nn.parallel import DistributedDataParallel
 
 from shardwise.clients.fused_update import UpdateConfig
+from shardwise.clients.plan_check import TP_STYLES, PlanMismatchError, ancestors, check, check_plan, under
 from shardwise.clients.shard_groups import plan_groups
 from shardwise.clients.sharded_embedding import ShardedEmbeddingBag, average_grad_hook
 from shardwise.wire.spec import (
-    DensePlan,
     DenseStyle,
-    Dtype,
     ModelSpec,
     Placement,
     Plan,
-    PlanStatus,
-    Pooling,
     ShardingType,
     ShardPlan,
-    TablePlan,
 )
 
 __all__ = [
@@ -93,205 +88,6 @@ __all__ = [
     "param_groups",
     "split_parameters",
 ]
-
-_TORCH_DTYPES: Mapping[Dtype, torch.dtype] = {
-    Dtype.fp32: torch.float32,
-    Dtype.fp16: torch.float16,
-    Dtype.bf16: torch.bfloat16,
-}
-_TP_STYLES = (DenseStyle.colwise, DenseStyle.rowwise)
-
-
-class PlanMismatchError(ValueError):
-    """The plan does not fit the module or the process group; ``problems`` lists every reason."""
-
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = problems
-        super().__init__("plan does not fit the model: " + "; ".join(problems))
-
-
-@dataclass
-class _Checked:
-    tables: list[tuple[TablePlan, nn.EmbeddingBag]] = field(default_factory=list)
-    dense: list[tuple[DensePlan, nn.Module]] = field(default_factory=list)
-    hosts: list[int] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-
-
-# ------------------------------------------------------------------------------------------------ checks
-
-
-def _ancestors(name: str) -> list[str]:
-    """The FQNs of the modules above ``name``: ``"a.b.c"`` → ``["a", "a.b"]``."""
-    parts = name.split(".")
-    return [".".join(parts[:i]) for i in range(1, len(parts))]
-
-
-def _under(name: str, roots: set[str]) -> bool:
-    """``name`` is one of ``roots`` or lies inside one of them."""
-    return name in roots or any(a in roots for a in _ancestors(name))
-
-
-def _hosts(plan: Plan, world_size: int, problems: list[str]) -> list[int]:
-    if not plan.ranks:
-        return [0] * world_size
-    if len(plan.ranks) != world_size:
-        problems.append(f"world size: the plan is for {len(plan.ranks)} ranks, the process group has {world_size}")
-        return [0] * world_size
-    by_rank = sorted(plan.ranks, key=lambda r: r.rank)
-    if [r.rank for r in by_rank] != list(range(world_size)):
-        problems.append(f"plan ranks must be numbered 0..{world_size - 1}")
-        return [0] * world_size
-    return [r.host for r in by_rank]
-
-
-def _check_tiling(tp: TablePlan, rows: int, cols: int, world_size: int, hosts: Sequence[int]) -> list[str]:
-    """The plan's own geometry (:meth:`~shardwise.wire.spec.TablePlan.layout_problems`), then what this executor needs
-    on top: a data_parallel copy on every rank (lookups are local), and shards that form column bands, each tiled by
-    row blocks (the shape a lookup is routed by)."""
-    out = tp.layout_problems(rows, cols, world_size, lambda r: hosts[r], ranks_in="the process group")
-    if out:
-        return out
-    where = f"table {tp.name}"
-    if tp.sharding_type is ShardingType.data_parallel:
-        if sorted(s.rank for s in tp.shards) != list(range(world_size)):
-            out.append(f"{where}: data_parallel needs one copy on every rank (lookups are local)")
-        return out
-    bands: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for s in tp.shards:
-        bands.setdefault((s.col_offset, s.num_cols), []).append((s.row_offset, s.num_rows))
-    pos = 0
-    for c0, nc in sorted(bands):
-        if c0 != pos:
-            out.append(f"{where}: columns {min(c0, pos)}..{max(c0, pos)} do not form column bands of whole shards")
-            return out
-        pos = c0 + nc
-    return out
-
-
-def _check_table(tp: TablePlan, mod: nn.Module | None, spec: ModelSpec | None, checked: _Checked, W: int) -> None:
-    where = f"table {tp.name}"
-    problems = checked.problems
-    if mod is None:
-        problems.append(f"{where}: the model has no module named {tp.name!r}")
-        return
-    if not isinstance(mod, nn.EmbeddingBag):
-        problems.append(f"{where}: is a {type(mod).__name__}; apply_plan shards nn.EmbeddingBag modules only")
-        return
-    before = len(problems)
-    rows, cols = mod.num_embeddings, mod.embedding_dim
-    if mod.mode not in ("sum", "mean"):
-        problems.append(f"{where}: pooling mode {mod.mode!r} is not supported (sum or mean)")
-    for attr in ("padding_idx", "max_norm"):
-        if getattr(mod, attr) is not None:
-            problems.append(f"{where}: {attr} is not supported")
-    if mod.scale_grad_by_freq:
-        problems.append(f"{where}: scale_grad_by_freq is not supported")
-    if not mod.weight.dtype.is_floating_point:
-        problems.append(f"{where}: weight dtype {mod.weight.dtype} is not a floating-point type")
-    if spec is not None:
-        try:
-            t = spec.table(tp.name)
-        except KeyError:
-            problems.append(f"{where}: not in the model spec {spec.name!r}")
-        else:
-            if (t.num_embeddings, t.embedding_dim) != (rows, cols):
-                problems.append(
-                    f"{where}: the spec says {t.num_embeddings} × {t.embedding_dim}, the module is {rows} × {cols}"
-                )
-            want = _TORCH_DTYPES.get(t.dtype)
-            if want is None:
-                problems.append(f"{where}: dtype {t.dtype.value} has no executable torch dtype here")
-            elif want != mod.weight.dtype:
-                problems.append(f"{where}: the spec says {t.dtype.value}, the module's weight is {mod.weight.dtype}")
-            if t.pooling is Pooling.none or t.pooling.value != mod.mode:
-                problems.append(f"{where}: the spec says pooling {t.pooling.value}, the module's mode is {mod.mode}")
-    problems.extend(_check_tiling(tp, rows, cols, W, checked.hosts))
-    if len(problems) == before:
-        checked.tables.append((tp, mod))
-
-
-def _check_dense(dp: DensePlan, mod: nn.Module | None, spec: ModelSpec | None, checked: _Checked, W: int) -> None:
-    where = f"dense layer {dp.name}"
-    problems = checked.problems
-    if mod is None:
-        problems.append(f"{where}: the model has no module named {dp.name!r}")
-        return
-    before = len(problems)
-    if sorted(dp.ranks) != list(range(W)):
-        problems.append(f"{where}: must run on all {W} ranks, the plan says {sorted(dp.ranks)}")
-    if dp.style in _TP_STYLES and not isinstance(mod, nn.Linear):
-        problems.append(f"{where}: {dp.style.value} needs an nn.Linear, got {type(mod).__name__}")
-    params = list(mod.parameters())
-    if not any(p.requires_grad for p in params):
-        problems.append(f"{where}: has no trainable parameters")
-    if any(p.is_meta for p in params):
-        problems.append(f"{where}: has parameters on the meta device; materialise dense layers first")
-    if spec is not None and isinstance(mod, nn.Linear):
-        layer = next((d for d in spec.dense_layers if d.name == dp.name), None)
-        if layer is None:
-            problems.append(f"{where}: not in the model spec {spec.name!r}")
-        else:
-            if (layer.in_features, layer.out_features) != (mod.in_features, mod.out_features):
-                problems.append(
-                    f"{where}: the spec says {layer.in_features} → {layer.out_features}, the module is "
-                    f"{mod.in_features} → {mod.out_features}"
-                )
-            want = _TORCH_DTYPES.get(layer.dtype)
-            if want is not None and want != mod.weight.dtype:
-                problems.append(
-                    f"{where}: the spec says {layer.dtype.value}, the module's weight is {mod.weight.dtype}"
-                )
-    if len(problems) == before:
-        checked.dense.append((dp, mod))
-
-
-def _check(
-    module: nn.Module, plan: Plan, world_size: int, model_spec: ModelSpec | None, default_group: bool
-) -> _Checked:
-    checked = _Checked()
-    problems = checked.problems
-    if plan.status is PlanStatus.infeasible:
-        problems.append("the plan is infeasible; there is nothing to apply")
-    checked.hosts = _hosts(plan, world_size, problems)
-    modules = dict(module.named_modules())
-    names = [t.name for t in plan.tables] + [d.name for d in plan.dense]
-    for n in sorted({n for n in names if names.count(n) > 1}):
-        problems.append(f"{n}: named more than once in the plan")
-    entries = set(names)
-    for b in names:
-        for a in _ancestors(b):
-            if a in entries:
-                problems.append(f"{b}: nested inside {a}; plan entries must not overlap")
-    for tp in plan.tables:
-        _check_table(tp, modules.get(tp.name), model_spec, checked, world_size)
-    for dp in plan.dense:
-        _check_dense(dp, modules.get(dp.name), model_spec, checked, world_size)
-    if model_spec is not None:
-        planned = {t.name for t in plan.tables}
-        for t in model_spec.embedding_tables:
-            if t.name not in planned:
-                problems.append(f"table {t.name}: in the model spec but not in the plan")
-    if any(d.style in _TP_STYLES for d in plan.dense):
-        sizes: dict[int, int] = {}
-        for h in checked.hosts:
-            sizes[h] = sizes.get(h, 0) + 1
-        contiguous = checked.hosts == sorted(checked.hosts)
-        if len(sizes) > 1 and (len(set(sizes.values())) > 1 or not contiguous):
-            problems.append("tensor-parallel dense layers need hosts of equal size with consecutive ranks")
-        if len(sizes) > 1 and not default_group:
-            problems.append("tensor-parallel dense layers over several hosts need the default process group")
-    tables = {t.name for t in plan.tables}
-    for name, p in module.named_parameters():
-        if p.is_meta and not _under(name, tables):
-            problems.append(f"parameter {name}: on the meta device and not an embedding table of the plan")
-    return checked
-
-
-def check_plan(module: nn.Module, plan: Plan, *, world_size: int, model_spec: ModelSpec | None = None) -> list[str]:
-    """Every reason ``plan`` cannot be applied to ``module`` on ``world_size`` ranks (empty: it can). No collectives."""
-    return _check(module, plan, world_size, model_spec, default_group=True).problems
-
 
 # ------------------------------------------------------------------------------------------------ helpers
 
@@ -414,18 +210,18 @@ def _uncovered(module: nn.Module, planned: Sequence[str]) -> tuple[list[str], li
     """Trainable parameters no plan entry covers: the largest uncovered submodules (for DDP), and the loose
     ``(module, parameter name)`` pairs owned by modules that also hold planned children (for hooks)."""
     entries = set(planned)
-    above = {a for q in planned for a in _ancestors(q)}  # modules holding a plan entry
-    loose_names = {n for n, p in module.named_parameters() if p.requires_grad and not _under(n, entries)}
+    above = {a for q in planned for a in ancestors(q)}  # modules holding a plan entry
+    loose_names = {n for n, p in module.named_parameters() if p.requires_grad and not under(n, entries)}
     wrapped: set[str] = set()
     for name, sub in module.named_modules():
-        if not name or name in above or _under(name, entries) or _under(name, wrapped):
+        if not name or name in above or under(name, entries) or under(name, wrapped):
             continue
         own = [f"{name}.{n}" for n, p in sub.named_parameters() if p.requires_grad]
         if own and all(n in loose_names for n in own):
             wrapped.add(name)
     loose: list[tuple[nn.Module, str]] = []
     for n in sorted(loose_names):
-        if _under(n, wrapped):
+        if under(n, wrapped):
             continue
         owner, _, attr = n.rpartition(".")
         loose.append((module.get_submodule(owner) if owner else module, attr))
@@ -469,7 +265,7 @@ def apply_plan(
     group = process_group if process_group is not None else dist.group.WORLD
     assert group is not None
     world = dist.get_world_size(group)
-    checked = _check(module, plan, world, model_spec, default_group=group is dist.group.WORLD)
+    checked = check(module, plan, world, model_spec, default_group=group is dist.group.WORLD)
     if checked.problems:
         raise PlanMismatchError(checked.problems)
     dev = torch.device(device) if device is not None else _default_device(group)
@@ -519,7 +315,7 @@ def apply_plan(
 
     # 3. TP, then FSDP, then DDP
     styles = {d.name: d.style for d, _ in checked.dense}
-    tp_styles = {n: s for n, s in styles.items() if s in _TP_STYLES}
+    tp_styles = {n: s for n, s in styles.items() if s in TP_STYLES}
     if tp_styles:
         apply_tensor_parallel(module, tp_styles, build_mesh(plan, dev.type, process_group=group))
     fsdp = [n for n, s in styles.items() if s is DenseStyle.fsdp]

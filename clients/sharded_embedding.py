@@ -91,6 +91,7 @@ from torch import Tensor, nn
 
 from shardwise.clients.exchange import _ShardLookup, pooled_lookup
 from shardwise.clients.fused_update import UpdateConfig, init_state
+from shardwise.clients.optim import RowWiseAdagrad
 from shardwise.clients.shard_groups import ShardGroup, fused_data_parallel_hook
 from shardwise.wire.spec import Placement, ShardingType, ShardPlan
 
@@ -477,49 +478,3 @@ class ShardedEmbeddingBagCollection(nn.Module):
             ids, offsets = value if isinstance(value, tuple) else (value, None)
             inputs[name] = self._by_name[name].normalise(ids, offsets)
         return pooled_lookup([self._by_name[n] for n in inputs], inputs)
-
-
-# ------------------------------------------------------------------------------------------------ optimizer
-
-
-class RowWiseAdagrad(torch.optim.Optimizer):
-    """Row-wise Adagrad (the wire's ``rowwise_adagrad``) for 2-D parameters, sparse or dense gradients.
-
-    One fp32 accumulator per row (``r·4`` B of state): ``s[i] += mean_j g[i, j]²``,
-    ``w[i] -= lr · g[i] / (√s[i] + eps)``, applied to the touched rows only when the gradient is sparse (an
-    untouched row's update is zero either way, so sparse and dense gradients give the same weights). On a
-    column_wise shard the mean runs over the shard's columns (one accumulator per row and column slice, as
-    FBGEMM's fused kernels keep it), so it is not the unsharded table's update; SGD, Adagrad and SparseAdam are.
-    """
-
-    def __init__(self, params: Any, lr: float = 0.01, eps: float = 1e-10) -> None:
-        if lr <= 0 or eps < 0:
-            raise ValueError("lr must be positive and eps non-negative")
-        super().__init__(params, {"lr": lr, "eps": eps})
-
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            lr, eps = group["lr"], group["eps"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.dim() != 2:
-                    raise ValueError("RowWiseAdagrad takes 2-D parameters (embedding tables)")
-                state = self.state[p]
-                if "sum" not in state:
-                    state["sum"] = torch.zeros(p.shape[0], dtype=torch.float32, device=p.device)
-                acc: Tensor = state["sum"]
-                g = p.grad
-                if g.is_sparse:
-                    g = g.coalesce()
-                    rows, values = g.indices()[0], g.values().float()
-                    acc.index_add_(0, rows, values.pow(2).mean(dim=1))
-                    scale = acc.index_select(0, rows).sqrt_().add_(eps)
-                    p.index_add_(0, rows, (values / scale.unsqueeze(1) * -lr).to(p.dtype))
-                else:
-                    g32 = g.float()
-                    acc.add_(g32.pow(2).mean(dim=1))
-                    p.add_((g32 / (acc.sqrt() + eps).unsqueeze(1) * -lr).to(p.dtype))
-        return loss
