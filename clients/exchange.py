@@ -243,6 +243,7 @@ def _exchange(
     pooled: list[Tensor | None] = [None] * len(plan.mine)
     by_group: dict[int, list[int]] = {}
     groups: dict[int, ShardGroup] = {}
+    base_of: dict[int, int] = {}  # first row of local shard k in its group
     for k, (ti, i) in enumerate(plan.mine):
         found = tables[ti].group_of(i)
         if found is None:
@@ -253,12 +254,12 @@ def _exchange(
         else:
             by_group.setdefault(id(found[0]), []).append(k)
             groups[id(found[0])] = found[0]
+            base_of[k] = found[1]
     for gid, ks in by_group.items():
         g = groups[gid]
         ids_parts, length_parts = [], []
         for k in ks:
-            ti, i = plan.mine[k]
-            base = tables[ti].group_of(i)[1]  # type: ignore[index]
+            base = base_of[k]
             ids_k = torch.cat(ids_by[k])
             ids_parts.append(ids_k + base if base else ids_k)
             length_parts += lengths_by[k]

@@ -79,7 +79,6 @@ class ShardGroup:
 class ShardStorage:
     """Where each local shard's weight lives: its group and its first row there, by (table name, shard index)."""
 
-    groups: list[ShardGroup]
     place: dict[tuple[str, int], tuple[ShardGroup, int]]
 
     def allocator(self, table: str) -> Callable[[int, ShardPlan, torch.dtype, torch.device], Tensor | None]:
@@ -97,9 +96,6 @@ class ShardStorage:
             return view
 
         return allocate
-
-    def group_of(self, table: str, i: int) -> tuple[ShardGroup, int] | None:
-        return self.place.get((table, i))
 
 
 def plan_groups(
@@ -126,7 +122,7 @@ def plan_groups(
         )
         for key, n in rows.items()
     }
-    return ShardStorage(list(groups.values()), {k: (groups[g], base) for k, (g, base) in place.items()})
+    return ShardStorage({k: (groups[g], base) for k, (g, base) in place.items()})
 
 
 class _GroupLookup(torch.autograd.Function):

@@ -202,9 +202,9 @@ class ShardedEmbeddingBag(nn.Module):
         self.group: dist.ProcessGroup = process_group if process_group is not None else dist.group.WORLD  # type: ignore[assignment]
         self.world_size = dist.get_world_size(self.group)
         self.rank = dist.get_rank(self.group)
-        self._plan_shards = tuple(shards)  # the plan's order: what plan_groups and ``groups`` key on
-        ordered = sorted(shards, key=lambda s: (s.col_offset, s.row_offset, s.rank))
-        self.shards: tuple[ShardPlan, ...] = tuple(ordered)
+        order = sorted(range(len(shards)), key=lambda k: (shards[k].col_offset, shards[k].row_offset, shards[k].rank))
+        self.shards: tuple[ShardPlan, ...] = tuple(shards[k] for k in order)
+        plan_index = order  # self.shards[i] is the plan's shard plan_index[i]: what plan_groups and ``groups`` key on
         self.bands = _bands(self.shards)
         self.data_parallel = self.sharding_type is ShardingType.data_parallel
         if self.data_parallel:
@@ -213,12 +213,15 @@ class ShardedEmbeddingBag(nn.Module):
             mine = [i for i, s in enumerate(self.shards) if s.rank == self.rank]
         self.local_shards: tuple[int, ...] = tuple(mine)
         self.update = update
-        self._groups: dict[int, tuple[ShardGroup, int]] = dict(groups or {})
+        # (group, first row) of each grouped local shard, by its index in self.shards: looked up every step
+        self._groups: dict[int, tuple[ShardGroup, int]] = {
+            i: groups[plan_index[i]] for i in self.local_shards if groups and plan_index[i] in groups
+        }
         self.weights = nn.ParameterList()
         for i in self.local_shards:
             s = self.shards[i]
             where = self._shard_device(s)
-            view = allocate(self._plan_index(i), s, dtype, where) if allocate is not None else None
+            view = allocate(plan_index[i], s, dtype, where) if allocate is not None else None
             local = view if view is not None else torch.empty((s.num_rows, s.num_cols), dtype=dtype, device=where)
             with torch.no_grad():
                 if weight is None or weight.is_meta:
@@ -241,13 +244,9 @@ class ShardedEmbeddingBag(nn.Module):
         self._boundaries: dict[tuple[tuple[int, ...], str], tuple[Tensor, Tensor, Tensor]] = {}
         self.exchange_plans: dict[Any, Any] = {}  # the exchange's per-table-set plans (clients.exchange)
 
-    def _plan_index(self, i: int) -> int:
-        """The index of ``self.shards[i]`` in the plan's own shard list (what ``plan_groups`` keys on)."""
-        return next(k for k, s in enumerate(self._plan_shards) if s is self.shards[i])
-
     def group_of(self, i: int) -> tuple[ShardGroup, int] | None:
         """``(group, first row)`` of shard ``i`` (index into ``self.shards``) when it is grouped, else None."""
-        return self._groups.get(self._plan_index(i))
+        return self._groups.get(i)
 
     @classmethod
     def from_embedding_bag(
@@ -331,8 +330,10 @@ class ShardedEmbeddingBag(nn.Module):
         """Every id to the shards holding its row, on the device and without a host synchronisation."""
         bags, n = lengths.numel(), ids.numel()
         bad = ((ids < 0) | (ids >= self.num_embeddings)).sum()
-        sizes = torch.full((len(self.shards),), n, dtype=torch.int64, device=ids.device)
         blocks: list[tuple[Tensor, Tensor] | None] = []
+        if self.data_parallel:  # looked up locally: nothing to route, only the bad-id count rides on the exchange
+            return Routed(self.name, ids, lengths, bags, ids.new_empty(0), blocks, bad)
+        sizes = torch.full((len(self.shards),), n, dtype=torch.int64, device=ids.device)
         bag: Tensor | None = None
         for band in self.bands:
             if len(band.shards) == 1:
