@@ -26,7 +26,7 @@ from shardwise.wire.spec import (
     ShardPlan,
 )
 
-# The documents of DESIGN.md's wire contract, with its "a|b" placeholders resolved to one value.
+# The wire contract's reference documents (a model, a fleet, a plan), "a|b" placeholders resolved to one value.
 DESIGN_MODEL: dict[str, Any] = {
     "name": "dlrm-small",
     "batch_size_per_gpu": 8192,
