@@ -7,7 +7,12 @@ executors of the same plan, measured in one run:
 * ``sparse`` — the compatible mode: per-shard lookups whose backward builds coalesced row-sparse gradients, then
   ``RowWiseAdagrad`` on the tables and Adam on the dense layers (the executor before the fused path);
 * ``fused`` — ``apply_plan(..., embedding_optimizer=UpdateConfig("rowwise_adagrad", lr))``: grouped lookups, the
-  row-wise Adagrad update fused into backward (Triton on the GPU), Adam on the dense layers.
+  row-wise Adagrad update fused into backward (Triton on the GPU), Adam on the dense layers;
+* ``fused-bf16`` (asked for with ``--modes``) — the same under ``torch.autocast(dtype=torch.bfloat16)``: the dense
+  layers compute in bf16, the tables stay fp32.
+
+The dense layers' Adam is ``torch.optim.Adam(..., fused=True)`` on a GPU in every executor. At world size one the
+exchange has nothing to send: no collective runs and no split sizes are read, so a step need not synchronise.
 
 For each batch size and executor: the median step (CUDA events around ``--steps`` steps after ``--warmup``, four
 pre-generated batches in rotation), the embedding part alone (lookup forward, backward and the tables' update: the
@@ -24,6 +29,7 @@ initialisation on the same batches: the three loss curves.
     # the measurement (a GPU with torch, Triton, pydantic and PyYAML)
     python benchmarks/gpu_executor.py --out results.json
     # a CPU smoke test of the whole path (gloo, tiny model): --device cpu --config tiny --batches 64
+    # the fused update kernel per tile, its byte floor and the forward's (GPU): --sweep
 """
 
 from __future__ import annotations
@@ -113,13 +119,17 @@ class Runner:
         self.model = apply_plan(model, plan, model_spec=spec, device=device, embedding_optimizer=update)
         self.ebc = ShardedEmbeddingBagCollection.from_module(self.model)
         emb, dense = split_parameters(self.model)
-        self.dense_opt = torch.optim.Adam(dense, lr=LR_DENSE)
+        # one fused kernel for the dense Adam on a GPU (torch's own option; the loop stays the same)
+        self.dense_opt = torch.optim.Adam(dense, lr=LR_DENSE, fused=device.type == "cuda")
         self.emb_opt = RowWiseAdagrad(emb, lr=LR_EMB) if mode == "sparse" else None
+        self.autocast = mode.endswith("-bf16")
+        self.device_type = device.type
 
     def step(self, batch: Any) -> torch.Tensor:
         dense, feats, labels = batch
-        logits = self.model.head(dense, self.ebc(feats))
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
+        with torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.autocast):
+            logits = self.model.head(dense, self.ebc(feats))
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), labels)
         loss.backward()  # type: ignore[no-untyped-call]
         for o in (self.dense_opt, self.emb_opt):
             if o is not None:
@@ -204,6 +214,7 @@ def measure(
     step_ms = timed(lambda i: runner.step(batches[i % 4]), steps, device)
     emb_ms = timed(lambda i: runner.embedding_part(batches[i % 4], grads), steps, device)
     syncs = count_syncs(lambda: runner.step(batches[0]), device)
+    runner.ebc.check_ids()  # world size one on a GPU reads a call's bad-id count at the next call: flush the last
     peak = (torch.cuda.max_memory_allocated(device) - base) if device.type == "cuda" else 0
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     prof = gst.profile_steps(lambda i: runner.step(batches[i % 4]), sync, profile) if device.type == "cuda" else {}
@@ -249,6 +260,73 @@ def loss_curves(config: str, batch: int, device: torch.device, steps: int) -> di
     return curves
 
 
+# ------------------------------------------------------------------------------------------------ kernel tiles
+
+
+def kernel_sweep(config: str, batch: int, device: torch.device, reps: int = 10) -> dict[str, Any]:
+    """The fused update kernel alone on one group of the config's tables (its ids as the executor builds them):
+    time per tile (ids per loop step × warps), against the byte floor of the update and the forward lookup."""
+    import torch.nn.functional as F
+
+    from shardwise.clients import _fused_triton as kern
+    from shardwise.clients.fused_update import _segments
+
+    cfg, _ = gst.CONFIGS[config]
+    gen = torch.Generator().manual_seed(1234)
+    _, feats, _ = ex.synthetic_batch(cfg, batch, device, gen)
+    rows = [t.rows for t in cfg.tables]
+    bases = [sum(rows[:k]) for k in range(len(rows))]
+    ids_parts, length_parts = [], []
+    for t, base in zip(cfg.tables, bases, strict=True):
+        ids, offsets = feats[ex.DLRMConfig.fqn(cfg, t)]
+        ids_parts.append(ids + base)
+        length_parts.append(torch.diff(offsets, append=offsets.new_full((1,), ids.numel())))
+    ids_g, lengths = torch.cat(ids_parts), torch.cat(length_parts)
+    n, bags_n = ids_g.numel(), lengths.numel()
+    bags = torch.repeat_interleave(torch.arange(bags_n, device=device), lengths)
+    offsets = torch.cumsum(lengths, 0) - lengths
+    weight = torch.randn(sum(rows), cfg.dim, device=device)
+    state = torch.zeros(sum(rows), device=device)
+    grad = torch.randn(bags_n, cfg.dim, device=device)
+    unique = int(torch.unique(ids_g).numel())
+    sorted_ids, sorted_bags, _, starts = _segments(ids_g, bags)
+    row_bytes = cfg.dim * 4
+    floor_bytes = n * (row_bytes + 16) + unique * (2 * row_bytes + 8)  # grad rows + ids; weight rows r/w + state
+
+    def ms(fn: Callable[[], Any]) -> float:
+        fn()
+        torch.cuda.synchronize(device)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        a.record()
+        for _ in range(reps):
+            fn()
+        b.record()
+        b.synchronize()
+        return float(a.elapsed_time(b)) / reps
+
+    def run(block_n: int | None, warps: int | None) -> None:
+        kern.launch(
+            weight, state, None, sorted_ids, sorted_bags, starts, grad, opt=kern.ROWWISE_ADAGRAD, lr=1e-3,
+            eps=1e-8, beta1=0.9, beta2=0.999, step_size=0.0, block_n=block_n, num_warps=warps,
+        )  # fmt: skip
+
+    tiles = []
+    for block_n in (1, 2, 4, 8, 16):
+        for warps in (1, 2, 4):
+            tiles.append({"block_n": block_n, "num_warps": warps, "ms": ms(lambda b=block_n, w=warps: run(b, w))})
+    return {
+        "batch": batch,
+        "ids": n,
+        "unique_rows": unique,
+        "floor_bytes": floor_bytes,
+        "default_ms": ms(lambda: run(None, None)),
+        "segments_ms": ms(lambda: _segments(ids_g, bags)),
+        "forward_ms": ms(lambda: F.embedding_bag(ids_g, weight, offsets, mode="sum")),
+        "forward_floor_bytes": n * (row_bytes + 8) + bags_n * row_bytes,
+        "tiles": tiles,
+    }
+
+
 # ------------------------------------------------------------------------------------------------ main
 
 
@@ -292,13 +370,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--config", default="h200", choices=sorted(gst.CONFIGS))
     p.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)), help="comma-separated batch sizes")
-    p.add_argument("--modes", default="sparse,fused", help="executors to measure: sparse, fused")
+    p.add_argument("--modes", default="sparse,fused", help="executors to measure: sparse, fused, fused-bf16")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--profile", type=int, default=5, help="profiled steps per run (0: none)")
     p.add_argument("--loss-steps", type=int, default=200, help="loss curves: steps per executor (0: none)")
     p.add_argument("--loss-batch", type=int, default=16384)
+    p.add_argument("--sweep", action="store_true", help="time the fused update kernel per tile (GPU)")
     p.add_argument("--out", type=Path, help="write every figure here as JSON")
     p.add_argument("--write-plans", action="store_true", help="write the world-1 plans and stop (needs the planner)")
     return p.parse_args(argv)
@@ -326,8 +405,20 @@ def main(argv: Sequence[str] | None = None) -> None:
                 gc.collect()
                 results.append(r)
                 print("\n".join(table([r])[2:]), flush=True)
+        sweeps = []
+        if args.sweep and device.type == "cuda":
+            for b in batches:
+                sweeps.append(kernel_sweep(args.config, b, device))
+                gc.collect()
+                torch.cuda.empty_cache()
         curves = loss_curves(args.config, args.loss_batch, device, args.loss_steps) if args.loss_steps else {}
-        doc = {"machine": machine(device), "config": args.config, "results": results, "loss_curves": curves}
+        doc = {
+            "machine": machine(device),
+            "config": args.config,
+            "results": results,
+            "kernel_sweep": sweeps,
+            "loss_curves": curves,
+        }
         print()
         print("\n".join(table(results)))
         for r in results:
@@ -336,6 +427,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         for r in results:
             for name, ms, calls in r.get("host_top_ops", [])[:8]:
                 print(f"  host b{r['batch']} {r['mode']:<7} {ms:7.3f} ms {calls:6.1f}×  {name}")
+        for sw in sweeps:
+            best = min(sw["tiles"], key=lambda t: t["ms"])
+            copy_rate = 4.3e9  # bytes per ms: the measured device-to-device copy rate on this GPU (docs/benchmarks.md)
+            print(
+                f"kernel b{sw['batch']}: {sw['ids']} ids, {sw['unique_rows']} rows; update {sw['default_ms']:.3f} ms "
+                f"(best {best['ms']:.3f} at block_n {best['block_n']}, {best['num_warps']} warps; byte floor "
+                f"{sw['floor_bytes'] / copy_rate:.3f}), segments {sw['segments_ms']:.3f}, forward "
+                f"{sw['forward_ms']:.3f} (floor {sw['forward_floor_bytes'] / copy_rate:.3f})"
+            )
         if curves:
             ref = curves["fused-torch"]
             for mode, c in curves.items():

@@ -203,19 +203,23 @@ def launch(
     beta1: float,
     beta2: float,
     step_size: float,
+    block_n: int | None = None,
+    num_warps: int | None = None,
 ) -> None:
     """Enqueue the kernel over ``n = sorted_ids.numel()`` programs (no host synchronisation).
 
     ``weight`` (R × C) and ``grad_out`` (B × C) need unit column stride; the state tensors are contiguous fp32.
+    ``block_n`` (ids gathered per loop step, a power of two) and ``num_warps`` override the tile heuristics.
     """
     n = sorted_ids.numel()
     cols = weight.shape[1]
     if n == 0 or cols == 0:
         return
     block_c = min(triton.next_power_of_2(cols), MAX_BLOCK_C)
-    # ids gathered per step: a tile of about 2048 elements (16 ids of 128 columns, 4 of 512)
-    block_n = max(1, min(16, 2048 // block_c))
-    num_warps = max(1, min(4, block_c // 128))
+    if block_n is None:  # ids gathered per step: a tile of about 2048 elements (16 ids of 128 columns, 4 of 512)
+        block_n = max(1, min(16, 2048 // block_c))
+    if num_warps is None:
+        num_warps = max(1, min(4, block_c // 128))
     s1 = state1 if state1 is not None else weight
     s2 = state2 if state2 is not None else weight
     stride_s = s1.stride(0) if s1.dim() == 2 else 0

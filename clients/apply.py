@@ -20,7 +20,9 @@ plan fails the same way on every rank instead of hanging one of them. Then, in p
   (data_parallel copies broadcast from the group's first rank).
 * **dense layers**, by the plan's dense entries:
 
-  - ``replicate`` → ``DistributedDataParallel`` around the layer (its FQN gains ``.module``);
+  - ``replicate`` → ``DistributedDataParallel`` around the layer, or around the largest module all of whose
+    parameters are replicated (one DDP for an MLP of replicated layers: ``bottom.0.weight`` becomes
+    ``bottom.module.0.weight``; :func:`replica_roots`);
   - ``fsdp`` → FSDP2 ``fully_shard(layer, mesh=<all ranks>)`` (each layer its own unit, parameters become
     ``DTensor`` ``Shard(0)``, gradients reduce-scattered and averaged);
   - ``colwise`` / ``rowwise`` → ``parallelize_module(layer, mesh["tp"], ColwiseParallel | RowwiseParallel)``,
@@ -86,6 +88,7 @@ __all__ = [
     "build_mesh",
     "check_plan",
     "param_groups",
+    "replica_roots",
     "split_parameters",
 ]
 
@@ -168,12 +171,40 @@ def apply_fsdp(module: nn.Module, names: Iterable[str], mesh: DeviceMesh) -> Non
         fully_shard(module.get_submodule(name), mesh=mesh)
 
 
+def replica_roots(module: nn.Module, names: Iterable[str]) -> list[str]:
+    """The submodules to wrap in DDP so that every named one is replicated: each name's highest ancestor (below the
+    root) whose parameters all lie under ``names`` and that holds no sharded table, else the name itself.
+
+    One DDP per MLP rather than one per layer: one set of gradient buckets and one forward hook instead of several,
+    the same gradients (DDP's bucketed all-reduce overlaps backward either way).
+    """
+    wanted = set(names)
+    roots: set[str] = set()
+    for name in sorted(wanted, key=lambda n: n.count(".")):
+        if under(name, roots):
+            continue
+        best = name
+        for a in ancestors(name):  # highest first
+            sub = module.get_submodule(a)
+            params = [f"{a}.{n}" for n, _ in sub.named_parameters()]
+            if (
+                params
+                and all(under(n, wanted) for n in params)
+                and not any(isinstance(m, ShardedEmbeddingBag) for m in sub.modules())
+            ):
+                best = a
+                break
+        roots.add(best)
+    return sorted(r for r in roots if not any(a in roots for a in ancestors(r)))
+
+
 def apply_replicate(
     module: nn.Module, names: Iterable[str], process_group: dist.ProcessGroup, device: torch.device
 ) -> None:
-    """Wrap each named submodule in ``DistributedDataParallel`` (in place: its FQN gains ``.module``)."""
+    """Wrap the named submodules in ``DistributedDataParallel``, merged into their largest wholly replicated
+    ancestors (:func:`replica_roots`; in place: the wrapped module's FQN gains ``.module``)."""
     device_ids = [device.index] if device.type == "cuda" and device.index is not None else None
-    for name in names:
+    for name in replica_roots(module, names):
         sub = module.get_submodule(name)
         if not any(p.requires_grad for p in sub.parameters()):
             continue

@@ -40,7 +40,7 @@ from shardwise.clients.shard_groups import ShardGroup, group_lookup
 if TYPE_CHECKING:
     from shardwise.clients.sharded_embedding import Routed, ShardedEmbeddingBag
 
-__all__ = ["AllToAll", "pooled_lookup"]
+__all__ = ["AllToAll", "PendingIdCheck", "check_pending_ids", "pooled_lookup"]
 
 
 class AllToAll(torch.autograd.Function):
@@ -153,6 +153,7 @@ def pooled_lookup(
 
     Every rank must pass the same tables; the order does not matter (they are exchanged sorted by name).
     """
+    check_pending_ids(tables)
     out: dict[str, Tensor] = {}
     sharded: dict[torch.dtype, list[ShardedEmbeddingBag]] = {}
     local: list[ShardedEmbeddingBag] = []
@@ -167,9 +168,10 @@ def pooled_lookup(
     for k, group_tables in enumerate(groups):
         extra = [routed[t.name] for t in local] if k == 0 else []  # data_parallel bad ids ride on the first exchange
         out.update(_exchange(group_tables, routed, extra))
+    deferred = any(t.pending_ids is not None for t in tables)  # this call's check was deferred: clamp
     for t in local:
         ids, lengths = inputs[t.name]
-        out[t.name] = t.local_forward(ids, lengths)
+        out[t.name] = t.local_forward(ids.clamp(0, t.num_embeddings - 1) if deferred else ids, lengths)
     return out
 
 
@@ -182,9 +184,11 @@ def _exchange(
     dtype = tables[0].dtype
     plan = _plan_for(tables, device)
     rt = [routed[t.name] for t in tables]
+    if W == 1 and all(len(b.shards) == 1 for t in tables for b in t.bands):
+        return _exchange_alone(tables, plan, rt, extra)
 
     # 2. the split table: per (table, shard) [bags, ids], in destination order, then this rank's bad-id count
-    table_meta = torch.cat([torch.stack([torch.full_like(r.sizes, r.bags), r.sizes], dim=1) for r in rt])  # (shards, 2)
+    table_meta = torch.cat([_split_rows(t, r) for t, r in zip(tables, rt, strict=True)])  # (shards, 2)
     ordered = table_meta.index_select(0, plan.perm).reshape(-1)
     bad = torch.stack([r.bad for r in (*rt, *extra)]).sum().reshape(1)
     pieces: list[Tensor] = []
@@ -240,46 +244,11 @@ def _exchange(
     # 4. look up: grouped shards together, the others one by one
     bags_of = [[recv_counts[s][k][0] for s in range(W)] for k in range(len(plan.mine))]
     ids_of = [sum(recv_counts[s][k][1] for s in range(W)) for k in range(len(plan.mine))]
-    pooled: list[Tensor | None] = [None] * len(plan.mine)
-    by_group: dict[int, list[int]] = {}
-    groups: dict[int, ShardGroup] = {}
-    base_of: dict[int, int] = {}  # first row of local shard k in its group
-    for k, (ti, i) in enumerate(plan.mine):
-        found = tables[ti].group_of(i)
-        if found is None:
-            t = tables[ti]
-            lengths_all = torch.cat(lengths_by[k])
-            offsets = torch.cumsum(lengths_all, 0) - lengths_all
-            pooled[k] = t.lookup(t.local_shards.index(i), torch.cat(ids_by[k]), offsets)
-        else:
-            by_group.setdefault(id(found[0]), []).append(k)
-            groups[id(found[0])] = found[0]
-            base_of[k] = found[1]
-    for gid, ks in by_group.items():
-        g = groups[gid]
-        ids_parts, length_parts = [], []
-        for k in ks:
-            base = base_of[k]
-            ids_k = torch.cat(ids_by[k])
-            ids_parts.append(ids_k + base if base else ids_k)
-            length_parts += lengths_by[k]
-        lengths_g = torch.cat(length_parts)
-        n_g = sum(ids_of[k] for k in ks)
-        b_g = sum(sum(bags_of[k]) for k in ks)
-        where = g.weight.device
-        ids_g = torch.cat(ids_parts).to(where)
-        lengths_g = lengths_g.to(where)
-        offsets_g = torch.cumsum(lengths_g, 0) - lengths_g
-        bag_ids = torch.repeat_interleave(torch.arange(b_g, device=where), lengths_g, output_size=n_g)
-        names = tuple(sorted({tables[plan.mine[k][0]].name for k in ks}))
-        rows = group_lookup(g, names, ids_g, offsets_g, bag_ids).to(device)
-        for k, block in zip(ks, torch.split(rows, [sum(bags_of[k]) for k in ks]), strict=True):
-            pooled[k] = block
+    pooled = _look_up(tables, plan.mine, ids_by, lengths_by, bags_of, ids_of, device)
 
     # 5. pooled rows back to their bags' ranks; row blocks summed, bands concatenated
     by_src = []
     for k, p in enumerate(pooled):
-        assert p is not None
         by_src.append(list(torch.split(p, bags_of[k])))
     blocks = [by_src[k][src].reshape(-1) for src in range(W) for k in range(len(plan.mine))]
     x = torch.cat(blocks) if blocks else torch.empty(0, dtype=dtype, device=device)
@@ -301,6 +270,151 @@ def _exchange(
     for (t, i, bags), block in zip(theirs, torch.split(y, sizes), strict=True):
         per_table[t.name][i] = block.view(bags, t.shards[i].num_cols)
     return {t.name: t.combine(per_table[t.name], routed[t.name].lengths) for t in tables}
+
+
+def _split_rows(table: ShardedEmbeddingBag, r: Routed) -> Tensor:
+    """``(shards, 2)``: per shard of ``table`` the bags and ids this rank sends it."""
+    if r.sizes is None:  # every shard takes every id
+        meta = torch.full((len(table.shards), 2), r.bags, dtype=torch.int64, device=r.ids.device)
+        meta[:, 1] = r.ids.numel()
+        return meta
+    return torch.stack([torch.full_like(r.sizes, r.bags), r.sizes], dim=1)
+
+
+def _exchange_alone(
+    tables: Sequence[ShardedEmbeddingBag], plan: _Plan, rt: Sequence[Routed], extra: Sequence[Routed]
+) -> dict[str, Tensor]:
+    """World size one, every band one row block: every shard is here and takes its table's ids as they are, so
+    there is nothing to exchange — no collective and no split sizes, hence no host synchronisation on an
+    accelerator. Bad ids: on the CPU they raise now; on a CUDA device their count is read one call later
+    (:class:`PendingIdCheck`) and the ids are clamped into the table, so that a bad id reads and updates a row of
+    its own table, never another table's rows in the group."""
+    device = tables[0].device
+    bad = torch.stack([r.bad for r in (*rt, *extra)])
+    names = tuple(r.table for r in (*rt, *extra))
+    clamp = PendingIdCheck.defer(tables, bad, names)
+    ids_of_table: dict[int, Tensor] = {}
+    for ti in {ti for ti, _ in plan.mine}:
+        ids = rt[ti].ids
+        ids_of_table[ti] = ids.clamp(0, tables[ti].num_embeddings - 1) if clamp else ids
+    pooled = _look_up(
+        tables,
+        plan.mine,
+        [[ids_of_table[ti]] for ti, _ in plan.mine],
+        [[rt[ti].lengths] for ti, _ in plan.mine],
+        [[rt[ti].bags] for ti, _ in plan.mine],
+        [rt[ti].ids.numel() for ti, _ in plan.mine],
+        device,
+    )
+    per_table: dict[int, dict[int, Tensor]] = {ti: {} for ti in range(len(tables))}
+    for (ti, i), rows in zip(plan.mine, pooled, strict=True):
+        per_table[ti][i] = rows
+    return {t.name: t.combine(per_table[ti], rt[ti].lengths) for ti, t in enumerate(tables)}
+
+
+class PendingIdCheck:
+    """The bad-id counts of one call at world size one on a CUDA device, copied to pinned host memory without
+    waiting; checked (``IndexError``) at the start of the next call of any of its tables, or by :meth:`check`."""
+
+    def __init__(self, counts: Tensor, names: tuple[str, ...]) -> None:
+        self.host = torch.empty(counts.shape, dtype=counts.dtype, pin_memory=True)
+        self.host.copy_(counts, non_blocking=True)
+        self.event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        self.event.record()
+        self.names = names
+
+    @staticmethod
+    def defer(tables: Sequence[ShardedEmbeddingBag], counts: Tensor, names: tuple[str, ...]) -> bool:
+        """Check ``counts`` now (CPU and other devices: a host read) or one call later (CUDA): True when later."""
+        if counts.device.type != "cuda":
+            bad = [n for n, c in zip(names, counts.tolist(), strict=True) if c > 0]
+            if bad:
+                raise IndexError(f"ids outside their table's rows [0, num_embeddings): {', '.join(bad)}")
+            return False
+        pending = PendingIdCheck(counts, names)
+        for t in tables:
+            t.pending_ids = pending
+        return True
+
+    def check(self) -> None:
+        """Wait for the counts (their call's routing, long done when the next call starts) and raise on bad ids."""
+        self.event.synchronize()
+        bad = [n for n, c in zip(self.names, self.host.tolist(), strict=True) if c > 0]
+        if bad:
+            raise IndexError(
+                f"ids outside their table's rows [0, num_embeddings) in the previous lookup: {', '.join(bad)} "
+                "(looked up clamped into the table)"
+            )
+
+
+def check_pending_ids(tables: Sequence[ShardedEmbeddingBag]) -> None:
+    """Raise now for bad ids of an earlier call whose check was deferred (world size one on a CUDA device)."""
+    seen: set[int] = set()
+    for t in tables:
+        pending = t.pending_ids
+        if pending is None or id(pending) in seen:
+            continue
+        seen.add(id(pending))
+        for u in tables:
+            if u.pending_ids is pending:
+                u.pending_ids = None
+        pending.check()
+
+
+def _look_up(
+    tables: Sequence[ShardedEmbeddingBag],
+    mine: Sequence[tuple[int, int]],
+    ids_by: Sequence[Sequence[Tensor]],
+    lengths_by: Sequence[Sequence[Tensor]],
+    bags_of: Sequence[Sequence[int]],
+    ids_of: Sequence[int],
+    device: torch.device,
+) -> list[Tensor]:
+    """Sum-pooled rows of every local shard ``mine[k]`` for its bags (``lengths_by[k]``, ``ids_by[k]``: one piece
+    per sender), grouped shards with one lookup per group, the others one by one; sizes are host integers."""
+    pooled: list[Tensor | None] = [None] * len(mine)
+    by_group: dict[int, list[int]] = {}
+    groups: dict[int, ShardGroup] = {}
+    base_of: dict[int, int] = {}  # first row of local shard k in its group
+    for k, (ti, i) in enumerate(mine):
+        found = tables[ti].group_of(i)
+        if found is None:
+            t = tables[ti]
+            lengths_all = _cat(lengths_by[k])
+            offsets = torch.cumsum(lengths_all, 0) - lengths_all
+            pooled[k] = t.lookup(t.local_shards.index(i), _cat(ids_by[k]), offsets)
+        else:
+            by_group.setdefault(id(found[0]), []).append(k)
+            groups[id(found[0])] = found[0]
+            base_of[k] = found[1]
+    for gid, ks in by_group.items():
+        g = groups[gid]
+        ids_parts: list[Tensor] = []
+        length_parts: list[Tensor] = []
+        for k in ks:
+            base = base_of[k]
+            ids_k = _cat(ids_by[k])
+            ids_parts.append(ids_k + base if base else ids_k)
+            length_parts += lengths_by[k]
+        n_g = sum(ids_of[k] for k in ks)
+        b_g = sum(sum(bags_of[k]) for k in ks)
+        where = g.weight.device
+        ids_g = _cat(ids_parts).to(where)
+        lengths_g = _cat(length_parts).to(where)
+        offsets_g = torch.cumsum(lengths_g, 0) - lengths_g
+        bag_ids = torch.repeat_interleave(torch.arange(b_g, device=where), lengths_g, output_size=n_g)
+        names = tuple(sorted({tables[mine[k][0]].name for k in ks}))
+        rows = group_lookup(g, names, ids_g, offsets_g, bag_ids).to(device)
+        for k, block in zip(ks, torch.split(rows, [sum(bags_of[k]) for k in ks]), strict=True):
+            pooled[k] = block
+    out = [p for p in pooled if p is not None]
+    assert len(out) == len(mine)
+    return out
+
+
+def _cat(parts: Sequence[Tensor]) -> Tensor:
+    """``torch.cat`` that returns a single part as is (no copy, no kernel)."""
+    return parts[0] if len(parts) == 1 else torch.cat(list(parts))
 
 
 def _bad_ids_message(

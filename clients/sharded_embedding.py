@@ -89,7 +89,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from shardwise.clients.exchange import _ShardLookup, pooled_lookup
+from shardwise.clients.exchange import PendingIdCheck, _ShardLookup, check_pending_ids, pooled_lookup
 from shardwise.clients.fused_update import UpdateConfig, init_state
 from shardwise.clients.optim import RowWiseAdagrad
 from shardwise.clients.shard_groups import ShardGroup, fused_data_parallel_hook
@@ -147,7 +147,7 @@ def _bands(shards: Sequence[ShardPlan]) -> list[_Band]:
 class Routed:
     """One table's ids routed to its shards, all on the device; sizes the host learns at the split exchange.
 
-    ``sizes[i]``: ids for shard ``i``; ``blocks[b]`` for a band of several row blocks: the per-(block, bag) counts
+    ``sizes[i]``: ids for shard ``i`` (None when every shard takes every id: ``ids.numel()`` each); ``blocks[b]`` for a band of several row blocks: the per-(block, bag) counts
     ``(blocks, bags)`` and the shard-local ids sorted by block (None for a whole-row band: every id as is);
     ``bad``: ids outside ``[0, num_embeddings)`` (a 0-d tensor, checked by everyone after the split exchange).
     """
@@ -156,7 +156,7 @@ class Routed:
     ids: Tensor
     lengths: Tensor
     bags: int
-    sizes: Tensor
+    sizes: Tensor | None
     blocks: list[tuple[Tensor, Tensor] | None]
     bad: Tensor
 
@@ -243,6 +243,7 @@ class ShardedEmbeddingBag(nn.Module):
                     p.register_post_accumulate_grad_hook(hook)
         self._boundaries: dict[tuple[tuple[int, ...], str], tuple[Tensor, Tensor, Tensor]] = {}
         self.exchange_plans: dict[Any, Any] = {}  # the exchange's per-table-set plans (clients.exchange)
+        self.pending_ids: PendingIdCheck | None = None  # a deferred bad-id check (world size one on CUDA)
 
     def group_of(self, i: int) -> tuple[ShardGroup, int] | None:
         """``(group, first row)`` of shard ``i`` (index into ``self.shards``) when it is grouped, else None."""
@@ -332,7 +333,9 @@ class ShardedEmbeddingBag(nn.Module):
         bad = ((ids < 0) | (ids >= self.num_embeddings)).sum()
         blocks: list[tuple[Tensor, Tensor] | None] = []
         if self.data_parallel:  # looked up locally: nothing to route, only the bad-id count rides on the exchange
-            return Routed(self.name, ids, lengths, bags, ids.new_empty(0), blocks, bad)
+            return Routed(self.name, ids, lengths, bags, None, blocks, bad)
+        if all(len(band.shards) == 1 for band in self.bands):  # every shard takes every id: sizes known on the host
+            return Routed(self.name, ids, lengths, bags, None, [None] * len(self.bands), bad)
         sizes = torch.full((len(self.shards),), n, dtype=torch.int64, device=ids.device)
         bag: Tensor | None = None
         for band in self.bands:
@@ -469,6 +472,11 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
     def table(self, name: str) -> ShardedEmbeddingBag:
         return self._by_name[name]
+
+    def check_ids(self) -> None:
+        """Raise ``IndexError`` now for bad ids of the last call whose check was deferred (world size one on a CUDA
+        device checks a call's ids at the start of the next one): call it after the last step."""
+        check_pending_ids(list(self.tables))  # type: ignore[arg-type]
 
     def forward(self, features: Features) -> dict[str, Tensor]:
         unknown = sorted(set(features) - set(self._by_name))

@@ -153,7 +153,7 @@ def table_plan(fqn: str, st: ShardingType, world: int, k: int, placement: Placem
         order = list(range(world)) if k % 2 == 0 else list(reversed(range(world)))
         shards = [shard(order[i], r0, nr, 0, dim) for i, (r0, nr) in enumerate(_splits(rows, world))]
     elif st is ST.column_wise:
-        ranks = [1, 0] if world == 2 else [3, 1, 1, 0]  # two slices on one rank at world 4
+        ranks = {1: [0, 0], 2: [1, 0]}.get(world, [3, 1, 1, 0])  # two slices on one rank at worlds 1 and 4
         shards = [shard(ranks[i], 0, rows, c0, nc) for i, (c0, nc) in enumerate(_splits(dim, len(ranks)))]
     elif st is ST.table_row_wise:
         host = hosts_of(world)[-1]
@@ -547,6 +547,60 @@ def check_validation(rank: int, world: int) -> dict[str, str]:
     return results
 
 
+def check_bad_ids(rank: int, world: int) -> list[str]:
+    """An id outside its table on the last rank: every rank raises ``IndexError`` naming the table, before any
+    lookup or update (the shards are unchanged), and nobody is left waiting in a collective."""
+    errors: list[str] = []
+    torch.manual_seed(0)
+    config = UpdateConfig(RowOptimizer.rowwise_adagrad, lr=0.1)
+    model = apply_plan(DLRM(), one_type_plan(world, ST.table_wise), embedding_optimizer=config)
+    ebc = ShardedEmbeddingBagCollection.from_module(model)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    _, locals_ = global_batch(world, seed=7)
+    dense, feats, _ = locals_[rank]
+    if rank == world - 1:
+        ids, offsets = feats["sparse.t2"]
+        feats = {**feats, "sparse.t2": (torch.cat([ids, torch.tensor([TABLES["sparse.t2"][0]])]), offsets)}
+    try:
+        model.head(dense, ebc(feats)).sum().backward()  # type: ignore[operator]
+    except IndexError as e:
+        if "sparse.t2" not in str(e) and f"rank(s) {world - 1}" not in str(e):
+            errors.append(f"the error does not say where: {e}")
+    else:
+        errors.append("no IndexError")
+    changed = [n for n, p in model.named_parameters() if not torch.equal(p.detach(), before[n])]
+    if changed:
+        errors.append(f"parameters changed: {changed}")
+    return errors
+
+
+def check_world_of_one_has_no_exchange(rank: int, world: int) -> list[str]:
+    """World size one with whole-row shards: a step through the collection issues no all-to-all (nothing to
+    exchange, so no split sizes to wait for), and still equals the unsharded model (``fused:*`` checks)."""
+    errors: list[str] = []
+    torch.manual_seed(0)
+    plan = one_type_plan(world, ST.column_wise)  # two column bands of every table, both on rank 0
+    model = apply_plan(DLRM(), plan, embedding_optimizer=UpdateConfig(RowOptimizer.rowwise_adagrad, lr=0.1))
+    ebc = ShardedEmbeddingBagCollection.from_module(model)
+    calls: list[str] = []
+    original = dist.all_to_all_single
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append("all_to_all_single")
+        return original(*args, **kwargs)
+
+    dist.all_to_all_single = counting  # type: ignore[assignment]
+    try:
+        _, locals_ = global_batch(world, seed=3)
+        dense, feats, _ = locals_[rank]
+        model.head(dense, ebc(feats)).sum().backward()  # type: ignore[operator]
+    finally:
+        dist.all_to_all_single = original
+    if calls:
+        errors.append(f"collectives in a world-of-one step: {calls}")
+    return errors
+
+
 # ------------------------------------------------------------------------------------------------ one spawn
 
 
@@ -576,8 +630,21 @@ def worker(rank: int, world: int, only: tuple[str, ...] = ()) -> dict[str, str]:
     guarded("fused:mixed", lambda: check_training_fused(rank, world, mixed_plan(world), mixed_kinds))
     guarded("planner", lambda: check_training(rank, world, planner_plan(world), mixed=True))
     guarded("meta_tables", lambda: check_meta_tables(rank, world))
+    guarded("bad_ids", lambda: check_bad_ids(rank, world))
     if not only or "validation" in only:
         results.update({f"validation:{k}": v for k, v in check_validation(rank, world).items()})
+    return results
+
+
+def worker_one(rank: int, world: int) -> dict[str, str]:
+    """World size one: the checks a single rank can run (no tensor parallelism, nothing to validate across ranks)."""
+    results: dict[str, str] = {}
+    for st in ShardingType:
+        results[st.value] = "\n".join(check_training(rank, world, one_type_plan(world, st), mixed=False))
+        kinds = dict.fromkeys(TABLES, FUSED_OPTIMIZER[st])
+        results[f"fused:{st.value}"] = "\n".join(check_training_fused(rank, world, one_type_plan(world, st), kinds))
+    results["bad_ids"] = "\n".join(check_bad_ids(rank, world))
+    results["no_exchange"] = "\n".join(check_world_of_one_has_no_exchange(rank, world))
     return results
 
 
@@ -597,7 +664,7 @@ _RESULTS: dict[int, list[dict[str, str]]] = {}
 
 def results_for(world: int) -> list[dict[str, str]]:
     if world not in _RESULTS:
-        _RESULTS[world] = run(worker, world)
+        _RESULTS[world] = run(worker_one if world == 1 else worker, world)
     return _RESULTS[world]
 
 
@@ -616,7 +683,7 @@ def assert_passed(world: int, check: str, per_rank: list[dict[str, str]] | None 
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [1, 2, 4])
 @pytest.mark.parametrize("sharding_type", TYPES)
 def test_each_sharding_type_matches_reference(world: int, sharding_type: str) -> None:
     assert_passed(world, sharding_type)
@@ -627,7 +694,7 @@ def test_mixed_plan_with_every_dense_style_matches_reference(world: int) -> None
     assert_passed(world, "mixed")
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [1, 2, 4])
 @pytest.mark.parametrize("sharding_type", TYPES)
 def test_each_sharding_type_with_the_optimizer_in_backward_matches_reference(world: int, sharding_type: str) -> None:
     assert_passed(world, f"fused:{sharding_type}")
@@ -659,8 +726,73 @@ def test_bad_plan_fails_before_any_collective(world: int, check: str) -> None:
     assert_passed(world, f"validation:{check}")
 
 
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_bad_ids_raise_on_every_rank_before_any_update(world: int) -> None:
+    assert_passed(world, "bad_ids")
+
+
+def test_world_of_one_runs_without_an_exchange() -> None:
+    assert_passed(1, "no_exchange")
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 def test_every_plan_on_gpus_with_nccl() -> None:
     per_rank = run(gpu_worker, 2, backend="nccl")
     for check in [*TYPES, "mixed"]:
         assert_passed(2, check, per_rank)
+
+
+def test_replicated_layers_share_one_ddp_per_wholly_replicated_module() -> None:
+    model = DLRM()
+    every = [*DENSE, "norm"]
+    assert apply_mod.replica_roots(model, every) == ["bottom", "norm", "top"]
+    # bottom.0 is FSDP in the mixed plan: bottom.2 stays on its own; a table under the root keeps the root out
+    assert apply_mod.replica_roots(model, ["bottom.2", "top.0", "top.2", "norm"]) == ["bottom.2", "norm", "top"]
+    assert apply_mod.replica_roots(model, ["top.0"]) == ["top.0"]
+
+
+def check_deferred_bad_ids_on_cuda(rank: int, world: int) -> list[str]:
+    """World size one on CUDA: a bad id's count is read at the next call (no wait inside the step), the bad id is
+    clamped into its own table (the other tables of its group are untouched), and ``check_ids`` raises too."""
+    errors: list[str] = []
+    torch.manual_seed(0)
+    plan = one_type_plan(world, ST.table_wise)
+    config = UpdateConfig(RowOptimizer.sgd, lr=0.1)
+    model = apply_plan(DLRM(), plan, device="cuda:0", embedding_optimizer=config)
+    ebc = ShardedEmbeddingBagCollection.from_module(model)
+    _, locals_ = global_batch(world, seed=5)
+    dense, feats, _ = locals_[rank]
+    dense = dense.cuda()
+    feats = {k: (i.cuda(), o.cuda()) for k, (i, o) in feats.items()}
+    others = {n: p.detach().clone() for n, p in model.named_parameters() if n.startswith("sparse.t3")}
+    ids, offsets = feats["sparse.t2"]
+    bad = {**feats, "sparse.t2": (torch.cat([ids, ids.new_tensor([TABLES["sparse.t2"][0] + 1])]), offsets)}
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        model.head(dense, ebc(bad)).sum().backward()  # type: ignore[operator]
+    except RuntimeError as e:
+        errors.append(f"the step synchronised: {e}")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    if any(not torch.equal(p.detach(), others[n]) for n, p in model.named_parameters() if n in others):
+        errors.append("a bad id of sparse.t2 changed sparse.t3, its neighbour in the group")
+    for what, call in (
+        ("the next call", lambda: ebc(feats)),
+        ("check_ids", ebc.check_ids),
+    ):
+        if what == "check_ids":
+            ebc(bad)  # another bad call, flushed by check_ids
+        try:
+            call()
+        except IndexError as e:
+            if "sparse.t2" not in str(e):
+                errors.append(f"{what}: the error does not name the table: {e}")
+        else:
+            errors.append(f"{what} raised no IndexError")
+    return errors
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_world_of_one_on_cuda_checks_bad_ids_one_call_later() -> None:
+    (result,) = run(check_deferred_bad_ids_on_cuda, 1, backend="nccl")
+    assert result == [], result
