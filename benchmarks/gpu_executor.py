@@ -14,8 +14,10 @@ executors of the same plan, measured in one run:
 The dense layers' Adam is ``torch.optim.Adam(..., fused=True)`` on a GPU in every executor. At world size one the
 exchange has nothing to send: no collective runs and no split sizes are read, so a step need not synchronise.
 
-For each batch size and executor: the median step (CUDA events around ``--steps`` steps after ``--warmup``, four
-pre-generated batches in rotation), the embedding part alone (lookup forward, backward and the tables' update: the
+For each batch size and executor: the median step (CUDA events around each of ``--steps`` steps after
+``--warmup``, waiting for each; four pre-generated batches in rotation), the pipelined step (the same steps back to
+back with no wait, as a training loop runs them: the time from the first launch to the last kernel's end, per step)
+and the host's time to enqueue one, the embedding part alone (lookup forward, backward and the tables' update: the
 collection's call and a backward of random output gradients, plus the tables' optimizer step in the sparse mode),
 GPU busy time per step and the top kernels (torch.profiler, the union of every kernel and copy), host
 synchronisations inside one step (``torch.cuda.set_sync_debug_mode("warn")``, each warning counted), peak memory
@@ -166,6 +168,27 @@ def timed(fn: Callable[[int], Any], n: int, device: torch.device) -> list[float]
     return out
 
 
+def back_to_back(fn: Callable[[int], Any], n: int, device: torch.device) -> tuple[float, float]:
+    """``n`` calls with no wait between them, as a training loop runs: (ms per call from first launch to the last
+    kernel's end, host ms per call to enqueue them)."""
+    if device.type != "cuda":
+        t = time.perf_counter()
+        for i in range(n):
+            fn(i)
+        per = (time.perf_counter() - t) * 1e3 / n
+        return per, per
+    torch.cuda.synchronize(device)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    t = time.perf_counter()
+    a.record()
+    for i in range(n):
+        fn(i)
+    b.record()
+    host = (time.perf_counter() - t) * 1e3 / n
+    b.synchronize()
+    return float(a.elapsed_time(b)) / n, host
+
+
 def count_syncs(fn: Callable[[], Any], device: torch.device) -> int | None:
     """Host synchronisations ``fn`` makes: torch's sync debug mode warns once per synchronising call."""
     if device.type != "cuda":
@@ -212,6 +235,7 @@ def measure(
     for i in range(warmup):
         runner.step(batches[i % 4])
     step_ms = timed(lambda i: runner.step(batches[i % 4]), steps, device)
+    pipelined = back_to_back(lambda i: runner.step(batches[i % 4]), steps, device)
     emb_ms = timed(lambda i: runner.embedding_part(batches[i % 4], grads), steps, device)
     syncs = count_syncs(lambda: runner.step(batches[0]), device)
     runner.ebc.check_ids()  # world size one on a GPU reads a call's bad-id count at the next call: flush the last
@@ -225,6 +249,8 @@ def measure(
         "mode": mode,
         "batch": batch,
         "step_ms": statistics.median(step_ms),
+        "pipelined_step_ms": pipelined[0],
+        "host_step_ms": pipelined[1],
         "step_p10_ms": gst.percentile(step_ms, 0.1),
         "step_p90_ms": gst.percentile(step_ms, 0.9),
         "embedding_ms": statistics.median(emb_ms),
@@ -350,17 +376,21 @@ def machine(device: torch.device) -> dict[str, Any]:
 
 
 def table(results: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per run; GPU busy as a share of the step waited for and of the pipelined step."""
     head = (
-        f"{'batch':>6} {'executor':<8} {'step ms':>8} {'emb ms':>7} {'GPU busy':>9} {'syncs':>5} "
-        f"{'peak GiB':>8} {'pred GiB':>8} {'pred ms':>8}"
+        f"{'batch':>6} {'executor':<10} {'step ms':>8} {'piped':>6} {'host':>6} {'emb ms':>7} {'busy':>5} "
+        f"{'busy/step':>9} {'busy/piped':>10} {'syncs':>5} {'peak GiB':>8} {'pred GiB':>8} {'pred ms':>8}"
     )
     lines = [head, "-" * len(head)]
     for r in results:
         busy = r.get("gpu_busy_ms")
-        busy_s = f"{busy / r['step_ms']:8.0%}" if busy else f"{'n/a':>8}"
+        piped = r.get("pipelined_step_ms", 0.0)
+        share = f"{busy / r['step_ms']:9.0%}" if busy else f"{'n/a':>9}"
+        share_piped = f"{busy / piped:10.0%}" if busy and piped else f"{'n/a':>10}"
         syncs = "n/a" if r["syncs_per_step"] is None else str(r["syncs_per_step"])
         lines.append(
-            f"{r['batch']:>6} {r['mode']:<8} {r['step_ms']:8.2f} {r['embedding_ms']:7.2f} {busy_s:>9} {syncs:>5} "
+            f"{r['batch']:>6} {r['mode']:<10} {r['step_ms']:8.2f} {piped:6.2f} {r.get('host_step_ms', 0):6.2f} "
+            f"{r['embedding_ms']:7.2f} {busy or 0:5.2f} {share} {share_piped} {syncs:>5} "
             f"{r['peak_bytes'] / 2**30:8.2f} {r['predicted_hbm_bytes'] / 2**30:8.2f} {r['predicted_step_ms']:8.2f}"
         )
     return lines

@@ -40,7 +40,15 @@ from shardwise.clients.shard_groups import ShardGroup, group_lookup
 if TYPE_CHECKING:
     from shardwise.clients.sharded_embedding import Routed, ShardedEmbeddingBag
 
-__all__ = ["AllToAll", "PendingIdCheck", "check_pending_ids", "pooled_lookup"]
+__all__ = [
+    "AllToAll",
+    "OneGroup",
+    "PendingIdCheck",
+    "check_pending_ids",
+    "one_group",
+    "one_group_lookup",
+    "pooled_lookup",
+]
 
 
 class AllToAll(torch.autograd.Function):
@@ -270,6 +278,107 @@ def _exchange(
     for (t, i, bags), block in zip(theirs, torch.split(y, sizes), strict=True):
         per_table[t.name][i] = block.view(bags, t.shards[i].num_cols)
     return {t.name: t.combine(per_table[t.name], routed[t.name].lengths) for t in tables}
+
+
+@dataclass
+class OneGroup:
+    """World size one, every table of a collection one whole shard of the same group: a call is one lookup.
+
+    ``lo[k]`` / ``hi[k]``: the first and last group row of the ``k``-th table (tables sorted by name), on the device.
+    """
+
+    group: ShardGroup
+    names: tuple[str, ...]
+    lo: Tensor
+    hi: Tensor
+    index: Tensor  # arange(len(names)) on the device
+
+
+def one_group(tables: Sequence[ShardedEmbeddingBag]) -> OneGroup | None:
+    """The one-group layout of ``tables`` when they have it (see :class:`OneGroup`), else None."""
+    if not tables or tables[0].world_size != 1:
+        return None
+    ordered = sorted(tables, key=lambda t: t.name)
+    group: ShardGroup | None = None
+    bases: list[int] = []
+    for t in ordered:
+        found = t.group_of(0) if len(t.shards) == 1 and not t.data_parallel else None
+        if found is None or (group is not None and found[0] is not group):
+            return None
+        group = found[0]
+        bases.append(found[1])
+    assert group is not None
+    device = group.weight.device
+    lo = torch.tensor(bases, dtype=torch.int64, device=device)
+    hi = torch.tensor([b + t.num_embeddings - 1 for b, t in zip(bases, ordered, strict=True)], device=device)
+    index = torch.arange(len(ordered), device=device)
+    return OneGroup(group, tuple(t.name for t in ordered), lo, hi, index)
+
+
+def one_group_lookup(
+    layout: OneGroup, tables: Mapping[str, ShardedEmbeddingBag], features: Mapping[str, Any]
+) -> dict[str, Tensor]:
+    """Every table of ``layout`` looked up with one ``embedding_bag`` over the group, its update in backward.
+
+    The per-table work is one offset add; ids are range-checked for all tables at once (clamped into their table,
+    counted per table, checked as :func:`_exchange_alone` says), bags found by one ``bucketize``.
+    """
+    check_pending_ids(list(tables.values()))
+    device = layout.group.weight.device
+    ids_parts: list[Tensor] = []
+    offset_parts: list[Tensor] = []
+    counts: list[int] = []
+    bag_counts: list[int] = []
+    at = 0
+    for name in layout.names:
+        t = tables[name]
+        value = features[name]
+        ids, offsets = value if isinstance(value, tuple) else (value, None)
+        if ids.dim() == 2:
+            if offsets is not None:
+                raise ValueError(f"table {name}: offsets must be None when ids are 2-D")
+            bags, per_bag = ids.shape
+            flat = ids.reshape(-1)
+            starts = torch.arange(at, at + flat.numel(), max(per_bag, 1), device=device)[:bags]
+        elif ids.dim() == 1:
+            if offsets is None:
+                raise ValueError(f"table {name}: 1-D ids need offsets")
+            flat = ids
+            starts = offsets[:-1] if t.include_last_offset else offsets
+            bags = starts.numel()
+            starts = starts.to(device=device, dtype=torch.int64)
+            starts = starts + at if at else starts
+        else:
+            raise ValueError(f"table {name}: ids must be 1-D (with offsets) or 2-D, got {ids.dim()}-D")
+        ids_parts.append(flat.to(device=device, dtype=torch.int64))
+        offset_parts.append(starts)
+        counts.append(flat.numel())
+        bag_counts.append(bags)
+        at += flat.numel()
+    n = at
+    raw = _cat(ids_parts)
+    offsets_g = _cat(offset_parts)
+    host_counts = torch.tensor(counts, dtype=torch.int64, pin_memory=device.type == "cuda")
+    table_of = torch.repeat_interleave(layout.index, host_counts.to(device, non_blocking=True), output_size=n)
+    lo = layout.lo.index_select(0, table_of)
+    shifted = raw + lo
+    ids_g = torch.clamp(shifted, lo, layout.hi.index_select(0, table_of))
+    bad = torch.zeros(len(layout.names), dtype=torch.int64, device=device)
+    bad.scatter_add_(0, table_of, (ids_g != shifted).to(torch.int64))
+    PendingIdCheck.defer(list(tables.values()), bad, layout.names)
+    bag_ids = torch.bucketize(torch.arange(n, device=device), offsets_g, right=True) - 1
+    rows = group_lookup(layout.group, layout.names, ids_g, offsets_g, bag_ids)
+    out: dict[str, Tensor] = {}
+    first = 0  # the table's first id in the call
+    for k, (name, block) in enumerate(zip(layout.names, torch.split(rows, bag_counts), strict=True)):
+        t = tables[name]
+        if t.mode == "mean":
+            starts = offset_parts[k]
+            lengths = torch.diff(starts, append=starts.new_full((1,), first + counts[k]))
+            block = block / lengths.clamp(min=1).to(block.dtype).unsqueeze(1)
+        out[name] = block.to(t.device)
+        first += counts[k]
+    return out
 
 
 def _split_rows(table: ShardedEmbeddingBag, r: Routed) -> Tensor:

@@ -89,7 +89,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from shardwise.clients.exchange import PendingIdCheck, _ShardLookup, check_pending_ids, pooled_lookup
+from shardwise.clients.exchange import (
+    PendingIdCheck,
+    _ShardLookup,
+    check_pending_ids,
+    one_group,
+    one_group_lookup,
+    pooled_lookup,
+)
 from shardwise.clients.fused_update import UpdateConfig, init_state
 from shardwise.clients.optim import RowWiseAdagrad
 from shardwise.clients.shard_groups import ShardGroup, fused_data_parallel_hook
@@ -147,8 +154,9 @@ def _bands(shards: Sequence[ShardPlan]) -> list[_Band]:
 class Routed:
     """One table's ids routed to its shards, all on the device; sizes the host learns at the split exchange.
 
-    ``sizes[i]``: ids for shard ``i`` (None when every shard takes every id: ``ids.numel()`` each); ``blocks[b]`` for a band of several row blocks: the per-(block, bag) counts
-    ``(blocks, bags)`` and the shard-local ids sorted by block (None for a whole-row band: every id as is);
+    ``sizes[i]``: ids for shard ``i`` (None when every shard takes every id: ``ids.numel()`` each); ``blocks[b]``
+    for a band of several row blocks: the per-(block, bag) counts ``(blocks, bags)`` and the shard-local ids sorted
+    by block (None for a whole-row band: every id as is);
     ``bad``: ids outside ``[0, num_embeddings)`` (a 0-d tensor, checked by everyone after the split exchange).
     """
 
@@ -465,6 +473,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self.names = [t.name for t in tables]
         self.tables = nn.ModuleList(tables)
         self._by_name = dict(zip(self.names, tables, strict=True))
+        # world size one with every table one whole shard of one group: a call is one lookup (clients.exchange)
+        self._one_group = one_group(tables)
 
     @classmethod
     def from_module(cls, module: nn.Module) -> ShardedEmbeddingBagCollection:
@@ -482,6 +492,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         unknown = sorted(set(features) - set(self._by_name))
         if unknown:
             raise KeyError(f"no sharded table named {', '.join(unknown)}")
+        if self._one_group is not None and len(features) == len(self._by_name):
+            return one_group_lookup(self._one_group, self._by_name, features)
         inputs: dict[str, tuple[Tensor, Tensor]] = {}
         for name, value in features.items():
             ids, offsets = value if isinstance(value, tuple) else (value, None)

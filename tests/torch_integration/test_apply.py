@@ -598,6 +598,33 @@ def check_world_of_one_has_no_exchange(rank: int, world: int) -> list[str]:
         dist.all_to_all_single = original
     if calls:
         errors.append(f"collectives in a world-of-one step: {calls}")
+
+    # every table table_wise in one group: the collection looks them all up with ONE embedding_bag; 2-D ids too
+    config = UpdateConfig(RowOptimizer.rowwise_adagrad, lr=0.1)
+    model = apply_plan(DLRM(), one_type_plan(world, ST.table_wise), embedding_optimizer=config)
+    ebc = ShardedEmbeddingBagCollection.from_module(model)
+    if ebc._one_group is None:
+        errors.append("the tables were not laid out as one group")
+    bags_called: list[int] = []
+    original_bag = torch.nn.functional.embedding_bag
+
+    def counting_bag(*args: Any, **kwargs: Any) -> Any:
+        bags_called.append(1)
+        return original_bag(*args, **kwargs)
+
+    torch.nn.functional.embedding_bag = counting_bag
+    try:
+        ebc(feats)
+    finally:
+        torch.nn.functional.embedding_bag = original_bag
+    if len(bags_called) != 1:
+        errors.append(f"{len(bags_called)} embedding_bag calls for one group of tables, not 1")
+    g = torch.Generator().manual_seed(11)
+    two_d = {fqn: torch.randint(0, rows, (LOCAL_BATCH, 3), generator=g) for fqn, (rows, _, _) in TABLES.items()}
+    with torch.no_grad():
+        together = ebc(two_d)
+        for fqn, ids in two_d.items():
+            _close(together[fqn], model.get_submodule(fqn)(ids), f"2-D ids of {fqn}, one lookup vs alone", errors)
     return errors
 
 
