@@ -348,6 +348,7 @@ def kernel_sweep(config: str, batch: int, device: torch.device, reps: int = 10) 
         "default_ms": ms(lambda: run(None, None)),
         "segments_ms": ms(lambda: _segments(ids_g, bags)),
         "forward_ms": ms(lambda: F.embedding_bag(ids_g, weight, offsets, mode="sum")),
+        "forward_triton_ms": ms(lambda: kern.pooled_rows(weight, ids_g, offsets)),
         "forward_floor_bytes": n * (row_bytes + 8) + bags_n * row_bytes,
         "tiles": tiles,
     }
@@ -464,7 +465,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f"kernel b{sw['batch']}: {sw['ids']} ids, {sw['unique_rows']} rows; update {sw['default_ms']:.3f} ms "
                 f"(best {best['ms']:.3f} at block_n {best['block_n']}, {best['num_warps']} warps; byte floor "
                 f"{sw['floor_bytes'] / copy_rate:.3f}), segments {sw['segments_ms']:.3f}, forward "
-                f"{sw['forward_ms']:.3f} (floor {sw['forward_floor_bytes'] / copy_rate:.3f})"
+                f"{sw['forward_ms']:.3f} (Triton {sw['forward_triton_ms']:.3f}; floor "
+                f"{sw['forward_floor_bytes'] / copy_rate:.3f})"
             )
         if curves:
             ref = curves["fused-torch"]

@@ -1,4 +1,5 @@
-"""The Triton kernel behind :func:`shardwise.clients.fused_update.fused_backward_update` (``backend="triton"``).
+"""The Triton kernels behind :func:`shardwise.clients.fused_update.fused_backward_update` and
+:func:`~shardwise.clients.fused_update.pooled_sum` (``backend="triton"``): the fused update, and the forward lookup.
 
 Imported only by that function's Triton backend, so that ``shardwise.clients.fused_update`` loads without Triton.
 The GPU path uses the Triton that ships with CUDA builds of torch; on CPU tensors the kernel runs under Triton's
@@ -34,7 +35,8 @@ Memory traffic (``C`` columns, ``b_g`` / ``b_w`` bytes per gradient / weight ele
 8 B of row id, ``2·C·b_w`` of weight (read + write), and the state's read + write: SGD 0, row-wise Adagrad 8 B,
 Adagrad ``8·C``, Adam ``16·C`` (fp32 state). Programs past the last segment read 16 B.
 
-Launch: ``BLOCK_N = clamp(2048 // BLOCK_C, 1, 16)`` ids per tile (16 at 128 columns, 4 at 512) and
+Launch: ``BLOCK_N = clamp(512 // BLOCK_C, 1, 4)`` ids per tile (4 at 128 columns, 1 at 512: most segments hold
+one id, so a larger tile is mostly masked; the best of 15 tiles timed on an H200) and
 ``num_warps = clamp(BLOCK_C // 128, 1, 4)``; ``OPT``, ``BLOCK_N``, ``BLOCK_C`` and ``NUM_CB`` (column blocks) are
 compile-time constants, so one compiled kernel per (optimizer, width class, dtypes).
 
@@ -49,12 +51,17 @@ loaded bounds, and the column blocks loop over a constant count: Triton 3.6's in
 as a ``range`` bound under NumPy 2. Checked: the interpreter on Triton 3.2, 3.6 and 3.9 (CPU); compiled on an H200
 with torch 2.11 and Triton 3.6.
 
+The forward (``_pooled_rows_kernel``) is one program per bag: it walks the bag's ids ``BLOCK_N`` at a time,
+gathers their weight rows as one tile and sums them in fp32 — per id 8 B of index and ``C·b_w`` of weight row, per
+bag ``C·b_w`` written — and needs no sort.
+
 One program runs a segment's ids in sequence (``BLOCK_N`` at a time): a row hit by a large share of the batch is a
 long serial loop in one program, where FBGEMM would split it over several.
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -247,6 +254,73 @@ def launch(
         NUM_CB=triton.cdiv(cols, block_c),
         num_warps=num_warps,
     )
+
+
+@triton.jit
+def _pooled_rows_kernel(  # type: ignore[no-untyped-def]
+    weight_ptr,
+    ids_ptr,
+    offsets_ptr,
+    out_ptr,
+    n,
+    num_bags,
+    C,
+    stride_w,
+    stride_o,
+    BLOCK_N: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    NUM_CB: tl.constexpr,
+):
+    """One program per bag ``b``: ``out[b] = Σ weight[ids[i]]`` over ``offsets[b] ≤ i < offsets[b + 1]`` (the last
+    bag ends at ``n``), summed in fp32 in id order, stored in the weight's dtype; an empty bag gives zeros."""
+    b = tl.program_id(0)
+    start = tl.load(offsets_ptr + b)
+    end = tl.load(offsets_ptr + b + 1, mask=b + 1 < num_bags, other=n)
+    cols0 = tl.arange(0, BLOCK_C)
+    for cb in range(NUM_CB):
+        cols = cb * BLOCK_C + cols0
+        col_mask = cols < C
+        acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+        i0 = start
+        while i0 < end:
+            offs = i0 + tl.arange(0, BLOCK_N)
+            id_mask = offs < end
+            rows = tl.load(ids_ptr + offs, mask=id_mask, other=0)
+            tile = tl.load(
+                weight_ptr + rows[:, None] * stride_w + cols[None, :],
+                mask=id_mask[:, None] & col_mask[None, :],
+                other=0.0,
+            )
+            acc += tl.sum(tile.to(tl.float32), axis=0)
+            i0 += BLOCK_N
+        tl.store(out_ptr + b * stride_o + cols, acc.to(out_ptr.dtype.element_ty), mask=col_mask)
+
+
+def pooled_rows(weight: Tensor, ids: Tensor, offsets: Tensor) -> Tensor:
+    """Sum-pooled rows ``(len(offsets), C)`` of ``weight`` (unit column stride) for int64 ``ids`` in bags starting
+    at int64 ``offsets`` (non-decreasing, the last bag ending at ``len(ids)``): ``embedding_bag(mode="sum")``'s
+    result, enqueued without a host synchronisation. Ids are not range-checked (the caller clamps them)."""
+    bags, cols = offsets.numel(), weight.shape[1]
+    out = torch.empty((bags, cols), dtype=weight.dtype, device=weight.device)
+    if bags == 0 or cols == 0:
+        return out
+    block_c = min(triton.next_power_of_2(cols), MAX_BLOCK_C)
+    _pooled_rows_kernel[(bags,)](
+        weight,
+        ids,
+        offsets,
+        out,
+        ids.numel(),
+        bags,
+        cols,
+        weight.stride(0),
+        out.stride(0),
+        BLOCK_N=max(1, min(8, 1024 // block_c)),
+        BLOCK_C=block_c,
+        NUM_CB=triton.cdiv(cols, block_c),
+        num_warps=max(1, min(4, block_c // 128)),
+    )
+    return out
 
 
 def interpreting() -> bool:

@@ -22,7 +22,7 @@ plan fails the same way on every rank instead of hanging one of them. Then, in p
 
   - ``replicate`` → ``DistributedDataParallel`` around the layer, or around the largest module all of whose
     parameters are replicated (one DDP for an MLP of replicated layers: ``bottom.0.weight`` becomes
-    ``bottom.module.0.weight``; :func:`replica_roots`);
+    ``bottom.module.0.weight``; :func:`replica_roots`); on a world of one rank, nothing (no replica to sync);
   - ``fsdp`` → FSDP2 ``fully_shard(layer, mesh=<all ranks>)`` (each layer its own unit, parameters become
     ``DTensor`` ``Shard(0)``, gradients reduce-scattered and averaged);
   - ``colwise`` / ``rowwise`` → ``parallelize_module(layer, mesh["tp"], ColwiseParallel | RowwiseParallel)``,
@@ -202,7 +202,13 @@ def apply_replicate(
     module: nn.Module, names: Iterable[str], process_group: dist.ProcessGroup, device: torch.device
 ) -> None:
     """Wrap the named submodules in ``DistributedDataParallel``, merged into their largest wholly replicated
-    ancestors (:func:`replica_roots`; in place: the wrapped module's FQN gains ``.module``)."""
+    ancestors (:func:`replica_roots`; in place: the wrapped module's FQN gains ``.module``).
+
+    On a process group of one rank nothing is wrapped: there is no replica to synchronise with (torchtitan applies
+    DDP only when its data-parallel degree is above one, for the same reason), and DDP's hooks would only cost time.
+    """
+    if dist.get_world_size(process_group) == 1:
+        return
     device_ids = [device.index] if device.type == "cuda" and device.index is not None else None
     for name in replica_roots(module, names):
         sub = module.get_submodule(name)
@@ -358,6 +364,6 @@ def apply_plan(
         apply_fsdp(module, fsdp, mesh)
     replicate = [n for n, s in styles.items() if s is DenseStyle.replicate]
     apply_replicate(module, replicate + wrapped, group, dev)
-    for owner, attr in loose:
+    for owner, attr in loose if world > 1 else ():
         getattr(owner, attr).register_post_accumulate_grad_hook(average_grad_hook(group, world))
     return module

@@ -25,7 +25,7 @@ the first call and cached, so the first step synchronises more than the later on
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -291,7 +291,6 @@ class OneGroup:
     names: tuple[str, ...]
     lo: Tensor
     hi: Tensor
-    index: Tensor  # arange(len(names)) on the device
 
 
 def one_group(tables: Sequence[ShardedEmbeddingBag]) -> OneGroup | None:
@@ -311,8 +310,7 @@ def one_group(tables: Sequence[ShardedEmbeddingBag]) -> OneGroup | None:
     device = group.weight.device
     lo = torch.tensor(bases, dtype=torch.int64, device=device)
     hi = torch.tensor([b + t.num_embeddings - 1 for b, t in zip(bases, ordered, strict=True)], device=device)
-    index = torch.arange(len(ordered), device=device)
-    return OneGroup(group, tuple(t.name for t in ordered), lo, hi, index)
+    return OneGroup(group, tuple(t.name for t in ordered), lo, hi)
 
 
 def one_group_lookup(
@@ -358,15 +356,21 @@ def one_group_lookup(
     n = at
     raw = _cat(ids_parts)
     offsets_g = _cat(offset_parts)
-    host_counts = torch.tensor(counts, dtype=torch.int64, pin_memory=device.type == "cuda")
-    table_of = torch.repeat_interleave(layout.index, host_counts.to(device, non_blocking=True), output_size=n)
+    # the table of every id: its position against the tables' first positions (bucketize, not repeat_interleave,
+    # whose kernel runs one block per table)
+    firsts = torch.tensor([sum(counts[:k]) for k in range(len(counts))], pin_memory=device.type == "cuda")
+    positions = torch.arange(n, device=device)
+    table_of = torch.bucketize(positions, firsts.to(device, non_blocking=True), right=True) - 1
     lo = layout.lo.index_select(0, table_of)
     shifted = raw + lo
     ids_g = torch.clamp(shifted, lo, layout.hi.index_select(0, table_of))
-    bad = torch.zeros(len(layout.names), dtype=torch.int64, device=device)
-    bad.scatter_add_(0, table_of, (ids_g != shifted).to(torch.int64))
-    PendingIdCheck.defer(list(tables.values()), bad, layout.names)
-    bag_ids = torch.bucketize(torch.arange(n, device=device), offsets_g, right=True) - 1
+    flags = ids_g != shifted
+
+    def locate() -> list[str]:
+        return [m for m, part in zip(layout.names, torch.split(flags, counts), strict=True) if bool(part.any())]
+
+    PendingIdCheck.defer(list(tables.values()), flags.sum(), locate)
+    bag_ids = torch.bucketize(positions, offsets_g, right=True) - 1
     rows = group_lookup(layout.group, layout.names, ids_g, offsets_g, bag_ids)
     out: dict[str, Tensor] = {}
     first = 0  # the table's first id in the call
@@ -401,7 +405,11 @@ def _exchange_alone(
     device = tables[0].device
     bad = torch.stack([r.bad for r in (*rt, *extra)])
     names = tuple(r.table for r in (*rt, *extra))
-    clamp = PendingIdCheck.defer(tables, bad, names)
+
+    def locate() -> list[str]:
+        return [n for n, c in zip(names, bad.tolist(), strict=True) if c > 0]
+
+    clamp = PendingIdCheck.defer(tables, bad.sum(), locate)
     ids_of_table: dict[int, Tensor] = {}
     for ti in {ti for ti, _ in plan.mine}:
         ids = rt[ti].ids
@@ -422,37 +430,39 @@ def _exchange_alone(
 
 
 class PendingIdCheck:
-    """The bad-id counts of one call at world size one on a CUDA device, copied to pinned host memory without
-    waiting; checked (``IndexError``) at the start of the next call of any of its tables, or by :meth:`check`."""
+    """The bad-id count of one call at world size one on a CUDA device, copied to pinned host memory without
+    waiting; checked (``IndexError``) at the start of the next call of any of its tables, or by :meth:`check`.
 
-    def __init__(self, counts: Tensor, names: tuple[str, ...]) -> None:
-        self.host = torch.empty(counts.shape, dtype=counts.dtype, pin_memory=True)
-        self.host.copy_(counts, non_blocking=True)
+    ``locate`` names the tables that had bad ids (called on the error path only: it may read the device).
+    """
+
+    def __init__(self, total: Tensor, locate: Callable[[], list[str]]) -> None:
+        self.host = torch.empty(1, dtype=total.dtype, pin_memory=True)
+        self.host.copy_(total.reshape(1), non_blocking=True)
         self.event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         self.event.record()
-        self.names = names
+        self.locate = locate
 
     @staticmethod
-    def defer(tables: Sequence[ShardedEmbeddingBag], counts: Tensor, names: tuple[str, ...]) -> bool:
-        """Check ``counts`` now (CPU and other devices: a host read) or one call later (CUDA): True when later."""
-        if counts.device.type != "cuda":
-            bad = [n for n, c in zip(names, counts.tolist(), strict=True) if c > 0]
-            if bad:
-                raise IndexError(f"ids outside their table's rows [0, num_embeddings): {', '.join(bad)}")
+    def defer(tables: Sequence[ShardedEmbeddingBag], total: Tensor, locate: Callable[[], list[str]]) -> bool:
+        """Check ``total`` now (CPU and other devices: a host read) or one call later (CUDA): True when later."""
+        if total.device.type != "cuda":
+            if int(total) > 0:
+                raise IndexError(f"ids outside their table's rows [0, num_embeddings): {', '.join(locate())}")
             return False
-        pending = PendingIdCheck(counts, names)
+        pending = PendingIdCheck(total, locate)
         for t in tables:
             t.pending_ids = pending
         return True
 
     def check(self) -> None:
-        """Wait for the counts (their call's routing, long done when the next call starts) and raise on bad ids."""
-        self.event.synchronize()
-        bad = [n for n, c in zip(self.names, self.host.tolist(), strict=True) if c > 0]
-        if bad:
+        """Wait for the count (their call's routing, long done when the next call starts) and raise on bad ids."""
+        if not self.event.query():  # type: ignore[no-untyped-call]  # done already (the usual case): no wait, nothing a sync check would flag
+            self.event.synchronize()
+        if int(self.host[0]) > 0:
             raise IndexError(
-                f"ids outside their table's rows [0, num_embeddings) in the previous lookup: {', '.join(bad)} "
-                "(looked up clamped into the table)"
+                f"ids outside their table's rows [0, num_embeddings) in the previous lookup: "
+                f"{', '.join(self.locate())} (looked up clamped into the table)"
             )
 
 

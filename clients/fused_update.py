@@ -59,6 +59,7 @@ from enum import StrEnum
 from types import ModuleType
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
     "UpdateConfig",
     "fused_backward_update",
     "init_state",
+    "pooled_sum",
     "state_bytes",
     "triton_available",
 ]
@@ -216,6 +218,23 @@ def fused_backward_update(
             _triton_update(weight, state, sorted_ids, sorted_bags, starts, grad_out, config, step)
         else:
             _torch_update(weight, state, sorted_ids, sorted_bags, seg, starts, grad_out, config, step)
+
+
+def pooled_sum(weight: Tensor, ids: Tensor, offsets: Tensor, *, backend: str = "auto") -> Tensor:
+    """Sum-pooled rows ``(len(offsets), C)`` of ``weight``: ``embedding_bag(ids, weight, offsets, mode="sum")``, by the
+    Triton kernel where :func:`fused_backward_update` would use Triton (``backend`` as there), else by torch.
+
+    The lookup's forward beside its fused backward: one program per bag gathers and sums its rows in fp32, in id
+    order. Ids must lie in ``[0, len(weight))`` (not checked: the caller clamps them).
+    """
+    if offsets.numel() == 0:
+        return weight.new_zeros((0, weight.shape[1]))
+    if _choose_backend(backend, weight) == "triton" and weight.stride(1) == 1:
+        mod = _triton_module()
+        assert mod is not None
+        out: Tensor = mod.pooled_rows(weight, ids, offsets)
+        return out
+    return F.embedding_bag(ids, weight, offsets, mode="sum")
 
 
 def _check(

@@ -37,11 +37,16 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import FunctionCtx
 
-from shardwise.clients.fused_update import RowOptimizer, UpdateConfig, fused_backward_update, init_state
+from shardwise.clients.fused_update import (
+    RowOptimizer,
+    UpdateConfig,
+    fused_backward_update,
+    init_state,
+    pooled_sum,
+)
 from shardwise.wire.spec import ShardPlan
 
 __all__ = ["GroupKey", "ShardGroup", "ShardStorage", "dense_update", "group_lookup", "plan_groups"]
@@ -141,9 +146,7 @@ class _GroupLookup(torch.autograd.Function):
         ctx.group = group  # type: ignore[attr-defined]
         ctx.tables = tables  # type: ignore[attr-defined]
         ctx.save_for_backward(ids, bags)
-        if offsets.numel() == 0:
-            return group.weight.new_zeros((0, group.weight.shape[1]))
-        return F.embedding_bag(ids, group.weight, offsets, mode="sum")
+        return pooled_sum(group.weight, ids, offsets, backend=os.environ.get("SHARDWISE_FUSED_BACKEND", "auto"))
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None, None]:
@@ -216,8 +219,9 @@ def fused_data_parallel_hook(
         if param.grad is None:
             return
         grad = param.grad
-        dist.all_reduce(grad, group=group)
-        grad.div_(world_size)
+        if world_size > 1:
+            dist.all_reduce(grad, group=group)
+            grad.div_(world_size)
         counter[0] += 1
         with torch.no_grad():
             dense_update(param, grad, state, config, step=counter[0])

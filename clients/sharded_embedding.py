@@ -119,7 +119,7 @@ def average_grad_hook(group: dist.ProcessGroup, world_size: int) -> Any:
     """A post-accumulate-grad hook that all-reduces a dense gradient and divides it by the world size."""
 
     def hook(param: Tensor) -> None:
-        if param.grad is not None:
+        if param.grad is not None and world_size > 1:
             dist.all_reduce(param.grad, group=group)
             param.grad.div_(world_size)
 

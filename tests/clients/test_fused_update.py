@@ -39,6 +39,7 @@ from shardwise.clients.fused_update import (  # noqa: E402
     UpdateConfig,
     fused_backward_update,
     init_state,
+    pooled_sum,
     state_bytes,
     triton_available,
 )
@@ -333,10 +334,39 @@ def _triton_cases() -> Iterator[dict[str, Any]]:
             yield result
 
 
+def _pooled_cases() -> Iterator[dict[str, Any]]:
+    """The Triton forward (interpreted, CPU) against ``embedding_bag``: every dtype and width of TRITON_CASES,
+    bags of 0–4 ids (empty ones first, inside and last), several column blocks when ``max_block_c`` is small."""
+    from shardwise.clients import _fused_triton
+
+    default_block = _fused_triton.MAX_BLOCK_C
+    for dtype_name, cols, max_block_c, _, _ in TRITON_CASES:
+        gen = torch.Generator().manual_seed(4)
+        dtype = DTYPES[dtype_name]
+        weight = torch.randn(24, cols, generator=gen).to(dtype)
+        lengths = torch.randint(0, 5, (12,), generator=gen)
+        lengths[0], lengths[5], lengths[-1] = 0, 0, 0
+        ids = torch.randint(0, 24, (int(lengths.sum()),), generator=gen)
+        offsets = torch.cumsum(lengths, 0) - lengths
+        result: dict[str, Any] = {"opt": "forward", "dtype": dtype_name, "cols": cols, "errors": []}
+        _fused_triton.MAX_BLOCK_C = max_block_c
+        try:
+            got = pooled_sum(weight, ids, offsets, backend="triton")
+        finally:
+            _fused_triton.MAX_BLOCK_C = default_block
+        want = torch.nn.functional.embedding_bag(ids, weight.float(), offsets, mode="sum").to(dtype)
+        tol = WEIGHT_TOL[dtype_name]
+        try:
+            torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+        except AssertionError as err:
+            result["errors"].append(str(err))
+        yield result
+
+
 def run_triton_cases() -> None:
     """Entry point of the interpreter subprocess: one JSON line per case on stdout."""
     torch.set_num_threads(1)
-    for result in _triton_cases():
+    for result in (*_triton_cases(), *_pooled_cases()):
         print(json.dumps(result), flush=True)  # noqa: T201
 
 
@@ -372,6 +402,13 @@ def triton_results(triton_child: subprocess.Popen[str] | None) -> list[dict[str,
 @pytest.mark.parametrize("opt", list(RowOptimizer))
 def test_triton_interpreter_matches_torch_backend(triton_results: list[dict[str, Any]], opt: RowOptimizer) -> None:
     mine = [r for r in triton_results if r["opt"] == opt.value]
+    assert len(mine) == len(TRITON_CASES)
+    failures = [f"{r['dtype']} C={r['cols']}: {e}" for r in mine for e in r["errors"]]
+    assert not failures, "\n".join(failures)
+
+
+def test_triton_interpreter_pooled_rows_match_embedding_bag(triton_results: list[dict[str, Any]]) -> None:
+    mine = [r for r in triton_results if r["opt"] == "forward"]
     assert len(mine) == len(TRITON_CASES)
     failures = [f"{r['dtype']} C={r['cols']}: {e}" for r in mine for e in r["errors"]]
     assert not failures, "\n".join(failures)
@@ -425,6 +462,17 @@ def test_triton_on_cuda_matches_torch_without_syncs(opt: RowOptimizer) -> None:
                 assert_close(tri_state[key], ref_state[key], 1e-5, f"{where} {key}", atol=1e-6)
         assert torch.equal(tri_w[~touched].view(torch.uint8), weight[~touched].view(torch.uint8))
         assert all(not v[~touched].any() for v in tri_state.values())
+        if opt is RowOptimizer.sgd:  # the forward kernel once per width, against embedding_bag (empty bags included)
+            lengths = torch.randint(0, 40, (bags,), generator=gen).to(dev)
+            ids = torch.randint(0, rows, (int(lengths.sum()),), generator=gen).to(dev)
+            offsets = torch.cumsum(lengths, 0) - lengths
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                got = pooled_sum(weight, ids, offsets)  # auto: Triton
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            want = torch.nn.functional.embedding_bag(ids, weight.float(), offsets, mode="sum")
+            assert_close(got.float(), want, WEIGHT_TOL[dtype_name] * 4, f"{dtype_name} C={cols} forward")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

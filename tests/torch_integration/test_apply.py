@@ -791,9 +791,15 @@ def check_deferred_bad_ids_on_cuda(rank: int, world: int) -> list[str]:
     dense, feats, _ = locals_[rank]
     dense = dense.cuda()
     feats = {k: (i.cuda(), o.cuda()) for k, (i, o) in feats.items()}
-    others = {n: p.detach().clone() for n, p in model.named_parameters() if n.startswith("sparse.t3")}
     ids, offsets = feats["sparse.t2"]
-    bad = {**feats, "sparse.t2": (torch.cat([ids, ids.new_tensor([TABLES["sparse.t2"][0] + 1])]), offsets)}
+    bad = {
+        **feats,
+        "sparse.t2": (torch.cat([ids, ids.new_tensor([TABLES["sparse.t2"][0] + 1])]), offsets),
+        "sparse.t3": (ids.new_empty(0), torch.zeros_like(offsets)),  # t3 looks nothing up: it must not move
+    }
+    model.head(dense, ebc(feats)).sum().backward()  # type: ignore[operator]  # a first step (DDP's set-up)
+    torch.cuda.synchronize()
+    others = {n: p.detach().clone() for n, p in model.named_parameters() if n.startswith("sparse.t3")}
     torch.cuda.set_sync_debug_mode("error")
     try:
         model.head(dense, ebc(bad)).sum().backward()  # type: ignore[operator]
