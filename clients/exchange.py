@@ -19,6 +19,14 @@ call. For the tables of one dtype it runs (see the sharded_embedding module docs
 5. **pooled rows** — ``all_to_all_single`` (differentiable) back to the bags' ranks, row blocks summed, bands
    concatenated, ``mean`` divided by the bag length.
 
+At world size one there is nothing to exchange (:func:`_exchange_alone`): no collective runs and no split sizes are
+read, so a step makes no host synchronisation. Bad ids then raise at once on the CPU; on a CUDA device their count is
+copied to pinned memory and checked at the start of the next call (or by
+``ShardedEmbeddingBagCollection.check_ids()``), the ids clamped into their own table meanwhile, so that a bad id
+never touches another table's rows. A collection whose tables are each one whole shard of one group
+(:class:`OneGroup`) is looked up with one call (:func:`one_group_lookup`): one offset add per table, one range check
+and one ``bucketize`` for all of them, one lookup.
+
 Device tensors that do not change between steps (block boundaries, the permutation of the split table) are made on
 the first call and cached, so the first step synchronises more than the later ones.
 """

@@ -33,7 +33,9 @@ both works too). For each band, every id goes to the one block holding its row.
    as ``nn.EmbeddingBag`` does).
 
 Backward runs step 4 in reverse (one ``all_to_all_single`` of the output gradient) and then the local lookup's
-backward. data_parallel tables never communicate in forward: a full copy on every rank, looked up locally.
+backward. At world size one nothing is exchanged and nothing synchronises (see :mod:`shardwise.clients.exchange`:
+bad ids are then reported at the next call on CUDA). data_parallel tables never communicate in forward: a full
+copy on every rank, looked up locally.
 
 The update rule: the optimizer in backward, or row-sparse gradients
 ------------------------------------------------------------------

@@ -19,10 +19,14 @@ gradients are fp32 (4 B) for fp32 tables and 2 B otherwise (``ob``).
 Memory (:func:`shard_memory`)
 -----------------------------
 ``weights = r·c·b``;  optimizer state: sgd 0, adagrad ``r·c·4``, rowwise_adagrad ``r·4``, adam ``2·r·c·4``;
-gradients: the executor (``shardwise.clients.apply``) gives a sharded table a coalesced row-sparse gradient — fp32
-values and an int64 row index for each row the step touched — that the optimizer applies to those rows only, so a shard
-keeps ``u·(c·4 + 8)`` with ``u = r·(1 − e^(−n/r))`` (expected distinct rows of ``n`` uniform draws; skew only lowers
-it); a data_parallel copy keeps a dense gradient ``r·c·b`` (all-reduced);
+gradients: the executor's compatible mode (``shardwise.clients.apply`` without an embedding optimizer) gives a
+sharded table a coalesced row-sparse gradient — fp32 values and an int64 row index for each row the step touched —
+that the optimizer applies to those rows only, so a shard keeps ``u·(c·4 + 8)`` with ``u = r·(1 − e^(−n/r))``
+(expected distinct rows of ``n`` uniform draws; skew only lowers it); a data_parallel copy keeps a dense gradient
+``r·c·b`` (all-reduced). The fast path (an embedding optimizer: the update fused into backward, as TorchRec's fused
+kernels do too) keeps no gradient, only the sort's index work, about ``5·n·8`` B while the update runs; the model
+charges the compatible mode's ``u·(c·4 + 8)`` for both, so that a plan fits whichever the user runs (measured on an
+H200: the fast path's peak 0.7–4.9 % under this prediction, ``docs/benchmarks.md``);
 buffers ``n·8 + (bags)·8 + 2·o·c·ob`` (int64 ids and bag lengths in, pooled output out, output gradient back);
 UVM cache ``⌈f·r⌉·(c·b + 16)`` (rows plus 16 B of slot/LRU state per cached row).
 Placement ``hbm``: HBM = weights + optimizer + gradients + buffers.  ``uvm_cache``: weights and optimizer state live
@@ -33,7 +37,8 @@ Time (:func:`shard_compute_ms`, :func:`shard_comm_ms`)
 Lookups are memory traffic.  A gathered row costs ``⌈c·b / G⌉·G`` bytes (``G`` = the device's access granularity:
 narrow rows waste most of each transaction — the dimension-dependent efficiency).  Forward reads ``n`` rows and
 streams out ``o·c·ob``; backward streams the output gradient in and, per id, reads and writes its row and its
-optimizer state (sgd 0, adagrad ``2·⌈4c/G⌉G``, rowwise ``2·G``, adam ``4·⌈4c/G⌉G``).  A data_parallel copy instead
+optimizer state (sgd 0, adagrad ``2·⌈4c/G⌉G``, rowwise ``2·G``, adam ``4·⌈4c/G⌉G``; the fused update reads and
+writes each distinct row once, so duplicate ids cost less than charged).  A data_parallel copy instead
 streams its whole dense gradient, weights and state once (``r·(4c + 2cb + state)``).
 Gathers run at ``hbm_bw·achieved.embedding_gather``, streams at ``hbm_bw·achieved.memory_bound``; for
 ``uvm_cache`` a fraction ``h`` of gathers hit HBM (see :func:`cache_hit_rate`) and the misses cross the host link at
