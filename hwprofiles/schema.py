@@ -73,6 +73,9 @@ class HardwareProfile(BaseModel):
 
     achieved: AchievedFractions
     sources: dict[str, str] = Field(default_factory=dict, description="field path → where the figure comes from")
+    calibration: str | None = Field(
+        default=None, max_length=300, description="the calibration its measured figures come from (None: catalogue)"
+    )
 
     @field_validator("peak_flops_per_s")
     @classmethod
@@ -111,6 +114,7 @@ class HardwareProfile(BaseModel):
             "vendor",
             "display_name",
             "sources",
+            "calibration",
             "achieved",
             "peak_flops_per_s",
             "scale_up_topology",

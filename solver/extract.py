@@ -92,6 +92,7 @@ def build_plan(
         "request_hash": rhash,
         "model": model.name,
         "fleet": topo.fleet.name,
+        "calibrations": sorted({c.profile.calibration for c in topo.classes if c.profile.calibration}),
     }
     if tables is None:
         return Plan(status=PlanStatus.infeasible, solver=SolverInfo(**info), explanation=list(explanation), **common)

@@ -386,6 +386,9 @@ class Plan(_Frozen):
     dense: list[DensePlan] = Field(default_factory=list)
     solver: SolverInfo = SolverInfo()
     explanation: list[str] = Field(default_factory=list)
+    calibrations: list[str] = Field(
+        default_factory=list, description="the calibrations the fleet's profiles were priced with (empty: catalogue)"
+    )
 
     @model_validator(mode="after")
     def _bound_below_objective(self) -> Plan:

@@ -1,0 +1,129 @@
+"""Calibrations: measured figures that overlay one accelerator profile.
+
+A calibration is what ``shardwise calibrate`` writes after timing the executor's kernels, GEMMs, copies and the host
+link on one GPU: the profile it applies to, the machine it was measured on (device, torch, driver, Triton, date),
+and per figure the fitted value, where it comes from (``source: measured on …``), the number of samples behind it and
+the fit's error. ``Calibration.apply(profile)`` returns the profile with those figures replaced and their sources
+rewritten; the result is validated like any profile, so a calibration cannot produce an impossible one (an achieved
+fraction above 1, a negative latency). ``apply_to_fleet`` swaps the calibrated profile in, inline, for every host
+group of that GPU: the plan's request then carries the calibrated figures (and so does its request hash).
+
+``measurements`` holds what was measured but is not (yet) a figure of the profile — per-kernel launch cost, a minimal
+training step's host time — reported so that a reader sees them beside the fitted figures.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from shardwise.hwprofiles.schema import HardwareProfile
+
+__all__ = ["CALIBRATABLE", "Calibration", "Figure", "load_calibration"]
+
+#: the profile figures a calibration may set (dotted paths, as in a profile's ``sources``)
+CALIBRATABLE: Final = (
+    "achieved.embedding_gather",
+    "achieved.memory_bound",
+    "achieved.gemm",
+    "achieved.host_link",
+    "achieved.intra_host_collective",
+    "achieved.inter_host_collective",
+    "intra_host_latency_us",
+    "inter_host_latency_us",
+)
+
+
+class Figure(BaseModel):
+    """One fitted figure: its value, its provenance, and how well the fit explains the samples."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    value: float = Field(gt=0, allow_inf_nan=False)
+    source: str = Field(min_length=1, max_length=500)
+    samples: int = Field(ge=1, description="measurements behind the fit")
+    fit_error: float | None = Field(
+        default=None, ge=0, allow_inf_nan=False, description="RMS relative error of the fit over its samples"
+    )
+
+
+class Measurement(BaseModel):
+    """A measured quantity that is not a profile figure (reported, not applied)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    value: float = Field(allow_inf_nan=False)
+    unit: str = Field(min_length=1, max_length=40)
+    source: str = Field(min_length=1, max_length=500)
+
+
+class Calibration(BaseModel):
+    """Measured figures for one profile, with the machine they were measured on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal[1] = 1
+    profile: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$", description="the profile it overlays")
+    device: str = Field(min_length=1, max_length=200, description="the GPU as the driver names it")
+    torch: str = Field(min_length=1, max_length=80)
+    driver: str | None = Field(default=None, max_length=80)
+    triton: str | None = Field(default=None, max_length=80)
+    date: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}", description="ISO date of the measurement")
+    figures: dict[str, Figure] = Field(min_length=1)
+    measurements: dict[str, Measurement] = Field(default_factory=dict)
+
+    @field_validator("figures")
+    @classmethod
+    def _known_figures(cls, value: dict[str, Figure]) -> dict[str, Figure]:
+        unknown = sorted(set(value) - set(CALIBRATABLE))
+        if unknown:
+            raise ValueError(f"figures a calibration cannot set: {unknown}; settable: {list(CALIBRATABLE)}")
+        return value
+
+    def digest(self) -> str:
+        """sha256 of the canonical JSON: names the calibration in plans and request hashes."""
+        text = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def label(self) -> str:
+        """One line naming it: ``<profile> calibration <date> on <device> (<digest prefix>)``."""
+        return f"{self.profile} calibration {self.date} on {self.device} ({self.digest()[:12]})"
+
+    def apply(self, profile: HardwareProfile) -> HardwareProfile:
+        """``profile`` with the calibrated figures and their sources (a ValueError if it is another profile, or if
+        the result is not a valid profile)."""
+        if profile.name != self.profile:
+            raise ValueError(f"this calibration is for {self.profile!r}, not {profile.name!r}")
+        data: dict[str, Any] = profile.model_dump()
+        sources = dict(data.get("sources") or {})
+        for path, fig in self.figures.items():
+            head, _, tail = path.partition(".")
+            if tail:
+                data[head] = {**data[head], tail: fig.value}
+            else:
+                data[head] = fig.value
+            error = f", fit error {fig.fit_error:.1%}" if fig.fit_error is not None else ""
+            sources[path] = f"{fig.source} ({fig.samples} samples{error}; {self.label()})"
+        data["sources"] = sources
+        data["calibration"] = self.label()
+        return HardwareProfile.model_validate(data)
+
+
+def load_calibration(path: Path | str) -> Calibration:
+    """Read a calibration file (YAML or JSON). Raises ValueError with a one-line reason when it is not one."""
+    import yaml
+
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"cannot read {p}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{p} is not YAML or JSON: {str(exc).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{p}: a calibration is a mapping, got {type(raw).__name__}")
+    return Calibration.model_validate(raw)
