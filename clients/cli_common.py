@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from shardwise.wire.spec import Plan, PlanStatus
+from shardwise.wire.spec import FleetSpec, Plan, PlanStatus
 
 
 class Solver(StrEnum):
@@ -74,13 +74,14 @@ def print_plan(plan: Plan) -> None:
             typer.echo(f"  - {line}")
         return
     header = f"{'rank':>4} {'host':>4} {'gpu':<16} {'HBM GB':>8} {'/ cap GB':>8} {'fill':>5} "
-    header += f"{'compute ms':>10} {'comm ms':>9} {'total ms':>9}"
+    header += f"{'compute ms':>10} {'comm ms':>9} {'host ms':>8} {'total ms':>9}"
     typer.echo(header)
     for r in plan.ranks:
         fill = r.hbm_used_bytes / r.hbm_capacity_bytes if r.hbm_capacity_bytes else 0.0
         typer.echo(
             f"{r.rank:>4} {r.host:>4} {r.gpu:<16} {gb(r.hbm_used_bytes)} {gb(r.hbm_capacity_bytes)} {fill:>5.0%} "
-            f"{r.predicted_ms.compute:>10.3f} {r.predicted_ms.comm:>9.3f} {r.predicted_ms.total:>9.3f}"
+            f"{r.predicted_ms.compute:>10.3f} {r.predicted_ms.comm:>9.3f} {r.predicted_ms.host:>8.3f} "
+            f"{r.predicted_ms.total:>9.3f}"
         )
     bound = "n/a" if plan.lower_bound_ms is None else f"{plan.lower_bound_ms:.3f} ms"
     gap = "" if plan.solver.gap is None else f", gap {plan.solver.gap:.1%}"
@@ -90,6 +91,12 @@ def print_plan(plan: Plan) -> None:
     )
     for line in plan.explanation:
         typer.echo(f"  - {line}")
+    typer.echo(f"priced with: {priced_with(plan)}")
+
+
+def priced_with(plan: Plan) -> str:
+    """Which figures priced ``plan``: its calibrations' labels, or the catalogue's."""
+    return "; ".join(plan.calibrations) if plan.calibrations else "catalogue figures (uncalibrated)"
 
 
 def write_plan(plan: Plan, out: Path | None) -> None:
@@ -100,3 +107,43 @@ def write_plan(plan: Plan, out: Path | None) -> None:
     except OSError as exc:
         fail(f"{out}: {exc.strerror or exc}")
     typer.echo(f"plan written to {out}")
+
+
+CalibrationOption = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--calibration",
+        metavar="FILE",
+        help="price with this calibration (shardwise calibrate's YAML) for its GPU; repeat for several GPUs",
+    ),
+]
+
+
+def calibrated(fleets: list[FleetSpec], paths: list[Path] | None) -> list[FleetSpec]:
+    """``fleets`` with each calibration in ``paths`` applied to the fleets that have its GPU (one line and exit 2
+    when a file is not a calibration, or when no fleet has its GPU)."""
+    if not paths:
+        return fleets
+    from shardwise.hwprofiles.calibration import load_calibration
+    from shardwise.wire.calibration import calibrate_fleet
+
+    out = list(fleets)
+    for path in paths:
+        try:
+            cal = load_calibration(path)
+        except ValidationError as exc:
+            fail(f"{path}: {describe_validation_error(exc)}")
+        except ValueError as exc:
+            fail(str(exc))
+        used = False
+        for i, fleet in enumerate(out):
+            if any(g.gpu_name == cal.profile for g in fleet.hosts):
+                try:
+                    out[i] = calibrate_fleet(fleet, cal)
+                except (ValueError, ValidationError) as exc:
+                    fail(f"{path}: {exc}".splitlines()[0])
+                used = True
+        if not used:
+            names = sorted({g.gpu_name for f in out for g in f.hosts})
+            fail(f"{path}: the calibration is for {cal.profile}; the fleet has {', '.join(names)}")
+    return out

@@ -15,7 +15,9 @@ import typer
 from pydantic import ValidationError
 
 from shardwise.clients.cli_common import (
+    CalibrationOption,
     Solver,
+    calibrated,
     describe_validation_error,
     fail,
     gb,
@@ -64,10 +66,11 @@ def plan(
             "--deterministic-time", help="CP-SAT work limit in deterministic units: reproducible on any machine"
         ),
     ] = None,
+    calibration: CalibrationOption = None,
 ) -> None:
     """Plan MODEL on FLEET; print the per-rank table and (with -o) write the plan."""
     model = load_spec(model_path, ModelSpec)
-    fleet = load_spec(fleet_path, FleetSpec)
+    (fleet,) = calibrated([load_spec(fleet_path, FleetSpec)], calibration)
     try:
         params = SolveParams(
             solver=solver.value,
@@ -94,10 +97,11 @@ def evaluate(
     torchrec: Annotated[
         bool, typer.Option("--torchrec", help="PLAN is a serialized TorchRec ShardingPlan: import it, then score it")
     ] = False,
+    calibration: CalibrationOption = None,
 ) -> None:
     """Validate PLAN for MODEL on FLEET and print its predicted step time per rank."""
     model = load_spec(model_path, ModelSpec)
-    fleet = load_spec(fleet_path, FleetSpec)
+    (fleet,) = calibrated([load_spec(fleet_path, FleetSpec)], calibration)
     if torchrec:
         from shardwise.solver.torchrec.importer import from_torchrec
 
@@ -203,11 +207,11 @@ def port(
     seed: Annotated[int, typer.Option(help="CP-SAT random seed (same seed, same plan)", min=0)] = 0,
     workers: Annotated[int, typer.Option(help="CP-SAT worker threads", min=1)] = 2,
     as_json: Annotated[bool, typer.Option("--json", help="print the report as one JSON object")] = False,
+    calibration: CalibrationOption = None,
 ) -> None:
     """Compare running MODEL's FLEET_A plan unchanged on FLEET_B (the direct port) with re-planning for FLEET_B."""
     model = load_spec(model_path, ModelSpec)
-    source = load_spec(source_path, FleetSpec)
-    target = load_spec(target_path, FleetSpec)
+    source, target = calibrated([load_spec(source_path, FleetSpec), load_spec(target_path, FleetSpec)], calibration)
     given = load_spec(plan_path, Plan) if plan_path is not None else None
     try:
         params = SolveParams(solver=solver.value, time_limit_s=time_limit, random_seed=seed, num_workers=workers)
@@ -224,6 +228,40 @@ def port(
         print_port(report, source, target)
     if report.replan.status is PlanStatus.infeasible:
         raise typer.Exit(1)
+
+
+def calibrate(
+    profile: Annotated[str, typer.Option("--profile", help="the catalogue profile of this GPU, e.g. nvidia-h200")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="write the calibration YAML here")],
+    device: Annotated[str, typer.Option(help="cuda (a calibration) or cpu (a smoke test of the pipeline)")] = "cuda",
+    quick: Annotated[bool, typer.Option(help="fewer sizes and cases: about a minute on a GPU")] = False,
+    reps: Annotated[int, typer.Option(help="timed calls per measurement", min=1)] = 10,
+) -> None:
+    """Time the executor's kernels, GEMMs, copies and host work on this GPU; fit the profile's figures to them."""
+    from shardwise.hwprofiles import catalogue
+
+    known = catalogue()
+    if profile not in known:
+        fail(f"unknown profile {profile!r}; known: {', '.join(sorted(known))}")
+    try:
+        import torch
+
+        from shardwise.clients import calibrate as cal_mod
+    except ImportError as exc:
+        fail(f"calibrate needs torch and numpy ({exc.name} is missing): pip install 'shardwise[torch,planner]'")
+    if device not in ("cuda", "cpu"):
+        fail(f"--device must be cuda or cpu, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        fail("no CUDA device here: calibrate on the GPU machine (or --device cpu for a smoke test)")
+    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+    cal, report = cal_mod.calibrate(known[profile], dev, quick=quick, reps=reps, log=typer.echo)
+    try:
+        samples = cal_mod.write(cal, report, output)
+    except OSError as exc:
+        fail(f"{output}: {exc.strerror or exc}")
+    for note in report.notes:
+        typer.echo(f"note: {note}")
+    typer.echo(f"calibration written to {output} ({cal.label()}); samples in {samples}")
 
 
 def profiles() -> None:
@@ -245,3 +283,4 @@ def register(target: typer.Typer) -> None:
     target.command()(evaluate)
     target.command()(port)
     target.command()(profiles)
+    target.command()(calibrate)

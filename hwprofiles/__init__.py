@@ -2,7 +2,7 @@
 
 from shardwise.hwprofiles.calibration import CALIBRATABLE, Calibration, load_calibration
 from shardwise.hwprofiles.loader import ProfileError, catalogue, get_profile, load_profile_file, parse_profile
-from shardwise.hwprofiles.schema import RATE_DTYPES, AchievedFractions, HardwareProfile
+from shardwise.hwprofiles.schema import RATE_DTYPES, AchievedFractions, HardwareProfile, StepOverheads
 
 __all__ = [
     "CALIBRATABLE",
@@ -11,6 +11,7 @@ __all__ = [
     "Calibration",
     "HardwareProfile",
     "ProfileError",
+    "StepOverheads",
     "catalogue",
     "get_profile",
     "load_calibration",

@@ -35,6 +35,10 @@ CALIBRATABLE: Final = (
     "achieved.inter_host_collective",
     "intra_host_latency_us",
     "inter_host_latency_us",
+    "overheads.step_fixed_us",
+    "overheads.per_table_us",
+    "overheads.per_layer_us",
+    "overheads.sort_ns_per_id",
 )
 
 
@@ -43,7 +47,7 @@ class Figure(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    value: float = Field(gt=0, allow_inf_nan=False)
+    value: float = Field(ge=0, allow_inf_nan=False)
     source: str = Field(min_length=1, max_length=500)
     samples: int = Field(ge=1, description="measurements behind the fit")
     fit_error: float | None = Field(

@@ -40,6 +40,25 @@ class AchievedFractions(BaseModel):
     host_link: float = Field(gt=0, le=1)
 
 
+class StepOverheads(BaseModel):
+    """What a training step costs beyond bytes and FLOPs, as the executor runs it; zero until calibrated.
+
+    - ``step_fixed_us``: host time per step that does not grow with the model (autograd, loss, optimizer calls);
+    - ``per_table_us``: host time per embedding table per step (its input prepared, its lookup and update enqueued);
+    - ``per_layer_us``: host time per dense layer per step (forward, backward and optimizer kernels enqueued);
+    - ``sort_ns_per_id``: device time per looked-up id to sort the ids and find their rows before the fused update.
+
+    The host terms bound a step from below when the device waits for the host (small batches); see the cost model.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    step_fixed_us: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    per_table_us: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    per_layer_us: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    sort_ns_per_id: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+
+
 class HardwareProfile(BaseModel):
     """One accelerator as the planner sees it (one package as software sees it)."""
 
@@ -72,6 +91,7 @@ class HardwareProfile(BaseModel):
     host_memory_bytes: int = Field(gt=0, description="default host DRAM per node")
 
     achieved: AchievedFractions
+    overheads: StepOverheads = StepOverheads()
     sources: dict[str, str] = Field(default_factory=dict, description="field path → where the figure comes from")
     calibration: str | None = Field(
         default=None, max_length=300, description="the calibration its measured figures come from (None: catalogue)"
@@ -116,12 +136,15 @@ class HardwareProfile(BaseModel):
             "sources",
             "calibration",
             "achieved",
+            "overheads",
             "peak_flops_per_s",
             "scale_up_topology",
         }
         paths = [k for k in type(self).model_fields if k not in skip]
         paths += [f"peak_flops_per_s.{k}" for k in self.peak_flops_per_s]
         paths += [f"achieved.{k}" for k in AchievedFractions.model_fields]
+        # overheads are zero (not modelled) until calibrated; a set one needs its source like any figure
+        paths += [f"overheads.{k}" for k, v in self.overheads.model_dump().items() if v]
         return paths
 
     def unsourced(self) -> list[str]:

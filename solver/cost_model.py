@@ -44,6 +44,18 @@ Gathers run at ``hbm_bw·achieved.embedding_gather``, streams at ``hbm_bw·achie
 ``uvm_cache`` a fraction ``h`` of gathers hit HBM (see :func:`cache_hit_rate`) and the misses cross the host link at
 ``host_link·achieved.host_link`` (and are written into the cache); ``host`` sends every gather over the host link.
 
+The fused update first sorts a shard's ids to find their rows: ``n · overheads.sort_ns_per_id`` more (0 until
+calibrated; data_parallel copies have no sort).
+
+Host floor (:func:`host_floor_ms`)
+----------------------------------
+A step cannot finish before the host has enqueued it: ``host = step_fixed_us + per_table_us·T + per_layer_us·L``
+(``T`` the model's tables, all of which every rank prepares input for and looks up or exchanges, ``L`` its dense
+layers; the profile's ``overheads``, zero until calibrated). A rank's step is ``max(compute + comm, host)`` — the
+executor has no synchronisation inside a step at world size one, so the host and the device overlap, and the slower
+of the two sets the pace. The host floor does not depend on the plan, so it changes no ranking; it raises the
+predicted step and the bound alike.
+
 Communication is ``bytes / bandwidth`` over the link that carries it; the fixed latency of each collective is
 charged once per rank and step by :func:`collective_latency_ms` (one all-to-all carries every table).  Traffic
 between the shard's rank and *all* ranks is split: ``(g−1)/(W−1)`` of peers share the host (scale-up fabric,
@@ -348,6 +360,7 @@ def shard_compute_ms(
         gathers = t.ids * row
         state = optimizer_state_bytes(table.optimizer, num_rows, num_cols)
         streams += num_rows * num_cols * (GRAD_BYTES + 2 * table.dtype.nbytes) + 2 * state
+    sort_ms = 0.0 if sharding is ST.data_parallel else t.ids * profile.overheads.sort_ns_per_id * 1e-6
     hbm_gather = profile.hbm_bandwidth_bytes_per_s * profile.achieved.embedding_gather
     hbm_stream = profile.hbm_bandwidth_bytes_per_s * profile.achieved.memory_bound
     link = profile.host_link_bytes_per_s * profile.achieved.host_link
@@ -358,7 +371,13 @@ def shard_compute_ms(
         miss = 1.0 - hit
         fill = t.ids * miss * row if placement is Placement.uvm_cache else 0.0  # misses written into the cache
         seconds = (gathers * hit + fill) / hbm_gather + gathers * miss / link + streams / hbm_stream
-    return seconds * MS
+    return seconds * MS + sort_ms
+
+
+def host_floor_ms(profile: HardwareProfile, tables: int, layers: int) -> float:
+    """The host's time to enqueue one step on a rank (module docstring, "Host floor")."""
+    o = profile.overheads
+    return (o.step_fixed_us + o.per_table_us * tables + o.per_layer_us * layers) / 1000.0
 
 
 # ----------------------------------------------------------------------------------------------- communication

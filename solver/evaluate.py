@@ -219,6 +219,7 @@ def evaluate(topo: Topology, model: ModelSpec, tables: Sequence[TablePlan], dens
     ranks: list[RankPlan] = []
     for info, a in zip(topo.ranks, acc, strict=True):
         a.comm += cm.collective_latency_ms(info.profile, kinds, multi_host)
+        host = cm.host_floor_ms(info.profile, len(model.embedding_tables), len(model.dense_layers))
         host_used[info.host] += a.host
         ranks.append(
             RankPlan(
@@ -237,7 +238,10 @@ def evaluate(topo: Topology, model: ModelSpec, tables: Sequence[TablePlan], dens
                     dense=a.dense,
                 ),
                 predicted_ms=RankTime(
-                    compute=round(a.compute, 6), comm=round(a.comm, 6), total=round(a.compute + a.comm, 6)
+                    compute=round(a.compute, 6),
+                    comm=round(a.comm, 6),
+                    host=round(host, 6),
+                    total=round(max(a.compute + a.comm, host), 6),
                 ),
             )
         )

@@ -99,7 +99,9 @@ def build_plan(
     ordered = sorted(tables, key=lambda t: [x.name for x in model.embedding_tables].index(t.name))
     ev = evaluate(topo, model, ordered, dense)
     step = round(ev.step_ms, 6)
-    bound = None if bound_ms is None else round(min(bound_ms, step), 6)
+    # the host floor bounds every plan's step alike (it does not depend on the plan): the bound may rise to it
+    floor = max((r.predicted_ms.host for r in ev.ranks), default=0.0)
+    bound = None if bound_ms is None else round(min(max(bound_ms, floor), step), 6)
     gap = None if bound is None or step <= 0 else round((step - bound) / step, 6)
     info.update(objective_ms=step, bound_ms=bound, gap=gap)
     plan_status = PlanStatus.optimal if proved_optimal else PlanStatus.feasible

@@ -216,8 +216,12 @@ class FleetSpec(_Frozen):
 
 
 class RankTime(_Frozen):
+    """A rank's predicted step: device compute, communication, and the host's floor; ``total`` is
+    ``max(compute + comm, host)`` (the device cannot run ahead of the host that enqueues its work)."""
+
     compute: Ms = 0.0
     comm: Ms = 0.0
+    host: Ms = 0.0
     total: Ms = 0.0
 
 

@@ -1,0 +1,593 @@
+"""``shardwise calibrate``: time the executor's kernels on one GPU and fit the profile's figures to them.
+
+Every figure is fitted against the cost model's own formula (:mod:`shardwise.solver.cost_model`), so that the fitted
+value is the one that makes the model reproduce the measurement. Per figure:
+
+* ``achieved.memory_bound`` — device-to-device copies: ``t = 2·size / (hbm_bw · f)``;
+* ``achieved.host_link`` — pinned host-to-device and device-to-host copies: ``t = size / (link · f)`` (GPU only);
+* ``achieved.gemm`` — matmuls of the forward, input-gradient and weight-gradient shapes of DLRM-like layers, per
+  dtype: ``t = 2·M·N·K / (peak(dtype) · f)`` (the per-dtype fractions are reported as measurements);
+* ``overheads.sort_ns_per_id`` — the fused update's sort and segment search alone: ``t = n · s``;
+* ``achieved.embedding_gather`` — the grouped lookup forward plus the fused backward and update
+  (:func:`~shardwise.clients.fused_update.pooled_sum`, :func:`~shardwise.clients.fused_update.fused_backward_update`)
+  over dims, dtypes, pooling, rows and optimizers: the model's ``shard_compute_ms`` is ``a + b/f`` in the gather
+  fraction ``f`` (its stream part at the fitted ``memory_bound``, its sort part at the fitted ``s``), so ``f`` is fitted
+  to ``t − a = b/f``;
+* ``overheads.step_fixed_us``, ``per_table_us``, ``per_layer_us`` — the host's time to enqueue one training step of
+  small models through ``apply_plan`` (world size one, the optimizer in backward, fused Adam), ``T`` tables and ``L``
+  dense layers: ``host = c0 + c1·T + c2·L`` by least squares.
+
+A fit minimises the relative error ``Σ ((model_i − t_i) / t_i)²``; its RMS relative error and sample count are
+written beside the value. Fractions come out in ``(0, 1]``: a fit above 1 (a kernel beating the model's peak, e.g.
+from cache reuse) is capped at 1 and says so in its source. Collectives need a world larger than one: not measured
+by a single-GPU run (the calibration says so). Times are CUDA events around ``reps`` calls after a warm-up call (on
+the CPU, the host clock: a smoke test of the pipeline, not a calibration to use).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import math
+import platform
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from shardwise.clients.fused_update import RowOptimizer, UpdateConfig, fused_backward_update, init_state, pooled_sum
+from shardwise.hwprofiles import Calibration, HardwareProfile
+from shardwise.hwprofiles.calibration import Figure, Measurement
+from shardwise.solver import cost_model as cm
+from shardwise.wire.spec import (
+    DensePlan,
+    DenseStyle,
+    Dtype,
+    EmbeddingTableSpec,
+    Optimizer,
+    Placement,
+    Plan,
+    PlanStatus,
+    RankPlan,
+    ShardingType,
+    ShardPlan,
+    TablePlan,
+)
+
+__all__ = ["Sample", "calibrate", "fit_scale", "linear_fit"]
+
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+MB = 1 << 20
+
+
+@dataclass
+class Sample:
+    """One measurement: what ran, its time, and the model's ``a + b·k`` for it (``k`` the fitted coefficient)."""
+
+    kind: str
+    params: dict[str, Any]
+    measured_ms: float
+    a_ms: float = 0.0
+    b_ms: float = 0.0
+
+
+@dataclass
+class Report:
+    samples: list[Sample] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------------------ fits
+
+
+def fit_scale(samples: Sequence[Sample]) -> tuple[float, float]:
+    """``k`` minimising ``Σ ((a_i + b_i·k − t_i) / t_i)²`` and the fit's RMS relative error."""
+    num = sum(s.b_ms * (s.measured_ms - s.a_ms) / s.measured_ms**2 for s in samples)
+    den = sum(s.b_ms**2 / s.measured_ms**2 for s in samples)
+    if den <= 0:
+        raise ValueError("nothing to fit: every sample's model term is zero")
+    k = num / den
+    err = math.sqrt(sum(((s.a_ms + s.b_ms * k - s.measured_ms) / s.measured_ms) ** 2 for s in samples) / len(samples))
+    return k, err
+
+
+def linear_fit(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> tuple[list[float], float]:
+    """Non-negative least squares of ``y ≈ rows·c`` in relative error (tiny, by active sets: a coefficient that
+    fits negative is dropped and the rest refitted). Returns ``c`` and the RMS relative error."""
+    import numpy as np
+
+    x = np.asarray(rows, dtype=float)
+    y = np.asarray(ys, dtype=float)
+    w = 1.0 / y
+    active = list(range(x.shape[1]))
+    coef = np.zeros(x.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(x[:, active] * w[:, None], y * w, rcond=None)
+        if (sol >= 0).all():
+            coef[:] = 0
+            coef[active] = sol
+            break
+        active.pop(int(np.argmin(sol)))
+    err = float(np.sqrt(np.mean(((x @ coef - y) / y) ** 2)))
+    return [float(c) for c in coef], err
+
+
+# ------------------------------------------------------------------------------------------------ timing
+
+
+class Clock:
+    """Milliseconds per call of ``fn`` (CUDA events on a GPU, the host clock on the CPU)."""
+
+    def __init__(self, device: torch.device, reps: int) -> None:
+        self.device = device
+        self.reps = reps
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def ms(self, fn: Callable[[], Any], reps: int | None = None) -> float:
+        n = reps or self.reps
+        fn()
+        self.sync()
+        if self.device.type == "cuda":
+            a = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            b = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            a.record()
+            for _ in range(n):
+                fn()
+            b.record()
+            b.synchronize()
+            return float(a.elapsed_time(b)) / n
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - t) * 1e3 / n
+
+
+# ------------------------------------------------------------------------------------------------ benchmarks
+
+
+def bench_stream(clock: Clock, profile: HardwareProfile, sizes_mb: Sequence[int], out: Report) -> None:
+    for size in sizes_mb:
+        src = torch.empty(size * MB, dtype=torch.uint8, device=clock.device)
+        dst = torch.empty_like(src)
+        t = clock.ms(functools.partial(dst.copy_, src))
+        b = 2 * size * MB / profile.hbm_bandwidth_bytes_per_s * 1e3
+        out.samples.append(Sample("stream", {"bytes": size * MB}, t, 0.0, b))
+        del src, dst
+
+
+def bench_host_link(clock: Clock, profile: HardwareProfile, sizes_mb: Sequence[int], out: Report) -> None:
+    if clock.device.type != "cuda":
+        out.notes.append("host link: not measured (no GPU)")
+        return
+    for size in sizes_mb:
+        host = torch.empty(size * MB, dtype=torch.uint8, pin_memory=True)
+        dev = torch.empty(size * MB, dtype=torch.uint8, device=clock.device)
+        b = size * MB / profile.host_link_bytes_per_s * 1e3
+        h2d = clock.ms(functools.partial(dev.copy_, host, non_blocking=True))
+        d2h = clock.ms(functools.partial(host.copy_, dev, non_blocking=True))
+        out.samples.append(Sample("host_link", {"bytes": size * MB, "direction": "h2d"}, h2d, 0.0, b))
+        out.samples.append(Sample("host_link", {"bytes": size * MB, "direction": "d2h"}, d2h, 0.0, b))
+        del host, dev
+
+
+def bench_gemm(
+    clock: Clock,
+    profile: HardwareProfile,
+    shapes: Sequence[tuple[int, int, int]],
+    dtypes: Sequence[str],
+    out: Report,
+) -> None:
+    """Per layer shape (batch M, in K, out N): forward ``(M,K)@(K,N)``, input gradient ``(M,N)@(N,K)`` and weight
+    gradient ``(K,M)@(M,N)``."""
+    for dtype in dtypes:
+        td = TORCH_DTYPES[dtype]
+        peak = profile.peak_flops(dtype)
+        for m, k, n in shapes:
+            x = torch.randn(m, k, device=clock.device, dtype=td)
+            w = torch.randn(k, n, device=clock.device, dtype=td)
+            g = torch.randn(m, n, device=clock.device, dtype=td)
+            for phase, fn in (
+                ("forward", lambda x=x, w=w: x @ w),
+                ("input_grad", lambda g=g, w=w: g @ w.t()),
+                ("weight_grad", lambda x=x, g=g: x.t() @ g),
+            ):
+                t = clock.ms(fn)
+                b = 2.0 * m * n * k / peak * 1e3
+                out.samples.append(Sample("gemm", {"dtype": dtype, "m": m, "k": k, "n": n, "phase": phase}, t, 0.0, b))
+            del x, w, g
+
+
+def bench_sort(clock: Clock, sizes: Sequence[int], out: Report) -> None:
+    """The fused update's id sort and segment search alone (its first pass)."""
+    from shardwise.clients.fused_update import _segments
+
+    for n in sizes:
+        ids = torch.randint(0, 50 * n, (n,), device=clock.device)
+        bags = torch.randint(0, max(1, n // 10), (n,), device=clock.device)
+        t = clock.ms(functools.partial(_segments, ids, bags))
+        out.samples.append(Sample("sort", {"ids": n}, t, 0.0, n * 1e-6))  # b in ms per (ns per id)
+
+
+@dataclass(frozen=True)
+class LookupCase:
+    dim: int
+    dtype: str
+    pooling: int
+    rows: int
+    optimizer: str
+    batch: int
+
+
+def lookup_cases(quick: bool, on_gpu: bool) -> list[LookupCase]:
+    """One factor at a time around a base case (dim 128, fp32, pooling 10, 10⁶ rows, row-wise Adagrad), plus
+    corners; the CPU smoke test uses small tables."""
+    if not on_gpu:
+        base = LookupCase(16, "fp32", 4, 2000, "rowwise_adagrad", 64)
+        return [base, LookupCase(32, "fp32", 2, 500, "sgd", 64), LookupCase(16, "bf16", 8, 1000, "adam", 32)]
+    base = LookupCase(128, "fp32", 10, 1_000_000, "rowwise_adagrad", 16384)
+    cases = [base]
+    cases += [LookupCase(d, "fp32", 10, 1_000_000, "rowwise_adagrad", 16384) for d in (16, 64, 256, 512)]
+    cases += [LookupCase(128, dt, 10, 1_000_000, "rowwise_adagrad", 16384) for dt in ("fp16", "bf16")]
+    cases += [LookupCase(128, "fp32", p, 1_000_000, "rowwise_adagrad", 16384) for p in (1, 3, 30, 100)]
+    cases += [LookupCase(128, "fp32", 10, r, "rowwise_adagrad", 16384) for r in (10_000, 100_000, 10_000_000)]
+    cases += [LookupCase(128, "fp32", 10, 1_000_000, o, 16384) for o in ("sgd", "adagrad", "adam")]
+    if not quick:
+        cases += [
+            LookupCase(16, "fp32", 10, 100_000_000, "rowwise_adagrad", 16384),
+            LookupCase(512, "bf16", 30, 1_000_000, "adam", 4096),
+            LookupCase(64, "fp16", 100, 10_000_000, "sgd", 65536),
+            LookupCase(256, "fp32", 1, 30_000_000, "adagrad", 2048),
+        ]
+    return cases
+
+
+def bench_lookup(clock: Clock, profile: HardwareProfile, cases: Sequence[LookupCase], out: Report) -> None:
+    """Forward lookup plus fused backward and update of one group; the model's ``a``/``b`` come from
+    ``shard_compute_ms`` at gather fraction 1 and 1/2 (with this profile's other figures, as already fitted)."""
+    gen = torch.Generator(device=clock.device).manual_seed(0)
+    for case in cases:
+        td = TORCH_DTYPES[case.dtype]
+        opt = RowOptimizer(case.optimizer)
+        weight = torch.empty(case.rows, case.dim, dtype=td, device=clock.device).normal_(generator=gen)
+        state = init_state(opt, case.rows, case.dim, clock.device)
+        n = case.batch * case.pooling
+        ids = torch.randint(0, case.rows, (n,), device=clock.device, generator=gen)
+        offsets = torch.arange(0, n, case.pooling, device=clock.device)
+        bags = torch.arange(case.batch, device=clock.device).repeat_interleave(case.pooling)
+        grad = torch.randn(case.batch, case.dim, dtype=td, device=clock.device, generator=gen)
+        config = UpdateConfig(opt, lr=1e-3)
+
+        def step(
+            weight: Tensor = weight,
+            state: dict[str, Tensor] = state,
+            ids: Tensor = ids,
+            offsets: Tensor = offsets,
+            bags: Tensor = bags,
+            grad: Tensor = grad,
+            config: UpdateConfig = config,
+        ) -> None:
+            pooled_sum(weight, ids, offsets)
+            fused_backward_update(weight, state, ids, bags, grad, config, step=1)
+
+        t = clock.ms(step)
+        table = EmbeddingTableSpec(
+            name="t",
+            num_embeddings=case.rows,
+            embedding_dim=case.dim,
+            dtype=Dtype(case.dtype),
+            pooling_factor=float(case.pooling),
+            optimizer=Optimizer(case.optimizer),
+        )
+
+        def model_ms(gather: float, table: EmbeddingTableSpec = table, case: LookupCase = case) -> float:
+            p = profile.model_copy(
+                update={"achieved": profile.achieved.model_copy(update={"embedding_gather": gather})}
+            )
+            return cm.shard_compute_ms(
+                table,
+                sharding=ShardingType.table_wise,
+                num_rows=case.rows,
+                num_cols=case.dim,
+                placement=Placement.hbm,
+                cache_fraction=None,
+                profile=p,
+                batch=case.batch,
+                world=1,
+            )
+
+        one, half = model_ms(1.0), model_ms(0.5)
+        b = half - one  # the gather part at fraction 1: t = a + b/f
+        out.samples.append(Sample("lookup", asdict(case), t, one - b, b))
+        del weight, state, ids, offsets, bags, grad
+
+
+class _Tiny(nn.Module):
+    """``T`` pooled tables and ``L`` dense layers: the smallest model whose step has every part of a real one."""
+
+    def __init__(self, tables: int, layers: int, dim: int = 16, width: int = 64) -> None:
+        super().__init__()
+        self.sparse = nn.ModuleDict({f"t{i}": nn.EmbeddingBag(1000, dim, mode="sum") for i in range(tables)})
+        sizes = [dim * tables, *([width] * layers)]
+        self.dense = nn.Sequential(*(nn.Linear(a, b) for a, b in itertools.pairwise(sizes)))
+
+    def head(self, pooled: dict[str, Tensor]) -> Tensor:
+        out: Tensor = self.dense(torch.cat([pooled[f"sparse.{k}"] for k in self.sparse], dim=1))
+        return out
+
+
+def _tiny_plan(tables: int, layers: int, dim: int, profile: HardwareProfile) -> Plan:
+    return Plan(
+        status=PlanStatus.feasible,
+        predicted_step_ms=1.0,
+        ranks=[RankPlan(rank=0, host=0, gpu=profile.name, hbm_capacity_bytes=profile.hbm_bytes, hbm_used_bytes=0)],
+        tables=[
+            TablePlan(
+                name=f"sparse.t{i}",
+                sharding_type=ShardingType.table_wise,
+                shards=[ShardPlan(rank=0, row_offset=0, num_rows=1000, col_offset=0, num_cols=dim)],
+            )
+            for i in range(tables)
+        ],
+        dense=[DensePlan(name=f"dense.{j}", style=DenseStyle.replicate, ranks=[0]) for j in range(layers)],
+    )
+
+
+def _ensure_world_of_one(device: torch.device) -> bool:
+    """A world-size-one process group for ``apply_plan`` (True when this call created it)."""
+    if dist.is_initialized():
+        if dist.get_world_size() != 1:
+            raise RuntimeError("calibrate runs on one process (world size one)")
+        return False
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timedelta(minutes=2)
+    )
+    return True
+
+
+def bench_host(
+    device: torch.device,
+    profile: HardwareProfile,
+    shapes: Sequence[tuple[int, int]],
+    steps: int,
+    out: Report,
+) -> None:
+    """Host time to enqueue one training step of ``_Tiny(T, L)`` through ``apply_plan`` (no wait between steps)."""
+    from shardwise.clients.apply import apply_plan, split_parameters
+    from shardwise.clients.sharded_embedding import ShardedEmbeddingBagCollection
+
+    created = _ensure_world_of_one(device)
+    try:
+        for tables, layers in shapes:
+            torch.manual_seed(0)
+            dim, batch = 16, 256
+            model = apply_plan(
+                _Tiny(tables, layers, dim),
+                _tiny_plan(tables, layers, dim, profile),
+                device=device,
+                embedding_optimizer=UpdateConfig(RowOptimizer.rowwise_adagrad, lr=0.01),
+            )
+            ebc = ShardedEmbeddingBagCollection.from_module(model)
+            _, dense = split_parameters(model)
+            opt = torch.optim.Adam(dense, lr=1e-3, fused=device.type == "cuda")
+            feats = {
+                f"sparse.t{i}": (
+                    torch.randint(0, 1000, (batch * 2,), device=device),
+                    torch.arange(0, batch * 2, 2, device=device),
+                )
+                for i in range(tables)
+            }
+
+            def step(model: Any = model, ebc: Any = ebc, opt: Any = opt, feats: Any = feats) -> None:
+                loss = model.head(ebc(feats)).square().mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+            for _ in range(5):
+                step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t = time.perf_counter()
+            for _ in range(steps):
+                step()
+            host_ms = (time.perf_counter() - t) * 1e3 / steps
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            out.samples.append(Sample("host", {"tables": tables, "layers": layers}, host_ms))
+            del model, ebc, opt
+    finally:
+        if created:
+            dist.destroy_process_group()
+
+
+def bench_launch(device: torch.device, out: Report) -> None:
+    """Host time per small kernel launch (an in-place add on one element), a reference for the host terms."""
+    x = torch.zeros(1, device=device)
+    for _ in range(100):
+        x.add_(1)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t = time.perf_counter()
+    for _ in range(2000):
+        x.add_(1)
+    us = (time.perf_counter() - t) * 1e6 / 2000
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    out.samples.append(Sample("launch", {}, us / 1e3))
+
+
+# ------------------------------------------------------------------------------------------------ the whole run
+
+
+def machine(device: torch.device) -> dict[str, str | None]:
+    info: dict[str, str | None] = {"device": platform.processor() or platform.machine(), "driver": None}
+    if device.type == "cuda":
+        info["device"] = torch.cuda.get_device_name(device)
+        try:
+            import subprocess
+
+            smi = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+            info["driver"] = subprocess.run(smi, capture_output=True, text=True, timeout=10).stdout.split()[0]
+        except (OSError, IndexError, subprocess.SubprocessError):  # provenance, not a requirement
+            info["driver"] = None
+    try:
+        import triton
+
+        info["triton"] = str(triton.__version__)
+    except ImportError:
+        info["triton"] = None
+    return info
+
+
+def _with_figures(profile: HardwareProfile, figures: dict[str, float]) -> HardwareProfile:
+    data = profile.model_dump()
+    for path, value in figures.items():
+        head, _, tail = path.partition(".")
+        data[head] = {**data[head], tail: value} if tail else value
+    return HardwareProfile.model_validate(data)
+
+
+def calibrate(
+    profile: HardwareProfile, device: torch.device, *, quick: bool = False, reps: int = 10, log: Callable[[str], None]
+) -> tuple[Calibration, Report]:
+    """Measure, fit, and return the calibration (and every sample behind it)."""
+    gpu = device.type == "cuda"
+    clock = Clock(device, reps)
+    out = Report()
+    info = machine(device)
+    where = f"measured on {info['device']} with torch {torch.__version__}"
+    figures: dict[str, Figure] = {}
+    measured: dict[str, Measurement] = {}
+
+    def fraction(name: str, kind: str, samples: list[Sample]) -> float:
+        k, err = fit_scale(samples)
+        f = 1.0 / k if k > 0 else math.inf
+        note = ""
+        if f > 1.0:
+            note = f" (fit {f:.3f} capped at 1: faster than the model's peak)"
+            f = 1.0
+        f = float(f"{f:.4g}")
+        figures[name] = Figure(
+            value=f, source=f"{where}: {kind}{note}", samples=len(samples), fit_error=float(f"{err:.4g}")
+        )
+        log(f"{name:<28} {f:8.4f}   {len(samples):3d} samples, RMS error {err:6.1%}")
+        return f
+
+    log("streaming copies …")
+    bench_stream(clock, profile, (256, 1024, 4096) if gpu and not quick else (256, 1024) if gpu else (8, 32), out)
+    mb = fraction("achieved.memory_bound", "device-to-device copies", [s for s in out.samples if s.kind == "stream"])
+    current = _with_figures(profile, {"achieved.memory_bound": mb})
+
+    log("host link …")
+    bench_host_link(clock, profile, (64, 256) if quick else (64, 256, 1024), out)
+    link = [s for s in out.samples if s.kind == "host_link"]
+    if link:
+        hl = fraction("achieved.host_link", "pinned host-to-device and device-to-host copies", link)
+        current = _with_figures(current, {"achieved.host_link": hl})
+        for d in ("h2d", "d2h"):
+            part = [s for s in link if s.params["direction"] == d]
+            k, _ = fit_scale(part)
+            measured[f"host_link_{d}_fraction"] = Measurement(value=round(1 / k, 4), unit="of peak", source=where)
+
+    log("GEMMs …")
+    if gpu:
+        shapes = [(16384, 1024, 512), (16384, 512, 256), (65536, 512, 512), (4096, 1024, 1024), (16384, 13, 256)]
+        dtypes = ["fp32", "bf16", "fp16"]
+    else:
+        shapes, dtypes = [(256, 64, 64), (512, 128, 32)], ["fp32"]
+    bench_gemm(clock, current, shapes, dtypes, out)
+    gemms = [s for s in out.samples if s.kind == "gemm"]
+    gemm = fraction("achieved.gemm", f"matmuls, forward and both gradients, {'/'.join(dtypes)}", gemms)
+    current = _with_figures(current, {"achieved.gemm": gemm})
+    for dtype in dtypes:
+        k, err = fit_scale([s for s in gemms if s.params["dtype"] == dtype])
+        measured[f"gemm_fraction_{dtype}"] = Measurement(
+            value=round(1 / k, 4), unit=f"of peak (RMS error {err:.1%})", source=where
+        )
+
+    log("id sort …")
+    bench_sort(clock, (100_000, 1_000_000, 4_000_000) if gpu else (2_000, 20_000), out)
+    sort_k, sort_err = fit_scale([s for s in out.samples if s.kind == "sort"])
+    figures["overheads.sort_ns_per_id"] = Figure(
+        value=round(sort_k, 4),
+        source=f"{where}: the fused update's id sort and segment search",
+        samples=len([s for s in out.samples if s.kind == "sort"]),
+        fit_error=round(sort_err, 4),
+    )
+    log(f"{'overheads.sort_ns_per_id':<28} {sort_k:8.4f}")
+    current = _with_figures(current, {"overheads.sort_ns_per_id": sort_k})
+
+    log("grouped lookups and fused updates …")
+    bench_lookup(clock, current, lookup_cases(quick, gpu), out)
+    eg = fraction(
+        "achieved.embedding_gather",
+        "grouped lookup forward + fused backward and update (dims, dtypes, pooling, rows, optimizers)",
+        [s for s in out.samples if s.kind == "lookup"],
+    )
+    current = _with_figures(current, {"achieved.embedding_gather": eg})
+
+    log("host time per step …")
+    bench_launch(device, out)
+    launch_us = out.samples[-1].measured_ms * 1e3
+    measured["kernel_launch_us"] = Measurement(
+        value=round(launch_us, 3), unit="us per launch", source=f"{where}: 2,000 one-element adds"
+    )
+    shapes_tl = [(1, 1), (4, 1), (16, 1), (32, 1), (1, 4), (8, 4), (16, 8), (32, 8)]
+    if not gpu and quick:
+        shapes_tl = [(1, 1), (8, 1), (1, 3), (8, 3)]
+    bench_host(device, current, shapes_tl, 30 if gpu else 5, out)
+    hosts = [s for s in out.samples if s.kind == "host"]
+    coef, err = linear_fit(
+        [[1.0, float(s.params["tables"]), float(s.params["layers"])] for s in hosts], [s.measured_ms for s in hosts]
+    )
+    for name, value in zip(("step_fixed_us", "per_table_us", "per_layer_us"), coef, strict=True):
+        figures[f"overheads.{name}"] = Figure(
+            value=round(value * 1e3, 3),
+            source=f"{where}: host time to enqueue training steps through apply_plan (world size one)",
+            samples=len(hosts),
+            fit_error=round(err, 4),
+        )
+        log(f"{'overheads.' + name:<28} {value * 1e3:8.2f} us")
+    out.notes.append("collectives: not measured (world size one); run on several GPUs to calibrate them")
+    cal = Calibration(
+        profile=profile.name,
+        device=str(info["device"]),
+        torch=torch.__version__,
+        driver=info["driver"],
+        triton=info["triton"],
+        date=datetime.now(UTC).date().isoformat(),
+        figures=figures,
+        measurements=measured,
+    )
+    cal.apply(profile)  # the calibrated profile must be valid
+    return cal, out
+
+
+def write(cal: Calibration, report: Report, path: Path) -> Path:
+    """The calibration as YAML at ``path`` and every sample beside it as JSON (``<stem>.samples.json``)."""
+    import yaml
+
+    header = (
+        f"# shardwise calibration of {cal.profile}: {cal.label()}\n"
+        f"# figures are fitted to the cost model's formulas; samples in {path.stem}.samples.json\n"
+    )
+    path.write_text(header + yaml.safe_dump(cal.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
+    samples = path.with_name(f"{path.stem}.samples.json")
+    doc = {"calibration": cal.label(), "notes": report.notes, "samples": [asdict(s) for s in report.samples]}
+    samples.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    return samples
