@@ -1,0 +1,485 @@
+"""Predicted against measured: real training steps through ``apply_plan`` on one GPU, beside the cost model's figures.
+
+Twenty single-GPU configurations (``CONFIGS``) span batch 2K–64K, dims 16–512, pooling 1–100, fp32/fp16/bf16
+tables, the four row optimizers, 1–100 tables, ``hbm`` and ``host`` placements and the DLRM-DCNv2 example scaled to
+one GPU. Each is a DLRM (bottom MLP, tables, concatenation, top MLP) trained with the optimizer in backward
+(``apply_plan(..., embedding_optimizer=...)``) and a fused Adam on the dense layers, world size one, every table
+table_wise.
+
+Each configuration's ``split`` — ``fit`` or ``test``, alternating in the order below — was fixed before anything was
+measured. The calibration these predictions use comes from ``shardwise calibrate``'s microbenchmarks, which run none of
+these configurations: both halves are held out from it. The report gives both halves and takes its verdict from the
+``test`` half.
+
+    # 1. measure (a GPU with torch, Triton, pydantic, PyYAML): every configuration, waited and pipelined steps,
+    #    the embedding part, peak memory
+    python benchmarks/truth.py measure -o measured.json
+    # 2. predict (any machine with the planner extra), uncalibrated and with a calibration
+    python benchmarks/truth.py predict --calibration calibration.yaml -o predicted.json
+    # 3. the table, the statistics and (with matplotlib) the log-log plot
+    python benchmarks/truth.py report predicted.json measured.json --plot truth.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+
+import itertools
+
+from shardwise.wire.spec import (
+    DenseLayerSpec,
+    DensePlan,
+    DenseStyle,
+    Dtype,
+    EmbeddingTableSpec,
+    FleetSpec,
+    ModelSpec,
+    Optimizer,
+    Placement,
+    Plan,
+    PlanStatus,
+    RankPlan,
+    ShardingType,
+    ShardPlan,
+    TablePlan,
+)
+
+GPU = "nvidia-h200"
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    split: str  # fit | test, fixed before measuring
+    batch: int
+    dim: int
+    tables: tuple[tuple[int, float], ...]  # (rows, pooling factor)
+    dtype: str = "fp32"
+    optimizer: str = "rowwise_adagrad"
+    placement: str = "hbm"
+    bottom: tuple[int, ...] = (256,)
+    top: tuple[int, ...] = (512, 256)
+    dense_features: int = 13
+
+
+def _dcn_tables(cap: int) -> tuple[tuple[int, float], ...]:
+    """The DLRM-DCNv2 example's 26 tables, rows capped at ``cap`` (so that they fit one GPU)."""
+    doc = json.loads((Path(__file__).resolve().parent.parent / "examples" / "dlrm_dcnv2.json").read_text())
+    return tuple((min(t["num_embeddings"], cap), float(t["pooling_factor"])) for t in doc["embedding_tables"])
+
+
+def _configs() -> list[Config]:
+    c = [
+        Config("base-16k", "", 16384, 128, ((2_000_000, 10.0),) * 4),
+        Config("batch-2k", "", 2048, 128, ((2_000_000, 10.0),) * 4),
+        Config("batch-64k", "", 65536, 128, ((2_000_000, 10.0),) * 4),
+        Config("dim-16", "", 16384, 16, ((4_000_000, 10.0),) * 4, bottom=(64,), top=(64,)),
+        Config("dim-512", "", 8192, 512, ((500_000, 10.0),) * 4, bottom=(512,), top=(1024, 256)),
+        Config("pool-1", "", 16384, 128, ((2_000_000, 1.0),) * 8),
+        Config("pool-100", "", 8192, 128, ((4_000_000, 100.0),) * 2),
+        Config("fp16", "", 16384, 128, ((2_000_000, 10.0),) * 4, dtype="fp16"),
+        Config("bf16", "", 16384, 128, ((2_000_000, 10.0),) * 4, dtype="bf16"),
+        Config("sgd", "", 16384, 128, ((2_000_000, 10.0),) * 4, optimizer="sgd"),
+        Config("adagrad", "", 16384, 128, ((2_000_000, 10.0),) * 4, optimizer="adagrad"),
+        Config("adam", "", 16384, 128, ((2_000_000, 10.0),) * 4, optimizer="adam"),
+        Config("one-table", "", 16384, 128, ((8_000_000, 20.0),)),
+        Config("100-tables", "", 4096, 32, tuple((100_000 + 5_000 * i, 1.0 + (i % 10)) for i in range(100))),
+        Config("host-small", "", 2048, 64, ((200_000, 5.0),) * 2, placement="host"),
+        Config("host-1k", "", 1024, 32, ((100_000, 2.0),) * 4, placement="host"),
+        Config(
+            "h200-like", "", 16384, 128, ((20_000_000, 30.0), (12_000_000, 20.0), (8_000_000, 10.0), (4_000_000, 5.0))
+        ),
+        Config("dcnv2-1gpu", "", 8192, 128, _dcn_tables(2_000_000), bottom=(512, 256), top=(1024, 512, 256)),
+        Config("mixed-32k", "", 32768, 64, ((1_000_000, 3.0), (300_000, 8.0), (50_000, 1.0)), optimizer="adam"),
+        Config("bf16-adagrad-4k", "", 4096, 256, ((1_000_000, 30.0),) * 3, dtype="bf16", optimizer="adagrad"),
+    ]
+    return [Config(**{**asdict(x), "split": "fit" if i % 2 == 0 else "test"}) for i, x in enumerate(c)]
+
+
+CONFIGS = _configs()
+
+
+# ------------------------------------------------------------------------------------------------ specs
+
+
+def _layers(cfg: Config) -> list[tuple[str, int, int]]:
+    """(name, in, out) of every Linear, named as the torch model names them."""
+    out = []
+    bottom = (cfg.dense_features, *cfg.bottom, cfg.dim)
+    out += [(f"bottom.{2 * i}", a, b) for i, (a, b) in enumerate(itertools.pairwise(bottom))]
+    top = (cfg.dim * (1 + len(cfg.tables)), *cfg.top, 1)
+    out += [(f"top.{2 * i}", a, b) for i, (a, b) in enumerate(itertools.pairwise(top))]
+    return out
+
+
+def model_spec(cfg: Config) -> ModelSpec:
+    return ModelSpec(
+        name=cfg.name,
+        batch_size_per_gpu=cfg.batch,
+        embedding_tables=[
+            EmbeddingTableSpec(
+                name=f"sparse.t{i}",
+                num_embeddings=rows,
+                embedding_dim=cfg.dim,
+                dtype=Dtype(cfg.dtype),
+                pooling_factor=pool,
+                optimizer=Optimizer(cfg.optimizer),
+            )
+            for i, (rows, pool) in enumerate(cfg.tables)
+        ],
+        dense_layers=[
+            DenseLayerSpec(name=n, in_features=a, out_features=b, optimizer=Optimizer.adam) for n, a, b in _layers(cfg)
+        ],
+    )
+
+
+def fleet() -> FleetSpec:
+    return FleetSpec.model_validate({"name": "one-h200", "hosts": [{"gpu": GPU, "count": 1, "gpus_per_host": 1}]})
+
+
+def plan(cfg: Config) -> Plan:
+    placement = Placement(cfg.placement)
+    return Plan(
+        status=PlanStatus.feasible,
+        predicted_step_ms=1.0,
+        ranks=[RankPlan(rank=0, host=0, gpu=GPU, hbm_capacity_bytes=1, hbm_used_bytes=0)],
+        tables=[
+            TablePlan(
+                name=f"sparse.t{i}",
+                sharding_type=ShardingType.table_wise,
+                shards=[
+                    ShardPlan(rank=0, row_offset=0, num_rows=rows, col_offset=0, num_cols=cfg.dim, placement=placement)
+                ],
+            )
+            for i, (rows, _) in enumerate(cfg.tables)
+        ],
+        dense=[DensePlan(name=n, style=DenseStyle.replicate, ranks=[0]) for n, _, _ in _layers(cfg)],
+    )
+
+
+# ------------------------------------------------------------------------------------------------ predict
+
+
+def predict(calibration: Path | None) -> dict[str, Any]:
+    from shardwise.hwprofiles import load_calibration
+    from shardwise.solver import cost_model as cm
+    from shardwise.solver.planner import score_plan
+    from shardwise.wire.calibration import calibrate_fleet
+
+    fleets = {"uncalibrated": fleet()}
+    cal = None
+    if calibration is not None:
+        cal = load_calibration(calibration)
+        fleets["calibrated"] = calibrate_fleet(fleet(), cal)
+    out: dict[str, Any] = {"calibration": cal.label() if cal else None, "configs": {}}
+    for cfg in CONFIGS:
+        spec = model_spec(cfg)
+        row: dict[str, Any] = {"split": cfg.split}
+        for label, fl in fleets.items():
+            problems, scored = score_plan(spec, fl, plan(cfg))
+            r = scored.ranks[0]
+            profile = fl.hosts[0].gpu if not isinstance(fl.hosts[0].gpu, str) else None
+            from shardwise.hwprofiles import get_profile
+
+            prof = profile or get_profile(GPU)
+            emb = sum(
+                cm.shard_compute_ms(
+                    t,
+                    sharding=ShardingType.table_wise,
+                    num_rows=t.num_embeddings,
+                    num_cols=t.embedding_dim,
+                    placement=Placement(cfg.placement),
+                    cache_fraction=None,
+                    profile=prof,
+                    batch=cfg.batch,
+                    world=1,
+                )
+                for t in spec.embedding_tables
+            )
+            row[label] = {
+                "step_ms": scored.predicted_step_ms,
+                "compute_ms": r.predicted_ms.compute,
+                "host_ms": r.predicted_ms.host,
+                "embedding_ms": emb,
+                "hbm_bytes": r.hbm_used_bytes,
+                "problems": problems,
+            }
+        out["configs"][cfg.name] = row
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ measure
+
+
+def measure(names: Sequence[str], steps: int, warmup: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from shardwise.clients.apply import apply_plan, split_parameters
+    from shardwise.clients.fused_update import RowOptimizer, UpdateConfig
+    from shardwise.clients.sharded_embedding import ShardedEmbeddingBagCollection
+
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                            timeout=timedelta(minutes=5))  # fmt: skip
+    dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+    def mlp(sizes: Sequence[int]) -> nn.Sequential:
+        mods: list[nn.Module] = []
+        for i, (a, b) in enumerate(itertools.pairwise(sizes)):
+            mods.append(nn.Linear(a, b))
+            if i < len(sizes) - 2:
+                mods.append(nn.ReLU())
+        return nn.Sequential(*mods)
+
+    class DLRM(nn.Module):
+        def __init__(self, cfg: Config) -> None:
+            super().__init__()
+            self.bottom = mlp((cfg.dense_features, *cfg.bottom, cfg.dim))
+            self.sparse = nn.ModuleDict(
+                {
+                    f"t{i}": nn.EmbeddingBag(rows, cfg.dim, mode="sum", device="meta", dtype=dtypes[cfg.dtype])
+                    for i, (rows, _) in enumerate(cfg.tables)
+                }
+            )
+            self.top = mlp((cfg.dim * (1 + len(cfg.tables)), *cfg.top, 1))
+
+        def head(self, dense: torch.Tensor, pooled: dict[str, torch.Tensor]) -> torch.Tensor:
+            z = torch.cat([self.bottom(dense), *(pooled[n].float() for n in sorted(pooled))], dim=1)
+            out: torch.Tensor = self.top(z).squeeze(1)
+            return out
+
+    def batch_of(cfg: Config, gen: torch.Generator) -> Any:
+        dense = torch.randn(cfg.batch, cfg.dense_features, generator=gen).to(device)
+        labels = torch.randint(0, 2, (cfg.batch,), generator=gen).float().to(device)
+        feats = {}
+        for i, (rows, pool) in enumerate(cfg.tables):
+            hi = max(1, round(2 * pool - 1))
+            lengths = torch.randint(1, hi + 1, (cfg.batch,), generator=gen)
+            ids = torch.randint(0, rows, (int(lengths.sum()),), generator=gen)
+            feats[f"sparse.t{i}"] = (ids.to(device), (torch.cumsum(lengths, 0) - lengths).to(device))
+        return dense, feats, labels
+
+    results: dict[str, Any] = {}
+    try:
+        for cfg in CONFIGS:
+            if names and cfg.name not in names:
+                continue
+            gc.collect()
+            torch.cuda.empty_cache()
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+            torch.manual_seed(0)
+            model = apply_plan(
+                DLRM(cfg),
+                plan(cfg),
+                device=device,
+                embedding_optimizer=UpdateConfig(RowOptimizer(cfg.optimizer), lr=0.01),
+            )
+            ebc = ShardedEmbeddingBagCollection.from_module(model)
+            _, dense = split_parameters(model)
+            opt = torch.optim.Adam(dense, lr=1e-3, fused=True)
+            gen = torch.Generator().manual_seed(1)
+            batches = [batch_of(cfg, gen) for _ in range(4)]
+            grads = {f"sparse.t{i}": torch.randn(cfg.batch, cfg.dim, device=device) for i in range(len(cfg.tables))}
+
+            def step(i: int, model: Any = model, ebc: Any = ebc, opt: Any = opt, batches: Any = batches) -> None:
+                d, f, y = batches[i % 4]
+                loss = torch.nn.functional.binary_cross_entropy_with_logits(model.head(d, ebc(f)), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+            def emb(i: int, ebc: Any = ebc, batches: Any = batches, grads: Any = grads) -> None:
+                pooled = ebc(batches[i % 4][1])
+                names_ = sorted(pooled)
+                torch.autograd.backward([pooled[n] for n in names_], [grads[n].to(pooled[n].dtype) for n in names_])
+
+            for i in range(warmup):
+                step(i)
+            torch.cuda.synchronize()
+            waited = []
+            for i in range(steps):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                step(i)
+                b.record()
+                b.synchronize()
+                waited.append(a.elapsed_time(b))
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0 = time.perf_counter()
+            a.record()
+            for i in range(steps):
+                step(i)
+            b.record()
+            host = (time.perf_counter() - t0) * 1e3 / steps
+            b.synchronize()
+            pipelined = a.elapsed_time(b) / steps
+            emb_ms = []
+            for i in range(steps):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                emb(i)
+                b.record()
+                b.synchronize()
+                emb_ms.append(a.elapsed_time(b))
+            ebc.check_ids()
+            results[cfg.name] = {
+                "split": cfg.split,
+                "step_ms": statistics.median(waited),
+                "pipelined_ms": pipelined,
+                "host_ms": host,
+                "embedding_ms": statistics.median(emb_ms),
+                "peak_bytes": torch.cuda.max_memory_allocated(device) - base,
+            }
+            print(f"{cfg.name:<16} {results[cfg.name]}", flush=True)
+            del model, ebc, opt, batches, grads
+    finally:
+        dist.destroy_process_group()
+    return {"machine": {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__}, "configs": results}
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+
+def kendall_tau(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Kendall's τ-a of two sequences (pairs tied in either count as neither concordant nor discordant)."""
+    n, s = len(xs), 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            s += int(math.copysign(1, (xs[i] - xs[j]) * (ys[i] - ys[j]))) if (xs[i] - xs[j]) * (ys[i] - ys[j]) else 0
+    return 2 * s / (n * (n - 1)) if n > 1 else float("nan")
+
+
+def percentile(xs: Sequence[float], q: float) -> float:
+    ys = sorted(xs)
+    k = (len(ys) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return ys[lo] + (ys[hi] - ys[lo]) * (k - lo)
+
+
+def report(predicted: dict[str, Any], measured: dict[str, Any], measure_key: str) -> tuple[list[str], dict[str, Any]]:
+    lines = [
+        f"| configuration | split | measured step ({measure_key}) | predicted, uncalibrated | predicted, calibrated "
+        "| measured / calibrated | peak HBM measured | predicted HBM | memory error |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    stats: dict[str, Any] = {}
+    rows = []
+    for name, m in measured["configs"].items():
+        p = predicted["configs"][name]
+        meas = m[measure_key]
+        un, ca = p["uncalibrated"]["step_ms"], p.get("calibrated", p["uncalibrated"])["step_ms"]
+        mem_err = m["peak_bytes"] / p["uncalibrated"]["hbm_bytes"] - 1
+        rows.append((name, m["split"], meas, un, ca, mem_err))
+        lines.append(
+            f"| {name} | {m['split']} | {meas:.2f} ms | {un:.2f} ms | {ca:.2f} ms | {meas / ca:.2f} "
+            f"| {m['peak_bytes'] / 2**30:.2f} GiB | {p['uncalibrated']['hbm_bytes'] / 2**30:.2f} GiB | {mem_err:+.1%} |"
+        )
+    for split in ("test", "fit", "all"):
+        sel = [r for r in rows if split == "all" or r[1] == split]
+        if not sel:
+            continue
+        for which, col in (("uncalibrated", 3), ("calibrated", 4)):
+            errs = [abs(r[2] / r[col] - 1) for r in sel]
+            stats[f"{split}/{which}"] = {
+                "n": len(sel),
+                "median_abs_error": statistics.median(errs),
+                "p90_abs_error": percentile(errs, 0.9),
+                "kendall_tau": kendall_tau([r[2] for r in sel], [r[col] for r in sel]),
+            }
+        stats[f"{split}/memory_max_abs_error"] = max(abs(r[5]) for r in sel)
+    return lines, stats
+
+
+def plot(predicted: dict[str, Any], measured: dict[str, Any], measure_key: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 6), dpi=120)
+    for which, marker in (("uncalibrated", "x"), ("calibrated", "o")):
+        for split, colour in (("fit", "tab:blue"), ("test", "tab:orange")):
+            xs, ys = [], []
+            for name, m in measured["configs"].items():
+                if m["split"] != split or which not in predicted["configs"][name]:
+                    continue
+                xs.append(predicted["configs"][name][which]["step_ms"])
+                ys.append(m[measure_key])
+            ax.scatter(xs, ys, marker=marker, color=colour, label=f"{which}, {split} half")
+    lo, hi = 0.01, 1000.0
+    ax.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8, label="measured = predicted")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("predicted step (ms)")
+    ax.set_ylabel(f"measured step, {measure_key.replace('_', ' ')} (ms)")
+    ax.set_title(f"shardwise on one {measured['machine']['gpu']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("measure")
+    m.add_argument("-o", "--output", type=Path, required=True)
+    m.add_argument("--only", default="", help="comma-separated configuration names")
+    m.add_argument("--steps", type=int, default=20)
+    m.add_argument("--warmup", type=int, default=5)
+    p = sub.add_parser("predict")
+    p.add_argument("--calibration", type=Path)
+    p.add_argument("-o", "--output", type=Path, required=True)
+    r = sub.add_parser("report")
+    r.add_argument("predicted", type=Path)
+    r.add_argument("measured", type=Path)
+    r.add_argument("--measure", default="pipelined_ms", choices=["pipelined_ms", "step_ms"])
+    r.add_argument("--plot", type=Path)
+    r.add_argument("--json", type=Path, help="write the statistics here")
+    args = ap.parse_args(argv)
+    if args.cmd == "measure":
+        doc = measure([n for n in args.only.split(",") if n], args.steps, args.warmup)
+        args.output.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    elif args.cmd == "predict":
+        doc = predict(args.calibration)
+        args.output.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    else:
+        pred = json.loads(args.predicted.read_text(encoding="utf-8"))
+        meas = json.loads(args.measured.read_text(encoding="utf-8"))
+        lines, stats = report(pred, meas, args.measure)
+        print("\n".join(lines))
+        print()
+        for key, value in stats.items():
+            print(f"{key}: {value}")
+        if args.json:
+            args.json.write_text(json.dumps(stats, indent=1) + "\n", encoding="utf-8")
+        if args.plot:
+            plot(pred, meas, args.measure, args.plot)
+
+
+if __name__ == "__main__":
+    main()
