@@ -1,0 +1,210 @@
+"""Calibrations: the overlay model, the fits behind ``shardwise calibrate``, the CLI's ``--calibration``, and a CPU
+smoke run of the whole measurement pipeline."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from shardwise.clients.cli import app
+from shardwise.hwprofiles import Calibration, get_profile, load_calibration
+from shardwise.wire.calibration import calibrate_fleet
+from shardwise.wire.spec import FleetSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMITTED = ROOT / "benchmarks" / "results" / "truth" / "calibration_nvidia-h200_2026-12-01.yaml"
+
+
+def cal_doc(**figures: Any) -> dict[str, Any]:
+    return {
+        "profile": "nvidia-h200",
+        "device": "NVIDIA H200",
+        "torch": "2.11.0",
+        "date": "2026-12-01",
+        "figures": {
+            k: {"value": v, "source": "test", "samples": 3, "fit_error": 0.05}
+            for k, v in (figures or {"achieved.embedding_gather": 0.7}).items()
+        },
+    }
+
+
+def fleet(gpu: str = "nvidia-h200") -> FleetSpec:
+    return FleetSpec.model_validate({"name": "f", "hosts": [{"gpu": gpu, "count": 1, "gpus_per_host": 8}]})
+
+
+def test_apply_overlays_figures_with_their_provenance() -> None:
+    cal = Calibration.model_validate(cal_doc(**{"achieved.embedding_gather": 0.7, "overheads.per_table_us": 40.0}))
+    base = get_profile("nvidia-h200")
+    got = cal.apply(base)
+    assert got.achieved.embedding_gather == 0.7
+    assert got.overheads.per_table_us == 40.0
+    assert got.achieved.gemm == base.achieved.gemm  # untouched figures stay
+    assert got.calibration == cal.label()
+    assert "test (3 samples, fit error 5.0%" in got.sources["achieved.embedding_gather"]
+    assert got.unsourced() == []  # a set overhead needs a source, and has one
+
+
+@pytest.mark.parametrize(
+    ("doc", "phrase"),
+    [
+        (cal_doc(**{"peak_flops_per_s.fp32": 1.0}), "cannot set"),
+        ({**cal_doc(), "figures": {}}, "at least 1"),
+        ({**cal_doc(), "date": "yesterday"}, "pattern"),
+    ],
+)
+def test_bad_calibrations_are_refused(doc: dict[str, Any], phrase: str) -> None:
+    with pytest.raises(ValidationError, match=phrase):
+        Calibration.model_validate(doc)
+
+
+def test_a_fraction_above_one_or_another_profile_is_refused_on_apply() -> None:
+    with pytest.raises(ValidationError, match="less than or equal to 1"):
+        Calibration.model_validate(cal_doc(**{"achieved.gemm": 1.5})).apply(get_profile("nvidia-h200"))
+    with pytest.raises(ValueError, match="not 'nvidia-b200'"):
+        Calibration.model_validate(cal_doc()).apply(get_profile("nvidia-b200"))
+
+
+def test_digest_names_the_content() -> None:
+    a = Calibration.model_validate(cal_doc())
+    b = Calibration.model_validate(cal_doc(**{"achieved.embedding_gather": 0.71}))
+    assert a.digest() == Calibration.model_validate(cal_doc()).digest()
+    assert a.digest() != b.digest()
+
+
+def test_calibrate_fleet_inlines_the_profile_and_refuses_a_fleet_without_the_gpu() -> None:
+    cal = Calibration.model_validate(cal_doc())
+    got = calibrate_fleet(fleet(), cal)
+    gpu = got.hosts[0].gpu
+    assert not isinstance(gpu, str)
+    assert gpu.calibration == cal.label()
+    with pytest.raises(ValueError, match="calibration is for 'nvidia-h200'"):
+        calibrate_fleet(fleet("nvidia-b200"), cal)
+
+
+def test_the_committed_h200_calibration_loads_and_applies() -> None:
+    cal = load_calibration(COMMITTED)
+    assert cal.profile == "nvidia-h200"
+    assert cal.device == "NVIDIA H200"
+    profile = cal.apply(get_profile("nvidia-h200"))
+    assert profile.overheads.step_fixed_us > 0
+    assert all(f.samples >= 3 for f in cal.figures.values())
+
+
+# --- the fits -------------------------------------------------------------------------------------------------------
+
+
+def test_fit_scale_recovers_a_known_fraction() -> None:
+    from shardwise.clients.calibrate import Sample, fit_scale
+
+    f = 0.37
+    samples = [Sample("x", {}, measured_ms=a + b / f, a_ms=a, b_ms=b) for a, b in [(0.1, 1.0), (0.0, 2.0), (0.3, 5.0)]]
+    k, err = fit_scale(samples)
+    assert math.isclose(1 / k, f, rel_tol=1e-9)
+    assert err < 1e-12
+
+
+def test_linear_fit_recovers_coefficients_and_drops_a_negative_one() -> None:
+    from shardwise.clients.calibrate import linear_fit
+
+    rows = [[1.0, t, layer] for t in (1, 4, 16) for layer in (1, 3)]
+    ys = [2.0 + 0.05 * t + 0.3 * layer for _, t, layer in rows]
+    coef, err = linear_fit(rows, ys)
+    assert coef == pytest.approx([2.0, 0.05, 0.3], rel=1e-9)
+    assert err < 1e-9
+    # a column that can only fit with a negative coefficient is dropped, not made negative
+    coef, _ = linear_fit([[1.0, x] for x in (1.0, 2.0, 3.0)], [3.0, 2.0, 1.0])
+    assert coef[1] == 0.0
+    assert coef[0] > 0
+
+
+# --- the CLI --------------------------------------------------------------------------------------------------------
+
+
+def write(path: Path, doc: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return path
+
+
+def model_doc() -> dict[str, Any]:
+    return {
+        "name": "m",
+        "batch_size_per_gpu": 4096,
+        "embedding_tables": [{"name": f"t{i}", "num_embeddings": 100_000, "embedding_dim": 64} for i in range(4)],
+        "dense_layers": [{"name": "top", "in_features": 256, "out_features": 1}],
+    }
+
+
+def test_plan_with_a_calibration_says_so_and_prices_with_it(tmp_path: Path) -> None:
+    pytest.importorskip("numpy")
+    runner = CliRunner()
+    model = write(tmp_path / "model.json", model_doc())
+    fl = write(tmp_path / "fleet.json", fleet().model_dump(mode="json"))
+    cal_path = tmp_path / "cal.yaml"
+    cal_path.write_text(yaml.safe_dump(cal_doc(**{"overheads.step_fixed_us": 5000.0})), encoding="utf-8")
+    plain = runner.invoke(app, ["plan", str(model), str(fl), "--solver", "greedy", "-o", str(tmp_path / "a.json")])
+    assert plain.exit_code == 0, plain.output
+    assert "priced with: catalogue figures (uncalibrated)" in plain.output
+    calibrated = runner.invoke(
+        app,
+        [
+            "plan",
+            str(model),
+            str(fl),
+            "--solver",
+            "greedy",
+            "--calibration",
+            str(cal_path),
+            "-o",
+            str(tmp_path / "b.json"),
+        ],
+    )
+    assert calibrated.exit_code == 0, calibrated.output
+    label = Calibration.model_validate(cal_doc(**{"overheads.step_fixed_us": 5000.0})).label()
+    assert f"priced with: {label}" in calibrated.output
+    a = json.loads((tmp_path / "a.json").read_text())
+    b = json.loads((tmp_path / "b.json").read_text())
+    assert b["calibrations"] == [label]
+    assert a["calibrations"] == []
+    assert a["request_hash"] != b["request_hash"]
+    assert b["predicted_step_ms"] >= 5.0 > a["predicted_step_ms"]  # the host floor of 5 ms priced in
+
+
+def test_a_calibration_for_another_gpu_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    runner = CliRunner()
+    model = write(tmp_path / "model.json", model_doc())
+    fl = write(tmp_path / "fleet.json", fleet("nvidia-b200").model_dump(mode="json"))
+    cal_path = write(tmp_path / "cal.json", cal_doc())
+    res = runner.invoke(app, ["plan", str(model), str(fl), "--calibration", str(cal_path)])
+    assert res.exit_code == 2
+    assert "calibration is for nvidia-h200" in res.output
+    bad = write(tmp_path / "bad.json", {**cal_doc(), "figures": {"nonsense": {}}})
+    res = runner.invoke(app, ["plan", str(model), str(fl), "--calibration", str(bad)])
+    assert res.exit_code == 2
+    assert "Traceback" not in res.output
+
+
+@pytest.mark.slow
+def test_calibrate_runs_its_whole_pipeline_on_the_cpu(tmp_path: Path) -> None:
+    """The smoke test: every benchmark, every fit and the files, with tiny sizes (the figures mean nothing here)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("numpy")
+    out = tmp_path / "cal.yaml"
+    res = CliRunner().invoke(
+        app, ["calibrate", "--profile", "nvidia-h200", "--device", "cpu", "--quick", "--reps", "1", "-o", str(out)]
+    )
+    assert res.exit_code == 0, res.output
+    cal = load_calibration(out)
+    assert {"achieved.memory_bound", "achieved.gemm", "achieved.embedding_gather"} <= set(cal.figures)
+    assert {"overheads.step_fixed_us", "overheads.per_table_us", "overheads.per_layer_us"} <= set(cal.figures)
+    samples = json.loads((tmp_path / "cal.samples.json").read_text())
+    kinds = {s["kind"] for s in samples["samples"]}
+    assert {"stream", "gemm", "sort", "lookup", "host", "launch"} <= kinds
+    assert any("collectives" in n for n in samples["notes"])
+    cal.apply(get_profile("nvidia-h200"))
