@@ -24,7 +24,7 @@ OR-Tools, numpy).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, overload
 from urllib.parse import quote
@@ -63,8 +63,9 @@ from shardwise.clients.transport import MAX_RETRY_DELAY_S as MAX_RETRY_DELAY_S
 from shardwise.clients.transport import RETRY_STATUSES as RETRY_STATUSES
 from shardwise.clients.transport import BaseClient
 from shardwise.clients.transport import parse_retry_after as parse_retry_after
-from shardwise.hwprofiles import HardwareProfile
+from shardwise.hwprofiles import Calibration, HardwareProfile
 from shardwise.wire.resources import (
+    CalibrationRecord,
     Evaluation,
     FleetRecord,
     Job,
@@ -124,6 +125,11 @@ def _ref(value: BaseModel | Mapping[str, Any] | str) -> Any:
     return dict(value)
 
 
+def _calibration_refs(calibrations: Sequence[str] | str) -> list[str]:
+    """The request's ``calibrations``: one reference given as a string is a list of one (not of its letters)."""
+    return [calibrations] if isinstance(calibrations, str) else list(calibrations)
+
+
 def _segment(value: str | int) -> str:
     """One path segment, percent-encoded (names may hold ``/`` and ``:``)."""
     return quote(str(value), safe="")
@@ -170,6 +176,7 @@ class ShardwiseClient(BaseClient):
         wait: Literal[True] = ...,
         on_progress: ProgressCallback | None = ...,
         timeout_s: float | None = ...,
+        calibrations: Sequence[str] | None = ...,
         **options: Any,
     ) -> StoredPlan: ...
 
@@ -182,6 +189,7 @@ class ShardwiseClient(BaseClient):
         wait: bool,
         on_progress: ProgressCallback | None = ...,
         timeout_s: float | None = ...,
+        calibrations: Sequence[str] | None = ...,
         **options: Any,
     ) -> StoredPlan | Job: ...
 
@@ -193,6 +201,7 @@ class ShardwiseClient(BaseClient):
         wait: bool = True,
         on_progress: ProgressCallback | None = None,
         timeout_s: float | None = None,
+        calibrations: Sequence[str] | None = None,
         **options: Any,
     ) -> StoredPlan | Job:
         """Plan ``model`` on ``fleet`` (``POST /plans``): the stored plan (``reused`` when it was already there).
@@ -201,18 +210,21 @@ class ShardwiseClient(BaseClient):
         When the solve outlives the request (202), follow the job until it ends, calling ``on_progress(job)``
         with every state seen, for at most ``timeout_s`` seconds from the call (None: no limit) — or, with
         ``wait=False``, return the ``Job`` at once (see ``submit``). An infeasible model raises
-        ``PlanInfeasibleError`` carrying the explanation.
+        ``PlanInfeasibleError`` carrying the explanation. ``calibrations``: stored calibrations to price the fleet
+        with (``"<profile>@<version>"`` or a digest; see ``add_calibration``); the plan's ``calibrations`` name them.
         """
         deadline = None if timeout_s is None else self._monotonic() + timeout_s
-        answer, delay = self._submit(model, fleet, options)
+        answer, delay = self._submit(model, fleet, options, calibrations)
         if isinstance(answer, StoredPlan) or not wait:
             return answer
         return self._follow(answer, delay, on_progress, deadline, timeout_s)
 
-    def submit(self, model: ModelRef, fleet: FleetRef, **options: Any) -> StoredPlan | Job:
+    def submit(
+        self, model: ModelRef, fleet: FleetRef, *, calibrations: Sequence[str] | None = None, **options: Any
+    ) -> StoredPlan | Job:
         """``POST /plans`` without following a job: the plan when the server had it or solved it within its wait
         (pass ``wait_s=0`` for a job at once), else the ``Job`` to poll with ``get_job`` or ``wait_for``."""
-        answer, _ = self._submit(model, fleet, options)
+        answer, _ = self._submit(model, fleet, options, calibrations)
         return answer
 
     def wait_for(
@@ -282,11 +294,21 @@ class ShardwiseClient(BaseClient):
         }
         return self._iterate(PlanSummary, "/plans", page_size, filters, key=lambda s: s.id)
 
-    def evaluate(self, plan_id: str, fleet: FleetRef, model: ModelRef | None = None) -> Evaluation:
-        """Score a stored plan on ``fleet`` (``POST /plans/{id}/evaluate``; the plan's own model unless given)."""
+    def evaluate(
+        self,
+        plan_id: str,
+        fleet: FleetRef,
+        model: ModelRef | None = None,
+        *,
+        calibrations: Sequence[str] | None = None,
+    ) -> Evaluation:
+        """Score a stored plan on ``fleet`` (``POST /plans/{id}/evaluate``; the plan's own model unless given),
+        priced with the stored ``calibrations`` when given."""
         body: dict[str, Any] = {"fleet": _ref(fleet)}
         if model is not None:
             body["model"] = _ref(model)
+        if calibrations:
+            body["calibrations"] = _calibration_refs(calibrations)
         return self._parse(Evaluation, self._request("POST", f"/plans/{_segment(plan_id)}/evaluate", json=body))
 
     def export(self, plan_id: str, format: Literal["torchrec", "json"] = "torchrec") -> dict[str, Any]:
@@ -302,10 +324,19 @@ class ShardwiseClient(BaseClient):
             raise PlannerResponseError(f"GET {path}: expected a JSON object, got {type(body).__name__}", status=200)
         return body
 
-    def port(self, model: ModelRef, source_fleet: FleetRef, target_fleet: FleetRef, **options: Any) -> PortReport:
+    def port(
+        self,
+        model: ModelRef,
+        source_fleet: FleetRef,
+        target_fleet: FleetRef,
+        *,
+        calibrations: Sequence[str] | None = None,
+        **options: Any,
+    ) -> PortReport:
         """Carry ``model``'s plan from ``source_fleet`` to ``target_fleet`` and re-plan it there (``POST /port``).
 
-        ``options`` are ``PlanOptions`` fields for the re-plan.
+        ``options`` are ``PlanOptions`` fields for the re-plan. ``calibrations``: stored calibrations, each applied to
+        whichever fleet has its GPU.
         """
         from shardwise.wire.port_spec import PortReport  # written beside this client; pydantic only
 
@@ -315,6 +346,8 @@ class ShardwiseClient(BaseClient):
             "target_fleet": _ref(target_fleet),
             "options": self._options(options),
         }
+        if calibrations:
+            body["calibrations"] = _calibration_refs(calibrations)
         timeout = self._timeout_for_wait(options.get("wait_s"))
         return self._parse(PortReport, self._request("POST", "/port", json=body, timeout=timeout))
 
@@ -369,6 +402,27 @@ class ShardwiseClient(BaseClient):
         """``POST /hwprofiles``: a custom profile (``ConflictError`` when the name is taken by another one)."""
         return self._parse(ProfileRecord, self._request("POST", "/hwprofiles", json=_ref(profile)))
 
+    # ------------------------------------------------------------------------------------------- calibrations
+
+    def add_calibration(self, calibration: Calibration | Mapping[str, Any]) -> CalibrationRecord:
+        """``POST /calibrations``: store a calibration of one profile, as that profile's next version (or the record
+        already stored for identical content). ``ValidationFailedError`` when the profile is unknown or the
+        calibrated profile would be invalid."""
+        return self._parse(CalibrationRecord, self._request("POST", "/calibrations", json=_ref(calibration)))
+
+    def calibrations(self, profile: str | None = None, *, page_size: int = PAGE_SIZE) -> Iterator[CalibrationRecord]:
+        """Every stored calibration (``GET /calibrations``), of one profile when given; newest version first."""
+        return self._iterate(
+            CalibrationRecord, "/calibrations", page_size, {"profile": profile}, key=lambda r: r.digest
+        )
+
+    def get_calibration(self, ref: str) -> CalibrationRecord:
+        """``GET /calibrations/{profile}/{version}`` for ``"<profile>@<version>"``, else ``GET /calibrations/{ref}``
+        (a digest)."""
+        profile, at, version = ref.rpartition("@")
+        path = f"/calibrations/{_segment(profile)}/{_segment(version)}" if at else f"/calibrations/{_segment(ref)}"
+        return self._parse(CalibrationRecord, self._request("GET", path))
+
     # ------------------------------------------------------------------------------------------- health
 
     def healthz(self) -> dict[str, Any]:
@@ -394,8 +448,16 @@ class ShardwiseClient(BaseClient):
             connect=self.timeout.connect, read=needed, write=self.timeout.write, pool=self.timeout.pool
         )
 
-    def _submit(self, model: ModelRef, fleet: FleetRef, options: Mapping[str, Any]) -> tuple[StoredPlan | Job, float]:
+    def _submit(
+        self,
+        model: ModelRef,
+        fleet: FleetRef,
+        options: Mapping[str, Any],
+        calibrations: Sequence[str] | None = None,
+    ) -> tuple[StoredPlan | Job, float]:
         body = {"model": _ref(model), "fleet": _ref(fleet), "options": self._options(options)}
+        if calibrations:
+            body["calibrations"] = _calibration_refs(calibrations)
         timeout = self._timeout_for_wait(options.get("wait_s"))
         response = self._request("POST", "/plans", json=body, timeout=timeout)
         if response.status_code == 202:

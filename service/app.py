@@ -22,7 +22,7 @@ from shardwise.service import repository as repo
 from shardwise.service.db import make_engine, session_factory
 from shardwise.service.jobs import JobRunner, LocalRunner
 from shardwise.service.observability import Metrics, RequestMiddleware, configure_logging
-from shardwise.service.routers import health, hwprofiles, jobs, plans, port, specs, ui
+from shardwise.service.routers import calibrations, health, hwprofiles, jobs, plans, port, specs, ui
 from shardwise.service.routers.common import BODY_MODELS
 from shardwise.service.settings import Settings
 from shardwise.solver.extract import solver_version
@@ -113,7 +113,16 @@ def create_app(settings: Settings | None = None, *, runner: JobRunner | None = N
     )
 
     api = APIRouter(prefix=API_PREFIX)
-    for router in (plans.router, jobs.router, specs.models, specs.fleets, hwprofiles.router, port.router):
+    routers = (
+        plans.router,
+        jobs.router,
+        specs.models,
+        specs.fleets,
+        hwprofiles.router,
+        calibrations.router,
+        port.router,
+    )
+    for router in routers:
         api.include_router(router)
     app.include_router(api)
     app.include_router(health.router)

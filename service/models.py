@@ -138,3 +138,22 @@ class ProfileRow(Base):
     content_hash: Mapped[str] = mapped_column(String(80))
     profile: Mapped[dict[str, Any]] = mapped_column(JSON)
     note: Mapped[str | None] = mapped_column(Text)
+
+
+class CalibrationRow(Base):
+    """A stored calibration of one profile (``shardwise.hwprofiles.Calibration``): immutable, numbered per profile.
+
+    ``digest`` is the calibration's own (sha256 hex of its canonical JSON): unique, so that the same content is
+    stored once; ``(profile, version)`` is unique, so that two writers racing for the next number cannot both win.
+    """
+
+    __tablename__ = "calibrations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    profile: Mapped[str] = mapped_column(String(200))
+    version: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    digest: Mapped[str] = mapped_column(String(80), unique=True)
+    calibration: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+    __table_args__ = (UniqueConstraint("profile", "version"),)

@@ -1,26 +1,30 @@
 """The rules of ``POST /plans``: resolve names, refuse what is over the caps, reuse a stored plan, else solve once.
 
 A request becomes (model, fleet, options) with every reference resolved — named specs by version, custom
-hardware profiles inlined into the fleet — so its hash covers everything the answer depends on, and a job can be
-run by any process from the request stored on it.
+hardware profiles inlined into the fleet, stored calibrations applied to the fleet's profiles (the calibrated profile
+inline) — so its hash covers everything the answer depends on, and a job can be run by any process from the request
+stored on it.
 """
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from shardwise.hwprofiles import HardwareProfile, catalogue
+from shardwise.hwprofiles import Calibration, HardwareProfile, catalogue
 from shardwise.service import repository as repo
-from shardwise.service.errors import InvalidInput, LimitExceeded, NotFound, validation_problem
+from shardwise.service.errors import InvalidInput, LimitExceeded, NotFound, describe_errors, validation_problem
 from shardwise.service.jobs import JobRunner
 from shardwise.service.models import FleetVersionRow, JobRow, ModelVersionRow, PlanRow
 from shardwise.service.settings import Settings
 from shardwise.solver.extract import request_hash
+from shardwise.wire.calibration import calibrate_fleet
 from shardwise.wire.resources import PlanOptions
 from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams
 
@@ -102,6 +106,74 @@ def resolve_fleet(
         except ValidationError as exc:
             raise validation_problem(exc, ("body", "fleet")) from exc
     return inline_profiles(fleet, custom), ref
+
+
+# ------------------------------------------------------------------------------------------------- calibrations
+
+DIGEST = re.compile(r"[0-9a-f]{64}")
+VERSION = re.compile(r"[0-9]{1,10}")  # ASCII digits only: str.isdigit() also accepts "²", which int() refuses
+
+
+def one_line(exc: ValueError) -> str:
+    """A ValueError's reason on one line (a pydantic ValidationError's first error, with its path)."""
+    if isinstance(exc, ValidationError):
+        return describe_errors(exc.errors())
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _bad_calibration(index: int, detail: str) -> InvalidInput:
+    return InvalidInput(detail, errors=[{"loc": ["body", "calibrations", index], "msg": detail, "type": "value_error"}])
+
+
+def resolve_calibrations(session: Session, refs: Sequence[str]) -> list[tuple[str, Calibration]]:
+    """The stored calibrations ``refs`` name (``<profile>@<version>`` or a digest), with the reference each came
+    from. An unknown or malformed reference, or two calibrations of one profile, is a 422 naming the list item."""
+    out: list[tuple[str, Calibration]] = []
+    seen: dict[str, int] = {}
+    for i, ref in enumerate(refs):
+        if DIGEST.fullmatch(ref):
+            row = repo.calibration_by_digest(session, ref)
+        else:
+            profile, _, version = ref.partition("@")
+            if not profile or not VERSION.fullmatch(version) or not 1 <= int(version) < 2**31:
+                raise _bad_calibration(
+                    i, f"{ref!r} is not a calibration reference: use <profile>@<version> or the 64-digit digest"
+                )
+            row = repo.calibration_by_version(session, profile, int(version))
+        if row is None:
+            raise _bad_calibration(i, f"no stored calibration {ref!r} (GET /api/v1/calibrations lists them)")
+        calibration = Calibration.model_validate(row.calibration)
+        if calibration.profile in seen:
+            raise _bad_calibration(
+                i, f"two calibrations of {calibration.profile!r} (items {seen[calibration.profile]} and {i}): give one"
+            )
+        seen[calibration.profile] = i
+        out.append((ref, calibration))
+    return out
+
+
+def calibrate(
+    fleets: Sequence[FleetSpec], calibrations: Sequence[tuple[str, Calibration]], custom: dict[str, HardwareProfile]
+) -> list[FleetSpec]:
+    """``fleets`` with each calibration applied to every one that has its GPU (the calibrated profile inline). A
+    calibration that no fleet can use, or that does not apply, is a 422 naming the list item."""
+    out = list(fleets)
+    for i, (ref, calibration) in enumerate(calibrations):
+        used = False
+        for j, fleet in enumerate(out):
+            if all(g.gpu_name != calibration.profile for g in fleet.hosts):
+                continue
+            try:
+                out[j] = calibrate_fleet(fleet, calibration, custom)
+            except ValueError as exc:
+                raise _bad_calibration(
+                    i, f"calibration {ref!r} does not apply to fleet {fleet.name}: {one_line(exc)}"
+                ) from exc
+            used = True
+        if not used:
+            has = "; ".join(f"fleet {f.name} has {', '.join(sorted({g.gpu_name for g in f.hosts}))}" for f in out)
+            raise _bad_calibration(i, f"calibration {ref!r} is for {calibration.profile!r}; {has}")
+    return out
 
 
 def check_caps(settings: Settings, model: ModelSpec, fleet: FleetSpec, params: SolveParams | None) -> None:

@@ -1,7 +1,8 @@
 """Queries, one function per question; rules (what to reuse, when to solve) live in ``shardwise.service.planning``.
 
 Every write that races across replicas leans on a unique constraint, not on a read-then-write: plans on
-``request_hash``, live jobs on ``active_hash``, spec versions on ``(name, version)``, custom profiles on ``name``.
+``request_hash``, live jobs on ``active_hash``, spec versions on ``(name, version)``, custom profiles on ``name``,
+calibrations on ``digest`` and ``(profile, version)``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ from sqlalchemy import Select, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from shardwise.service.models import FleetVersionRow, JobRow, ModelVersionRow, PlanRow, ProfileRow, utcnow
+from shardwise.service.models import (
+    CalibrationRow,
+    FleetVersionRow,
+    JobRow,
+    ModelVersionRow,
+    PlanRow,
+    ProfileRow,
+    utcnow,
+)
 from shardwise.solver.extract import canonical_json
 from shardwise.wire.resources import Job, JobProgress, JobState, Pagination, PlanSummary, StoredPlan
 from shardwise.wire.spec import FleetSpec, Plan, PlanStatus
@@ -359,3 +368,57 @@ def add_profile(session: Session, name: str, profile: dict[str, Any]) -> tuple[P
     if existing.content_hash != digest:
         raise ValueError(f"a different custom profile named {name!r} exists; profiles are immutable")
     return existing, False
+
+
+# ------------------------------------------------------------------------------------------------- calibrations
+
+
+def calibration_by_version(session: Session, profile: str, version: int) -> CalibrationRow | None:
+    query = select(CalibrationRow).where(CalibrationRow.profile == profile, CalibrationRow.version == version)
+    return session.scalars(query).first()
+
+
+def calibration_by_digest(session: Session, digest: str) -> CalibrationRow | None:
+    return session.scalars(select(CalibrationRow).where(CalibrationRow.digest == digest)).first()
+
+
+def add_calibration(
+    session: Session, profile: str, digest: str, calibration: dict[str, Any]
+) -> tuple[CalibrationRow, bool]:
+    """(row, created): a calibration already stored (same digest) returns that row; otherwise the profile's next
+    version."""
+    for _ in range(5):  # another writer may take the next number (or store the same content) first
+        same = calibration_by_digest(session, digest)
+        if same is not None:
+            return same, False
+        latest = session.scalar(select(func.max(CalibrationRow.version)).where(CalibrationRow.profile == profile))
+        row = CalibrationRow(
+            profile=profile,
+            version=(latest or 0) + 1,
+            created_at=utcnow(),
+            digest=digest,
+            calibration=calibration,
+        )
+        session.add(row)
+        try:
+            session.commit()
+        except IntegrityError:
+            session.rollback()
+            continue
+        return row, True
+    raise RuntimeError(f"could not store a calibration of {profile!r}: too much contention")
+
+
+def list_calibrations(
+    session: Session, profile: str | None, page: int, limit: int
+) -> tuple[Sequence[CalibrationRow], Pagination]:
+    query = select(CalibrationRow)
+    count = select(func.count()).select_from(CalibrationRow)
+    if profile:
+        query = query.where(CalibrationRow.profile == profile)
+        count = count.where(CalibrationRow.profile == profile)
+    total = session.scalar(count) or 0
+    rows = session.scalars(
+        query.order_by(CalibrationRow.profile, CalibrationRow.version.desc()).offset((page - 1) * limit).limit(limit)
+    ).all()
+    return rows, Pagination(total_count=total, max_page=math.ceil(total / limit), page=page, limit=limit)

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, NonNegativeInt, PositiveInt, Tag
 
-from shardwise.hwprofiles import HardwareProfile
+from shardwise.hwprofiles import Calibration, HardwareProfile
 from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams
 
 T = TypeVar("T")
@@ -20,6 +20,14 @@ T = TypeVar("T")
 # An inline spec or a reference "name@version" / "name". The tags appear in validation error paths; the
 # service drops them (UNION_TAGS) so that paths read body.model.embedding_tables.0...
 UNION_TAGS = ("inline", "ref")
+
+
+# A stored calibration: "<profile>@<version>" or its digest (64 hex digits, the sha256 of its canonical JSON).
+CalibrationRef = Annotated[str, Field(min_length=1, max_length=200)]
+CALIBRATIONS_FIELD_DOC = (
+    "stored calibrations to price the fleet with, each '<profile>@<version>' or a digest: the calibrated profile "
+    "replaces that GPU's figures (the request hash and the plan's calibrations carry it)"
+)
 
 
 def _inline_or_ref(value: Any) -> str:
@@ -58,6 +66,7 @@ class PlanRequest(_Resource):
     model: ModelRef
     fleet: FleetRef
     options: PlanOptions = PlanOptions()
+    calibrations: list[CalibrationRef] = Field(default_factory=list, max_length=32, description=CALIBRATIONS_FIELD_DOC)
 
 
 class EvaluateRequest(_Resource):
@@ -65,6 +74,7 @@ class EvaluateRequest(_Resource):
 
     fleet: FleetRef
     model: ModelRef | None = None
+    calibrations: list[CalibrationRef] = Field(default_factory=list, max_length=32, description=CALIBRATIONS_FIELD_DOC)
 
 
 class PortRequest(_Resource):
@@ -74,6 +84,11 @@ class PortRequest(_Resource):
     source_fleet: FleetRef
     target_fleet: FleetRef
     options: PlanOptions = PlanOptions()
+    calibrations: list[CalibrationRef] = Field(
+        default_factory=list,
+        max_length=32,
+        description=CALIBRATIONS_FIELD_DOC + "; each applies to whichever of the two fleets has that GPU",
+    )
 
 
 # ------------------------------------------------------------------------------------------------- responses
@@ -166,6 +181,17 @@ class ProfileRecord(_Resource):
     source: Literal["catalogue", "custom"]
     created_at: datetime | None = None
     profile: HardwareProfile
+
+
+class CalibrationRecord(_Resource):
+    """A stored calibration: immutable, numbered per profile (1, 2, …) and named by its digest."""
+
+    profile: str
+    version: PositiveInt
+    digest: str = Field(description="sha256 of the calibration's canonical JSON (hex)")
+    label: str = Field(description="the line plans carry in their calibrations")
+    created_at: datetime
+    calibration: Calibration
 
 
 class Evaluation(_Resource):

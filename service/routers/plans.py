@@ -26,8 +26,10 @@ from shardwise.service.jobs import infeasible_problem
 from shardwise.service.models import PlanRow
 from shardwise.service.planning import (
     Resolved,
+    calibrate,
     check_caps,
     profiles_context,
+    resolve_calibrations,
     resolve_fleet,
     resolve_model,
     solve_params,
@@ -82,6 +84,7 @@ def create_plan(
     body = parse(PlanRequest, raw, {"profiles": custom})
     model, model_ref = resolve_model(session, body.model)
     fleet, fleet_ref = resolve_fleet(session, body.fleet, custom)
+    [fleet] = calibrate([fleet], resolve_calibrations(session, body.calibrations), custom)
     params, wait_s = solve_params(settings, body.options)
     check_caps(settings, model, fleet, params)
     outcome = submit(session, runner, Resolved(model, fleet, params, model_ref, fleet_ref), wait_s)
@@ -194,6 +197,7 @@ def evaluate_plan(plan_id: str, raw: JsonBody, session: SessionDep, settings: Se
     custom = profiles_context(session)
     body = parse(EvaluateRequest, raw, {"profiles": custom})
     fleet, _ = resolve_fleet(session, body.fleet, custom)
+    [fleet] = calibrate([fleet], resolve_calibrations(session, body.calibrations), custom)
     if body.model is None:
         model = ModelSpec.model_validate(row.request["model"])
     else:

@@ -25,8 +25,10 @@ from shardwise.service.errors import (
 )
 from shardwise.service.planning import (
     Resolved,
+    calibrate,
     check_caps,
     profiles_context,
+    resolve_calibrations,
     resolve_fleet,
     resolve_model,
     solve_params,
@@ -60,6 +62,7 @@ def port(raw: JsonBody, session: SessionDep, settings: SettingsDep, runner: Runn
     model, model_ref = resolve_model(session, body.model)
     source, source_ref = resolve_fleet(session, body.source_fleet, custom)
     target, target_ref = resolve_fleet(session, body.target_fleet, custom)
+    source, target = calibrate([source, target], resolve_calibrations(session, body.calibrations), custom)
     params, wait_s = solve_params(settings, body.options)
     check_caps(settings, model, source, params)
     check_caps(settings, model, target, params)

@@ -16,8 +16,9 @@ from typer.testing import CliRunner
 from conftest import EXAMPLES, count, fleet, small_model
 from shardwise.clients import cli, cli_remote
 from shardwise.clients.client import ShardwiseClient
-from shardwise.clients.errors import PlanInfeasibleError, PlanNotFoundError, ValidationFailedError
-from shardwise.hwprofiles import get_profile
+from shardwise.clients.errors import NotFoundError, PlanInfeasibleError, PlanNotFoundError, ValidationFailedError
+from shardwise.hwprofiles import Calibration, get_profile
+from shardwise.hwprofiles.calibration import Figure
 from shardwise.service.models import PlanRow
 from shardwise.wire.resources import Job, StoredPlan
 from shardwise.wire.spec import FleetSpec, ModelSpec, PlanStatus
@@ -69,6 +70,43 @@ def test_named_specs_profiles_and_evaluate(api: ShardwiseClient) -> None:
     assert result.feasible
     assert result.plan is not None
     assert {r.gpu for r in result.plan.ranks} == {"amd-mi350x"}
+
+
+def test_calibrations_stored_listed_and_priced_with(api: ShardwiseClient) -> None:
+    made = Calibration(
+        profile="nvidia-h200",
+        device="NVIDIA H200",
+        torch="2.13.0",
+        date="2026-12-01",
+        figures={"achieved.embedding_gather": Figure(value=0.7, source="test", samples=3, fit_error=0.05)},
+    )
+    record = api.add_calibration(made)
+    assert (record.profile, record.version, record.digest) == ("nvidia-h200", 1, made.digest())
+    assert api.add_calibration(made.model_dump(mode="json")) == record  # the same content: the same record
+    other = api.add_calibration(made.model_copy(update={"date": "2026-12-02"}))
+    assert other.version == 2
+    assert [r.version for r in api.calibrations("nvidia-h200", page_size=1)] == [2, 1]
+    assert list(api.calibrations("nvidia-h100-sxm")) == []
+    assert api.get_calibration("nvidia-h200@1") == record
+    assert api.get_calibration(other.digest) == other
+    with pytest.raises(NotFoundError):
+        api.get_calibration("nvidia-h200@3")
+    with pytest.raises(ValidationFailedError):
+        api.add_calibration(made.model_dump(mode="json") | {"profile": "nope-gpu"})
+
+    h200 = fleet("h200x2", gpu="nvidia-h200")
+    plain = api.plan(small_model(), h200, solver="greedy")
+    priced = api.plan(small_model(), h200, solver="greedy", calibrations=["nvidia-h200@1"])
+    assert (plain.calibrations, priced.calibrations) == ([], [record.label])
+    assert priced.request_hash != plain.request_hash
+    assert api.submit(small_model(), h200, solver="greedy", calibrations=record.digest).id == priced.id
+    evaluated = api.evaluate(plain.id, h200, calibrations=["nvidia-h200@2"])
+    assert evaluated.plan is not None
+    assert evaluated.plan.calibrations == [other.label]
+    report = api.port(small_model(), fleet(), h200, solver="greedy", calibrations=["nvidia-h200@1"])
+    assert report.replan.calibrations == [record.label]
+    with pytest.raises(ValidationFailedError):
+        api.plan(small_model(), fleet(), solver="greedy", calibrations=["nvidia-h200@1"])
 
 
 def test_list_plans_iterates_every_page(api: ShardwiseClient) -> None:

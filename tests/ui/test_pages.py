@@ -29,6 +29,7 @@ from shardwise.solver.port import port_analysis
 from shardwise.wire.resources import StoredPlan
 from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams
 from ui_support import (
+    GREEDY,
     big_fleet,
     fleet,
     hot_model,
@@ -475,6 +476,49 @@ def test_compare_needs_two_known_plans(client: TestClient) -> None:
 
 
 # ------------------------------------------------------------------------------------------ errors, escaping, assets
+
+
+def test_pages_say_which_calibration_priced_a_plan(client: TestClient) -> None:
+    calibration = {
+        "profile": "nvidia-h200",
+        "device": "NVIDIA H200",
+        "torch": "2.13.0",
+        "date": "2026-12-01",
+        "figures": {"achieved.embedding_gather": {"value": 0.7, "source": "test", "samples": 3, "fit_error": 0.05}},
+    }
+    stored = client.post("/api/v1/calibrations", json=calibration)
+    assert stored.status_code == 201, stored.text
+    label = stored.json()["label"]
+    h200 = fleet("h200x2", gpu="nvidia-h200")
+    plain = post_plan(client, small_model(), h200)
+    priced = client.post(
+        "/api/v1/plans",
+        json={"model": small_model(), "fleet": h200, "options": GREEDY, "calibrations": ["nvidia-h200@1"]},
+    )
+    assert priced.status_code == 201, priced.text
+    calibrated = priced.json()
+
+    doc = page(client, f"/ui/plans/{calibrated['id']}")
+    assert [text(p) for p in doc.css(".plan-head .priced-with")] == [f"Priced with: {label}"]
+    assert text(doc.css_first(".plan-head .priced-with .calibration")) == label
+    doc = page(client, f"/ui/plans/{plain['id']}")
+    assert [text(p) for p in doc.css(".plan-head .priced-with")] == ["Priced with: catalogue figures (uncalibrated)"]
+
+    doc = page(client, f"/ui/compare?a={plain['id']}&b={calibrated['id']}")
+    assert text(doc.css_first(".side-a .priced-with")) == "Priced with: catalogue figures (uncalibrated)"
+    assert text(doc.css_first(".side-b .priced-with")) == f"Priced with: {label}"
+
+
+def test_a_calibration_label_holding_markup_is_escaped(client: TestClient, clean_db: str) -> None:
+    evil = "<script>alert('pwned')</script>"
+    plan_id = store_plan_directly(clean_db, small_model(), fleet(), calibrations=[f"{evil} calibration", "second"])
+    for url in (f"/ui/plans/{plan_id}", f"/ui/compare?a={plan_id}&b={plan_id}"):
+        body = client.get(url).text
+        assert evil not in body
+        assert "&lt;script&gt;alert(" in body
+        doc = LexborHTMLParser(body)
+        assert all("pwned" not in s.text() for s in doc.css("script"))
+        assert [text(n) for n in doc.css(".priced-with .calibration")][:2] == [f"{evil} calibration", "second"]
 
 
 def test_trailing_slash_redirects(client: TestClient) -> None:
