@@ -56,7 +56,8 @@ def split_ref(ref: str) -> tuple[str, int | None]:
         raise InvalidInput(f"{ref!r} is not a reference: use name or name@version")
     if not version or version == "latest":
         return name, None
-    if not version.isdigit() or int(version) < 1:
+    # ASCII digits only: str.isdigit() also takes "²", which int() refuses (a 500 instead of this message)
+    if not (version.isascii() and version.isdigit()) or len(version) > 9 or int(version) < 1:
         raise InvalidInput(f"{ref!r}: the version after @ must be a positive integer or 'latest'")
     return name, int(version)
 

@@ -276,9 +276,10 @@ def test_models_are_versioned_and_never_rewritten(client: TestClient) -> None:
     assert_problem(
         client.post("/api/v1/plans", json={"model": "dlrm@9", "fleet": "pair", "options": GREEDY}), 404, "not-found"
     )
-    assert_problem(
-        client.post("/api/v1/plans", json={"model": "dlrm@x", "fleet": "pair", "options": GREEDY}), 422, "validation"
-    )
+    for bad in ("dlrm@x", "dlrm@²", "dlrm@0", "dlrm@99999999999999999999"):  # "²" is a digit to str.isdigit()
+        assert_problem(
+            client.post("/api/v1/plans", json={"model": bad, "fleet": "pair", "options": GREEDY}), 422, "validation"
+        )
     assert_problem(client.post("/api/v1/models", json={"name": "m"}), 422, "validation")
 
 
