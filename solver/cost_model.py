@@ -27,10 +27,60 @@ that the optimizer applies to those rows only, so a shard keeps ``u·(c·4 + 8)`
 kernels do too) keeps no gradient, only the sort's index work, about ``5·n·8`` B while the update runs; the model
 charges the compatible mode's ``u·(c·4 + 8)`` for both, so that a plan fits whichever the user runs (measured on an
 H200: the fast path's peak 0.7–4.9 % under this prediction, ``docs/benchmarks.md``);
-buffers ``n·8 + (bags)·8 + 2·o·c·ob`` (int64 ids and bag lengths in, pooled output out, output gradient back);
-UVM cache ``⌈f·r⌉·(c·b + 16)`` (rows plus 16 B of slot/LRU state per cached row).
-Placement ``hbm``: HBM = weights + optimizer + gradients + buffers.  ``uvm_cache``: weights and optimizer state live
-in host memory, HBM = cache + gradients + buffers.  ``host``: HBM = gradients + buffers, the rest in host memory.
+buffers ``n·8 + (bags)·8 + 2·o·c·ob`` (int64 ids and bag lengths in, pooled output out, output gradient back).
+
+Where each part lives depends on the placement and on the executor that runs the plan.  TorchRec runs it through
+:mod:`shardwise.solver.torchrec.exporter`: ``hbm`` → compute kernel ``fused`` (FBGEMM ``EmbeddingLocation.DEVICE``),
+``uvm_cache`` → ``fused_uvm_caching`` (``MANAGED_CACHING``), ``host`` → ``fused_uvm`` (``MANAGED``: unified memory
+that lives in host DRAM and is read by the GPU over the host link; the mapping is TorchRec's
+``compute_kernel_to_embedding_location`` in ``torchrec/distributed/embedding_types.py``).  FBGEMM's
+``SplitTableBatchedEmbeddingBagsCodegen`` (``fbgemm_gpu/split_table_batched_embeddings_ops_training.py``) places
+the weights and each optimizer state with ``construct_split_state``: the weights of a managed table in UVM; an
+optimizer state that is *row-wise* (rowwise_adagrad's ``momentum1``, one fp32 per row) on the **device** whatever
+the table's location; a state with one value per weight (adagrad's ``momentum1``, adam's ``momentum1`` and
+``momentum2``) in UVM (it is built non-cacheable, so ``MANAGED``, never cached; ``uvm_non_rowwise_momentum`` only
+matters for device tables).  ``EmbeddingLocation.HOST`` (everything in host memory) exists only for FBGEMM's CPU
+kernels (``ComputeDevice.CPU``); no CUDA plan reaches it.  So, with ``s_dev`` = the row-wise state (rowwise_adagrad
+``r·4``, otherwise 0) and ``s_uvm`` = the rest of the state (adagrad ``r·c·4``, adam ``2·r·c·4``):
+
+* ``hbm``: HBM = weights + state + gradients + buffers; host 0.
+* ``uvm_cache``: HBM = cache + ``s_dev`` + gradients + buffers; host = weights + ``s_uvm``.
+* ``host``: HBM = ``s_dev`` + gradients + buffers; host = weights + state + gradients + buffers.
+
+The cache (FBGEMM ``_apply_cache_state``, default LRU): ``lxu_cache_weights`` holds ``S`` slots of one row each, at
+the table's precision (TorchRec's ``configure_fused_params`` in ``torchrec/distributed/batched_embedding_kernel.py``
+sets ``cache_precision`` to the weights'), with ``S = A·⌈⌊f·R_c⌋ / A⌉`` (at least ``A``) for the ``R_c`` cached rows
+of the module and the associativity ``A`` (``DEFAULT_ASSOC``: 32 on CUDA, 64 on ROCm, :func:`cache_associativity`);
+each slot has an int64 ``lxu_cache_state`` (the row it holds) and an int64 ``lxu_state`` (its LRU time stamp), and
+each cached *table* row an int32 entry of ``cache_index_table_map`` (``CacheState`` / ``construct_cache_state`` in
+``split_table_batched_embeddings_ops_common.py``).  Per shard: UVM cache ``S·(c·b + 16) + 4·r`` with
+``S = A·⌈⌈f·r⌉ / A⌉``.  Taking ``⌈f·r⌉`` and rounding each shard up to whole sets is never below FBGEMM's one
+cache for a rank's cached shards that share a load factor.  Not modelled: FBGEMM pads every slot to the widest
+cached table of the module (``max_D_cache``), so a narrow table cached beside a wide one takes more; LFU
+(``lxu_state`` becomes one int64 per table row) and the prefetch pipeline's int32 lock counter per slot are not
+TorchRec's defaults and are not charged; nor is the 8 B of scale and bias FBGEMM adds to an int8 row.  TorchRec's
+planner (``calculate_shard_storages`` / ``_calculate_storage_specific_sizes`` in
+``torchrec/distributed/planner/shard_estimators.py``) counts the same ``r·(4 + f·16)`` of cache state but
+``f·(weights + state)`` for the rest, i.e. every state cached like the weights; FBGEMM does not cache a state:
+rowwise_adagrad's sits in HBM in full (TorchRec under-counts it by ``(1 − f)·r·4``), adagrad's and adam's stay in
+UVM (TorchRec over-counts HBM by ``f·state``).  This model follows FBGEMM.
+
+shardwise's own executor (``shardwise.clients``) differs, and where it does the model charges each memory the larger
+of what the two executors keep there, so that a plan fits either — except one case:
+
+* ``uvm_cache``: the executor has no HBM cache yet and keeps the whole shard — weights, state, gradient — on the
+  GPU like ``hbm`` (``clients/sharded_embedding.py``, "Placements"; a known gap, tracked on its own).  Charging that
+  here would make ``uvm_cache`` cost more HBM than ``hbm`` and never be chosen, so the model charges FBGEMM's
+  figures: a plan with ``uvm_cache`` shards is sized for TorchRec, and on shardwise's executor those shards need
+  ``weights + state`` more HBM than planned until the gap closes.  Its gradient charge (above) is the larger of the
+  two already.
+* ``host``: the executor keeps the shard on the CPU — weights, every state (rowwise_adagrad's too), the sparse
+  gradient, and CPU copies of the ids, bag offsets, pooled rows and their gradient (the lookup runs there), while
+  the GPU holds the buffers.  FBGEMM keeps ``s_dev`` and its backward's index work on the GPU and nothing but
+  weights and ``s_uvm`` in host memory.  Larger of the two: HBM charges ``s_dev`` (FBGEMM's) besides gradients and
+  buffers; host memory charges the executor's weights + state + gradients + buffers (so rowwise_adagrad's ``r·4``
+  is charged in both memories, one per executor).
+* ``hbm``: the two agree.
 
 Time (:func:`shard_compute_ms`, :func:`shard_comm_ms`)
 ------------------------------------------------------
@@ -97,7 +147,12 @@ ID_BYTES = 8
 LENGTH_BYTES = 8  # bag lengths travel as int64, as the executor sends them
 ROW_INDEX_BYTES = 8  # the int64 row index of each row in a sparse gradient
 GRAD_BYTES = 4  # gradients and optimizer state are fp32
-CACHE_META_BYTES_PER_ROW = 16
+# FBGEMM's UVM cache (module docstring): per cache slot an int64 lxu_cache_state and an int64 lxu_state (LRU);
+# per cached table row an int32 of cache_index_table_map. Slots come in sets of DEFAULT_ASSOC ways.
+CACHE_META_BYTES_PER_SLOT = 16
+CACHE_INDEX_BYTES_PER_ROW = 4
+CACHE_WAYS_CUDA = 32
+CACHE_WAYS_ROCM = 64
 MS = 1e3
 
 
@@ -232,6 +287,12 @@ def optimizer_state_bytes(optimizer: Optimizer, rows: int, cols: int) -> int:
     return 2 * rows * cols * GRAD_BYTES
 
 
+def device_state_bytes(optimizer: Optimizer, rows: int) -> int:
+    """``s_dev``: the state FBGEMM keeps on the device for a managed (``uvm_cache`` / ``host``) table — the row-wise
+    one, rowwise_adagrad ``r·4``; every other state lives in UVM with the weights (module docstring)."""
+    return rows * GRAD_BYTES if optimizer is Optimizer.rowwise_adagrad else 0
+
+
 def optimizer_update_bytes(optimizer: Optimizer, cols: int, granularity: int) -> float:
     """Bytes of optimizer state read + written per updated row."""
     if optimizer is Optimizer.sgd:
@@ -250,11 +311,11 @@ class ShardMemory:
     """Bytes one shard keeps on its rank."""
 
     weights: int = 0  # in HBM
-    optimizer: int = 0  # in HBM
-    gradients: int = 0
-    buffers: int = 0
-    cache: int = 0
-    host: int = 0  # host DRAM: weights + optimizer state for uvm_cache / host placements
+    optimizer: int = 0  # in HBM: all of it for hbm, the row-wise state (s_dev) for uvm_cache / host
+    gradients: int = 0  # in HBM
+    buffers: int = 0  # in HBM
+    cache: int = 0  # in HBM: the UVM cache's rows and metadata
+    host: int = 0  # host DRAM (module docstring, per placement)
 
     @property
     def hbm(self) -> int:
@@ -263,6 +324,28 @@ class ShardMemory:
 
 def cached_rows(num_rows: int, cache_fraction: float | None) -> int:
     return min(num_rows, math.ceil((cache_fraction or 0.0) * num_rows))
+
+
+def cache_associativity(profile: HardwareProfile) -> int:
+    """``A``: ways per set of FBGEMM's UVM cache (``DEFAULT_ASSOC``): 64 on ROCm (AMD), 32 on CUDA."""
+    return CACHE_WAYS_ROCM if profile.vendor == "amd" else CACHE_WAYS_CUDA
+
+
+def cache_slots(num_rows: int, cache_fraction: float | None, ways: int = CACHE_WAYS_CUDA) -> int:
+    """``S = A·⌈⌈f·r⌉ / A⌉``, at least one set of ``A`` slots (FBGEMM sizes a cache of at least one set); 0 without
+    a cache fraction."""
+    if not cache_fraction:
+        return 0
+    return ways * max(1, math.ceil(cached_rows(num_rows, cache_fraction) / ways))
+
+
+def cache_bytes(num_rows: int, num_cols: int, dtype: Dtype, cache_fraction: float | None, ways: int) -> int:
+    """HBM of a shard's UVM cache: ``S·(c·b + 16) + 4·r`` (slots with their two int64 states, and the int32
+    ``cache_index_table_map`` entry of every row of the table)."""
+    if not cache_fraction:
+        return 0
+    slots = cache_slots(num_rows, cache_fraction, ways)
+    return slots * (num_cols * dtype.nbytes + CACHE_META_BYTES_PER_SLOT) + num_rows * CACHE_INDEX_BYTES_PER_ROW
 
 
 def shard_memory(
@@ -275,8 +358,9 @@ def shard_memory(
     cache_fraction: float | None,
     batch: int,
     world: int,
+    cache_ways: int = CACHE_WAYS_CUDA,
 ) -> ShardMemory:
-    """Memory of one shard; formulas in the module docstring."""
+    """Memory of one shard; formulas in the module docstring (``cache_ways``: ``A``, :func:`cache_associativity`)."""
     traffic = shard_traffic(table, sharding, num_rows, batch, world)
     weights = num_rows * num_cols * table.dtype.nbytes
     state = optimizer_state_bytes(table.optimizer, num_rows, num_cols)
@@ -289,10 +373,15 @@ def shard_memory(
     )
     if placement is Placement.hbm:
         return ShardMemory(weights=weights, optimizer=state, gradients=grads, buffers=buffers)
-    cache = 0
+    dev_state = device_state_bytes(table.optimizer, num_rows)
     if placement is Placement.uvm_cache:
-        cache = cached_rows(num_rows, cache_fraction) * (num_cols * table.dtype.nbytes + CACHE_META_BYTES_PER_ROW)
-    return ShardMemory(gradients=grads, buffers=buffers, cache=cache, host=weights + state)
+        # FBGEMM MANAGED_CACHING: the cache and s_dev in HBM, weights and s_uvm in UVM
+        cache = cache_bytes(num_rows, num_cols, table.dtype, cache_fraction, cache_ways)
+        return ShardMemory(
+            optimizer=dev_state, gradients=grads, buffers=buffers, cache=cache, host=weights + state - dev_state
+        )
+    # host: FBGEMM MANAGED keeps s_dev in HBM; shardwise's executor keeps everything of the shard on the CPU
+    return ShardMemory(optimizer=dev_state, gradients=grads, buffers=buffers, host=weights + state + grads + buffers)
 
 
 # ----------------------------------------------------------------------------------------------- compute

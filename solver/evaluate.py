@@ -67,6 +67,7 @@ def shard_cost(
         cache_fraction=cache_fraction,
         batch=batch,
         world=W,
+        cache_ways=cm.cache_associativity(cls.profile),
     )
     compute = cm.shard_compute_ms(
         table,

@@ -16,6 +16,7 @@ import pytest
 
 from shardwise.hwprofiles import HardwareProfile
 from shardwise.solver import cost_model as cm
+from shardwise.solver.evaluate import shard_cost
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import DenseLayerSpec, DenseStyle, EmbeddingTableSpec, FleetSpec, Placement
 from shardwise.wire.spec import ShardingType as ST
@@ -89,40 +90,119 @@ def test_shard_memory_hbm_placement(optimizer: str) -> None:
     assert m.hbm == WEIGHTS + STATE[optimizer] + TW_GRADS + TW_BUFFERS
 
 
-@pytest.mark.parametrize("optimizer", sorted(STATE))
-def test_shard_memory_uvm_cache_placement(optimizer: str) -> None:
-    m = cm.shard_memory(
+# FBGEMM keeps a managed (uvm_cache / host) table's row-wise state on the device, every other state in UVM:
+# s_dev = rowwise_adagrad r·4, 0 otherwise; s_uvm = the rest.
+DEV_STATE = {"sgd": 0, "adagrad": 0, "rowwise_adagrad": 1000 * 4, "adam": 0}
+UVM_STATE = {"sgd": 0, "adagrad": 1000 * 8 * 4, "rowwise_adagrad": 0, "adam": 2 * 1000 * 8 * 4}
+# UVM cache at f = 0.25: ⌈f·r⌉ = 250 rows → S = 32·⌈250/32⌉ = 256 slots of c·b + 16 = 48 B (the row, an int64
+# lxu_cache_state and an int64 lxu_state), and an int32 cache_index_table_map entry per table row:
+# 256·48 + 1000·4 = 12288 + 4000 = 16288
+CACHE_QUARTER = 256 * 48 + 1000 * 4
+
+
+def uvm_cache_shard(optimizer: str = "sgd", fraction: float = 0.25, **kw: Any) -> cm.ShardMemory:
+    return cm.shard_memory(
         table(optimizer=optimizer),
         sharding=ST.table_wise,
         num_rows=1000,
         num_cols=8,
         placement=Placement.uvm_cache,
-        cache_fraction=0.25,
+        cache_fraction=fraction,
+        batch=B,
+        world=W,
+        **kw,
+    )
+
+
+@pytest.mark.parametrize("optimizer", sorted(STATE))
+def test_shard_memory_uvm_cache_placement(optimizer: str) -> None:
+    m = uvm_cache_shard(optimizer)
+    assert CACHE_QUARTER == 16288
+    assert (m.weights, m.optimizer, m.cache) == (0, DEV_STATE[optimizer], CACHE_QUARTER)
+    assert (m.gradients, m.buffers) == (TW_GRADS, TW_BUFFERS)
+    assert m.hbm == CACHE_QUARTER + DEV_STATE[optimizer] + TW_GRADS + TW_BUFFERS
+    assert m.host == WEIGHTS + UVM_STATE[optimizer]
+    assert DEV_STATE[optimizer] + UVM_STATE[optimizer] == STATE[optimizer]
+
+
+def test_shard_memory_uvm_cache_rowwise_adagrad_state_is_in_hbm() -> None:
+    # rowwise_adagrad's momentum1 (one fp32 per row) is built on the device for a MANAGED_CACHING table: r·4 = 4000 B
+    # of HBM, none of it in host memory (the old accounting put it in host memory)
+    m = uvm_cache_shard("rowwise_adagrad")
+    assert m.optimizer == 4000
+    assert m.host == 32000  # the weights alone
+    assert m.hbm == 16288 + 4000 + 3080 + 3520
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
+def test_shard_memory_uvm_cache_per_weight_state_stays_in_host_memory(optimizer: str) -> None:
+    # adagrad / adam state is one fp32 per weight, kept in UVM and never cached: no HBM for it, not even f·state
+    m = uvm_cache_shard(optimizer)
+    assert m.optimizer == 0
+    assert m.host == 32000 + (32000 if optimizer == "adagrad" else 64000)
+
+
+def test_shard_memory_uvm_cache_rounds_cached_rows_up_to_whole_sets() -> None:
+    # ⌈1.5⌉ = 2 rows, but FBGEMM allocates whole sets of 32 slots: S = 32, plus 4 B per table row
+    m = uvm_cache_shard(fraction=0.0015)
+    assert m.cache == 32 * (8 * 4 + 16) + 1000 * 4  # 1536 + 4000 = 5536
+
+
+def test_shard_memory_uvm_cache_small_table_pays_a_whole_set() -> None:
+    # r = 10, f = 0.5: 5 cached rows, S = 32 slots (more slots than rows): 32·48 + 10·4 = 1576
+    m = cm.shard_memory(
+        table(num_embeddings=10),
+        sharding=ST.table_wise,
+        num_rows=10,
+        num_cols=8,
+        placement=Placement.uvm_cache,
+        cache_fraction=0.5,
         batch=B,
         world=W,
     )
-    cache = 250 * (8 * 4 + 16)  # ⌈f·r⌉·(c·b + 16) = 250 · 48 = 12000
-    assert (m.weights, m.optimizer, m.cache) == (0, 0, cache)
-    assert m.hbm == cache + TW_GRADS + TW_BUFFERS
-    assert m.host == WEIGHTS + STATE[optimizer]
+    assert m.cache == 1576
 
 
-def test_shard_memory_uvm_cache_rounds_cached_rows_up() -> None:
-    m = cm.shard_memory(
+@pytest.mark.parametrize(("ways", "cache"), [(32, 224 * 48 + 4000), (64, 256 * 48 + 4000)])
+def test_shard_memory_uvm_cache_sets_follow_the_associativity(ways: int, cache: int) -> None:
+    # f = 0.2: 200 rows → CUDA (32 ways) 32·⌈200/32⌉ = 224 slots, ROCm (64 ways) 64·⌈200/64⌉ = 256 slots
+    assert uvm_cache_shard(fraction=0.2, cache_ways=ways).cache == cache
+
+
+def test_cache_associativity_by_vendor(make_profile: Callable[..., HardwareProfile]) -> None:
+    # FBGEMM's DEFAULT_ASSOC: 64 under ROCm, 32 otherwise
+    assert cm.cache_associativity(make_profile(vendor="amd")) == 64
+    assert cm.cache_associativity(make_profile(vendor="nvidia")) == 32
+    assert cm.cache_associativity(make_profile(vendor="other")) == 32
+
+
+@pytest.mark.parametrize(("vendor", "slots"), [("amd", 256), ("nvidia", 224)])
+def test_shard_cost_sizes_the_cache_for_the_gpu_vendor(
+    make_profile: Callable[..., HardwareProfile], vendor: str, slots: int
+) -> None:
+    # evaluate's shard_cost passes the class's associativity: f = 0.2 → 200 rows → 256 slots on ROCm, 224 on CUDA
+    fleet = FleetSpec.model_validate(
+        {"name": "one", "hosts": [{"gpu": make_profile(vendor=vendor).model_dump(), "count": 1, "gpus_per_host": 4}]}
+    )
+    topo = Topology(fleet)
+    cost = shard_cost(
+        topo,
         table(),
         sharding=ST.table_wise,
         num_rows=1000,
         num_cols=8,
         placement=Placement.uvm_cache,
-        cache_fraction=0.0015,
+        cache_fraction=0.2,
+        cls=topo.classes[0],
         batch=B,
-        world=W,
     )
-    assert m.cache == 2 * (8 * 4 + 16)  # ⌈1.5⌉ = 2 rows
+    assert cost.memory.cache == slots * 48 + 4000
 
 
 @pytest.mark.parametrize("optimizer", sorted(STATE))
 def test_shard_memory_host_placement(optimizer: str) -> None:
+    # HBM: FBGEMM's device-side row-wise state, the gradient charge and the buffers; host memory: what shardwise's
+    # executor keeps on the CPU — weights, every state, the sparse gradient and a copy of the buffers
     m = cm.shard_memory(
         table(optimizer=optimizer),
         sharding=ST.table_wise,
@@ -133,9 +213,26 @@ def test_shard_memory_host_placement(optimizer: str) -> None:
         batch=B,
         world=W,
     )
-    assert (m.weights, m.optimizer, m.cache) == (0, 0, 0)
-    assert m.hbm == TW_GRADS + TW_BUFFERS
-    assert m.host == WEIGHTS + STATE[optimizer]
+    assert (m.weights, m.optimizer, m.cache) == (0, DEV_STATE[optimizer], 0)
+    assert m.hbm == DEV_STATE[optimizer] + TW_GRADS + TW_BUFFERS
+    assert m.host == WEIGHTS + STATE[optimizer] + TW_GRADS + TW_BUFFERS
+
+
+def test_shard_memory_host_placement_rowwise_adagrad() -> None:
+    # FBGEMM (fused_uvm = MANAGED) builds the 4000 B of row-wise state on the device; shardwise's executor keeps it on
+    # the CPU; each memory is charged the larger, so both hold it
+    m = cm.shard_memory(
+        table(optimizer="rowwise_adagrad"),
+        sharding=ST.table_wise,
+        num_rows=1000,
+        num_cols=8,
+        placement=Placement.host,
+        cache_fraction=None,
+        batch=B,
+        world=W,
+    )
+    assert m.hbm == 4000 + 3080 + 3520
+    assert m.host == 32000 + 4000 + 3080 + 3520
 
 
 def test_shard_memory_row_wise_shard() -> None:
