@@ -34,7 +34,8 @@ CATALOGUE_NAMES = [
 ]
 
 #: a per-rank line: rank, host, gpu, HBM GB, capacity GB, fill %, compute ms, comm ms, total ms
-RANK_LINE = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\S+)\s+[\d.]+\s+[\d.]+\s+\d+%\s+[\d.]+\s+[\d.]+\s+[\d.]+\s*$")
+# rank, host, gpu, HBM GB, / cap GB, fill, then compute, comm, host and total ms
+RANK_LINE = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\S+)\s+[\d.]+\s+[\d.]+\s+\d+%\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s*$")
 
 
 @pytest.fixture
