@@ -19,14 +19,15 @@ gradients are fp32 (4 B) for fp32 tables and 2 B otherwise (``ob``).
 Memory (:func:`shard_memory`)
 -----------------------------
 ``weights = r·c·b``;  optimizer state: sgd 0, adagrad ``r·c·4``, rowwise_adagrad ``r·4``, adam ``2·r·c·4``;
-gradients: the executor's compatible mode (``shardwise.clients.apply`` without an embedding optimizer) gives a
-sharded table a coalesced row-sparse gradient — fp32 values and an int64 row index for each row the step touched —
-that the optimizer applies to those rows only, so a shard keeps ``u·(c·4 + 8)`` with ``u = r·(1 − e^(−n/r))``
-(expected distinct rows of ``n`` uniform draws; skew only lowers it); a data_parallel copy keeps a dense gradient
-``r·c·b`` (all-reduced). The fast path (an embedding optimizer: the update fused into backward, as TorchRec's fused
-kernels do too) keeps no gradient, only the sort's index work, about ``5·n·8`` B while the update runs; the model
-charges the compatible mode's ``u·(c·4 + 8)`` for both, so that a plan fits whichever the user runs (measured on an
-H200: the fast path's peak 0.7–4.9 % under this prediction, ``docs/benchmarks.md``);
+gradients: the executor a plan runs on updates a sharded table inside backward — shardwise's fast path
+(``apply_plan(..., embedding_optimizer=...)``) and TorchRec's fused kernels alike — so a shard keeps no gradient;
+what it holds while the update runs is index work: the bag of each id (saved from forward) and the update's sort
+(sorted ids, their permutation, sorted bags, segment ids and segment starts), six int64 per id: ``48·n``. A
+data_parallel copy keeps a dense gradient ``r·c·b`` (all-reduced). The executor's compatible mode (no embedding
+optimizer: row-sparse gradients for an optimizer of the user's choice) keeps ``u·(c·4 + 8)`` more per shard, fp32
+values and an int64 index for each touched row, ``u = r·(1 − e^(−n/r))`` (:func:`touched_rows`): not charged
+(measured on an H200, the fast path's peak is within 10 % of this prediction, ``docs/truth.md``; the row-sparse
+gradient was up to 31 % of it);
 buffers ``n·8 + (bags)·8 + 2·o·c·ob`` (int64 ids and bag lengths in, pooled output out, output gradient back).
 
 Where each part lives depends on the placement and on the executor that runs the plan.  TorchRec runs it through
@@ -145,7 +146,8 @@ from shardwise.wire.spec import ShardingType as ST
 
 ID_BYTES = 8
 LENGTH_BYTES = 8  # bag lengths travel as int64, as the executor sends them
-ROW_INDEX_BYTES = 8  # the int64 row index of each row in a sparse gradient
+ROW_INDEX_BYTES = 8  # the int64 row index of each row in a sparse gradient (the compatible mode)
+FUSED_INDEX_BYTES_PER_ID = 6 * 8  # the fused update's index work per id: a saved bag, the sort's five int64 arrays
 GRAD_BYTES = 4  # gradients and optimizer state are fp32
 # FBGEMM's UVM cache (module docstring): per cache slot an int64 lxu_cache_state and an int64 lxu_state (LRU);
 # per cached table row an int32 of cache_index_table_map. Slots come in sets of DEFAULT_ASSOC ways.
@@ -367,7 +369,7 @@ def shard_memory(
     if sharding is ST.data_parallel:
         grads = num_rows * num_cols * table.dtype.nbytes
     else:
-        grads = math.ceil(touched_rows(traffic.ids, num_rows)) * (num_cols * GRAD_BYTES + ROW_INDEX_BYTES)
+        grads = math.ceil(traffic.ids * FUSED_INDEX_BYTES_PER_ID)
     buffers = math.ceil(
         traffic.ids * ID_BYTES + traffic.bags * LENGTH_BYTES + 2 * traffic.out_rows * num_cols * out_bytes(table.dtype)
     )

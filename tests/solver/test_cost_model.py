@@ -54,7 +54,8 @@ def approx(x: float) -> Any:
 # table_wise on W = 4, B = 10: N = W·B·F·L = 80 ids, Nb = W·B·F = 40 bags, o = Nb = 40 pooled rows.
 TW_IDS, TW_BAGS, TW_OUT = 80, 40, 40
 # u = R·(1 − e^(−n/R)) = 76.88 → 77 rows, each c·4 B of fp32 gradient + an 8-byte int64 row index
-TW_GRADS = math.ceil(1000 * (1 - math.exp(-80 / 1000))) * (8 * 4 + 8)
+# the fused update's index work, six int64 per id: n = 80 ids → 3840 B (no gradient is kept)
+TW_GRADS = 80 * 6 * 8
 TW_BUFFERS = 80 * 8 + 40 * 8 + 2 * 40 * 8 * 4  # int64 ids and lengths: 640 + 320 + 2560 = 3520
 WEIGHTS = 1000 * 8 * 4  # 32000
 
@@ -78,7 +79,7 @@ def test_shard_memory_hbm_placement(optimizer: str) -> None:
         batch=B,
         world=W,
     )
-    assert TW_GRADS == 77 * 40
+    assert TW_GRADS == 3840
     assert (m.weights, m.optimizer, m.gradients, m.buffers, m.cache, m.host) == (
         WEIGHTS,
         STATE[optimizer],
@@ -131,7 +132,7 @@ def test_shard_memory_uvm_cache_rowwise_adagrad_state_is_in_hbm() -> None:
     m = uvm_cache_shard("rowwise_adagrad")
     assert m.optimizer == 4000
     assert m.host == 32000  # the weights alone
-    assert m.hbm == 16288 + 4000 + 3080 + 3520
+    assert m.hbm == 16288 + 4000 + 3840 + 3520  # cache, row-wise state, index work, buffers
 
 
 @pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
@@ -231,8 +232,8 @@ def test_shard_memory_host_placement_rowwise_adagrad() -> None:
         batch=B,
         world=W,
     )
-    assert m.hbm == 4000 + 3080 + 3520
-    assert m.host == 32000 + 4000 + 3080 + 3520
+    assert m.hbm == 4000 + 3840 + 3520
+    assert m.host == 32000 + 4000 + 3840 + 3520
 
 
 def test_shard_memory_row_wise_shard() -> None:
@@ -249,7 +250,7 @@ def test_shard_memory_row_wise_shard() -> None:
     )
     assert m.weights == 250 * 8 * 4
     assert m.optimizer == 250 * 8 * 4
-    assert m.gradients == math.ceil(250 * (1 - math.exp(-20 / 250))) * (8 * 4 + 8)
+    assert m.gradients == 20 * 48  # n = 20 ids of this row block
     assert m.buffers == 20 * 8 + 40 * 8 + 2 * 40 * 8 * 4  # 160 + 320 + 2560
 
 
@@ -266,7 +267,7 @@ def test_shard_memory_column_wise_shard() -> None:
         world=W,
     )
     assert m.weights == 1000 * 4 * 4
-    assert m.gradients == math.ceil(1000 * (1 - math.exp(-80 / 1000))) * (4 * 4 + 8)
+    assert m.gradients == 80 * 48  # every id, whatever the width
     assert m.buffers == 80 * 8 + 40 * 8 + 2 * 40 * 4 * 4
 
 
@@ -300,7 +301,7 @@ def test_shard_memory_low_precision_table() -> None:
         world=W,
     )
     assert m.weights == 1000 * 8 * 2
-    assert m.gradients == TW_GRADS  # gradients stay fp32
+    assert m.gradients == TW_GRADS  # index work: the same whatever the dtype
     assert m.buffers == 80 * 8 + 40 * 8 + 2 * 40 * 8 * 2  # outputs in 2 bytes
 
 
@@ -330,7 +331,7 @@ def test_shard_memory_more_features_more_ids() -> None:
         batch=B,
         world=W,
     )
-    assert m.gradients == math.ceil(1000 * (1 - math.exp(-240 / 1000))) * (8 * 4 + 8)
+    assert m.gradients == 240 * 48
     assert m.buffers == 240 * 8 + 120 * 8 + 2 * 120 * 8 * 4
 
 

@@ -92,11 +92,10 @@ def offloaded(plan: Plan) -> set[str]:
 
 def hand_hbm_bytes(rows: int, cols: int, batch: int, world: int) -> int:
     """HBM of a whole fp32 sgd table in HBM (pooling factor 1, one feature), from the cost model's docstring:
-    weights r·c·4 + sparse gradient ⌈r·(1 − e^(−n/r))⌉·(4c + 8) + buffers n·8 + bags·8 + 2·bags·c·4, with
-    n = bags = W·B."""
+    weights r·c·4 + the fused update's index work 48·n + buffers n·8 + bags·8 + 2·bags·c·4, with n = bags = W·B."""
     n = world * batch
     weights = rows * cols * 4
-    grads = math.ceil(rows * -math.expm1(-n / rows)) * (cols * 4 + 8)
+    grads = 48 * n
     buffers = math.ceil(n * 8 + n * 8 + 2 * n * cols * 4)
     return weights + grads + buffers
 
