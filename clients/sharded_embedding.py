@@ -46,7 +46,8 @@ optimizer steps the dense parameters only. Without it (the compatible mode, desc
 row-sparse gradients for an optimizer of the user's choice.
 A sharded table never materialises a dense gradient. The shard lookup's backward returns a *coalesced* sparse COO
 gradient: the ``u`` distinct rows the step touched and their summed gradients, ``u × num_cols`` values plus ``u``
-int64 row indices — the cost model's gradient buffer ``u·c·4`` B (+ ``8·u`` B of indices) for fp32. It is built
+int64 row indices — ``u·c·4`` B (+ ``8·u`` B of indices) for fp32, which the cost model does not charge (it prices
+the fast path, which keeps no gradient: leave that much HBM free per shard in this mode). It is built
 without a per-id ``n × c`` copy (a ``u × bags`` sparse 0/1 matrix times the output gradient); the transient
 index work is a few int64 per id (ids and offsets saved from forward, ``unique``'s inverse, the bag of each id, the
 0/1 matrix's indices) beside the received output gradient. Take it with an
