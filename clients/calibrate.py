@@ -377,6 +377,19 @@ def _ensure_world_of_one(device: torch.device) -> bool:
     return True
 
 
+def join_torchrun(device: str) -> int:
+    """Join the process group ``torchrun`` describes (``WORLD_SIZE`` > 1 in the environment): NCCL on GPUs, each
+    rank on its ``LOCAL_RANK``'s device; return this rank (0 when not under torchrun)."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return dist.get_rank() if dist.is_initialized() else 0
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", timeout=timedelta(minutes=5))
+    return dist.get_rank()
+
+
 def bench_host(
     device: torch.device,
     profile: HardwareProfile,
@@ -388,7 +401,12 @@ def bench_host(
     from shardwise.clients.apply import apply_plan, split_parameters
     from shardwise.clients.sharded_embedding import ShardedEmbeddingBagCollection
 
-    created = _ensure_world_of_one(device)
+    group: dist.ProcessGroup | None = None
+    created = False
+    if dist.is_initialized() and dist.get_world_size() > 1:  # several ranks (torchrun): each measures alone
+        group, _ = dist.new_subgroups(group_size=1)  # type: ignore[no-untyped-call]
+    else:
+        created = _ensure_world_of_one(device)
     try:
         for tables, layers in shapes:
             torch.manual_seed(0)
@@ -396,6 +414,7 @@ def bench_host(
             model = apply_plan(
                 _Tiny(tables, layers, dim),
                 _tiny_plan(tables, layers, dim, profile),
+                process_group=group,
                 device=device,
                 embedding_optimizer=UpdateConfig(RowOptimizer.rowwise_adagrad, lr=0.01),
             )
@@ -447,6 +466,44 @@ def bench_launch(device: torch.device, out: Report) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     out.samples.append(Sample("launch", {}, us / 1e3))
+
+
+def bench_collectives(
+    device: torch.device, profile: HardwareProfile, sizes_mb: Sequence[float], reps: int, out: Report
+) -> None:
+    """All-to-all, all-reduce, reduce-scatter and all-gather of the default group, ``S`` bytes per rank, back to
+    back, wall time (a collective waits for its peers: its device time is not its cost). The model's byte term at
+    fraction 1 over the scale-up fabric (one host): all-to-all and reduce-scatter and all-gather ``(W−1)/W·S``,
+    all-reduce ``2·(W−1)/W·S`` (ring), each over ``intra_host_bw``; the fit is ``t = latency + bytes_term / f``."""
+    from shardwise.solver.cost_model import intra_host_bw
+
+    world = dist.get_world_size()
+    raw = intra_host_bw(profile, world - 1) / profile.achieved.intra_host_collective
+    for size in sizes_mb:
+        n = max(world, int(size * MB) // 4 // world * world)  # fp32 elements, a multiple of the world size
+        x = torch.ones(n, device=device)
+        y = torch.empty_like(x)
+        part = torch.empty(n // world, device=device)
+        ops: dict[str, tuple[Callable[[], Any], float]] = {
+            "all_to_all": (functools.partial(dist.all_to_all_single, y, x), (world - 1) / world),
+            "all_reduce": (functools.partial(dist.all_reduce, y), 2 * (world - 1) / world),
+            "reduce_scatter": (functools.partial(dist.reduce_scatter_tensor, part, x), (world - 1) / world),
+            "all_gather": (functools.partial(dist.all_gather_into_tensor, y, part), (world - 1) / world),
+        }
+        for name, (fn, factor) in ops.items():
+            fn()
+            dist.barrier()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            ms = (time.perf_counter() - t) * 1e3 / reps
+            b = factor * n * 4 / raw * 1e3
+            out.samples.append(Sample("collective", {"op": name, "bytes": n * 4, "world": world}, ms, 0.0, b))
+        del x, y, part
 
 
 # ------------------------------------------------------------------------------------------------ the whole run
@@ -607,7 +664,33 @@ def calibrate(
             fit_error=round(err, 4),
         )
         log(f"{'overheads.' + name:<28} {value * 1e3:8.2f} us")
-    out.notes.append("collectives: not measured (world size one); run on several GPUs to calibrate them")
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        log("collectives …")
+        bench_collectives(device, profile, (0.0625, 1, 16, 128) if gpu else (0.0625, 1), reps, out)
+        coll = [s for s in out.samples if s.kind == "collective"]
+        (lat_ms, k), c_err = linear_fit([[1.0, s.b_ms] for s in coll], [s.measured_ms for s in coll])
+        world = dist.get_world_size()
+        kind = f"all-to-all, all-reduce, reduce-scatter, all-gather over {world} GPUs of one host, 64 KB to 128 MB"
+        if k > 0:
+            coll_f = min(1.0, 1.0 / k)
+            capped = " (capped at 1)" if 1.0 / k > 1.0 else ""
+            figures["achieved.intra_host_collective"] = Figure(
+                value=float(f"{coll_f:.4g}"),
+                source=f"{where}: {kind}{capped}",
+                samples=len(coll),
+                fit_error=float(f"{c_err:.4g}"),
+            )
+        if lat_ms > 0:
+            figures["intra_host_latency_us"] = Figure(
+                value=float(f"{lat_ms * 1e3:.4g}"),
+                source=f"{where}: {kind}, the fit's intercept",
+                samples=len(coll),
+                fit_error=float(f"{c_err:.4g}"),
+            )
+        log(f"{'collectives':<28} latency {lat_ms * 1e3:.1f} us, fraction {1 / k if k > 0 else float('nan'):.3f}")
+        out.notes.append("collectives: one host only (the scale-up fabric); inter-host figures need several hosts")
+    else:
+        out.notes.append("collectives: not measured (world size one); run on several GPUs to calibrate them")
     cal = Calibration(
         profile=profile.name,
         device=str(info["device"]),

@@ -237,7 +237,10 @@ def calibrate(
     quick: Annotated[bool, typer.Option(help="fewer sizes and cases: about a minute on a GPU")] = False,
     reps: Annotated[int, typer.Option(help="timed calls per measurement", min=1)] = 10,
 ) -> None:
-    """Time the executor's kernels, GEMMs, copies and host work on this GPU; fit the profile's figures to them."""
+    """Time the executor's kernels, GEMMs, copies and host work on this GPU; fit the profile's figures to them.
+
+    Under ``torchrun`` on several GPUs of one host it times the collectives too (every rank runs; rank 0 writes).
+    """
     from shardwise.hwprofiles import catalogue
 
     known = catalogue()
@@ -253,8 +256,12 @@ def calibrate(
         fail(f"--device must be cuda or cpu, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
         fail("no CUDA device here: calibrate on the GPU machine (or --device cpu for a smoke test)")
+    rank = cal_mod.join_torchrun(device)  # several GPUs under torchrun: collectives too; rank 0 writes
     dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
-    cal, report = cal_mod.calibrate(known[profile], dev, quick=quick, reps=reps, log=typer.echo)
+    log = typer.echo if rank == 0 else (lambda _line: None)
+    cal, report = cal_mod.calibrate(known[profile], dev, quick=quick, reps=reps, log=log)
+    if rank != 0:
+        return
     try:
         samples = cal_mod.write(cal, report, output)
     except OSError as exc:

@@ -208,3 +208,32 @@ def test_calibrate_runs_its_whole_pipeline_on_the_cpu(tmp_path: Path) -> None:
     assert {"stream", "gemm", "sort", "lookup", "host", "launch"} <= kinds
     assert any("collectives" in n for n in samples["notes"])
     cal.apply(get_profile("nvidia-h200"))
+
+
+def _calibrate_on_two_ranks(rank: int, world: int) -> dict[str, Any]:
+    """One rank of a two-process gloo world: the whole calibration, collectives included."""
+    import torch
+
+    from shardwise.clients.calibrate import calibrate
+
+    cal, report = calibrate(get_profile("nvidia-h200"), torch.device("cpu"), quick=True, reps=1, log=lambda _: None)
+    return {
+        "figures": sorted(cal.figures),
+        "collectives": sorted({s.params["op"] for s in report.samples if s.kind == "collective"}),
+        "notes": report.notes,
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_calibrate_on_several_ranks_fits_the_collectives() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("numpy")
+    from torch_integration._dist import run
+
+    results = run(_calibrate_on_two_ranks, 2, timeout_s=300)
+    for rank, got in enumerate(results):
+        assert "__error__" not in got, got
+        assert got["collectives"] == ["all_gather", "all_reduce", "all_to_all", "reduce_scatter"], rank
+        assert {"achieved.intra_host_collective", "intra_host_latency_us"} <= set(got["figures"]), got
+        assert any("one host only" in n for n in got["notes"])
