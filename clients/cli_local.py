@@ -54,7 +54,7 @@ def plan(
     fleet_path: Annotated[Path, typer.Argument(metavar="FLEET", help="FleetSpec JSON/YAML")],
     output: Annotated[Path | None, typer.Option("-o", "--output", help="write the plan JSON here")] = None,
     solver: Annotated[
-        Solver, typer.Option(help="cpsat: optimal plans with a proven bound; greedy: the fast heuristic")
+        Solver, typer.Option(help="cpsat: CP-SAT, with its gap to the bound over all plans; greedy: the fast heuristic")
     ] = Solver.cpsat,
     time_limit: Annotated[float, typer.Option("--time-limit", help="CP-SAT time limit, seconds", min=0.001)] = 30.0,
     seed: Annotated[int, typer.Option(help="CP-SAT random seed (same seed, same plan)", min=0)] = 0,
@@ -199,7 +199,7 @@ def port(
         typer.Option("--plan", metavar="PLAN", help="the plan FLEET_A runs (wire format); default: plan it"),
     ] = None,
     solver: Annotated[
-        Solver, typer.Option(help="cpsat: optimal plans with a proven bound; greedy: the fast heuristic")
+        Solver, typer.Option(help="cpsat: CP-SAT, with its gap to the bound over all plans; greedy: the fast heuristic")
     ] = Solver.cpsat,
     time_limit: Annotated[
         float, typer.Option("--time-limit", help="CP-SAT time limit per solve, seconds", min=0.001)

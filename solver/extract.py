@@ -28,6 +28,13 @@ if TYPE_CHECKING:  # the service imports this module at start-up (request_hash);
     from shardwise.solver.load import Placed
 
 COST_MODEL_VERSION = "2"  # 2: sparse-gradient row indices and int64 bag lengths, as the executor does
+#: what a plan's ``status`` and ``lower_bound_ms`` mean. 2: ``lower_bound_ms`` holds over the whole candidate
+#: catalogue and ``optimal`` meets it; what a search proved over its own space is ``solver.searched_*``. It is in the
+#: solver version, so a request answered under 1 (optimal over the searched space only) is solved again.
+BOUND_VERSION = "2"
+
+OPTIMAL_GAP = 1e-5  # what the integer time scale can resolve: closer than this to the bound counts as proved,
+OPTIMAL_ABS_MS = 1e-4  # or closer than 0.1 µs (floored 0.1-ns terms add up to that on sub-millisecond steps)
 
 #: :attr:`SolverInfo.status <shardwise.wire.spec.SolverInfo.status>`: what a solver reported about the plan
 #: (CP-SAT's verdicts), or HEURISTIC where no solver's verdict stands behind it. Never the plan's own status.
@@ -40,7 +47,12 @@ def solver_version() -> str:
         pkg = version("shardwise")
     except PackageNotFoundError:  # running from a source tree
         pkg = "0+unknown"
-    return f"shardwise-{pkg}/cost-model-{COST_MODEL_VERSION}"
+    return f"shardwise-{pkg}/cost-model-{COST_MODEL_VERSION}/bound-{BOUND_VERSION}"
+
+
+def meets_bound(step_ms: float, bound_ms: float | None) -> bool:
+    """Whether ``step_ms`` meets ``bound_ms`` within what the solver's integer time scale resolves."""
+    return bound_ms is not None and step_ms - bound_ms <= max(OPTIMAL_GAP * step_ms, OPTIMAL_ABS_MS)
 
 
 def canonical_json(obj: Any) -> str:
@@ -70,14 +82,24 @@ def build_plan(
     seconds: float,
     proved_optimal: bool = False,
     bound_ms: float | None = None,
+    searched_bound_ms: float | None = None,
     explanation: Sequence[str] = (),
 ) -> Plan:
     """Evaluate ``tables`` + ``dense`` and wrap them; ``tables=None`` gives an infeasible plan.
 
     Two statuses, two meanings. ``solver_status`` goes into ``plan.solver.status`` as is: what the solver said
-    (CP-SAT's verdict), or ``"HEURISTIC"`` where none stands behind the layout (the greedy planner, a plan priced
-    as given). The plan's own ``status`` is about the layout: ``infeasible`` when there is none, ``optimal`` when the
-    caller proved it (``proved_optimal``: its step time meets a lower bound), else ``feasible``.
+    (CP-SAT's verdict over its model), or ``"HEURISTIC"`` where none stands behind the layout (the greedy planner, a
+    plan priced as given). The plan's own ``status`` is about the layout: ``infeasible`` when there is none,
+    ``optimal`` when it is proved against every plan, else ``feasible``.
+
+    Two bounds. ``bound_ms`` holds for every plan over the whole candidate catalogue (:mod:`shardwise.solver.bounds`,
+    or anything else proved for all plans): it becomes ``lower_bound_ms``, "no plan can beat this".
+    ``searched_bound_ms`` is what a search proved over the space it searched only (CP-SAT over its pruned
+    candidates): it becomes ``solver.searched_bound_ms``, never ``lower_bound_ms``. ``proved_optimal``: the caller
+    proved the plan meets the bound of the space it searched (``searched_bound_ms``, or ``bound_ms`` without one) —
+    ``solver.searched_optimal``. The plan is ``optimal`` only when that proof stands and its step time also meets
+    ``lower_bound_ms`` (:func:`meets_bound`); proved over the searched space alone it is ``feasible``, optimal among
+    the layouts searched.
     """
     rhash = request_hash(model, topo.fleet, params)
     info: dict[str, Any] = {
@@ -102,10 +124,19 @@ def build_plan(
     # the host floor bounds every plan's step alike (it does not depend on the plan): the bound may rise to it
     floor = max((r.predicted_ms.host for r in ev.ranks), default=0.0)
     bound = None if bound_ms is None else round(min(max(bound_ms, floor), step), 6)
-    gap = None if bound is None or step <= 0 else round((step - bound) / step, 6)
-    info.update(objective_ms=step, bound_ms=bound, gap=gap)
-    plan_status = PlanStatus.optimal if proved_optimal else PlanStatus.feasible
-    notes = list(explanation) or summarize(ordered, ev.step_ms, bound)
+    gap = _gap(step, bound)
+    # what holds for every plan holds over the searched space too: the searched bound is at least the bound
+    searched = None if searched_bound_ms is None else round(min(max(searched_bound_ms, floor, bound or 0.0), step), 6)
+    info.update(
+        objective_ms=step,
+        bound_ms=bound,
+        gap=gap,
+        searched_bound_ms=searched,
+        searched_gap=_gap(step, searched),
+        searched_optimal=proved_optimal,
+    )
+    plan_status = PlanStatus.optimal if proved_optimal and meets_bound(step, bound) else PlanStatus.feasible
+    notes = list(explanation) or summarize(ordered, ev.step_ms, bound, searched, plan_status)
     return Plan(
         status=plan_status,
         predicted_step_ms=step,
@@ -117,6 +148,10 @@ def build_plan(
         explanation=notes,
         **common,
     )
+
+
+def _gap(step: float, bound: float | None) -> float | None:
+    return None if bound is None or step <= 0 else round((step - bound) / step, 6)
 
 
 def placed_to_table(model: ModelSpec, p: Placed) -> TablePlan:
@@ -137,8 +172,15 @@ def placed_to_table(model: ModelSpec, p: Placed) -> TablePlan:
     return TablePlan(name=model.embedding_tables[c.table].name, sharding_type=c.sharding, shards=shards)
 
 
-def summarize(tables: Sequence[TablePlan], step_ms: float, bound: float | None) -> list[str]:
-    """Human-readable one-liners for a feasible plan."""
+def summarize(
+    tables: Sequence[TablePlan],
+    step_ms: float,
+    bound: float | None,
+    searched: float | None = None,
+    status: PlanStatus = PlanStatus.feasible,
+) -> list[str]:
+    """Human-readable one-liners for a feasible plan. ``bound`` holds for every plan (the plan's
+    ``lower_bound_ms``), ``searched`` only over the layouts a search looked at."""
     counts: dict[str, int] = {}
     offloaded = 0
     for t in tables:
@@ -152,5 +194,10 @@ def summarize(tables: Sequence[TablePlan], step_ms: float, bound: float | None) 
         lines.append(
             f"predicted {step_ms:.3f} ms per step; no plan can beat {bound:.3f} ms "
             f"(gap {(step_ms - bound) / step_ms:.1%})"
+        )
+    if searched is not None and step_ms > 0 and status is not PlanStatus.optimal and not meets_bound(searched, bound):
+        lines.append(
+            f"no layout the search looked at beats {searched:.3f} ms (gap {(step_ms - searched) / step_ms:.1%}); "
+            "it searched a pruned candidate space, so this is not a bound on every plan"
         )
     return lines

@@ -80,9 +80,11 @@ class DenseStyle(StrEnum):
 
 
 class PlanStatus(StrEnum):
-    """The plan's own status, about its layout: ``optimal`` — it fits and its predicted step time meets a proved
-    lower bound; ``feasible`` — it fits, nothing proved about its speed; ``infeasible`` — no layout (the
-    explanation says why). What the solver reported is :attr:`SolverInfo.status`, a separate field."""
+    """The plan's own status, about its layout: ``optimal`` — it fits and its predicted step time meets
+    :attr:`Plan.lower_bound_ms`, the bound no plan over the whole candidate catalogue can beat; ``feasible`` — it
+    fits, not proved optimal against every plan (it may still be optimal among the layouts a search looked at:
+    :attr:`SolverInfo.searched_optimal`); ``infeasible`` — no layout (the explanation says why). What the solver
+    reported is :attr:`SolverInfo.status`, a separate field; :attr:`Plan.verdict` says it all in words."""
 
     optimal = "optimal"
     feasible = "feasible"
@@ -369,9 +371,28 @@ class SolverInfo(_Frozen):
         "documents may say FEASIBLE for a layout priced as given, INFEASIBLE where the greedy planner found none.",
     )
     seconds: float = Field(default=0.0, ge=0)
-    gap: float | None = Field(default=None, ge=0)
+    gap: float | None = Field(
+        default=None, ge=0, description="(step − bound_ms) / step: how far the plan may be from any plan at most"
+    )
     objective_ms: float | None = None
-    bound_ms: float | None = None
+    bound_ms: float | None = Field(
+        default=None, description="the plan's lower_bound_ms: no plan over the whole candidate catalogue beats it"
+    )
+    searched_bound_ms: float | None = Field(
+        default=None,
+        ge=0,
+        description="what the search proved over the layouts it searched (CP-SAT's model: a pruned candidate space): "
+        "no layout among them beats it. At least bound_ms; not a bound on every plan. None where no search proved "
+        "one (the greedy planner, a plan priced as given, documents from before this field).",
+    )
+    searched_gap: float | None = Field(
+        default=None, ge=0, description="(step − searched_bound_ms) / step: the gap over the layouts searched"
+    )
+    searched_optimal: bool = Field(
+        default=False,
+        description="the plan meets searched_bound_ms: optimal among the layouts searched. The plan's status is "
+        "optimal only when it also meets bound_ms (every plan); otherwise it is feasible with this flag set.",
+    )
     params: SolveParams = SolveParams()
     versions: dict[str, str] = Field(default_factory=dict)
 
@@ -384,7 +405,12 @@ class Plan(_Frozen):
     fleet: str = ""
     status: PlanStatus
     predicted_step_ms: Ms | None = None
-    lower_bound_ms: Ms | None = None
+    lower_bound_ms: Ms | None = Field(
+        default=None,
+        description="no plan over the whole candidate catalogue (every sharding, shard shape and placement shardwise "
+        "considers, on any ranks) has a lower predicted step time; what a search proved over the layouts it looked at "
+        "is solver.searched_bound_ms",
+    )
     ranks: list[RankPlan] = Field(default_factory=list)
     tables: list[TablePlan] = Field(default_factory=list)
     dense: list[DensePlan] = Field(default_factory=list)
@@ -404,7 +430,38 @@ class Plan(_Frozen):
             and self.lower_bound_ms > self.predicted_step_ms * (1 + 1e-9) + 1e-9
         ):
             raise ValueError("lower_bound_ms exceeds predicted_step_ms")
+        searched = self.solver.searched_bound_ms
+        if (
+            self.predicted_step_ms is not None
+            and searched is not None
+            and searched > self.predicted_step_ms * (1 + 1e-9) + 1e-9
+        ):
+            raise ValueError("solver.searched_bound_ms exceeds predicted_step_ms")
         return self
+
+    @property
+    def verdict(self) -> str:
+        """The plan's status in the words the CLI, the pages and the docs use: ``optimal`` (it meets the bound no
+        plan over the whole candidate catalogue can beat), ``optimal among the layouts searched`` (the search
+        proved it over the pruned space it looked at, not over every plan), ``best found`` (feasible, nothing
+        proved) or ``infeasible``."""
+        if self.status is PlanStatus.infeasible:
+            return "infeasible"
+        if self.status is PlanStatus.optimal:
+            return "optimal"
+        return "optimal among the layouts searched" if self.solver.searched_optimal else "best found"
+
+    @property
+    def verdict_detail(self) -> str:
+        """What stands behind :attr:`verdict`: ``no plan beats B ms`` for an optimal plan, ``at most X % from any
+        plan (bound B ms)`` for any other with a bound; empty when there is no bound (or no layout)."""
+        bound, step = self.lower_bound_ms, self.predicted_step_ms
+        if self.status is PlanStatus.infeasible or bound is None or step is None:
+            return ""
+        if self.status is PlanStatus.optimal:
+            return f"no plan beats {bound:.3f} ms"
+        gap = self.solver.gap if self.solver.gap is not None else ((step - bound) / step if step > 0 else 0.0)
+        return f"at most {gap:.1%} from any plan (bound {bound:.3f} ms)"
 
     def table(self, name: str) -> TablePlan:
         for t in self.tables:

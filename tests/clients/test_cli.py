@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from shardwise.clients.cli import app
+from shardwise.clients.cli import app, print_plan
 from shardwise.wire.spec import Plan, PlanStatus
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -249,3 +249,69 @@ def test_unknown_solver_is_a_usage_error(runner: CliRunner) -> None:
     result = runner.invoke(app, ["plan", DLRM, H100, "--solver", "simplex"])
     assert result.exit_code == 2
     assert "simplex" in result.stderr
+
+
+# ------------------------------------------------------------------ the verdict: optimal against every plan, or not
+
+
+def _printed(plan: Plan, capsys: pytest.CaptureFixture[str]) -> str:
+    print_plan(plan)
+    return capsys.readouterr().out
+
+
+def _solved(written_plan: Path, *, optimal: bool, searched_optimal: bool, bound: float, searched: float) -> Plan:
+    """The written plan as CP-SAT would label it with these bounds (``bound`` over every plan, ``searched`` over
+    the layouts it searched)."""
+    plan = Plan.model_validate_json(written_plan.read_text())
+    step = plan.predicted_step_ms
+    assert step is not None
+    solver = plan.solver.model_copy(
+        update={
+            "name": "cpsat",
+            "status": "OPTIMAL",
+            "bound_ms": bound,
+            "gap": (step - bound) / step,
+            "searched_bound_ms": searched,
+            "searched_gap": (step - searched) / step,
+            "searched_optimal": searched_optimal,
+        }
+    )
+    status = PlanStatus.optimal if optimal else PlanStatus.feasible
+    return plan.model_copy(update={"status": status, "lower_bound_ms": bound, "solver": solver, "explanation": []})
+
+
+def test_cli_says_optimal_among_the_layouts_searched_when_the_proof_is_only_there(
+    written_plan: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    step = Plan.model_validate_json(written_plan.read_text()).predicted_step_ms
+    assert step is not None
+    plan = _solved(written_plan, optimal=False, searched_optimal=True, bound=0.5 * step, searched=step)
+    out = _printed(plan, capsys)
+    assert "status: feasible (cpsat" in out
+    assert f"optimal among the layouts searched; at most 50.0% from any plan (bound {0.5 * step:.3f} ms)" in out
+    assert "optimal;" not in out
+    assert "no plan beats" not in out
+
+
+def test_cli_says_optimal_only_against_every_plan(written_plan: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    step = Plan.model_validate_json(written_plan.read_text()).predicted_step_ms
+    assert step is not None
+    out = _printed(_solved(written_plan, optimal=True, searched_optimal=True, bound=step, searched=step), capsys)
+    assert "status: optimal (cpsat" in out
+    assert f"optimal; no plan beats {step:.3f} ms" in out
+
+
+def test_cli_best_found_names_both_bounds(written_plan: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    step = Plan.model_validate_json(written_plan.read_text()).predicted_step_ms
+    assert step is not None
+    plan = _solved(written_plan, optimal=False, searched_optimal=False, bound=0.5 * step, searched=0.8 * step)
+    out = _printed(plan, capsys)
+    assert f"best found; at most 50.0% from any plan (bound {0.5 * step:.3f} ms)" in out
+    assert f"the search proved {0.8 * step:.3f} ms over the layouts it searched, gap 20.0%" in out
+
+
+def test_cli_greedy_plan_is_best_found(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["plan", DLRM, H100, *GREEDY])
+    assert result.exit_code == 0, result.output
+    assert "status: feasible (greedy" in result.stdout
+    assert re.search(r"best found; at most [\d.]+% from any plan \(bound [\d.]+ ms\)", result.stdout)

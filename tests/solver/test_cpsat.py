@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 from ortools.sat.python import cp_model
 
+from shardwise.solver.cpsat import run
 from shardwise.solver.cpsat.candidates import Candidate, Shape
 from shardwise.solver.cpsat.formulation import Formulation
 from shardwise.solver.cpsat.run import OPTIMAL_ABS_MS, OPTIMAL_GAP, plan_cpsat
 from shardwise.solver.cpsat.scale import Scale
 from shardwise.solver.greedy import plan_greedy
+from shardwise.solver.load import Placed
 from shardwise.solver.planner import make_plan
 from shardwise.solver.topology import Topology
 from shardwise.solver.validate import check_plan
@@ -225,9 +227,8 @@ def test_progress_reports_best_and_bound() -> None:
     assert seen[-1][0] == pytest.approx(plan.predicted_step_ms)
 
 
-def test_small_instance_is_proved_optimal() -> None:
-    # three tables on one 8-GPU host: CP-SAT closes the gap and says so
-    model = ModelSpec.model_validate(
+def tiny_model() -> ModelSpec:
+    return ModelSpec.model_validate(
         {
             "name": "tiny",
             "batch_size_per_gpu": 512,
@@ -236,10 +237,56 @@ def test_small_instance_is_proved_optimal() -> None:
             ],
         }
     )
+
+
+def test_small_instance_is_proved_optimal() -> None:
+    # three tables on one 8-GPU host: CP-SAT closes the gap and says so
+    model = tiny_model()
     fleet = FleetSpec.model_validate(_load("fleet_8xh100.json"))
     plan = make_plan(model, fleet, SolveParams(time_limit_s=20, num_workers=1))
     assert plan.status is PlanStatus.optimal
+    assert plan.verdict == "optimal"
+    assert plan.solver.searched_optimal
     assert plan.solver.status == "OPTIMAL"
     assert plan.lower_bound_ms is not None
     assert plan.predicted_step_ms is not None
     assert plan.predicted_step_ms - plan.lower_bound_ms <= max(OPTIMAL_GAP * plan.predicted_step_ms, OPTIMAL_ABS_MS)
+
+
+def test_a_proof_over_pruned_candidates_is_not_called_optimal(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the same three tables, with the model given only whole tables and the start's picks (as the pruning of
+    # step 2 may leave it): CP-SAT proves its plan optimal over those, a proof about those layouts only; the bound
+    # over every candidate is lower. The plan is optimal among the layouts searched, not optimal.
+    pruned = run.model_candidates
+
+    def whole_tables_only(
+        cands: list[list[Candidate]], chosen: list[Placed | None], *args: object, **kwargs: object
+    ) -> list[list[Candidate]]:
+        kept = pruned(cands, chosen, *args, **kwargs)  # type: ignore[arg-type]
+        start = {id(p.candidate) for p in chosen if p is not None}  # the start's picks stay: they are the hint
+        return [[c for c in cs if c.sharding is ShardingType.table_wise or id(c) in start] for cs in kept]
+
+    monkeypatch.setattr(run, "model_candidates", whole_tables_only)
+    model, fleet = tiny_model(), FleetSpec.model_validate(_load("fleet_8xh100.json"))
+    plan = make_plan(model, fleet, SolveParams(time_limit_s=20, num_workers=1))
+    assert plan.solver.status == "OPTIMAL"  # CP-SAT's verdict over the model it was given
+    assert plan.solver.searched_optimal
+    assert plan.status is PlanStatus.feasible
+    assert plan.verdict == "optimal among the layouts searched"
+    assert plan.predicted_step_ms is not None
+    assert plan.lower_bound_ms is not None
+    assert plan.solver.searched_bound_ms is not None
+    assert plan.lower_bound_ms < plan.solver.searched_bound_ms  # the searched space's proof says more than all's
+    assert plan.predicted_step_ms - plan.solver.searched_bound_ms <= max(
+        OPTIMAL_GAP * plan.predicted_step_ms, OPTIMAL_ABS_MS
+    )
+    assert plan.solver.gap is not None
+    assert plan.solver.gap > 0
+    assert "from any plan" in plan.verdict_detail
+    # unpruned, CP-SAT's model holds every candidate: its proof is then one about every plan, and the plan optimal.
+    # The pruned search happened on an equally fast layout here; what it lacked is the proof, not the plan.
+    monkeypatch.undo()
+    full = make_plan(model, fleet, SolveParams(time_limit_s=20, num_workers=1))
+    assert full.status is PlanStatus.optimal
+    assert full.predicted_step_ms is not None
+    assert plan.lower_bound_ms <= full.predicted_step_ms <= plan.predicted_step_ms

@@ -372,6 +372,58 @@ def test_lower_bound_equal_to_prediction_is_accepted() -> None:
     assert Plan.model_validate(doc).lower_bound_ms == 41.2
 
 
+def test_searched_bound_above_prediction_is_refused() -> None:
+    doc = _doc(DESIGN_PLAN)
+    doc["solver"]["searched_bound_ms"] = 50.0
+    errors = _refused(Plan, doc)
+    assert "searched_bound_ms exceeds predicted_step_ms" in errors[0]["msg"]
+
+
+#: a CP-SAT plan as stored before the searched bound had its own field: lower_bound_ms held CP-SAT's bound over the
+#: candidates it searched, and "optimal" meant optimal among them
+STORED_BEFORE_SEARCHED_BOUND: dict[str, Any] = {
+    **DESIGN_PLAN,
+    "status": "optimal",
+    "predicted_step_ms": 23.196,
+    "lower_bound_ms": 23.196,
+    "solver": {
+        "name": "cpsat",
+        "version": "shardwise-0.3.0/cost-model-2",
+        "status": "OPTIMAL",
+        "seconds": 12.0,
+        "gap": 0.0,
+        "objective_ms": 23.196,
+        "bound_ms": 23.196,
+        "params": {"solver": "cpsat", "time_limit_s": 60.0},
+        "versions": {},
+    },
+}
+
+
+def test_plans_stored_before_the_searched_bound_still_load() -> None:
+    plan = Plan.model_validate(_doc(STORED_BEFORE_SEARCHED_BOUND))
+    assert plan.status is PlanStatus.optimal  # read as stored: the wire does not rewrite old documents
+    assert (plan.solver.searched_bound_ms, plan.solver.searched_gap, plan.solver.searched_optimal) == (
+        None,
+        None,
+        False,
+    )
+    assert plan.lower_bound_ms == 23.196
+    assert Plan.model_validate_json(plan.model_dump_json()) == plan
+
+
+def test_the_searched_fields_round_trip() -> None:
+    doc = _doc(STORED_BEFORE_SEARCHED_BOUND)
+    doc.update(status="feasible", lower_bound_ms=15.93)
+    doc["solver"].update(bound_ms=15.93, gap=0.313, searched_bound_ms=23.196, searched_gap=0.0, searched_optimal=True)
+    plan = Plan.model_validate(doc)
+    assert Plan.model_validate_json(plan.model_dump_json()) == plan
+    assert plan.verdict == "optimal among the layouts searched"
+    assert plan.verdict_detail == "at most 31.3% from any plan (bound 15.930 ms)"
+    doc["solver"]["searched_optimal"] = False
+    assert Plan.model_validate(doc).verdict == "best found"
+
+
 def test_feasible_plan_needs_a_prediction() -> None:
     doc = _doc(DESIGN_PLAN)
     doc["status"] = "feasible"

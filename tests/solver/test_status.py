@@ -125,3 +125,80 @@ def test_older_documents_still_validate(greedy_plan: Plan, solver_status: str) -
     doc: dict[str, Any] = greedy_plan.model_dump(mode="json")
     doc["solver"]["status"] = solver_status
     assert Plan.model_validate(doc).solver.status == solver_status
+
+
+# ------------------------------------------------------------------ optimal against every plan, or among those searched
+
+
+def searched(
+    small_model: ModelSpec, small_fleet: FleetSpec, plan: Plan, bound_ms: float, searched_bound_ms: float
+) -> Plan:
+    """``plan``'s layout wrapped as CP-SAT wraps a plan it proved optimal over its own (pruned) candidate space:
+    ``searched_bound_ms`` proved over that space, ``bound_ms`` over the whole catalogue."""
+    return build_plan(
+        Topology(small_fleet),
+        small_model,
+        plan.tables,
+        plan.dense,
+        SolveParams(),
+        solver_name="cpsat",
+        solver_status="OPTIMAL",
+        seconds=0.0,
+        proved_optimal=True,
+        bound_ms=bound_ms,
+        searched_bound_ms=searched_bound_ms,
+    )
+
+
+def test_a_proof_over_the_searched_space_alone_is_not_optimal(
+    small_model: ModelSpec, small_fleet: FleetSpec, greedy_plan: Plan
+) -> None:
+    step = greedy_plan.predicted_step_ms
+    assert step is not None
+    plan = searched(small_model, small_fleet, greedy_plan, bound_ms=0.6 * step, searched_bound_ms=step)
+    assert plan.status is PlanStatus.feasible  # CP-SAT's OPTIMAL is about the layouts it was given
+    assert plan.solver.status == "OPTIMAL"
+    assert plan.solver.searched_optimal
+    assert plan.solver.searched_bound_ms == pytest.approx(step)
+    assert plan.solver.searched_gap == pytest.approx(0.0)
+    # lower_bound_ms stays "no plan can beat this": the catalogue-wide figure, never the searched one
+    assert plan.lower_bound_ms is not None
+    assert plan.lower_bound_ms < step
+    assert plan.solver.bound_ms == plan.lower_bound_ms
+    assert plan.solver.gap == pytest.approx((step - plan.lower_bound_ms) / step, abs=1e-6)
+    assert plan.verdict == "optimal among the layouts searched"
+    assert plan.verdict_detail == f"at most {plan.solver.gap:.1%} from any plan (bound {plan.lower_bound_ms:.3f} ms)"
+    assert not any(f"no plan can beat {step:.3f}" in line for line in plan.explanation)
+    assert any(f"no plan can beat {plan.lower_bound_ms:.3f} ms" in line for line in plan.explanation)
+    assert any("not a bound on every plan" in line for line in plan.explanation)
+
+
+def test_meeting_the_catalogue_wide_bound_is_optimal(
+    small_model: ModelSpec, small_fleet: FleetSpec, greedy_plan: Plan
+) -> None:
+    step = greedy_plan.predicted_step_ms
+    assert step is not None
+    plan = searched(small_model, small_fleet, greedy_plan, bound_ms=step * (1 - 1e-7), searched_bound_ms=step)
+    assert plan.status is PlanStatus.optimal  # within the solver's resolution of the bound over every plan
+    assert plan.solver.searched_optimal
+    assert plan.verdict == "optimal"
+    assert plan.verdict_detail.startswith("no plan beats ")
+
+
+def test_the_searched_bound_is_never_below_the_catalogue_wide_one(
+    small_model: ModelSpec, small_fleet: FleetSpec, greedy_plan: Plan
+) -> None:
+    step = greedy_plan.predicted_step_ms
+    assert step is not None
+    plan = searched(small_model, small_fleet, greedy_plan, bound_ms=0.9 * step, searched_bound_ms=0.5 * step)
+    assert plan.lower_bound_ms is not None
+    assert plan.solver.searched_bound_ms is not None
+    assert plan.solver.searched_bound_ms == pytest.approx(plan.lower_bound_ms)  # what holds for all holds here too
+
+
+def test_no_search_no_searched_bound(greedy_plan: Plan) -> None:
+    assert greedy_plan.lower_bound_ms is not None  # the catalogue-wide bound (shardwise.solver.bounds)
+    assert (greedy_plan.solver.searched_bound_ms, greedy_plan.solver.searched_gap) == (None, None)
+    assert not greedy_plan.solver.searched_optimal
+    assert greedy_plan.verdict == "best found"
+    assert "from any plan" in greedy_plan.verdict_detail

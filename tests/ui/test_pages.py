@@ -25,7 +25,10 @@ from shardwise.service.app import create_app
 from shardwise.service.db import upgrade
 from shardwise.service.jobs import LocalRunner
 from shardwise.service.settings import Settings
+from shardwise.solver.extract import build_plan
+from shardwise.solver.planner import make_plan
 from shardwise.solver.port import port_analysis
+from shardwise.solver.topology import Topology
 from shardwise.wire.resources import StoredPlan
 from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams
 from ui_support import (
@@ -573,3 +576,68 @@ def test_every_page_needs_a_token_when_reads_do(clean_db: str, runner: LocalRunn
             answer = c.get(url, follow_redirects=False, headers={"Authorization": "Bearer s3cret"})
             assert answer.status_code in (200, 302, 404), url
         assert c.get("/static/ui.css").status_code == 200  # the assets stay open
+
+
+# ------------------------------------------------------------------ the verdict: optimal against every plan, or not
+
+
+def _as_solved(clean_db: str, *, bound_share: float, tag: str) -> str:
+    """The small model's plan stored as CP-SAT labels one it proved optimal over the layouts it searched
+    (``build_plan``): the bound over every plan at ``bound_share`` of the step."""
+    model, fleet_ = ModelSpec.model_validate(small_model()), FleetSpec.model_validate(fleet())
+    greedy = make_plan(model, fleet_, SolveParams(solver="greedy"))
+    step = greedy.predicted_step_ms
+    assert step is not None
+    solved = build_plan(
+        Topology(fleet_),
+        model,
+        greedy.tables,
+        greedy.dense,
+        SolveParams(),
+        solver_name="cpsat",
+        solver_status="OPTIMAL",
+        seconds=1.0,
+        proved_optimal=True,
+        bound_ms=bound_share * step,
+        searched_bound_ms=step,
+    )
+    changes = {k: getattr(solved, k) for k in ("status", "lower_bound_ms", "solver", "explanation")}
+    return store_plan_directly(clean_db, small_model(), fleet(), request_hash=f"sha256:{tag}", **changes)
+
+
+def test_a_plan_proved_only_over_the_layouts_searched_is_not_called_optimal(client: TestClient, clean_db: str) -> None:
+    plan_id = _as_solved(clean_db, bound_share=0.5, tag="searched")
+    stored = StoredPlan.model_validate(client.get(f"/api/v1/plans/{plan_id}").json())
+    step, bound = stored.predicted_step_ms, stored.lower_bound_ms
+    assert step is not None
+    assert bound is not None
+    doc = page(client, f"/ui/plans/{plan_id}")
+    head = text(doc.css_first(".plan-head"))
+    assert text(doc.css_first(".plan-head .status")) == "optimal among the layouts searched"
+    assert text(doc.css_first(".verdict-detail")) == (
+        f"optimal among the layouts searched; at most 50.0% from any plan (bound {bound:.3f} ms)"
+    )
+    assert text(doc.css_first(".lower-bound")) == f"{bound:.3f} ms"  # the bound over every plan, not the searched
+    assert text(doc.css_first(".searched-bound")) == f"{step:.3f} ms (gap 0.0%)"
+    assert "proved optimal" not in head
+    body = text(doc.body)
+    assert f"no plan can beat {step:.3f}" not in body
+    assert f"no plan beats {step:.3f}" not in body
+    assert "its verdict over the layouts it searched" in text(doc.css_first(".solver"))
+
+    rows = {attr(tr, "data-plan-id"): tr for tr in page(client, "/ui/plans").css("#plan-rows tr.plan-row")}
+    assert text(rows[plan_id].css_first(".status")) == "optimal among the layouts searched"
+    compare = page(client, f"/ui/compare?a={plan_id}&b={plan_id}")
+    assert {text(n) for n in compare.css(".sides .status")} == {"optimal among the layouts searched"}
+
+
+def test_a_plan_meeting_the_bound_over_every_plan_is_optimal(client: TestClient, clean_db: str) -> None:
+    plan_id = _as_solved(clean_db, bound_share=1.0, tag="optimal")
+    doc = page(client, f"/ui/plans/{plan_id}")
+    step = text(doc.css_first(".step-ms"))
+    assert text(doc.css_first(".plan-head .status")) == "optimal"
+    assert text(doc.css_first(".verdict-detail")) == f"optimal; no plan beats {step}"
+    rows = {attr(tr, "data-plan-id"): tr for tr in page(client, "/ui/plans").css("#plan-rows tr.plan-row")}
+    assert text(rows[plan_id].css_first(".status")) == "optimal"
+    options = {attr(o, "value"): text(o) for o in page(client, "/ui/plans").css("select[name=status] option")}
+    assert options.get("optimal") == "optimal"

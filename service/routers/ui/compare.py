@@ -18,7 +18,6 @@ from shardwise.service.models import PlanRow
 from shardwise.service.routers.ui.formatting import (
     FILL_CLASSES,
     HEATMAP_CSS,
-    STATUS_LABELS,
     placement_label,
     rank_ranges,
 )
@@ -129,7 +128,7 @@ def _side(label: str, row: PlanRow, plan: StoredPlan, heatmap: bool) -> Side:
         label,
         history_row(row),
         plan,
-        STATUS_LABELS.get(plan.status.value, ""),
+        plan.verdict,
         views,
         by_host(views) if heatmap else [],
     )

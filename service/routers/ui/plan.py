@@ -16,7 +16,6 @@ from shardwise.service.models import PlanRow
 from shardwise.service.routers.ui.formatting import (
     FILL_CLASSES,
     HEATMAP_CSS,
-    STATUS_LABELS,
     placement_label,
     rank_ranges,
 )
@@ -90,7 +89,7 @@ def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLRespon
     context: dict[str, Any] = {
         "plan": plan,
         "row": history_row(row),
-        "status_label": STATUS_LABELS.get(plan.status.value, plan.status.value),
+        "status_label": plan.verdict,
         "reserve": reserve,
         "ranks": views,
         "heatmap": heatmap,
