@@ -13,6 +13,11 @@ claim it. With a lease (``lease_s``, the Celery runner) a ``running`` job whose 
 ago belongs to a live process: a second delivery leaves it alone and gets ``BUSY``; the process that holds a job
 touches its row (``updated_at``, the heartbeat) every ``lease_s / 3`` seconds while it solves. A job whose holder
 died stops being touched, and once the lease has run out the next delivery claims it again.
+
+Fault drill: ``SHARDWISE_FAULT_HANG="<model name>:<seconds>"`` in a solver process's environment makes a job of that
+model hang that long before solving (the solver honours its time limit, so nothing else overruns it): what runs out
+is the job's hard limit, and what follows — the job ended failed, the worker going on — can be rehearsed and tested.
+Unset (the default), nothing changes.
 """
 
 from __future__ import annotations
@@ -95,6 +100,7 @@ def execute_job(job_id: str, database_url: str, max_attempts: int = MAX_ATTEMPTS
                 fleet = FleetSpec.model_validate(job.request["fleet"])
                 params = SolveParams.model_validate(job.request["options"])
                 report = _progress_reporter(sessions, job.id)
+                _fault_hang(model.name)
                 from shardwise.solver.planner import make_plan
 
                 plan = make_plan(model, fleet, params, on_progress=report)
@@ -110,6 +116,24 @@ def execute_job(job_id: str, database_url: str, max_attempts: int = MAX_ATTEMPTS
                 return job.state
             row = repo.store_plan(session, plan, fleet, job.request, model_ref=job.model_ref, fleet_ref=job.fleet_ref)
             return _finish_with_plan(session, job, row)
+
+
+def _fault_hang(model_name: str) -> None:
+    """The fault drill of the module docstring (``SHARDWISE_FAULT_HANG``); a malformed value is ignored, logged."""
+    import os
+
+    spec = os.environ.get("SHARDWISE_FAULT_HANG", "")
+    if not spec:
+        return
+    name, _, seconds = spec.rpartition(":")
+    try:
+        hang_s = float(seconds)
+    except ValueError:
+        log.warning("SHARDWISE_FAULT_HANG=%r is not <model>:<seconds>: ignored", spec)
+        return
+    if name == model_name and 0 < hang_s < 3600:
+        log.warning("fault drill: job of %s hangs %.1f s before solving", model_name, hang_s)
+        time.sleep(hang_s)
 
 
 def _lease_cutoff(lease_s: float) -> datetime:

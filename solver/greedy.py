@@ -10,6 +10,12 @@ where. It is CP-SAT's hint and fallback and the baseline in benchmarks.
    still has HBM (and host memory, for offloaded shards); a ``host`` candidate takes the host whose busiest GPU ends
    earliest; ``group`` / ``fleet`` candidates have fixed ranks. The candidate giving the lowest resulting makespan
    wins (ties: less total time, then less HBM). No candidate fits → infeasible.
+
+The time limit (``SolveParams.time_limit_s``, one :class:`~shardwise.solver.deadline.Deadline` for the solve) holds
+here too: enumerating the candidates and each pass check it every table, and time is kept back for pricing the plan
+(:data:`FINISH_SHARE` of what enumerating took). Cut off, the greedy answers with its best complete plan if it has
+one, else with an infeasible plan whose explanation says that no plan was found within the limit and how far it got
+(:func:`out_of_time`) — never an exception.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import numpy as np
 
 from shardwise.solver.bounds import candidate_work, every_rank_floor, lower_bound_ms
 from shardwise.solver.cpsat.candidates import Candidate, enumerate_candidates
+from shardwise.solver.deadline import Deadline
 from shardwise.solver.evaluate import dense_cost
 from shardwise.solver.explain import explain_infeasible
 from shardwise.solver.extract import build_plan, placed_to_table
@@ -30,6 +37,9 @@ from shardwise.wire.spec import DensePlan, DenseStyle, ModelSpec, Placement, Pla
 from shardwise.wire.units import fmt_bytes
 
 DENSE_SHARE = 0.25
+FINISH_SHARE = 0.35  # pricing the plan (evaluation, bound) takes about this share of enumerating the candidates
+FINISH_MIN_S = 0.05
+ANSWER_MARGIN_S = 0.5  # enumeration stops this early (at most a quarter of the limit): one table and the answer
 
 
 def choose_dense(topo: Topology, model: ModelSpec) -> list[tuple[str, DenseStyle]]:
@@ -146,8 +156,10 @@ def greedy_assign(
     cands: list[list[Candidate]],
     dense: list[tuple[str, DenseStyle]],
     floor_lookahead: bool = True,
-) -> tuple[list[Placed | None], LoadState]:
-    """Steps 2–3 of the module docstring; a table that fits nowhere gets None.
+    deadline: Deadline | None = None,
+) -> tuple[list[Placed | None], LoadState, int]:
+    """Steps 2–3 of the module docstring; a table that fits nowhere gets None. Also returns how many tables the
+    pass went through: fewer than all when ``deadline`` came first (the tables not reached are None too).
 
     Work look-ahead: a candidate is scored by the makespan it leaves plus what every later table adds to every rank
     at the least (its all-to-all data side, or its data-parallel copy), or by the average load once every later
@@ -157,17 +169,28 @@ def greedy_assign(
     table after it needs; when no candidate passes that test, the fitting one that adds the least HBM is taken.
     """
     state = initial_state(topo, model, dense)
-    chosen: list[Placed | None] = [None] * len(model.embedding_tables)
+    n = len(model.embedding_tables)
+    chosen: list[Placed | None] = [None] * n
+    need_of, work_of, floor_of = [0] * n, [0.0] * n, [0.0] * n
+    for t, cs in enumerate(cands):  # the look-ahead figures: seconds on large fleets, so the deadline is checked
+        if deadline is not None and deadline.expired():
+            return chosen, state, 0
+        need_of[t] = min((min_hbm_need(c) for c in cs), default=0)
+        work_of[t] = min((candidate_work(c) for c in cs), default=0.0)
+        floor_of[t] = min((every_rank_floor(c) for c in cs), default=0.0)
+        _ = [c.placed_ms for c in cs]  # cached: _table_order's key
     order = _table_order(cands, model)
-    need = [min((min_hbm_need(c) for c in cands[t]), default=0) for t in order]
+    need = [need_of[t] for t in order]
     later = [*np.cumsum(need[::-1])[::-1].tolist()[1:], 0]
-    work = [min((candidate_work(c) for c in cands[t]), default=0.0) for t in order]
+    work = [work_of[t] for t in order]
     later_work = [*np.cumsum(work[::-1])[::-1].tolist()[1:], 0.0]
-    floor = [min((every_rank_floor(c) for c in cands[t]), default=0.0) for t in order]
+    floor = [floor_of[t] for t in order]
     later_floor = [*np.cumsum(floor[::-1])[::-1].tolist()[1:], 0.0] if floor_lookahead else [0.0] * len(order)
     W = topo.world_size
     capacity = int(state.hbm_limit.sum())
     for pos, ti in enumerate(order):
+        if deadline is not None and deadline.expired():
+            return chosen, state, pos
         best = None
         fallback = None
         for family in _families(cands[ti]):
@@ -191,22 +214,30 @@ def greedy_assign(
             continue
         _, cand, ranks, state.load, state.hbm, state.host = pick
         chosen[ti] = Placed(cand, ranks)
-    return chosen, state
+    return chosen, state, len(order)
 
 
 def best_of_passes(
-    topo: Topology, model: ModelSpec, cands: list[list[Candidate]], dense: list[tuple[str, DenseStyle]]
-) -> list[Placed | None]:
+    topo: Topology,
+    model: ModelSpec,
+    cands: list[list[Candidate]],
+    dense: list[tuple[str, DenseStyle]],
+    deadline: Deadline | None = None,
+) -> tuple[list[Placed | None], int]:
     """The pass with the every-rank look-ahead; a second pass without it only when the first leaves tables out.
+    Also returns how many tables the kept pass went through (all, unless ``deadline`` cut the first one off; a
+    second pass cut off is dropped).
 
     On the benchmark instances the look-ahead pass ends sooner on 18 of 20 (by up to 30 %) and within 0.2 % on
     the other two, so a second pass is not worth its time unless memory made the first one fail.
     """
-    chosen, _ = greedy_assign(topo, model, cands, dense, floor_lookahead=True)
-    if all(c is not None for c in chosen):
-        return chosen
-    retry, _ = greedy_assign(topo, model, cands, dense, floor_lookahead=False)
-    return retry if sum(c is None for c in retry) < sum(c is None for c in chosen) else chosen
+    chosen, _, seen = greedy_assign(topo, model, cands, dense, floor_lookahead=True, deadline=deadline)
+    if seen < len(chosen) or all(c is not None for c in chosen):
+        return chosen, seen
+    retry, _, again = greedy_assign(topo, model, cands, dense, floor_lookahead=False, deadline=deadline)
+    if again == len(retry) and sum(c is None for c in retry) < sum(c is None for c in chosen):
+        return retry, again
+    return chosen, seen
 
 
 def dense_shortage(topo: Topology, model: ModelSpec, dense: list[tuple[str, DenseStyle]]) -> list[str]:
@@ -225,15 +256,56 @@ def dense_shortage(topo: Topology, model: ModelSpec, dense: list[tuple[str, Dens
 
 @dataclass
 class GreedyResult:
-    """The greedy planner's decisions and the plan built from them."""
+    """The greedy planner's decisions and the plan built from them; ``finish_s``: how long pricing the plan took
+    (the CP-SAT run scales the time it keeps for its own finish from it)."""
 
     chosen: list[Placed | None]
     dense: list[tuple[str, DenseStyle]]
     plan: Plan
+    finish_s: float = 0.0
 
     @property
     def placed(self) -> list[Placed]:
         return [p for p in self.chosen if p is not None]
+
+
+def enumerate_all(topo: Topology, model: ModelSpec, deadline: Deadline | None = None) -> list[list[Candidate]]:
+    """Every table's candidates, in model order; fewer lists than tables when ``deadline`` (less
+    :data:`ANSWER_MARGIN_S`, kept for the answer) came first."""
+    out = []
+    stop = deadline.before(min(ANSWER_MARGIN_S, 0.25 * deadline.seconds)) if deadline is not None else None
+    for i in range(len(model.embedding_tables)):
+        if stop is not None and stop.expired():
+            break
+        out.append(enumerate_candidates(topo, model, i))
+    return out
+
+
+def out_of_time(
+    topo: Topology,
+    model: ModelSpec,
+    params: SolveParams,
+    deadline: Deadline,
+    progress: str,
+    solver_name: str = "greedy",
+    dense: list[tuple[str, DenseStyle]] | None = None,
+) -> Plan:
+    """The infeasible answer of a solve cut off before it had a plan: its explanation says so and how far it got."""
+    dense_plans = [DensePlan(name=n, style=s, ranks=list(range(topo.world_size))) for n, s in dense or []]
+    return build_plan(
+        topo,
+        model,
+        None,
+        dense_plans,
+        params,
+        solver_name=solver_name,
+        solver_status="HEURISTIC",  # no proof of anything: the time ran out
+        seconds=deadline.elapsed(),
+        explanation=[
+            f"no plan was found within the time limit of {params.time_limit_s:g} s: {progress} "
+            f"after {deadline.elapsed():.1f} s; a longer time limit (or the greedy solver) may find one"
+        ],
+    )
 
 
 def run_greedy(
@@ -242,18 +314,33 @@ def run_greedy(
     params: SolveParams | None = None,
     candidates: list[list[Candidate]] | None = None,
     solver_name: str = "greedy",
+    deadline: Deadline | None = None,
+    finish_s: float | None = None,
 ) -> GreedyResult:
-    """The greedy decisions and their plan (or an infeasible answer with its explanation)."""
+    """The greedy decisions and their plan (or an infeasible answer with its explanation).
+
+    ``deadline`` (default: ``params.time_limit_s`` from now) bounds the whole run; ``finish_s`` is the time kept
+    back from it for pricing the plan (default: :data:`FINISH_SHARE` of what enumerating the candidates took).
+    """
     params = params or SolveParams(solver="greedy")
+    deadline = deadline or Deadline(params.time_limit_s)
     start = time.perf_counter()
-    cands = (
-        candidates
-        if candidates is not None
-        else [enumerate_candidates(topo, model, i) for i in range(len(model.embedding_tables))]
-    )
+    n = len(model.embedding_tables)
+    cands = candidates if candidates is not None else enumerate_all(topo, model, deadline)
     dense = choose_dense(topo, model)
-    chosen = best_of_passes(topo, model, cands, dense)
-    dense_plans = [DensePlan(name=n, style=s, ranks=list(range(topo.world_size))) for n, s in dense]
+    if len(cands) < n:
+        plan = out_of_time(
+            topo, model, params, deadline, f"candidates enumerated for {len(cands):,} of {n:,} tables", solver_name
+        )
+        return GreedyResult([None] * n, dense, plan)
+    if finish_s is None:
+        finish_s = max(FINISH_MIN_S, FINISH_SHARE * (time.perf_counter() - start))
+    chosen, seen = best_of_passes(topo, model, cands, dense, deadline.before(finish_s))
+    dense_plans = [DensePlan(name=name, style=s, ranks=list(range(topo.world_size))) for name, s in dense]
+    if seen < n:
+        progress = f"the greedy placed {sum(c is not None for c in chosen):,} of {n:,} tables"
+        plan = out_of_time(topo, model, params, deadline, progress, solver_name, dense)
+        return GreedyResult(chosen, dense, plan)
     dense_short = dense_shortage(topo, model, dense)
     if dense_short or any(c is None for c in chosen):
         missing = [model.embedding_tables[i].name for i, c in enumerate(chosen) if c is None]
@@ -281,6 +368,7 @@ def run_greedy(
             ),
         )
         return GreedyResult(chosen, dense, plan)
+    priced = time.perf_counter()
     tables = [placed_to_table(model, p) for p in chosen if p is not None]
     plan = build_plan(
         topo,
@@ -291,9 +379,9 @@ def run_greedy(
         solver_name=solver_name,
         solver_status="HEURISTIC",
         seconds=time.perf_counter() - start,
-        bound_ms=lower_bound_ms(topo, model, cands),
+        bound_ms=None if deadline.expired() else lower_bound_ms(topo, model, cands),  # the plan first, then a bound
     )
-    return GreedyResult(chosen, dense, plan)
+    return GreedyResult(chosen, dense, plan, time.perf_counter() - priced)
 
 
 def plan_greedy(
@@ -301,6 +389,7 @@ def plan_greedy(
     model: ModelSpec,
     params: SolveParams | None = None,
     candidates: list[list[Candidate]] | None = None,
+    deadline: Deadline | None = None,
 ) -> Plan:
-    """A full plan from the greedy planner (or an infeasible answer with its explanation)."""
-    return run_greedy(topo, model, params, candidates).plan
+    """A full plan from the greedy planner (or an infeasible answer with its explanation), within the time limit."""
+    return run_greedy(topo, model, params, candidates, deadline=deadline).plan

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 from shardwise.hwprofiles import HardwareProfile
+from shardwise.solver.deadline import Deadline
 from shardwise.solver.extract import build_plan
 from shardwise.solver.greedy import plan_greedy
 from shardwise.solver.topology import Topology
@@ -25,16 +26,22 @@ def make_plan(
     """Plan ``model`` on ``fleet`` with the solver ``params`` names (CP-SAT by default).
 
     ``on_progress(best_ms, bound_ms)`` is called as CP-SAT improves its solution or bound.
+
+    ``params.time_limit_s`` is a contract, for either solver: one :class:`~shardwise.solver.deadline.Deadline`
+    starts here and every phase checks it; the answer comes within the limit plus a little (the benchmark
+    ``benchmarks/time_limit.py`` measures it) — a valid plan, or an infeasible one that says no plan was found in
+    time and how far the solve got.
     """
     params = params or SolveParams()
+    deadline = Deadline(params.time_limit_s)
     topo = Topology(fleet, dict(profiles or {}))
     log.debug("planning %s: %d tables on %d ranks", model.name, len(model.embedding_tables), topo.world_size)
     if params.solver == "greedy":
-        plan = plan_greedy(topo, model, params)
+        plan = plan_greedy(topo, model, params, deadline=deadline)
     else:
         from shardwise.solver.cpsat.run import plan_cpsat  # OR-Tools only when asked for
 
-        plan = plan_cpsat(topo, model, params, on_progress)
+        plan = plan_cpsat(topo, model, params, on_progress, deadline)
     log.info("planned %s on %s: %s %.3f ms", model.name, fleet.name, plan.status.value, plan.predicted_step_ms or 0)
     return plan
 

@@ -30,7 +30,6 @@ wins. Deterministic: no randomness, ties go to the lowest index.
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -38,6 +37,7 @@ import numpy.typing as npt
 
 from shardwise.solver.cost_model import collective_latency_ms
 from shardwise.solver.cpsat.candidates import Candidate
+from shardwise.solver.deadline import Deadline
 from shardwise.solver.evaluate import COLLECTIVES, collective_groups
 from shardwise.solver.load import LoadState, Placed, initial_state
 from shardwise.solver.topology import Topology
@@ -103,12 +103,12 @@ class _Packer:
 
         self.order = sorted(range(len(cands)), key=lambda t: (*size(t), t))
 
-    def bisect(self, lo: float, hi: float, deadline: float) -> tuple[list[Placed], float] | None:
+    def bisect(self, lo: float, hi: float, deadline: Deadline) -> tuple[list[Placed], float] | None:
         """The lowest target in ``[lo, hi]`` that packs (within :data:`TOLERANCE`) and its placements; None when
         ``hi`` does not pack."""
         best: tuple[list[Placed], float] | None = None
         for _ in range(PASSES):
-            if hi - lo <= TOLERANCE * lo or time.perf_counter() >= deadline:
+            if hi - lo <= TOLERANCE * lo or deadline.expired():
                 break
             mid = hi if best is None else (lo + hi) / 2
             got = self.pack(mid)
@@ -210,7 +210,7 @@ def target_packing(
     dense: list[tuple[str, DenseStyle]],
     lo_ms: float,
     hi_ms: float,
-    deadline: float,
+    deadline: Deadline,
 ) -> list[Placed] | None:
     """The module docstring's bisection on ``T`` in ``[lo_ms, hi_ms]``, once per set of collective groups a plan
     may use (each with only the candidates it allows and its latency; see :mod:`shardwise.solver.bounds`): the
@@ -219,6 +219,8 @@ def target_packing(
     groups = sorted(COLLECTIVES)
     for n in range(len(groups), 0, -1):
         for used in itertools.combinations(groups, n):
+            if deadline.expired():
+                return best
             packer = _Packer(topo, model, cands, dense, frozenset(used))
             if any(cs and not opts for cs, opts in zip(cands, packer.options, strict=True)):
                 continue  # some table has no candidate these groups allow

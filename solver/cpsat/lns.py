@@ -48,7 +48,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -60,6 +59,7 @@ from shardwise.solver.cpsat.candidates import Candidate
 from shardwise.solver.cpsat.formulation import Assignment, Formulation
 from shardwise.solver.cpsat.params import cp_solver
 from shardwise.solver.cpsat.scale import Scale
+from shardwise.solver.deadline import Deadline
 from shardwise.solver.evaluate import collective_groups
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import SolveParams
@@ -316,7 +316,7 @@ def lns_fleet(
     base_host: list[int],
     start: ShardRanks,
     params: SolveParams,
-    deadline: float,
+    deadline: Deadline,
 ) -> tuple[list[int], ShardRanks] | None:
     """The search of the module docstring from the placement ``start`` of ``a``'s rank-scope shards, until
     ``deadline`` (or ``max_deterministic_time`` of deterministic time). Returns the candidate of every table and
@@ -328,11 +328,11 @@ def lns_fleet(
     det_left = params.max_deterministic_time
     rounds = improved = 0
     size = LNS_GPUS
-    while time.perf_counter() < deadline - 0.05 and (det_left is None or det_left > 0):
+    while deadline.remaining() > 0.05 and (det_left is None or det_left > 0):
         peak = state.peak()
         hood = Neighbourhood(state, state.pick(size, rng), peak)
         hood.hint()
-        wall = deadline - time.perf_counter()
+        wall = deadline.remaining()
         solver = cp_solver(params, wall if det_left is not None else min(LNS_ROUND_S, wall))
         solver.parameters.num_workers = 1
         solver.parameters.random_seed = params.random_seed + rounds

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -59,6 +58,7 @@ from shardwise.solver.cpsat.candidates import Candidate
 from shardwise.solver.cpsat.formulation import Assignment, Formulation
 from shardwise.solver.cpsat.params import cp_solver
 from shardwise.solver.cpsat.scale import Scale
+from shardwise.solver.deadline import Deadline
 from shardwise.solver.evaluate import dense_cost
 from shardwise.solver.load import Placed
 from shardwise.solver.topology import Topology
@@ -254,21 +254,25 @@ def pack_hosts(
     a: Assignment,
     fixed: FixedLoads,
     params: SolveParams,
-    deadline: float,
+    deadline: Deadline,
     start: Sequence[Placed],
 ) -> dict[tuple[int, int], int] | None:
     """:func:`pack_host` on every host, in host order: the GPU of every rank-scope shard ``(table, shard)``, or None
     when some host cannot be packed. A host whose shards all come from the start plan (same candidate) gets the
     start's GPUs as its hint. Each host gets an equal share of the time left, at most :data:`PACK_HOST_MAX_S`
-    (with ``max_deterministic_time`` set, the clock only bounds the whole run)."""
+    (with ``max_deterministic_time`` set, the clock only bounds the whole run). None as well when the deadline
+    comes before every host is packed (the caller keeps the start)."""
     topo = form.topo
     ranks_for: dict[tuple[int, int], int] = {}
     remaining_hosts = topo.num_hosts
     for h, items in fixed.items.items():
         rr = list(topo.hosts[h].ranks)
-        budget = max(0.05, min(PACK_HOST_MAX_S, (deadline - time.perf_counter()) / max(remaining_hosts, 1)))
+        if deadline.expired():
+            log.info("the deadline came before host %d was packed; falling back to the start", h)
+            return None
+        budget = min(PACK_HOST_MAX_S, deadline.remaining() / max(remaining_hosts, 1))
         if params.max_deterministic_time is not None:  # deterministic runs: the clock is only the overall deadline
-            budget = max(0.05, deadline - time.perf_counter())
+            budget = deadline.remaining()
         remaining_hosts -= 1
         if not items:
             continue
@@ -415,7 +419,7 @@ def repack_fleet(
     base_hbm: npt.NDArray[np.int64],
     base_host: list[int],
     start: dict[tuple[int, int], int],
-    deadline: float,
+    deadline: Deadline,
 ) -> dict[tuple[int, int], int] | None:
     """Level two, fleet-wide: with every table's sharding fixed by level one, move or swap table_wise /
     column_wise shards between *any* GPUs (not only inside their host) while that lowers the slowest GPU —
@@ -423,7 +427,7 @@ def repack_fleet(
     Returns the new GPU of every shard, or None when no move helped."""
     search = FleetRepack(form.topo, cands, a, items, base_load, base_hbm, base_host, start)
     first = search.peak()
-    while time.perf_counter() < deadline and search.improve():
+    while not deadline.expired() and search.improve():
         pass
     final = search.peak()
     log.debug("fleet repack: slowest GPU %.4f ms → %.4f ms", Scale.ms(first), Scale.ms(final))

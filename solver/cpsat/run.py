@@ -1,8 +1,21 @@
 """The CP-SAT run: the start, the candidate space, level one, level two and the LNS, the time each gets, the
 status.
 
-Order of work (time limit ``T`` = ``SolveParams.time_limit_s``; the run's budget ``B`` is ``T`` less
-:data:`FINISH_MARGIN_S` and :data:`FINISH_MARGIN_SHARE` of it, kept to price and check the returned plan):
+The time limit
+--------------
+``T`` = ``SolveParams.time_limit_s`` is a contract: one :class:`~shardwise.solver.deadline.Deadline` made when the
+solve starts (:func:`~shardwise.solver.planner.make_plan`) is passed to every phase, and the answer comes within
+``T`` plus about a second (``benchmarks/time_limit.py`` measures it, idle and with the cores busy elsewhere).
+Enumerating the candidates and the greedy check it table by table (cut off there, the answer is an infeasible plan
+that says no plan was found within the limit and how far the solve got; see :mod:`shardwise.solver.greedy`). Once
+the greedy has a plan, the finish — pricing and checking the returned plan, which takes seconds on large fleets — is
+kept back: :data:`FINISH_MARGIN_S` plus :data:`FINISH_MARGIN_SHARE` of ``T``, or :data:`FINISH_FACTOR` times what
+pricing the greedy plan took, whichever is more (measured on this machine under its present load). When less than
+that is left, the greedy plan is the answer. Every phase below ends by ``T`` less the finish (the run's budget
+``B``): target packing checks it every pass, building the model table by table (cut off there, the start is the
+answer), each CP-SAT call gets at most what is left of ``B``, and level two and the LNS stop at its end.
+
+Order of work:
 
 1. the start: the greedy plan (:mod:`shardwise.solver.greedy`, also the benchmark baseline) or, when it is faster,
    target packing's (:mod:`shardwise.solver.target`, at most :data:`TARGET_SHARE` of ``B``) — CP-SAT's hint,
@@ -49,15 +62,16 @@ from collections.abc import Callable, Sequence
 
 from ortools.sat.python import cp_model
 
-from shardwise.solver.cpsat.candidates import Candidate, enumerate_candidates
+from shardwise.solver.cpsat.candidates import Candidate
 from shardwise.solver.cpsat.formulation import RANK_BINS_MAX, Assignment, Formulation, Mode
 from shardwise.solver.cpsat.lns import lns_fleet
 from shardwise.solver.cpsat.packing import fixed_loads, fixed_ranks, pack_hosts, repack_fleet
 from shardwise.solver.cpsat.params import cp_solver
 from shardwise.solver.cpsat.scale import Scale
+from shardwise.solver.deadline import Deadline, DeadlineExpired
 from shardwise.solver.evaluate import evaluate
 from shardwise.solver.extract import OPTIMAL_ABS_MS, OPTIMAL_GAP, SolverStatus, build_plan, placed_to_table
-from shardwise.solver.greedy import run_greedy
+from shardwise.solver.greedy import FINISH_SHARE, enumerate_all, out_of_time, run_greedy
 from shardwise.solver.load import Placed
 from shardwise.solver.target import target_packing
 from shardwise.solver.topology import Topology
@@ -80,7 +94,8 @@ SPLITS_PER_BIN = 2  # at most this many split-able tables per bin (the heaviest)
 OFFLOAD_SHARE = 0.01  # a table smaller than this share of a GPU is not worth offloading in the model
 MEMORY_TIGHT = 0.5  # below this fill of the fullest GPU in the greedy plan, offloaded placements only cost time
 FINISH_MARGIN_S = 0.5  # kept from the time limit for evaluation and validation of the returned plan,
-FINISH_MARGIN_SHARE = 0.04  # plus this share of it (2,000 tables x 512 mixed GPUs: 3 s to price and check the plan)
+FINISH_MARGIN_SHARE = 0.04  # plus this share of it,
+FINISH_FACTOR = 2.5  # or this many times what pricing the greedy plan took, if more (2,000 x 512: ~7 s, loaded ~2x)
 LEVEL1_SHARE = 0.7  # of the budget left once level one is built, for it in host mode (level two and the LNS: the rest)
 TARGET_SHARE = 0.1  # of the run's budget, at most, for target packing (shardwise.solver.target)
 Progress = Callable[[float, float], None]  # (best predicted ms so far, bound ms)
@@ -183,7 +198,7 @@ def host_mode_tables(
     cands: Sequence[Sequence[Candidate]],
     a: Assignment,
     params: SolveParams,
-    deadline: float,
+    deadline: Deadline,
     start: Sequence[Placed],
 ) -> list[TablePlan] | None:
     """Step 4: level two from level one's (or the start's) assignment ``a`` — pack every host, repack between
@@ -195,11 +210,11 @@ def host_mode_tables(
         return None
     items = [it for h in sorted(fixed.items) for it in fixed.items[h]]
     base_host = fixed.host_mem.tolist()
-    if items and deadline - time.perf_counter() > 0.1:
+    if items and deadline.remaining() > 0.1:
         moved = repack_fleet(form, cands, a, items, fixed.load, fixed.hbm, base_host, ranks_for, deadline)
         if moved is not None:
             ranks_for = moved
-    if items and deadline - time.perf_counter() > 0.1:
+    if items and deadline.remaining() > 0.1:
         better = lns_fleet(form, cands, a, fixed.load, fixed.hbm, base_host, ranks_for, params, deadline)
         if better is not None:
             a = Assignment(choice=better[0], shard_bins=a.shard_bins, host=a.host, dense=a.dense)
@@ -219,16 +234,35 @@ def plan_cpsat(
     model: ModelSpec,
     params: SolveParams,
     on_progress: Progress | None = None,
+    deadline: Deadline | None = None,
 ) -> Plan:
-    """A plan from CP-SAT with its proven bound; the start (greedy or target packing) when CP-SAT cannot do better."""
+    """A plan from CP-SAT with its proven bound; the start (greedy or target packing) when CP-SAT cannot do better.
+
+    ``deadline`` (default: ``params.time_limit_s`` from now) is the whole solve's: see "The time limit" in the
+    module docstring."""
+    deadline = deadline or Deadline(params.time_limit_s)
     start = time.perf_counter()
-    budget_s = params.time_limit_s * (1 - FINISH_MARGIN_SHARE) - FINISH_MARGIN_S
-    deadline = start + budget_s
-    all_cands = [enumerate_candidates(topo, model, i) for i in range(len(model.embedding_tables))]
-    g = run_greedy(topo, model, params, all_cands, solver_name="cpsat")
+    n = len(model.embedding_tables)
+    all_cands = enumerate_all(topo, model, deadline)
+    if len(all_cands) < n:
+        return out_of_time(
+            topo, model, params, deadline, f"candidates enumerated for {len(all_cands):,} of {n:,} tables", "cpsat"
+        )
+    enumerated_s = time.perf_counter() - start
+    g = run_greedy(
+        topo, model, params, all_cands, solver_name="cpsat", deadline=deadline, finish_s=FINISH_SHARE * enumerated_s
+    )
     greedy = g.plan
     if greedy.status is PlanStatus.infeasible:
         return greedy
+    # kept back for pricing and checking the returned plan: a share of the limit, or what pricing the greedy plan
+    # took times FINISH_FACTOR (the finish evaluates, builds and validates), whichever is more
+    finish_s = max(FINISH_MARGIN_S + FINISH_MARGIN_SHARE * params.time_limit_s, FINISH_FACTOR * g.finish_s)
+    if deadline.remaining() < finish_s:  # the greedy plan is all there is time for (priced already)
+        log.info("no time left after the greedy (%.1f s left, %.1f s to finish)", deadline.remaining(), finish_s)
+        return greedy.model_copy(update={"solver": greedy.solver.model_copy(update={"seconds": deadline.elapsed()})})
+    work = deadline.before(finish_s)  # every phase before the finish ends by then
+    budget_s = params.time_limit_s - finish_s
     dense_choice = g.dense
     greedy_ms = greedy.predicted_step_ms or 0.0
     if on_progress:
@@ -244,9 +278,9 @@ def plan_cpsat(
         dense_choice,
         greedy.lower_bound_ms or 0.0,
         greedy_ms,
-        deadline if det else min(deadline, time.perf_counter() + TARGET_SHARE * budget_s),
+        work if det else work.within(TARGET_SHARE * budget_s),
     )
-    if packed is not None:
+    if packed is not None and not work.expired():
         packed_tables = [placed_to_table(model, p) for p in packed]
         ms = evaluate(topo, model, packed_tables, dense_plans).step_ms
         log.info("target packing %.4f ms (greedy %.4f ms)", ms, greedy_ms)
@@ -267,55 +301,65 @@ def plan_cpsat(
         offload_min_bytes=int(OFFLOAD_SHARE * min(c.hbm_limit_bytes for c in topo.classes)),
         weights=[t.weight_bytes for t in model.embedding_tables],
     )
-    built = time.perf_counter()
-    form = Formulation(topo, model, cands, mode, horizon_ms=start_ms * 4 + 1, incumbent_ms=start_ms)
-    hint = to_assignment(form, cands, placed)
-    hint.dense = [s for _, s in dense_choice]
-    form.add_hint(hint, start_ms)
-    log.info(
-        "%s mode: %d bins, %d variables; greedy and candidates %.2fs, model and hint %.2fs",
-        mode,
-        form.nbins,
-        len(form.model.proto.variables),
-        built - start,
-        time.perf_counter() - built,
-    )
-    budget = deadline - time.perf_counter()
-    if mode == "host":
-        budget *= LEVEL1_SHARE
-    solver = cp_solver(params, budget, len(form.model.proto.variables))
-    callback = _Progress(on_progress) if on_progress else None
-    status = solver.solve(form.model, callback) if callback else solver.solve(form.model)
-    status_name = STATUS.get(status, "UNKNOWN")
-    log.info(
-        "cp-sat %s in %.2fs: objective %.4f ms, bound %.4f ms",
-        status_name,
-        solver.wall_time,
-        Scale.ms(solver.objective_value) if status_name in ("OPTIMAL", "FEASIBLE") else math.nan,
-        Scale.ms(solver.best_objective_bound),
-    )
-    # the model's bound, or the greedy's (valid over every candidate, so over this space too), whichever is higher
+    # what is reported when CP-SAT has no answer (or never ran: the deadline came while the model was built)
     bound_ms: float | None = greedy.lower_bound_ms
-    if status_name != "MODEL_INVALID":
-        bound_ms = max(bound_ms or 0.0, Scale.ms(solver.best_objective_bound))
+    status_name: SolverStatus = "UNKNOWN"
     tables: list[TablePlan] | None = None
-    dense_styles: list[DenseStyle] = hint.dense
-    if status_name in ("OPTIMAL", "FEASIBLE"):
-        a = form.read(solver)
-        dense_styles = a.dense
-        if mode == "rank":
-            tables = _tables_from(
-                model,
-                cands,
-                a,
-                lambda t, c: (
-                    [form.bin_ranks[b][0] for b in a.shard_bins[t]] if c.scope == "rank" else fixed_ranks(topo, c, a, t)
-                ),
-            )
-        else:
-            tables = host_mode_tables(form, cands, a, params, deadline, placed)
-    elif mode == "host" and status_name != "MODEL_INVALID":  # no level-one answer in time: search from the start
-        tables = host_mode_tables(form, cands, hint, params, deadline, placed)
+    dense_styles: list[DenseStyle] = [s for _, s in dense_choice]
+    try:
+        built = time.perf_counter()
+        form = Formulation(topo, model, cands, mode, horizon_ms=start_ms * 4 + 1, incumbent_ms=start_ms, deadline=work)
+        work.check()
+        hint = to_assignment(form, cands, placed)
+        hint.dense = dense_styles
+        form.add_hint(hint, start_ms)
+        log.info(
+            "%s mode: %d bins, %d variables; greedy and candidates %.2fs, model and hint %.2fs",
+            mode,
+            form.nbins,
+            len(form.model.proto.variables),
+            built - start,
+            time.perf_counter() - built,
+        )
+        work.check()
+    except DeadlineExpired:
+        log.info("the deadline came while the model was built (%.2fs): the start is the answer", deadline.elapsed())
+    else:
+        budget = work.remaining()
+        if mode == "host":
+            budget *= LEVEL1_SHARE
+        solver = cp_solver(params, budget, len(form.model.proto.variables))
+        callback = _Progress(on_progress) if on_progress else None
+        status = solver.solve(form.model, callback) if callback else solver.solve(form.model)
+        status_name = STATUS.get(status, "UNKNOWN")
+        log.info(
+            "cp-sat %s in %.2fs: objective %.4f ms, bound %.4f ms",
+            status_name,
+            solver.wall_time,
+            Scale.ms(solver.objective_value) if status_name in ("OPTIMAL", "FEASIBLE") else math.nan,
+            Scale.ms(solver.best_objective_bound),
+        )
+        # the model's bound, or the greedy's (valid over every candidate, so over this space too), whichever is higher
+        if status_name != "MODEL_INVALID":
+            bound_ms = max(bound_ms or 0.0, Scale.ms(solver.best_objective_bound))
+        if status_name in ("OPTIMAL", "FEASIBLE"):
+            a = form.read(solver)
+            dense_styles = a.dense
+            if mode == "rank":
+                tables = _tables_from(
+                    model,
+                    cands,
+                    a,
+                    lambda t, c: (
+                        [form.bin_ranks[b][0] for b in a.shard_bins[t]]
+                        if c.scope == "rank"
+                        else fixed_ranks(topo, c, a, t)
+                    ),
+                )
+            else:
+                tables = host_mode_tables(form, cands, a, params, work, placed)
+        elif mode == "host" and status_name != "MODEL_INVALID" and not work.expired():
+            tables = host_mode_tables(form, cands, hint, params, work, placed)  # no level-one answer: from the start
     cp_dense = [
         DensePlan(name=layer.name, style=s, ranks=list(range(topo.world_size)))
         for layer, s in zip(model.dense_layers, dense_styles, strict=True)
@@ -346,4 +390,5 @@ def plan_cpsat(
     assert_valid_plan(topo, model, final)  # solver-agnostic checks: a broken plan never leaves the solver
     if on_progress:
         on_progress(final.predicted_step_ms or step, final.lower_bound_ms or 0.0)
+    log.info("cp-sat solve returned after %.2f s (time limit %g s)", deadline.elapsed(), params.time_limit_s)
     return final

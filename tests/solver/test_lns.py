@@ -4,12 +4,12 @@ same seed → same plan."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from shardwise.solver.cpsat.candidates import enumerate_candidates
 from shardwise.solver.cpsat.formulation import Formulation
 from shardwise.solver.cpsat.run import host_mode_tables, model_candidates, to_assignment
+from shardwise.solver.deadline import Deadline
 from shardwise.solver.extract import build_plan
 from shardwise.solver.greedy import plan_greedy, run_greedy
 from shardwise.solver.planner import make_plan
@@ -65,7 +65,7 @@ def test_level_two_from_the_start_keeps_a_valid_plan_no_slower_than_the_start() 
     form = Formulation(topo, model, space, "host", horizon_ms=4 * g.plan.predicted_step_ms)
     start = to_assignment(form, space, g.placed)
     start.dense = [s for _, s in g.dense]
-    tables = host_mode_tables(form, space, start, params, time.perf_counter() + 20, g.placed)
+    tables = host_mode_tables(form, space, start, params, Deadline(20), g.placed)
     assert tables is not None
     dense = [DensePlan(name=n, style=s, ranks=list(range(topo.world_size))) for n, s in g.dense]
     plan = build_plan(topo, model, tables, dense, params, solver_name="cpsat", solver_status="HEURISTIC", seconds=0.0)

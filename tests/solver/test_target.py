@@ -3,13 +3,12 @@ its place as CP-SAT's start."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from test_cpsat import table_wise, toy_fleet, toy_model
 
 from benchmarks.instances import get
 from shardwise.solver.cpsat.candidates import enumerate_candidates
+from shardwise.solver.deadline import Deadline
 from shardwise.solver.evaluate import evaluate
 from shardwise.solver.extract import build_plan, placed_to_table
 from shardwise.solver.greedy import run_greedy
@@ -19,7 +18,7 @@ from shardwise.solver.topology import Topology
 from shardwise.solver.validate import assert_valid_plan
 from shardwise.wire.spec import DensePlan, SolveParams
 
-FAR = 1e9  # a deadline that never comes
+FAR = Deadline.never()
 
 
 def loads(placed: list[Placed], gpus: int) -> list[float]:
@@ -66,8 +65,8 @@ def test_target_packing_is_deterministic_and_valid_on_a_benchmark_instance() -> 
     greedy_ms = g.plan.predicted_step_ms
     assert greedy_ms is not None
     lo = g.plan.lower_bound_ms or 0.0
-    first = target_packing(topo, model, cands, g.dense, lo, greedy_ms, time.perf_counter() + 60)
-    again = target_packing(topo, model, cands, g.dense, lo, greedy_ms, time.perf_counter() + 60)
+    first = target_packing(topo, model, cands, g.dense, lo, greedy_ms, Deadline(60))
+    again = target_packing(topo, model, cands, g.dense, lo, greedy_ms, Deadline(60))
     assert first is not None
     assert again is not None
     assert [(p.candidate, p.ranks) for p in first] == [(p.candidate, p.ranks) for p in again]
