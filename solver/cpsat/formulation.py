@@ -378,7 +378,7 @@ class Formulation:
                 elif c.scope == "group" and c.scope_class == self.bin_class[b]:
                     ranks = self.topo.classes[c.scope_class].ranks
                     fixed.append(tuple(c.shapes[ranks.index(r)].num_rows for r in rr))
-                elif c.scope == "host" and self.mode == "rank":
+                elif c.scope == "host" and self.mode == "rank" and c.scope_class == self.bin_class[b]:
                     fixed.append(c.shapes[self.topo.ranks[rr[0]].local_rank].num_rows)
         return tuple(fixed)
 
