@@ -7,9 +7,10 @@ where. It is CP-SAT's hint and fallback and the baseline in benchmarks.
    :data:`DENSE_SHARE` of the smallest GPU's usable HBM, else the style that needs the least memory.
 2. Tables by descending cost (their cheapest candidate's summed shard time, then bytes).
 3. For each table, every candidate is tried: each ``rank``-scope shard goes to the rank with the lowest load that
-   still has HBM (and host memory, for offloaded shards); a ``host`` candidate takes the host whose busiest GPU ends
-   earliest; ``group`` / ``fleet`` candidates have fixed ranks. The candidate giving the lowest resulting makespan
-   wins (ties: less total time, then less HBM). No candidate fits → infeasible.
+   still has HBM (and host memory, for offloaded shards) and holds no other shard of the table; a ``host``
+   candidate takes the host whose busiest GPU ends earliest; ``group`` / ``fleet`` candidates have fixed ranks. The
+   candidate giving the lowest resulting makespan wins (ties: less total time, then less HBM). No candidate fits →
+   infeasible.
 
 The time limit (``SolveParams.time_limit_s``, one :class:`~shardwise.solver.deadline.Deadline` for the solve) holds
 here too: enumerating the candidates and each pass check it every table, and time is kept back for pricing the plan
@@ -69,17 +70,21 @@ def _try(
     ranks: list[int] = []
     time_ = cand.time_ms
     if cand.scope == "rank":
+        free = np.ones(len(load), dtype=bool)  # one shard of a table per rank: a second one there is pointless
         for i in range(len(cand.shapes)):
             need_h = cand.hbm[i][state.rank_class]
             need_d = cand.host[i][state.rank_class]
-            ok = (hbm + need_h <= state.hbm_limit) & (
-                host[state.rank_host] + need_d <= state.host_limit[state.rank_host]
+            ok = (
+                free
+                & (hbm + need_h <= state.hbm_limit)
+                & (host[state.rank_host] + need_d <= state.host_limit[state.rank_host])
             )
             if not ok.any():
                 return None
             finish = np.where(ok, load + time_[i][state.rank_class], np.inf)
             r = int(np.argmin(finish))
             ranks.append(r)
+            free[r] = False
             load[r] = finish[r]
             hbm[r] += need_h[r]
             host[state.rank_host[r]] += need_d[r]

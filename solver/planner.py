@@ -10,7 +10,7 @@ from shardwise.solver.deadline import Deadline
 from shardwise.solver.extract import build_plan
 from shardwise.solver.greedy import plan_greedy
 from shardwise.solver.topology import Topology
-from shardwise.solver.validate import check_plan, check_structure
+from shardwise.solver.validate import check_plan, check_structure, stacked_shards
 from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,8 @@ def score_plan(
     Returns the problems (empty when valid) and the re-priced plan. It keeps the given plan's solver name, params
     and seconds (who made the layout), but no solver ran on this question: its solver status is ``HEURISTIC``, and
     it is ``feasible`` at best (an optimality proved elsewhere, on another fleet or cost model, does not carry over).
+    Shards of one table stacked on one rank run as given, so they are no problem here: the explanation notes them
+    (:func:`~shardwise.solver.validate.stacked_shards`; the planners never make them).
     """
     topo = Topology(fleet, dict(profiles or {}))
     if plan.status is PlanStatus.infeasible:
@@ -70,6 +72,7 @@ def score_plan(
         solver_name=plan.solver.name,
         solver_status="HEURISTIC",
         seconds=plan.solver.seconds,
-        explanation=[f"evaluated: {model.name} on {fleet.name} under shardwise's cost model"],
+        explanation=[f"evaluated: {model.name} on {fleet.name} under shardwise's cost model"]
+        + [f"{s} (one shard per rank would do less work)" for s in stacked_shards(plan)],
     )
-    return check_plan(topo, model, rescored), rescored
+    return check_plan(topo, model, rescored, allow_stacked=True), rescored

@@ -12,7 +12,8 @@ each table takes the cheapest of its candidates (least work beyond its floors, t
 still fit under ``T``:
 
 * a ``rank`` shard goes to the GPU it fills best — the least room left under ``T``, within HBM (and host memory
-  for offloaded shards) — so that large gaps stay open for large tables (best fit decreasing);
+  for offloaded shards), and holding no other shard of the table — so that large gaps stay open for large tables
+  (best fit decreasing);
 * a ``host`` candidate takes the host where it leaves the least room, with every shard under ``T``;
 * ``group`` / ``fleet`` candidates have fixed GPUs and must keep all of them under ``T``.
 
@@ -150,15 +151,17 @@ class _Packer:
         if c.scope == "rank":
             hbm, host = hbm.copy(), host.copy()
             ranks = []
+            free = np.ones(len(load), dtype=bool)  # one shard of a table per GPU
             for i in range(len(c.shapes)):
                 s = c.time_ms[i][rc]
                 need_h, need_d = c.hbm[i][rc], c.host[i][rc]
                 room = T - (load + s)
-                ok = (room >= 0) & (hbm + need_h <= st.hbm_limit) & (host[rh] + need_d <= st.host_limit[rh])
+                ok = free & (room >= 0) & (hbm + need_h <= st.hbm_limit) & (host[rh] + need_d <= st.host_limit[rh])
                 if not ok.any():
                     return None
                 r = int(np.argmin(np.where(ok, room, np.inf)))
                 ranks.append(r)
+                free[r] = False
                 load[r] += s[r]
                 hbm[r] += need_h[r]
                 host[rh[r]] += need_d[r]

@@ -9,6 +9,11 @@
   the sharding type's shape (table_wise one whole shard, column_wise full rows, row_wise / table_row_wise full
   columns, table_row_wise inside one host);
 * dense: every dense layer once, on every rank;
+* no pointless layout (:func:`stacked_shards`): no two shards of one table on one rank — two column slices there do
+  the work of one wider slice plus a second lookup, and two row blocks there that of one taller block. The wire
+  and the executor accept such a plan (it runs), so :func:`check_plan` lets a caller pricing a *given* plan
+  (``allow_stacked``, :func:`shardwise.solver.planner.score_plan`) note them instead; a planner's output never has
+  them. Empty shards are refused by the wire itself (``num_rows`` and ``num_cols`` are positive);
 * memory, recomputed with the cost model (not trusted from the plan): per rank HBM ≤ capacity × (1 − reserve),
   per host DRAM ≤ host memory; the plan's reported per-rank HBM equals the recomputation;
 * ``lower_bound_ms ≤ predicted_step_ms``.
@@ -18,7 +23,7 @@ from __future__ import annotations
 
 from shardwise.solver.evaluate import evaluate
 from shardwise.solver.topology import Topology
-from shardwise.wire.spec import ModelSpec, Plan, PlanStatus, TablePlan
+from shardwise.wire.spec import ModelSpec, Plan, PlanStatus, ShardingType, TablePlan
 from shardwise.wire.units import fmt_bytes
 
 
@@ -63,8 +68,27 @@ def check_structure(topo: Topology, model: ModelSpec, plan: Plan) -> list[str]:
     return out
 
 
-def check_plan(topo: Topology, model: ModelSpec, plan: Plan) -> list[str]:
-    """Every violation of the contract's invariants in ``plan`` (empty list = valid)."""
+def stacked_shards(plan: Plan) -> list[str]:
+    """Every rank holding more than one shard of a table (data_parallel copies: :meth:`TablePlan.layout_problems`)."""
+    out: list[str] = []
+    for tp in plan.tables:
+        if tp.sharding_type is ShardingType.data_parallel:
+            continue
+        on: dict[int, list[int]] = {}
+        for i, sh in enumerate(tp.shards):
+            on.setdefault(sh.rank, []).append(i)
+        for rank, idx in sorted(on.items()):
+            if len(idx) == 2:
+                out.append(f"table {tp.name}: shards {idx[0]} and {idx[1]} both on rank {rank}")
+            elif len(idx) > 2:
+                listed = ", ".join(str(i) for i in idx[:-1])
+                out.append(f"table {tp.name}: shards {listed} and {idx[-1]} all on rank {rank}")
+    return out
+
+
+def check_plan(topo: Topology, model: ModelSpec, plan: Plan, *, allow_stacked: bool = False) -> list[str]:
+    """Every violation of the contract's invariants in ``plan`` (empty list = valid); with ``allow_stacked``,
+    shards of one table stacked on one rank (:func:`stacked_shards`) are left to the caller."""
     if plan.status is PlanStatus.infeasible:
         return [] if plan.explanation else ["an infeasible plan must carry an explanation"]
     out: list[str] = []
@@ -81,6 +105,8 @@ def check_plan(topo: Topology, model: ModelSpec, plan: Plan) -> list[str]:
     out.extend(check_structure(topo, model, plan))
     if out:
         return out
+    if not allow_stacked:
+        out.extend(stacked_shards(plan))
     ev = evaluate(topo, model, plan.tables, plan.dense)
     for rank, over in ev.overfull_ranks():
         out.append(

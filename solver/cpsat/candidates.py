@@ -7,12 +7,15 @@ the ranks inside the scope:
 sharding                  scope       shards
 ========================  ==========  ====================================================================
 table_wise                ``rank``    one whole-table shard on any one rank
-column_wise (n = 2,4,8)   ``rank``    n column slices, each on any one rank
+column_wise (n = 2,4,8)   ``rank``    n column slices, each on its own rank (never two on one)
 row_wise over the fleet   ``fleet``   one row block per rank, rank i gets block i
 row_wise over a group     ``group``   one row block per rank of one host group (mixed fleets only)
 table_row_wise            ``host``    one row block per GPU of one host of a given group
 data_parallel             ``fleet``   a full copy on every rank (hbm only)
 ========================  ==========  ====================================================================
+
+No shape is empty: a split is enumerated only when every part gets at least one row (and
+:data:`MIN_COLUMN_WIDTH` columns), and the wire refuses ``num_rows`` or ``num_cols`` of 0 anyway.
 
 Placements: ``hbm``, ``uvm_cache`` at :data:`CACHE_FRACTIONS`, ``host`` — the latter two only for tables large enough
 for host memory to matter (:data:`OFFLOAD_MIN_BYTES`). Costs come from :func:`shardwise.solver.evaluate.shard_cost`, so

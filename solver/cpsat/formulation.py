@@ -40,7 +40,9 @@ Constraints (and the method that adds each family)
 1. one candidate per table: ``Σ_c x_{t,c} = 1`` — :meth:`Formulation._add_choice`;
 2. every shard of a chosen candidate in exactly one bin: ``Σ_b a_{t,c,i,b} = x_{t,c}``,
    ``Σ_h y_{t,c,h} = x_{t,c}``; the identical column slices of one candidate in non-decreasing bin order (their
-   symmetry) — :meth:`Formulation._add_shard_placement`;
+   symmetry) — :meth:`Formulation._add_shard_placement`; at most one slice of a candidate per GPU,
+   ``Σ_i a_{t,c,i,b} ≤ n_b`` (``n_b`` = GPUs in the bin; level two then puts them on distinct GPUs) —
+   :meth:`Formulation._add_one_per_gpu`;
 3. one style per dense layer: ``Σ_s d_{l,s} = 1`` — :meth:`Formulation._add_dense_choice`;
 4. collective kinds: ``x_{t,c} ⇒ u_q`` for each kind ``c`` uses — :meth:`Formulation._add_latency_kinds`;
 5. per-bin HBM: ``Σ m·a + Σ m·y + Σ m·x (fixed-rank shards) + Σ μ·d ≤ κ_b`` —
@@ -226,6 +228,7 @@ class Formulation:
                             lo = sum(b * v for b, v in cv.shard_bins[i].items())
                             hi = sum(b * v for b, v in cv.shard_bins[i + 1].items())
                             self.model.add(lo <= hi)
+                        self._add_one_per_gpu(cv)
                 elif c.scope == "host":
                     assert c.scope_class is not None
                     for h in self.topo.classes[c.scope_class].hosts:
@@ -261,6 +264,18 @@ class Formulation:
                     if e > 0:
                         self.load[b].append((cv.x, Scale.time(e * len(self.bin_ranks[b]))))
                         self.per_gpu[b].append((cv.x, Scale.time(e)))
+
+    def _add_one_per_gpu(self, cv: CandidateVars) -> None:
+        """Family 2, its last part: no GPU holds two slices of one table (one wider slice would do the same work
+        with one lookup less), so a bin of ``g`` GPUs takes at most ``g`` of a candidate's slices."""
+        for b in range(self.nbins):
+            here = [bins[b] for bins in cv.shard_bins if b in bins]
+            g = len(self.bin_ranks[b])
+            if len(here) > g:
+                if g == 1:
+                    self.model.add_at_most_one(here)
+                else:
+                    self.model.add(sum(here) <= g)
 
     def _charge(self, b: int, v: cp_model.IntVar, ms: float, hbm: int, host: int, every_gpu: bool = False) -> None:
         """Add a shard's time and memory to bin ``b`` (``every_gpu``: one of the bin's GPUs each gets such a shard,
@@ -394,7 +409,7 @@ class Formulation:
                 elif c.scope == "group" and c.scope_class == self.bin_class[b]:
                     ranks = self.topo.classes[c.scope_class].ranks
                     fixed.append(tuple(c.shapes[ranks.index(r)].num_rows for r in rr))
-                elif c.scope == "host" and self.mode == "rank":
+                elif c.scope == "host" and self.mode == "rank" and c.scope_class == self.bin_class[b]:
                     fixed.append(c.shapes[self.topo.ranks[rr[0]].local_rank].num_rows)
         return tuple(fixed)
 

@@ -36,7 +36,9 @@ Constraints (and the method that adds each family):
 3. makespan: ``L_r + Σ τ·z_{·,r} ≤ T`` and
 4. per-GPU HBM: ``M_r + Σ m·z_{·,r} ≤ κ_r`` — both :meth:`Neighbourhood._add_gpu_limits`, GPU by GPU;
 5. per-host memory, for each host a moved shard with host memory may land on:
-   ``F_h + Σ η·z_{·,r ∈ h} ≤ R_h`` — :meth:`Neighbourhood._add_host_memory`.
+   ``F_h + Σ η·z_{·,r ∈ h} ≤ R_h`` — :meth:`Neighbourhood._add_host_memory`;
+6. one shard of a table per GPU: ``Σ_{j,i} z_{t,j,i,r} ≤ 1`` for every table and picked GPU (a shard the round
+   does not move lies outside ``P``) — :meth:`Neighbourhood._add_one_per_gpu`.
 
 Families share a method where their constraints interleave: the order in which constraints enter the model is part
 of what makes a seed's plan reproducible, so it stays the one plans were made with. The hint is the current
@@ -200,6 +202,7 @@ class Neighbourhood:
         self._add_assignment()
         self._add_gpu_limits()
         self._add_host_memory()
+        self._add_one_per_gpu()
         self.model.minimize(self.T)
 
     def _new_options(self, t: int) -> list[_Option]:
@@ -279,6 +282,17 @@ class Neighbourhood:
         fixed = self.pinned_host_mem()
         for h, ts in terms.items():
             self.model.add(sum(c * v for v, c in ts) + fixed[h] <= s.host_room[h])
+
+    def _add_one_per_gpu(self) -> None:
+        """Family 6: no picked GPU takes two shards of one table (whichever option they belong to)."""
+        for t in self.tables:
+            on: dict[int, list[cp_model.IntVar]] = {}
+            for _, _, row in self.moved(t):
+                for r, v in row.items():
+                    on.setdefault(r, []).append(v)
+            for vs in on.values():
+                if len(vs) > 1:
+                    self.model.add_at_most_one(vs)
 
     # ---------------------------------------------------------------------------------------------- hint / read
 

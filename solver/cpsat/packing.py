@@ -29,7 +29,9 @@ Constraints (and the method that adds each family):
 2. per-GPU HBM: ``M_k + Σ_i m_i·z_{i,k} ≤ κ_k`` and
 3. makespan: ``L_k + Σ_i τ_i·z_{i,k} ≤ T`` — both :meth:`HostPacking._add_gpu_limits`, GPU by GPU (the order the
    constraints enter the model is part of what makes a seed's plan reproducible, so it stays the one plans were
-   made with).
+   made with);
+4. one slice of a table per GPU: ``Σ_{i of table t} z_{i,k} ≤ 1`` for every table with several shards on the host
+   — :meth:`HostPacking._add_one_per_gpu`.
 
 Hint and fallback: the better of the start plan's GPUs (when all the host's shards come from it) and longest
 processing time first (:func:`longest_first`); CP-SAT's answer is kept when it is no slower.
@@ -38,7 +40,8 @@ Moving shards between hosts (:func:`repack_fleet`): no model, a local search
 ----------------------------------------------------------------------------
 With every sharding fixed, the slowest GPU's shards (longest first) are tried on the :data:`REPACK_PEERS`
 least-loaded GPUs of the whole fleet, alone or swapped with a shorter shard there, within each GPU's HBM and each
-host's memory (a shard that changes host takes its host memory with it). The move that leaves the pair's slower GPU
+host's memory (a shard that changes host takes its host memory with it), never onto a GPU that holds another shard
+of its table. The move that leaves the pair's slower GPU
 fastest is made while it lowers the slowest GPU; the search ends when no move does (:class:`FleetRepack` holds its
 state). :mod:`shardwise.solver.cpsat.lns` then goes further.
 """
@@ -140,15 +143,18 @@ def fixed_loads(form: Formulation, cands: Sequence[Sequence[Candidate]], a: Assi
 
 
 def longest_first(items: list[Item], base_load: list[int], base_hbm: list[int], caps: list[int]) -> list[int] | None:
-    """Longest item first onto the least-loaded GPU with room (None if some item fits nowhere)."""
+    """Longest item first onto the least-loaded GPU with room and no other shard of its table (None if some item
+    fits nowhere)."""
     load, hbm = list(base_load), list(base_hbm)
     where = [0] * len(items)
+    tables: list[set[int]] = [set() for _ in caps]
     for i in sorted(range(len(items)), key=lambda i: (-items[i].time, i)):
-        options = [k for k in range(len(caps)) if hbm[k] + items[i].hbm <= caps[k]]
+        options = [k for k in range(len(caps)) if hbm[k] + items[i].hbm <= caps[k] and items[i].table not in tables[k]]
         if not options:
             return None
         k = min(options, key=lambda k: (load[k] + items[i].time, k))
         where[i] = k
+        tables[k].add(items[i].table)
         load[k] += items[i].time
         hbm[k] += items[i].hbm
     return where
@@ -167,6 +173,7 @@ class HostPacking:
         horizon = sum(it.time for it in items) + max(base_load, default=0) + 1
         self.T = self.model.new_int_var(0, horizon, "T")
         self._add_gpu_limits()
+        self._add_one_per_gpu()
         self.model.minimize(self.T)
 
     def on_gpu(self, k: int) -> list[tuple[Item, cp_model.IntVar]]:
@@ -183,6 +190,16 @@ class HostPacking:
         for k in self.gpus:
             self.model.add(sum(it.hbm * v for it, v in self.on_gpu(k)) + self.base_hbm[k] <= self.caps[k])
             self.model.add(sum(it.time * v for it, v in self.on_gpu(k)) + self.base_load[k] <= self.T)
+
+    def _add_one_per_gpu(self) -> None:
+        """Family 4: no GPU takes two shards of one table."""
+        siblings: dict[int, list[int]] = {}
+        for i, it in enumerate(self.items):
+            siblings.setdefault(it.table, []).append(i)
+        for same in siblings.values():
+            if len(same) > 1:
+                for k in self.gpus:
+                    self.model.add_at_most_one(self.z[i][k] for i in same)
 
     def hint(self, where: list[int]) -> None:
         for row, k in zip(self.z, where, strict=True):
@@ -203,7 +220,8 @@ class HostPacking:
         hbm = list(self.base_hbm)
         for it, k in zip(self.items, where, strict=True):
             hbm[k] += it.hbm
-        return all(u <= c for u, c in zip(hbm, self.caps, strict=True))
+        one_each = len({(it.table, k) for it, k in zip(self.items, where, strict=True)}) == len(self.items)
+        return one_each and all(u <= c for u, c in zip(hbm, self.caps, strict=True))
 
 
 def pack_host(
@@ -335,6 +353,7 @@ class FleetRepack:
         self.dram = [
             [Scale.size(int(c.host[it.shard, k])) for k in classes] for it, c in zip(items, cand_of, strict=True)
         ]
+        self.table = [it.table for it in items]
         self.where = [start[(it.table, it.shard)] for it in items]
         self.load = base_load.copy()
         self.hbm = base_hbm.copy()
@@ -351,10 +370,12 @@ class FleetRepack:
         return int(self.load.max())
 
     def fits(self, n: int, r: int, leaving: int | None = None) -> bool:
-        """Item ``n`` may go to GPU ``r`` (in place of item ``leaving``): it runs there, within the GPU's HBM, and
-        within the host's memory when it changes host."""
+        """Item ``n`` may go to GPU ``r`` (in place of item ``leaving``): it runs there, within the GPU's HBM, within
+        the host's memory when it changes host, and the GPU holds no other shard of its table."""
         k = self.group[r]
         if self.tau[n][k] < 0:
+            return False
+        if any(self.table[m] == self.table[n] for m in self.on[r] if m not in (n, leaving)):
             return False
         extra = self.mem[leaving][k] if leaving is not None else 0
         if self.hbm[r] - extra + self.mem[n][k] > self.caps[r]:

@@ -1,5 +1,6 @@
 """Property tests: on random small models and fleets, the greedy planner answers with either an explained
-infeasibility or a plan that satisfies every invariant of the wire contract."""
+infeasibility or a plan that satisfies every invariant of the wire contract; neither it nor CP-SAT (short runs, every
+phase) ever puts two shards of one table on one rank."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from shardwise.solver.evaluate import evaluate
 from shardwise.solver.planner import make_plan
 from shardwise.solver.topology import Topology
 from shardwise.solver.validate import check_plan
-from shardwise.wire.spec import FleetSpec, ModelSpec, PlanStatus, SolveParams
+from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams
 
 GPU_NAMES = sorted(catalogue())
 DIMS = [4, 8, 16, 32, 64, 128]
@@ -163,3 +164,73 @@ def test_greedy_plans_under_memory_pressure_are_valid_or_explained(model: ModelS
     assert plan.lower_bound_ms is not None
     assert plan.predicted_step_ms is not None
     assert plan.lower_bound_ms <= plan.predicted_step_ms
+
+
+# ------------------------------------------------------------------------------ one shard of a table per rank
+
+
+def stacked(plan: Plan) -> list[tuple[str, int]]:
+    """(table, rank) for every rank holding two shards of one table (what no planner may produce)."""
+    out = []
+    for t in plan.tables:
+        ranks = [s.rank for s in t.shards]
+        out += [(t.name, r) for r in sorted(set(ranks)) if ranks.count(r) > 1]
+    return out
+
+
+@st.composite
+def split_models(draw: st.DrawFn) -> ModelSpec:
+    """A few heavy, wide tables beside light ones: balancing them takes column slices, the layout that could stack
+    several slices of one table on one GPU."""
+    heavy = draw(st.integers(1, 4))
+    rows = [
+        {
+            "name": f"t{i}",
+            "num_embeddings": draw(log_uniform(1e5, 5e7)),
+            "embedding_dim": draw(st.sampled_from([64, 128, 256])),
+            "pooling_factor": draw(st.floats(5.0, 100.0, allow_nan=False, allow_infinity=False)),
+            "num_features": draw(st.integers(1, 3)),
+        }
+        for i in range(heavy)
+    ]
+    rows += [
+        {"name": f"s{i}", "num_embeddings": draw(log_uniform(1e3, 1e6)), "embedding_dim": draw(st.sampled_from(DIMS))}
+        for i in range(draw(st.integers(0, 6)))
+    ]
+    return ModelSpec.model_validate(
+        {"name": "split", "batch_size_per_gpu": draw(st.sampled_from([512, 4096])), "embedding_tables": rows}
+    )
+
+
+@st.composite
+def split_fleets(draw: st.DrawFn) -> FleetSpec:
+    """2 to 24 GPUs of one or two kinds: one host (rank mode) or several hosts of 8 (host mode, level two, LNS)."""
+    gpus = draw(st.sampled_from([2, 3, 4, 8]))
+    count = draw(st.integers(1, 3)) if gpus == 8 else 1
+    groups = [{"gpu": draw(st.sampled_from(GPU_NAMES)), "count": count, "gpus_per_host": gpus}]
+    if draw(st.booleans()):
+        groups.append({"gpu": draw(st.sampled_from(GPU_NAMES)), "count": 1, "gpus_per_host": draw(st.integers(1, 4))})
+    return FleetSpec.model_validate({"name": "split", "hosts": groups})
+
+
+@SETTINGS
+@given(model=split_models(), fleet=split_fleets())
+def test_greedy_never_stacks_shards_of_a_table(model: ModelSpec, fleet: FleetSpec) -> None:
+    plan = make_plan(model, fleet, GREEDY)
+    event(plan.status.value)
+    event(f"column_wise: {any(t.sharding_type.value == 'column_wise' for t in plan.tables)}")
+    assert stacked(plan) == []
+    if plan.status is not PlanStatus.infeasible:
+        assert check_plan(Topology(fleet), model, plan) == []
+
+
+@settings(SETTINGS, max_examples=12)
+@given(model=split_models(), fleet=split_fleets())
+def test_cpsat_never_stacks_shards_of_a_table(model: ModelSpec, fleet: FleetSpec) -> None:
+    # short runs, but every phase: level one, and beyond 8 GPUs the host packing, the repack and the LNS
+    plan = make_plan(model, fleet, SolveParams(time_limit_s=3.0, max_deterministic_time=0.5, num_workers=1))
+    event(plan.status.value)
+    event(f"column_wise: {any(t.sharding_type.value == 'column_wise' for t in plan.tables)}")
+    assert stacked(plan) == []
+    if plan.status is not PlanStatus.infeasible:
+        assert check_plan(Topology(fleet), model, plan) == []

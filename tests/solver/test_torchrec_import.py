@@ -83,7 +83,11 @@ def test_import_scores_to_a_valid_plan() -> None:
     assert imported.solver.name == "torchrec"
     problems, scored = score_plan(MODEL, FLEET, imported)
     assert problems == []
-    assert check_plan(Topology(FLEET), MODEL, scored) == []
+    # TorchRec stacked tcw's two column shards on rank 3: it runs, so the score notes it and the contract holds;
+    # only a planner's own output must not stack
+    assert check_plan(Topology(FLEET), MODEL, scored, allow_stacked=True) == []
+    assert check_plan(Topology(FLEET), MODEL, scored) == ["table tcw: shards 0 and 1 both on rank 3"]
+    assert any("table tcw: shards 0 and 1 both on rank 3" in line for line in scored.explanation)
     assert scored.status is PlanStatus.feasible
     assert scored.predicted_step_ms is not None
     assert scored.predicted_step_ms > 0

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from shardwise.solver.extract import build_plan
-from shardwise.solver.planner import make_plan
+from shardwise.solver.planner import make_plan, score_plan
 from shardwise.solver.topology import Topology
 from shardwise.solver.validate import PlanValidationError, assert_valid_plan, check_plan
 from shardwise.wire.spec import (
@@ -296,6 +296,54 @@ def test_row_wise_shard_without_every_column(topo: Topology, small_model: ModelS
     shards = [shard(0, (0, 1000), (0, 8)), shard(1, (0, 1000), (8, 16))]
     msg = problems_of(topo, small_model, with_table(hand_plan, small(shards, "row_wise")))
     assert "row_wise shards must hold every column" in msg
+
+
+# --------------------------------------------------------------------------------------------- pointless layouts
+
+
+def _column_slices(ranks: list[int]) -> TablePlan:
+    """t_mid (100k × 32) in slices of 8 columns, slice i on ``ranks[i]``."""
+    return TablePlan(
+        name="t_mid",
+        sharding_type="column_wise",
+        shards=[shard(r, (0, 100_000), (8 * i, 8 * i + 8)) for i, r in enumerate(ranks)],
+    )
+
+
+def test_two_column_slices_on_one_rank(topo: Topology, small_model: ModelSpec, hand_plan: Plan) -> None:
+    tables = [_column_slices([1, 0, 1, 2]) if t.name == "t_mid" else t for t in hand_plan.tables]
+    plan = build(topo, small_model, tables)
+    assert check_plan(topo, small_model, plan) == ["table t_mid: shards 0 and 2 both on rank 1"]
+    with pytest.raises(PlanValidationError):
+        assert_valid_plan(topo, small_model, plan)
+
+
+@pytest.mark.parametrize("sharding", [ShardingType.row_wise, ShardingType.table_row_wise])
+def test_row_blocks_on_one_rank(sharding: ShardingType, topo: Topology, small_model: ModelSpec) -> None:
+    tables = [t for t in hand_tables() if t.name != "t_small"]
+    blocks = small([shard(3, (0, 300), (0, 16)), shard(3, (300, 600), (0, 16)), shard(3, (600, 1000), (0, 16))])
+    plan = build(topo, small_model, [*tables, blocks.model_copy(update={"sharding_type": sharding})])
+    assert check_plan(topo, small_model, plan) == ["table t_small: shards 0, 1 and 2 all on rank 3"]
+
+
+def test_a_given_plan_with_stacked_shards_is_priced_with_a_note(
+    small_model: ModelSpec, small_fleet: FleetSpec, topo: Topology, hand_plan: Plan
+) -> None:
+    # it runs as given (the executor takes several shards per rank): scoring a user's plan notes it, no problem
+    tables = [_column_slices([1, 0, 1, 2]) if t.name == "t_mid" else t for t in hand_plan.tables]
+    given = build(topo, small_model, tables)
+    problems, scored = score_plan(small_model, small_fleet, given)
+    assert problems == []
+    assert scored.predicted_step_ms == given.predicted_step_ms
+    assert any("table t_mid: shards 0 and 2 both on rank 1" in line for line in scored.explanation)
+    assert check_plan(topo, small_model, scored, allow_stacked=True) == []
+
+
+def test_empty_shards_are_refused_by_the_wire() -> None:
+    with pytest.raises(ValueError, match="num_rows"):
+        ShardPlan(rank=0, row_offset=0, num_rows=0, col_offset=0, num_cols=8)
+    with pytest.raises(ValueError, match="num_cols"):
+        ShardPlan(rank=0, row_offset=0, num_rows=8, col_offset=0, num_cols=0)
 
 
 # ---------------------------------------------------------------------------------------------------- memory

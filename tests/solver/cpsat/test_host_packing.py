@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ortools.sat.python import cp_model
 
-from shardwise.solver.cpsat.packing import HostPacking, Item, pack_host
+from shardwise.solver.cpsat.packing import HostPacking, Item, longest_first, pack_host
 from shardwise.solver.cpsat.scale import Scale
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import FleetSpec, SolveParams
@@ -73,3 +73,24 @@ def test_pack_host_reads_the_optimum_or_says_none() -> None:
     assert HostPacking(shards, [0, 0], [0, 0], [cap, cap]).makespan(where) == 4 * MS
     big = items((1, cap // 2 + 1), (1, cap // 2 + 1), (1, cap // 2 + 1))
     assert pack_host(topo, 0, big, [0, 0], [0, 0], params, 5.0) is None
+
+
+def test_two_slices_of_a_table_never_share_a_gpu() -> None:
+    # family 4: two 1-ms slices of one table, GPU 1 already carries 1.5 ms: the slices would end soonest together
+    # on GPU 0 ({1, 1} | {1.5} = 2 ms), but one slice per GPU gives {1} | {1.5, 1} = 2.5 ms
+    slices = [Item(table=0, shard=i, time=MS, hbm=1, host=0) for i in range(2)]
+    base = [0, round(1.5 * MS)]
+    packing = HostPacking(slices, base_load=base, base_hbm=[0, 0], caps=[100, 100])
+    assert solve(packing) == ("OPTIMAL", round(2.5 * MS), round(2.5 * MS))
+    assert not packing.fits([0, 0])
+    assert longest_first(slices, base, [0, 0], [100, 100]) == [0, 1]
+    # the twin: two tables of 1 ms share GPU 0
+    assert solve(HostPacking(items((1, 1), (1, 1)), base_load=base, base_hbm=[0, 0], caps=[100, 100])) == (
+        "OPTIMAL",
+        2 * MS,
+        2 * MS,
+    )
+    # three slices on two GPUs cannot be packed at all
+    three = [Item(table=0, shard=i, time=MS, hbm=1, host=0) for i in range(3)]
+    assert solve(HostPacking(three, base_load=[0, 0], base_hbm=[0, 0], caps=[100, 100]))[0] == "INFEASIBLE"
+    assert longest_first(three, [0, 0], [0, 0], [100, 100]) is None

@@ -129,11 +129,11 @@ def test_host_memory_bounds_what_may_change_host() -> None:
 
 def test_a_table_switches_to_an_interchangeable_candidate() -> None:
     # families 1-2 over options: table 0 whole (4 ms) or as two 1.5-ms column halves, table 1 whole 2 ms, one per
-    # GPU → the halves together beside nothing, table 1 alone: {1.5, 1.5} | {2} = 3 ms
+    # GPU → the halves apart (family 6), table 1 beside one of them: {1.5, 2} | {1.5} = 3.5 ms
     topo = fleet(1, 2)
     s = state(topo, [[cand(0, 4), cand(0, 1.5, 1.5)], [cand(1, 2)]], [[0], [1]])
     assert s.alternatives(0) == [0, 1]
-    assert solve(s, [0, 1]) == ("OPTIMAL", 3 * MS, 3 * MS)
+    assert solve(s, [0, 1]) == ("OPTIMAL", round(3.5 * MS), round(3.5 * MS))
 
 
 def test_a_candidate_with_another_every_rank_term_is_no_option() -> None:
@@ -154,3 +154,15 @@ def test_only_a_table_wholly_on_the_picked_gpus_may_switch() -> None:
     assert s.peak() == 4 * MS
     assert solve(s, [0, 1]) == ("OPTIMAL", 3 * MS, 3 * MS)
     assert solve(s, [0, 1, 2]) == ("OPTIMAL", 2 * MS, 2 * MS)
+
+
+def test_two_slices_of_a_table_never_share_a_gpu() -> None:
+    # family 6: two 1-ms slices of table 0 and two 2-ms tables on three GPUs, now {1, 2} | {1, 2} | {} = 3 ms.
+    # Only the slices together would reach 2 ms ({1, 1} | {2} | {2}), so the round cannot lower the peak
+    topo = fleet(1, 3)
+    s = state(topo, [[cand(0, 1, 1)], [cand(1, 2)], [cand(2, 2)]], [[0, 1], [0], [1]])
+    assert s.peak() == 3 * MS
+    assert solve(s, [0, 1, 2])[0] == "INFEASIBLE"
+    # the twin: the same 1-ms shards as two tables may share a GPU
+    twin = state(topo, [[cand(0, 1)], [cand(1, 1)], [cand(2, 2)], [cand(3, 2)]], [[0], [1], [0], [1]])
+    assert solve(twin, [0, 1, 2]) == ("OPTIMAL", 2 * MS, 2 * MS)
