@@ -12,6 +12,7 @@ from shardwise.solver.cpsat.candidates import Candidate, Shape, enumerate_candid
 from shardwise.solver.cpsat.formulation import Assignment
 from shardwise.solver.cpsat.packing import FleetRepack, Item
 from shardwise.solver.cpsat.scale import Scale
+from shardwise.solver.deadline import Deadline
 from shardwise.solver.greedy import choose_dense, run_greedy
 from shardwise.solver.planner import make_plan
 from shardwise.solver.target import target_packing
@@ -64,7 +65,7 @@ def test_target_packing_keeps_slices_apart(dlrm: ModelSpec, h100x8: FleetSpec) -
     assert greedy.lower_bound_ms is not None
     assert greedy.predicted_step_ms is not None
     packed = target_packing(
-        topo, dlrm, cands, choose_dense(topo, dlrm), greedy.lower_bound_ms, greedy.predicted_step_ms, 1e18
+        topo, dlrm, cands, choose_dense(topo, dlrm), greedy.lower_bound_ms, greedy.predicted_step_ms, Deadline.never()
     )
     assert packed is not None
     assert all(len(set(p.ranks)) == len(p.ranks) for p in packed if p.candidate.scope == "rank")
