@@ -24,9 +24,13 @@ MAX_POOLING_FACTOR: Final = 1e6
 #: features sharing one table (``num_features``)
 MAX_FEATURES_PER_TABLE: Final = 10_000
 #: samples per GPU per step (``batch_size_per_gpu``)
-MAX_BATCH: Final = 10**7
+MAX_BATCH: Final = 10**9
 #: the weights of a whole model (tables and dense layers), bytes: 100 PB
 MAX_MODEL_BYTES: Final = 10**17
+#: what a model's lookups move per GPU per step, bytes: Σ over tables of batch × num_features × max(pooling_factor,
+#: 1) × (8 · embedding_dim + 64) — each id's output row and its gradient, and its index work. Times the ranks of a
+#: fleet (4096 by default) and summed over them, the buffers the solver sizes must still fit an int64.
+MAX_STEP_BYTES: Final = 10**14
 #: hosts in one host group (``count``), and host groups in one fleet
 MAX_HOSTS: Final = 100_000
 MAX_HOST_GROUPS: Final = 1024

@@ -38,6 +38,7 @@ from shardwise.hwprofiles.limits import (
     MAX_MODEL_BYTES,
     MAX_POOLING_FACTOR,
     MAX_ROWS,
+    MAX_STEP_BYTES,
 )
 
 SCHEMA_VERSION: Final = 1
@@ -168,7 +169,7 @@ class DenseLayerSpec(_Frozen):
 class ModelSpec(_Frozen):
     schema_version: Literal[1] = SCHEMA_VERSION
     name: Name
-    batch_size_per_gpu: int = Field(gt=0, le=MAX_BATCH, description="samples per GPU per step; at most 1e7")
+    batch_size_per_gpu: int = Field(gt=0, le=MAX_BATCH, description="samples per GPU per step; at most 1e9")
     embedding_tables: list[EmbeddingTableSpec] = Field(default_factory=list)
     dense_layers: list[DenseLayerSpec] = Field(default_factory=list)
 
@@ -190,6 +191,15 @@ class ModelSpec(_Frozen):
         if total > MAX_MODEL_BYTES:
             raise ValueError(
                 f"the model's weights come to {total:.3g} bytes; at most {MAX_MODEL_BYTES:.0e} are planned"
+            )
+        step = sum(
+            self.batch_size_per_gpu * t.num_features * max(t.pooling_factor, 1.0) * (8 * t.embedding_dim + 64)
+            for t in self.embedding_tables
+        )
+        if step > MAX_STEP_BYTES:
+            raise ValueError(
+                f"the model's lookups move {step:.3g} bytes per GPU per step (batch × features × pooling factor × "
+                f"(8 · dim + 64), summed over tables); at most {MAX_STEP_BYTES:.0e} are planned"
             )
         return self
 

@@ -121,24 +121,27 @@ def test_infinity_in_solve_options_is_refused_and_nothing_stored(
 # ------------------------------------------------------------------------------------------------- numbers
 
 
-@pytest.mark.parametrize(
-    ("field", "value"),
-    [
-        ("num_embeddings", 10**18),
-        ("num_embeddings", 2**63),
-        ("embedding_dim", 10**9),
-        ("pooling_factor", 1e300),
-        ("num_features", 10**12),
-    ],
-)
+TABLE_FIGURES = [
+    ("num_embeddings", 10**18),
+    ("num_embeddings", 2**63),
+    ("embedding_dim", 10**9),
+    ("pooling_factor", 1e300),
+    ("num_features", 10**12),
+]
+
+
 def test_table_figures_past_their_bounds_are_refused(
-    client: TestClient, settings: Settings, baseline: dict[str, Any], field: str, value: Any
+    client: TestClient, settings: Settings, baseline: dict[str, Any]
 ) -> None:
+    for field, value in TABLE_FIGURES:
+        model = small_model("other")
+        model["embedding_tables"][2][field] = value
+        where = ["body", "model", "embedding_tables", 2, field]
+        refused(client.post("/api/v1/plans", json=plan_request(model)), where=where)
+        refused(client.post("/api/v1/models", json=model), where=where[:1] + where[2:])
     model = small_model("other")
-    model["embedding_tables"][2][field] = value
-    where = ["body", "model", "embedding_tables", 2, field]
-    refused(client.post("/api/v1/plans", json=plan_request(model)), where=where)
-    refused(client.post("/api/v1/models", json=model), where=where[:1] + where[2:])
+    model["batch_size_per_gpu"] = 10**12
+    refused(client.post("/api/v1/plans", json=plan_request(model)), where=["body", "model", "batch_size_per_gpu"])
     still_readable(client, settings, baseline)
 
 
@@ -147,20 +150,24 @@ def test_a_model_too_large_in_total_is_refused(
 ) -> None:
     model = small_model("other", tables=20, rows=10**12, dim=4096)  # each table in bounds, 1.7 EB together
     refused(client.post("/api/v1/plans", json=plan_request(model)), where=["body", "model"])
+    busy = small_model("other", tables=2)  # each figure in bounds, but the lookups per step overflow the buffers
+    busy["batch_size_per_gpu"] = 10**9
+    for table in busy["embedding_tables"]:
+        table.update(pooling_factor=1e6, num_features=10_000)
+    body = refused(client.post("/api/v1/models", json=busy), where=["body"])
+    assert "per GPU per step" in body["detail"]
     still_readable(client, settings, baseline)
 
 
-@pytest.mark.parametrize(
-    ("field", "value"),
-    [("host_memory_bytes", 10**30), ("count", 10**30), ("gpus_per_host", 10**9)],
-)
 def test_fleet_figures_past_their_bounds_are_refused(
-    client: TestClient, settings: Settings, baseline: dict[str, Any], field: str, value: Any
+    client: TestClient, settings: Settings, baseline: dict[str, Any]
 ) -> None:
-    fleet_ = fleet("other")
-    fleet_["hosts"][0][field] = value
-    refused(client.post("/api/v1/plans", json=plan_request(fleet_=fleet_)), where=["body", "fleet", "hosts", 0, field])
-    refused(client.post("/api/v1/fleets", json=fleet_), where=["body", "hosts", 0, field])
+    for field, value in [("host_memory_bytes", 10**30), ("count", 10**30), ("gpus_per_host", 10**9)]:
+        fleet_ = fleet("other")
+        fleet_["hosts"][0][field] = value
+        where = ["body", "fleet", "hosts", 0, field]
+        refused(client.post("/api/v1/plans", json=plan_request(fleet_=fleet_)), where=where)
+        refused(client.post("/api/v1/fleets", json=fleet_), where=["body", "hosts", 0, field])
     still_readable(client, settings, baseline)
 
 
@@ -170,20 +177,18 @@ def custom_profile(name: str = "lab-x", **figures: Any) -> dict[str, Any]:
     return data
 
 
-@pytest.mark.parametrize(
-    ("field", "value"),
-    [
+def test_custom_profile_figures_past_their_bounds_are_refused(
+    client: TestClient, settings: Settings, baseline: dict[str, Any]
+) -> None:
+    for field, value in [
         ("hbm_bytes", 10**30),
         ("hbm_bandwidth_bytes_per_s", 10**40),
         ("host_memory_bytes", 10**30),
         ("intra_host_latency_us", 1e300),
         ("gpus_per_host", 10**9),
-    ],
-)
-def test_custom_profile_figures_past_their_bounds_are_refused(
-    client: TestClient, settings: Settings, baseline: dict[str, Any], field: str, value: Any
-) -> None:
-    refused(client.post("/api/v1/hwprofiles", json=custom_profile("lab-x", **{field: value})), where=["body", field])
+        ("peak_flops_per_s", {"fp32": 10**18, "bf16": 10**19}),
+    ]:
+        refused(client.post("/api/v1/hwprofiles", json=custom_profile(**{field: value})), where=["body", field])
     still_readable(client, settings, baseline)
 
 
@@ -209,7 +214,7 @@ def test_custom_profile_with_infinity_is_refused_and_not_stored(
 # ------------------------------------------------------------------------------------------------- text
 
 
-@pytest.mark.parametrize("bad", ["a\x00b", "a\x01b", "a\x7fb", "a\nb"])
+@pytest.mark.parametrize("bad", ["a\x00b", "a\x7fb\n"])
 def test_control_characters_in_query_and_path_are_refused(
     client: TestClient, settings: Settings, baseline: dict[str, Any], bad: str
 ) -> None:
@@ -236,24 +241,26 @@ def test_control_characters_in_query_and_path_are_refused(
     still_readable(client, settings, baseline)
 
 
-@pytest.mark.parametrize("bad", ["a\x00b", "a\x1fb", "x" * 201])
 def test_bad_names_in_bodies_and_references_are_refused(
-    client: TestClient, settings: Settings, baseline: dict[str, Any], bad: str
+    client: TestClient, settings: Settings, baseline: dict[str, Any]
 ) -> None:
-    model = small_model(bad)
-    refused(client.post("/api/v1/plans", json=plan_request(model)), where=["body", "model", "name"])
-    refused(client.post("/api/v1/models", json=model), where=["body", "name"])
-    for ref in (bad, f"{bad}@1", "base@9223372036854775807", "base@²", "base@" + "9" * 40):
-        refused(client.post("/api/v1/plans", json=plan_request(ref)), where=["body", "model"])
-        refused(client.post("/api/v1/plans", json=plan_request(fleet_=ref)), where=["body", "fleet"])
-    req = plan_request()
-    for ref in (bad, f"{bad}@1", "nvidia-h100-sxm@9223372036854775807"):
-        refused(client.post("/api/v1/plans", json={**req, "calibrations": [ref]}), where=["body", "calibrations", 0])
-    for field in ("display_name", "name"):
-        refused(
-            client.post("/api/v1/hwprofiles", json=custom_profile(**{"name": "lab-y", field: bad})),
-            where=["body", field],
-        )
+    for bad in ("a\x00b", "a\x1fb", "x" * 201):
+        model = small_model(bad)
+        refused(client.post("/api/v1/plans", json=plan_request(model)), where=["body", "model", "name"])
+        refused(client.post("/api/v1/models", json=model), where=["body", "name"])
+        for ref in (bad, f"{bad}@1", "base@9223372036854775807", "base@²", "base@0", "base@" + "9" * 40):
+            refused(client.post("/api/v1/plans", json=plan_request(ref)), where=["body", "model"])
+            refused(client.post("/api/v1/plans", json=plan_request(fleet_=ref)), where=["body", "fleet"])
+        req = plan_request()
+        for ref in (bad, f"{bad}@1", "nvidia-h100-sxm@9223372036854775807"):
+            refused(
+                client.post("/api/v1/plans", json={**req, "calibrations": [ref]}), where=["body", "calibrations", 0]
+            )
+        for field in ("display_name", "name"):
+            refused(
+                client.post("/api/v1/hwprofiles", json=custom_profile(**{"name": "lab-y", field: bad})),
+                where=["body", field],
+            )
     still_readable(client, settings, baseline)
 
 
