@@ -238,6 +238,8 @@ def test_control_characters_in_query_and_path_are_refused(
         f"/api/v1/jobs/{quoted}",
     ):
         refused(client.get(url), where=["path"])
+    for url in ("/api/v1/models/base/9223372036854775807", "/api/v1/calibrations/nvidia-h100-sxm/9223372036854775807"):
+        refused(client.get(url), where=["path", "version"])
     still_readable(client, settings, baseline)
 
 
