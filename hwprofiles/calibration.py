@@ -21,7 +21,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from shardwise.hwprofiles.schema import HardwareProfile
+from shardwise.hwprofiles.schema import ONE_LINE, HardwareProfile
 
 __all__ = ["CALIBRATABLE", "Calibration", "Figure", "load_calibration"]
 
@@ -45,10 +45,10 @@ CALIBRATABLE: Final = (
 class Figure(BaseModel):
     """One fitted figure: its value, its provenance, and how well the fit explains the samples."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     value: float = Field(ge=0, allow_inf_nan=False)
-    source: str = Field(min_length=1, max_length=500)
+    source: str = Field(min_length=1, max_length=500, pattern=ONE_LINE)
     samples: int = Field(ge=1, description="measurements behind the fit")
     fit_error: float | None = Field(
         default=None, ge=0, allow_inf_nan=False, description="RMS relative error of the fit over its samples"
@@ -58,24 +58,24 @@ class Figure(BaseModel):
 class Measurement(BaseModel):
     """A measured quantity that is not a profile figure (reported, not applied)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     value: float = Field(allow_inf_nan=False)
-    unit: str = Field(min_length=1, max_length=40)
-    source: str = Field(min_length=1, max_length=500)
+    unit: str = Field(min_length=1, max_length=40, pattern=ONE_LINE)
+    source: str = Field(min_length=1, max_length=500, pattern=ONE_LINE)
 
 
 class Calibration(BaseModel):
     """Measured figures for one profile, with the machine they were measured on."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     schema_version: Literal[1] = 1
     profile: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$", description="the profile it overlays")
-    device: str = Field(min_length=1, max_length=200, description="the GPU as the driver names it")
-    torch: str = Field(min_length=1, max_length=80)
-    driver: str | None = Field(default=None, max_length=80)
-    triton: str | None = Field(default=None, max_length=80)
+    device: str = Field(min_length=1, max_length=200, pattern=ONE_LINE, description="the GPU as the driver names it")
+    torch: str = Field(min_length=1, max_length=80, pattern=ONE_LINE)
+    driver: str | None = Field(default=None, max_length=80, pattern=ONE_LINE)
+    triton: str | None = Field(default=None, max_length=80, pattern=ONE_LINE)
     date: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}", description="ISO date of the measurement")
     figures: dict[str, Figure] = Field(min_length=1)
     measurements: dict[str, Measurement] = Field(default_factory=dict)

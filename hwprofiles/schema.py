@@ -12,7 +12,19 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from shardwise.hwprofiles.limits import (
+    MAX_BANDWIDTH,
+    MAX_DOMAIN,
+    MAX_FLOPS,
+    MAX_GPUS_PER_HOST,
+    MAX_LATENCY_US,
+    MAX_MEMORY_BYTES,
+)
+
 SCHEMA_VERSION: Final = 1
+
+#: free text on one line: no control characters (NUL, newlines, escapes), which no name or label needs
+ONE_LINE: Final = r"^[^\x00-\x1f\x7f]*$"
 
 #: dtypes a profile may give a peak rate for (the wire model's dtypes).
 RATE_DTYPES = ("fp32", "fp16", "bf16", "fp8", "int8")
@@ -30,14 +42,14 @@ class AchievedFractions(BaseModel):
     - ``host_link``: host↔device copies over PCIe (or C2C).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    embedding_gather: float = Field(gt=0, le=1)
-    memory_bound: float = Field(gt=0, le=1)
-    gemm: float = Field(gt=0, le=1)
-    intra_host_collective: float = Field(gt=0, le=1)
-    inter_host_collective: float = Field(gt=0, le=1)
-    host_link: float = Field(gt=0, le=1)
+    embedding_gather: float = Field(gt=0, le=1, allow_inf_nan=False)
+    memory_bound: float = Field(gt=0, le=1, allow_inf_nan=False)
+    gemm: float = Field(gt=0, le=1, allow_inf_nan=False)
+    intra_host_collective: float = Field(gt=0, le=1, allow_inf_nan=False)
+    inter_host_collective: float = Field(gt=0, le=1, allow_inf_nan=False)
+    host_link: float = Field(gt=0, le=1, allow_inf_nan=False)
 
 
 class StepOverheads(BaseModel):
@@ -51,44 +63,58 @@ class StepOverheads(BaseModel):
     The host terms bound a step from below when the device waits for the host (small batches); see the cost model.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    step_fixed_us: float = Field(default=0.0, ge=0, allow_inf_nan=False)
-    per_table_us: float = Field(default=0.0, ge=0, allow_inf_nan=False)
-    per_layer_us: float = Field(default=0.0, ge=0, allow_inf_nan=False)
-    sort_ns_per_id: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    step_fixed_us: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
+    per_table_us: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
+    per_layer_us: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
+    sort_ns_per_id: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
 
 
 class HardwareProfile(BaseModel):
     """One accelerator as the planner sees it (one package as software sees it)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     schema_version: Literal[1] = SCHEMA_VERSION
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$", description="catalogue key, e.g. nvidia-h100-sxm")
     vendor: Literal["nvidia", "amd", "other"]
-    display_name: str = Field(min_length=1, max_length=120)
+    display_name: str = Field(min_length=1, max_length=120, pattern=ONE_LINE)
 
-    hbm_bytes: int = Field(gt=0, description="capacity the device really exposes (nvidia-smi / rocm-smi), bytes")
-    hbm_bandwidth_bytes_per_s: int = Field(gt=0, description="peak HBM bandwidth")
+    hbm_bytes: int = Field(
+        gt=0,
+        le=MAX_MEMORY_BYTES,
+        description="capacity the device really exposes (nvidia-smi / rocm-smi), bytes; ≤ 1e15",
+    )
+    hbm_bandwidth_bytes_per_s: int = Field(gt=0, le=MAX_BANDWIDTH, description="peak HBM bandwidth; ≤ 1e16")
     memory_access_granularity_bytes: int = Field(
         gt=0, le=4096, description="smallest HBM transaction; a gathered row is rounded up to it"
     )
-    peak_flops_per_s: dict[str, int] = Field(description="dense (no 2:4 sparsity) peak rate per dtype")
+    peak_flops_per_s: dict[str, int] = Field(description="dense (no 2:4 sparsity) peak rate per dtype; each ≤ 1e18")
 
     scale_up_topology: Literal["switched", "full_mesh", "pcie"] = Field(
         description="switched: NVSwitch, every peer at full rate; full_mesh: xGMI, one link per peer"
     )
-    scale_up_bytes_per_s: int = Field(gt=0, description="per GPU, per direction, all peers at once")
-    scale_up_per_peer_bytes_per_s: int = Field(gt=0, description="per direction, to one peer")
-    scale_up_domain_size: int = Field(gt=0, description="GPUs that share the scale-up fabric")
-    scale_out_bytes_per_s: int = Field(gt=0, description="NIC bandwidth per GPU, per direction")
-    host_link_bytes_per_s: int = Field(gt=0, description="host link (PCIe / C2C) per GPU, per direction")
-    intra_host_latency_us: float = Field(gt=0, description="fixed cost of one collective inside a host")
-    inter_host_latency_us: float = Field(gt=0, description="fixed cost of one collective across hosts")
+    scale_up_bytes_per_s: int = Field(
+        gt=0, le=MAX_BANDWIDTH, description="per GPU, per direction, all peers at once; ≤ 1e16"
+    )
+    scale_up_per_peer_bytes_per_s: int = Field(gt=0, le=MAX_BANDWIDTH, description="per direction, to one peer; ≤ 1e16")
+    scale_up_domain_size: int = Field(gt=0, le=MAX_DOMAIN, description="GPUs that share the scale-up fabric; ≤ 1e6")
+    scale_out_bytes_per_s: int = Field(
+        gt=0, le=MAX_BANDWIDTH, description="NIC bandwidth per GPU, per direction; ≤ 1e16"
+    )
+    host_link_bytes_per_s: int = Field(
+        gt=0, le=MAX_BANDWIDTH, description="host link (PCIe / C2C) per GPU, per direction; ≤ 1e16"
+    )
+    intra_host_latency_us: float = Field(
+        gt=0, le=MAX_LATENCY_US, allow_inf_nan=False, description="fixed cost of one collective inside a host; ≤ 1e7"
+    )
+    inter_host_latency_us: float = Field(
+        gt=0, le=MAX_LATENCY_US, allow_inf_nan=False, description="fixed cost of one collective across hosts; ≤ 1e7"
+    )
 
-    gpus_per_host: int = Field(gt=0, description="default GPUs per node")
-    host_memory_bytes: int = Field(gt=0, description="default host DRAM per node")
+    gpus_per_host: int = Field(gt=0, le=MAX_GPUS_PER_HOST, description="default GPUs per node; ≤ 1024")
+    host_memory_bytes: int = Field(gt=0, le=MAX_MEMORY_BYTES, description="default host DRAM per node; ≤ 1e15")
 
     achieved: AchievedFractions
     overheads: StepOverheads = StepOverheads()
@@ -109,6 +135,9 @@ class HardwareProfile(BaseModel):
         bad = [k for k, v in value.items() if v <= 0]
         if bad:
             raise ValueError(f"peak rates must be > 0: {bad}")
+        huge = [k for k, v in value.items() if v > MAX_FLOPS]
+        if huge:
+            raise ValueError(f"peak rates must be at most {MAX_FLOPS:.0e} FLOP/s: {huge}")
         return value
 
     @model_validator(mode="after")

@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio.to_thread
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
@@ -23,7 +23,7 @@ from shardwise.service.db import make_engine, session_factory
 from shardwise.service.jobs import JobRunner, LocalRunner
 from shardwise.service.observability import Metrics, RequestMiddleware, configure_logging
 from shardwise.service.routers import calibrations, health, hwprofiles, jobs, plans, port, specs, ui
-from shardwise.service.routers.common import BODY_MODELS
+from shardwise.service.routers.common import BODY_MODELS, no_control_characters
 from shardwise.service.settings import Settings
 from shardwise.solver.extract import solver_version
 from shardwise.wire.spec import Plan
@@ -104,6 +104,7 @@ def create_app(settings: Settings | None = None, *, runner: JobRunner | None = N
         summary="Plans where every embedding table and dense tensor of a training job lives on a GPU fleet.",
         lifespan=lifespan,
         generate_unique_id_function=_operation_id,
+        dependencies=[Depends(no_control_characters)],  # before any route's own parameters reach the database
     )
     app.state.settings = settings
     app.state.metrics = Metrics()

@@ -114,6 +114,20 @@ def execute_job(job_id: str, database_url: str, max_attempts: int = MAX_ATTEMPTS
                     error=problem_body(500, "solve-failed", "The solve failed", f"{type(exc).__name__}: {exc}"),
                 )
                 return job.state
+            why = repo.unstorable(plan.model_dump(mode="json"))
+            if why is not None:  # stored, it would answer every later read with an error: refuse it instead
+                _finish(
+                    session,
+                    job,
+                    JobState.failed,
+                    error=problem_body(
+                        422,
+                        "validation",
+                        "The request is not valid",
+                        f"the plan for this request cannot be stored: {why}",
+                    ),
+                )
+                return job.state
             row = repo.store_plan(session, plan, fleet, job.request, model_ref=job.model_ref, fleet_ref=job.fleet_ref)
             return _finish_with_plan(session, job, row)
 

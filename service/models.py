@@ -64,7 +64,7 @@ class PlanRow(Base):
     model_ref: Mapped[str | None] = mapped_column(String(220))
     fleet_ref: Mapped[str | None] = mapped_column(String(220))
     # ",nvidia-h100-sxm,amd-mi350x," so that one LIKE finds a GPU type on either database
-    gpu_types: Mapped[str] = mapped_column(String(1000))
+    gpu_types: Mapped[str] = mapped_column(Text)  # unbounded: up to 1024 GPU kinds of 64-character names
     gpu_counts: Mapped[dict[str, Any]] = mapped_column(JSON)
     world_size: Mapped[int] = mapped_column(Integer)
     num_tables: Mapped[int] = mapped_column(Integer)

@@ -211,6 +211,9 @@ class Outcome:
 
 def submit(session: Session, runner: JobRunner, resolved: Resolved, wait_s: float) -> Outcome:
     """Answer from the store, or start (or join) the one job for this request and wait up to ``wait_s`` for it."""
+    why = repo.unstorable(resolved.request)
+    if why is not None:  # the job and its plan store the request: it must read back
+        raise InvalidInput(f"this request cannot be stored: {why}")
     rhash = resolved.hash
     for _ in range(3):
         stored = repo.plan_by_hash(session, rhash)

@@ -8,6 +8,7 @@ calibrations on ``digest`` and ``(profile, version)``.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import uuid
 from collections.abc import Sequence
@@ -37,6 +38,18 @@ ACTIVE = (JobState.queued.value, JobState.running.value)
 
 def content_hash(obj: Any) -> str:
     return "sha256:" + hashlib.sha256(canonical_json(obj).encode()).hexdigest()
+
+
+def unstorable(data: Any) -> str | None:
+    """Why ``data`` (JSON-ready) could not be stored and read back as strict JSON, or None when it can: a NaN or an
+    infinity (the database would keep it, every later read would fail), or NUL in text (PostgreSQL refuses it)."""
+    try:
+        text = json.dumps(data, allow_nan=False)
+    except ValueError as exc:
+        return f"it holds a number that is not finite ({exc})"
+    if "\\u0000" in text:
+        return "it holds a NUL character"
+    return None
 
 
 def parse_uuid(value: str) -> uuid.UUID | None:

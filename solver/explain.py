@@ -79,7 +79,7 @@ def explain_infeasible(
         def total(c: Candidate) -> int:
             h = np.min(c.hbm, axis=1) if c.scope != "fleet" else c.hbm[:, 0]
             d = np.min(c.host, axis=1) if c.scope != "fleet" else c.host[:, 0]
-            return int(h.sum() + d.sum())
+            return int(h.sum()) + int(d.sum())  # Python ints: the two sums together may pass int64
 
         need_any += min(total(c) for c in cs)
         need_hbm_min += min(int((np.min(c.hbm, axis=1) if c.scope != "fleet" else c.hbm[:, 0]).sum()) for c in cs)

@@ -31,7 +31,7 @@ from shardwise.wire.spec import SCHEMA_VERSION, Ms, Name, NonNegInt, Placement, 
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class ShortRank(_Frozen):

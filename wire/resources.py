@@ -13,7 +13,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, NonNegativeInt, PositiveInt, Tag
 
 from shardwise.hwprofiles import Calibration, HardwareProfile
-from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams
+from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, PlanStatus, Ref, SolveParams
 
 T = TypeVar("T")
 
@@ -23,7 +23,7 @@ UNION_TAGS = ("inline", "ref")
 
 
 # A stored calibration: "<profile>@<version>" or its digest (64 hex digits, the sha256 of its canonical JSON).
-CalibrationRef = Annotated[str, Field(min_length=1, max_length=200)]
+CalibrationRef = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
 CALIBRATIONS_FIELD_DOC = (
     "stored calibrations to price the fleet with, each '<profile>@<version>' or a digest: the calibrated profile "
     "replaces that GPU's figures (the request hash and the plan's calibrations carry it)"
@@ -34,12 +34,12 @@ def _inline_or_ref(value: Any) -> str:
     return "ref" if isinstance(value, str) else "inline"
 
 
-ModelRef = Annotated[Annotated[ModelSpec, Tag("inline")] | Annotated[str, Tag("ref")], Discriminator(_inline_or_ref)]
-FleetRef = Annotated[Annotated[FleetSpec, Tag("inline")] | Annotated[str, Tag("ref")], Discriminator(_inline_or_ref)]
+ModelRef = Annotated[Annotated[ModelSpec, Tag("inline")] | Annotated[Ref, Tag("ref")], Discriminator(_inline_or_ref)]
+FleetRef = Annotated[Annotated[FleetSpec, Tag("inline")] | Annotated[Ref, Tag("ref")], Discriminator(_inline_or_ref)]
 
 
 class _Resource(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 # ------------------------------------------------------------------------------------------------- requests

@@ -24,13 +24,33 @@ from pydantic import (
 )
 
 from shardwise.hwprofiles import HardwareProfile, catalogue
+from shardwise.hwprofiles.limits import (
+    MAX_BATCH,
+    MAX_DETERMINISTIC_TIME,
+    MAX_DIM,
+    MAX_FEATURES,
+    MAX_FEATURES_PER_TABLE,
+    MAX_FLOPS_PER_SAMPLE,
+    MAX_GPUS_PER_HOST,
+    MAX_HOST_GROUPS,
+    MAX_HOSTS,
+    MAX_MEMORY_BYTES,
+    MAX_MODEL_BYTES,
+    MAX_POOLING_FACTOR,
+    MAX_ROWS,
+    MAX_STEP_BYTES,
+)
 
 SCHEMA_VERSION: Final = 1
 
 Name = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:/\-\[\]]+$")]
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
-Ms = Annotated[float, Field(ge=0)]
+Ms = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+# a reference to a stored spec: "name", "name@latest" or "name@<version>" (a positive int32)
+Ref = Annotated[
+    str, Field(min_length=1, max_length=215, pattern=r"^[A-Za-z0-9_.:/\-\[\]]{1,200}(@(latest|[1-9][0-9]{0,8}))?$")
+]
 
 
 class Dtype(StrEnum):
@@ -92,7 +112,7 @@ class PlanStatus(StrEnum):
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------------------------------- the model
@@ -100,15 +120,21 @@ class _Frozen(BaseModel):
 
 class EmbeddingTableSpec(_Frozen):
     name: Name
-    num_embeddings: PositiveInt
-    embedding_dim: PositiveInt
+    num_embeddings: int = Field(gt=0, le=MAX_ROWS, description="rows; at most 1e13")
+    embedding_dim: int = Field(gt=0, le=MAX_DIM, description="columns; at most 65536")
     dtype: Dtype = Dtype.fp32
-    pooling_factor: float = Field(default=1.0, gt=0, description="ids per sample per feature (mean bag size)")
+    pooling_factor: float = Field(
+        default=1.0,
+        gt=0,
+        le=MAX_POOLING_FACTOR,
+        allow_inf_nan=False,
+        description="ids per sample per feature (mean bag size); at most 1e6",
+    )
     pooling: Pooling = Pooling.sum
-    num_features: PositiveInt = 1
+    num_features: int = Field(default=1, gt=0, le=MAX_FEATURES_PER_TABLE, description="at most 10000")
     optimizer: Optimizer = Optimizer.rowwise_adagrad
     access_skew: float | None = Field(
-        default=None, gt=0, le=5, description="Zipf exponent of row accesses; None = uniform"
+        default=None, gt=0, le=5, allow_inf_nan=False, description="Zipf exponent of row accesses; None = uniform"
     )
 
     @property
@@ -119,13 +145,16 @@ class EmbeddingTableSpec(_Frozen):
 class DenseLayerSpec(_Frozen):
     name: Name
     kind: Literal["linear"] = "linear"
-    in_features: PositiveInt
-    out_features: PositiveInt
+    in_features: int = Field(gt=0, le=MAX_FEATURES, description="at most 2^20")
+    out_features: int = Field(gt=0, le=MAX_FEATURES, description="at most 2^20")
     dtype: Dtype = Dtype.fp32
     bias: bool = True
     optimizer: Optimizer = Optimizer.adam
-    flops_per_sample: PositiveInt | None = Field(
-        default=None, description="forward FLOPs per sample when measured (describe()); else 2·in·out"
+    flops_per_sample: int | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_FLOPS_PER_SAMPLE,
+        description="forward FLOPs per sample when measured (describe()); else 2·in·out; at most 1e15",
     )
 
     @property
@@ -140,7 +169,7 @@ class DenseLayerSpec(_Frozen):
 class ModelSpec(_Frozen):
     schema_version: Literal[1] = SCHEMA_VERSION
     name: Name
-    batch_size_per_gpu: PositiveInt
+    batch_size_per_gpu: int = Field(gt=0, le=MAX_BATCH, description="samples per GPU per step; at most 1e9")
     embedding_tables: list[EmbeddingTableSpec] = Field(default_factory=list)
     dense_layers: list[DenseLayerSpec] = Field(default_factory=list)
 
@@ -157,6 +186,21 @@ class ModelSpec(_Frozen):
                 if item.name in seen:
                     raise ValueError(f"{field}: duplicate name {item.name!r}")
                 seen.add(item.name)
+        total = sum(t.weight_bytes for t in self.embedding_tables)
+        total += sum(d.num_params * d.dtype.nbytes for d in self.dense_layers)
+        if total > MAX_MODEL_BYTES:
+            raise ValueError(
+                f"the model's weights come to {total:.3g} bytes; at most {MAX_MODEL_BYTES:.0e} are planned"
+            )
+        step = sum(
+            self.batch_size_per_gpu * t.num_features * max(t.pooling_factor, 1.0) * (8 * t.embedding_dim + 64)
+            for t in self.embedding_tables
+        )
+        if step > MAX_STEP_BYTES:
+            raise ValueError(
+                f"the model's lookups move {step:.3g} bytes per GPU per step (batch × features × pooling factor × "
+                f"(8 · dim + 64), summed over tables); at most {MAX_STEP_BYTES:.0e} are planned"
+            )
         return self
 
     def table(self, name: str) -> EmbeddingTableSpec:
@@ -181,9 +225,11 @@ class HostGroupSpec(_Frozen):
     """``count`` identical hosts, each with ``gpus_per_host`` GPUs of one kind."""
 
     gpu: str | HardwareProfile = Field(description="catalogue name, or an inline profile")
-    count: PositiveInt = 1
-    gpus_per_host: PositiveInt = 8
-    host_memory_bytes: PositiveInt | None = Field(default=None, description="per host; profile default if unset")
+    count: int = Field(default=1, gt=0, le=MAX_HOSTS, description="hosts; at most 100000")
+    gpus_per_host: int = Field(default=8, gt=0, le=MAX_GPUS_PER_HOST, description="at most 1024")
+    host_memory_bytes: int | None = Field(
+        default=None, gt=0, le=MAX_MEMORY_BYTES, description="per host; profile default if unset; at most 1e15"
+    )
 
     @field_validator("gpu", mode="before")
     @classmethod
@@ -202,8 +248,8 @@ class HostGroupSpec(_Frozen):
 class FleetSpec(_Frozen):
     schema_version: Literal[1] = SCHEMA_VERSION
     name: Name
-    hosts: list[HostGroupSpec] = Field(min_length=1)
-    hbm_reserve_fraction: float = Field(default=0.1, ge=0, lt=1)
+    hosts: list[HostGroupSpec] = Field(min_length=1, max_length=MAX_HOST_GROUPS)
+    hbm_reserve_fraction: float = Field(default=0.1, ge=0, lt=1, allow_inf_nan=False)
 
     @property
     def world_size(self) -> int:
@@ -256,7 +302,7 @@ class ShardPlan(_Frozen):
     col_offset: NonNegInt
     num_cols: PositiveInt
     placement: Placement = Placement.hbm
-    cache_fraction: float | None = Field(default=None, gt=0, le=1)
+    cache_fraction: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _cache_fraction_only_for_cache(self) -> ShardPlan:
@@ -350,12 +396,14 @@ class SolveParams(_Frozen):
     """Solve options, stored with every plan (same input + same params → the same plan)."""
 
     solver: Literal["cpsat", "greedy"] = "cpsat"
-    time_limit_s: float = Field(default=30.0, gt=0, le=3600)
-    max_deterministic_time: float | None = Field(default=None, gt=0)
+    time_limit_s: float = Field(default=30.0, gt=0, le=3600, allow_inf_nan=False)
+    max_deterministic_time: float | None = Field(
+        default=None, gt=0, le=MAX_DETERMINISTIC_TIME, allow_inf_nan=False, description="CP-SAT's; at most 1e6"
+    )
     num_workers: int = Field(default=2, ge=1, le=64)
     random_seed: int = Field(default=0, ge=0, le=2**31 - 1)
     interleave_search: bool = True
-    relative_gap_limit: float = Field(default=0.0, ge=0, lt=1)
+    relative_gap_limit: float = Field(default=0.0, ge=0, lt=1, allow_inf_nan=False)
 
 
 class SolverInfo(_Frozen):

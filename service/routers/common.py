@@ -1,10 +1,13 @@
-"""What the routers share: pagination, JSON bodies validated with the store's custom profiles, app state."""
+"""What the routers share: pagination, strict JSON bodies validated with the store's custom profiles, app state,
+and the guard that keeps control characters out of paths and query strings."""
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Final, TypeVar
 
 from fastapi import Depends, Query, Request
 from pydantic import BaseModel, ValidationError
@@ -55,22 +58,108 @@ RunnerDep = Annotated[JobRunner, Depends(runner_of)]
 MetricsDep = Annotated[Metrics, Depends(metrics_of)]
 
 
+# ------------------------------------------------------------------------------------------------- strict JSON
+
+#: deepest nesting of arrays and objects a body may have (the deepest wire model needs under 10)
+MAX_JSON_DEPTH: Final = 64
+#: integers must fit a signed 64-bit integer (numpy's and the database's); field bounds are tighter still
+MAX_JSON_INT: Final = 2**63 - 1
+_MAX_INT_DIGITS: Final = 19
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """A JSON number strict parsing refuses, left in place so that the walk can say where it was."""
+
+    msg: str
+    type: str
+
+
+def _parse_int(text: str) -> int | _Refused:
+    digits = text.lstrip("-")
+    if len(digits) > _MAX_INT_DIGITS or abs(int(text)) > MAX_JSON_INT:
+        shown = text if len(text) <= 30 else f"{text[:12]}…{text[-6:]} ({len(digits)} digits)"
+        return _Refused(f"integer {shown} is out of range: at most {MAX_JSON_INT} in magnitude", "int_too_large")
+    return int(text)
+
+
+def _parse_float(text: str) -> float | _Refused:
+    value = float(text)
+    if not math.isfinite(value):
+        shown = text if len(text) <= 30 else f"{text[:24]}…"
+        return _Refused(f"number {shown} is not a finite number (it overflows a double)", "finite_number")
+    return value
+
+
+def _parse_constant(text: str) -> _Refused:
+    return _Refused(f"{text} is not JSON: numbers must be finite", "finite_number")
+
+
+def _invalid(loc: list[str | int], msg: str, kind: str) -> InvalidInput:
+    where = ".".join(str(p) for p in loc)
+    return InvalidInput(f"{where}: {msg}", errors=[{"loc": loc, "msg": msg, "type": kind}])
+
+
+def strict_json(raw: bytes) -> Any:
+    """Parse a request body as strict JSON (RFC 8259), refusing with a 422 naming where: NaN, Infinity and numbers
+    that overflow a double; integers past 64 bits (Python's own cap of 4300 digits is never reached); nesting deeper
+    than ``MAX_JSON_DEPTH``; NUL in any string or key (PostgreSQL cannot store it)."""
+    try:
+        data = json.loads(raw, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
+    except RecursionError as exc:
+        raise _invalid(["body"], f"nested too deep: at most {MAX_JSON_DEPTH} levels", "json_too_deep") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
+        raise InvalidInput(
+            f"the body is not valid JSON: {exc}",
+            errors=[{"loc": ["body"], "msg": "invalid JSON", "type": "json_invalid"}],
+        ) from exc
+    stack: list[tuple[Any, list[str | int]]] = [(data, ["body"])]
+    while stack:  # iterative: a hostile body must not exhaust the interpreter's stack
+        value, loc = stack.pop()
+        if isinstance(value, _Refused):
+            raise _invalid(loc, value.msg, value.type)
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise _invalid(loc, "NUL characters are not allowed in text", "string_nul")
+            continue
+        if isinstance(value, dict | list):
+            if len(loc) > MAX_JSON_DEPTH:
+                raise _invalid(loc[:1], f"nested too deep: at most {MAX_JSON_DEPTH} levels", "json_too_deep")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                if isinstance(key, str) and "\x00" in key:
+                    raise _invalid(loc, "NUL characters are not allowed in keys", "string_nul")
+                stack.append((item, [*loc, key]))
+    return data
+
+
 async def json_body(request: Request) -> Any:
+    """The request's body, parsed by ``strict_json`` (the one way every route reads a JSON body)."""
     raw = await request.body()
     if not raw:
         raise InvalidInput(
             "the request needs a JSON body", errors=[{"loc": ["body"], "msg": "missing", "type": "missing"}]
         )
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidInput(
-            f"the body is not valid JSON: {exc}",
-            errors=[{"loc": ["body"], "msg": "invalid JSON", "type": "json_invalid"}],
-        ) from exc
+    return strict_json(raw)
 
 
 JsonBody = Annotated[Any, Depends(json_body)]
+
+
+# ------------------------------------------------------------------------------------------------- paths and queries
+
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def no_control_characters(request: Request) -> None:
+    """Refuse (422, naming the parameter) a path or query parameter holding a control character: no name, id or
+    filter needs one, and PostgreSQL refuses NUL in text. A dependency of every route (``create_app``)."""
+    for name, value in request.path_params.items():
+        if isinstance(value, str) and _CONTROL.search(value):
+            raise _invalid(["path", name], "control characters are not allowed", "string_control_character")
+    for name, value in request.query_params.multi_items():
+        if _CONTROL.search(name) or _CONTROL.search(value):
+            raise _invalid(["query", name], "control characters are not allowed", "string_control_character")
 
 
 def body_schema(model: type[BaseModel]) -> dict[str, Any]:

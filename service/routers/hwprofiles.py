@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
 from shardwise.hwprofiles import HardwareProfile, ProfileError, catalogue, parse_profile
 from shardwise.service import repository as repo
 from shardwise.service.auth import ReadAccess, WriteAccess
 from shardwise.service.db import SessionDep
-from shardwise.service.errors import Conflict, InvalidInput, NotFound, Unauthorized, problem_responses
+from shardwise.service.errors import Conflict, InvalidInput, NotFound, Unauthorized, field_errors, problem_responses
 from shardwise.service.routers.common import JsonBody, body_schema
 from shardwise.wire.resources import ProfileRecord
 
 router = APIRouter(prefix="/hwprofiles", tags=["hwprofiles"])
+
+
+def add_body_prefix(exc: ValidationError) -> list[dict[str, Any]]:
+    return [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
 
 
 @router.get(
@@ -71,6 +76,8 @@ def add_profile(raw: JsonBody, session: SessionDep) -> JSONResponse:
     try:
         profile = parse_profile(raw, origin="request body")
     except ProfileError as exc:
+        if isinstance(exc.__cause__, ValidationError):  # every field error, each at its field
+            raise InvalidInput(str(exc), errors=field_errors(add_body_prefix(exc.__cause__))) from exc
         raise InvalidInput(str(exc), errors=[{"loc": ["body"], "msg": str(exc), "type": "value_error"}]) from exc
     if profile.name in catalogue():
         raise Conflict(f"{profile.name!r} is a catalogue profile, which is read-only; choose another name")

@@ -1,0 +1,296 @@
+"""Hostile input, end to end on SQLite and PostgreSQL: every request below once answered 500 (some after storing
+a row that then broke every later read). The house rule they check: bad input is a 4xx problem+json (a 422 naming
+the field where it is a validation error), nothing is stored, and whatever was stored before still reads back."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from fastapi.testclient import TestClient
+
+from conftest import assert_problem, count, fleet, small_model
+from shardwise.hwprofiles import get_profile
+from shardwise.service.models import (
+    Base,
+    CalibrationRow,
+    FleetVersionRow,
+    JobRow,
+    ModelVersionRow,
+    PlanRow,
+    ProfileRow,
+)
+from shardwise.service.settings import Settings
+
+GREEDY = {"solver": "greedy"}
+ROWS: tuple[type[Base], ...] = (PlanRow, JobRow, ModelVersionRow, FleetVersionRow, ProfileRow, CalibrationRow)
+JSON = {"content-type": "application/json"}
+
+
+def plan_request(model: Any = None, fleet_: Any = None, **options: Any) -> dict[str, Any]:
+    return {"model": model or small_model(), "fleet": fleet_ or fleet(), "options": {**GREEDY, **options}}
+
+
+def counts(settings: Settings) -> dict[str, int]:
+    return {t.__tablename__: count(settings.database_url, t) for t in ROWS}
+
+
+def refused(response: Any, *, where: list[Any] | None = None, status: int = 422) -> dict[str, Any]:
+    """A 4xx problem+json; with ``where``, a validation problem whose errors name that location (a prefix)."""
+    assert response.status_code < 500, response.text
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/problem+json"), response.headers
+    body: dict[str, Any] = response.json()
+    assert body["status"] == status
+    assert body["title"]
+    if where is not None:
+        locs = [e["loc"] for e in body["errors"]]
+        assert any(loc[: len(where)] == where for loc in locs), (where, locs)
+    return body
+
+
+@pytest.fixture
+def baseline(client: TestClient, settings: Settings) -> dict[str, Any]:
+    """A plan, a model and a fleet stored before the attack: they must still read back after it."""
+    plan = client.post("/api/v1/plans", json=plan_request())
+    assert plan.status_code == 201, plan.text
+    assert client.post("/api/v1/models", json=small_model("base")).status_code == 201
+    assert client.post("/api/v1/fleets", json=fleet("base")).status_code == 201
+    return {"plan": plan.json()["id"], "counts": counts(settings)}
+
+
+def still_readable(client: TestClient, settings: Settings, baseline: dict[str, Any]) -> None:
+    assert counts(settings) == baseline["counts"]  # nothing stored
+    for url in (
+        f"/api/v1/plans/{baseline['plan']}",
+        "/api/v1/plans",
+        "/api/v1/models/base",
+        "/api/v1/fleets/base",
+        "/api/v1/hwprofiles",
+        "/api/v1/calibrations",
+    ):
+        assert client.get(url).status_code == 200, url
+
+
+# ------------------------------------------------------------------------------------------------- JSON itself
+
+
+@pytest.mark.parametrize(
+    "path", ["/api/v1/plans", "/api/v1/models", "/api/v1/fleets", "/api/v1/hwprofiles", "/api/v1/calibrations"]
+)
+def test_json_that_is_not_strict_json_is_refused_everywhere(
+    client: TestClient, settings: Settings, baseline: dict[str, Any], path: str
+) -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000
+    body = refused(client.post(path, content=deep, headers=JSON), where=["body"])
+    assert "deep" in body["detail"]
+    deep_object = b'{"a":' * 100_000 + b"1" + b"}" * 100_000
+    refused(client.post(path, content=deep_object, headers=JSON), where=["body"])
+    huge = b'{"name": "x", "batch_size_per_gpu": ' + b"9" * 5000 + b"}"
+    body = refused(client.post(path, content=huge, headers=JSON), where=["body", "batch_size_per_gpu"])
+    assert "digits" in body["detail"]
+    for word in (b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1e999"):
+        bad = b'{"name": "x", "batch_size_per_gpu": ' + word + b"}"
+        body = refused(client.post(path, content=bad, headers=JSON), where=["body", "batch_size_per_gpu"])
+        assert "finite" in body["detail"]
+    nul = b'{"name": "a\\u0000b", "batch_size_per_gpu": 1}'
+    refused(client.post(path, content=nul, headers=JSON), where=["body", "name"])
+    still_readable(client, settings, baseline)
+
+
+def test_infinity_in_solve_options_is_refused_and_nothing_stored(
+    client: TestClient, settings: Settings, baseline: dict[str, Any]
+) -> None:
+    text = json.dumps(plan_request(small_model("other")))
+    for word in ("Infinity", "NaN", "1e400"):
+        raw = text.replace('"solver": "greedy"', f'"solver": "greedy", "max_deterministic_time": {word}')
+        refused(
+            client.post("/api/v1/plans", content=raw.encode(), headers=JSON),
+            where=["body", "options", "max_deterministic_time"],
+        )
+    # finite but absurd: bounded, named
+    refused(
+        client.post("/api/v1/plans", json=plan_request(small_model("other"), max_deterministic_time=1e300)),
+        where=["body", "options", "max_deterministic_time"],
+    )
+    still_readable(client, settings, baseline)
+
+
+# ------------------------------------------------------------------------------------------------- numbers
+
+
+TABLE_FIGURES = [
+    ("num_embeddings", 10**18),
+    ("num_embeddings", 2**63),
+    ("embedding_dim", 10**9),
+    ("pooling_factor", 1e300),
+    ("num_features", 10**12),
+]
+
+
+def test_table_figures_past_their_bounds_are_refused(
+    client: TestClient, settings: Settings, baseline: dict[str, Any]
+) -> None:
+    for field, value in TABLE_FIGURES:
+        model = small_model("other")
+        model["embedding_tables"][2][field] = value
+        where = ["body", "model", "embedding_tables", 2, field]
+        refused(client.post("/api/v1/plans", json=plan_request(model)), where=where)
+        refused(client.post("/api/v1/models", json=model), where=where[:1] + where[2:])
+    model = small_model("other")
+    model["batch_size_per_gpu"] = 10**12
+    refused(client.post("/api/v1/plans", json=plan_request(model)), where=["body", "model", "batch_size_per_gpu"])
+    still_readable(client, settings, baseline)
+
+
+def test_a_model_too_large_in_total_is_refused(
+    client: TestClient, settings: Settings, baseline: dict[str, Any]
+) -> None:
+    model = small_model("other", tables=20, rows=10**12, dim=4096)  # each table in bounds, 1.7 EB together
+    refused(client.post("/api/v1/plans", json=plan_request(model)), where=["body", "model"])
+    busy = small_model("other", tables=2)  # each figure in bounds, but the lookups per step overflow the buffers
+    busy["batch_size_per_gpu"] = 10**9
+    for table in busy["embedding_tables"]:
+        table.update(pooling_factor=1e6, num_features=10_000)
+    body = refused(client.post("/api/v1/models", json=busy), where=["body"])
+    assert "per GPU per step" in body["detail"]
+    still_readable(client, settings, baseline)
+
+
+def test_fleet_figures_past_their_bounds_are_refused(
+    client: TestClient, settings: Settings, baseline: dict[str, Any]
+) -> None:
+    for field, value in [("host_memory_bytes", 10**30), ("count", 10**30), ("gpus_per_host", 10**9)]:
+        fleet_ = fleet("other")
+        fleet_["hosts"][0][field] = value
+        where = ["body", "fleet", "hosts", 0, field]
+        refused(client.post("/api/v1/plans", json=plan_request(fleet_=fleet_)), where=where)
+        refused(client.post("/api/v1/fleets", json=fleet_), where=["body", "hosts", 0, field])
+    still_readable(client, settings, baseline)
+
+
+def custom_profile(name: str = "lab-x", **figures: Any) -> dict[str, Any]:
+    data = get_profile("nvidia-h100-sxm").model_dump(mode="json")
+    data.update(name=name, sources={}, **figures)
+    return data
+
+
+def test_custom_profile_figures_past_their_bounds_are_refused(
+    client: TestClient, settings: Settings, baseline: dict[str, Any]
+) -> None:
+    for field, value in [
+        ("hbm_bytes", 10**30),
+        ("hbm_bandwidth_bytes_per_s", 10**40),
+        ("host_memory_bytes", 10**30),
+        ("intra_host_latency_us", 1e300),
+        ("gpus_per_host", 10**9),
+        ("peak_flops_per_s", {"fp32": 10**18, "bf16": 10**19}),
+    ]:
+        refused(client.post("/api/v1/hwprofiles", json=custom_profile(**{field: value})), where=["body", field])
+    still_readable(client, settings, baseline)
+
+
+def test_custom_profile_with_infinity_is_refused_and_not_stored(
+    client: TestClient, settings: Settings, baseline: dict[str, Any]
+) -> None:
+    raw = json.dumps(custom_profile("lab-inf")).replace(
+        '"intra_host_latency_us": ', '"intra_host_latency_us": 1e999, "x": '
+    )
+    refused(client.post("/api/v1/hwprofiles", content=raw.encode(), headers=JSON), where=["body"])
+    text = json.dumps(custom_profile("lab-inf"))
+    key = '"inter_host_latency_us": '
+    start = text.index(key) + len(key)
+    end = text.index(",", start)
+    raw = text[:start] + "Infinity" + text[end:]
+    refused(
+        client.post("/api/v1/hwprofiles", content=raw.encode(), headers=JSON), where=["body", "inter_host_latency_us"]
+    )
+    assert client.get("/api/v1/hwprofiles/lab-inf").status_code == 404
+    still_readable(client, settings, baseline)
+
+
+# ------------------------------------------------------------------------------------------------- text
+
+
+@pytest.mark.parametrize("bad", ["a\x00b", "a\x7fb\n"])
+def test_control_characters_in_query_and_path_are_refused(
+    client: TestClient, settings: Settings, baseline: dict[str, Any], bad: str
+) -> None:
+    for url, params, where in (
+        ("/api/v1/plans", {"model": bad}, ["query", "model"]),
+        ("/api/v1/plans", {"fleet": bad}, ["query", "fleet"]),
+        ("/api/v1/plans", {"gpu": bad}, ["query", "gpu"]),
+        ("/api/v1/models", {"name": bad}, ["query", "name"]),
+        ("/api/v1/fleets", {"name": bad}, ["query", "name"]),
+        ("/api/v1/calibrations", {"profile": bad}, ["query", "profile"]),
+        (f"/api/v1/plans/{baseline['plan']}/torchrec", {"module_fqn": bad}, ["query", "module_fqn"]),
+    ):
+        refused(client.get(url, params=params), where=where)
+    quoted = quote(bad, safe="")
+    for url in (
+        f"/api/v1/models/{quoted}",
+        f"/api/v1/fleets/{quoted}/1",
+        f"/api/v1/hwprofiles/{quoted}",
+        f"/api/v1/calibrations/{quoted}/1",
+        f"/api/v1/plans/{quoted}",
+        f"/api/v1/jobs/{quoted}",
+    ):
+        refused(client.get(url), where=["path"])
+    for url in ("/api/v1/models/base/9223372036854775807", "/api/v1/calibrations/nvidia-h100-sxm/9223372036854775807"):
+        refused(client.get(url), where=["path", "version"])
+    still_readable(client, settings, baseline)
+
+
+def test_bad_names_in_bodies_and_references_are_refused(
+    client: TestClient, settings: Settings, baseline: dict[str, Any]
+) -> None:
+    for bad in ("a\x00b", "a\x1fb", "x" * 201):
+        model = small_model(bad)
+        refused(client.post("/api/v1/plans", json=plan_request(model)), where=["body", "model", "name"])
+        refused(client.post("/api/v1/models", json=model), where=["body", "name"])
+        for ref in (bad, f"{bad}@1", "base@9223372036854775807", "base@²", "base@0", "base@" + "9" * 40):
+            refused(client.post("/api/v1/plans", json=plan_request(ref)), where=["body", "model"])
+            refused(client.post("/api/v1/plans", json=plan_request(fleet_=ref)), where=["body", "fleet"])
+        req = plan_request()
+        for ref in (bad, f"{bad}@1", "nvidia-h100-sxm@9223372036854775807"):
+            refused(
+                client.post("/api/v1/plans", json={**req, "calibrations": [ref]}), where=["body", "calibrations", 0]
+            )
+        for field in ("display_name", "name"):
+            refused(
+                client.post("/api/v1/hwprofiles", json=custom_profile(**{"name": "lab-y", field: bad})),
+                where=["body", field],
+            )
+    still_readable(client, settings, baseline)
+
+
+def test_many_gpu_kinds_with_long_names_store_and_read_back(client: TestClient, settings: Settings) -> None:
+    names = [f"lab-{i:02d}-" + "g" * 56 for i in range(20)]
+    assert all(len(n) == 63 for n in names)
+    for name in names:
+        created = client.post("/api/v1/hwprofiles", json=custom_profile(name))
+        assert created.status_code == 201, created.text
+    fleet_ = {"name": "zoo", "hosts": [{"gpu": n, "count": 1, "gpus_per_host": 1} for n in names]}
+    answer = client.post("/api/v1/plans", json=plan_request(small_model(tables=2), fleet_))
+    assert answer.status_code == 201, answer.text
+    assert client.get(f"/api/v1/plans/{answer.json()['id']}").status_code == 200
+    listed = client.get("/api/v1/plans", params={"gpu": names[-1]})
+    assert listed.status_code == 200
+    assert listed.json()["pagination"]["total_count"] == 1
+    assert count(settings.database_url, PlanRow) == 1
+
+
+def test_largest_values_in_bounds_still_plan(client: TestClient, settings: Settings) -> None:
+    """The bounds leave room for real models: a 10-trillion-row table is an answer (infeasible here), not a 422."""
+    model = small_model("huge", tables=1)
+    model["embedding_tables"][0].update(num_embeddings=10**13, embedding_dim=128, pooling_factor=1e5)
+    answer = client.post("/api/v1/plans", json=plan_request(model))
+    assert answer.status_code in (201, 422), answer.text
+    if answer.status_code == 422:
+        assert_problem(answer, 422, "infeasible")
+    plan = client.get("/api/v1/plans", params={"model": "huge"})
+    assert plan.status_code == 200
+    for item in plan.json()["items"]:
+        assert client.get(f"/api/v1/plans/{item['id']}").status_code == 200
