@@ -11,10 +11,10 @@ import hashlib
 import json
 import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import Select, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
@@ -310,23 +310,20 @@ def get_version(session: Session, table: SpecTable, name: str, version: int | No
     )
 
 
-def add_version(session: Session, table: SpecTable, name: str, spec: dict[str, Any]) -> tuple[SpecRow, bool]:
-    """(row, created): content already stored under ``name`` returns that version; otherwise the next one."""
-    digest = content_hash(spec)
-    for _ in range(5):  # another writer may take the next number first
-        same = session.scalars(
-            select(table).where(table.name == name, table.content_hash == digest).order_by(table.version)
-        ).first()
+R = TypeVar("R")
+
+
+def _store_next_version(
+    session: Session, stored: Callable[[], R | None], latest: Callable[[], int], build: Callable[[int], R], what: str
+) -> tuple[R, bool]:
+    """(row, created): ``stored()`` when this content is stored already; otherwise ``build(latest() + 1)`` inserted.
+    Another writer may take that number first (the unique version constraint refuses the second insert): then look
+    again, a few times."""
+    for _ in range(5):
+        same = stored()
         if same is not None:
-            return cast(SpecRow, same), False
-        latest = latest_version(session, table, name)
-        row: SpecRow = table(
-            name=name,
-            version=(latest.version + 1) if latest else 1,
-            created_at=utcnow(),
-            content_hash=digest,
-            spec=spec,
-        )
+            return same, False
+        row = build(latest() + 1)
         session.add(row)
         try:
             session.commit()
@@ -334,7 +331,25 @@ def add_version(session: Session, table: SpecTable, name: str, spec: dict[str, A
             session.rollback()
             continue
         return row, True
-    raise RuntimeError(f"could not store a new version of {name!r}: too much contention")
+    raise RuntimeError(f"could not store {what}: too much contention")
+
+
+def add_version(session: Session, table: SpecTable, name: str, spec: dict[str, Any]) -> tuple[SpecRow, bool]:
+    """(row, created): content already stored under ``name`` returns that version; otherwise the next one."""
+    digest = content_hash(spec)
+
+    def stored() -> SpecRow | None:
+        query = select(table).where(table.name == name, table.content_hash == digest).order_by(table.version)
+        return cast(SpecRow | None, session.scalars(query).first())
+
+    def latest() -> int:
+        row = latest_version(session, table, name)
+        return row.version if row else 0
+
+    def build(version: int) -> SpecRow:
+        return table(name=name, version=version, created_at=utcnow(), content_hash=digest, spec=spec)
+
+    return _store_next_version(session, stored, latest, build, f"a new version of {name!r}")
 
 
 def list_versions(
@@ -400,26 +415,18 @@ def add_calibration(
 ) -> tuple[CalibrationRow, bool]:
     """(row, created): a calibration already stored (same digest) returns that row; otherwise the profile's next
     version."""
-    for _ in range(5):  # another writer may take the next number (or store the same content) first
-        same = calibration_by_digest(session, digest)
-        if same is not None:
-            return same, False
-        latest = session.scalar(select(func.max(CalibrationRow.version)).where(CalibrationRow.profile == profile))
-        row = CalibrationRow(
-            profile=profile,
-            version=(latest or 0) + 1,
-            created_at=utcnow(),
-            digest=digest,
-            calibration=calibration,
+
+    def latest() -> int:
+        return session.scalar(select(func.max(CalibrationRow.version)).where(CalibrationRow.profile == profile)) or 0
+
+    def build(version: int) -> CalibrationRow:
+        return CalibrationRow(
+            profile=profile, version=version, created_at=utcnow(), digest=digest, calibration=calibration
         )
-        session.add(row)
-        try:
-            session.commit()
-        except IntegrityError:
-            session.rollback()
-            continue
-        return row, True
-    raise RuntimeError(f"could not store a calibration of {profile!r}: too much contention")
+
+    return _store_next_version(
+        session, lambda: calibration_by_digest(session, digest), latest, build, f"a calibration of {profile!r}"
+    )
 
 
 def list_calibrations(
