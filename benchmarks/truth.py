@@ -30,7 +30,6 @@ import json
 import math
 import statistics
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import timedelta
@@ -256,6 +255,9 @@ def measure(names: Sequence[str], steps: int, warmup: int) -> dict[str, Any]:
     from shardwise.clients.fused_update import RowOptimizer, UpdateConfig
     from shardwise.clients.sharded_embedding import ShardedEmbeddingBagCollection
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_executor import back_to_back, timed  # the executor benchmark's timers: waited and back to back
+
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
     import socket
@@ -342,31 +344,9 @@ def measure(names: Sequence[str], steps: int, warmup: int) -> dict[str, Any]:
             for i in range(warmup):
                 step(i)
             torch.cuda.synchronize()
-            waited = []
-            for i in range(steps):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                step(i)
-                b.record()
-                b.synchronize()
-                waited.append(a.elapsed_time(b))
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            t0 = time.perf_counter()
-            a.record()
-            for i in range(steps):
-                step(i)
-            b.record()
-            host = (time.perf_counter() - t0) * 1e3 / steps
-            b.synchronize()
-            pipelined = a.elapsed_time(b) / steps
-            emb_ms = []
-            for i in range(steps):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                emb(i)
-                b.record()
-                b.synchronize()
-                emb_ms.append(a.elapsed_time(b))
+            waited = timed(step, steps, device)
+            pipelined, host = back_to_back(step, steps, device)
+            emb_ms = timed(emb, steps, device)
             ebc.check_ids()
             results[cfg.name] = {
                 "split": cfg.split,
