@@ -153,20 +153,23 @@ def fleet() -> FleetSpec:
 
 #: the catalogue's H200 figures before its calibration (2026-12-01): what "uncalibrated" means here
 BEFORE = {
-    "achieved": {"embedding_gather": 0.5, "memory_bound": 0.9, "gemm": 0.8, "host_link": 0.88},
-    "overheads": {"step_fixed_us": 0.0, "per_table_us": 0.0, "per_layer_us": 0.0, "sort_ns_per_id": 0.0},
+    "achieved.embedding_gather": 0.5,
+    "achieved.memory_bound": 0.9,
+    "achieved.gemm": 0.8,
+    "achieved.host_link": 0.88,
+    "overheads.step_fixed_us": 0.0,
+    "overheads.per_table_us": 0.0,
+    "overheads.per_layer_us": 0.0,
+    "overheads.sort_ns_per_id": 0.0,
 }
 
 
 def uncalibrated_fleet() -> FleetSpec:
     """The fleet with the H200 profile as the catalogue had it before calibrating (inline)."""
-    from shardwise.hwprofiles import HardwareProfile, get_profile
+    from shardwise.hwprofiles import get_profile
+    from shardwise.hwprofiles.calibration import with_figures
 
-    data = get_profile(GPU).model_dump()
-    for key, values in BEFORE.items():
-        data[key] = {**data[key], **values}
-    data["sources"] = {}
-    profile = HardwareProfile.model_validate(data)
+    profile = with_figures(get_profile(GPU), BEFORE, sources={})
     return FleetSpec.model_validate(
         {"name": "one-h200", "hosts": [{"gpu": profile.model_dump(), "count": 1, "gpus_per_host": 1}]}
     )

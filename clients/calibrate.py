@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from shardwise.clients.fused_update import RowOptimizer, UpdateConfig, fused_backward_update, init_state, pooled_sum
 from shardwise.hwprofiles import Calibration, HardwareProfile
-from shardwise.hwprofiles.calibration import Figure, Measurement
+from shardwise.hwprofiles.calibration import Figure, Measurement, with_figures
 from shardwise.solver import cost_model as cm
 from shardwise.wire.spec import (
     DensePlan,
@@ -538,14 +538,6 @@ def _compute_bound(s: Sample, profile: HardwareProfile) -> bool:
     return bool(s.b_ms >= stream_ms)
 
 
-def _with_figures(profile: HardwareProfile, figures: dict[str, float]) -> HardwareProfile:
-    data = profile.model_dump()
-    for path, value in figures.items():
-        head, _, tail = path.partition(".")
-        data[head] = {**data[head], tail: value} if tail else value
-    return HardwareProfile.model_validate(data)
-
-
 def calibrate(
     profile: HardwareProfile, device: torch.device, *, quick: bool = False, reps: int = 10, log: Callable[[str], None]
 ) -> tuple[Calibration, Report]:
@@ -575,14 +567,14 @@ def calibrate(
     log("streaming copies …")
     bench_stream(clock, profile, (256, 1024, 4096) if gpu and not quick else (256, 1024) if gpu else (8, 32), out)
     mb = fraction("achieved.memory_bound", "device-to-device copies", [s for s in out.samples if s.kind == "stream"])
-    current = _with_figures(profile, {"achieved.memory_bound": mb})
+    current = with_figures(profile, {"achieved.memory_bound": mb})
 
     log("host link …")
     bench_host_link(clock, profile, (64, 256) if quick else (64, 256, 1024), out)
     link = [s for s in out.samples if s.kind == "host_link"]
     if link:
         hl = fraction("achieved.host_link", "pinned host-to-device and device-to-host copies", link)
-        current = _with_figures(current, {"achieved.host_link": hl})
+        current = with_figures(current, {"achieved.host_link": hl})
         for d in ("h2d", "d2h"):
             part = [s for s in link if s.params["direction"] == d]
             k, _ = fit_scale(part)
@@ -600,7 +592,7 @@ def calibrate(
     gemm = fraction(
         "achieved.gemm", f"compute-bound matmuls, forward and both gradients, {'/'.join(dtypes)}", bound or gemms
     )
-    current = _with_figures(current, {"achieved.gemm": gemm})
+    current = with_figures(current, {"achieved.gemm": gemm})
     for dtype in dtypes:
         k, err = fit_scale([s for s in gemms if s.params["dtype"] == dtype])
         measured[f"gemm_fraction_{dtype}"] = Measurement(
@@ -615,7 +607,7 @@ def calibrate(
     )
 
     log("grouped lookups and fused updates …")
-    current = _with_figures(current, {"overheads.sort_ns_per_id": 0.0})
+    current = with_figures(current, {"overheads.sort_ns_per_id": 0.0})
     bench_lookup(clock, current, lookup_cases(quick, gpu), out)
     lookups = [s for s in out.samples if s.kind == "lookup"]
     # t − a = b·k + n·s: the gather fraction 1/k and the per-id cost s (sort, segment search, index work), jointly
@@ -640,7 +632,7 @@ def calibrate(
     )
     log(f"{'achieved.embedding_gather':<28} {eg:8.4f}   {len(lookups):3d} samples, RMS error {err:6.1%}")
     log(f"{'overheads.sort_ns_per_id':<28} {per_id:8.4f}")
-    current = _with_figures(current, {"achieved.embedding_gather": eg, "overheads.sort_ns_per_id": per_id})
+    current = with_figures(current, {"achieved.embedding_gather": eg, "overheads.sort_ns_per_id": per_id})
 
     log("host time per step …")
     bench_launch(device, out)

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shardwise.hwprofiles.schema import ONE_LINE, HardwareProfile
 
-__all__ = ["CALIBRATABLE", "Calibration", "Figure", "load_calibration"]
+__all__ = ["CALIBRATABLE", "Calibration", "Figure", "load_calibration", "with_figures"]
 
 #: the profile figures a calibration may set (dotted paths, as in a profile's ``sources``)
 CALIBRATABLE: Final = (
@@ -102,19 +102,33 @@ class Calibration(BaseModel):
         the result is not a valid profile)."""
         if profile.name != self.profile:
             raise ValueError(f"this calibration is for {self.profile!r}, not {profile.name!r}")
-        data: dict[str, Any] = profile.model_dump()
-        sources = dict(data.get("sources") or {})
+        sources = dict(profile.sources)
         for path, fig in self.figures.items():
-            head, _, tail = path.partition(".")
-            if tail:
-                data[head] = {**data[head], tail: fig.value}
-            else:
-                data[head] = fig.value
             error = f", fit error {fig.fit_error:.1%}" if fig.fit_error is not None else ""
             sources[path] = f"{fig.source} ({fig.samples} samples{error}; {self.label()})"
+        values = {path: fig.value for path, fig in self.figures.items()}
+        return with_figures(profile, values, sources=sources, calibration=self.label())
+
+
+def with_figures(
+    profile: HardwareProfile,
+    values: dict[str, float],
+    *,
+    sources: dict[str, str] | None = None,
+    calibration: str | None = None,
+) -> HardwareProfile:
+    """``profile`` with the figures at the dotted ``values`` paths replaced (``achieved.gemm``,
+    ``intra_host_latency_us``), validated like any profile; ``sources`` and ``calibration`` replace its own when
+    given."""
+    data: dict[str, Any] = profile.model_dump()
+    for path, value in values.items():
+        head, _, tail = path.partition(".")
+        data[head] = {**data[head], tail: value} if tail else value
+    if sources is not None:
         data["sources"] = sources
-        data["calibration"] = self.label()
-        return HardwareProfile.model_validate(data)
+    if calibration is not None:
+        data["calibration"] = calibration
+    return HardwareProfile.model_validate(data)
 
 
 def load_calibration(path: Path | str) -> Calibration:
