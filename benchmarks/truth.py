@@ -25,6 +25,7 @@ these configurations: both halves are held out from it. The report gives both ha
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import math
@@ -249,27 +250,44 @@ def predict(calibration: Path | None) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------ measure
 
 
-def measure(names: Sequence[str], steps: int, warmup: int) -> dict[str, Any]:
+@dataclass
+class Rig:
+    """One configuration built for measuring: the applied model, its collection, the dense optimizer, four batches."""
+
+    model: Any
+    ebc: Any
+    opt: Any
+    batches: list[Any]
+    grads: dict[str, Any]
+
+    def step(self, i: int) -> None:
+        """One training step: forward, loss, backward (the tables update in it), the dense optimizer."""
+        import torch
+
+        d, f, y = self.batches[i % 4]
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(self.model.head(d, self.ebc(f)), y)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def emb(self, i: int) -> None:
+        """The embedding part alone: lookup forward, backward and the fused update of every table."""
+        import torch
+
+        pooled = self.ebc(self.batches[i % 4][1])
+        names_ = sorted(pooled)
+        torch.autograd.backward([pooled[n] for n in names_], [self.grads[n].to(pooled[n].dtype) for n in names_])
+
+
+def build(cfg: Config, device: Any) -> Rig:
+    """The configuration's DLRM applied to ``device`` with :func:`plan` (a process group of one must exist)."""
     import torch
-    import torch.distributed as dist
     from torch import nn
 
     from shardwise.clients.apply import apply_plan, split_parameters
     from shardwise.clients.fused_update import RowOptimizer, UpdateConfig
     from shardwise.clients.sharded_embedding import ShardedEmbeddingBagCollection
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gpu_executor import back_to_back, timed  # the executor benchmark's timers: waited and back to back
-
-    device = torch.device("cuda", 0)
-    torch.cuda.set_device(device)
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
-                            timeout=timedelta(minutes=5))  # fmt: skip
     dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
     def mlp(sizes: Sequence[int]) -> nn.Sequential:
@@ -297,7 +315,7 @@ def measure(names: Sequence[str], steps: int, warmup: int) -> dict[str, Any]:
             out: torch.Tensor = self.top(z).squeeze(1)
             return out
 
-    def batch_of(cfg: Config, gen: torch.Generator) -> Any:
+    def batch_of(gen: torch.Generator) -> Any:
         dense = torch.randn(cfg.batch, cfg.dense_features, generator=gen).to(device)
         labels = torch.randint(0, 2, (cfg.batch,), generator=gen).float().to(device)
         feats = {}
@@ -308,6 +326,44 @@ def measure(names: Sequence[str], steps: int, warmup: int) -> dict[str, Any]:
             feats[f"sparse.t{i}"] = (ids.to(device), (torch.cumsum(lengths, 0) - lengths).to(device))
         return dense, feats, labels
 
+    torch.manual_seed(0)
+    model = apply_plan(
+        DLRM(cfg), plan(cfg), device=device, embedding_optimizer=UpdateConfig(RowOptimizer(cfg.optimizer), lr=0.01)
+    )
+    _, dense = split_parameters(model)
+    fused = device.type == "cuda"
+    gen = torch.Generator().manual_seed(1)
+    return Rig(
+        model=model,
+        ebc=ShardedEmbeddingBagCollection.from_module(model),
+        opt=torch.optim.Adam(dense, lr=1e-3, fused=fused),
+        batches=[batch_of(gen) for _ in range(4)],
+        grads={f"sparse.t{i}": torch.randn(cfg.batch, cfg.dim, device=device) for i in range(len(cfg.tables))},
+    )
+
+
+def _one_rank_group(backend: str) -> None:
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                            timeout=timedelta(minutes=5))  # fmt: skip
+
+
+def measure(names: Sequence[str], steps: int, warmup: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_executor import back_to_back, timed  # the executor benchmark's timers: waited and back to back
+
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    _one_rank_group("nccl")
     results: dict[str, Any] = {}
     try:
         for cfg in CONFIGS:
@@ -318,39 +374,14 @@ def measure(names: Sequence[str], steps: int, warmup: int) -> dict[str, Any]:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats(device)
             base = torch.cuda.memory_allocated(device)
-            torch.manual_seed(0)
-            model = apply_plan(
-                DLRM(cfg),
-                plan(cfg),
-                device=device,
-                embedding_optimizer=UpdateConfig(RowOptimizer(cfg.optimizer), lr=0.01),
-            )
-            ebc = ShardedEmbeddingBagCollection.from_module(model)
-            _, dense = split_parameters(model)
-            opt = torch.optim.Adam(dense, lr=1e-3, fused=True)
-            gen = torch.Generator().manual_seed(1)
-            batches = [batch_of(cfg, gen) for _ in range(4)]
-            grads = {f"sparse.t{i}": torch.randn(cfg.batch, cfg.dim, device=device) for i in range(len(cfg.tables))}
-
-            def step(i: int, model: Any = model, ebc: Any = ebc, opt: Any = opt, batches: Any = batches) -> None:
-                d, f, y = batches[i % 4]
-                loss = torch.nn.functional.binary_cross_entropy_with_logits(model.head(d, ebc(f)), y)
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-
-            def emb(i: int, ebc: Any = ebc, batches: Any = batches, grads: Any = grads) -> None:
-                pooled = ebc(batches[i % 4][1])
-                names_ = sorted(pooled)
-                torch.autograd.backward([pooled[n] for n in names_], [grads[n].to(pooled[n].dtype) for n in names_])
-
+            rig = build(cfg, device)
             for i in range(warmup):
-                step(i)
+                rig.step(i)
             torch.cuda.synchronize()
-            waited = timed(step, steps, device)
-            pipelined, host = back_to_back(step, steps, device)
-            emb_ms = timed(emb, steps, device)
-            ebc.check_ids()
+            waited = timed(rig.step, steps, device)
+            pipelined, host = back_to_back(rig.step, steps, device)
+            emb_ms = timed(rig.emb, steps, device)
+            rig.ebc.check_ids()
             results[cfg.name] = {
                 "split": cfg.split,
                 "step_ms": statistics.median(waited),
@@ -360,10 +391,60 @@ def measure(names: Sequence[str], steps: int, warmup: int) -> dict[str, Any]:
                 "peak_bytes": torch.cuda.max_memory_allocated(device) - base,
             }
             print(f"{cfg.name:<16} {results[cfg.name]}", flush=True)
-            del model, ebc, opt, batches, grads
+            del rig
     finally:
         dist.destroy_process_group()
     return {"machine": {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__}, "configs": results}
+
+
+def profile(names: Sequence[str], steps: int, device_name: str) -> str:
+    """Where a step's host time goes: synchronisations, torch ops by self CPU time, Python functions by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_executor import back_to_back, count_syncs
+
+    device = torch.device(device_name)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", 0)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    _one_rank_group("nccl" if device.type == "cuda" else "gloo")
+    out = io.StringIO()
+    try:
+        for cfg in CONFIGS:
+            if names and cfg.name not in names:
+                continue
+            rig = build(cfg, device)
+            for i in range(5):
+                rig.step(i)
+            pipelined, host = back_to_back(rig.step, steps, device)
+            out.write(f"== {cfg.name}: pipelined {pipelined:.3f} ms, host {host:.3f} ms per step; ")
+            out.write(f"host synchronisations per step: {count_syncs(functools.partial(rig.step, 0), device)}\n")
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+            with torch_profile(activities=activities) as prof:
+                for i in range(steps):
+                    rig.step(i)
+            out.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40) + "\n")
+            cp = cProfile.Profile()
+            cp.enable()
+            for i in range(steps):
+                rig.step(i)
+            cp.disable()
+            s = io.StringIO()
+            pstats.Stats(cp, stream=s).sort_stats("tottime").print_stats(40)
+            out.write(s.getvalue() + "\n")
+            del rig
+    finally:
+        dist.destroy_process_group()
+    return out.getvalue()
 
 
 # ------------------------------------------------------------------------------------------------ refit
@@ -502,6 +583,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     f.add_argument("calibration", type=Path)
     f.add_argument("measured", type=Path)
     f.add_argument("-o", "--output", type=Path, required=True)
+    q = sub.add_parser("profile", help="where a step's host time goes (torch ops and Python functions)")
+    q.add_argument("--only", default="base-16k", help="comma-separated configuration names")
+    q.add_argument("--steps", type=int, default=20)
+    q.add_argument("--device", default="cuda")
     r = sub.add_parser("report")
     r.add_argument("predicted", type=Path)
     r.add_argument("measured", type=Path)
@@ -512,6 +597,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.cmd == "measure":
         doc = measure([n for n in args.only.split(",") if n], args.steps, args.warmup)
         args.output.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    elif args.cmd == "profile":
+        print(profile([n for n in args.only.split(",") if n], args.steps, args.device))
     elif args.cmd == "refit":
         refit(args.calibration, json.loads(args.measured.read_text(encoding="utf-8")), args.output)
     elif args.cmd == "predict":

@@ -33,6 +33,7 @@ the first call and cached, so the first step synchronises more than the later on
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -345,7 +346,7 @@ def one_group_lookup(
                 raise ValueError(f"table {name}: offsets must be None when ids are 2-D")
             bags, per_bag = ids.shape
             flat = ids.reshape(-1)
-            starts = torch.arange(at, at + flat.numel(), max(per_bag, 1), device=device)[:bags]
+            starts = torch.arange(0, flat.numel(), max(per_bag, 1), device=device)[:bags]
         elif ids.dim() == 1:
             if offsets is None:
                 raise ValueError(f"table {name}: 1-D ids need offsets")
@@ -353,7 +354,6 @@ def one_group_lookup(
             starts = offsets[:-1] if t.include_last_offset else offsets
             bags = starts.numel()
             starts = starts.to(device=device, dtype=torch.int64)
-            starts = starts + at if at else starts
         else:
             raise ValueError(f"table {name}: ids must be 1-D (with offsets) or 2-D, got {ids.dim()}-D")
         ids_parts.append(flat.to(device=device, dtype=torch.int64))
@@ -363,12 +363,17 @@ def one_group_lookup(
         at += flat.numel()
     n = at
     raw = _cat(ids_parts)
-    offsets_g = _cat(offset_parts)
-    # the table of every id: its position against the tables' first positions (bucketize, not repeat_interleave,
-    # whose kernel runs one block per table)
-    firsts = torch.tensor([sum(counts[:k]) for k in range(len(counts))], pin_memory=device.type == "cuda")
+    # every table's first id and first bag in the call, one host-to-device copy; the table of every id (and of every
+    # bag) by one bucketize against them — a fixed number of kernels whatever the number of tables (an add per
+    # table cost 16 µs of host time each on an H200's host, 1.6 ms a step at 100 tables)
+    firsts = [0, *itertools.accumulate(counts)][:-1]
+    bag_firsts = [0, *itertools.accumulate(bag_counts)][:-1]
+    starts_dev = torch.tensor(firsts + bag_firsts, pin_memory=device.type == "cuda").to(device, non_blocking=True)
+    id_firsts, bag_firsts_dev = starts_dev[: len(firsts)], starts_dev[len(firsts) :]
+    bag_table = torch.bucketize(torch.arange(sum(bag_counts), device=device), bag_firsts_dev, right=True) - 1
+    offsets_g = _cat(offset_parts) + id_firsts.index_select(0, bag_table)
     positions = torch.arange(n, device=device)
-    table_of = torch.bucketize(positions, firsts.to(device, non_blocking=True), right=True) - 1
+    table_of = torch.bucketize(positions, id_firsts, right=True) - 1
     lo = layout.lo.index_select(0, table_of)
     shifted = raw + lo
     ids_g = torch.clamp(shifted, lo, layout.hi.index_select(0, table_of))
@@ -381,15 +386,13 @@ def one_group_lookup(
     bag_ids = torch.bucketize(positions, offsets_g, right=True) - 1
     rows = group_lookup(layout.group, layout.names, ids_g, offsets_g, bag_ids)
     out: dict[str, Tensor] = {}
-    first = 0  # the table's first id in the call
     for k, (name, block) in enumerate(zip(layout.names, torch.split(rows, bag_counts), strict=True)):
         t = tables[name]
         if t.mode == "mean":
             starts = offset_parts[k]
-            lengths = torch.diff(starts, append=starts.new_full((1,), first + counts[k]))
+            lengths = torch.diff(starts, append=starts.new_full((1,), counts[k]))
             block = block / lengths.clamp(min=1).to(block.dtype).unsqueeze(1)
         out[name] = block.to(t.device)
-        first += counts[k]
     return out
 
 
