@@ -15,7 +15,10 @@ value is the one that makes the model reproduce the measurement. Per figure:
   to ``t − a = b/f``;
 * ``overheads.step_fixed_us``, ``per_table_us``, ``per_layer_us`` — the host's time to enqueue one training step of
   small models through ``apply_plan`` (world size one, the optimizer in backward, fused Adam), ``T`` tables and ``L``
-  dense layers: ``host = c0 + c1·T + c2·L`` by least squares.
+  dense layers: ``host = c0 + c1·T + c2·L`` by least squares;
+* ``overheads.host_shard_us``, ``host_ns_per_id``, ``host_ns_per_row_byte`` — what ``host`` placement adds to the step
+  of a two-table model (its tables ``host`` against the same tables ``hbm``, steps back to back), per table:
+  ``t = c0 + n·(c1 + row_bytes·c2)`` by least squares (GPU only: on a CPU executor every placement is the same).
 
 A fit minimises the relative error ``Σ ((model_i − t_i) / t_i)²``; its RMS relative error and sample count are
 written beside the value. Fractions come out in ``(0, 1]``: a fit above 1 (a kernel beating the model's peak, e.g.
@@ -37,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import torch
 import torch.distributed as dist
@@ -106,6 +109,8 @@ def linear_fit(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> tuple[li
 
     x = np.asarray(rows, dtype=float)
     y = np.asarray(ys, dtype=float)
+    if not len(y) or not np.isfinite(x).all() or not np.isfinite(y).all() or (y <= 0).any():
+        raise ValueError(f"a relative-error fit needs finite, positive measurements: {list(ys)}")
     w = 1.0 / y
     active = list(range(x.shape[1]))
     coef = np.zeros(x.shape[1])
@@ -333,9 +338,11 @@ def bench_lookup(clock: Clock, profile: HardwareProfile, cases: Sequence[LookupC
 class _Tiny(nn.Module):
     """``T`` pooled tables and ``L`` dense layers: the smallest model whose step has every part of a real one."""
 
-    def __init__(self, tables: int, layers: int, dim: int = 16, width: int = 64) -> None:
+    def __init__(self, tables: int, layers: int, dim: int = 16, width: int = 64, rows: int = 1000) -> None:
         super().__init__()
-        self.sparse = nn.ModuleDict({f"t{i}": nn.EmbeddingBag(1000, dim, mode="sum") for i in range(tables)})
+        self.sparse = nn.ModuleDict(
+            {f"t{i}": nn.EmbeddingBag(rows, dim, mode="sum", device="meta") for i in range(tables)}
+        )
         sizes = [dim * tables, *([width] * layers)]
         self.dense = nn.Sequential(*(nn.Linear(a, b) for a, b in itertools.pairwise(sizes)))
 
@@ -344,7 +351,9 @@ class _Tiny(nn.Module):
         return out
 
 
-def _tiny_plan(tables: int, layers: int, dim: int, profile: HardwareProfile) -> Plan:
+def _tiny_plan(
+    tables: int, layers: int, dim: int, profile: HardwareProfile, rows: int = 1000, placement: str = "hbm"
+) -> Plan:
     return Plan(
         status=PlanStatus.feasible,
         predicted_step_ms=1.0,
@@ -353,7 +362,11 @@ def _tiny_plan(tables: int, layers: int, dim: int, profile: HardwareProfile) -> 
             TablePlan(
                 name=f"sparse.t{i}",
                 sharding_type=ShardingType.table_wise,
-                shards=[ShardPlan(rank=0, row_offset=0, num_rows=1000, col_offset=0, num_cols=dim)],
+                shards=[
+                    ShardPlan(
+                        rank=0, row_offset=0, num_rows=rows, col_offset=0, num_cols=dim, placement=Placement(placement)
+                    )
+                ],
             )
             for i in range(tables)
         ],
@@ -447,6 +460,64 @@ def bench_host(
                 torch.cuda.synchronize(device)
             out.samples.append(Sample("host", {"tables": tables, "layers": layers}, host_ms))
             del model, ebc, opt
+    finally:
+        if created:
+            dist.destroy_process_group()
+
+
+#: (dim, batch, pooling) of the host-shard cases: two tables of 200,000 rows each
+HOST_SHARD_CASES: Final = ((16, 256, 2), (32, 1024, 2), (64, 2048, 5), (128, 4096, 10), (256, 2048, 10), (64, 16384, 3))
+
+
+def bench_host_shards(
+    device: torch.device, profile: HardwareProfile, cases: Sequence[tuple[int, int, int]], steps: int, out: Report
+) -> None:
+    """What ``host`` placement adds to a step: the same two-table model with its tables ``host`` and ``hbm``, steps
+    back to back; the difference per table is a sample of ``host_shard + n·(per_id + row_bytes·per_byte)``."""
+    from shardwise.clients.apply import apply_plan, split_parameters
+    from shardwise.clients.sharded_embedding import ShardedEmbeddingBagCollection
+
+    created = _ensure_world_of_one(device)
+    tables, rows = 2, 200_000
+    try:
+        for dim, batch, pooling in cases:
+            per_step: dict[str, float] = {}
+            for placement in ("hbm", "host"):
+                torch.manual_seed(0)
+                model = apply_plan(
+                    _Tiny(tables, 1, dim, rows=rows),
+                    _tiny_plan(tables, 1, dim, profile, rows=rows, placement=placement),
+                    device=device,
+                    embedding_optimizer=UpdateConfig(RowOptimizer.rowwise_adagrad, lr=0.01),
+                )
+                ebc = ShardedEmbeddingBagCollection.from_module(model)
+                _, dense = split_parameters(model)
+                opt = torch.optim.Adam(dense, lr=1e-3)
+                feats = {
+                    f"sparse.t{i}": (
+                        torch.randint(0, rows, (batch * pooling,), device=device),
+                        torch.arange(0, batch * pooling, pooling, device=device),
+                    )
+                    for i in range(tables)
+                }
+
+                def step(model: Any = model, ebc: Any = ebc, opt: Any = opt, feats: Any = feats) -> None:
+                    model.head(ebc(feats)).square().mean().backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+
+                per_step[placement] = Clock(device, steps).wall_ms(step)
+                del model, ebc, opt
+            extra = (per_step["host"] - per_step["hbm"]) / tables
+            params: dict[str, float] = {
+                "dim": dim,
+                "batch": batch,
+                "pooling": pooling,
+                "rows": rows,
+                "row_bytes": dim * 4,
+            }
+            params |= {"host_step_ms": per_step["host"], "hbm_step_ms": per_step["hbm"]}
+            out.samples.append(Sample("host_shard", params, extra))
     finally:
         if created:
             dist.destroy_process_group()
@@ -656,6 +727,27 @@ def calibrate(
             fit_error=round(err, 4),
         )
         log(f"{'overheads.' + name:<28} {value * 1e3:8.2f} us")
+    if gpu and not (dist.is_initialized() and dist.get_world_size() > 1):
+        log("host shards (looked up on the CPU) …")
+        bench_host_shards(device, current, HOST_SHARD_CASES[:3] if quick else HOST_SHARD_CASES, 20, out)
+        hs = [s for s in out.samples if s.kind == "host_shard" and s.measured_ms > 0]  # host slower, as it must be
+        if len(hs) < 3:
+            log(f"host shards: {len(hs)} usable samples, too few to fit; the figures stay as they were")
+            out.notes.append("host shards: not fitted (too few samples where host placement was slower)")
+        else:
+            ids = [s.params["batch"] * s.params["pooling"] for s in hs]
+            (fixed_ms, per_id_ms, per_byte_ms), hs_err = linear_fit(
+                [[1.0, n, n * s.params["row_bytes"]] for s, n in zip(hs, ids, strict=True)],
+                [s.measured_ms for s in hs],
+            )
+            kind = "what host placement adds to a two-table step (dims 16–256, 512–49,152 ids a table)"
+            fitted = {"host_shard_us": fixed_ms * 1e3, "host_ns_per_id": per_id_ms * 1e6,
+                      "host_ns_per_row_byte": per_byte_ms * 1e6}  # fmt: skip
+            for name, value in fitted.items():
+                figures[f"overheads.{name}"] = Figure(
+                    value=float(f"{value:.4g}"), source=f"{where}: {kind}", samples=len(hs), fit_error=round(hs_err, 4)
+                )
+                log(f"{'overheads.' + name:<28} {value:8.3f}")
     if dist.is_initialized() and dist.get_world_size() > 1:
         log("collectives …")
         bench_collectives(device, profile, (0.0625, 1, 16, 128) if gpu else (0.0625, 1), reps, out)

@@ -39,6 +39,9 @@ CALIBRATABLE: Final = (
     "overheads.per_table_us",
     "overheads.per_layer_us",
     "overheads.sort_ns_per_id",
+    "overheads.host_shard_us",
+    "overheads.host_ns_per_id",
+    "overheads.host_ns_per_row_byte",
 )
 
 

@@ -58,7 +58,11 @@ class StepOverheads(BaseModel):
     - ``step_fixed_us``: host time per step that does not grow with the model (autograd, loss, optimizer calls);
     - ``per_table_us``: host time per embedding table per step (its input prepared, its lookup and update enqueued);
     - ``per_layer_us``: host time per dense layer per step (forward, backward and optimizer kernels enqueued);
-    - ``sort_ns_per_id``: device time per looked-up id to sort the ids and find their rows before the fused update.
+    - ``sort_ns_per_id``: device time per looked-up id to sort the ids and find their rows before the fused update;
+    - ``host_shard_us``, ``host_ns_per_id``, ``host_ns_per_row_byte``: host CPU time of a ``host``-placed shard per
+      step on shardwise's executor, which looks such shards up and updates them on the CPU: a fixed part per shard
+      (the transfers of its ids and pooled rows, which wait for the device, and the CPU calls) plus, per looked-up
+      id, ``host_ns_per_id + row_bytes·host_ns_per_row_byte`` (the gather, the backward and the update on the CPU).
 
     The host terms bound a step from below when the device waits for the host (small batches); see the cost model.
     """
@@ -69,6 +73,9 @@ class StepOverheads(BaseModel):
     per_table_us: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
     per_layer_us: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
     sort_ns_per_id: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
+    host_shard_us: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
+    host_ns_per_id: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
+    host_ns_per_row_byte: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
 
 
 class HardwareProfile(BaseModel):

@@ -98,14 +98,24 @@ Gathers run at ``hbm_bw·achieved.embedding_gather``, streams at ``hbm_bw·achie
 The fused update first sorts a shard's ids to find their rows: ``n · overheads.sort_ns_per_id`` more (0 until
 calibrated; data_parallel copies have no sort).
 
+Host shards (:func:`host_lookup_ms`)
+------------------------------------
+shardwise's executor looks a ``host`` shard up on the CPU: its ids go to the host (a copy that waits for the device),
+the CPU gathers and pools the rows, the pooled rows go back; backward brings their gradient to the host and the CPU
+updates the rows. That is host time, not device time:
+``host_lookup = host_shard_us + n·(host_ns_per_id + c·b·host_ns_per_row_byte)`` (the profile's ``overheads``, zero until
+calibrated). A ``host`` shard's compute time is the larger of FBGEMM's (its reads over the host link, above) and this,
+and the rank's host time (below) carries it too: the host is busy with it while the device waits for its rows.
+
 Host floor (:func:`host_floor_ms`)
 ----------------------------------
-A step cannot finish before the host has enqueued it: ``host = step_fixed_us + per_table_us·T + per_layer_us·L``
+A step cannot finish before the host has enqueued it: ``floor = step_fixed_us + per_table_us·T + per_layer_us·L``
 (``T`` the model's tables, all of which every rank prepares input for and looks up or exchanges, ``L`` its dense
-layers; the profile's ``overheads``, zero until calibrated). A rank's step is ``max(compute + comm, host)`` — the
-executor has no synchronisation inside a step at world size one, so the host and the device overlap, and the slower
-of the two sets the pace. The host floor does not depend on the plan, so it changes no ranking; it raises the
-predicted step and the bound alike.
+layers; the profile's ``overheads``, zero until calibrated). A rank's host time is ``floor`` plus the CPU lookups of
+its ``host`` shards, and its step is ``max(compute + comm, host)`` — the executor has no synchronisation inside a
+step at world size one (but for the transfers of ``host`` shards, whose time is in both terms), so the host and the
+device overlap, and the slower of the two sets the pace. The floor does not depend on the plan, so it changes no
+ranking; it raises the predicted step and the bound alike.
 
 Communication is ``bytes / bandwidth`` over the link that carries it; the fixed latency of each collective is
 charged once per rank and step by :func:`collective_latency_ms` (one all-to-all carries every table).  Traffic
@@ -126,10 +136,13 @@ Every rank also sends its own batch's ids and receives its own pooled outputs fo
 (:func:`table_data_side_ms`): ``(B·F·L·8 + B·F·8 + 2·B·F·D·ob)·(W−1)/W`` over the same intra/inter split.
 
 Dense layers (:func:`dense_cost`): roofline ``max(3·f·B / (peak(dtype)·achieved.gemm),
-3·(w + B·(in+out)·b) / (hbm_bw·achieved.memory_bound))`` with ``f`` forward FLOPs per sample; memory and collectives
-per style — replicate (all-reduce of the gradient), fsdp (two all-gathers and a reduce-scatter of the parameters,
-1/W of the state per rank plus one unsharded copy), colwise / rowwise (tensor parallel inside the host: 1/g of the
-state, activations exchanged inside the host, the gradient of the 1/g slice all-reduced across hosts).
+3·(w + B·(in+out)·b) / (hbm_bw·achieved.memory_bound))`` with ``f`` forward FLOPs per sample; activations
+``B·(in+out)·b`` per layer (in a chain a layer's output is the next one's input, but backward's gradients of the same
+sizes live beside them: measured on an H200, charging only the inputs fell 3–8 % short of the peak at batch 32K–64K,
+``docs/truth.md``); memory and collectives per style — replicate (all-reduce of the gradient), fsdp (two
+all-gathers and a reduce-scatter of the parameters, 1/W of the state per rank plus one unsharded copy), colwise /
+rowwise (tensor parallel inside the host: 1/g of the state, activations exchanged inside the host, the gradient of
+the 1/g slice all-reduced across hosts).
 
 Nothing overlaps in this model: a rank's step time is its compute plus its communication.
 """
@@ -462,7 +475,28 @@ def shard_compute_ms(
         miss = 1.0 - hit
         fill = t.ids * miss * row if placement is Placement.uvm_cache else 0.0  # misses written into the cache
         seconds = (gathers * hit + fill) / hbm_gather + gathers * miss / link + streams / hbm_stream
+    if placement is Placement.host:  # the larger of FBGEMM's reads over the host link and shardwise's CPU lookup
+        return max(seconds * MS + sort_ms, host_lookup_ms(table, sharding, num_rows, num_cols, profile, batch, world))
     return seconds * MS + sort_ms
+
+
+def host_lookup_ms(
+    table: EmbeddingTableSpec,
+    sharding: ST,
+    num_rows: int,
+    num_cols: int,
+    profile: HardwareProfile,
+    batch: int,
+    world: int,
+) -> float:
+    """Host CPU time per step of a ``host``-placed shard on shardwise's executor (module docstring, "Host shards"):
+    ``host_shard_us + n·(host_ns_per_id + c·b·host_ns_per_row_byte)``; 0 until calibrated."""
+    o = profile.overheads
+    if not (o.host_shard_us or o.host_ns_per_id or o.host_ns_per_row_byte):
+        return 0.0
+    n = shard_traffic(table, sharding, num_rows, batch, world).ids
+    per_id_ns = o.host_ns_per_id + num_cols * table.dtype.nbytes * o.host_ns_per_row_byte
+    return o.host_shard_us / 1e3 + n * per_id_ns * 1e-6
 
 
 def host_floor_ms(profile: HardwareProfile, tables: int, layers: int) -> float:

@@ -32,6 +32,7 @@ class ShardCost:
     memory: cm.ShardMemory
     compute_ms: float
     comm_ms: float
+    host_ms: float = 0.0  # host CPU time (a ``host`` shard's lookup on shardwise's executor), also in compute_ms
 
     @property
     def total_ms(self) -> float:
@@ -82,7 +83,10 @@ def shard_cost(
     )
     ctx = topo.context(cls, batch, group if sharding in (ShardingType.row_wise, ShardingType.table_row_wise) else None)
     comm = cm.shard_comm_ms(table, sharding, num_rows, num_cols, ctx)
-    return ShardCost(memory=memory, compute_ms=compute, comm_ms=comm)
+    host = 0.0
+    if placement is Placement.host:
+        host = cm.host_lookup_ms(table, sharding, num_rows, num_cols, cls.profile, batch, W)
+    return ShardCost(memory=memory, compute_ms=compute, comm_ms=comm, host_ms=host)
 
 
 def data_side_ms(topo: Topology, batch: int, table: EmbeddingTableSpec, cls: DeviceClass) -> float:
@@ -134,6 +138,7 @@ class _RankAcc:
     host: int = 0
     compute: float = 0.0
     comm: float = 0.0
+    host_lookups: float = 0.0
 
     def add(self, c: ShardCost) -> None:
         m = c.memory
@@ -145,6 +150,7 @@ class _RankAcc:
         self.host += m.host
         self.compute += c.compute_ms
         self.comm += c.comm_ms
+        self.host_lookups += c.host_ms
 
     @property
     def hbm(self) -> int:
@@ -220,7 +226,7 @@ def evaluate(topo: Topology, model: ModelSpec, tables: Sequence[TablePlan], dens
     ranks: list[RankPlan] = []
     for info, a in zip(topo.ranks, acc, strict=True):
         a.comm += cm.collective_latency_ms(info.profile, kinds, multi_host)
-        host = cm.host_floor_ms(info.profile, len(model.embedding_tables), len(model.dense_layers))
+        host = cm.host_floor_ms(info.profile, len(model.embedding_tables), len(model.dense_layers)) + a.host_lookups
         host_used[info.host] += a.host
         ranks.append(
             RankPlan(

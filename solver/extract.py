@@ -10,6 +10,7 @@ from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any, Literal
 
+from shardwise.solver import cost_model as cm
 from shardwise.solver.evaluate import evaluate
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import (
@@ -122,7 +123,10 @@ def build_plan(
     ev = evaluate(topo, model, ordered, dense)
     step = round(ev.step_ms, 6)
     # the host floor bounds every plan's step alike (it does not depend on the plan): the bound may rise to it
-    floor = max((r.predicted_ms.host for r in ev.ranks), default=0.0)
+    floor = max(
+        (cm.host_floor_ms(c.profile, len(model.embedding_tables), len(model.dense_layers)) for c in topo.classes),
+        default=0.0,
+    )
     bound = None if bound_ms is None else round(min(max(bound_ms, floor), step), 6)
     gap = _gap(step, bound)
     # what holds for every plan holds over the searched space too: the searched bound is at least the bound

@@ -264,8 +264,9 @@ class FleetSpec(_Frozen):
 
 
 class RankTime(_Frozen):
-    """A rank's predicted step: device compute, communication, and the host's floor; ``total`` is
-    ``max(compute + comm, host)`` (the device cannot run ahead of the host that enqueues its work)."""
+    """A rank's predicted step: device compute, communication, and the host's time (the floor to enqueue a step,
+    plus the CPU lookups of ``host`` shards, which are in ``compute`` too); ``total`` is ``max(compute + comm,
+    host)`` (the device cannot run ahead of the host that enqueues its work)."""
 
     compute: Ms = 0.0
     comm: Ms = 0.0

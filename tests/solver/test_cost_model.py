@@ -506,6 +506,26 @@ def test_shard_compute_host_placement_gathers_over_the_host_link(round_profile: 
     assert got == approx(expected_s * 1e3)
 
 
+def test_shard_compute_host_placement_prices_the_cpu_lookup_when_calibrated(
+    make_profile: Callable[..., HardwareProfile],
+) -> None:
+    # n = 80 ids of 4 fp32 columns (16 B): CPU lookup 200 µs + 80·(100 + 16·10) ns = 0.2208 ms, more than the
+    # 0.02304 ms of FBGEMM's reads over the host link: the shard costs the larger
+    profile = make_profile(overheads={"host_shard_us": 200.0, "host_ns_per_id": 100.0, "host_ns_per_row_byte": 10.0})
+    t = table(embedding_dim=4)
+    kw: dict[str, Any] = {"sharding": ST.table_wise, "num_rows": 1000, "num_cols": 4, "batch": B, "world": W}
+    lookup = cm.host_lookup_ms(t, ST.table_wise, 1000, 4, profile, B, W)
+    assert lookup == approx(0.2 + 80 * (100 + 16 * 10) * 1e-6)
+    host = cm.shard_compute_ms(t, placement=Placement.host, cache_fraction=None, profile=profile, **kw)
+    assert host == approx(lookup)
+    hbm = cm.shard_compute_ms(t, placement=Placement.hbm, cache_fraction=None, profile=profile, **kw)
+    assert hbm < 0.01  # the CPU lookup is for host shards alone
+
+
+def test_host_lookup_is_zero_until_calibrated(round_profile: HardwareProfile) -> None:
+    assert cm.host_lookup_ms(table(), ST.table_wise, 1000, 8, round_profile, B, W) == 0.0
+
+
 def test_shard_compute_uvm_cache_splits_hits_and_misses(round_profile: HardwareProfile) -> None:
     # uniform access, f = 0.5 → h = 0.5; misses cross the link and are written into the cache (n·(1−h)·row)
     t = table(embedding_dim=4)
