@@ -95,7 +95,7 @@ def create_app(settings: Settings | None = None, *, runner: JobRunner | None = N
                 log.warning("could not check for interrupted jobs (is the schema migrated?)", exc_info=True)
         if owned:
             app.state.runner.start()
-        reaper = Reaper(app.state.sessions, app.state.runner, lease_s=app.state.runner.lease_s)
+        reaper = app.state.reaper = Reaper(app.state.sessions, app.state.runner, lease_s=app.state.runner.lease_s)
         reaper.start()
         log.info(
             "shardwise %s ready: %s database, %s runner", solver_version(), engine.dialect.name, app.state.runner.name

@@ -12,6 +12,7 @@ and ``retry_unavailable`` retries them (with backoff, within a time budget) wher
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -47,7 +48,10 @@ def make_engine(url: str) -> Engine:
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
+    try:
+        cur.execute("PRAGMA journal_mode=WAL")
+    except sqlite3.OperationalError as exc:  # a read-only file: serve the reads; /readyz and writes say why not
+        log.warning("SQLite: could not set WAL mode (%s); the database serves reads only", exc)
     cur.execute("PRAGMA busy_timeout=30000")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
