@@ -103,6 +103,11 @@ def shown(value: object, limit: int = SHOWN_CHARS) -> str:
     return f"{text[:limit]!r}… ({len(text)} characters)"
 
 
+def cut_path(path: str, limit: int = 4 * SHOWN_CHARS) -> str:
+    """A request path for a problem's ``instance`` or a log line: at most ``limit`` characters."""
+    return path if len(path) <= limit else f"{path[:limit]}… ({len(path)} characters)"
+
+
 def problem_body(
     status: int, slug: str, title: str, detail: str | None, instance: str | None = None, **extensions: Any
 ) -> dict[str, Any]:
@@ -166,7 +171,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        return problem_response(exc.problem(request.url.path), exc.headers)
+        return problem_response(exc.problem(cut_path(request.url.path)), exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -177,7 +182,7 @@ def install(app: FastAPI) -> None:
                 "validation",
                 InvalidInput.title,
                 describe_errors(errors) if errors else None,
-                request.url.path,
+                cut_path(request.url.path),
                 errors=field_errors(errors),
             )
         )
@@ -187,20 +192,21 @@ def install(app: FastAPI) -> None:
         slug = _STATUS_SLUGS.get(exc.status_code, "http-error")
         title = slug.replace("-", " ").capitalize()
         detail = exc.detail if isinstance(exc.detail, str) else None
+        instance = cut_path(request.url.path)
         return problem_response(
-            problem_body(exc.status_code, slug, title, detail, request.url.path), getattr(exc, "headers", None)
+            problem_body(exc.status_code, slug, title, detail, instance), getattr(exc, "headers", None)
         )
 
     async def _database(request: Request, exc: Exception) -> JSONResponse:
         if not unavailable(exc):  # a statement the database refused: a bug, like any other
             return await _unexpected(request, exc)
-        log.warning("database unavailable on %s %s: %s", request.method, request.url.path, first_line(exc))
+        log.warning("database unavailable on %s %s: %s", request.method, cut_path(request.url.path), first_line(exc))
         problem = DatabaseUnavailable(
             "the database cannot be reached or cannot take writes now; nothing was changed by this request unless "
             "its answer says so: try again",
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
-        return problem_response(problem.problem(request.url.path), problem.headers)
+        return problem_response(problem.problem(cut_path(request.url.path)), problem.headers)
 
     app.add_exception_handler(DBAPIError, _database)
     app.add_exception_handler(PoolTimeout, _database)
@@ -208,19 +214,16 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(ClientDisconnect)
     async def _client_gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
         # the client went away while its body was read: not an error of ours, and nobody is left to answer
-        log.info("client disconnected during %s %s", request.method, request.url.path)
+        log.info("client disconnected during %s %s", request.method, cut_path(request.url.path))
         return problem_response(
-            problem_body(400, "client-disconnected", "The client disconnected", None, request.url.path)
+            problem_body(400, "client-disconnected", "The client disconnected", None, cut_path(request.url.path))
         )
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return problem_response(
-            problem_body(
-                500, "internal", ServiceError.title, "an unexpected error; it has been logged", request.url.path
-            )
-        )
+        log.exception("unhandled error on %s %s", request.method, cut_path(request.url.path))
+        detail = "an unexpected error; it has been logged"
+        return problem_response(problem_body(500, "internal", ServiceError.title, detail, cut_path(request.url.path)))
 
 
 def problem_responses(*errors: type[ServiceError]) -> dict[int | str, dict[str, Any]]:

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from shardwise.service.errors import PayloadTooLarge, problem_body
+from shardwise.service.errors import PayloadTooLarge, cut_path, problem_body
 from shardwise.service.settings import redact
 
 access_log = logging.getLogger("shardwise.access")
@@ -184,7 +184,7 @@ class RequestMiddleware:
             access_log.info(
                 "%s %s %d",
                 scope["method"],
-                scope["path"],
+                cut_path(scope["path"]),
                 status[0],
                 extra={
                     "request_id": request_id,
@@ -226,7 +226,7 @@ async def _send_problem(send: Send, scope: Scope, limit: int) -> None:
         PayloadTooLarge.slug,
         PayloadTooLarge.title,
         f"the body is over this service's limit of {limit} bytes",
-        scope["path"],
+        cut_path(scope["path"]),
     )
     raw = json.dumps(body).encode()
     await send(
