@@ -9,10 +9,21 @@ Runners decide *where* it runs: ``LocalRunner`` in a pool of local processes (th
 runner (``shardwise.service.celery_app``) on workers when a broker URL is set. ``JobRunner`` is the seam.
 
 Claiming is a compare-and-set on the row (``attempts`` is its version), so two deliveries of one job never both
-claim it. With a lease (``lease_s``, the Celery runner) a ``running`` job whose row was touched less than ``lease_s``
-ago belongs to a live process: a second delivery leaves it alone and gets ``BUSY``; the process that holds a job
-touches its row (``updated_at``, the heartbeat) every ``lease_s / 3`` seconds while it solves. A job whose holder
-died stops being touched, and once the lease has run out the next delivery claims it again.
+claim it. With a lease (``lease_s``: both runners give one, ``SHARDWISE_JOB_LEASE_S``) a ``running`` job whose row
+was touched less than ``lease_s`` ago belongs to a live process: a second delivery leaves it alone and gets ``BUSY``;
+the process that holds a job touches its row (``updated_at``, the heartbeat) every ``lease_s / 3`` seconds while it
+solves. A job whose holder died (or hung, or lost the database) stops being touched; once the lease has run out the
+``Reaper`` (a thread in each API process) ends it failed (``/problems/solve-lost``), or queues it again on a runner
+that redelivers (Celery), and the next delivery claims it.
+
+A job's end is always recorded: its reads and its end are retried while the database is unavailable
+(``db.retry_unavailable``, for ``STORE_RETRY_S``), and a process that dies is failed by its runner, the reaper or
+the next start-up. **The late-result rule: the first end recorded stands.** The end is a compare-and-set on the
+attempt that claimed the job, while the job is live; a result that arrives after the job was ended elsewhere (the
+reaper, a restart, a newer attempt) leaves the job as it is and is logged. The plan it solved stays stored: a plan
+belongs to its request hash, and the next identical request is answered from it.
+
+Local solver processes die with the API (``die_with_parent``): ``kill -9`` of the API leaves no solver behind.
 
 Fault drill: ``SHARDWISE_FAULT_HANG="<model name>:<seconds>"`` in a solver process's environment makes a job of that
 model hang that long before solving (the solver honours its time limit, so nothing else overruns it): what runs out
