@@ -20,7 +20,8 @@ from fastapi.staticfiles import StaticFiles
 from shardwise.service import errors
 from shardwise.service import repository as repo
 from shardwise.service.db import make_engine, session_factory
-from shardwise.service.jobs import JobRunner, LocalRunner
+from shardwise.service.errors import problem_responses
+from shardwise.service.jobs import JobRunner, LocalRunner, Reaper
 from shardwise.service.observability import Metrics, RequestMiddleware, configure_logging
 from shardwise.service.routers import calibrations, health, hwprofiles, jobs, plans, port, specs, ui
 from shardwise.service.routers.common import BODY_MODELS, no_control_characters
@@ -42,7 +43,13 @@ def make_runner(settings: Settings, app: FastAPI) -> JobRunner:
         from shardwise.service.celery_app import CeleryRunner
 
         return CeleryRunner(settings)
-    return LocalRunner(settings.database_url, settings.job_workers)
+    return LocalRunner(
+        settings.database_url,
+        settings.job_workers,
+        lease_s=settings.job_lease_s,
+        log_level=settings.log_level,
+        log_json=settings.log_json,
+    )
 
 
 def _observe(app: FastAPI, job_id: str) -> None:
@@ -88,12 +95,15 @@ def create_app(settings: Settings | None = None, *, runner: JobRunner | None = N
                 log.warning("could not check for interrupted jobs (is the schema migrated?)", exc_info=True)
         if owned:
             app.state.runner.start()
+        reaper = app.state.reaper = Reaper(app.state.sessions, app.state.runner, lease_s=app.state.runner.lease_s)
+        reaper.start()
         log.info(
             "shardwise %s ready: %s database, %s runner", solver_version(), engine.dialect.name, app.state.runner.name
         )
         try:
             yield
         finally:
+            reaper.stop()
             if owned:
                 app.state.runner.shutdown()
             engine.dispose()
@@ -138,6 +148,12 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     if app.openapi_schema:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
+    for url, path in schema.get("paths", {}).items():  # any route that reads the database may answer 503
+        if not url.startswith(API_PREFIX):
+            continue
+        for operation in path.values():
+            for status, entry in problem_responses(errors.DatabaseUnavailable).items():
+                operation.setdefault("responses", {}).setdefault(str(status), entry)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     for model in BODY_MODELS:
         body = model.model_json_schema(ref_template="#/components/schemas/{model}")

@@ -72,7 +72,7 @@ from shardwise.service.db import make_engine, session_factory
 from shardwise.service.errors import problem_body
 from shardwise.service.jobs import BUSY, MAX_ATTEMPTS, execute_job
 from shardwise.service.models import JobRow, utcnow
-from shardwise.service.observability import JsonFormatter, configure_logging
+from shardwise.service.observability import JsonFormatter, RedactingFormatter, configure_logging
 from shardwise.service.settings import Settings
 from shardwise.wire.resources import JobState
 
@@ -92,9 +92,6 @@ class WorkerSettings(Settings):
     """The service's settings plus the queue's (``SHARDWISE_*`` environment variables, like the rest)."""
 
     celery_queue: str = Field(default="shardwise", min_length=1, max_length=200, description="the jobs' queue")
-    job_lease_s: float = Field(
-        default=30.0, gt=0, description="a running job whose row was not touched for this long is taken over"
-    )
     job_time_margin_s: float = Field(
         default=120.0, ge=0, description="a job is stopped at its time_limit_s plus this (building, storing)"
     )
@@ -223,6 +220,7 @@ class CeleryRunner:
     """Jobs on Celery workers. Submitting publishes the job id; waiting is the caller polling the database."""
 
     name = "celery"
+    redelivers = True  # a job whose worker was lost is queued again (``jobs.reap``)
 
     def __init__(self, settings: Settings) -> None:
         if isinstance(settings, WorkerSettings):
@@ -232,12 +230,17 @@ class CeleryRunner:
                 database_url=settings.database_url,
                 broker_url=settings.broker_url,
                 max_time_limit_s=settings.max_time_limit_s,
+                job_lease_s=settings.job_lease_s,
             )
         if not self.settings.broker_url:
             raise ValueError("the Celery runner needs a broker URL (SHARDWISE_BROKER_URL)")
         self._app: Celery | None = None
         self._engine: Engine | None = None
         self._waits = threading.local()
+
+    @property
+    def lease_s(self) -> float:
+        return self.settings.job_lease_s
 
     @property
     def app(self) -> Celery:
@@ -312,7 +315,7 @@ def _setup_logging(loglevel: Any = None, **_: Any) -> None:
     configure_logging(str(level), cfg.log_json)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
-        JsonFormatter() if cfg.log_json else logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
+        JsonFormatter() if cfg.log_json else RedactingFormatter("%(asctime)s %(levelname)s %(name)s %(message)s")
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]

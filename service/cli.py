@@ -31,14 +31,15 @@ def serve(
         import uvicorn
 
         from shardwise.service.db import upgrade
-        from shardwise.service.settings import Settings
+        from shardwise.service.settings import Settings, redact_url
     except ImportError as exc:
         _missing_extra("the service", exc)
     settings = Settings()
     if migrate:
         upgrade(settings.database_url)
     typer.echo(
-        f"shardwise on http://{host}:{port} · UI http://{host}:{port}/ui/plans · database {settings.database_url}"
+        f"shardwise on http://{host}:{port} · UI http://{host}:{port}/ui/plans · "
+        f"database {redact_url(settings.database_url)}"
     )
     uvicorn.run("shardwise.service.asgi:app_from_env", factory=True, host=host, port=port, log_level="warning")
 

@@ -15,8 +15,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
+from shardwise.service.db import first_line, unavailable
 from shardwise.wire.resources import UNION_TAGS, Problem
 
 log = logging.getLogger(__name__)
@@ -59,6 +63,10 @@ class PayloadTooLarge(ServiceError):
     status, slug, title = 413, "body-too-large", "Request body too large"
 
 
+class UnsupportedMediaType(ServiceError):
+    status, slug, title = 415, "unsupported-media-type", "The body must be JSON"
+
+
 class InvalidInput(ServiceError):
     status, slug, title = 422, "validation", "The request is not valid"
 
@@ -73,6 +81,31 @@ class Infeasible(ServiceError):
 
 class NotReady(ServiceError):
     status, slug, title = 503, "not-ready", "The service is not ready"
+
+
+class DatabaseUnavailable(ServiceError):
+    status, slug, title = 503, "database-unavailable", "The database is unavailable"
+
+
+#: seconds a client is asked to wait (``Retry-After``) before trying again after a 503
+RETRY_AFTER_S = 5
+
+
+SHOWN_CHARS = 80  # an input echoed in an error message is cut to this many characters
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters of the value (with its length said) so that
+    an 8 MB name is not sent back in a 404."""
+    text = str(value)
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}… ({len(text)} characters)"
+
+
+def cut_path(path: str, limit: int = 4 * SHOWN_CHARS) -> str:
+    """A request path for a problem's ``instance`` or a log line: at most ``limit`` characters."""
+    return path if len(path) <= limit else f"{path[:limit]}… ({len(path)} characters)"
 
 
 def problem_body(
@@ -138,7 +171,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        return problem_response(exc.problem(request.url.path), exc.headers)
+        return problem_response(exc.problem(cut_path(request.url.path)), exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -149,7 +182,7 @@ def install(app: FastAPI) -> None:
                 "validation",
                 InvalidInput.title,
                 describe_errors(errors) if errors else None,
-                request.url.path,
+                cut_path(request.url.path),
                 errors=field_errors(errors),
             )
         )
@@ -159,18 +192,38 @@ def install(app: FastAPI) -> None:
         slug = _STATUS_SLUGS.get(exc.status_code, "http-error")
         title = slug.replace("-", " ").capitalize()
         detail = exc.detail if isinstance(exc.detail, str) else None
+        instance = cut_path(request.url.path)
         return problem_response(
-            problem_body(exc.status_code, slug, title, detail, request.url.path), getattr(exc, "headers", None)
+            problem_body(exc.status_code, slug, title, detail, instance), getattr(exc, "headers", None)
+        )
+
+    async def _database(request: Request, exc: Exception) -> JSONResponse:
+        if not unavailable(exc):  # a statement the database refused: a bug, like any other
+            return await _unexpected(request, exc)
+        log.warning("database unavailable on %s %s: %s", request.method, cut_path(request.url.path), first_line(exc))
+        problem = DatabaseUnavailable(
+            "the database cannot be reached or cannot take writes now; nothing was changed by this request unless "
+            "its answer says so: try again",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+        return problem_response(problem.problem(cut_path(request.url.path)), problem.headers)
+
+    app.add_exception_handler(DBAPIError, _database)
+    app.add_exception_handler(PoolTimeout, _database)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
+        # the client went away while its body was read: not an error of ours, and nobody is left to answer
+        log.info("client disconnected during %s %s", request.method, cut_path(request.url.path))
+        return problem_response(
+            problem_body(400, "client-disconnected", "The client disconnected", None, cut_path(request.url.path))
         )
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return problem_response(
-            problem_body(
-                500, "internal", ServiceError.title, "an unexpected error; it has been logged", request.url.path
-            )
-        )
+        log.exception("unhandled error on %s %s", request.method, cut_path(request.url.path))
+        detail = "an unexpected error; it has been logged"
+        return problem_response(problem_body(500, "internal", ServiceError.title, detail, cut_path(request.url.path)))
 
 
 def problem_responses(*errors: type[ServiceError]) -> dict[int | str, dict[str, Any]]:

@@ -9,10 +9,21 @@ Runners decide *where* it runs: ``LocalRunner`` in a pool of local processes (th
 runner (``shardwise.service.celery_app``) on workers when a broker URL is set. ``JobRunner`` is the seam.
 
 Claiming is a compare-and-set on the row (``attempts`` is its version), so two deliveries of one job never both
-claim it. With a lease (``lease_s``, the Celery runner) a ``running`` job whose row was touched less than ``lease_s``
-ago belongs to a live process: a second delivery leaves it alone and gets ``BUSY``; the process that holds a job
-touches its row (``updated_at``, the heartbeat) every ``lease_s / 3`` seconds while it solves. A job whose holder
-died stops being touched, and once the lease has run out the next delivery claims it again.
+claim it. With a lease (``lease_s``: both runners give one, ``SHARDWISE_JOB_LEASE_S``) a ``running`` job whose row
+was touched less than ``lease_s`` ago belongs to a live process: a second delivery leaves it alone and gets ``BUSY``;
+the process that holds a job touches its row (``updated_at``, the heartbeat) every ``lease_s / 3`` seconds while it
+solves. A job whose holder died (or hung, or lost the database) stops being touched; once the lease has run out the
+``Reaper`` (a thread in each API process) ends it failed (``/problems/solve-lost``), or queues it again on a runner
+that redelivers (Celery), and the next delivery claims it.
+
+A job's end is always recorded: its reads and its end are retried while the database is unavailable
+(``db.retry_unavailable``, for ``STORE_RETRY_S``), and a process that dies is failed by its runner, the reaper or
+the next start-up. **The late-result rule: the first end recorded stands.** The end is a compare-and-set on the
+attempt that claimed the job, while the job is live; a result that arrives after the job was ended elsewhere (the
+reaper, a restart, a newer attempt) leaves the job as it is and is logged. The plan it solved stays stored: a plan
+belongs to its request hash, and the next identical request is answered from it.
+
+Local solver processes die with the API (``die_with_parent``): ``kill -9`` of the API leaves no solver behind.
 
 Fault drill: ``SHARDWISE_FAULT_HANG="<model name>:<seconds>"`` in a solver process's environment makes a job of that
 model hang that long before solving (the solver honours its time limit, so nothing else overruns it): what runs out
@@ -22,11 +33,15 @@ Unset (the default), nothing changes.
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
+import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager, nullcontext
 from datetime import datetime, timedelta
@@ -38,9 +53,10 @@ from sqlalchemy import Engine, or_, update
 from sqlalchemy.orm import Session
 
 from shardwise.service import repository as repo
-from shardwise.service.db import make_engine, session_factory
+from shardwise.service.db import first_line, make_engine, retry_unavailable, session_factory
 from shardwise.service.errors import problem_body
 from shardwise.service.models import JobRow, utcnow
+from shardwise.service.observability import configure_logging
 from shardwise.wire.resources import JobState
 from shardwise.wire.spec import FleetSpec, ModelSpec, PlanStatus, SolveParams
 
@@ -49,6 +65,8 @@ log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 0.5  # at most two progress writes a second per job
 MAX_ATTEMPTS = 3  # a job that keeps killing its process ends failed after this many starts
 BUSY = "busy"  # execute_job's answer when a live process holds the job (or claimed it under us)
+STORE_RETRY_S = 120.0  # a job's reads and its end are retried this long while the database is away
+JOB_LEASE_S = 30.0  # default lease: a running job whose row was not touched for this long has lost its holder
 
 
 @cache
@@ -61,8 +79,23 @@ def execute_job(job_id: str, database_url: str, max_attempts: int = MAX_ATTEMPTS
 
     Safe to call again after a crash (redelivery) and concurrently with itself: the claim is a compare-and-set.
     With ``lease_s`` a running job touched less than ``lease_s`` ago is left to its holder (see the module doc).
+    Every read and write of the job is retried while the database is away (``STORE_RETRY_S``), and its end is
+    recorded by a compare-and-set on the attempt it claimed (the late-result rule of the module doc).
     """
     sessions = session_factory(_engine(database_url))
+    taken = retry_unavailable(
+        lambda: _take(sessions, job_id, max_attempts, lease_s), f"job {job_id}: claiming it", STORE_RETRY_S
+    )
+    if isinstance(taken, str):
+        return taken
+    job = taken
+    heartbeat = _heartbeat(sessions, job.id, job.attempts, lease_s / 3) if lease_s is not None else nullcontext()
+    with heartbeat:
+        return _run(sessions, job)
+
+
+def _take(sessions: Callable[[], Session], job_id: str, max_attempts: int, lease_s: float | None) -> JobRow | str:
+    """The job, claimed for one more attempt; or the state to answer with when it is not ours to run."""
     with sessions() as session:
         job = repo.job_by_id(session, job_id)
         if job is None:
@@ -72,7 +105,7 @@ def execute_job(job_id: str, database_url: str, max_attempts: int = MAX_ATTEMPTS
         if lease_s is not None and job.state == JobState.running.value and job.updated_at > _lease_cutoff(lease_s):
             return BUSY  # a live process is solving it
         if job.attempts >= max_attempts:
-            _finish(
+            return _end(
                 session,
                 job,
                 JobState.failed,
@@ -83,59 +116,64 @@ def execute_job(job_id: str, database_url: str, max_attempts: int = MAX_ATTEMPTS
                     f"the job was started {job.attempts} times and never finished; it is not retried again",
                 ),
             )
-            return job.state
         if not _claim(session, job, lease_s):
             session.refresh(job)  # another delivery claimed it (or ended it) between our read and our write
             return job.state if job.state not in repo.ACTIVE else BUSY
+        return job
 
-        heartbeat = _heartbeat(sessions, job.id, job.attempts, lease_s / 3) if lease_s is not None else nullcontext()
-        with heartbeat:
+
+def _run(sessions: Callable[[], Session], job: JobRow) -> str:
+    """Solve the claimed ``job`` and record its end (retried while the database is away)."""
+    what = f"job {job.id}"
+
+    def reuse() -> str | None:  # solved meanwhile (another replica, an earlier attempt)
+        with sessions() as session:
             existing = repo.plan_by_hash(session, job.request_hash)
-            if existing is not None:  # solved meanwhile (another replica, an earlier attempt)
-                return _finish_with_plan(session, job, existing)
-            session.commit()  # hold no transaction open while solving (minutes on PostgreSQL: idle in transaction)
+            return None if existing is None else _end_with_plan(session, job, existing)
 
-            try:
-                model = ModelSpec.model_validate(job.request["model"])
-                fleet = FleetSpec.model_validate(job.request["fleet"])
-                params = SolveParams.model_validate(job.request["options"])
-                report = _progress_reporter(sessions, job.id)
-                _fault_hang(model.name)
-                from shardwise.solver.planner import make_plan
+    ended = retry_unavailable(reuse, f"{what}: looking for a stored plan", STORE_RETRY_S)
+    if ended is not None:
+        return ended
+    try:
+        model = ModelSpec.model_validate(job.request["model"])
+        fleet = FleetSpec.model_validate(job.request["fleet"])
+        params = SolveParams.model_validate(job.request["options"])
+        report = _progress_reporter(sessions, job.id)
+        _fault_hang(model.name)
+        from shardwise.solver.planner import make_plan
 
-                plan = make_plan(model, fleet, params, on_progress=report)
-            except Exception as exc:
-                log.exception("job %s failed", job_id)
-                session.rollback()
-                _finish(
-                    session,
-                    job,
-                    JobState.failed,
-                    error=problem_body(500, "solve-failed", "The solve failed", f"{type(exc).__name__}: {exc}"),
-                )
-                return job.state
-            why = repo.unstorable(plan.model_dump(mode="json"))
-            if why is not None:  # stored, it would answer every later read with an error: refuse it instead
-                _finish(
-                    session,
-                    job,
-                    JobState.failed,
-                    error=problem_body(
-                        422,
-                        "validation",
-                        "The request is not valid",
-                        f"the plan for this request cannot be stored: {why}",
-                    ),
-                )
-                return job.state
+        plan = make_plan(model, fleet, params, on_progress=report)
+    except Exception as exc:
+        log.exception("job %s failed", job.id)
+        error = problem_body(500, "solve-failed", "The solve failed", f"{type(exc).__name__}: {exc}")
+        return _record_end(sessions, job, JobState.failed, error=error)
+    why = repo.unstorable(plan.model_dump(mode="json"))
+    if why is not None:  # stored, it would answer every later read with an error: refuse it instead
+        error = problem_body(
+            422, "validation", "The request is not valid", f"the plan for this request cannot be stored: {why}"
+        )
+        return _record_end(sessions, job, JobState.failed, error=error)
+
+    def store() -> str:  # idempotent: a plan stored by an earlier try (or anyone) is found by its request hash
+        with sessions() as session:
             row = repo.store_plan(session, plan, fleet, job.request, model_ref=job.model_ref, fleet_ref=job.fleet_ref)
-            return _finish_with_plan(session, job, row)
+            return _end_with_plan(session, job, row)
+
+    return retry_unavailable(store, f"{what}: storing its plan", STORE_RETRY_S)
+
+
+def _record_end(
+    sessions: Callable[[], Session], job: JobRow, state: JobState, *, error: dict[str, Any] | None = None
+) -> str:
+    def end() -> str:
+        with sessions() as session:
+            return _end(session, job, state, error=error)
+
+    return retry_unavailable(end, f"job {job.id}: recording its end", STORE_RETRY_S)
 
 
 def _fault_hang(model_name: str) -> None:
     """The fault drill of the module docstring (``SHARDWISE_FAULT_HANG``); a malformed value is ignored, logged."""
-    import os
-
     spec = os.environ.get("SHARDWISE_FAULT_HANG", "")
     if not spec:
         return
@@ -178,7 +216,9 @@ def _heartbeat(sessions: Callable[[], Session], job_key: Any, attempt: int, ever
     stop = threading.Event()
 
     def beat() -> None:
-        while not stop.wait(every_s):
+        wait_s = every_s
+        while not stop.wait(wait_s):
+            wait_s = every_s
             try:
                 with sessions() as s:
                     s.execute(
@@ -191,8 +231,9 @@ def _heartbeat(sessions: Callable[[], Session], job_key: Any, attempt: int, ever
                         .values(updated_at=utcnow())
                     )
                     s.commit()
-            except Exception:  # a missed beat is retried on the next one
-                log.warning("could not record the heartbeat of job %s", job_key, exc_info=True)
+            except Exception as exc:  # a missed beat is tried again within a second
+                log.warning("could not record the heartbeat of job %s: %s", job_key, first_line(exc))
+                wait_s = min(every_s, 1.0)
 
     thread = threading.Thread(target=beat, name=f"heartbeat-{job_key}", daemon=True)
     thread.start()
@@ -203,13 +244,10 @@ def _heartbeat(sessions: Callable[[], Session], job_key: Any, attempt: int, ever
         thread.join(timeout=5)
 
 
-def _finish_with_plan(session: Session, job: JobRow, row: Any) -> str:
+def _end_with_plan(session: Session, job: JobRow, row: Any) -> str:
     if row.status == PlanStatus.infeasible.value:
-        error = infeasible_problem(row)
-        _finish(session, job, JobState.failed, error=error, plan_id=row.id)
-    else:
-        _finish(session, job, JobState.succeeded, plan_id=row.id)
-    return job.state
+        return _end(session, job, JobState.failed, error=infeasible_problem(row), plan_id=row.id)
+    return _end(session, job, JobState.succeeded, plan_id=row.id)
 
 
 def infeasible_problem(row: Any, instance: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -227,15 +265,35 @@ def infeasible_problem(row: Any, instance: str | None = None, **extra: Any) -> d
     )
 
 
-def _finish(
+def _end(
     session: Session, job: JobRow, state: JobState, *, error: dict[str, Any] | None = None, plan_id: Any = None
-) -> None:
-    job.state = state.value
-    job.active_hash = None
-    job.error = error
-    job.plan_id = plan_id
-    job.updated_at = utcnow()
+) -> str:
+    """Record the end of the attempt ``job.attempts`` of ``job`` (committing) and return the job's state.
+
+    A compare-and-set: only while the job is live and still on that attempt. When something else ended it first
+    (the reaper, a restart, a later attempt), that end stands and this one is dropped (the late-result rule of the
+    module doc); a plan this attempt stored stays stored."""
+    result = session.execute(
+        update(JobRow)
+        .where(JobRow.id == job.id, JobRow.attempts == job.attempts, JobRow.state.in_(repo.ACTIVE))
+        .values(state=state.value, active_hash=None, error=error, plan_id=plan_id, updated_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
     session.commit()
+    if result.rowcount == 1:  # type: ignore[attr-defined]
+        return state.value
+    current = repo.job_by_id(session, str(job.id))
+    now = current.state if current is not None else "missing"
+    log.warning(
+        "job %s: attempt %d ended %s after the job had ended already (%s, attempt %s): that end stands%s",
+        job.id,
+        job.attempts,
+        state.value,
+        now,
+        current.attempts if current is not None else "?",
+        f"; its plan {plan_id} is kept" if plan_id is not None else "",
+    )
+    return now
 
 
 def _progress_reporter(sessions: Callable[[], Session], job_key: Any) -> Callable[[float, float], None]:
@@ -260,14 +318,27 @@ def _progress_reporter(sessions: Callable[[], Session], job_key: Any) -> Callabl
     return report
 
 
-def mark_failed(database_url: str, job_id: str, reason: str) -> None:
-    """End a job that its process could not (the process died)."""
-    with session_factory(_engine(database_url))() as session:
-        job = repo.job_by_id(session, job_id)
-        if job is not None and job.state in repo.ACTIVE:
-            _finish(
-                session, job, JobState.failed, error=problem_body(500, "solve-crashed", "The solve crashed", reason)
+def mark_failed(database_url: str, job_id: str, reason: str) -> bool:
+    """End a job that its process could not (the process died), retrying while the database is away; True when
+    the job was live. Gives up (logged) after ``STORE_RETRY_S``: the reaper ends the job once its lease is out."""
+    key = repo.parse_uuid(job_id)
+    error = problem_body(500, "solve-crashed", "The solve crashed", reason)
+
+    def end() -> bool:
+        with session_factory(_engine(database_url))() as session:
+            result = session.execute(
+                update(JobRow)
+                .where(JobRow.id == key, JobRow.state.in_(repo.ACTIVE))
+                .values(state=JobState.failed.value, active_hash=None, error=error, updated_at=utcnow())
             )
+            session.commit()
+            return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    try:
+        return retry_unavailable(end, f"job {job_id}: recording that its process died", STORE_RETRY_S)
+    except Exception:
+        log.exception("job %s: could not record that its process died; the reaper will end it", job_id)
+        return False
 
 
 # ------------------------------------------------------------------------------------------------- runners
@@ -275,6 +346,11 @@ def mark_failed(database_url: str, job_id: str, reason: str) -> None:
 
 class JobRunner(Protocol):
     name: str
+    redelivers: bool  # a job whose holder was lost can be handed to the runner again (``submit``)
+
+    @property
+    def lease_s(self) -> float:
+        """Its jobs' holders touch the row at least every ``lease_s / 3`` seconds while they solve."""
 
     def start(self) -> None: ...
 
@@ -289,49 +365,124 @@ class JobRunner(Protocol):
     def shutdown(self) -> None: ...
 
 
-def _warm() -> None:
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have this process killed when its parent dies, however it dies (``kill -9`` included).
+
+    On Linux the kernel does it: ``prctl(PR_SET_PDEATHSIG, SIGKILL)``. The signal comes when the *thread* that
+    started the process ends, so the process must be started from a thread that lives as long as the parent wants
+    it (``LocalRunner`` starts its solver processes from one thread of its own). Elsewhere a daemon thread checks
+    every second that the parent is still the one that started us. Either way a parent already gone by the time
+    this runs is caught by comparing ``getppid()`` with ``parent_pid``.
+    """
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:  # pragma: no cover - never seen to fail
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    else:  # pragma: no cover - exercised on macOS only
+
+        def watch() -> None:
+            while os.getppid() == parent_pid:
+                time.sleep(1.0)
+            os._exit(1)
+
+        threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    if os.getppid() != parent_pid:  # the parent died before the kernel was told
+        os._exit(1)
+
+
+def _solver_process(parent_pid: int, log_level: str, log_json: bool) -> None:
+    """Initializer of a local solver process: dies with the API, logs as the API does, imports the solver."""
+    die_with_parent(parent_pid)
+    configure_logging(log_level, log_json)
     import shardwise.solver.cpsat.run
     import shardwise.solver.planner  # noqa: F401
 
 
 class LocalRunner:
-    """Jobs in a pool of local solver processes (spawned: the API's threads are never forked)."""
+    """Jobs in a pool of local solver processes (spawned: the API's threads are never forked).
+
+    The processes die with the API (``die_with_parent``), so a killed API leaves no solver behind; the jobs it was
+    running are ended at the next start-up. Every process is started from one thread the runner owns (the
+    parent-death signal follows the starting thread), never from a request's thread."""
 
     name = "local"
+    redelivers = False
 
-    def __init__(self, database_url: str, workers: int = 1, on_done: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        workers: int = 1,
+        on_done: Callable[[str], None] | None = None,
+        *,
+        lease_s: float = JOB_LEASE_S,
+        log_level: str = "INFO",
+        log_json: bool = True,
+    ) -> None:
         self.database_url = database_url
         self.workers = workers
         self.on_done = on_done
+        self.lease_s = lease_s
+        self.log_level = log_level
+        self.log_json = log_json
         self._pool: ProcessPoolExecutor | None = None
+        self._starter: ThreadPoolExecutor | None = None  # the one thread that starts solver processes
         self._events: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        if self._pool is not None:
-            return
-        self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=get_context("spawn"), initializer=_warm)
+        with self._lock:
+            self._start()
+
+    def _start(self) -> None:
+        if self._starter is None:
+            self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="solver-starter")
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.workers,
+                mp_context=get_context("spawn"),
+                initializer=_solver_process,
+                initargs=(os.getpid(), self.log_level, self.log_json),
+            )
+
+    def _submit_now(self, job_id: str) -> Future[str]:
+        """On the starter thread: a pool submit may start a process, which must not belong to a passing thread."""
+        assert self._pool is not None
+        try:
+            return self._pool.submit(execute_job, job_id, self.database_url, lease_s=self.lease_s)
+        except BrokenProcessPool:
+            self._pool = None
+            self._start()
+            assert self._pool is not None
+            return self._pool.submit(execute_job, job_id, self.database_url, lease_s=self.lease_s)
 
     def submit(self, job_id: str) -> None:
         with self._lock:
             self._events.setdefault(job_id, threading.Event())
-            if self._pool is None:
-                self.start()
-            assert self._pool is not None
-            try:
-                future = self._pool.submit(execute_job, job_id, self.database_url)
-            except BrokenProcessPool:
-                self._pool = None
-                self.start()
-                assert self._pool is not None
-                future = self._pool.submit(execute_job, job_id, self.database_url)
+            self._start()
+            assert self._starter is not None
+            future = self._starter.submit(self._submit_now, job_id).result()
         future.add_done_callback(lambda f: self._done(job_id, f))
 
     def _done(self, job_id: str, future: Future[str]) -> None:
         exc = future.exception()
-        if exc is not None:  # the process died (or the pool broke): the job cannot end itself
-            log.error("job %s: its solver process failed: %r", job_id, exc)
-            mark_failed(self.database_url, job_id, f"the solver process ended abnormally: {exc!r}")
+        if exc is None:
+            self._after(job_id)
+            return
+        # the process died (or the pool broke, or the database stayed away past the retries): the job cannot end
+        # itself. Recording it may wait for the database: not on the pool's own thread, which runs this callback.
+        log.error("job %s: its solver process failed: %r", job_id, exc)
+        reason = f"the solver process ended abnormally: {exc!r}"
+
+        def record() -> None:
+            mark_failed(self.database_url, job_id, reason)
+            self._after(job_id)
+
+        threading.Thread(target=record, name=f"end-{job_id}", daemon=True).start()
+
+    def _after(self, job_id: str) -> None:
         if self.on_done is not None:  # before the waiters wake: they may read what it records
             try:
                 self.on_done(job_id)
@@ -353,15 +504,119 @@ class LocalRunner:
         elif timeout_s > 0:
             time.sleep(min(timeout_s, 0.05))  # not ours (another replica's): the caller polls
 
+    def processes(self) -> list[int]:
+        """The pids of the solver processes running now."""
+        pool = self._pool
+        return list((pool._processes or {}).keys()) if pool is not None else []  # the pool has no public handle
+
     def shutdown(self) -> None:
         """Stop the solver processes now. A job they were solving is marked failed at the next start-up; without
         the terminate, a process busy in a long solve would outlive the service."""
-        if self._pool is None:
-            return
-        processes = list((self._pool._processes or {}).values())  # the pool has no public handle on them
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._pool = None
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.join(timeout=5)
+        with self._lock:
+            pool, self._pool = self._pool, None
+            starter, self._starter = self._starter, None
+        if pool is not None:
+            processes = list((pool._processes or {}).values())
+            pool.shutdown(wait=False, cancel_futures=True)
+            for process in processes:
+                process.terminate()
+            for process in processes:
+                process.join(timeout=5)
+        if starter is not None:
+            starter.shutdown(wait=False)
+
+
+# ------------------------------------------------------------------------------------------------- the reaper
+
+
+def reap(session: Session, job: JobRow, lease_s: float, runner: JobRunner | None) -> str | None:
+    """End (or hand back to ``runner``) ``job`` when it is running and its row was not touched for ``lease_s``;
+    returns what became of it ("failed", "queued") or None when it is not stale (or changed under us).
+
+    A compare-and-set on (state, attempt, last touch): a holder that beats meanwhile keeps its job. A runner that
+    redelivers (Celery) gets the job queued again and resubmitted (the attempts counter still bounds it); any other
+    job is failed with the reason (``/problems/solve-lost``)."""
+    cutoff = _lease_cutoff(lease_s)
+    if job.state != JobState.running.value or job.updated_at > cutoff:
+        return None
+    conditions = [
+        JobRow.id == job.id,
+        JobRow.state == JobState.running.value,
+        JobRow.attempts == job.attempts,
+        JobRow.updated_at <= cutoff,
+    ]
+    idle_s = (utcnow() - job.updated_at).total_seconds()
+    requeue = runner is not None and runner.redelivers and job.runner == runner.name
+    if requeue:
+        values: dict[str, Any] = {"state": JobState.queued.value, "updated_at": utcnow()}
+    else:
+        values = {
+            "state": JobState.failed.value,
+            "active_hash": None,
+            "updated_at": utcnow(),
+            "error": problem_body(
+                500,
+                "solve-lost",
+                "The solve stopped reporting",
+                f"attempt {job.attempts} of this job stopped touching it for {idle_s:.0f} s (its lease is "
+                f"{lease_s:g} s): its process died, hung or lost the database. The job is ended so that the same "
+                "request starts a new solve.",
+            ),
+        }
+    result = session.execute(
+        update(JobRow).where(*conditions).values(**values).execution_options(synchronize_session=False)
+    )
+    session.commit()
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        return None
+    if requeue:
+        assert runner is not None
+        log.warning("job %s: its holder stopped beating %.0f s ago; queued again", job.id, idle_s)
+        runner.submit(str(job.id))
+        return JobState.queued.value
+    log.warning("job %s: its holder stopped beating %.0f s ago; ended failed", job.id, idle_s)
+    return JobState.failed.value
+
+
+class Reaper:
+    """A thread that ends the jobs whose holder stopped beating, every ``every_s`` seconds (``reap``).
+
+    Each API process runs one; several replicas reaping at once is harmless (each end is a compare-and-set). A
+    sweep that cannot reach the database is logged and tried again on the next tick."""
+
+    def __init__(
+        self, sessions: Callable[[], Session], runner: JobRunner, *, lease_s: float, every_s: float | None = None
+    ) -> None:
+        self.sessions = sessions
+        self.runner = runner
+        self.lease_s = lease_s
+        self.every_s = every_s if every_s is not None else min(10.0, lease_s / 2)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sweep(self) -> int:
+        """One pass; returns how many jobs it ended or queued again."""
+        done = 0
+        with self.sessions() as session:
+            for job in repo.stale_running_jobs(session, _lease_cutoff(self.lease_s)):
+                if reap(session, job, self.lease_s, self.runner) is not None:
+                    done += 1
+        return done
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self.sweep()
+            except Exception as exc:
+                log.warning("the reaper could not sweep: %s", first_line(exc))
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="job-reaper", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None

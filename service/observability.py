@@ -2,7 +2,8 @@
 
 Metrics live in a registry owned by the app (several apps in one process, as in tests, never collide). The
 request middleware times every request under its route template (``/api/v1/plans/{plan_id}``, not the id), logs
-one JSON line per request without headers (tokens never reach a log), and enforces the body-size cap.
+one JSON line per request without headers (tokens never reach a log), and enforces the body-size cap. Every log
+record is one line (``configure_logging``): JSON with any traceback as structured data, URL passwords redacted.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import logging
 import sys
 import time
+import traceback
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from datetime import UTC, datetime
@@ -20,13 +22,16 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from shardwise.service.errors import PayloadTooLarge, problem_body
+from shardwise.service.errors import PayloadTooLarge, cut_path, problem_body
+from shardwise.service.settings import redact
 
 access_log = logging.getLogger("shardwise.access")
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, and the record's ``extra`` fields."""
+    """One JSON object per line: time, level, logger, message, the record's ``extra`` fields, and an exception as
+    structured data (``exception``: type, message, frames, and its cause or context, each the same shape), never
+    as lines of text. URL passwords are redacted in every text field (``settings.redact``)."""
 
     _skip = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
@@ -35,26 +40,69 @@ class JsonFormatter(logging.Formatter):
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": redact(record.getMessage()),
         }
-        out.update({k: v for k, v in vars(record).items() if k not in self._skip})
-        if record.exc_info:
-            out["exc_info"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
+        out.update({k: _clean(v) for k, v in vars(record).items() if k not in self._skip})
+        if record.exc_info and record.exc_info[1] is not None:
+            out["exception"] = exception_json(record.exc_info[1])
+        if record.stack_info:
+            out["stack"] = record.stack_info.splitlines()
+        return json.dumps(out, default=lambda v: redact(str(v)))
+
+
+def _clean(value: Any) -> Any:
+    return redact(value) if isinstance(value, str) else value
+
+
+def exception_json(exc: BaseException, depth: int = 0) -> dict[str, Any]:
+    """``exc`` as JSON-ready data: type, message, the traceback's frames (innermost last), and what it was raised
+    from or during (``cause``, at most 5 deep)."""
+    out: dict[str, Any] = {
+        "type": type(exc).__qualname__
+        if type(exc).__module__ == "builtins"
+        else f"{type(exc).__module__}.{type(exc).__qualname__}",
+        "message": redact(str(exc)),
+        "frames": [
+            {"file": f.filename, "line": f.lineno, "function": f.name, "code": f.line or ""}
+            for f in traceback.extract_tb(exc.__traceback__)
+        ],
+    }
+    chained = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    if chained is not None and depth < 5:
+        out["cause"] = exception_json(chained, depth + 1)
+    return out
+
+
+class RedactingFormatter(logging.Formatter):
+    """The plain-text format (``log_json`` off), with URL passwords redacted."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
+
+
+#: loggers that get the service's handler and stop there (uvicorn's would print plain-text tracebacks otherwise)
+OWN_LOGGERS = ("shardwise", "service", "solver", "uvicorn", "uvicorn.error", "uvicorn.access")
 
 
 def configure_logging(level: str, as_json: bool) -> None:
+    """Every record one line on stderr: JSON (``as_json``) or plain text, passwords redacted.
+
+    The service's loggers and uvicorn's get the handler; other libraries' records reach it through the root logger,
+    which gets it too unless the embedding program set up the root itself (pytest does). Python warnings are logged.
+    """
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if as_json else logging.Formatter("%(levelname)s %(name)s %(message)s"))
-    root = logging.getLogger("shardwise")
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    root.propagate = False
-    for name in ("service", "solver"):
+    handler.setFormatter(JsonFormatter() if as_json else RedactingFormatter("%(levelname)s %(name)s %(message)s"))
+    handler.set_name("shardwise")
+    for name in OWN_LOGGERS:
         logger = logging.getLogger(name)
         logger.handlers[:] = [handler]
-        logger.setLevel(level.upper())
+        if not name.startswith("uvicorn"):  # uvicorn's levels are its own (--log-level)
+            logger.setLevel(level.upper())
         logger.propagate = False
+    root = logging.getLogger()
+    if not root.handlers or all(h.get_name() == "shardwise" for h in root.handlers):
+        root.handlers[:] = [handler]
+    logging.captureWarnings(True)
 
 
 class Metrics:
@@ -136,7 +184,7 @@ class RequestMiddleware:
             access_log.info(
                 "%s %s %d",
                 scope["method"],
-                scope["path"],
+                cut_path(scope["path"]),
                 status[0],
                 extra={
                     "request_id": request_id,
@@ -178,7 +226,7 @@ async def _send_problem(send: Send, scope: Scope, limit: int) -> None:
         PayloadTooLarge.slug,
         PayloadTooLarge.title,
         f"the body is over this service's limit of {limit} bytes",
-        scope["path"],
+        cut_path(scope["path"]),
     )
     raw = json.dumps(body).encode()
     await send(

@@ -19,13 +19,13 @@ from sqlalchemy.orm import Session
 
 from shardwise.hwprofiles import Calibration, HardwareProfile, catalogue
 from shardwise.service import repository as repo
-from shardwise.service.errors import InvalidInput, LimitExceeded, NotFound, describe_errors, validation_problem
-from shardwise.service.jobs import JobRunner
+from shardwise.service.errors import InvalidInput, LimitExceeded, NotFound, describe_errors, shown, validation_problem
+from shardwise.service.jobs import JobRunner, reap
 from shardwise.service.models import FleetVersionRow, JobRow, ModelVersionRow, PlanRow
 from shardwise.service.settings import Settings
 from shardwise.solver.extract import request_hash
 from shardwise.wire.calibration import calibrate_fleet
-from shardwise.wire.resources import PlanOptions
+from shardwise.wire.resources import JobState, PlanOptions
 from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams
 
 
@@ -53,12 +53,12 @@ class Resolved:
 def split_ref(ref: str) -> tuple[str, int | None]:
     name, _, version = ref.partition("@")
     if not name:
-        raise InvalidInput(f"{ref!r} is not a reference: use name or name@version")
+        raise InvalidInput(f"{shown(ref)} is not a reference: use name or name@version")
     if not version or version == "latest":
         return name, None
     # ASCII digits only: str.isdigit() also takes "²", which int() refuses (a 500 instead of this message)
     if not (version.isascii() and version.isdigit()) or len(version) > 9 or int(version) < 1:
-        raise InvalidInput(f"{ref!r}: the version after @ must be a positive integer or 'latest'")
+        raise InvalidInput(f"{shown(ref)}: the version after @ must be a positive integer or 'latest'")
     return name, int(version)
 
 
@@ -67,7 +67,7 @@ def _spec_row(session: Session, kind: Literal["model", "fleet"], ref: str) -> Mo
     name, version = split_ref(ref)
     row = repo.get_version(session, table, name, version)
     if row is None:
-        raise NotFound(f"no {kind} named {ref!r}" + ("" if version is None else " at that version"))
+        raise NotFound(f"no {kind} named {shown(ref)}" + ("" if version is None else " at that version"))
     return row
 
 
@@ -138,11 +138,11 @@ def resolve_calibrations(session: Session, refs: Sequence[str]) -> list[tuple[st
             profile, _, version = ref.partition("@")
             if not profile or not VERSION.fullmatch(version) or not 1 <= int(version) < 2**31:
                 raise _bad_calibration(
-                    i, f"{ref!r} is not a calibration reference: use <profile>@<version> or the 64-digit digest"
+                    i, f"{shown(ref)} is not a calibration reference: use <profile>@<version> or the 64-digit digest"
                 )
             row = repo.calibration_by_version(session, profile, int(version))
         if row is None:
-            raise _bad_calibration(i, f"no stored calibration {ref!r} (GET /api/v1/calibrations lists them)")
+            raise _bad_calibration(i, f"no stored calibration {shown(ref)} (GET /api/v1/calibrations lists them)")
         calibration = Calibration.model_validate(row.calibration)
         if calibration.profile in seen:
             raise _bad_calibration(
@@ -210,7 +210,10 @@ class Outcome:
 
 
 def submit(session: Session, runner: JobRunner, resolved: Resolved, wait_s: float) -> Outcome:
-    """Answer from the store, or start (or join) the one job for this request and wait up to ``wait_s`` for it."""
+    """Answer from the store, or start (or join) the one job for this request and wait up to ``wait_s`` for it.
+
+    A running job whose holder stopped beating (``runner.lease_s``) is not joined: it is reaped (``jobs.reap``) and,
+    when that failed it, a new job starts."""
     why = repo.unstorable(resolved.request)
     if why is not None:  # the job and its plan store the request: it must read back
         raise InvalidInput(f"this request cannot be stored: {why}")
@@ -227,7 +230,10 @@ def submit(session: Session, runner: JobRunner, resolved: Resolved, wait_s: floa
             model_ref=resolved.model_ref,
             fleet_ref=resolved.fleet_ref,
         )
-        if job is not None:
+        if job is None:
+            continue
+        # a live job's holder beats; one that stopped is not joined: it is ended (or queued again) first
+        if created or reap(session, job, runner.lease_s, runner) in (None, JobState.queued.value):
             break
     else:  # pragma: no cover - a job finished three times between our insert and our read
         raise RuntimeError("the job for this request kept finishing under us")

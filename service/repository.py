@@ -273,6 +273,17 @@ def job_resource(row: JobRow, plan_url: str | None = None) -> Job:
     )
 
 
+def stale_running_jobs(session: Session, touched_before: datetime, limit: int = 100) -> Sequence[JobRow]:
+    """Running jobs whose row was last touched before ``touched_before`` (their holder stopped beating)."""
+    query = (
+        select(JobRow)
+        .where(JobRow.state == JobState.running.value, JobRow.updated_at <= touched_before)
+        .order_by(JobRow.updated_at)
+        .limit(limit)
+    )
+    return session.scalars(query).all()
+
+
 def fail_interrupted_jobs(session: Session, runner: str, reason: str) -> int:
     """Mark the live jobs of ``runner`` failed (a restart cut them off); returns how many."""
     from shardwise.service.errors import problem_body

@@ -1,11 +1,29 @@
-"""Service settings, read from ``SHARDWISE_*`` environment variables (and a ``.env`` file when present)."""
+"""Service settings, read from ``SHARDWISE_*`` environment variables (and a ``.env`` file when present).
+
+The database and broker URLs may carry a password: ``redact_url`` and ``redact`` hide it wherever a URL is shown
+(the start-up line, ``repr(settings)``, every log record through the log formatter).
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+import re
+from typing import Annotated, Any
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+# scheme://user:password@host -> scheme://user:***@host (also a password with no user: scheme://:password@host)
+_URL_PASSWORD = re.compile(r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s:/@?#]*:)(?P<password>[^\s/?#]+)(?=@)")
+
+
+def redact(text: str) -> str:
+    """``text`` with the password of every URL in it replaced by ``***``."""
+    return _URL_PASSWORD.sub(lambda m: m["head"] + "***", text)
+
+
+def redact_url(url: str | None) -> str:
+    """A URL for display: its password (if any) replaced by ``***``."""
+    return redact(url) if url else ""
 
 
 class Settings(BaseSettings):
@@ -31,6 +49,12 @@ class Settings(BaseSettings):
     request_threads: int = Field(default=200, ge=1, description="threads serving requests (waiting ones included)")
     job_workers: int = Field(default=1, ge=1, description="local solver processes (the embedded runner)")
     broker_url: str | None = Field(default=None, description="Celery broker; jobs run on workers when set")
+    job_lease_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="a running job whose row was not touched for this long has lost its holder: it is ended (or, on "
+        "Celery, queued again); the API and the workers must agree on it",
+    )
 
     log_json: bool = Field(default=True, description="one JSON object per log line")
     log_level: str = "INFO"
@@ -50,6 +74,10 @@ class Settings(BaseSettings):
             if value.startswith(prefix):
                 return "postgresql+psycopg://" + value[len(prefix) :]
         return value
+
+    def __repr_args__(self) -> Any:
+        for name, value in super().__repr_args__():
+            yield name, redact_url(value) if name in {"database_url", "broker_url"} and value else value
 
     def token_values(self) -> list[str]:
         return [t.get_secret_value() for t in self.api_tokens]

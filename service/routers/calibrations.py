@@ -18,7 +18,7 @@ from shardwise.hwprofiles import CALIBRATABLE, Calibration, HardwareProfile, cat
 from shardwise.service import repository as repo
 from shardwise.service.auth import ReadAccess, WriteAccess
 from shardwise.service.db import SessionDep
-from shardwise.service.errors import InvalidInput, NotFound, Unauthorized, field_errors, problem_responses
+from shardwise.service.errors import InvalidInput, NotFound, Unauthorized, field_errors, problem_responses, shown
 from shardwise.service.models import CalibrationRow
 from shardwise.service.planning import one_line
 from shardwise.service.routers.common import JsonBody, PageDep, body_schema, parse
@@ -53,7 +53,7 @@ def _profile(session: SessionDep, name: str) -> HardwareProfile:
         return known[name]
     row = repo.custom_profile(session, name)
     if row is None:
-        detail = f"no hardware profile named {name!r} to calibrate (GET /api/v1/hwprofiles lists them)"
+        detail = f"no hardware profile named {shown(name)} to calibrate (GET /api/v1/hwprofiles lists them)"
         raise InvalidInput(detail, errors=[{"loc": ["body", "profile"], "msg": detail, "type": "value_error"}])
     return HardwareProfile.model_validate(row.profile)
 
@@ -140,5 +140,5 @@ def get_by_digest(digest: Digest, session: SessionDep) -> CalibrationRecord:
 def get_version(profile: Profile, version: Version, session: SessionDep) -> CalibrationRecord:
     row = repo.calibration_by_version(session, profile, version)
     if row is None:
-        raise NotFound(f"no calibration of {profile!r} at version {version}")
+        raise NotFound(f"no calibration of {shown(profile)} at version {version}")
     return to_record(row)

@@ -12,7 +12,13 @@ from typing import Annotated, Any, Final, TypeVar
 from fastapi import Depends, Query, Request
 from pydantic import BaseModel, ValidationError
 
-from shardwise.service.errors import InvalidInput, validation_problem
+from shardwise.service.errors import (
+    InvalidInput,
+    UnsupportedMediaType,
+    problem_responses,
+    shown,
+    validation_problem,
+)
 from shardwise.service.jobs import JobRunner
 from shardwise.service.observability import Metrics
 from shardwise.service.settings import Settings
@@ -133,9 +139,26 @@ def strict_json(raw: bytes) -> Any:
     return data
 
 
+def is_json_media_type(content_type: str | None) -> bool:
+    """``application/json`` or ``application/<anything>+json``, any parameters (``charset=utf-8``) allowed."""
+    kind = (content_type or "").split(";", 1)[0].strip().lower()
+    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
+
+
 async def json_body(request: Request) -> Any:
-    """The request's body, parsed by ``strict_json`` (the one way every route reads a JSON body)."""
+    """The request's body, parsed by ``strict_json`` (the one way every route reads a JSON body).
+
+    The body must say it is JSON (``Content-Type: application/json``): a form, ``text/plain`` or no type at all is a
+    415, so that a cross-site form (which a browser sends without asking) is refused. The body is read first, so the
+    size cap (413) is checked before the type."""
     raw = await request.body()
+    content_type = request.headers.get("content-type")
+    if not is_json_media_type(content_type):
+        given = "no Content-Type" if content_type is None else f"Content-Type {shown(content_type, 60)}"
+        raise UnsupportedMediaType(
+            f"the body must be JSON, sent with Content-Type: application/json; this request has {given}",
+            headers={"Accept-Post": "application/json"},
+        )
     if not raw:
         raise InvalidInput(
             "the request needs a JSON body", errors=[{"loc": ["body"], "msg": "missing", "type": "missing"}]
@@ -170,7 +193,8 @@ def body_schema(model: type[BaseModel]) -> dict[str, Any]:
         "requestBody": {
             "required": True,
             "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
-        }
+        },
+        "responses": problem_responses(UnsupportedMediaType),
     }
 
 

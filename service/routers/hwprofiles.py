@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Annotated, Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Path
 from fastapi.responses import JSONResponse
@@ -12,7 +13,15 @@ from shardwise.hwprofiles import HardwareProfile, ProfileError, catalogue, parse
 from shardwise.service import repository as repo
 from shardwise.service.auth import ReadAccess, WriteAccess
 from shardwise.service.db import SessionDep
-from shardwise.service.errors import Conflict, InvalidInput, NotFound, Unauthorized, field_errors, problem_responses
+from shardwise.service.errors import (
+    Conflict,
+    InvalidInput,
+    NotFound,
+    Unauthorized,
+    field_errors,
+    problem_responses,
+    shown,
+)
 from shardwise.service.routers.common import JsonBody, body_schema
 from shardwise.wire.resources import ProfileRecord
 
@@ -54,7 +63,7 @@ def get_profile(name: Annotated[str, Path(min_length=1, max_length=200)], sessio
         return ProfileRecord(name=name, source="catalogue", profile=known[name])
     row = repo.custom_profile(session, name)
     if row is None:
-        raise NotFound(f"no hardware profile named {name!r}")
+        raise NotFound(f"no hardware profile named {shown(name)}")
     return ProfileRecord(
         name=row.name, source="custom", created_at=row.created_at, profile=HardwareProfile.model_validate(row.profile)
     )
@@ -89,5 +98,5 @@ def add_profile(raw: JsonBody, session: SessionDep) -> JSONResponse:
     return JSONResponse(
         record.model_dump(mode="json"),
         status_code=201 if created else 200,
-        headers={"Location": f"/api/v1/hwprofiles/{row.name}"},
+        headers={"Location": f"/api/v1/hwprofiles/{quote(row.name, safe='')}"},
     )

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Response
 from shardwise.service import repository as repo
 from shardwise.service.auth import ReadAccess
 from shardwise.service.db import SessionDep
-from shardwise.service.errors import NotFound, Unauthorized, problem_responses
+from shardwise.service.errors import NotFound, Unauthorized, problem_responses, shown
 from shardwise.wire.resources import Job
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -23,7 +23,7 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 def get_job(job_id: str, session: SessionDep, response: Response) -> Job:
     row = repo.job_by_id(session, job_id)
     if row is None:
-        raise NotFound(f"no job with id {job_id!r}")
+        raise NotFound(f"no job with id {shown(job_id)}")
     if row.state in repo.ACTIVE:
         response.headers["Retry-After"] = "1"
     # a failed job links its plan too when there is one: the infeasible plan and its explanation

@@ -21,6 +21,7 @@ from shardwise.service.errors import (
     Unauthorized,
     problem_response,
     problem_responses,
+    shown,
 )
 from shardwise.service.jobs import infeasible_problem
 from shardwise.service.models import PlanRow
@@ -54,7 +55,7 @@ def plan_location(plan_id: Any) -> str:
 def _row(session: SessionDep, plan_id: str) -> PlanRow:
     row = repo.plan_by_id(session, plan_id)
     if row is None:
-        raise NotFound(f"no plan with id {plan_id!r}")
+        raise NotFound(f"no plan with id {shown(plan_id)}")
     return row
 
 

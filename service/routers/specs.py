@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
+from urllib.parse import quote
 
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import JSONResponse
@@ -16,7 +17,7 @@ from pydantic import BaseModel
 from shardwise.service import repository as repo
 from shardwise.service.auth import ReadAccess, WriteAccess
 from shardwise.service.db import SessionDep
-from shardwise.service.errors import InvalidInput, NotFound, Unauthorized, problem_responses
+from shardwise.service.errors import InvalidInput, NotFound, Unauthorized, problem_responses, shown
 from shardwise.service.models import FleetVersionRow, ModelVersionRow
 from shardwise.service.planning import profiles_context
 from shardwise.service.routers.common import JsonBody, PageDep, body_schema, parse
@@ -41,6 +42,15 @@ class SpecKind:
         )
 
 
+def check_servable(kind: SpecKind, name: str) -> None:
+    """A registered name must be fetchable at ``/{kind}s/{name}``: no ``/`` in it (a path separator however it is
+    escaped), not ``.`` or ``..`` (a client would resolve them away). An inline spec in a request may still carry
+    such a name; only registering one is refused."""
+    if "/" in name or name in {".", ".."}:
+        detail = f"a registered {kind.name} name cannot contain '/' or be '.' or '..' (it names a URL): {shown(name)}"
+        raise InvalidInput(detail, errors=[{"loc": ["body", "name"], "msg": detail, "type": "value_error"}])
+
+
 def versioned_router(kind: SpecKind) -> APIRouter:
     router = APIRouter(prefix=f"/{kind.name}s", tags=[f"{kind.name}s"])
     record, page = kind.record, Page[kind.record]  # type: ignore[name-defined]
@@ -61,11 +71,12 @@ def versioned_router(kind: SpecKind) -> APIRouter:
     def register(raw: JsonBody, session: SessionDep) -> JSONResponse:
         context = {"profiles": profiles_context(session)} if kind.custom_profiles else None
         spec = parse(kind.spec, raw, context)
+        check_servable(kind, spec.name)
         row, created = repo.add_version(session, kind.table, spec.name, spec.model_dump(mode="json"))
         return JSONResponse(
             kind.to_record(row).model_dump(mode="json"),
             status_code=201 if created else 200,
-            headers={"Location": f"/api/v1/{kind.name}s/{row.name}/{row.version}"},
+            headers={"Location": f"/api/v1/{kind.name}s/{quote(row.name, safe='')}/{row.version}"},
         )
 
     @router.get(
@@ -114,7 +125,7 @@ def _page(items: list[BaseModel], pagination: Pagination) -> dict[str, Any]:
 def _get(session: SessionDep, kind: SpecKind, name: str, version: int | None) -> BaseModel:
     row = repo.get_version(session, kind.table, name, version)
     if row is None:
-        raise NotFound(f"no {kind.name} named {name!r}" + ("" if version is None else f" at version {version}"))
+        raise NotFound(f"no {kind.name} named {shown(name)}" + ("" if version is None else f" at version {version}"))
     return kind.to_record(row)
 
 

@@ -14,6 +14,7 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
+from shardwise.service.errors import shown
 from shardwise.service.routers.ui.formatting import HOT_FILL, STATUS_LABELS, gb, ms, pct, when
 from shardwise.solver.extract import solver_version
 
@@ -62,4 +63,4 @@ def error_page(request: Request, status: int, title: str, detail: str, **extra: 
 
 
 def plan_not_found(request: Request, plan_id: str) -> HTMLResponse:
-    return error_page(request, 404, "Plan not found", f"No plan has the id {plan_id!r}.")
+    return error_page(request, 404, "Plan not found", f"No plan has the id {shown(plan_id)}.")

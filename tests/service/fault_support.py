@@ -1,0 +1,202 @@
+"""Tools for the fault tests: a TCP proxy that can cut a database away and bring it back, a server in a
+subprocess whose pid the test holds, and the process tree read from ``/proc``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from shardwise.service.devserver import ROOT, free_port
+
+
+class TcpProxy:
+    """A TCP proxy on a free loopback port in front of ``target`` (host, port), run by asyncio in a thread.
+
+    ``cut()`` closes every connection through it and refuses new ones (a database gone away); ``restore()`` accepts
+    again. Bytes are copied untouched."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.port = free_port()
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tcp-proxy", daemon=True)
+
+    def __enter__(self) -> TcpProxy:
+        self._thread.start()
+        self.restore()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.cut()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=10)
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        try:
+            server_r, server_w = await asyncio.open_connection(*self.target)
+        except OSError:
+            client_w.close()
+            return
+        self._writers.update((client_w, server_w))
+        try:
+            await asyncio.gather(self._pipe(client_r, server_w), self._pipe(server_r, client_w))
+        finally:
+            self._writers.difference_update((client_w, server_w))
+
+    async def _start(self) -> None:
+        if self._server is None:
+            self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port, reuse_address=True)
+
+    async def _stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        for writer in list(self._writers):
+            with contextlib.suppress(Exception):
+                writer.transport.abort()  # a reset, as when the database host goes away
+        self._writers.clear()
+
+    def cut(self) -> None:
+        self._run(self._stop())
+
+    def restore(self) -> None:
+        self._run(self._start())
+
+
+# ------------------------------------------------------------------------------------------------- processes
+
+
+def _stat(pid: int) -> tuple[int, str] | None:
+    """(parent pid, state letter) of ``pid``, or None when it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()  # the command name may hold spaces and parentheses
+    return int(fields[1]), fields[0]
+
+
+def alive(pid: int) -> bool:
+    """``pid`` exists and is not a zombie (a zombie has ended; only its exit status waits to be read)."""
+    stat = _stat(pid)
+    return stat is not None and stat[1] != "Z"
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` in the process tree."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (stat := _stat(int(entry))) is not None and stat[1] != "Z":
+            parents[int(entry)] = stat[0]
+    out: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - out
+        out |= frontier
+    return out
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+# ------------------------------------------------------------------------------------------------- servers
+
+
+@contextlib.contextmanager
+def server_process(
+    database_url: str,
+    *,
+    env: Mapping[str, str] | None = None,
+    log: Path,
+    wrap: Sequence[str] = (),
+    ready: str = "/healthz",
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """uvicorn serving ``database_url`` (already migrated) on a free port, its command run through ``wrap`` (e.g.
+    ``setpriv ...``); yields the process and its base URL once ``ready`` answers 200. Killed at the end if still
+    running."""
+    port = free_port()
+    full_env = {
+        **os.environ,
+        "SHARDWISE_LOG_LEVEL": "INFO",
+        **(env or {}),
+        "SHARDWISE_DATABASE_URL": database_url,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+    }
+    command = [
+        *wrap,
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--factory",
+        "shardwise.service.asgi:app_from_env",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "info",
+    ]
+    with log.open("ab") as out:
+        proc = subprocess.Popen(command, cwd=log.parent, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(base + ready, timeout=1).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server was not ready in 60 s:\n{log.read_text()[-4000:]}")
+            time.sleep(0.1)
+        yield proc, base
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def wait_until(predicate: Any, timeout_s: float, what: str, every_s: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s:g} s: {what}")
+        time.sleep(every_s)
