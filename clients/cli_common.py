@@ -31,6 +31,12 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def install_hint(extra: str) -> str:
+    """How to add an extra: shardwise installs from its checkout or from the wheel ``make dist`` builds (README,
+    "Installing"), not from a package index."""
+    return f"pip install '.[{extra}]' in the shardwise checkout (or 'shardwise-<version>-py3-none-any.whl[{extra}]')"
+
+
 def read_document(path: Path) -> Any:
     try:
         text = path.read_text(encoding="utf-8")

@@ -21,6 +21,7 @@ from shardwise.clients.cli_common import (
     describe_validation_error,
     fail,
     gb,
+    install_hint,
     load_spec,
     print_plan,
     read_document,
@@ -38,7 +39,7 @@ def _solver_modules() -> Any:
 
         from shardwise.solver import planner
     except ImportError as exc:  # pragma: no cover - exercised on the base install only
-        fail(f"the local planner needs the planner extra ({exc.name} is missing): pip install 'shardwise[planner]'")
+        fail(f"the local planner needs the planner extra ({exc.name} is missing): {install_hint('planner')}")
     return planner
 
 
@@ -251,7 +252,7 @@ def calibrate(
 
         from shardwise.clients import calibrate as cal_mod
     except ImportError as exc:
-        fail(f"calibrate needs torch and numpy ({exc.name} is missing): pip install 'shardwise[torch,planner]'")
+        fail(f"calibrate needs torch and numpy ({exc.name} is missing): {install_hint('torch,planner')}")
     if device not in ("cuda", "cpu"):
         fail(f"--device must be cuda or cpu, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():

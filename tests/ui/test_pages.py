@@ -329,6 +329,11 @@ def test_plan_page_tables_explanation_links_and_snippet(client: TestClient) -> N
 
     snippet = doc.css_first("code#snippet")
     assert snippet is not None
+    # how to install it says what works: the checkout or the built wheel (shardwise is on no package index)
+    install = text(doc.css_first(".apply p"))
+    assert "pip install '.[torch]'" in install
+    assert "make dist" in install
+    assert "pip install shardwise[" not in install
     code = snippet.text()
     tree = ast.parse(code)  # valid Python
     imported = {(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
