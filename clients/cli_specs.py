@@ -13,13 +13,13 @@ app (``shardwise.clients.cli``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
-from shardwise.clients.cli_common import fail, read_document
+from shardwise.clients.cli_common import fail, read_document, table
 from shardwise.clients.cli_remote import TokenOption, UrlOption, remote
 from shardwise.wire.resources import FleetRecord, ModelRecord
 from shardwise.wire.spec import FleetSpec, ModelSpec
@@ -80,12 +80,6 @@ def _registrar(kind: Kind) -> Callable[..., None]:
 
 def _records(client: ShardwiseClient, kind: Kind, name: str | None) -> Iterator[Record]:
     return client.list_models(name) if kind == "model" else client.list_fleets(name)
-
-
-def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> list[str]:
-    """Rows as left-aligned columns as wide as their widest cell: no name is cut short."""
-    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=False)]
-    return [" ".join(f"{cell:<{w}}" for cell, w in zip(row, widths, strict=True)).rstrip() for row in (header, *rows)]
 
 
 def _lister(kind: Kind) -> Callable[..., None]:

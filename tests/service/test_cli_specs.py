@@ -149,3 +149,18 @@ def test_submit_names_an_unregistered_fleet(shardwise: Any) -> None:
     line = one_error_line(out)
     assert "no fleet named 'h100-1x8'" in line
     assert "shardwise fleets register" in line
+
+
+def test_list_prints_whole_model_and_fleet_names(shardwise: Any, tmp_path: Path) -> None:
+    model = write(tmp_path / "m.json", small_model("click-through-ranker-with-a-long-name"))
+    pair = write(tmp_path / "f.json", fleet("h100-pair-in-the-second-rack", gpus=2))
+    submitted = shardwise("submit", model, pair, "--solver", "greedy", "--quiet")
+    assert submitted.exit_code == 0, submitted.output
+    plan_id = submitted.stdout.split()[1]
+    listed = shardwise("list")
+    assert listed.exit_code == 0, listed.output
+    header, row = listed.stdout.splitlines()
+    assert header.split() == ["id", "created", "model", "fleet", "gpus", "status", "step", "ms"]
+    cells = row.split()
+    assert cells[0] == plan_id
+    assert cells[3:7] == ["click-through-ranker-with-a-long-name", "h100-pair-in-the-second-rack", "2", "feasible"]
