@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 TORCH_STAMP := $(VENV)/.torch-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: help install install-torch install-baseline install-browser lint typecheck test test-fast bench bench-greedy run plan-example load bench-queue all clean
+.PHONY: help install install-torch install-baseline install-browser lint typecheck test test-fast bench bench-greedy run shell dist plan-example load bench-queue all clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-17s %s\n", $$1, $$2}'
@@ -38,9 +38,14 @@ install-torch: $(TORCH_STAMP) ## add torch 2.13.0 (CPU) and TorchRec's CPU tripl
 install-baseline: install-torch ## the same as install-torch (TorchRec for the baseline benchmark)
 
 # The Playwright tests drive Debian's Chromium (playwright install cannot download browsers here); they skip
-# themselves when it is missing. Runs as root (no sudo); does nothing once /usr/bin/chromium exists.
-install-browser: ## Debian's chromium for the browser tests (apt-get, only when /usr/bin/chromium is missing)
-	@test -x /usr/bin/chromium || { apt-get update -q && apt-get install -y -q chromium; }
+# themselves when it is missing. Installing it takes apt-get, so root: as another user (or without apt-get) this
+# says so and goes on, and `make test` runs with the browser tests skipped (`sudo make install-browser` adds it).
+install-browser: ## Debian's chromium for the browser tests (apt-get as root, only when chromium is missing)
+	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null; then :; \
+	elif [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+	  echo "install-browser: Chromium is missing and installing it needs root and apt-get (sudo make install-browser);" \
+	       "the browser tests will skip themselves"; \
+	else apt-get update -q && apt-get install -y -q chromium; fi
 
 lint: install-torch ## ruff lint + format check, and the layer contracts (import-linter, pyproject.toml)
 	$(VENV)/bin/ruff check .
@@ -63,7 +68,19 @@ bench-greedy: install ## the greedy planner alone on every instance (seconds to 
 	$(PY) benchmarks/run.py --greedy-only $(BENCH_ARGS)
 
 run: install ## install, migrate and serve on http://127.0.0.1:8000 (SQLite ./shardwise.db unless SHARDWISE_DATABASE_URL)
+	@echo "the CLI, in another terminal: $(VENV)/bin/shardwise --help (or make shell, or source $(VENV)/bin/activate)"
 	$(VENV)/bin/shardwise serve --host 127.0.0.1 --port 8000
+
+shell: install ## a shell with .venv activated: shardwise, alembic and pytest on the PATH (exit leaves it)
+	@echo "shardwise's .venv is active in this shell; exit leaves it"
+	@bash --init-file <(echo '[ -f ~/.bashrc ] && . ~/.bashrc; . $(VENV)/bin/activate') -i
+
+# python -m build makes the sdist, then the wheel from the unpacked sdist (so nothing stale in build/ reaches it);
+# the build backend comes from the package index in build's isolated environment.
+dist: install ## a wheel and an sdist in dist/, to install elsewhere: pip install 'dist/shardwise-<version>-py3-none-any.whl[torch]'
+	rm -rf dist build shardwise.egg-info
+	$(PY) -m build --outdir dist .
+	@ls dist
 
 plan-example: install ## plan the example DLRM on 8x H100 locally (no server) and print the per-rank table
 	$(VENV)/bin/shardwise plan examples/dlrm_dcnv2.json examples/fleet_8xh100.json --time-limit 10 -o plan.json

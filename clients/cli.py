@@ -3,12 +3,13 @@
 Local commands (no server needed, ``shardwise.clients.cli_local``): ``plan``, ``evaluate``, ``port``, ``profiles``.
 They load the solver lazily, so the base install can show ``--help`` and says in one line which extra to add when the
 solver's dependencies are missing. Remote commands (``shardwise.clients.cli_remote``) talk to a server through
-``ShardwiseClient``: ``submit`` (with a progress bar of the solver's best and bound), ``show``, ``show-job``, ``list``,
-``export``. What both share (reading specs, printing a plan) is ``shardwise.clients.cli_common``. The names this
-module held before the commands moved out (the commands, ``make_client``, ``remote``, ``load_spec``, ``print_plan``...)
-are importable from here still; a test that replaces ``make_client`` replaces it in ``cli_remote``, where ``remote``
-looks it up. ``serve`` (the server itself) and ``worker`` (a Celery solver worker) are the service's commands, added
-through its ``shardwise.commands`` entry point.
+``ShardwiseClient``: ``submit`` (with a progress bar of the solver's best and bound), ``show``, ``show-job``,
+``list``, ``export``; and the named specs on a server (``shardwise.clients.cli_specs``): ``models`` and ``fleets``,
+each with ``register``, ``list`` and ``show``. What they share (reading specs, printing a plan) is
+``shardwise.clients.cli_common``. The names this module held before the commands moved out (the commands,
+``make_client``, ``remote``, ``load_spec``, ``print_plan``...) are importable from here still; a test that replaces
+``make_client`` replaces it in ``cli_remote``, where ``remote`` looks it up. ``serve`` (the server itself) and
+``worker`` (a Celery solver worker) are the service's commands, added through its ``shardwise.commands`` entry point.
 Bad input is one line on stderr and exit code 2; an infeasible plan is an answer (its explanation) and exit code 1.
 """
 
@@ -18,7 +19,7 @@ from importlib.metadata import entry_points
 
 import typer
 
-from shardwise.clients import cli_local, cli_remote
+from shardwise.clients import cli_local, cli_remote, cli_specs
 from shardwise.clients.cli_common import (
     M,
     Solver,
@@ -76,6 +77,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Plan where e
 
 cli_local.register(app)  # plan, evaluate, port, profiles
 cli_remote.register(app)  # submit, show-job, show, list, export
+cli_specs.register(app)  # models and fleets: register, list, show
 
 
 def _add_service_commands(target: typer.Typer) -> None:

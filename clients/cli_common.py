@@ -6,6 +6,7 @@ plan's per-rank table (``print_plan``) and file (``write_plan``).
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
@@ -29,6 +30,12 @@ def fail(message: str, code: int = 2) -> NoReturn:
     one_line = " ".join(part.strip() for part in message.splitlines() if part.strip())  # YAML errors span lines
     typer.echo(f"error: {one_line}", err=True)
     raise typer.Exit(code)
+
+
+def install_hint(extra: str) -> str:
+    """How to add an extra: shardwise installs from its checkout or from the wheel ``make dist`` builds (README,
+    "Installing"), not from a package index."""
+    return f"pip install '.[{extra}]' in the shardwise checkout (or 'shardwise-<version>-py3-none-any.whl[{extra}]')"
 
 
 def read_document(path: Path) -> Any:
@@ -61,13 +68,25 @@ def load_spec(path: Path, kind: type[M]) -> M:
         fail(f"{path}: {describe_validation_error(exc)}")
 
 
+def table(rows: Sequence[Sequence[str]], header: Sequence[str], right: Collection[int] = ()) -> list[str]:
+    """Rows as columns as wide as their widest cell (no name cut short); the columns in ``right`` right-aligned."""
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+
+    def line(row: Sequence[str]) -> str:
+        cells = (f"{c:>{w}}" if i in right else f"{c:<{w}}" for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+        return " ".join(cells).rstrip()
+
+    return [line(row) for row in (header, *rows)]
+
+
 def gb(n: int) -> str:
     """Bytes as gigabytes, eight wide: a column of the tables."""
     return f"{n / 1e9:8.2f}"
 
 
-def print_plan(plan: Plan) -> None:
-    """The per-rank table and the plan's summary lines."""
+def print_plan(plan: Plan, *, scored: bool = False) -> None:
+    """The per-rank table and the plan's summary lines. ``scored``: the plan was priced here (``evaluate``), not
+    solved, so the status line says so and names the solver run that made it as what it is."""
     if plan.status is PlanStatus.infeasible:
         typer.echo(f"status: infeasible ({plan.model} on {plan.fleet})")
         for line in plan.explanation:
@@ -83,10 +102,16 @@ def print_plan(plan: Plan) -> None:
             f"{r.predicted_ms.compute:>10.3f} {r.predicted_ms.comm:>9.3f} {r.predicted_ms.host:>8.3f} "
             f"{r.predicted_ms.total:>9.3f}"
         )
-    typer.echo(
-        f"status: {plan.status.value} ({plan.solver.name}, {plan.solver.seconds:.2f} s) · "
-        f"predicted step {plan.predicted_step_ms:.3f} ms"
-    )
+    if scored:
+        typer.echo(
+            f"scored: {plan.status.value} · predicted step {plan.predicted_step_ms:.3f} ms "
+            f"(priced here; the plan was made by {plan.solver.name})"
+        )
+    else:
+        typer.echo(
+            f"status: {plan.status.value} ({plan.solver.name}, {plan.solver.seconds:.2f} s) · "
+            f"predicted step {plan.predicted_step_ms:.3f} ms"
+        )
     typer.echo(f"  {verdict_line(plan)}")
     for line in plan.explanation:
         typer.echo(f"  - {line}")

@@ -21,6 +21,7 @@ from shardwise.clients.cli_common import (
     describe_validation_error,
     fail,
     gb,
+    install_hint,
     load_spec,
     print_plan,
     read_document,
@@ -38,7 +39,7 @@ def _solver_modules() -> Any:
 
         from shardwise.solver import planner
     except ImportError as exc:  # pragma: no cover - exercised on the base install only
-        fail(f"the local planner needs the planner extra ({exc.name} is missing): pip install 'shardwise[planner]'")
+        fail(f"the local planner needs the planner extra ({exc.name} is missing): {install_hint('planner')}")
     return planner
 
 
@@ -110,7 +111,21 @@ def evaluate(
         except ValueError as exc:
             fail(f"{plan_path}: {exc}")
     else:
-        given = load_spec(plan_path, Plan)
+        document = read_document(plan_path)
+        if looks_like_torchrec(document):
+            fail(f"{plan_path}: this looks like a TorchRec plan (sharding_type per table): add --torchrec")
+        try:
+            given = Plan.model_validate(document)
+        except ValidationError as exc:
+            fail(f"{plan_path}: {describe_validation_error(exc)}")
+    if given.ranks and len(given.ranks) != fleet.world_size:
+        # rank for rank or not at all: one line, not a problem per layer that misses the other ranks
+        typer.echo(
+            f"plan is invalid: the plan has {len(given.ranks)} ranks, the fleet {fleet.name} has {fleet.world_size}; "
+            f"score it on a fleet of {len(given.ranks)} GPUs, or compare it with a re-plan: shardwise port --plan",
+            err=True,
+        )
+        raise typer.Exit(1)
     planner = _solver_modules()
     problems, scored = planner.score_plan(model, fleet, given)
     if problems:
@@ -120,7 +135,23 @@ def evaluate(
         if len(problems) > MAX_PROBLEMS:
             typer.echo(f"  … and {len(problems) - MAX_PROBLEMS} more", err=True)
         raise typer.Exit(1)
-    print_plan(scored)
+    print_plan(scored, scored=True)
+
+
+def looks_like_torchrec(document: Any) -> bool:
+    """A serialized TorchRec ``ShardingPlan`` (``{"plan": {module: {table: {"sharding_type": ...}}}}``, or the same
+    without the outer key) rather than a shardwise plan, which has no ``sharding_type`` two levels down."""
+    if not isinstance(document, dict) or "tables" in document:
+        return False
+    inner = document.get("plan", document)
+    if not isinstance(inner, dict):
+        return False
+    for tables in inner.values():
+        if isinstance(tables, dict) and any(
+            isinstance(entry, dict) and "sharding_type" in entry for entry in tables.values()
+        ):
+            return True
+    return False
 
 
 def _fleet_line(fleet: FleetSpec) -> str:
@@ -251,7 +282,7 @@ def calibrate(
 
         from shardwise.clients import calibrate as cal_mod
     except ImportError as exc:
-        fail(f"calibrate needs torch and numpy ({exc.name} is missing): pip install 'shardwise[torch,planner]'")
+        fail(f"calibrate needs torch and numpy ({exc.name} is missing): {install_hint('torch,planner')}")
     if device not in ("cuda", "cpu"):
         fail(f"--device must be cuda or cpu, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
-from shardwise.clients.cli_common import M, Solver, fail, load_spec, print_plan, write_plan
+from shardwise.clients.cli_common import M, Solver, fail, load_spec, print_plan, table, write_plan
 from shardwise.wire.resources import Job, StoredPlan
 from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, PlanStatus
 
@@ -179,13 +179,20 @@ def list_plans(
     """The plan history, newest first."""
     with remote(url, token) as client:
         rows = list(itertools.islice(client.list_plans(model=model, fleet=fleet, gpu=gpu, status=status), limit))
-    typer.echo(f"{'id':<36} {'created':<16} {'model':<16} {'fleet':<16} {'gpus':>5} {'status':<10} {'step ms':>9}")
-    for r in rows:
-        ms = "-" if r.predicted_step_ms is None else f"{r.predicted_step_ms:.3f}"
-        typer.echo(
-            f"{r.id:<36} {r.created_at:%Y-%m-%d %H:%M} {r.model[:16]:<16} {r.fleet[:16]:<16} {r.world_size:>5} "
-            f"{r.status.value:<10} {ms:>9}"
-        )
+    cells = [
+        [
+            r.id,
+            f"{r.created_at:%Y-%m-%d %H:%M}",
+            r.model,  # whole: a column as wide as its longest name
+            r.fleet,
+            str(r.world_size),
+            r.status.value,
+            "-" if r.predicted_step_ms is None else f"{r.predicted_step_ms:.3f}",
+        ]
+        for r in rows
+    ]
+    for line in table(cells, ["id", "created", "model", "fleet", "gpus", "status", "step ms"], right={4, 6}):
+        typer.echo(line)
 
 
 class ExportFormat(StrEnum):

@@ -23,7 +23,7 @@ from shardwise.service.db import make_engine, session_factory
 from shardwise.service.errors import problem_responses
 from shardwise.service.jobs import JobRunner, LocalRunner, Reaper
 from shardwise.service.observability import Metrics, RequestMiddleware, configure_logging
-from shardwise.service.routers import calibrations, health, hwprofiles, jobs, plans, port, specs, ui
+from shardwise.service.routers import calibrations, docs, health, hwprofiles, jobs, plans, port, specs, ui
 from shardwise.service.routers.common import BODY_MODELS, no_control_characters
 from shardwise.service.settings import Settings
 from shardwise.solver.extract import solver_version
@@ -115,6 +115,8 @@ def create_app(settings: Settings | None = None, *, runner: JobRunner | None = N
         lifespan=lifespan,
         generate_unique_id_function=_operation_id,
         dependencies=[Depends(no_control_characters)],  # before any route's own parameters reach the database
+        docs_url=None,  # /docs and /redoc come from routers/docs.py: the package's own files, not a CDN
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = Metrics()
@@ -137,6 +139,7 @@ def create_app(settings: Settings | None = None, *, runner: JobRunner | None = N
         api.include_router(router)
     app.include_router(api)
     app.include_router(health.router)
+    app.include_router(docs.router)
     app.mount("/static", StaticFiles(directory=ui.STATIC_DIR), name="static")
     app.include_router(ui.router)  # last: it ends with a catch-all for /ui/...
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

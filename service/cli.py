@@ -15,8 +15,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run the shar
 
 
 def _missing_extra(what: str, exc: ImportError) -> NoReturn:
+    # the checkout or the wheel `make dist` builds (README, "Installing"): shardwise is not on a package index
     typer.echo(
-        f"error: {what} needs the server extra ({exc.name} is missing): pip install 'shardwise[server]'", err=True
+        f"error: {what} needs the server extra ({exc.name} is missing): pip install '.[server]' in the shardwise "
+        "checkout (or 'shardwise-<version>-py3-none-any.whl[server]')",
+        err=True,
     )
     raise typer.Exit(2)
 

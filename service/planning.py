@@ -67,7 +67,11 @@ def _spec_row(session: Session, kind: Literal["model", "fleet"], ref: str) -> Mo
     name, version = split_ref(ref)
     row = repo.get_version(session, table, name, version)
     if row is None:
-        raise NotFound(f"no {kind} named {shown(ref)}" + ("" if version is None else " at that version"))
+        where = "" if version is None else " at that version"
+        raise NotFound(
+            f"no {kind} named {shown(ref)}{where}: register it first (POST /api/v1/{kind}s, "
+            f"ShardwiseClient().register_{kind}(spec) or shardwise {kind}s register FILE)"
+        )
     return row
 
 

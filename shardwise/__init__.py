@@ -50,6 +50,14 @@ _PUBLIC: dict[str, str] = {
     "split_parameters": "shardwise.clients.apply",
 }
 
+#: the names that need an extra on top of the base install → that extra
+_EXTRA: dict[str, str] = {
+    "make_plan": "planner",
+    "describe": "torch",
+    "apply_plan": "torch",
+    "split_parameters": "torch",
+}
+
 __all__ = sorted([*_PUBLIC, "__version__"])
 
 
@@ -57,7 +65,19 @@ def __getattr__(name: str) -> Any:
     module = _PUBLIC.get(name)
     if module is None:
         raise AttributeError(f"module 'shardwise' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    try:
+        loaded = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        extra = _EXTRA.get(name)
+        if extra is None or (exc.name or "").startswith("shardwise"):
+            raise
+        # shardwise is installed from its checkout or the wheel `make dist` builds, not from a package index
+        raise ModuleNotFoundError(
+            f"shardwise.{name} needs the {extra} extra ({exc.name} is missing): pip install '.[{extra}]' in the "
+            f"shardwise checkout (or 'shardwise-<version>-py3-none-any.whl[{extra}]')",
+            name=exc.name,
+        ) from exc
+    value = getattr(loaded, name)
     globals()[name] = value  # the next access is a plain attribute
     return value
 

@@ -60,6 +60,11 @@ def score_plan(
     topo = Topology(fleet, dict(profiles or {}))
     if plan.status is PlanStatus.infeasible:
         return ["the plan is infeasible: nothing to evaluate"], plan
+    if plan.ranks and len(plan.ranks) != fleet.world_size:  # one problem, not one per layer missing the other ranks
+        return [
+            f"the plan has {len(plan.ranks)} ranks, the fleet {fleet.name} has {fleet.world_size}: a plan is scored "
+            "rank for rank on a fleet of its size (a port analysis compares it with a re-plan for another)"
+        ], plan
     problems = check_structure(topo, model, plan)
     if problems:
         return problems, plan

@@ -2,7 +2,8 @@
 
 Both plans go through the plan store: each is reused when stored, else solved once as a job (in parallel). When
 they outlast the wait budget the answer is 202 with the pending job; the same request later finds both stored.
-The comparison itself is an evaluation, cheap enough for the request thread.
+The comparison itself is an evaluation, cheap enough for the request thread. Every plan id in the answer is a stored
+plan's (``with_store_ids``).
 """
 
 from __future__ import annotations
@@ -97,4 +98,22 @@ def port(raw: JsonBody, session: SessionDep, settings: SettingsDep, runner: Runn
         report = port_analysis(model, source, target, params, source_plan=plans[0], target_plan=plans[1])
     except PortError as exc:  # pragma: no cover - a stored plan is valid on its own fleet
         raise InvalidInput(str(exc)) from exc
-    return JSONResponse(report.model_dump(mode="json"))
+    return JSONResponse(with_store_ids(report, plans[0], plans[1]).model_dump(mode="json"))
+
+
+def with_store_ids(report: PortReport, source: Plan, target: Plan) -> PortReport:
+    """The report with its plans' ids as the store knows them: ``GET /api/v1/plans/{id}`` answers for every id it
+    carries. The analysis re-prices the source plan (a new plan, with the id a local analysis gives it); here that
+    is the stored source plan's id again, and the re-plan's is the stored target plan's. A plan that is not stored —
+    the direct port, or a re-plan that kept the direct port's layout — carries no id (``""``)."""
+    direct = report.direct_port
+    replan_id = target.id if report.replan_from == "solver" else ""
+    return report.model_copy(
+        update={
+            "source_plan": report.source_plan.model_copy(update={"id": source.id}),
+            "replan": report.replan.model_copy(update={"id": replan_id}),
+            "direct_port": direct.model_copy(
+                update={"plan": None if direct.plan is None else direct.plan.model_copy(update={"id": ""})}
+            ),
+        }
+    )

@@ -123,6 +123,11 @@ def test_evaluate_a_written_plan(runner: CliRunner, written_plan: Path) -> None:
     plan = Plan.model_validate_json(written_plan.read_text(encoding="utf-8"))
     assert rank_lines(result.stdout) == [(r, 0, "nvidia-h100-sxm") for r in range(8)]
     assert f"predicted step {plan.predicted_step_ms:.3f} ms" in result.stdout
+    # scored here, not solved: no solve time reprinted as if it had just run
+    assert f"scored: {plan.status.value} · predicted step" in result.stdout
+    assert "(priced here; the plan was made by greedy)" in result.stdout
+    assert "status: " not in result.stdout
+    assert f"{plan.solver.seconds:.2f} s" not in result.stdout
 
 
 def test_evaluate_a_broken_plan_exits_1_naming_the_problem(
@@ -148,10 +153,13 @@ def test_evaluate_a_plan_missing_a_table(runner: CliRunner, written_plan: Path, 
 
 
 def test_evaluate_a_plan_for_another_fleet(runner: CliRunner, written_plan: Path) -> None:
-    # the 8-GPU plan on the 16-GPU fleet: its dense layers run on half the ranks
+    # the 8-GPU plan on the 16-GPU fleet: one line saying so, not a problem per dense layer
     result = runner.invoke(app, ["evaluate", DLRM, MIXED, str(written_plan)])
     assert result.exit_code == 1, result.output
-    assert "must run on all 16 ranks" in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("plan is invalid: the plan has 8 ranks, the fleet b200-mi350x-2x8 has 16;"), lines
+    assert "shardwise port --plan" in lines[0]
 
 
 def test_evaluate_an_infeasible_plan(runner: CliRunner, tmp_path: Path) -> None:

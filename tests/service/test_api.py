@@ -324,8 +324,13 @@ def test_evaluate_on_another_fleet(client: TestClient) -> None:
 
     too_few = client.post(f"/api/v1/plans/{plan_id}/evaluate", json={"fleet": fleet("one", gpus=1)}).json()
     assert too_few["feasible"] is False
-    assert too_few["problems"]
+    assert too_few["problems"] == [
+        "the plan has 8 ranks, the fleet one has 1: a plan is scored rank for rank on a fleet of its size "
+        "(a port analysis compares it with a re-plan for another)"
+    ]
     assert too_few["plan"] is None
+    too_many = client.post(f"/api/v1/plans/{plan_id}/evaluate", json={"fleet": fleet("big", gpus=8, hosts=16)})
+    assert too_many.json()["problems"] == [too_few["problems"][0].replace("one has 1", "big has 128")]
     assert_problem(client.post("/api/v1/plans/nope/evaluate", json={"fleet": fleet()}), 404, "not-found")
 
 

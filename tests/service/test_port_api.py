@@ -55,6 +55,28 @@ def test_port_over_http_equals_the_local_analysis(client: TestClient, settings: 
     assert count(settings.database_url, PlanRow) == 2
 
 
+def test_every_plan_id_in_a_port_answer_is_a_stored_plan(client: TestClient) -> None:
+    body = {
+        "model": load("model.json"),
+        "source_fleet": load("fleet_b200.json"),
+        "target_fleet": load("fleet_mi350x.json"),
+        "options": {"solver": "greedy"},
+    }
+    report = client.post("/api/v1/port", json=body).json()
+    source, replan = report["source_plan"], report["replan"]
+    assert source["id"]
+    assert not source["id"].startswith("plan-"), source["id"]
+    stored = client.get(f"/api/v1/plans/{source['id']}")
+    assert stored.status_code == 200, stored.text
+    assert stored.json()["fleet"] == body["source_fleet"]["name"]
+    assert stored.json()["tables"] == source["tables"]
+    assert report["replan_from"] == "solver"
+    stored = client.get(f"/api/v1/plans/{replan['id']}")
+    assert stored.status_code == 200, stored.text
+    assert stored.json()["tables"] == replan["tables"]
+    assert report["direct_port"]["plan"]["id"] == ""  # priced, not stored: no id to look up
+
+
 def test_port_onto_a_smaller_fleet_names_the_short_ranks(client: TestClient) -> None:
     model = small_model("wide", tables=6, rows=20_000_000, dim=128)
     body = {

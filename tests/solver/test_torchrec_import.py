@@ -217,6 +217,19 @@ def test_cli_evaluate_torchrec(tmp_path: Path) -> None:
     assert "grid_shard" in result.output
 
 
+@pytest.mark.parametrize("outer", [True, False])
+def test_cli_evaluate_a_torchrec_plan_without_the_flag_says_to_add_it(tmp_path: Path, outer: bool) -> None:
+    model_path, fleet_path, plan_path = tmp_path / "model.json", tmp_path / "fleet.json", tmp_path / "tr.json"
+    model_path.write_text(MODEL.model_dump_json())
+    fleet_path.write_text(FLEET.model_dump_json())
+    doc = serialized_plan()
+    plan_path.write_text(json.dumps(doc if outer else doc["plan"]))  # the outer "plan" key may be left out
+    result = CliRunner().invoke(app, ["evaluate", str(model_path), str(fleet_path), str(plan_path)])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines == [f"error: {plan_path}: this looks like a TorchRec plan (sharding_type per table): add --torchrec"]
+
+
 @pytest.mark.torchrec
 def test_torchrec_baseline_plan_imports_clean() -> None:
     pytest.importorskip("torchrec", reason="torchrec not installed (make install-baseline)", exc_type=ImportError)

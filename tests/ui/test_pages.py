@@ -329,6 +329,11 @@ def test_plan_page_tables_explanation_links_and_snippet(client: TestClient) -> N
 
     snippet = doc.css_first("code#snippet")
     assert snippet is not None
+    # how to install it says what works: the checkout or the built wheel (shardwise is on no package index)
+    install = text(doc.css_first(".apply p"))
+    assert "pip install '.[torch]'" in install
+    assert "make dist" in install
+    assert "pip install shardwise[" not in install
     code = snippet.text()
     tree = ast.parse(code)  # valid Python
     imported = {(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
@@ -641,3 +646,22 @@ def test_a_plan_meeting_the_bound_over_every_plan_is_optimal(client: TestClient,
     assert text(rows[plan_id].css_first(".status")) == "optimal"
     options = {attr(o, "value"): text(o) for o in page(client, "/ui/plans").css("select[name=status] option")}
     assert options.get("optimal") == "optimal"
+
+
+@pytest.mark.parametrize("url", ["/docs", "/redoc"])
+def test_api_docs_load_only_this_servers_files(client: TestClient, url: str) -> None:
+    """The browser test (test_playwright) proves it in Chromium; this holds where no browser is installed."""
+    response = client.get(url)
+    assert response.status_code == 200
+    assert "img-src 'self' data:" in response.headers["content-security-policy"]
+    doc = LexborHTMLParser(response.text)
+    refs = [attr(n, "src") for n in doc.css("script[src]")] + [attr(n, "href") for n in doc.css("link[href]")]
+    assert refs
+    for ref in refs:
+        assert ref.startswith("/static/"), ref
+        assert client.get(ref).status_code == 200, ref
+    assert "googleapis" not in response.text
+    assert "cdn." not in response.text
+    # the vendored distributions keep their licenses beside them
+    for name in ("swagger-ui.LICENSE", "swagger-ui.NOTICE", "redoc.LICENSE"):
+        assert client.get(f"/static/{name}").status_code == 200

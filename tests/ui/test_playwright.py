@@ -12,6 +12,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -151,3 +152,71 @@ def test_back_button_restores_the_filtered_history(browser: Any, server: str, se
         assert page.url.endswith("/ui/plans?model=ranker")
     finally:
         page.close()
+
+
+def offline_context(browser: Any) -> tuple[Any, list[str]]:
+    """A browser context that refuses every request beyond the server on 127.0.0.1; returns it and what it refused."""
+    context = browser.new_context()
+    refused: list[str] = []
+
+    def only_loopback(route: Any) -> None:
+        if urlsplit(route.request.url).hostname == "127.0.0.1":
+            route.continue_()
+        else:
+            refused.append(route.request.url)
+            route.abort()
+
+    context.route("**/*", only_loopback)
+    return context, refused
+
+
+def api_operations(server: str) -> set[tuple[str, str]]:
+    spec = httpx.get(f"{server}/openapi.json", timeout=30).json()
+    methods = {"get", "post", "put", "patch", "delete"}
+    return {(method.upper(), path) for path, ops in spec["paths"].items() for method in ops if method in methods}
+
+
+def test_swagger_ui_lists_every_operation_with_no_network(browser: Any, server: str) -> None:
+    expected = api_operations(server)
+    assert ("POST", "/api/v1/plans") in expected
+    assert ("POST", "/api/v1/fleets") in expected
+    context, refused = offline_context(browser)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        page.goto(f"{server}/ui/plans")  # the pages' "API" link leads to the docs
+        page.get_by_role("link", name="API").click()
+        page.wait_for_url(f"{server}/docs")
+        page.wait_for_selector(".opblock", timeout=30_000)
+        shown = page.eval_on_selector_all(
+            ".opblock",
+            "els => els.map(e => [e.querySelector('.opblock-summary-method').textContent,"
+            " e.querySelector('.opblock-summary-path').getAttribute('data-path')])",
+        )
+        assert {(method, path) for method, path in shown} == expected
+        assert page.locator(".swagger-ui .info .title").inner_text().startswith("shardwise")
+    finally:
+        context.close()
+    assert refused == []
+    assert errors == []
+
+
+def test_redoc_renders_the_api_with_no_network(browser: Any, server: str) -> None:
+    spec = httpx.get(f"{server}/openapi.json", timeout=30).json()
+    summaries = {op["summary"] for ops in spec["paths"].values() for op in ops.values() if "summary" in op}
+    context, refused = offline_context(browser)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        page.goto(f"{server}/redoc")
+        page.wait_for_selector("[data-section-id^='tag/']", timeout=30_000)
+        text = page.inner_text("body")
+        assert summaries
+        missing = sorted(s for s in summaries if s not in text)
+        assert not missing, missing
+    finally:
+        context.close()
+    assert refused == []
+    assert errors == []
