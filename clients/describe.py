@@ -402,8 +402,8 @@ def _forward_alone(layer: nn.Module, input_shape: tuple[int, ...], where: str) -
             out = torch.func.functional_call(layer, state, (x,))
     except Exception as e:
         raise ValueError(
-            f"{where}: its forward ({type(layer).__name__}) failed on one input of shape {input_shape} on the meta device "
-            f"({e}); pass example_inputs (the model's forward arguments) instead"
+            f"{where}: its forward ({type(layer).__name__}) failed on one input of shape {input_shape} on the meta "
+            f"device ({e}); pass example_inputs (the model's forward arguments) instead"
         ) from e
     return int(counter.get_total_flops()), _nbytes(x) + _nbytes(out)
 
@@ -658,7 +658,6 @@ def zipf_exponent(ids: torch.Tensor, *, min_count: int = 2) -> float | None:
     distribution, the rows a cache keeps: uniform batches give ≈ 0, Zipf(0.9–1.3) batches within a few hundredths;
     over a table far larger than the batch, a flat law (s ≈ 0.6) reads somewhat high.
     """
-    import torch
 
     flat = ids.reshape(-1).long()
     half = flat.numel() // 2
