@@ -192,10 +192,11 @@ class DenseLayerSpec(_Frozen):
         else:
             missing = [f for f in costed if getattr(self, f) is None]
             extra = [f for f in linear if getattr(self, f) is not None]
+        article = "a linear" if self.kind == "linear" else "an unclassified"
         if missing:
-            raise ValueError(f"a {self.kind} layer needs {' and '.join(missing)}")
+            raise ValueError(f"{article} layer needs {' and '.join(missing)}")
         if extra:
-            raise ValueError(f"a {self.kind} layer has no {' or '.join(extra)}")
+            raise ValueError(f"{article} layer has no {' or '.join(extra)}")
         if self.style is not None and self.style not in self.kind_styles:
             raise ValueError(
                 f"style {self.style.value} needs a linear layer; an unclassified one runs replicate or fsdp"
