@@ -38,8 +38,9 @@ plan fails the same way on every rank instead of hanging one of them. Then, in p
     largest fully uncovered submodules are wrapped in DDP; parameters owned directly by a module that also holds
     planned children get an averaging all-reduce hook;
   - a dense entry that holds no parameters (compute :func:`~shardwise.clients.describe.describe` counted outside
-    every layer, such as DLRM's feature interaction) places nothing; an ``unclassified`` layer (any module with
-    parameters) runs ``replicate`` or ``fsdp`` like a linear one.
+    every layer, such as DLRM's feature interaction) places nothing; an entry naming a parameter (describe()'s layer
+    for a parameter held beside tables, always ``replicate``) leaves it to the all-reduce hook above; an
+    ``unclassified`` layer (any module with parameters) runs ``replicate`` or ``fsdp`` like a linear one.
 
 Gradient convention: every parameter receives the gradient of the **mean over ranks** of the local losses (DDP's),
 so with equal local batches and a mean-reduced loss the sharded model's gradients equal the unsharded model's on

@@ -21,7 +21,9 @@ what, walking the module tree from the root:
   dense layer named by its FQN, covering the whole subtree (so the layers of a plan never nest): its parameter
   count, its activation bytes (input and output per sample) and its forward FLOPs (FlopCounterMode on meta). It
   runs ``replicate`` or ``fsdp`` (``dense_styles`` pins one). A module that holds parameters of its own *and*
-  embedding tables below it is refused, naming it (move the parameters into a submodule).
+  embedding tables below it cannot be one layer (a layer holds no table): each of its own parameters becomes an
+  unclassified layer named by the parameter's FQN, pinned to ``replicate`` (``apply_plan`` all-reduces the gradient
+  of such a parameter), and its children are described by these rules.
 
 **Every parameter is accounted for.** After the walk, the described parameters must equal the module's — count and
 bytes, each parameter covered once — or :func:`describe` raises ``ValueError`` naming the modules left out (or the
@@ -95,6 +97,7 @@ class _Layer:
     flops: int | None = None  # per sample
     activation_bytes: int | None = None  # per sample
     dtype: Dtype | None = None
+    loose: bool = False  # one parameter of a module that also holds tables: named by the parameter, replicated
 
 
 def describe(
@@ -143,10 +146,7 @@ def describe(
         raise ValueError("pass example_inputs or input_shapes, not both: the example's forward gives every shape")
     tables: list[_Table] = []
     layers: list[_Layer] = []
-    refused: list[str] = []
-    _walk(module, "", tables, layers, refused, inside_collection=False)
-    if refused:
-        raise ValueError("; ".join(refused))
+    _walk(module, "", tables, layers, inside_collection=False)
     _account(module, tables, layers)
 
     dense_opt = Optimizer(dense_optimizer)
@@ -186,9 +186,7 @@ def describe(
 # --------------------------------------------------------------------------------------------------- the walk
 
 
-def _walk(
-    mod: nn.Module, fqn: str, tables: list[_Table], layers: list[_Layer], refused: list[str], *, inside_collection: bool
-) -> None:
+def _walk(mod: nn.Module, fqn: str, tables: list[_Table], layers: list[_Layer], *, inside_collection: bool) -> None:
     """Describe ``mod`` (at ``fqn``) and, unless it is described whole, its children (module docstring)."""
     from torch import nn
 
@@ -197,7 +195,7 @@ def _walk(
     if collections and isinstance(mod, collections):
         tables.extend(_torchrec_tables(where, mod))
         for child_name, child in mod.named_children():
-            _walk(child, _join(fqn, child_name), tables, layers, refused, inside_collection=True)
+            _walk(child, _join(fqn, child_name), tables, layers, inside_collection=True)
         return
     if isinstance(mod, nn.EmbeddingBag | nn.Embedding):
         if not inside_collection:  # inside a collection it is one of the collection's tables
@@ -209,19 +207,17 @@ def _walk(
         return
     own = _own_parameters(mod)
     if own:
-        holders = [n for n, m in mod.named_modules() if _holds_tables(m)]
-        if holders:
-            refused.append(
-                f"{where}: holds parameters of its own ({', '.join(own)}) beside embedding tables "
-                f"({', '.join(_join(fqn, h) for h in holders[:3])}); describe() cannot make it one dense layer "
-                "without them: move the parameters into a submodule"
-            )
+        if not any(_holds_tables(m) for m in mod.modules()):
+            layers.append(_Layer(where, mod, "unclassified", list(mod.parameters())))
             return
-        layers.append(_Layer(where, mod, "unclassified", list(mod.parameters())))
-        return
+        # beside tables it cannot be one layer (a layer holds no table): each parameter is one, replicated
+        named = dict(mod.named_parameters())
+        layers.extend(
+            _Layer(_join(fqn, n), mod, "unclassified", [named[n]], flops=0, activation_bytes=0, loose=True) for n in own
+        )
     for child_name, child in mod.named_children():
         if not isinstance(child, nn.ParameterList | nn.ParameterDict):
-            _walk(child, _join(fqn, child_name), tables, layers, refused, inside_collection=inside_collection)
+            _walk(child, _join(fqn, child_name), tables, layers, inside_collection=inside_collection)
 
 
 def _join(fqn: str, name: str) -> str:
@@ -303,6 +299,13 @@ def _layer_dtype(layer: _Layer) -> Dtype:
 def _layer_spec(layer: _Layer, optimizer: Optimizer, style: str | None) -> DenseLayerSpec:
     assert layer.dtype is not None  # _account
     pinned = DenseStyle(style) if style is not None else None
+    if layer.loose:
+        if pinned not in (None, DenseStyle.replicate):
+            raise ValueError(
+                f"{layer.name}: a parameter its module holds beside embedding tables runs replicate (apply_plan "
+                "all-reduces its gradient); to shard it, move it into a submodule"
+            )
+        pinned = DenseStyle.replicate
     if layer.kind == "linear":
         mod = layer.module
         return DenseLayerSpec(
@@ -344,6 +347,8 @@ def _measure_alone(layers: Sequence[_Layer], batch: int, shapes: dict[str, Seque
 
     unknown: list[str] = []
     for layer in layers:
+        if layer.loose:
+            continue
         mod = layer.module
         shape = shapes.pop(layer.name, None)
         if layer.kind == "linear":
@@ -448,12 +453,13 @@ def _measure_forward(module: nn.Module, layers: list[_Layer], example_inputs: An
         if key == root or key.startswith(f"{root}.")
     }
     by_name = {layer.name: layer for layer in layers}
-    for layer in layers:
+    layers_whole = [layer for layer in layers if not layer.loose]
+    for layer in layers_whole:
         fqn = names[layer.module]
         layer.flops = subtree.get(fqn, 0) // batch
         layer.activation_bytes = math.ceil(io_bytes.get(fqn, 0) / batch)
     # FLOPs outside every layer: each module's own (its subtree less its children's), where no layer covers it
-    covered = {names[layer.module] for layer in layers}
+    covered = {names[layer.module] for layer in layers_whole}
     if "" in covered:  # the whole module is one layer
         return
     extra: list[_Layer] = []

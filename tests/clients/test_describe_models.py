@@ -280,17 +280,28 @@ def test_transformer_encoder_block() -> None:
         describe(block, batch_size_per_gpu=32)
 
 
-def test_parameters_beside_tables_and_tied_weights_are_refused() -> None:
+def test_parameters_beside_tables_are_replicated_one_by_one() -> None:
     class Holder(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.scale = nn.Parameter(torch.ones(8, device="meta"))
+            self.bias = nn.ParameterList([nn.Parameter(torch.zeros(8, device="meta"))])
             self.bag = nn.EmbeddingBag(100, 8, device="meta")
 
-    with pytest.raises(
-        ValueError, match=r"sparse\.0: holds parameters of its own \(scale\) beside embedding tables \(sparse\.0\.bag\)"
-    ):
-        describe(nn.ModuleDict({"sparse": nn.Sequential(Holder())}), batch_size_per_gpu=8)
+    model = nn.ModuleDict({"sparse": nn.Sequential(Holder())})
+    spec = describe(model, batch_size_per_gpu=8)
+    assert described(spec) == params_and_bytes(model)
+    assert [t.name for t in spec.embedding_tables] == ["sparse.0.bag"]
+    # a dense layer cannot hold a table: each parameter its own layer, named by the parameter, replicated
+    assert [(d.name, d.num_params, d.styles) for d in spec.dense_layers] == [
+        ("sparse.0.scale", 8, (DenseStyle.replicate,)),
+        ("sparse.0.bias.0", 8, (DenseStyle.replicate,)),
+    ]
+    with pytest.raises(ValueError, match=r"sparse\.0\.scale: a parameter its module holds beside embedding tables"):
+        describe(model, batch_size_per_gpu=8, dense_styles={"sparse.0.scale": "fsdp"})
+
+
+def test_tied_weights_are_refused() -> None:
     tied = nn.Sequential(nn.Linear(8, 8, device="meta"), nn.Linear(8, 8, device="meta"))
     tied[1].weight = tied[0].weight
     with pytest.raises(ValueError, match=r"dense layer 0 and dense layer 1 share parameters"):
@@ -313,16 +324,31 @@ def test_dense_styles_pin_a_style() -> None:
         describe(model, batch_size_per_gpu=8, input_shapes={"gate": (32,)}, dense_styles={"gat": "fsdp"})
 
 
+class TemperedScorer(Scorer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.temperature = nn.Parameter(torch.ones(1))  # held by the root, beside the tables
+
+    def forward(self, *args: Any) -> Any:
+        return super().forward(*args) / self.temperature
+
+
 def test_a_plan_of_the_described_model_passes_the_apply_check() -> None:
     pytest.importorskip("ortools")
     from shardwise.solver.planner import make_plan
 
-    spec = describe(Scorer(), batch_size_per_gpu=64, example_inputs=scorer_inputs(8))
+    spec = describe(TemperedScorer(), batch_size_per_gpu=64, example_inputs=scorer_inputs(8))
     fleet = FleetSpec(name="one", hosts=[{"gpu": "nvidia-h100-sxm", "count": 1, "gpus_per_host": 2}])
     plan = make_plan(spec, fleet, SolveParams(solver="greedy"))
-    assert {d.name for d in plan.dense} >= {"gate", "norm", "Scorer"}
-    # the parameterless "Scorer" entry places nothing; every other entry names a module with its parameters
-    assert check_plan(Scorer(), plan, world_size=2, model_spec=spec) == []
+    styles = {d.name: d.style for d in plan.dense}
+    assert styles["temperature"] is DenseStyle.replicate
+    assert {"gate", "norm", "TemperedScorer"} <= set(styles)
+    # the parameterless "TemperedScorer" entry places nothing, "temperature" is replicated as a loose parameter;
+    # every other entry names a module holding its parameters
+    assert check_plan(TemperedScorer(), plan, world_size=2, model_spec=spec) == []
+    sharded = [d.model_copy(update={"style": DenseStyle.fsdp}) if d.name == "temperature" else d for d in plan.dense]
+    problems = check_plan(TemperedScorer(), plan.model_copy(update={"dense": sharded}), world_size=2, model_spec=spec)
+    assert problems == ["dense layer temperature: a parameter, not a module, runs replicate; the plan says fsdp"]
 
 
 # --------------------------------------------------------------------------------------------------- a real batch
