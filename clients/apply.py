@@ -36,7 +36,11 @@ plan fails the same way on every rank instead of hanging one of them. Then, in p
     gradients by the world size and, over several hosts, all-reduces them across hosts (the DDP convention below);
   - parameters no plan entry covers (norms, unplanned layers, embedding bags left out) are replicated: their
     largest fully uncovered submodules are wrapped in DDP; parameters owned directly by a module that also holds
-    planned children get an averaging all-reduce hook.
+    planned children get an averaging all-reduce hook;
+  - a dense entry that holds no parameters (compute :func:`~shardwise.clients.describe.describe` counted outside
+    every layer, such as DLRM's feature interaction) places nothing; an entry naming a parameter (describe()'s layer
+    for a parameter held beside tables, always ``replicate``) leaves it to the all-reduce hook above; an
+    ``unclassified`` layer (any module with parameters) runs ``replicate`` or ``fsdp`` like a linear one.
 
 Gradient convention: every parameter receives the gradient of the **mean over ranks** of the local losses (DDP's),
 so with equal local batches and a mean-reduced loss the sharded model's gradients equal the unsharded model's on
@@ -307,7 +311,7 @@ def apply_plan(
         raise PlanMismatchError(checked.problems)
     dev = torch.device(device) if device is not None else _default_device(group)
 
-    planned = [t.name for t in plan.tables] + [d.name for d in plan.dense]
+    planned = [t.name for t in plan.tables] + [d.name for d, _ in checked.dense]  # less compute-only entries
     wrapped, loose = _uncovered(module, planned)
 
     # 1. embedding tables: only this rank's shards reach the device; with an embedding optimizer, into their groups

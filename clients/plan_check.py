@@ -144,9 +144,20 @@ def _check_table(tp: TablePlan, mod: nn.Module | None, spec: ModelSpec | None, c
         checked.tables.append((tp, mod))
 
 
-def _check_dense(dp: DensePlan, mod: nn.Module | None, spec: ModelSpec | None, checked: Checked, W: int) -> None:
+def _check_dense(
+    dp: DensePlan, mod: nn.Module | None, spec: ModelSpec | None, checked: Checked, W: int, is_parameter: bool
+) -> None:
     where = f"dense layer {dp.name}"
     problems = checked.problems
+    if mod is None and is_parameter:  # describe()'s layer for a parameter held beside tables: replicated as loose
+        if dp.style is not DenseStyle.replicate:
+            problems.append(f"{where}: a parameter, not a module, runs replicate; the plan says {dp.style.value}")
+        if sorted(dp.ranks) != list(range(W)):
+            problems.append(f"{where}: must run on all {W} ranks, the plan says {sorted(dp.ranks)}")
+        return
+    layer = next((d for d in spec.dense_layers if d.name == dp.name), None) if spec is not None else None
+    if (layer is not None and layer.num_params == 0) or (mod is not None and not any(True for _ in mod.parameters())):
+        return  # compute with no parameters (describe()'s parameterless layers): nothing to place
     if mod is None:
         problems.append(f"{where}: the model has no module named {dp.name!r}")
         return
@@ -160,8 +171,11 @@ def _check_dense(dp: DensePlan, mod: nn.Module | None, spec: ModelSpec | None, c
         problems.append(f"{where}: has no trainable parameters")
     if any(p.is_meta for p in params):
         problems.append(f"{where}: has parameters on the meta device; materialise dense layers first")
-    if spec is not None and isinstance(mod, nn.Linear):
-        layer = next((d for d in spec.dense_layers if d.name == dp.name), None)
+    if spec is not None and layer is not None and layer.kind == "unclassified":
+        count = sum(p.numel() for p in mod.parameters())
+        if count != layer.num_params:
+            problems.append(f"{where}: the spec says {layer.num_params:,} parameters, the module holds {count:,}")
+    elif spec is not None and isinstance(mod, nn.Linear):
         if layer is None:
             problems.append(f"{where}: not in the model spec {spec.name!r}")
         else:
@@ -179,6 +193,16 @@ def _check_dense(dp: DensePlan, mod: nn.Module | None, spec: ModelSpec | None, c
         checked.dense.append((dp, mod))
 
 
+def _compute_only(plan: Plan, modules: Mapping[str, nn.Module], spec: ModelSpec | None) -> set[str]:
+    """The plan's dense entries that hold no parameters (describe()'s parameterless layers)."""
+    empty = {d.name for d in spec.dense_layers if d.num_params == 0} if spec is not None else set()
+    for d in plan.dense:
+        mod = modules.get(d.name)
+        if mod is not None and not any(True for _ in mod.parameters()):
+            empty.add(d.name)
+    return empty & {d.name for d in plan.dense}
+
+
 def check(module: nn.Module, plan: Plan, world_size: int, model_spec: ModelSpec | None, default_group: bool) -> Checked:
     checked = Checked()
     problems = checked.problems
@@ -189,15 +213,17 @@ def check(module: nn.Module, plan: Plan, world_size: int, model_spec: ModelSpec 
     names = [t.name for t in plan.tables] + [d.name for d in plan.dense]
     for n in sorted({n for n in names if names.count(n) > 1}):
         problems.append(f"{n}: named more than once in the plan")
-    entries = set(names)
-    for b in names:
+    parameters = {n for n, _ in module.named_parameters()}
+    # compute-only and parameter entries place nothing (apply leaves a parameter loose: replicated), so nest in nothing
+    entries = set(names) - _compute_only(plan, modules, model_spec) - (parameters - set(modules))
+    for b in (n for n in names if n in entries):
         for a in ancestors(b):
             if a in entries:
                 problems.append(f"{b}: nested inside {a}; plan entries must not overlap")
     for tp in plan.tables:
         _check_table(tp, modules.get(tp.name), model_spec, checked, world_size)
     for dp in plan.dense:
-        _check_dense(dp, modules.get(dp.name), model_spec, checked, world_size)
+        _check_dense(dp, modules.get(dp.name), model_spec, checked, world_size, dp.name in parameters)
     if model_spec is not None:
         planned = {t.name for t in plan.tables}
         for t in model_spec.embedding_tables:

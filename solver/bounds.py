@@ -35,9 +35,9 @@ from collections.abc import Sequence
 
 from shardwise.solver.cost_model import collective_latency_ms
 from shardwise.solver.cpsat.candidates import Candidate
-from shardwise.solver.evaluate import COLLECTIVES, collective_groups, dense_cost
+from shardwise.solver.evaluate import COLLECTIVES, collective_groups, dense_cost, dense_styles
 from shardwise.solver.topology import Topology
-from shardwise.wire.spec import DenseStyle, ModelSpec
+from shardwise.wire.spec import ModelSpec
 
 
 def candidate_work(c: Candidate) -> float:
@@ -62,7 +62,9 @@ def dense_min_per_class(topo: Topology, model: ModelSpec) -> list[float]:
     for cls in topo.classes:
         total = 0.0
         for layer in model.dense_layers:
-            costs = [dense_cost(topo, model.batch_size_per_gpu, model, layer.name, s, cls) for s in DenseStyle]
+            costs = [
+                dense_cost(topo, model.batch_size_per_gpu, model, layer.name, s, cls) for s in dense_styles(topo, layer)
+            ]
             total += min(d.compute_ms + d.comm_ms for d in costs)
         out.append(total)
     return out

@@ -7,7 +7,8 @@ Notation (per training step)
 ----------------------------
 ``B`` batch per GPU, ``W`` world size, ``g`` GPUs in the owner's host, ``H`` hosts in the fleet;
 a table has ``R`` rows, ``D`` columns, ``b`` bytes per weight, ``F`` features, ``L`` ids per sample per feature;
-a shard holds ``r`` rows × ``c`` columns.  Ids and bag lengths are int64 (8 B), pooled outputs and their
+a shard holds ``r`` rows × ``c`` columns.  Ids and bag lengths are int64 (8 B; an id of a ``weighted`` table
+carries an fp32 weight too, 12 B: :func:`id_bytes`, wherever ``·8`` multiplies ids below), pooled outputs and their
 gradients are fp32 (4 B) for fp32 tables and 2 B otherwise (``ob``).
 
 * global ids of a table ``N = W·B·F·L``, global bags ``Nb = W·B·F``.
@@ -136,13 +137,15 @@ Every rank also sends its own batch's ids and receives its own pooled outputs fo
 (:func:`table_data_side_ms`): ``(B·F·L·8 + B·F·8 + 2·B·F·D·ob)·(W−1)/W`` over the same intra/inter split.
 
 Dense layers (:func:`dense_cost`): roofline ``max(3·f·B / (peak(dtype)·achieved.gemm),
-3·(w + B·(in+out)·b) / (hbm_bw·achieved.memory_bound))`` with ``f`` forward FLOPs per sample; activations
-``B·(in+out)·b`` per layer (in a chain a layer's output is the next one's input, but backward's gradients of the same
-sizes live beside them: measured on an H200, charging only the inputs fell 3–8 % short of the peak at batch 32K–64K,
-``docs/truth.md``); memory and collectives per style — replicate (all-reduce of the gradient), fsdp (two
-all-gathers and a reduce-scatter of the parameters, 1/W of the state per rank plus one unsharded copy), colwise /
-rowwise (tensor parallel inside the host: 1/g of the state, activations exchanged inside the host, the gradient of
-the 1/g slice all-reduced across hosts).
+3·(w + B·a) / (hbm_bw·achieved.memory_bound))`` with ``f`` forward FLOPs per sample and ``a`` activation bytes per
+sample — ``(in+out)·b`` for a linear layer, the measured ``activation_bytes_per_sample`` of an unclassified one
+(``describe()``: its input and output; such a layer runs replicate or fsdp only); activations kept ``B·a`` per layer
+(in a chain a layer's output is the next one's input, but backward's gradients of the same sizes live beside them:
+measured on an H200, charging only the inputs fell 3–8 % short of the peak at batch 32K–64K, ``docs/truth.md``);
+memory and collectives per style — replicate (all-reduce of the gradient), fsdp (two all-gathers and a reduce-scatter
+of the parameters, 1/W of the state per rank plus one unsharded copy), colwise / rowwise (tensor parallel inside the
+host: 1/g of the state, activations exchanged inside the host, the gradient of the 1/g slice all-reduced across
+hosts).
 
 Nothing overlaps in this model: a rank's step time is its compute plus its communication.
 """
@@ -158,6 +161,7 @@ from shardwise.wire.spec import DenseLayerSpec, DenseStyle, Dtype, EmbeddingTabl
 from shardwise.wire.spec import ShardingType as ST
 
 ID_BYTES = 8
+WEIGHT_BYTES = 4  # a weighted table's per-id weight, fp32 (TorchRec's KJT weights)
 LENGTH_BYTES = 8  # bag lengths travel as int64, as the executor sends them
 ROW_INDEX_BYTES = 8  # the int64 row index of each row in a sparse gradient (the compatible mode)
 FUSED_INDEX_BYTES_PER_ID = 6 * 8  # the fused update's index work per id: a saved bag, the sort's five int64 arrays
@@ -363,6 +367,12 @@ def cache_bytes(num_rows: int, num_cols: int, dtype: Dtype, cache_fraction: floa
     return slots * (num_cols * dtype.nbytes + CACHE_META_BYTES_PER_SLOT) + num_rows * CACHE_INDEX_BYTES_PER_ROW
 
 
+def id_bytes(table: EmbeddingTableSpec) -> int:
+    """Bytes one id occupies in the input exchange and its buffers: the int64 id, plus its fp32 weight for a
+    weighted table."""
+    return ID_BYTES + (WEIGHT_BYTES if table.weighted else 0)
+
+
 def shard_memory(
     table: EmbeddingTableSpec,
     *,
@@ -384,7 +394,9 @@ def shard_memory(
     else:
         grads = math.ceil(traffic.ids * FUSED_INDEX_BYTES_PER_ID)
     buffers = math.ceil(
-        traffic.ids * ID_BYTES + traffic.bags * LENGTH_BYTES + 2 * traffic.out_rows * num_cols * out_bytes(table.dtype)
+        traffic.ids * id_bytes(table)
+        + traffic.bags * LENGTH_BYTES
+        + 2 * traffic.out_rows * num_cols * out_bytes(table.dtype)
     )
     if placement is Placement.hbm:
         return ShardMemory(weights=weights, optimizer=state, gradients=grads, buffers=buffers)
@@ -520,7 +532,7 @@ def shard_comm_ms(table: EmbeddingTableSpec, sharding: ST, num_rows: int, num_co
     if sharding is ST.data_parallel:
         grad = num_rows * num_cols * table.dtype.nbytes
         return 2 * hierarchical_s(grad, ctx.gpus_per_host, ctx.num_hosts, ctx.intra_bw, ctx.inter_bw) * MS
-    ids_s = split_transfer_s((t.ids * ID_BYTES + t.bags * LENGTH_BYTES) * moved, ctx)
+    ids_s = split_transfer_s((t.ids * id_bytes(table) + t.bags * LENGTH_BYTES) * moved, ctx)
     partial = t.out_rows * num_cols * ob
     if sharding in (ST.table_wise, ST.column_wise) or table.pooling is Pooling.none:
         return (ids_s + 2 * split_transfer_s(partial * moved, ctx)) * MS
@@ -542,7 +554,9 @@ def table_data_side_ms(table: EmbeddingTableSpec, ctx: CommContext) -> float:
     B, F = ctx.batch_size, table.num_features
     ob = out_bytes(table.dtype)
     rows_out = B * F * (table.pooling_factor if table.pooling is Pooling.none else 1.0)
-    nbytes = B * F * table.pooling_factor * ID_BYTES + B * F * LENGTH_BYTES + 2 * rows_out * table.embedding_dim * ob
+    nbytes = (
+        B * F * table.pooling_factor * id_bytes(table) + B * F * LENGTH_BYTES + 2 * rows_out * table.embedding_dim * ob
+    )
     return split_transfer_s(nbytes * (W - 1) / W, ctx) * MS
 
 
@@ -564,13 +578,15 @@ class DenseCost:
 
 
 def dense_state_bytes(layer: DenseLayerSpec) -> int:
-    """Weights + gradient + optimizer state (+ an fp32 master copy for low-precision weights)."""
+    """Weights + gradient + optimizer state (+ an fp32 master copy for low-precision weights); rowwise_adagrad keeps
+    one fp32 per output row of a linear layer and, not knowing the rows of an unclassified one, one per parameter."""
     p = layer.num_params
     b = layer.dtype.nbytes
+    rows = layer.out_features if layer.out_features is not None else p  # an unclassified layer: no rows known
     state = {
         Optimizer.sgd: 0,
         Optimizer.adagrad: p * 4,
-        Optimizer.rowwise_adagrad: layer.out_features * 4,
+        Optimizer.rowwise_adagrad: rows * 4,
         Optimizer.adam: 2 * p * 4,
     }[layer.optimizer]
     master = p * 4 if layer.dtype is not Dtype.fp32 else 0
@@ -582,7 +598,7 @@ def dense_cost(layer: DenseLayerSpec, style: DenseStyle, profile: HardwareProfil
     B, W, g, H = ctx.batch_size, ctx.world_size, ctx.gpus_per_host, ctx.num_hosts
     b = layer.dtype.nbytes
     w = layer.num_params * b
-    act = B * (layer.in_features + layer.out_features) * b
+    act = B * layer.activation_bytes
     flops = 3.0 * layer.forward_flops_per_sample * B
     compute_s = max(
         flops / (profile.peak_flops(layer.dtype.value) * profile.achieved.gemm),
@@ -596,10 +612,12 @@ def dense_cost(layer: DenseLayerSpec, style: DenseStyle, profile: HardwareProfil
         hbm = math.ceil(state / W) + w + act
         comm_s = 3 * hierarchical_s(w, g, H, ctx.intra_bw, ctx.inter_bw) if W > 1 else 0.0
     else:  # colwise / rowwise: tensor parallel over the host, data parallel across hosts
+        if style not in layer.kind_styles:
+            raise ValueError(f"dense layer {layer.name}: style {style.value} needs a linear layer")
         hbm = math.ceil(state / g) + act
         comm_s = 0.0
         if g > 1:
-            comm_s += 2 * (g - 1) * B * (layer.in_features + layer.out_features) * b / ctx.intra_bw
+            comm_s += 2 * (g - 1) * act / ctx.intra_bw
         if H > 1:
             comm_s += 2 * (H - 1) / H * (w / g) / ctx.inter_bw
     return DenseCost(hbm_bytes=hbm, compute_ms=compute_s * MS, comm_ms=comm_s * MS)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from shardwise.solver import cost_model as cm
 from shardwise.solver.topology import DeviceClass, Topology
 from shardwise.wire.spec import (
+    DenseLayerSpec,
     DensePlan,
     DenseStyle,
     EmbeddingTableSpec,
@@ -91,6 +92,18 @@ def shard_cost(
 
 def data_side_ms(topo: Topology, batch: int, table: EmbeddingTableSpec, cls: DeviceClass) -> float:
     return cm.table_data_side_ms(table, topo.context(cls, batch))
+
+
+def dense_styles(topo: Topology, layer: DenseLayerSpec) -> tuple[DenseStyle, ...]:
+    """The styles a planner may give ``layer`` on this fleet: those the layer allows, less a tensor-parallel style
+    that would leave a GPU of a host without a slice (colwise splits the ``out_features`` rows, rowwise the
+    ``in_features`` columns, over the host's ``g`` GPUs; fewer than ``g`` leaves some empty, which the executor's
+    optimizer cannot update). A pinned style stays, whatever the fleet."""
+    if layer.style is not None:
+        return layer.styles
+    g = max(cls.gpus_per_host for cls in topo.classes)
+    split = {DenseStyle.colwise: layer.out_features, DenseStyle.rowwise: layer.in_features}
+    return tuple(s for s in layer.styles if s not in split or (split[s] or 0) >= g)
 
 
 def dense_cost(

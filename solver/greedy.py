@@ -3,7 +3,8 @@
 It always answers — a valid plan, or an infeasible one whose explanation names the short resource, by how much and
 where. It is CP-SAT's hint and fallback and the baseline in benchmarks.
 
-1. Dense layers first (they sit on every rank): per layer the fastest style whose state keeps all dense layers under
+1. Dense layers first (they sit on every rank): per layer, among the styles it allows on the fleet
+   (:func:`~shardwise.solver.evaluate.dense_styles`), the fastest style whose state keeps all dense layers under
    :data:`DENSE_SHARE` of the smallest GPU's usable HBM, else the style that needs the least memory.
 2. Tables by descending cost (their cheapest candidate's summed shard time, then bytes).
 3. For each table, every candidate is tried: each ``rank``-scope shard goes to the rank with the lowest load that
@@ -29,7 +30,7 @@ import numpy as np
 from shardwise.solver.bounds import candidate_work, every_rank_floor, lower_bound_ms
 from shardwise.solver.cpsat.candidates import Candidate, enumerate_candidates
 from shardwise.solver.deadline import Deadline
-from shardwise.solver.evaluate import dense_cost
+from shardwise.solver.evaluate import dense_cost, dense_styles
 from shardwise.solver.explain import explain_infeasible
 from shardwise.solver.extract import build_plan, placed_to_table
 from shardwise.solver.load import LoadState, Placed, initial_state
@@ -50,7 +51,7 @@ def choose_dense(topo: Topology, model: ModelSpec) -> list[tuple[str, DenseStyle
     per_layer = []
     for layer in model.dense_layers:
         options = []
-        for style in DenseStyle:
+        for style in dense_styles(topo, layer):
             costs = [dense_cost(topo, B, model, layer.name, style, c) for c in topo.classes]
             options.append((max(c.compute_ms + c.comm_ms for c in costs), max(c.hbm_bytes for c in costs), style))
         per_layer.append((layer.name, sorted(options, key=lambda o: (o[0], o[1], o[2].value))))

@@ -59,9 +59,14 @@ def check_structure(topo: Topology, model: ModelSpec, plan: Plan) -> list[str]:
     dexpected = {d.name for d in model.dense_layers}
     for n in sorted(dexpected ^ set(dnames)):
         out.append(f"dense layer {n} is {'missing from the plan' if n in dexpected else 'not in the model'}")
+    layers = {d.name: d for d in model.dense_layers}
     for d in plan.dense:
         if sorted(d.ranks) != list(range(W)):
             out.append(f"dense layer {d.name} must run on all {W} ranks")
+        layer = layers.get(d.name)
+        if layer is not None and d.style not in layer.styles:
+            allowed = ", ".join(s.value for s in layer.styles)
+            out.append(f"dense layer {d.name} runs {d.style.value}; the model allows {allowed} for it")
     for tp in plan.tables:
         if tp.name in expected:
             out.extend(_check_table(topo, model, tp))

@@ -136,6 +136,10 @@ class EmbeddingTableSpec(_Frozen):
     access_skew: float | None = Field(
         default=None, gt=0, le=5, allow_inf_nan=False, description="Zipf exponent of row accesses; None = uniform"
     )
+    weighted: bool = Field(
+        default=False,
+        description="ids come with a per-sample weight (a weighted collection): an fp32 weight travels with each id",
+    )
 
     @property
     def weight_bytes(self) -> int:
@@ -143,27 +147,97 @@ class EmbeddingTableSpec(_Frozen):
 
 
 class DenseLayerSpec(_Frozen):
+    """One dense layer: ``kind`` ``linear`` (an ``nn.Linear``: its size is ``in_features`` × ``out_features``, and
+    any style fits it) or ``unclassified`` (any other module that holds parameters — a norm, an attention block, a
+    cross network built from ``nn.ParameterList`` — or compute outside every layer; described by what it costs:
+    ``param_count``, ``activation_bytes_per_sample`` and ``flops_per_sample``, and run data parallel, ``replicate``
+    or ``fsdp``; tensor parallelism needs a linear layer). ``style`` pins the layer's style; unset, the planner
+    chooses among the styles its kind allows (:attr:`styles`)."""
+
     name: Name
-    kind: Literal["linear"] = "linear"
-    in_features: int = Field(gt=0, le=MAX_FEATURES, description="at most 2^20")
-    out_features: int = Field(gt=0, le=MAX_FEATURES, description="at most 2^20")
+    kind: Literal["linear", "unclassified"] = "linear"
+    in_features: int | None = Field(default=None, gt=0, le=MAX_FEATURES, description="linear; at most 2^20")
+    out_features: int | None = Field(default=None, gt=0, le=MAX_FEATURES, description="linear; at most 2^20")
+    param_count: int | None = Field(
+        default=None, ge=0, le=MAX_MODEL_BYTES, description="unclassified: the parameters it holds (0: compute only)"
+    )
+    activation_bytes_per_sample: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_STEP_BYTES,
+        description="bytes of the layer's input and output per sample: required for an unclassified layer; a linear "
+        "layer's defaults to (in + out) · dtype bytes (one row in, one out), more when it runs on every token",
+    )
     dtype: Dtype = Dtype.fp32
     bias: bool = True
     optimizer: Optimizer = Optimizer.adam
     flops_per_sample: int | None = Field(
         default=None,
-        gt=0,
+        ge=0,
         le=MAX_FLOPS_PER_SAMPLE,
-        description="forward FLOPs per sample when measured (describe()); else 2·in·out; at most 1e15",
+        description="forward FLOPs per sample when measured (describe()); else 2·in·out; required for an "
+        "unclassified layer; at most 1e15",
     )
+    style: DenseStyle | None = Field(
+        default=None, description="pin the layer's style; unset: the planner chooses among those its kind allows"
+    )
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> DenseLayerSpec:
+        linear = ("in_features", "out_features")
+        costed = ("param_count", "activation_bytes_per_sample", "flops_per_sample")
+        if self.kind == "linear":
+            missing = [f for f in linear if getattr(self, f) is None]
+            extra = [f for f in costed[:1] if getattr(self, f) is not None]
+        else:
+            missing = [f for f in costed if getattr(self, f) is None]
+            extra = [f for f in linear if getattr(self, f) is not None]
+        article = "a linear" if self.kind == "linear" else "an unclassified"
+        if missing:
+            raise ValueError(f"{article} layer needs {' and '.join(missing)}")
+        if extra:
+            raise ValueError(f"{article} layer has no {' or '.join(extra)}")
+        if self.style is not None and self.style not in self.kind_styles:
+            raise ValueError(
+                f"style {self.style.value} needs a linear layer; an unclassified one runs replicate or fsdp"
+            )
+        return self
+
+    @property
+    def kind_styles(self) -> tuple[DenseStyle, ...]:
+        """Every style the layer's kind allows: all for a linear layer, replicate and fsdp otherwise."""
+        return tuple(DenseStyle) if self.kind == "linear" else (DenseStyle.replicate, DenseStyle.fsdp)
+
+    @property
+    def styles(self) -> tuple[DenseStyle, ...]:
+        """The styles a plan may give this layer: the pinned one, else every style its kind allows."""
+        return (self.style,) if self.style is not None else self.kind_styles
 
     @property
     def num_params(self) -> int:
-        return self.in_features * self.out_features + (self.out_features if self.bias else 0)
+        if self.kind == "unclassified":
+            return self.param_count or 0
+        i, o = self._dims()
+        return i * o + (o if self.bias else 0)
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes of the layer's input and output for one sample."""
+        if self.activation_bytes_per_sample is not None:
+            return self.activation_bytes_per_sample
+        i, o = self._dims()
+        return (i + o) * self.dtype.nbytes
 
     @property
     def forward_flops_per_sample(self) -> int:
-        return self.flops_per_sample or 2 * self.in_features * self.out_features
+        if self.flops_per_sample is not None:
+            return self.flops_per_sample
+        i, o = self._dims()
+        return 2 * i * o
+
+    def _dims(self) -> tuple[int, int]:
+        """A linear layer's (in_features, out_features); :meth:`_kind_fields` made sure it has both."""
+        return self.in_features or 0, self.out_features or 0
 
 
 class ModelSpec(_Frozen):
@@ -200,6 +274,12 @@ class ModelSpec(_Frozen):
             raise ValueError(
                 f"the model's lookups move {step:.3g} bytes per GPU per step (batch × features × pooling factor × "
                 f"(8 · dim + 64), summed over tables); at most {MAX_STEP_BYTES:.0e} are planned"
+            )
+        acts = self.batch_size_per_gpu * sum(d.activation_bytes for d in self.dense_layers)
+        if acts > MAX_STEP_BYTES:
+            raise ValueError(
+                f"the dense layers' activations come to {acts:.3g} bytes per GPU per step (batch × activation bytes "
+                f"per sample, summed over layers); at most {MAX_STEP_BYTES:.0e} are planned"
             )
         return self
 

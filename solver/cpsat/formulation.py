@@ -27,7 +27,9 @@ Variables
 * ``x_{t,c} ∈ {0,1}`` — table ``t`` uses candidate ``c``;
 * ``a_{t,c,i,b} ∈ {0,1}`` — shard ``i`` of a rank-scope candidate (table_wise, column_wise) sits in bin ``b``;
 * ``y_{t,c,h} ∈ {0,1}`` — a host-scope candidate (table_row_wise) uses host ``h`` (its shard ``i`` on local GPU ``i``);
-* ``d_{l,s} ∈ {0,1}`` — dense layer ``l`` uses style ``s``;
+* ``d_{l,s} ∈ {0,1}`` — dense layer ``l`` uses style ``s``, one of the styles the layer allows on this fleet
+  (:func:`~shardwise.solver.evaluate.dense_styles`: its pinned style, else every style of its kind — replicate and
+  fsdp for an unclassified layer — less a tensor-parallel split that would leave a GPU of a host without a slice);
 * ``u_q ∈ {0,1}`` — collective kind ``q`` (all-to-all, reduce-scatter/all-gather, all-reduce) is used;
 * ``T ≥ 0`` — the step time of the slowest GPU (the objective).
 
@@ -82,7 +84,7 @@ from shardwise.solver.cost_model import collective_latency_ms
 from shardwise.solver.cpsat.candidates import Candidate
 from shardwise.solver.cpsat.scale import Scale
 from shardwise.solver.deadline import Deadline
-from shardwise.solver.evaluate import COLLECTIVES, collective_groups, dense_cost
+from shardwise.solver.evaluate import COLLECTIVES, collective_groups, dense_cost, dense_styles
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import DenseStyle, ModelSpec
 
@@ -292,7 +294,7 @@ class Formulation:
         """Family 3: one style per dense layer, charged to every bin."""
         B = self.spec.batch_size_per_gpu
         for layer in self.spec.dense_layers:
-            styles = {s: self.model.new_bool_var(f"d[{layer.name},{s.value}]") for s in DenseStyle}
+            styles = {s: self.model.new_bool_var(f"d[{layer.name},{s.value}]") for s in dense_styles(self.topo, layer)}
             self.model.add_exactly_one(styles.values())
             for s, v in styles.items():
                 for k, cls in enumerate(self.topo.classes):

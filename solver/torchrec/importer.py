@@ -118,7 +118,10 @@ def from_torchrec(
         _table_plan(t.name, t.num_embeddings, t.embedding_dim, entries[t.name], world, default_cache_fraction)
         for t in model.embedding_tables
     ]
-    dense = [DensePlan(name=d.name, style=DenseStyle.replicate, ranks=list(range(world))) for d in model.dense_layers]
+    dense = [
+        DensePlan(name=d.name, style=d.style or DenseStyle.replicate, ranks=list(range(world)))
+        for d in model.dense_layers
+    ]
     return Plan(
         model=model.name,
         fleet=fleet.name,

@@ -117,7 +117,7 @@ def test_input_shapes_scale_flops_per_token() -> None:
     assert [d.flops_per_sample for d in spec.dense_layers] == [128 * 2 * 256 * 1024, 128 * 2 * 1024 * 256]
     with pytest.raises(ValueError, match=r"0: input shape \(128, 512\) must .* end with in_features=256"):
         describe(model, batch_size_per_gpu=32, input_shapes={"0": (128, 512)})
-    with pytest.raises(ValueError, match=r"input_shapes names no nn\.Linear of the module: decoder"):
+    with pytest.raises(ValueError, match=r"input_shapes names no dense layer of the module: decoder"):
         describe(model, batch_size_per_gpu=32, input_shapes={"decoder": (256,)})
 
 

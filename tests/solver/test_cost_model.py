@@ -897,3 +897,69 @@ def test_dense_on_one_gpu_has_no_communication(style: DenseStyle, round_profile:
     got = cm.dense_cost(layer(), style, round_profile, ONE_GPU)
     assert got.comm_ms == 0
     assert got.hbm_bytes >= STATE_ADAM_FP32 + ACT  # nothing to shard over
+
+
+def unclassified(**overrides: Any) -> DenseLayerSpec:
+    """A module priced by what describe() measured: 3000 fp32 parameters, 400 B in and out per sample, 6000 FLOPs."""
+    data: dict[str, Any] = {
+        "name": "cross",
+        "kind": "unclassified",
+        "param_count": 3000,
+        "activation_bytes_per_sample": 400,
+        "flops_per_sample": 6000,
+    }
+    data.update(overrides)
+    return DenseLayerSpec.model_validate(data)
+
+
+def test_dense_unclassified_is_priced_from_its_measured_figures(round_profile: HardwareProfile) -> None:
+    got = cm.dense_cost(unclassified(), DenseStyle.replicate, round_profile, FLEET_CTX)
+    state = 3000 * 4 * 2 + 2 * 3000 * 4  # weights + gradient, two fp32 adam moments = 48000
+    assert got.hbm_bytes == state + B * 400
+    # 3·6000·10 = 1.8e5 FLOP at 5e11 = 3.6e-7 s; memory 3·(12000 + 4000) / 2.5e11 = 1.92e-7 s
+    assert got.compute_ms == approx(max(3 * 6000 * B / 5e11, 3 * (12000 + B * 400) / STREAM) * 1e3)
+    all_reduce = 2 * (3 / 4 * 12000 / INTRA + 1 / 2 * 12000 / 4 / INTER)
+    assert got.comm_ms == approx(all_reduce * 1e3)
+    fsdp = cm.dense_cost(unclassified(), DenseStyle.fsdp, round_profile, FLEET_CTX)
+    assert fsdp.hbm_bytes == state // 8 + 12000 + B * 400
+    # rowwise_adagrad: no rows known, one fp32 per parameter
+    assert cm.dense_state_bytes(unclassified(optimizer="rowwise_adagrad")) == 3000 * 4 * 2 + 3000 * 4
+
+
+def test_dense_parameterless_compute_costs_time_only(round_profile: HardwareProfile) -> None:
+    got = cm.dense_cost(unclassified(param_count=0), DenseStyle.replicate, round_profile, FLEET_CTX)
+    assert got.hbm_bytes == B * 400  # its activations
+    assert got.comm_ms == 0
+    assert got.compute_ms == approx(max(3 * 6000 * B / 5e11, 3 * B * 400 / STREAM) * 1e3)
+
+
+@pytest.mark.parametrize("style", [DenseStyle.colwise, DenseStyle.rowwise])
+def test_dense_unclassified_has_no_tensor_parallel_price(style: DenseStyle, round_profile: HardwareProfile) -> None:
+    with pytest.raises(ValueError, match=f"dense layer cross: style {style.value} needs a linear layer"):
+        cm.dense_cost(unclassified(), style, round_profile, FLEET_CTX)
+
+
+def test_dense_linear_activations_measured_per_token(round_profile: HardwareProfile) -> None:
+    # a linear layer on 16 tokens per sample: 16·(100 + 50)·4 B in and out
+    got = cm.dense_cost(layer(activation_bytes_per_sample=16 * 150 * 4), DenseStyle.colwise, round_profile, FLEET_CTX)
+    assert got.hbm_bytes == STATE_ADAM_FP32 // 4 + B * 16 * 150 * 4
+    inside = 2 * (4 - 1) * B * 16 * 150 * 4 / INTRA
+    across = 2 * (2 - 1) / 2 * (WB / 4) / INTER
+    assert got.comm_ms == approx((inside + across) * 1e3)
+
+
+def test_weighted_ids_carry_their_weight(fleet_topo: Topology) -> None:
+    ctx = fleet_topo.context(fleet_topo.classes[0], B)
+    nbytes = 10 * 2 * (8 + 4) + 10 * 8 + 2 * 10 * 8 * 4  # B·F·L ids of 12 B (int64 id + fp32 weight)
+    assert cm.table_data_side_ms(table(weighted=True), ctx) == approx(split8(nbytes * 7 / 8) * 1e3)
+    m = cm.shard_memory(
+        table(weighted=True),
+        sharding=ST.table_wise,
+        num_rows=1000,
+        num_cols=8,
+        placement=Placement.hbm,
+        cache_fraction=None,
+        batch=B,
+        world=W,
+    )
+    assert m.buffers == TW_IDS * 12 + TW_BAGS * 8 + 2 * TW_OUT * 8 * 4

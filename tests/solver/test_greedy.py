@@ -7,12 +7,21 @@ from collections.abc import Callable
 import pytest
 
 from shardwise.hwprofiles import get_profile
-from shardwise.solver.evaluate import evaluate
+from shardwise.solver.evaluate import dense_styles, evaluate
 from shardwise.solver.greedy import plan_greedy
 from shardwise.solver.planner import make_plan
 from shardwise.solver.topology import Topology
 from shardwise.solver.validate import check_plan
-from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, PlanStatus, ShardingType, SolveParams
+from shardwise.wire.spec import (
+    DenseLayerSpec,
+    DenseStyle,
+    FleetSpec,
+    ModelSpec,
+    Plan,
+    PlanStatus,
+    ShardingType,
+    SolveParams,
+)
 
 GREEDY = SolveParams(solver="greedy")
 EXAMPLE_FLEETS = ["fleet_8xh100", "fleet_8xmi350x", "fleet_mixed_b200_mi350x"]
@@ -322,3 +331,21 @@ def test_dense_only_model(small_fleet: FleetSpec) -> None:
     assert plan.tables == []
     assert [d.ranks for d in plan.dense] == [[0, 1, 2, 3]]
     assert check_plan(Topology(small_fleet), model, plan) == []
+
+
+def test_dense_styles_leave_no_gpu_without_a_slice() -> None:
+    topo = Topology(FleetSpec(name="f", hosts=[{"gpu": "nvidia-h100-sxm", "count": 1, "gpus_per_host": 2}]))
+    head = DenseLayerSpec(
+        name="head", in_features=16, out_features=1
+    )  # one output row: colwise over 2 GPUs leaves one empty
+    assert dense_styles(topo, head) == (DenseStyle.replicate, DenseStyle.fsdp, DenseStyle.rowwise)
+    assert dense_styles(topo, DenseLayerSpec(name="x", in_features=1, out_features=4)) == (
+        DenseStyle.replicate,
+        DenseStyle.fsdp,
+        DenseStyle.colwise,
+    )
+    assert dense_styles(topo, head.model_copy(update={"style": DenseStyle.colwise})) == (DenseStyle.colwise,)  # pinned
+    norm = DenseLayerSpec(
+        name="norm", kind="unclassified", param_count=32, activation_bytes_per_sample=128, flops_per_sample=0
+    )
+    assert dense_styles(topo, norm) == (DenseStyle.replicate, DenseStyle.fsdp)

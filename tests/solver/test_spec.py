@@ -13,6 +13,8 @@ from pydantic import ValidationError
 
 from shardwise.hwprofiles import HardwareProfile, catalogue, get_profile
 from shardwise.wire.spec import (
+    DenseLayerSpec,
+    DenseStyle,
     Dtype,
     EmbeddingTableSpec,
     FleetSpec,
@@ -174,6 +176,44 @@ def test_every_dense_style_is_accepted(style: str) -> None:
     doc = _doc(DESIGN_PLAN)
     doc["dense"][0]["style"] = style
     assert Plan.model_validate(doc).dense[0].style.value == style
+
+
+def test_an_unclassified_dense_layer_carries_its_measured_costs() -> None:
+    data = {
+        "name": "inter_arch.crossnet",
+        "kind": "unclassified",
+        "param_count": 10_627_200,
+        "activation_bytes_per_sample": 27_648,
+        "flops_per_sample": 21_233_664,
+    }
+    layer = DenseLayerSpec.model_validate(data)
+    assert (layer.num_params, layer.activation_bytes, layer.forward_flops_per_sample) == (
+        10_627_200,
+        27_648,
+        21_233_664,
+    )
+    assert layer.styles == (DenseStyle.replicate, DenseStyle.fsdp)
+    assert DenseLayerSpec.model_validate({**data, "style": "fsdp"}).styles == (DenseStyle.fsdp,)
+    assert DenseLayerSpec.model_validate_json(layer.model_dump_json()) == layer
+    for bad, reason in (
+        ({k: v for k, v in data.items() if k != "flops_per_sample"}, "an unclassified layer needs flops_per_sample"),
+        ({**data, "in_features": 8}, "an unclassified layer has no in_features"),
+        ({**data, "style": "colwise"}, "style colwise needs a linear layer"),
+        ({**data, "param_count": -1}, "greater than or equal to 0"),
+        ({"name": "fc", "in_features": 8}, "a linear layer needs out_features"),
+        ({"name": "fc", "in_features": 8, "out_features": 8, "param_count": 3}, "a linear layer has no param_count"),
+    ):
+        with pytest.raises(ValidationError, match=reason):
+            DenseLayerSpec.model_validate(bad)
+    linear = DenseLayerSpec(name="fc", in_features=8, out_features=4)
+    assert (linear.styles, linear.activation_bytes, linear.num_params) == (tuple(DenseStyle), 48, 36)
+
+
+def test_a_model_bounds_its_dense_activations() -> None:
+    layer = {"name": "x", "kind": "unclassified", "param_count": 0, "flops_per_sample": 0}
+    ModelSpec(name="m", batch_size_per_gpu=10**6, dense_layers=[{**layer, "activation_bytes_per_sample": 10**8}])
+    with pytest.raises(ValidationError, match="the dense layers' activations come to 1e"):
+        ModelSpec(name="m", batch_size_per_gpu=10**7, dense_layers=[{**layer, "activation_bytes_per_sample": 10**8}])
 
 
 @pytest.mark.parametrize("sharding", ["table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel"])

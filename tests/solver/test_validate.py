@@ -11,7 +11,9 @@ from shardwise.solver.planner import make_plan, score_plan
 from shardwise.solver.topology import Topology
 from shardwise.solver.validate import PlanValidationError, assert_valid_plan, check_plan
 from shardwise.wire.spec import (
+    DenseLayerSpec,
     DensePlan,
+    DenseStyle,
     FleetSpec,
     ModelSpec,
     Plan,
@@ -250,6 +252,27 @@ def test_dense_layer_missing_or_not_everywhere(topo: Topology, small_model: Mode
     partial = [hand_plan.dense[0].model_copy(update={"ranks": [0, 1]}), *hand_plan.dense[1:]]
     msg = problems_of(topo, small_model, hand_plan.model_copy(update={"dense": partial}))
     assert "dense layer mlp.0 must run on all 4 ranks" in msg
+
+
+def test_dense_layer_style_the_model_does_not_allow(topo: Topology, small_model: ModelSpec, hand_plan: Plan) -> None:
+    first = small_model.dense_layers[0]
+    norm = DenseLayerSpec(
+        name=first.name, kind="unclassified", param_count=64, activation_bytes_per_sample=256, flops_per_sample=0
+    )
+    model = small_model.model_copy(update={"dense_layers": [norm, *small_model.dense_layers[1:]]})
+    colwise = [hand_plan.dense[0].model_copy(update={"style": DenseStyle.colwise}), *hand_plan.dense[1:]]
+    msg = problems_of(topo, model, hand_plan.model_copy(update={"dense": colwise}))
+    assert f"dense layer {first.name} runs colwise; the model allows replicate, fsdp for it" in msg
+    # scoring a plan never prices the style it refuses (no error from the cost model: the problems, listed)
+    problems, _ = score_plan(model, topo.fleet, hand_plan.model_copy(update={"dense": colwise}))
+    assert any("runs colwise" in p for p in problems)
+    pinned = small_model.model_copy(
+        update={"dense_layers": [first.model_copy(update={"style": DenseStyle.fsdp}), *small_model.dense_layers[1:]]}
+    )
+    replicate = [hand_plan.dense[0].model_copy(update={"style": DenseStyle.replicate}), *hand_plan.dense[1:]]
+    assert "the model allows fsdp for it" in problems_of(
+        topo, pinned, hand_plan.model_copy(update={"dense": replicate})
+    )
 
 
 # ------------------------------------------------------------------------------------ sharding-type shapes
