@@ -68,10 +68,7 @@ def _spec_row(session: Session, kind: Literal["model", "fleet"], ref: str) -> Mo
     row = repo.get_version(session, table, name, version)
     if row is None:
         where = "" if version is None else " at that version"
-        raise NotFound(
-            f"no {kind} named {shown(ref)}{where}: register it first (POST /api/v1/{kind}s, "
-            f"ShardwiseClient().register_{kind}(spec) or shardwise {kind}s register FILE)"
-        )
+        raise NotFound(f"no {kind} named {shown(ref)}{where}: register it first (shardwise {kind}s register FILE)")
     return row
 
 
