@@ -256,6 +256,7 @@ class ShardTraffic:
     out_rows: float
 
 
+@lru_cache(maxsize=1 << 16)  # memory and compute both read it, for every placement of a shard: price it once
 def shard_traffic(table: EmbeddingTableSpec, sharding: ST, num_rows: int, batch: int, world: int) -> ShardTraffic:
     """``n`` and ``o`` of the module docstring."""
     bags_global = float(world * batch * table.num_features)

@@ -50,9 +50,13 @@ def shard_cost(
     cls: DeviceClass,
     batch: int,
     group: Iterable[int] | None = None,
+    comm_ms: float | None = None,
 ) -> ShardCost:
     """Memory and time of one shard of ``table`` on a GPU of class ``cls`` with ``batch`` samples per GPU;
     ``group`` = ranks sharing the table's rows.
+
+    ``comm_ms``: the shard's communication when the caller has it already (:func:`shard_comm_ms` of the same
+    arguments); computed here otherwise.
 
     Everything after the table is keyword-only: a shard's shape is five values of which three are numbers or None,
     and a positional call that swaps two of them still type-checks and prices the wrong shard.
@@ -80,9 +84,28 @@ def shard_cost(
         batch=batch,
         world=W,
     )
+    if comm_ms is None:
+        comm_ms = shard_comm_ms(
+            topo, table, sharding=sharding, num_rows=num_rows, num_cols=num_cols, cls=cls, batch=batch, group=group
+        )
+    return ShardCost(memory=memory, compute_ms=compute, comm_ms=comm_ms)
+
+
+def shard_comm_ms(
+    topo: Topology,
+    table: EmbeddingTableSpec,
+    *,
+    sharding: ShardingType,
+    num_rows: int,
+    num_cols: int,
+    cls: DeviceClass,
+    batch: int,
+    group: Iterable[int] | None = None,
+) -> float:
+    """The communication part of :func:`shard_cost`: it does not depend on the placement, so the candidate
+    enumeration prices it once for all of a shard's placements."""
     ctx = topo.context(cls, batch, group if sharding in (ShardingType.row_wise, ShardingType.table_row_wise) else None)
-    comm = cm.shard_comm_ms(table, sharding, num_rows, num_cols, ctx)
-    return ShardCost(memory=memory, compute_ms=compute, comm_ms=comm)
+    return cm.shard_comm_ms(table, sharding, num_rows, num_cols, ctx)
 
 
 def data_side_ms(topo: Topology, batch: int, table: EmbeddingTableSpec, cls: DeviceClass) -> float:
