@@ -50,45 +50,66 @@ def shard_cost(
     cls: DeviceClass,
     batch: int,
     group: Iterable[int] | None = None,
-    comm_ms: float | None = None,
 ) -> ShardCost:
     """Memory and time of one shard of ``table`` on a GPU of class ``cls`` with ``batch`` samples per GPU;
     ``group`` = ranks sharing the table's rows.
 
-    ``comm_ms``: the shard's communication when the caller has it already (:func:`shard_comm_ms` of the same
-    arguments); computed here otherwise.
-
     Everything after the table is keyword-only: a shard's shape is five values of which three are numbers or None,
     and a positional call that swaps two of them still type-checks and prices the wrong shard.
     """
-    W = topo.world_size
-    memory = cm.shard_memory(
+    return shard_costs(
+        topo,
         table,
         sharding=sharding,
         num_rows=num_rows,
         num_cols=num_cols,
-        placement=placement,
-        cache_fraction=cache_fraction,
+        placements=((placement, cache_fraction),),
+        cls=cls,
+        batch=batch,
+        group=group,
+    )[0]
+
+
+def shard_costs(
+    topo: Topology,
+    table: EmbeddingTableSpec,
+    *,
+    sharding: ShardingType,
+    num_rows: int,
+    num_cols: int,
+    placements: Sequence[cm.PlacementChoice],
+    cls: DeviceClass,
+    batch: int,
+    group: Iterable[int] | None = None,
+) -> list[ShardCost]:
+    """:func:`shard_cost` of one shard under each of ``placements`` (a placement with its cache fraction): what does
+    not depend on the placement — the communication, the bytes the shard moves — is worked out once. The candidate
+    enumeration prices a table's shapes this way."""
+    W = topo.world_size
+    memories = cm.shard_memories(
+        table,
+        sharding=sharding,
+        num_rows=num_rows,
+        num_cols=num_cols,
+        placements=placements,
         batch=batch,
         world=W,
         cache_ways=cm.cache_associativity(cls.profile),
     )
-    compute = cm.shard_compute_ms(
+    times = cm.shard_compute_times(
         table,
         sharding=sharding,
         num_rows=num_rows,
         num_cols=num_cols,
-        placement=placement,
-        cache_fraction=cache_fraction,
+        placements=placements,
         profile=cls.profile,
         batch=batch,
         world=W,
     )
-    if comm_ms is None:
-        comm_ms = shard_comm_ms(
-            topo, table, sharding=sharding, num_rows=num_rows, num_cols=num_cols, cls=cls, batch=batch, group=group
-        )
-    return ShardCost(memory=memory, compute_ms=compute, comm_ms=comm_ms)
+    comm = shard_comm_ms(
+        topo, table, sharding=sharding, num_rows=num_rows, num_cols=num_cols, cls=cls, batch=batch, group=group
+    )
+    return [ShardCost(memory=m, compute_ms=t, comm_ms=comm) for m, t in zip(memories, times, strict=True)]
 
 
 def shard_comm_ms(
@@ -102,8 +123,7 @@ def shard_comm_ms(
     batch: int,
     group: Iterable[int] | None = None,
 ) -> float:
-    """The communication part of :func:`shard_cost`: it does not depend on the placement, so the candidate
-    enumeration prices it once for all of a shard's placements."""
+    """The communication part of :func:`shard_cost` (it does not depend on the placement)."""
     ctx = topo.context(cls, batch, group if sharding in (ShardingType.row_wise, ShardingType.table_row_wise) else None)
     return cm.shard_comm_ms(table, sharding, num_rows, num_cols, ctx)
 
@@ -206,23 +226,28 @@ def evaluate(topo: Topology, model: ModelSpec, tables: Sequence[TablePlan], dens
     B = model.batch_size_per_gpu
     acc = [_RankAcc() for _ in topo.ranks]
     per_table: dict[str, float] = defaultdict(float)
+    by_name = {t.name: t for t in model.embedding_tables}
     for tp in tables:
-        table = model.table(tp.name)
-        group = [s.rank for s in tp.shards]
+        table = by_name[tp.name]
+        group = tuple(sorted({s.rank for s in tp.shards}))  # normalised once, not once per shard
+        priced: dict[tuple[int, int, Placement, float | None, int], ShardCost] = {}  # a row split has 2 shapes
         for s in tp.shards:
             cls = topo.class_of(s.rank)
-            c = shard_cost(
-                topo,
-                table,
-                sharding=tp.sharding_type,
-                num_rows=s.num_rows,
-                num_cols=s.num_cols,
-                placement=s.placement,
-                cache_fraction=s.cache_fraction,
-                cls=cls,
-                batch=B,
-                group=group,
-            )
+            key = (s.num_rows, s.num_cols, s.placement, s.cache_fraction, cls.index)
+            c = priced.get(key)
+            if c is None:
+                c = priced[key] = shard_cost(
+                    topo,
+                    table,
+                    sharding=tp.sharding_type,
+                    num_rows=s.num_rows,
+                    num_cols=s.num_cols,
+                    placement=s.placement,
+                    cache_fraction=s.cache_fraction,
+                    cls=cls,
+                    batch=B,
+                    group=group,
+                )
             acc[s.rank].add(c)
             per_table[tp.name] = max(per_table[tp.name], c.total_ms)
         if tp.sharding_type is not ShardingType.data_parallel:

@@ -32,7 +32,7 @@ from typing import Literal, NamedTuple, TypeVar, overload
 import numpy as np
 import numpy.typing as npt
 
-from shardwise.solver.evaluate import data_side_ms, shard_comm_ms, shard_cost
+from shardwise.solver.evaluate import ShardCost, data_side_ms, shard_costs
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import EmbeddingTableSpec, ModelSpec, Placement, ShardingType
 
@@ -87,7 +87,8 @@ class Candidate:
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen
         time_ms = self.compute_ms + self.comm_ms
-        cheapest = np.minimum.reduce(time_ms, axis=1)
+        one_class = time_ms.shape[1] == 1  # fleet-wide, or a single-class fleet: nothing to take the least of
+        cheapest = time_ms[:, 0] if one_class else np.minimum.reduce(time_ms, axis=1)
         every_min = float(np.minimum.reduce(self.every_rank_ms))
         placed = float(np.add.reduce(cheapest))
         set_(self, "time_ms", time_ms)
@@ -96,7 +97,7 @@ class Candidate:
         fleet = self.scope == "fleet"
         set_(self, "floor_ms", every_min + float(np.minimum.reduce(time_ms[:, 0])) if fleet else every_min)
         set_(self, "heavy_ms", float(np.maximum.reduce(cheapest)) + every_min)
-        hbm = self.hbm[:, 0] if fleet else np.minimum.reduce(self.hbm, axis=1)
+        hbm = self.hbm[:, 0] if fleet or one_class else np.minimum.reduce(self.hbm, axis=1)
         set_(self, "least_hbm", int(np.add.reduce(hbm)))
 
     @property
@@ -243,20 +244,21 @@ _Item = TypeVar("_Item", bound=np.generic)
 
 
 def _spread(a: npt.NDArray[_Item], counts: list[int] | None, cells: IntArray | None) -> npt.NDArray[_Item]:
-    """``[distinct shape, class]`` → ``[shard, class]`` (row ``d`` repeated ``counts[d]`` times), then, for a fleet-wide
-    candidate on several classes, ``[rank, 1]`` (``cells``: :attr:`Topology.rank_index_by_class`)."""
+    """``[·, distinct shape, class]`` → ``[·, shard, class]`` (row ``d`` repeated ``counts[d]`` times), then, for a
+    fleet-wide candidate on several classes, ``[·, rank, 1]`` (``cells``: :attr:`Topology.rank_index_by_class`)."""
     if counts is not None:
-        a = np.repeat(a, counts, axis=0)
+        a = a.repeat(counts, axis=1)
     if cells is not None:
-        a = a.ravel().take(cells).reshape(-1, 1)
+        a = a.reshape(len(a), -1).take(cells, axis=1).reshape(len(a), -1, 1)
     return a
 
 
 def enumerate_candidates(topo: Topology, model: ModelSpec, index: int) -> list[Candidate]:
     """Every candidate for table ``index`` of ``model`` on ``topo`` (:func:`candidate_specs`, priced).
 
-    Each distinct shard shape is priced once per device class it may land on; its communication, which does not
-    depend on the placement, once for all placements.
+    Each distinct shard shape is priced once per device class it may land on, for all the placements of the table
+    at once (:func:`~shardwise.solver.evaluate.shard_costs`: the communication and the bytes moved are worked out
+    once).
     """
     table = model.embedding_tables[index]
     B = model.batch_size_per_gpu
@@ -267,53 +269,62 @@ def enumerate_candidates(topo: Topology, model: ModelSpec, index: int) -> list[C
     side_total = float((side * class_sizes).sum())
     all_classes = list(range(ncls))  # every class has ranks: fleet-wide candidates are priced on each
     fleet_cells = topo.rank_index_by_class  # [rank] → its cell of a [rank, class] array, flattened
-    comm_of: dict[tuple[ShardingType, int, int, int, tuple[int, ...] | None], float] = {}
-    out: list[Candidate] = []
-    for spec in candidate_specs(topo, table):
-        classes = all_classes if spec.scope_class is None else [spec.scope_class]
-        distinct = spec.shapes.distinct()
-        # one row per distinct shape: [distinct shape, class]
-        hbm_d = [[0] * ncls for _ in distinct]
-        host_d = [[0] * ncls for _ in distinct]
-        comp_d = [[math.inf] * ncls for _ in distinct]
-        comm_d = [[math.inf] * ncls for _ in distinct]
+    specs = candidate_specs(topo, table)
+    # specs that differ only in placement share their shards: price each shard shape once for all their placements
+    families: dict[tuple[object, ...], list[int]] = {}
+    for i, spec in enumerate(specs):
+        families.setdefault((spec.sharding, spec.scope, spec.scope_class, id(spec.shapes)), []).append(i)
+    # per spec: its costs [distinct shape * classes + class] (None: a class its shards may not land on), its shapes
+    priced: list[tuple[list[ShardCost | None], list[tuple[tuple[int, int], int]]]] = [([], [])] * len(specs)
+    for members in families.values():
+        first = specs[members[0]]
+        classes = all_classes if first.scope_class is None else [first.scope_class]
+        distinct = first.shapes.distinct()
+        placements = [(specs[i].placement, specs[i].cache_fraction) for i in members]
+        # [member][distinct shape * ncls + class]
+        costs: list[list[ShardCost | None]] = [[None] * (len(distinct) * ncls) for _ in members]
         for d, ((nr, nc), _) in enumerate(distinct):
             for ci in classes:
-                key = (spec.sharding, nr, nc, ci, spec.group)
-                c_ms = comm_of.get(key)
-                if c_ms is None:
-                    c_ms = comm_of[key] = shard_comm_ms(
-                        topo,
-                        table,
-                        sharding=spec.sharding,
-                        num_rows=nr,
-                        num_cols=nc,
-                        cls=topo.classes[ci],
-                        batch=B,
-                        group=spec.group,
-                    )
-                c = shard_cost(
+                each = shard_costs(
                     topo,
                     table,
-                    sharding=spec.sharding,
+                    sharding=first.sharding,
                     num_rows=nr,
                     num_cols=nc,
-                    placement=spec.placement,
-                    cache_fraction=spec.cache_fraction,
+                    placements=placements,
                     cls=topo.classes[ci],
                     batch=B,
-                    group=spec.group,
-                    comm_ms=c_ms,
+                    group=first.group,
                 )
-                hbm_d[d][ci], host_d[d][ci] = c.memory.hbm, c.memory.host
-                comp_d[d][ci], comm_d[d][ci] = c.compute_ms, c.comm_ms
-        # [shard, class]: each distinct row repeated over its shards; fleet-wide: one row per rank, its class's
-        counts = [n for _, n in distinct] if len(distinct) > 1 or distinct[0][1] > 1 else None
+                for m, c in enumerate(each):
+                    costs[m][d * ncls + ci] = c
+        for m, i in enumerate(members):
+            priced[i] = (costs[m], distinct)
+    out: list[Candidate] = []
+    for spec, (costs_of, distinct) in zip(specs, priced, strict=True):
+        # [hbm | host, distinct shape, class] and [compute | comm, distinct shape, class]; a class the shards may
+        # not land on: no bytes, infinite time
+        nd = len(distinct)
+        cells_of = [costs_of[d * ncls : (d + 1) * ncls] for d in range(nd)]
+        sizes = np.array(
+            [
+                [[c.memory.hbm if c else 0 for c in row] for row in cells_of],
+                [[c.memory.host if c else 0 for c in row] for row in cells_of],
+            ],
+            dtype=np.int64,
+        )
+        times = np.array(
+            [
+                [[c.compute_ms if c else math.inf for c in row] for row in cells_of],
+                [[c.comm_ms if c else math.inf for c in row] for row in cells_of],
+            ],
+            dtype=np.float64,
+        )
+        # [·, shard, class]: each distinct row repeated over its shards; fleet-wide: [·, rank, 1], the rank's class
+        counts = [n for _, n in distinct] if nd > 1 or distinct[0][1] > 1 else None
         cells = fleet_cells if spec.scope == "fleet" and ncls > 1 else None
-        hbm = _spread(np.array(hbm_d, dtype=np.int64), counts, cells)
-        host = _spread(np.array(host_d, dtype=np.int64), counts, cells)
-        comp = _spread(np.array(comp_d, dtype=np.float64), counts, cells)
-        comm = _spread(np.array(comm_d, dtype=np.float64), counts, cells)
+        sizes, times = _spread(sizes, counts, cells), _spread(times, counts, cells)
+        hbm, host, comp, comm = sizes[0], sizes[1], times[0], times[1]
         dp = spec.sharding is ShardingType.data_parallel
         out.append(
             Candidate(
