@@ -22,6 +22,7 @@ one, else with an infeasible plan whose explanation says that no plan was found 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +42,11 @@ DENSE_SHARE = 0.25
 FINISH_SHARE = 0.35  # pricing the plan (evaluation, bound) takes about this share of enumerating the candidates
 FINISH_MIN_S = 0.05
 ANSWER_MARGIN_S = 0.5  # enumeration stops this early (at most a quarter of the limit): one table and the answer
+BOUND_FIRST_FACTOR = 3.0  # the bound is reported before the pass when this many times the enumeration is left
+
+#: ``on_progress(best_ms, bound_ms)``: the best plan's predicted step so far (None before there is a plan) and the
+#: bound over every plan; every planner reports through it (the service writes it on the job)
+Progress = Callable[[float | None, float], None]
 
 
 def choose_dense(topo: Topology, model: ModelSpec) -> list[tuple[str, DenseStyle]]:
@@ -321,11 +327,17 @@ def run_greedy(
     solver_name: str = "greedy",
     deadline: Deadline | None = None,
     finish_s: float | None = None,
+    on_progress: Progress | None = None,
 ) -> GreedyResult:
     """The greedy decisions and their plan (or an infeasible answer with its explanation).
 
     ``deadline`` (default: ``params.time_limit_s`` from now) bounds the whole run; ``finish_s`` is the time kept
     back from it for pricing the plan (default: :data:`FINISH_SHARE` of what enumerating the candidates took).
+
+    ``on_progress(best_ms, bound_ms)``: once the candidates are enumerated, the bound over all of them with no plan
+    yet (``best_ms`` None) — computed before the pass only when the time left is at least :data:`BOUND_FIRST_FACTOR`
+    times what enumerating took, else after the plan as without a callback (the plan comes first) — and, once the
+    plan is priced, its step time with the bound. Either way the plan and its bound are the same.
     """
     params = params or SolveParams(solver="greedy")
     deadline = deadline or Deadline(params.time_limit_s)
@@ -338,8 +350,13 @@ def run_greedy(
             topo, model, params, deadline, f"candidates enumerated for {len(cands):,} of {n:,} tables", solver_name
         )
         return GreedyResult([None] * n, dense, plan)
+    enumerated_s = time.perf_counter() - start
     if finish_s is None:
-        finish_s = max(FINISH_MIN_S, FINISH_SHARE * (time.perf_counter() - start))
+        finish_s = max(FINISH_MIN_S, FINISH_SHARE * enumerated_s)
+    bound: float | None = None
+    if on_progress is not None and deadline.remaining() >= BOUND_FIRST_FACTOR * enumerated_s:
+        bound = lower_bound_ms(topo, model, cands)  # a fraction of enumerating: worth saying before the pass
+        on_progress(None, bound)
     chosen, seen = best_of_passes(topo, model, cands, dense, deadline.before(finish_s))
     dense_plans = [DensePlan(name=name, style=s, ranks=list(range(topo.world_size))) for name, s in dense]
     if seen < n:
@@ -384,8 +401,11 @@ def run_greedy(
         solver_name=solver_name,
         solver_status="HEURISTIC",
         seconds=time.perf_counter() - start,
-        bound_ms=None if deadline.expired() else lower_bound_ms(topo, model, cands),  # the plan first, then a bound
+        # the plan first, then a bound
+        bound_ms=bound if bound is not None or deadline.expired() else lower_bound_ms(topo, model, cands),
     )
+    if on_progress is not None and plan.predicted_step_ms is not None and plan.lower_bound_ms is not None:
+        on_progress(plan.predicted_step_ms, plan.lower_bound_ms)
     return GreedyResult(chosen, dense, plan, time.perf_counter() - priced)
 
 
@@ -395,6 +415,8 @@ def plan_greedy(
     params: SolveParams | None = None,
     candidates: list[list[Candidate]] | None = None,
     deadline: Deadline | None = None,
+    on_progress: Progress | None = None,
 ) -> Plan:
-    """A full plan from the greedy planner (or an infeasible answer with its explanation), within the time limit."""
-    return run_greedy(topo, model, params, candidates, deadline=deadline).plan
+    """A full plan from the greedy planner (or an infeasible answer with its explanation), within the time limit;
+    ``on_progress`` as :func:`run_greedy`."""
+    return run_greedy(topo, model, params, candidates, deadline=deadline, on_progress=on_progress).plan

@@ -219,7 +219,7 @@ def candidate_specs(topo: Topology, table: EmbeddingTableSpec) -> list[Spec]:
         for cls in topo.classes
         if topo.num_hosts > 1 and 1 < cls.gpus_per_host <= R
     }
-    everyone = tuple(range(W))
+    everyone = topo.all_ranks
     out: list[Spec] = []
     for placement, frac in _placements(table):
         out.append(Spec(ShardingType.table_wise, "rank", None, full, placement, frac, None, ncls))
