@@ -18,8 +18,12 @@ No shape is empty: a split is enumerated only when every part gets at least one 
 :data:`MIN_COLUMN_WIDTH` columns), and the wire refuses ``num_rows`` or ``num_cols`` of 0 anyway.
 
 Placements: ``hbm``, ``uvm_cache`` at :data:`CACHE_FRACTIONS`, ``host`` — the latter two only for tables large enough
-for host memory to matter (:data:`OFFLOAD_MIN_BYTES`). Costs come from :func:`shardwise.solver.evaluate.shard_cost`, so
-a candidate's price is exactly what the evaluator later charges its plan.
+for host memory to matter (:data:`OFFLOAD_MIN_BYTES`). Costs come from :func:`shardwise.solver.evaluate.shard_costs`
+(:func:`~shardwise.solver.evaluate.shard_cost` for several placements at once), so a candidate's price is exactly
+what the evaluator later charges its plan.
+
+Size: a table has a few dozen candidates, and a fleet-wide one a cost cell per rank; :mod:`shardwise.solver.size`
+counts them (:func:`candidate_specs`, nothing priced) before a solve starts.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ OFFLOAD_SHARE = 0.01  # a table smaller than this share of a GPU is not worth of
 MEMORY_TIGHT = 0.5  # below this fill of the fullest GPU in the greedy plan, offloaded placements only cost time
 FINISH_MARGIN_S = 0.5  # kept from the time limit for evaluation and validation of the returned plan,
 FINISH_MARGIN_SHARE = 0.04  # plus this share of it,
-FINISH_FACTOR = 2.5  # or this many times what pricing the greedy plan took, if more (2,000 x 512: ~7 s, loaded ~2x)
+FINISH_FACTOR = 2.5  # or this many times what pricing the greedy plan took, if more (2,000 x 512: ~1 s, loaded ~2x)
 LEVEL1_SHARE = 0.7  # of the budget left once level one is built, for it in host mode (level two and the LNS: the rest)
 TARGET_SHARE = 0.1  # of the run's budget, at most, for target packing (shardwise.solver.target)
 
