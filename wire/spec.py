@@ -62,7 +62,10 @@ class Dtype(StrEnum):
 
     @property
     def nbytes(self) -> int:
-        return {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}[self.value]
+        return _DTYPE_BYTES[self.value]
+
+
+_DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 
 
 class Pooling(StrEnum):

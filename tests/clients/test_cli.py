@@ -210,6 +210,24 @@ def test_invalid_yaml_exits_2(runner: CliRunner, tmp_path: Path) -> None:
     assert_one_error_line(result.stderr, str(bad), "not valid YAML", "line 2")  # PyYAML's message spans lines
 
 
+def test_a_problem_beyond_the_solvers_memory_exits_2_with_the_figures(runner: CliRunner, tmp_path: Path) -> None:
+    """2,000 tables on 4,096 GPUs of two kinds: refused before any work, in one line, instead of a solve that grows
+    for minutes."""
+    tables = [
+        {"name": f"t{i}", "num_embeddings": 1_000_000 + i, "embedding_dim": 128, "pooling_factor": 2.0}
+        for i in range(2000)
+    ]
+    model = tmp_path / "many.json"
+    model.write_text(json.dumps({"name": "many", "batch_size_per_gpu": 64, "embedding_tables": tables}))
+    fleet = tmp_path / "wide.json"
+    groups = [{"gpu": "nvidia-b200", "count": 256}, {"gpu": "amd-mi350x", "count": 256}]
+    fleet.write_text(json.dumps({"name": "wide", "hosts": groups}))
+    result = runner.invoke(app, ["plan", str(model), str(fleet), *GREEDY])
+    assert result.exit_code == 2, result.output
+    assert_one_error_line(result.stderr, "2,000 tables × 4,096 ranks", "M cost cells", "GB")
+    assert result.stdout == ""
+
+
 def test_yaml_model_is_accepted(runner: CliRunner, tmp_path: Path) -> None:
     model = tmp_path / "m.yaml"
     model.write_text(
