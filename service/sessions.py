@@ -188,9 +188,15 @@ def clear_cookie(request: Request, response: Response, name: str) -> None:
     response.delete_cookie(name, path="/", secure=_secure(request), httponly=True, samesite="strict")
 
 
-def _origin_of(url: str) -> str:
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}".lower()
+def own_origins(request: Request) -> set[str]:
+    """This service's origin as the request reached it (scheme and ``Host``), and its https twin when the cookies are
+    marked Secure by setting (a TLS proxy that does not say https: the browser's ``Origin`` is https then)."""
+    settings: Settings = request.app.state.settings
+    own = urlsplit(str(request.base_url))
+    origins = {f"{own.scheme}://{own.netloc}".lower()}
+    if settings.session_cookie_secure:
+        origins.add(f"https://{own.netloc}".lower())
+    return origins
 
 
 def check_same_origin(request: Request) -> None:
@@ -199,7 +205,7 @@ def check_same_origin(request: Request) -> None:
     if site is not None and site not in ("same-origin", "none"):
         raise CsrfRefused(f"the form was sent from another site (Sec-Fetch-Site: {site[:20]})")
     origin = request.headers.get("origin")
-    if origin is not None and origin.lower() != _origin_of(str(request.base_url)):
+    if origin is not None and origin.lower() not in own_origins(request):
         raise CsrfRefused("the form was sent from another origin")
 
 

@@ -231,7 +231,9 @@ def test_cookies_are_secure_over_https_or_when_set(clean_db: str, runner: LocalR
         assert "secure" in cookie_attrs(form, sessions.CSRF_COOKIE)
         plain = TestClient(c.app)  # this client keeps Secure cookies for https only: hand the token back by hand
         plain.cookies.set(sessions.CSRF_COOKIE, csrf_in(form.text))
-        done = plain.post("/ui/login", data={"csrf_token": csrf_in(form.text), "token": TOKEN}, follow_redirects=False)
+        fields = {"csrf_token": csrf_in(form.text), "token": TOKEN}
+        behind_tls = {"Origin": "https://testserver"}  # the browser's origin; the proxy spoke http to the service
+        done = plain.post("/ui/login", data=fields, headers=behind_tls, follow_redirects=False)
         attrs = cookie_attrs(done, sessions.SESSION_COOKIE)
         assert "secure" in attrs
         assert attrs["max-age"] == "600"

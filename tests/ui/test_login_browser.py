@@ -194,3 +194,18 @@ def test_a_forged_cross_site_form_is_refused(browser: Any, server: str, api: htt
         assert api.get(f"/api/v1/plans/{victim['id']}").status_code == 404
     finally:
         context.close()
+
+
+def test_the_cookies_are_secure_behind_a_tls_proxy(server: str) -> None:
+    """The real uvicorn: a proxy on loopback (trusted by default) saying the request came over https makes every
+    cookie Secure; without it, on plain http, they are not."""
+    behind = httpx.get(f"{server}/ui/login", headers={"X-Forwarded-Proto": "https"}, timeout=30)
+    plain = httpx.get(f"{server}/ui/login", timeout=30)
+    assert behind.status_code == plain.status_code == 200
+    [secure] = behind.headers.get_list("set-cookie")
+    [insecure] = plain.headers.get_list("set-cookie")
+    assert secure.startswith("shardwise_csrf=")
+    assert "; secure" in secure.lower()
+    assert "; secure" not in insecure.lower()
+    assert "httponly" in secure.lower()
+    assert "samesite=strict" in secure.lower()
