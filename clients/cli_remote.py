@@ -188,7 +188,7 @@ def list_plans(
             r.model,  # whole: a column as wide as its longest name
             r.fleet,
             str(r.world_size),
-            r.status.value,
+            r.verdict or r.status.value,
             "-" if r.predicted_step_ms is None else f"{r.predicted_step_ms:.3f}",
         ]
         for r in rows
