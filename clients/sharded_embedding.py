@@ -102,10 +102,12 @@ from shardwise.clients.exchange import (
 )
 from shardwise.clients.fused_update import UpdateConfig, init_state
 from shardwise.clients.optim import RowWiseAdagrad
+from shardwise.clients.row_cache import CacheStats
 from shardwise.clients.shard_groups import ShardGroup, fused_data_parallel_hook
 from shardwise.wire.spec import Placement, ShardingType, ShardPlan
 
 __all__ = [
+    "CacheStats",
     "Routed",
     "RowWiseAdagrad",
     "ShardedEmbeddingBag",
@@ -255,10 +257,54 @@ class ShardedEmbeddingBag(nn.Module):
         self._boundaries: dict[tuple[tuple[int, ...], str], tuple[Tensor, Tensor, Tensor]] = {}
         self.exchange_plans: dict[Any, Any] = {}  # the exchange's per-table-set plans (clients.exchange)
         self.pending_ids: PendingIdCheck | None = None  # a deferred bad-id check (world size one on CUDA)
+        if self._caches():  # the weights are the caches' stores: write the caches back before reading or loading
+            self.register_state_dict_pre_hook(lambda *_: self.flush())  # type: ignore[no-untyped-call]
+            self.register_load_state_dict_pre_hook(lambda *_: self.flush())  # type: ignore[no-untyped-call]
+            self.register_load_state_dict_post_hook(lambda *_: self._invalidate())  # type: ignore[no-untyped-call]
 
     def group_of(self, i: int) -> tuple[ShardGroup, int] | None:
         """``(group, first row)`` of shard ``i`` (index into ``self.shards``) when it is grouped, else None."""
         return self._groups.get(i)
+
+    # -- uvm_cache shards (module docstring, "Placements")
+
+    def _caches(self) -> list[ShardGroup]:
+        """The cached groups holding this rank's shards of the table (uvm_cache with an embedding optimizer)."""
+        found: dict[int, ShardGroup] = {}
+        for g, _ in self._groups.values():
+            if g.cache is not None:
+                found[id(g)] = g
+        return list(found.values())
+
+    def flush(self) -> None:
+        """Write the rows the caches hold updated back to host memory, so that ``weights`` are current (done by
+        :meth:`full_tensor` and ``state_dict()``); a no-op without ``uvm_cache`` shards."""
+        for g in self._caches():
+            assert g.cache is not None
+            g.cache.flush()
+
+    def _invalidate(self) -> None:
+        for g in self._caches():
+            assert g.cache is not None
+            g.cache.invalidate()
+
+    def cache_stats(self) -> CacheStats | None:
+        """This rank's cache counters for the table (:class:`~shardwise.clients.row_cache.CacheStats`: lookups,
+        hits, evictions...), or None when it holds no cached shard of it; reads the device."""
+        caches = self._caches()
+        if not caches:
+            return None
+        total = CacheStats()
+        for g in caches:
+            assert g.cache is not None
+            total = total + g.cache.stats().get(self.name, CacheStats())
+        return total
+
+    def prefetch(self, ids: Tensor, offsets: Tensor | None = None) -> None:
+        """Bring the rows of the next batch of this table into its caches ahead of the step (module docstring); a
+        collective at world size > 1, like the call it prepares."""
+        with torch.no_grad():
+            pooled_lookup([self], {self.name: self.normalise(ids, offsets)}, prefetch=True)
 
     @classmethod
     def from_embedding_bag(
@@ -293,7 +339,11 @@ class ShardedEmbeddingBag(nn.Module):
         )
 
     def _shard_device(self, shard: ShardPlan) -> torch.device:
-        if shard.placement is Placement.host and self.device.type != "cpu":
+        """host shards, and uvm_cache shards without an embedding optimizer (no cache then), stay in CPU memory."""
+        off_device = shard.placement is Placement.host or (
+            shard.placement is Placement.uvm_cache and (self.update is None or self.data_parallel)
+        )
+        if off_device and self.device.type != "cpu":
             return torch.device("cpu")
         return self.device
 
@@ -434,6 +484,7 @@ class ShardedEmbeddingBag(nn.Module):
     @torch.no_grad()
     def full_tensor(self, *, grad: bool = False) -> Tensor:
         """The whole table (or its gradient, dense) on every rank: a collective; for checks and small exports."""
+        self.flush()
         if self.data_parallel:
             p: Tensor = self.weights[0]
             t = p.grad if grad else p
@@ -485,6 +536,37 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
     def table(self, name: str) -> ShardedEmbeddingBag:
         return self._by_name[name]
+
+    def flush(self) -> None:
+        """Write every cached, updated row back to host memory (:meth:`ShardedEmbeddingBag.flush`)."""
+        for t in self.tables:
+            t.flush()  # type: ignore[operator]
+
+    def cache_stats(self) -> dict[str, CacheStats]:
+        """This rank's cache counters per table that has a cached shard here (uvm_cache); reads the device."""
+        out: dict[str, CacheStats] = {}
+        for name in self.names:
+            found = self._by_name[name].cache_stats()
+            if found is not None:
+                out[name] = found
+        return out
+
+    def prefetch(self, features: Features) -> None:
+        """Bring the rows ``features`` will look up into the caches of the uvm_cache shards, ahead of the call
+        that looks them up (module docstring, "Placements"): every rank calls it with its next batch (a collective
+        at world size > 1: the ids are exchanged as the call itself will exchange them). Nothing is returned."""
+        unknown = sorted(set(features) - set(self._by_name))
+        if unknown:
+            raise KeyError(f"no sharded table named {', '.join(unknown)}")
+        with torch.no_grad():
+            if self._one_group is not None and len(features) == len(self._by_name):
+                one_group_lookup(self._one_group, self._by_name, features, prefetch=True)
+                return
+            inputs: dict[str, tuple[Tensor, Tensor]] = {}
+            for name, value in features.items():
+                ids, offsets = value if isinstance(value, tuple) else (value, None)
+                inputs[name] = self._by_name[name].normalise(ids, offsets)
+            pooled_lookup([self._by_name[n] for n in inputs], inputs, prefetch=True)
 
     def check_ids(self) -> None:
         """Raise ``IndexError`` now for bad ids of the last call whose check was deferred (world size one on a CUDA
