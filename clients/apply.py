@@ -44,9 +44,9 @@ plan fails the same way on every rank instead of hanging one of them. Then, in p
 
 Gradient convention: every parameter receives the gradient of the **mean over ranks** of the local losses (DDP's),
 so with equal local batches and a mean-reduced loss the sharded model's gradients equal the unsharded model's on
-the global batch. Placement ``hbm`` / ``uvm_cache`` / ``host`` is a memory-tier hint that TorchRec's kernels honour
-through :mod:`shardwise.solver.torchrec.exporter`; here weights live on the device, except ``host`` shards on an
-accelerator, which stay in CPU memory (see :mod:`shardwise.clients.sharded_embedding`).
+the global batch. Placements (see :mod:`shardwise.clients.sharded_embedding`, "Placements"): ``hbm`` weights live on
+the device; ``host`` shards on an accelerator stay in CPU memory; ``uvm_cache`` shards keep their weights in host
+memory behind an LRU row cache on the device (with an embedding optimizer; without one, in CPU memory as ``host``).
 
 Composition order (torchtitan's): tables, then TP, then FSDP, then DDP. Requirements: an initialised process group
 whose size is the plan's world size (``len(plan.ranks)`` when the plan lists its ranks), dense layers materialised

@@ -43,8 +43,9 @@ Counters (:meth:`RowCache.stats`, per table)
 --------------------------------------------
 ``lookups`` (ids looked up, duplicates counted, by lookups only — a prefetch looks nothing up), ``hits`` (of those,
 ids whose row was cached before the batch: a row a prefetch brought in counts as a miss for the lookup that uses
-it, once), ``unique_misses`` (distinct rows copied in from the store, by prefetches and lookups), ``evictions``,
-``write_backs`` (dirty rows copied back: evicted, spilled, or flushed) and ``spills``. ``hits / lookups`` is the
+it, once), ``unique_misses`` (distinct rows copied in from the store, by prefetches and lookups), ``evictions``
+(rows that left the device: LRU victims and released spill slots), ``write_backs`` (dirty rows copied back:
+evicted or flushed) and ``spills`` (rows a fetch put in spill slots). ``hits / lookups`` is the
 hit rate the cost model's ``cache_hit_rate`` predicts. The counters are device tensors updated without a host
 synchronisation; reading them synchronises.
 

@@ -19,6 +19,12 @@ The contract this gives the training loop (the optimizer in backward):
 * optimizer state lives beside the weights (``ShardGroup.state``, fp32): ``rowwise_adagrad`` one value per row,
   ``adagrad`` one per element, ``adam`` two per element, ``sgd`` none — what the cost model charges.
 
+``uvm_cache`` shards form **cached groups** of their own (``GroupKey.cached``): the weight and the per-weight state
+in host memory, row-wise state on the device, and a :class:`~shardwise.clients.row_cache.RowCache` of the rows on
+the device. Their lookup fetches the batch's rows into the cache and pools the cached rows; their backward runs the
+same fused update on a compact copy of the batch's distinct rows and their state (ids renumbered in row order, so
+the arithmetic is the uncached group's) and writes it back, the rows into the cache (marked dirty).
+
 ``SHARDWISE_FUSED_BACKEND`` (``auto``, ``torch`` or ``triton``; default ``auto``: Triton on CUDA tensors) picks the
 update's backend, read at each backward: the pure-torch one is the reference the Triton kernel is checked against.
 

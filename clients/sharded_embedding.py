@@ -67,10 +67,60 @@ gradient of the unsharded model on the global batch.
 
 Placements
 ----------
-``hbm`` and ``uvm_cache`` shards live on the executor's device (``uvm_cache`` is a memory-tier hint: TorchRec's
-``fused_uvm_caching`` kernel honours it through :mod:`shardwise.solver.torchrec.exporter`; there is no HBM cache here).
-``host`` shards stay in CPU memory when the device is an accelerator: their lookups run on the CPU and only the
-pooled rows (and their gradients) cross to the device. On a CPU executor every placement is the same.
+``hbm`` shards live on the executor's device. ``host`` shards stay in CPU memory when the device is an accelerator:
+their lookups run on the CPU and only the pooled rows (and their gradients) cross to the device.
+
+``uvm_cache`` shards with an embedding optimizer keep their weights in host memory behind a cache on the device
+(:mod:`shardwise.clients.row_cache`; FBGEMM's ``MANAGED_CACHING``, which TorchRec runs through
+:mod:`shardwise.solver.torchrec.exporter`):
+
+* this rank's ``uvm_cache`` shards of one dtype, width and optimizer form one *cached group*, apart from the hbm
+  groups (:mod:`shardwise.clients.shard_groups`). Its weight — the **store** — and its per-weight optimizer state
+  (adagrad's sums, adam's moments) live in host memory, pinned on CUDA; row-wise state (rowwise_adagrad's fp32 per
+  row) lives on the device, in full: FBGEMM's rules, the cost model's ``s_uvm`` / ``s_dev``. The cache holds
+  ``S = Σ A·⌈⌈f·r⌉/A⌉`` rows over the group's shards (``f`` each shard's ``cache_fraction``, ``r`` its rows), ``A``
+  ways to a set (``apply_plan(cache_ways=32)``, FBGEMM's on CUDA), least recently used out first;
+* a lookup first **fetches** the rows its ids miss into the cache (each into an LRU way of its set; an evicted row
+  the update had written goes back to the store first; rows past a full set go to spill slots, released at the
+  next fetch), then pools the cached rows, and locks them until its backward: the fused update gathers the
+  batch's rows from the cache and their state, updates them exactly as an hbm group would (same segments, sums
+  and rounding: bit for bit the hbm placement's results) and writes them back — the rows into the cache, dirty;
+* **prefetch**: :meth:`ShardedEmbeddingBagCollection.prefetch` (or a table's ``prefetch``) fetches a batch's rows
+  ahead of the call that looks them up. It runs the exchange of ids as the call will (a collective at world size
+  > 1: every rank calls it, with its own next batch), fetches, and returns nothing; the call then finds every row
+  cached. The simple pipeline::
+
+      ebc.prefetch(batches[0])
+      for i, batch in enumerate(batches):
+          loss = loss_fn(ebc(batch))          # every row already cached
+          loss.backward()                     # the update writes into the cached rows
+          if i + 1 < len(batches):
+              ebc.prefetch(batches[i + 1])    # the next batch's misses come in, dirty victims go back
+          dense_optimizer.step()
+
+  A prefetch is correct anywhere in a step, even between a forward and its backward (that forward's rows are
+  locked, so the prefetch places around them). Results do not depend on it: the same steps with or without
+  prefetches give the same weights and the same counters. On CUDA a fetch synchronises (its sizes depend on the
+  data, and the CPU gathers the missed rows from the pinned store) and runs on the current stream: the prefetch
+  is not yet overlapped with the previous step's compute on a side stream;
+* **counters**: :meth:`ShardedEmbeddingBagCollection.cache_stats` gives this rank's
+  :class:`~shardwise.clients.row_cache.CacheStats` per table — ``lookups``, ``hits``, ``unique_misses``,
+  ``evictions``, ``write_backs``, ``spills``; ``hit_rate = hits / lookups`` is what the cost model's
+  ``cache_hit_rate(rows, cache_fraction, access_skew)`` predicts;
+* **memory**: on the device the cache's ``S·(c·b + 21) + 4·R`` bytes — the cost model's ``cache_bytes``
+  ``S·(c·b + 16) + 4·R`` plus an int32 lock count and a flag byte per slot — and ``s_dev``, besides the index work
+  and buffers every shard has; transiently, spill slots while a batch has more distinct rows in a set than it has
+  ways, and the update's compact copy of the batch's distinct rows and their state. In host memory the store
+  ``R·c·b`` and ``s_uvm``: the model's ``host`` figure;
+* the tables' ``weights[j]`` are views of the store, stale while the cache holds newer rows: ``full_tensor()``,
+  ``state_dict()`` and ``flush()`` write the cache back first, and ``load_state_dict()`` then forgets what the cache
+  held. Anything else that writes ``weights`` must ``flush()`` before and leave no row cached (load through
+  ``load_state_dict``).
+
+Without an embedding optimizer (row-sparse gradients for the user's optimizer) ``uvm_cache`` shards stay in CPU
+memory and are looked up there, as ``host`` shards are: no cache, but the shard's HBM stays free as the plan
+assumed. On a CPU executor ``hbm`` and ``host`` are the same; ``uvm_cache`` with an embedding optimizer still runs
+its cache (store and cache both in CPU memory, which is how the tests exercise it).
 
 Bag lengths travel as int64 (one per bag and destination shard), as do ids. Create the module on its device
 (``apply_plan(device=...)``); ``.to()`` afterwards would not update ``device`` and would move ``host`` shards.
