@@ -102,7 +102,8 @@ their lookups run on the CPU and only the pooled rows (and their gradients) cros
   locked, so the prefetch places around them). Results do not depend on it: the same steps with or without
   prefetches give the same weights and the same counters. On CUDA a fetch synchronises (its sizes depend on the
   data, and the CPU gathers the missed rows from the pinned store) and runs on the current stream: the prefetch
-  is not yet overlapped with the previous step's compute on a side stream;
+  is not yet overlapped with the previous step's compute on a side stream, and a step that looks up cached shards
+  cannot be captured into a CUDA graph;
 * **counters**: :meth:`ShardedEmbeddingBagCollection.cache_stats` gives this rank's
   :class:`~shardwise.clients.row_cache.CacheStats` per table — ``lookups``, ``hits``, ``unique_misses``,
   ``evictions``, ``write_backs``, ``spills``; ``hit_rate = hits / lookups`` is what the cost model's

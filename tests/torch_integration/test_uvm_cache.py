@@ -283,6 +283,19 @@ def check_state_dict(rank: int, world: int) -> list[str]:
     return errors
 
 
+def check_bad_ways(rank: int, world: int) -> list[str]:
+    try:
+        apply_plan(
+            Tables(),
+            plan_for(world, Placement.uvm_cache),
+            embedding_optimizer=UpdateConfig("sgd", lr=0.1),
+            cache_ways=0,
+        )
+    except ValueError as e:
+        return [] if "cache_ways" in str(e) else [f"the error does not name cache_ways: {e}"]
+    return ["cache_ways=0 was accepted"]
+
+
 # ------------------------------------------------------------------------------------------------ one spawn
 
 
@@ -300,6 +313,7 @@ def worker(rank: int, world: int) -> dict[str, Any]:
         guarded(kind.value, lambda kind=kind: check_against_hbm(rank, world, kind))
     guarded("prefetch", lambda: check_prefetch_changes_nothing(rank, world))
     guarded("state_dict", lambda: check_state_dict(rank, world))
+    guarded("bad_ways", lambda: check_bad_ways(rank, world))
     return results
 
 
@@ -353,4 +367,9 @@ def test_prefetching_each_batch_changes_neither_weights_nor_counters(world: int)
 @pytest.mark.parametrize("world", [1, 2])
 def test_state_dict_reads_through_the_cache_and_loading_replaces_it(world: int) -> None:
     errors = [f"rank {r}: {e}" for r, errs in enumerate(outcome(world, "state_dict")) for e in errs]
+    assert not errors, "\n".join(errors)
+
+
+def test_a_cache_needs_a_way() -> None:
+    errors = [f"rank {r}: {e}" for r, errs in enumerate(outcome(1, "bad_ways")) for e in errs]
     assert not errors, "\n".join(errors)
