@@ -181,12 +181,12 @@ def _cached_group(
     cost model's ``s_dev`` / ``s_uvm``), the cache on the device."""
     pin = key.device.type == "cuda"
     store = torch.empty((rows, key.num_cols), dtype=key.dtype, pin_memory=pin)
-    state = init_state(key.config.optimizer, rows, key.num_cols, "cpu")
-    for name, t in state.items():
-        if key.config.optimizer is RowOptimizer.rowwise_adagrad:
-            state[name] = t.to(key.device)
-        elif pin:
-            state[name] = t.pin_memory()
+    optimizer = key.config.optimizer
+    if optimizer is RowOptimizer.rowwise_adagrad:
+        state = init_state(optimizer, rows, key.num_cols, key.device)
+    else:  # allocated pinned in place: a copy into pinned memory would hold the state twice for a moment
+        shapes = init_state(optimizer, rows, key.num_cols, "meta")
+        state = {name: torch.zeros(t.shape, dtype=t.dtype, pin_memory=pin) for name, t in shapes.items()}
     cache = RowCache(store, slots=slots, ways=ways, device=key.device, segments=segments)
     return ShardGroup(key, store, state, trigger=torch.empty(0, device=key.device, requires_grad=True), cache=cache)
 
