@@ -373,3 +373,48 @@ def test_state_dict_reads_through_the_cache_and_loading_replaces_it(world: int) 
 def test_a_cache_needs_a_way() -> None:
     errors = [f"rank {r}: {e}" for r, errs in enumerate(outcome(1, "bad_ways")) for e in errs]
     assert not errors, "\n".join(errors)
+
+
+def check_on_cuda(rank: int, world: int, kind: RowOptimizer) -> list[str]:
+    """The cached path on a GPU (pinned host store, host↔device copies, the Triton update): five steps of
+    ``uvm_cache`` against ``hbm`` on the same device."""
+    errors: list[str] = []
+    device = torch.device("cuda", 0)
+    torch.manual_seed(0)
+    ref = Tables()
+    config = UpdateConfig(kind, lr=LR[kind])
+    hbm = apply_plan(copy.deepcopy(ref), plan_for(world, Placement.hbm), device=device, embedding_optimizer=config)
+    uvm = apply_plan(
+        copy.deepcopy(ref),
+        plan_for(world, Placement.uvm_cache),
+        device=device,
+        embedding_optimizer=config,
+        cache_ways=WAYS,
+    )
+    e_hbm = ShardedEmbeddingBagCollection.from_module(hbm)
+    e_uvm = ShardedEmbeddingBagCollection.from_module(uvm)
+    for step in range(STEPS):
+        feats = {k: (i.to(device), o.to(device)) for k, (i, o) in batches(world, seed=300 + step)[1][rank].items()}
+        if step == 3:
+            e_uvm.prefetch(feats)
+        out_h, out_u = e_hbm(feats), e_uvm(feats)
+        loss_of(out_h).backward()
+        loss_of(out_u).backward()
+        for fqn in TABLES:
+            if not torch.allclose(out_u[fqn], out_h[fqn], atol=ATOL, rtol=1e-5):
+                errors.append(f"{kind.value} step {step}: {fqn} forward differs from hbm on cuda")
+    for fqn in TABLES:
+        got, want = table(uvm, fqn).full_tensor(), table(hbm, fqn).full_tensor()
+        if not torch.allclose(got.cpu(), want.cpu(), atol=ATOL, rtol=1e-5):
+            errors.append(f"{kind.value}: {fqn} weights differ from hbm on cuda ({(got - want).abs().max()})")
+    stats = stats_of(uvm)
+    if not any(s.evictions > 0 for s in stats.values()):
+        errors.append(f"{kind.value}: no eviction on cuda: the cache was not exercised")
+    return errors
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_a_tiny_cache_on_cuda_trains_like_hbm(optimizer: str) -> None:
+    (errors,) = run(check_on_cuda, 1, RowOptimizer(optimizer), backend="nccl")
+    assert errors == [], errors
