@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -317,11 +317,48 @@ class StepBreakdown:
         return out
 
 
+ShapeKey = tuple[int, int, Placement, float | None]  # a shard's rows, columns, placement and cache fraction
+
+
+class GroupedTable(Protocol):
+    """A table plan as its distinct shard shapes, each with the ranks that hold one (what the breakdown prices)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def sharding_type(self) -> ShardingType: ...
+    @property
+    def shape_groups(self) -> Mapping[ShapeKey, Sequence[int]]: ...
+
+
+@dataclass(frozen=True)
+class Grouped:
+    name: str
+    sharding_type: ShardingType
+    shape_groups: Mapping[ShapeKey, Sequence[int]]
+
+
+def shape_groups(shards: Iterable[ShardLike]) -> dict[ShapeKey, list[int]]:
+    """The ranks of ``shards`` by shard shape (most tables have one or two shapes over many ranks)."""
+    out: dict[ShapeKey, list[int]] = defaultdict(list)
+    for s in shards:
+        out[(s.num_rows, s.num_cols, s.placement, s.cache_fraction)].append(s.rank)
+    return dict(out)
+
+
 def step_breakdown(
     topo: Topology, model: ModelSpec, tables: Sequence[TableLike], dense: Sequence[DenseLike]
 ) -> StepBreakdown:
     """Price ``tables`` and ``dense`` term by term on ``topo`` (as :func:`~shardwise.solver.evaluate.evaluate`
     does as a whole: every rank's terms sum to its ``predicted_ms.total``)."""
+    grouped = [Grouped(t.name, t.sharding_type, shape_groups(t.shards)) for t in tables]
+    return grouped_breakdown(topo, model, grouped, dense)
+
+
+def grouped_breakdown(
+    topo: Topology, model: ModelSpec, tables: Sequence[GroupedTable], dense: Sequence[DenseLike]
+) -> StepBreakdown:
+    """:func:`step_breakdown` of tables given as their shard shapes (:class:`GroupedTable`)."""
     B = model.batch_size_per_gpu
     W = topo.world_size
     acc = np.zeros((W, WIDTH))
@@ -331,37 +368,37 @@ def step_breakdown(
     for tp in tables:
         table = by_name[tp.name]
         sharding = tp.sharding_type
-        ranks_by_key: dict[tuple[int, int, Placement, float | None, int], list[int]] = defaultdict(list)
-        for s in tp.shards:
-            ranks_by_key[(s.num_rows, s.num_cols, s.placement, s.cache_fraction, int(rank_class[s.rank]))].append(
-                s.rank
-            )
-        group = tuple(sorted({r for rs in ranks_by_key.values() for r in rs}))
+        group = tuple(sorted({r for rs in tp.shape_groups.values() for r in rs}))
         fleet = np.zeros(WIDTH)
         slowest, slowest_rank, slowest_ms = np.zeros(WIDTH), -1, -math.inf
-        for (rows, cols, placement, fraction, cls_index), ranks in ranks_by_key.items():
-            cls = topo.classes[cls_index]
-            compute = compute_parts(
-                table,
-                sharding=sharding,
-                num_rows=rows,
-                num_cols=cols,
-                placement=placement,
-                cache_fraction=fraction,
-                profile=cls.profile,
-                batch=B,
-                world=W,
-            )
-            ctx = topo.context(cls, B, group if sharding in (ST.row_wise, ST.table_row_wise) else None)
-            host_ms = (
-                cm.host_lookup_ms(table, sharding, rows, cols, cls.profile, B, W) if placement is Placement.host else 0
-            )
-            v = _vector(compute, comm_parts(table, sharding, rows, cols, ctx), host_ms)
-            np.add.at(acc, ranks, v)
-            fleet += v * len(ranks)
-            ms = float(v[:NT].sum())
-            if ms > slowest_ms:
-                slowest, slowest_rank, slowest_ms = v, min(ranks), ms
+        for (rows, cols, placement, fraction), shape_ranks in tp.shape_groups.items():
+            on = np.asarray(shape_ranks, dtype=np.int64)
+            for cls_index in np.unique(rank_class[on]).tolist():
+                ranks = on[rank_class[on] == cls_index] if len(topo.classes) > 1 else on
+                cls = topo.classes[cls_index]
+                compute = compute_parts(
+                    table,
+                    sharding=sharding,
+                    num_rows=rows,
+                    num_cols=cols,
+                    placement=placement,
+                    cache_fraction=fraction,
+                    profile=cls.profile,
+                    batch=B,
+                    world=W,
+                )
+                ctx = topo.context(cls, B, group if sharding in (ST.row_wise, ST.table_row_wise) else None)
+                host_ms = (
+                    cm.host_lookup_ms(table, sharding, rows, cols, cls.profile, B, W)
+                    if placement is Placement.host
+                    else 0.0
+                )
+                v = _vector(compute, comm_parts(table, sharding, rows, cols, ctx), host_ms)
+                np.add.at(acc, ranks, v)
+                fleet += v * len(ranks)
+                ms = float(v[:NT].sum())
+                if ms > slowest_ms:
+                    slowest, slowest_rank, slowest_ms = v, int(ranks.min()), ms
         if sharding is not ST.data_parallel:
             for cls in topo.classes:
                 side = _vector({}, data_side_parts(table, topo.context(cls, B)))

@@ -103,8 +103,9 @@ def history(request: Request, session: SessionDep) -> Response:
         query = urlencode({**keep, **({"page": str(n)} if n > 1 else {})})
         return "/ui/plans" + (f"?{query}" if query else "")
 
+    batches = repo.plan_batches(session, [r.id for r in rows])
     context: dict[str, Any] = {
-        "rows": [history_row(r) for r in rows],
+        "rows": [history_row(r, batches.get(r.id)) for r in rows],
         "pagination": pagination,
         "filters": given,
         "first_url": page_url(1),
