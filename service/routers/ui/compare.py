@@ -22,8 +22,7 @@ from shardwise.service.db import SessionDep
 from shardwise.service.models import PlanRow
 from shardwise.service.routers.ui.fleet import METRICS, FleetView, fleet_view, metric_of, scale_of
 from shardwise.service.routers.ui.formatting import rank_ranges
-from shardwise.service.routers.ui.plan import timed
-from shardwise.service.routers.ui.rendering import error_page, page, plan_not_found
+from shardwise.service.routers.ui.rendering import error_page, page, plan_not_found, timed
 from shardwise.service.routers.ui.timing import Throughput, throughput
 from shardwise.service.routers.ui.views import (
     HEATMAP_ABOVE,

@@ -21,7 +21,7 @@ from shardwise.service.auth import LoginRequired, page_access
 from shardwise.service.db import SessionDep
 from shardwise.service.routers.ui.fleet import METRICS, fleet_view, metric_of
 from shardwise.service.routers.ui.formatting import rank_ranges
-from shardwise.service.routers.ui.rendering import page, plan_not_found
+from shardwise.service.routers.ui.rendering import page, plan_not_found, timed
 from shardwise.service.routers.ui.snippet import snippet
 from shardwise.service.routers.ui.timing import convergence_view, throughput, time_view
 from shardwise.service.routers.ui.views import (
@@ -37,8 +37,6 @@ from shardwise.wire.spec import ModelSpec
 
 router = APIRouter()
 forms = APIRouter()
-
-SERVER_TIMING = "Server-Timing"  # every page says how long the server took: "app;dur=<ms>"
 
 
 @dataclass(frozen=True)
@@ -74,11 +72,6 @@ def table_views(loaded: PagePlan) -> list[TableView]:
             )
         )
     return out
-
-
-def timed(response: HTMLResponse, started: float) -> HTMLResponse:
-    response.headers[SERVER_TIMING] = f"app;dur={(time.perf_counter() - started) * 1e3:.1f}"
-    return response
 
 
 @router.get("/ui/plans/{plan_id}", response_class=HTMLResponse)

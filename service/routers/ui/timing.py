@@ -19,7 +19,7 @@ from shardwise.service.routers.ui.views import PagePlan, RankView, TableLayout, 
 __all__ = ["ConvergenceView", "Throughput", "TimeView", "convergence_view", "throughput", "time_view"]
 from shardwise.solver.breakdown import INTER, INTRA, NT, TERM_INDEX, TERMS, StepBreakdown, Vector, grouped_breakdown
 from shardwise.solver.topology import Topology
-from shardwise.wire.spec import ShardingType, SolverInfo
+from shardwise.wire.spec import SolverInfo
 
 BAR_UNITS = 1000.0  # SVG user units of the longest bar of a chart
 RANK_GROUPS = 16  # groups of tied ranks drawn in the per-rank chart, the slowest first
@@ -113,14 +113,14 @@ class TimeView:
 
 
 _WHY = {
-    "lookup_fwd": "gathering its rows and writing the pooled outputs",
-    "lookup_bwd": "reading the output gradient back and sorting the ids for the update",
-    "update": "reading and writing each id's row and optimizer state",
-    "host_lookup": "the CPU looking up the rows it keeps in host memory",
-    "input_a2a": "sending the ids to the ranks that hold its rows",
-    "output_a2a": "sending the pooled rows (and their gradients) to every rank's batch",
-    "reduce_scatter": "reduce-scattering its row shards' partial sums (and all-gathering their gradients)",
-    "all_reduce": "all-reducing the whole table's gradient on every copy",
+    "lookup_fwd": "gathering rows, writing pooled outputs",
+    "lookup_bwd": "reading output gradients, sorting ids",
+    "update": "writing rows and optimizer state back",
+    "host_lookup": "CPU lookups of rows in host memory",
+    "input_a2a": "sending ids to the rows' ranks",
+    "output_a2a": "sending pooled rows to every rank's batch",
+    "reduce_scatter": "reduce-scattering row shards' partial sums",
+    "all_reduce": "all-reducing the whole table's gradient",
 }
 
 
@@ -135,13 +135,11 @@ def why(layout: TableLayout, hosts: int, row: Vector) -> str:
     where = f"{layout.sharding_type.value} on {n} rank{'s' if n != 1 else ''}"
     if n > 1 and hosts > 1:
         where += f" of {hosts} hosts"
-    text = f"{where} ({layout.placement}): {pct(float(row[i]) / total, 0)} is {label}, {_WHY.get(key, label)}"
+    text = f"{where} ({layout.placement}): {pct(float(row[i]) / total, 0)} {label} ({_WHY.get(key, label)})"
     if part == "comm" and row[INTER] > row[INTRA]:
         text += "; mostly across hosts"
     elif part == "comm" and row[INTRA] > 0:
         text += "; mostly inside the host"
-    if layout.sharding_type is ShardingType.data_parallel and key == "all_reduce":
-        text += " — a table this size may be cheaper sharded"
     return text
 
 

@@ -217,8 +217,8 @@ class Segment:
     width: float
 
 
-@dataclass(frozen=True)
-class RankView:
+@dataclass(slots=True)  # not frozen: a frozen dataclass sets each field through object.__setattr__, and a
+class RankView:  # 1,024-GPU page builds a thousand of them per request
     rank: int
     host: int
     gpu: str
