@@ -163,4 +163,5 @@ def test_list_prints_whole_model_and_fleet_names(shardwise: Any, tmp_path: Path)
     assert header.split() == ["id", "created", "model", "fleet", "gpus", "status", "step", "ms"]
     cells = row.split()
     assert cells[0] == plan_id
-    assert cells[3:7] == ["click-through-ranker-with-a-long-name", "h100-pair-in-the-second-rack", "2", "feasible"]
+    assert cells[3:6] == ["click-through-ranker-with-a-long-name", "h100-pair-in-the-second-rack", "2"]
+    assert cells[6:8] == ["best", "found"]  # the status in the verdict's words, as everywhere else
