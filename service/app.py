@@ -122,7 +122,11 @@ def create_app(settings: Settings | None = None, *, runner: JobRunner | None = N
     app.state.metrics = Metrics()
     errors.install(app)
     app.add_middleware(
-        RequestMiddleware, max_body_bytes=settings.max_body_bytes, metrics=app.state.metrics, fastapi_app=app
+        RequestMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        body_timeout_s=settings.body_timeout_s,
+        metrics=app.state.metrics,
+        fastapi_app=app,
     )
 
     api = APIRouter(prefix=API_PREFIX)

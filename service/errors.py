@@ -59,6 +59,10 @@ class Conflict(ServiceError):
     status, slug, title = 409, "conflict", "Conflict"
 
 
+class BodyTimeout(ServiceError):
+    status, slug, title = 408, "body-timeout", "The request body was not sent in time"
+
+
 class PayloadTooLarge(ServiceError):
     status, slug, title = 413, "body-too-large", "Request body too large"
 
@@ -199,6 +203,7 @@ _STATUS_SLUGS = {
     403: "forbidden",
     404: "not-found",
     405: "method-not-allowed",
+    408: "body-timeout",
     406: "not-acceptable",
     409: "conflict",
     413: "body-too-large",
