@@ -444,6 +444,23 @@ def _number_cases() -> Iterator[Case]:
             headers=JSON,
             where=("body", field_),
         )
+    for option, token in [("max_deterministic_time", b"Infinity"), ("time_limit_s", b"NaN")]:
+        yield Case(
+            f"plans-option-{option}-raw-{token.decode()}",
+            "POST",
+            "/api/v1/plans",
+            body=poisoned(plan_request(**{option: N}), token),
+            headers=JSON,
+            where=("body", "options", option),
+        )
+    yield Case(
+        "hwprofiles-latency-raw-Infinity",
+        "POST",
+        "/api/v1/hwprofiles",
+        body=poisoned(custom_profile("lab-inf", inter_host_latency_us=N), b"Infinity"),
+        headers=JSON,
+        where=("body", "inter_host_latency_us"),
+    )
     yield Case(
         "calibrations-figure-1e308",
         "POST",
@@ -753,9 +770,15 @@ def _query_cases() -> Iterator[Case]:
             ("limit-int64", [("limit", "9223372036854775807")]),
         ]:
             yield Case(f"list-{short}-{label}", "GET", route, params=params, where=("query",))
-    for name, value in [("model", "a\x00b"), ("fleet", "a\x00b"), ("gpu", "\x7f"), ("model", "m" * 201)]:
+    for name, label, value in [
+        ("model", "nul", "a\x00b"),
+        ("fleet", "nul", "a\x00b"),
+        ("gpu", "nul", "\x00"),
+        ("gpu", "delete", "\x7f"),
+        ("model", "201-characters", "m" * 201),
+    ]:
         yield Case(
-            f"list-plans-filter-{name}-{value[:3]!r}",
+            f"list-plans-filter-{name}-{label}",
             "GET",
             "/api/v1/plans",
             params=[(name, value)],

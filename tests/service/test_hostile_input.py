@@ -448,8 +448,40 @@ def test_hostile_request(hostile: Hostile, case: Case) -> None:
     assert hostile.http.get(f"/api/v1/plans/{hostile.plan_id}").status_code == 200
 
 
+#: issue 18's list of requests that once answered 5xx, each a case of the catalogue
+ISSUE_18 = {
+    "plans-nested-arrays-100k",
+    "plans-nested-objects-100k",
+    "plans-integer-5000-digits",
+    "plans-model-ref-superscript-two",
+    "plans-model-ref-20-nines",
+    "plans-model-ref-int64-max",
+    "plans-fleet-ref-int64-max",
+    "models-name-nul",
+    "list-plans-filter-model-nul",
+    "list-plans-filter-gpu-nul",
+    "plans-20-host-groups-of-63-character-profiles",
+    "plans-table-num_embeddings-1e+18",
+    "plans-table-pooling_factor-1e+300",
+    "plans-host-host_memory_bytes-1e+30",
+    "plans-option-max_deterministic_time-raw-Infinity",
+    "hwprofiles-latency-raw-Infinity",
+    "plans-number-NaN",
+    "models-8MB-text",
+    "get-model-15k-characters",
+    "models-name-slash",
+    "models-name-dot-dot-slash",
+    "plans-content-type-text-plain",
+    "plans-content-type-form",
+    "plans-content-type-missing",
+    "plans-body-over-the-cap",
+    "models-name-cyrillic-a",
+}
+
+
 def test_the_catalogue_is_large_and_covers_every_operation() -> None:
     assert len(CASES) >= 150
+    assert {c.id for c in CASES} >= ISSUE_18, sorted(ISSUE_18 - {c.id for c in CASES})
     from shardwise.service.app import create_app
 
     schema = create_app(Settings(database_url="sqlite://", log_level="WARNING")).openapi()
