@@ -968,6 +968,13 @@ def _protocol_cases() -> Iterator[Case]:
         by_server=True,
     )
     yield Case(
+        "http-url-60k-characters",
+        "GET",
+        "/api/v1/plans/n...",
+        raw=_http(b"GET /api/v1/plans/" + b"n" * 60_000 + b" HTTP/1.1", [host, b"Connection: close"]),
+        status=(404,),  # a small problem: the 60,000 characters are not echoed
+    )
+    yield Case(
         "http-raw-nul-in-path",
         "GET",
         "/api/v1/models/a\x00b",
