@@ -116,6 +116,7 @@ class Worker:
         log: Path,
         concurrency: int = 1,
         extra_env: dict[str, str] | None = None,
+        visibility_s: float = VISIBILITY_S,
     ) -> None:
         env = {
             **os.environ,
@@ -125,7 +126,7 @@ class Worker:
             "SHARDWISE_DATABASE_URL": database_url,
             "SHARDWISE_CELERY_QUEUE": queue,
             "SHARDWISE_JOB_LEASE_S": str(LEASE_S),
-            "SHARDWISE_BROKER_VISIBILITY_TIMEOUT_S": str(VISIBILITY_S),
+            "SHARDWISE_BROKER_VISIBILITY_TIMEOUT_S": str(visibility_s),
             "SHARDWISE_LOG_JSON": "false",
         }
         name = f"w{uuid.uuid4().hex[:8]}@%h"
@@ -259,7 +260,12 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
     """Start workers for one test; all of them are stopped at its end."""
     started: list[Worker] = []
 
-    def start(backend: Backend, concurrency: int = 1, extra_env: dict[str, str] | None = None) -> Worker:
+    def start(
+        backend: Backend,
+        concurrency: int = 1,
+        extra_env: dict[str, str] | None = None,
+        visibility_s: float = VISIBILITY_S,
+    ) -> Worker:
         worker = Worker(
             backend.database_url,
             backend.broker_url,
@@ -267,6 +273,7 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
             tmp_path / f"worker{len(started)}.log",
             concurrency,
             extra_env,
+            visibility_s,
         )
         started.append(worker)
         return worker
@@ -369,6 +376,38 @@ def test_sigkill_mid_solve_is_redelivered_and_stores_one_plan(
             assert done.attempts == 2  # claimed by the dead worker, then by the new one
             plan = client.get(f"/api/v1/plans/{done.plan_id}")
             assert plan.status_code == 200
+        assert count(pg_url, PlanRow) == 1
+        assert count(pg_url, JobRow) == 1
+    finally:
+        empty(pg_url)
+
+
+def test_a_dead_workers_job_is_sent_again_by_the_reaper_long_before_the_broker_would(
+    pg_url: str, redis_url: str, workers: Callable[..., Worker]
+) -> None:
+    """Redis gives a dead worker's unacked message back only after its visibility timeout (here 600 s, like the
+    default 810 s: far too late); the API's reaper sees the job's heartbeat stop after the lease and queues it again,
+    so a live worker finishes it within the issue's two minutes — here within a minute of the kill."""
+    visibility = 600.0
+    backend = Backend(pg_url, redis_url, queue_name("reaped", redis_url))
+    first = workers(backend, visibility_s=visibility)
+    try:
+        with TestClient(create_app(backend.settings(broker_visibility_timeout_s=visibility))) as client:
+            answer = client.post("/api/v1/plans", json=slow_body("reaped", wait_s=0))
+            assert answer.status_code == 202, answer.text
+            job_id = answer.json()["id"]
+            seen = poll_job(
+                client, job_id, lambda j: ended(j) or j.progress.best_ms is not None, 60, "reported progress"
+            )
+            assert seen.state.value == "running", "the solve ended before the test could kill its worker"
+            first.kill()
+            killed = time.monotonic()
+            workers(backend, visibility_s=visibility)
+            done = poll_job(client, job_id, ended, 60, "ended after its worker died")
+            took = time.monotonic() - killed
+            assert done.state.value == "succeeded", done.error
+            assert done.attempts == 2
+            assert took < min(60.0, visibility), took
         assert count(pg_url, PlanRow) == 1
         assert count(pg_url, JobRow) == 1
     finally:
