@@ -1116,9 +1116,86 @@ def _accepted_cases() -> Iterator[Case]:
     )
 
 
+# ------------------------------------------------------------------------------------------------- the pages' forms
+
+FORM = {"content-type": "application/x-www-form-urlencoded"}
+
+
+def _form(text: bytes) -> Callable[[], bytes]:
+    return lambda: text
+
+
+def _page_form_cases() -> Iterator[Case]:
+    """The pages' POST forms (login, logout, delete) with what a browser would never send. Without a CSRF token a
+    form is a 403 page and nothing changes (the plan is not deleted: the row counts say so)."""
+    for path in ("/ui/login", "/ui/logout", "/ui/plans/{plan}/delete"):
+        short = path.split("/")[-1]
+        yield Case(
+            f"form-{short}-no-csrf", "POST", path, body=_form(b"token=x"), headers=FORM, status=(403,), html=True
+        )
+        yield Case(
+            f"form-{short}-as-json",
+            "POST",
+            path,
+            body=encoded({"token": "x"}),
+            headers=JSON,
+            status=(400, 403),
+            html=True,
+        )
+        yield Case(
+            f"form-{short}-invalid-utf8",
+            "POST",
+            path,
+            body=_form(b"token=\xff\xfe"),
+            headers=FORM,
+            status=(400, 403),
+            html=True,
+        )
+        yield Case(
+            f"form-{short}-100k-fields",
+            "POST",
+            path,
+            body=_form(b"&".join(b"f%d=1" % i for i in range(100_000))),
+            headers=FORM,
+            status=(400, 403),
+            html=True,
+        )
+        yield Case(
+            f"form-{short}-over-the-cap",
+            "POST",
+            path,
+            body=_form(b"a=" + b"x" * (9 * 1024 * 1024)),
+            headers=FORM,
+            status=(413,),
+        )
+    yield Case(
+        "form-login-nul-and-8MB-token",
+        "POST",
+        "/ui/login",
+        body=_form(b"token=%00" + b"t" * 8_000_000 + b"&next=%2F%2Fevil.example"),
+        headers=FORM,
+        status=(400, 403),
+        html=True,
+    )
+    yield Case(
+        "form-delete-plan-nul",
+        "POST",
+        "/ui/plans/%00/delete",
+        body=_form(b"x=1"),
+        headers=FORM,
+        status=(403, 422),
+        html=True,
+    )
+    for label, target in [("other-host", "//evil.example/"), ("javascript", "javascript:alert(1)"), ("nul", "/ui\x00")]:
+        yield Case(
+            f"get-login-next-{label}", "GET", "/ui/login", params=[("next", target)], status=(200, 422), html=True
+        )
+
+
 def all_cases() -> list[Case]:
     cases = [c for route in JSON_ROUTES for c in (*_json_syntax_cases(route), *_content_type_cases(route))]
     for group in (
+        _page_form_cases,
         _number_cases,
         _reference_cases,
         _name_cases,
