@@ -44,9 +44,9 @@ plan fails the same way on every rank instead of hanging one of them. Then, in p
 
 Gradient convention: every parameter receives the gradient of the **mean over ranks** of the local losses (DDP's),
 so with equal local batches and a mean-reduced loss the sharded model's gradients equal the unsharded model's on
-the global batch. Placement ``hbm`` / ``uvm_cache`` / ``host`` is a memory-tier hint that TorchRec's kernels honour
-through :mod:`shardwise.solver.torchrec.exporter`; here weights live on the device, except ``host`` shards on an
-accelerator, which stay in CPU memory (see :mod:`shardwise.clients.sharded_embedding`).
+the global batch. Placements (see :mod:`shardwise.clients.sharded_embedding`, "Placements"): ``hbm`` weights live on
+the device; ``host`` shards on an accelerator stay in CPU memory; ``uvm_cache`` shards keep their weights in host
+memory behind an LRU row cache on the device (with an embedding optimizer; without one, in CPU memory as ``host``).
 
 Composition order (torchtitan's): tables, then TP, then FSDP, then DDP. Requirements: an initialised process group
 whose size is the plan's world size (``len(plan.ranks)`` when the plan lists its ranks), dense layers materialised
@@ -72,6 +72,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from shardwise.clients.fused_update import UpdateConfig
 from shardwise.clients.plan_check import TP_STYLES, PlanMismatchError, ancestors, check, check_plan, under
+from shardwise.clients.row_cache import CACHE_WAYS
 from shardwise.clients.shard_groups import plan_groups
 from shardwise.clients.sharded_embedding import ShardedEmbeddingBag, average_grad_hook
 from shardwise.wire.spec import (
@@ -292,12 +293,15 @@ def apply_plan(
     process_group: dist.ProcessGroup | None = None,
     device: torch.device | str | None = None,
     embedding_optimizer: UpdateConfig | Mapping[str, UpdateConfig] | None = None,
+    cache_ways: int = CACHE_WAYS,
 ) -> nn.Module:
     """Shard ``module`` in place exactly as ``plan`` says and return it (see the module docstring).
 
     ``embedding_optimizer``: the tables' optimizer in backward (one :class:`UpdateConfig` for every table, or one per
     table FQN; a table left out keeps row-sparse gradients). Tables so configured are grouped, looked up together
     and updated inside ``loss.backward()``; they get no ``.grad`` (see :mod:`shardwise.clients.shard_groups`).
+    Their ``uvm_cache`` shards keep their weights in host memory behind a device cache of ``cache_ways`` ways per set
+    (32, FBGEMM's on CUDA; the cost model takes 64 on ROCm): :mod:`shardwise.clients.row_cache`.
 
     Raises :class:`PlanMismatchError` (a ``ValueError``) before any collective when the plan does not fit.
     """
@@ -326,7 +330,9 @@ def apply_plan(
             if s.rank == rank:
                 where = torch.device("cpu") if s.placement is Placement.host and dev.type != "cpu" else dev
                 local.append((tp.name, i, s, bag.weight.dtype, where, update))
-    storage = plan_groups(local)
+    if cache_ways < 1:
+        raise ValueError(f"cache_ways must be at least 1, got {cache_ways}")
+    storage = plan_groups(local, cache_ways=cache_ways)
     for tp, bag in checked.tables:
         grouped = {i: g for (name, i), g in storage.place.items() if name == tp.name}
         sharded = ShardedEmbeddingBag.from_embedding_bag(

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import FunctionCtx
 
-from shardwise.clients.shard_groups import ShardGroup, group_lookup
+from shardwise.clients.shard_groups import ShardGroup, group_lookup, group_prefetch
 
 if TYPE_CHECKING:
     from shardwise.clients.sharded_embedding import Routed, ShardedEmbeddingBag
@@ -164,11 +164,13 @@ def _plan_for(tables: Sequence[ShardedEmbeddingBag], device: torch.device) -> _P
 
 
 def pooled_lookup(
-    tables: Sequence[ShardedEmbeddingBag], inputs: Mapping[str, tuple[Tensor, Tensor]]
+    tables: Sequence[ShardedEmbeddingBag], inputs: Mapping[str, tuple[Tensor, Tensor]], *, prefetch: bool = False
 ) -> dict[str, Tensor]:
     """Pooled outputs ``name → (bags, dim)`` for normalised inputs ``name → (ids, lengths)`` (see the module doc).
 
     Every rank must pass the same tables; the order does not matter (they are exchanged sorted by name).
+    ``prefetch``: run the exchange up to the lookup (steps 1–3: a collective, like the call it prepares), bring the
+    rows each cached group will look up into its cache, and return ``{}`` — nothing is looked up or sent back.
     """
     check_pending_ids(tables)
     out: dict[str, Tensor] = {}
@@ -184,7 +186,9 @@ def pooled_lookup(
     groups = list(sharded.values())
     for k, group_tables in enumerate(groups):
         extra = [routed[t.name] for t in local] if k == 0 else []  # data_parallel bad ids ride on the first exchange
-        out.update(_exchange(group_tables, routed, extra))
+        out.update(_exchange(group_tables, routed, extra, prefetch))
+    if prefetch:
+        return {}
     deferred = any(t.pending_ids is not None for t in tables)  # this call's check was deferred: clamp
     for t in local:
         ids, lengths = inputs[t.name]
@@ -193,7 +197,7 @@ def pooled_lookup(
 
 
 def _exchange(
-    tables: Sequence[ShardedEmbeddingBag], routed: Mapping[str, Routed], extra: Sequence[Routed]
+    tables: Sequence[ShardedEmbeddingBag], routed: Mapping[str, Routed], extra: Sequence[Routed], prefetch: bool
 ) -> dict[str, Tensor]:
     group = tables[0].group
     W = tables[0].world_size
@@ -202,7 +206,7 @@ def _exchange(
     plan = _plan_for(tables, device)
     rt = [routed[t.name] for t in tables]
     if W == 1 and all(len(b.shards) == 1 for t in tables for b in t.bands):
-        return _exchange_alone(tables, plan, rt, extra)
+        return _exchange_alone(tables, plan, rt, extra, prefetch)
 
     # 2. the split table: per (table, shard) [bags, ids], in destination order, then this rank's bad-id count
     table_meta = torch.cat([_split_rows(t, r) for t, r in zip(tables, rt, strict=True)])  # (shards, 2)
@@ -261,7 +265,9 @@ def _exchange(
     # 4. look up: grouped shards together, the others one by one
     bags_of = [[recv_counts[s][k][0] for s in range(W)] for k in range(len(plan.mine))]
     ids_of = [sum(recv_counts[s][k][1] for s in range(W)) for k in range(len(plan.mine))]
-    pooled = _look_up(tables, plan.mine, ids_by, lengths_by, bags_of, ids_of, device)
+    pooled = _look_up(tables, plan.mine, ids_by, lengths_by, bags_of, ids_of, device, prefetch)
+    if prefetch:
+        return {}
 
     # 5. pooled rows back to their bags' ranks; row blocks summed, bands concatenated
     by_src = []
@@ -316,22 +322,23 @@ def one_group(tables: Sequence[ShardedEmbeddingBag]) -> OneGroup | None:
         group = found[0]
         bases.append(found[1])
     assert group is not None
-    device = group.weight.device
+    device = group.device
     lo = torch.tensor(bases, dtype=torch.int64, device=device)
     hi = torch.tensor([b + t.num_embeddings - 1 for b, t in zip(bases, ordered, strict=True)], device=device)
     return OneGroup(group, tuple(t.name for t in ordered), lo, hi)
 
 
 def one_group_lookup(
-    layout: OneGroup, tables: Mapping[str, ShardedEmbeddingBag], features: Mapping[str, Any]
+    layout: OneGroup, tables: Mapping[str, ShardedEmbeddingBag], features: Mapping[str, Any], *, prefetch: bool = False
 ) -> dict[str, Tensor]:
     """Every table of ``layout`` looked up with one ``embedding_bag`` over the group, its update in backward.
 
     The per-table work is one offset add; ids are range-checked for all tables at once (clamped into their table,
-    counted per table, checked as :func:`_exchange_alone` says), bags found by one ``bucketize``.
+    counted per table, checked as :func:`_exchange_alone` says), bags found by one ``bucketize``. ``prefetch``: bring
+    the rows into a cached group's cache instead, and return ``{}``.
     """
     check_pending_ids(list(tables.values()))
-    device = layout.group.weight.device
+    device = layout.group.device
     ids_parts: list[Tensor] = []
     offset_parts: list[Tensor] = []
     counts: list[int] = []
@@ -383,6 +390,9 @@ def one_group_lookup(
         return [m for m, part in zip(layout.names, torch.split(flags, counts), strict=True) if bool(part.any())]
 
     PendingIdCheck.defer(list(tables.values()), flags.sum(), locate)
+    if prefetch:
+        group_prefetch(layout.group, ids_g)
+        return {}
     bag_ids = torch.bucketize(positions, offsets_g, right=True) - 1
     rows = group_lookup(layout.group, layout.names, ids_g, offsets_g, bag_ids)
     out: dict[str, Tensor] = {}
@@ -406,7 +416,7 @@ def _split_rows(table: ShardedEmbeddingBag, r: Routed) -> Tensor:
 
 
 def _exchange_alone(
-    tables: Sequence[ShardedEmbeddingBag], plan: _Plan, rt: Sequence[Routed], extra: Sequence[Routed]
+    tables: Sequence[ShardedEmbeddingBag], plan: _Plan, rt: Sequence[Routed], extra: Sequence[Routed], prefetch: bool
 ) -> dict[str, Tensor]:
     """World size one, every band one row block: every shard is here and takes its table's ids as they are, so
     there is nothing to exchange — no collective and no split sizes, hence no host synchronisation on an
@@ -433,7 +443,10 @@ def _exchange_alone(
         [[rt[ti].bags] for ti, _ in plan.mine],
         [rt[ti].ids.numel() for ti, _ in plan.mine],
         device,
+        prefetch,
     )
+    if prefetch:
+        return {}
     per_table: dict[int, dict[int, Tensor]] = {ti: {} for ti in range(len(tables))}
     for (ti, i), rows in zip(plan.mine, pooled, strict=True):
         per_table[ti][i] = rows
@@ -499,9 +512,11 @@ def _look_up(
     bags_of: Sequence[Sequence[int]],
     ids_of: Sequence[int],
     device: torch.device,
+    prefetch: bool = False,
 ) -> list[Tensor]:
     """Sum-pooled rows of every local shard ``mine[k]`` for its bags (``lengths_by[k]``, ``ids_by[k]``: one piece
-    per sender), grouped shards with one lookup per group, the others one by one; sizes are host integers."""
+    per sender), grouped shards with one lookup per group, the others one by one; sizes are host integers.
+    ``prefetch``: only bring each cached group's rows into its cache (returns ``[]``)."""
     pooled: list[Tensor | None] = [None] * len(mine)
     by_group: dict[int, list[int]] = {}
     groups: dict[int, ShardGroup] = {}
@@ -509,6 +524,8 @@ def _look_up(
     for k, (ti, i) in enumerate(mine):
         found = tables[ti].group_of(i)
         if found is None:
+            if prefetch:
+                continue
             t = tables[ti]
             lengths_all = _cat(lengths_by[k])
             offsets = torch.cumsum(lengths_all, 0) - lengths_all
@@ -526,9 +543,13 @@ def _look_up(
             ids_k = _cat(ids_by[k])
             ids_parts.append(ids_k + base if base else ids_k)
             length_parts += lengths_by[k]
+        where = g.device
+        if prefetch:
+            if g.cache is not None:
+                group_prefetch(g, _cat(ids_parts).to(where))
+            continue
         n_g = sum(ids_of[k] for k in ks)
         b_g = sum(sum(bags_of[k]) for k in ks)
-        where = g.weight.device
         ids_g = _cat(ids_parts).to(where)
         lengths_g = _cat(length_parts).to(where)
         offsets_g = torch.cumsum(lengths_g, 0) - lengths_g
@@ -538,7 +559,7 @@ def _look_up(
         for k, block in zip(ks, torch.split(rows, [sum(bags_of[k]) for k in ks]), strict=True):
             pooled[k] = block
     out = [p for p in pooled if p is not None]
-    assert len(out) == len(mine)
+    assert prefetch or len(out) == len(mine)
     return out
 
 

@@ -19,6 +19,12 @@ The contract this gives the training loop (the optimizer in backward):
 * optimizer state lives beside the weights (``ShardGroup.state``, fp32): ``rowwise_adagrad`` one value per row,
   ``adagrad`` one per element, ``adam`` two per element, ``sgd`` none — what the cost model charges.
 
+``uvm_cache`` shards form **cached groups** of their own (``GroupKey.cached``): the weight and the per-weight state
+in host memory, row-wise state on the device, and a :class:`~shardwise.clients.row_cache.RowCache` of the rows on
+the device. Their lookup fetches the batch's rows into the cache and pools the cached rows; their backward runs the
+same fused update on a compact copy of the batch's distinct rows and their state (ids renumbered in row order, so
+the arithmetic is the uncached group's) and writes it back, the rows into the cache (marked dirty).
+
 ``SHARDWISE_FUSED_BACKEND`` (``auto``, ``torch`` or ``triton``; default ``auto``: Triton on CUDA tensors) picks the
 update's backend, read at each backward: the pure-torch one is the reference the Triton kernel is checked against.
 
@@ -47,9 +53,18 @@ from shardwise.clients.fused_update import (
     init_state,
     pooled_sum,
 )
-from shardwise.wire.spec import ShardPlan
+from shardwise.clients.row_cache import CACHE_WAYS, Fetched, RowCache, cache_slots, gather_rows, scatter_rows
+from shardwise.wire.spec import Placement, ShardPlan
 
-__all__ = ["GroupKey", "ShardGroup", "ShardStorage", "dense_update", "group_lookup", "plan_groups"]
+__all__ = [
+    "GroupKey",
+    "ShardGroup",
+    "ShardStorage",
+    "dense_update",
+    "group_lookup",
+    "group_prefetch",
+    "plan_groups",
+]
 
 
 @dataclass(frozen=True)
@@ -60,11 +75,17 @@ class GroupKey:
     dtype: torch.dtype
     num_cols: int
     config: UpdateConfig
+    #: uvm_cache shards: weights in host memory, an LRU cache of them on ``device`` (:mod:`shardwise.clients.row_cache`)
+    cached: bool = False
 
 
 @dataclass(eq=False)
 class ShardGroup:
-    """One ``(R, C)`` weight holding several shards' rows, its optimizer state, and the update counter."""
+    """One ``(R, C)`` weight holding several shards' rows, its optimizer state, and the update counter.
+
+    A cached group (``key.cached``) keeps ``weight`` — the store — and the per-weight state in host memory (pinned on
+    CUDA), row-wise state on ``key.device``, and ``cache``, the rows' cache on ``key.device``.
+    """
 
     key: GroupKey
     weight: Tensor
@@ -74,10 +95,16 @@ class ShardGroup:
     steps: dict[str, int] = field(default_factory=dict)
     #: a zero-size tensor that needs a gradient: it makes autograd call the group lookup's backward (the update)
     trigger: Tensor = field(default_factory=lambda: torch.empty(0, requires_grad=True))
+    cache: RowCache | None = None
 
     @property
     def rows(self) -> int:
         return int(self.weight.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        """Where the group is looked up (a cached group's weight lives in host memory, its cache here)."""
+        return self.key.device
 
 
 @dataclass
@@ -96,7 +123,7 @@ class ShardStorage:
                 return None
             group, base = found
             view = group.weight[base : base + shard.num_rows]
-            if view.dtype != dtype or view.device != device:
+            if view.dtype != dtype or group.device != device:
                 raise ValueError(f"table {table}: shard {i} planned into a group of another dtype or device")
             return view
 
@@ -105,29 +132,63 @@ class ShardStorage:
 
 def plan_groups(
     shards: Sequence[tuple[str, int, ShardPlan, torch.dtype, torch.device, UpdateConfig]],
+    *,
+    cache_ways: int = CACHE_WAYS,
 ) -> ShardStorage:
     """Lay this rank's sharded (not data_parallel) shards out in groups and allocate each group's weight once.
 
     ``shards``: ``(table name, shard index, shard, dtype, device, update config)`` for every local shard, in the
     tables' order. Every group's weight is allocated at its full size before any shard exists (so the peak memory
     is the shards' sum, never a second copy); its rows are left uninitialised for the tables to fill.
+
+    ``uvm_cache`` shards form groups of their own (``GroupKey.cached``): the weight in host memory, pinned when
+    ``device`` is CUDA, and a :class:`~shardwise.clients.row_cache.RowCache` on ``device`` of
+    ``Σ cache_slots(rows, cache_fraction, cache_ways)`` slots over the group's shards.
     """
     rows: dict[GroupKey, int] = {}
+    slots: dict[GroupKey, int] = {}
+    segments: dict[GroupKey, list[tuple[str, int, int]]] = {}
     place: dict[tuple[str, int], tuple[GroupKey, int]] = {}
     for table, i, shard, dtype, device, config in shards:
-        key = GroupKey(device, dtype, shard.num_cols, config)
-        place[(table, i)] = (key, rows.get(key, 0))
-        rows[key] = rows.get(key, 0) + shard.num_rows
+        cached = shard.placement is Placement.uvm_cache
+        key = GroupKey(device, dtype, shard.num_cols, config, cached)
+        base = rows.get(key, 0)
+        place[(table, i)] = (key, base)
+        rows[key] = base + shard.num_rows
+        if cached:
+            slots[key] = slots.get(key, 0) + cache_slots(shard.num_rows, shard.cache_fraction or 0.0, cache_ways)
+            segments.setdefault(key, []).append((table, base, shard.num_rows))
     groups = {
-        key: ShardGroup(
-            key,
-            torch.empty((n, key.num_cols), dtype=key.dtype, device=key.device),
-            init_state(key.config.optimizer, n, key.num_cols, key.device),
-            trigger=torch.empty(0, device=key.device, requires_grad=True),
-        )
+        key: _cached_group(key, n, slots[key], cache_ways, segments[key]) if key.cached else _group(key, n)
         for key, n in rows.items()
     }
     return ShardStorage({k: (groups[g], base) for k, (g, base) in place.items()})
+
+
+def _group(key: GroupKey, rows: int) -> ShardGroup:
+    return ShardGroup(
+        key,
+        torch.empty((rows, key.num_cols), dtype=key.dtype, device=key.device),
+        init_state(key.config.optimizer, rows, key.num_cols, key.device),
+        trigger=torch.empty(0, device=key.device, requires_grad=True),
+    )
+
+
+def _cached_group(
+    key: GroupKey, rows: int, slots: int, ways: int, segments: Sequence[tuple[str, int, int]]
+) -> ShardGroup:
+    """The store and the per-weight state in host memory, the row-wise state on the device (FBGEMM's rules, the
+    cost model's ``s_dev`` / ``s_uvm``), the cache on the device."""
+    pin = key.device.type == "cuda"
+    store = torch.empty((rows, key.num_cols), dtype=key.dtype, pin_memory=pin)
+    optimizer = key.config.optimizer
+    if optimizer is RowOptimizer.rowwise_adagrad:
+        state = init_state(optimizer, rows, key.num_cols, key.device)
+    else:  # allocated pinned in place: a copy into pinned memory would hold the state twice for a moment
+        shapes = init_state(optimizer, rows, key.num_cols, "meta")
+        state = {name: torch.zeros(t.shape, dtype=t.dtype, pin_memory=pin) for name, t in shapes.items()}
+    cache = RowCache(store, slots=slots, ways=ways, device=key.device, segments=segments)
+    return ShardGroup(key, store, state, trigger=torch.empty(0, device=key.device, requires_grad=True), cache=cache)
 
 
 class _GroupLookup(torch.autograd.Function):
@@ -163,15 +224,77 @@ class _GroupLookup(torch.autograd.Function):
         return group.trigger.new_zeros(0), None, None, None, None, None
 
 
+class _CachedGroupLookup(torch.autograd.Function):
+    """:class:`_GroupLookup` over a cached group, whose batch :meth:`RowCache.fetch` has brought into the cache.
+
+    Forward pools the cached rows (ids turned into slots). Backward gathers the batch's distinct rows from the
+    cache and their state from where it lives, runs the fused update on that compact copy (ids renumbered
+    ``0..u-1`` in row order, so its segments, sums and rounding are the uncached update's), and writes rows and
+    state back — the rows into the cache, marked dirty — then releases the lookup's lock.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: FunctionCtx,
+        trigger: Tensor,
+        group: ShardGroup,
+        tables: tuple[str, ...],
+        fetched: Fetched,
+        offsets: Tensor,
+        bags: Tensor,
+    ) -> Tensor:
+        cache = group.cache
+        assert cache is not None
+        ctx.group = group  # type: ignore[attr-defined]
+        ctx.tables = tables  # type: ignore[attr-defined]
+        ctx.hold = fetched.hold  # type: ignore[attr-defined]
+        ctx.save_for_backward(fetched.rows_u, fetched.slots_u, fetched.inverse, bags)
+        backend = os.environ.get("SHARDWISE_FUSED_BACKEND", "auto")
+        return pooled_sum(cache.weight, fetched.slots, offsets, backend=backend)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None, None]:
+        rows_u, slots_u, inverse, bags = ctx.saved_tensors
+        group: ShardGroup = ctx.group
+        cache = group.cache
+        assert cache is not None
+        step = 1 + max(group.steps.get(t, 0) for t in ctx.tables)
+        for t in ctx.tables:
+            group.steps[t] = step
+        with torch.no_grad():
+            weight = cache.weight.index_select(0, slots_u)
+            state = {name: gather_rows(t, rows_u, group.device) for name, t in group.state.items()}
+            backend = os.environ.get("SHARDWISE_FUSED_BACKEND", "auto")
+            fused_backward_update(weight, state, inverse, bags, grad, group.key.config, step=step, backend=backend)
+            cache.weight.index_copy_(0, slots_u, weight)
+            cache.mark_dirty(slots_u)
+            for name, t in group.state.items():
+                scatter_rows(t, rows_u, state[name])
+        if ctx.hold is not None:
+            ctx.hold.release()
+        return group.trigger.new_zeros(0), None, None, None, None, None
+
+
 def group_lookup(group: ShardGroup, tables: tuple[str, ...], ids: Tensor, offsets: Tensor, bags: Tensor) -> Tensor:
     """Pooled rows ``(len(offsets), C)`` of ``group`` for group-row ``ids`` of ``tables``; updates them in backward.
 
     ``bags[i]`` is the bag (output row) of ``ids[i]``: given by the caller, which knows the number of ids on the host,
-    so that no step needs a synchronising ``repeat_interleave``.
+    so that no step needs a synchronising ``repeat_interleave``. A cached group first fetches the batch's rows into
+    its cache (:meth:`~shardwise.clients.row_cache.RowCache.fetch`, locked until the update when autograd records).
     """
-    out = _GroupLookup.apply(group.trigger, group, tables, ids, offsets, bags)  # type: ignore[no-untyped-call]
+    if group.cache is not None:
+        fetched = group.cache.fetch(ids, lock=torch.is_grad_enabled())
+        out = _CachedGroupLookup.apply(group.trigger, group, tables, fetched, offsets, bags)  # type: ignore[no-untyped-call]
+    else:
+        out = _GroupLookup.apply(group.trigger, group, tables, ids, offsets, bags)  # type: ignore[no-untyped-call]
     assert isinstance(out, Tensor)
     return out
+
+
+def group_prefetch(group: ShardGroup, ids: Tensor) -> None:
+    """Bring the rows of group-row ``ids`` into a cached group's cache ahead of their lookup (nothing otherwise)."""
+    if group.cache is not None:
+        group.cache.fetch(ids, lock=False, prefetch=True)
 
 
 # ------------------------------------------------------------------------------------------------ data_parallel

@@ -67,10 +67,61 @@ gradient of the unsharded model on the global batch.
 
 Placements
 ----------
-``hbm`` and ``uvm_cache`` shards live on the executor's device (``uvm_cache`` is a memory-tier hint: TorchRec's
-``fused_uvm_caching`` kernel honours it through :mod:`shardwise.solver.torchrec.exporter`; there is no HBM cache here).
-``host`` shards stay in CPU memory when the device is an accelerator: their lookups run on the CPU and only the
-pooled rows (and their gradients) cross to the device. On a CPU executor every placement is the same.
+``hbm`` shards live on the executor's device. ``host`` shards stay in CPU memory when the device is an accelerator:
+their lookups run on the CPU and only the pooled rows (and their gradients) cross to the device.
+
+``uvm_cache`` shards with an embedding optimizer keep their weights in host memory behind a cache on the device
+(:mod:`shardwise.clients.row_cache`; FBGEMM's ``MANAGED_CACHING``, which TorchRec runs through
+:mod:`shardwise.solver.torchrec.exporter`):
+
+* this rank's ``uvm_cache`` shards of one dtype, width and optimizer form one *cached group*, apart from the hbm
+  groups (:mod:`shardwise.clients.shard_groups`). Its weight — the **store** — and its per-weight optimizer state
+  (adagrad's sums, adam's moments) live in host memory, pinned on CUDA; row-wise state (rowwise_adagrad's fp32 per
+  row) lives on the device, in full: FBGEMM's rules, the cost model's ``s_uvm`` / ``s_dev``. The cache holds
+  ``S = Σ A·⌈⌈f·r⌉/A⌉`` rows over the group's shards (``f`` each shard's ``cache_fraction``, ``r`` its rows), ``A``
+  ways to a set (``apply_plan(cache_ways=32)``, FBGEMM's on CUDA), least recently used out first;
+* a lookup first **fetches** the rows its ids miss into the cache (each into an LRU way of its set; an evicted row
+  the update had written goes back to the store first; rows past a full set go to spill slots, released at the
+  next fetch), then pools the cached rows, and locks them until its backward: the fused update gathers the
+  batch's rows from the cache and their state, updates them exactly as an hbm group would (same segments, sums
+  and rounding: bit for bit the hbm placement's results) and writes them back — the rows into the cache, dirty;
+* **prefetch**: :meth:`ShardedEmbeddingBagCollection.prefetch` (or a table's ``prefetch``) fetches a batch's rows
+  ahead of the call that looks them up. It runs the exchange of ids as the call will (a collective at world size
+  > 1: every rank calls it, with its own next batch), fetches, and returns nothing; the call then finds every row
+  cached. The simple pipeline::
+
+      ebc.prefetch(batches[0])
+      for i, batch in enumerate(batches):
+          loss = loss_fn(ebc(batch))          # every row already cached
+          loss.backward()                     # the update writes into the cached rows
+          if i + 1 < len(batches):
+              ebc.prefetch(batches[i + 1])    # the next batch's misses come in, dirty victims go back
+          dense_optimizer.step()
+
+  A prefetch is correct anywhere in a step, even between a forward and its backward (that forward's rows are
+  locked, so the prefetch places around them). Results do not depend on it: the same steps with or without
+  prefetches give the same weights and the same counters. On CUDA a fetch synchronises (its sizes depend on the
+  data, and the CPU gathers the missed rows from the pinned store) and runs on the current stream: the prefetch
+  is not yet overlapped with the previous step's compute on a side stream, and a step that looks up cached shards
+  cannot be captured into a CUDA graph;
+* **counters**: :meth:`ShardedEmbeddingBagCollection.cache_stats` gives this rank's
+  :class:`~shardwise.clients.row_cache.CacheStats` per table — ``lookups``, ``hits``, ``unique_misses``,
+  ``evictions``, ``write_backs``, ``spills``; ``hit_rate = hits / lookups`` is what the cost model's
+  ``cache_hit_rate(rows, cache_fraction, access_skew)`` predicts;
+* **memory**: on the device the cache's ``S·(c·b + 21) + 4·R`` bytes — the cost model's ``cache_bytes``
+  ``S·(c·b + 16) + 4·R`` plus an int32 lock count and a flag byte per slot — and ``s_dev``, besides the index work
+  and buffers every shard has; transiently, spill slots while a batch has more distinct rows in a set than it has
+  ways, and the update's compact copy of the batch's distinct rows and their state. In host memory the store
+  ``R·c·b`` and ``s_uvm``: the model's ``host`` figure;
+* the tables' ``weights[j]`` are views of the store, stale while the cache holds newer rows: ``full_tensor()``,
+  ``state_dict()`` and ``flush()`` write the cache back first, and ``load_state_dict()`` then forgets what the cache
+  held. Anything else that writes ``weights`` must ``flush()`` before and leave no row cached (load through
+  ``load_state_dict``).
+
+Without an embedding optimizer (row-sparse gradients for the user's optimizer) ``uvm_cache`` shards stay in CPU
+memory and are looked up there, as ``host`` shards are: no cache, but the shard's HBM stays free as the plan
+assumed. On a CPU executor ``hbm`` and ``host`` are the same; ``uvm_cache`` with an embedding optimizer still runs
+its cache (store and cache both in CPU memory, which is how the tests exercise it).
 
 Bag lengths travel as int64 (one per bag and destination shard), as do ids. Create the module on its device
 (``apply_plan(device=...)``); ``.to()`` afterwards would not update ``device`` and would move ``host`` shards.
@@ -102,10 +153,12 @@ from shardwise.clients.exchange import (
 )
 from shardwise.clients.fused_update import UpdateConfig, init_state
 from shardwise.clients.optim import RowWiseAdagrad
+from shardwise.clients.row_cache import CacheStats
 from shardwise.clients.shard_groups import ShardGroup, fused_data_parallel_hook
 from shardwise.wire.spec import Placement, ShardingType, ShardPlan
 
 __all__ = [
+    "CacheStats",
     "Routed",
     "RowWiseAdagrad",
     "ShardedEmbeddingBag",
@@ -255,10 +308,54 @@ class ShardedEmbeddingBag(nn.Module):
         self._boundaries: dict[tuple[tuple[int, ...], str], tuple[Tensor, Tensor, Tensor]] = {}
         self.exchange_plans: dict[Any, Any] = {}  # the exchange's per-table-set plans (clients.exchange)
         self.pending_ids: PendingIdCheck | None = None  # a deferred bad-id check (world size one on CUDA)
+        if self._caches():  # the weights are the caches' stores: write the caches back before reading or loading
+            self.register_state_dict_pre_hook(lambda *_: self.flush())  # type: ignore[no-untyped-call]
+            self.register_load_state_dict_pre_hook(lambda *_: self.flush())  # type: ignore[no-untyped-call]
+            self.register_load_state_dict_post_hook(lambda *_: self._invalidate())  # type: ignore[no-untyped-call]
 
     def group_of(self, i: int) -> tuple[ShardGroup, int] | None:
         """``(group, first row)`` of shard ``i`` (index into ``self.shards``) when it is grouped, else None."""
         return self._groups.get(i)
+
+    # -- uvm_cache shards (module docstring, "Placements")
+
+    def _caches(self) -> list[ShardGroup]:
+        """The cached groups holding this rank's shards of the table (uvm_cache with an embedding optimizer)."""
+        found: dict[int, ShardGroup] = {}
+        for g, _ in self._groups.values():
+            if g.cache is not None:
+                found[id(g)] = g
+        return list(found.values())
+
+    def flush(self) -> None:
+        """Write the rows the caches hold updated back to host memory, so that ``weights`` are current (done by
+        :meth:`full_tensor` and ``state_dict()``); a no-op without ``uvm_cache`` shards."""
+        for g in self._caches():
+            assert g.cache is not None
+            g.cache.flush()
+
+    def _invalidate(self) -> None:
+        for g in self._caches():
+            assert g.cache is not None
+            g.cache.invalidate()
+
+    def cache_stats(self) -> CacheStats | None:
+        """This rank's cache counters for the table (:class:`~shardwise.clients.row_cache.CacheStats`: lookups,
+        hits, evictions...), or None when it holds no cached shard of it; reads the device."""
+        caches = self._caches()
+        if not caches:
+            return None
+        total = CacheStats()
+        for g in caches:
+            assert g.cache is not None
+            total = total + g.cache.stats().get(self.name, CacheStats())
+        return total
+
+    def prefetch(self, ids: Tensor, offsets: Tensor | None = None) -> None:
+        """Bring the rows of the next batch of this table into its caches ahead of the step (module docstring); a
+        collective at world size > 1, like the call it prepares."""
+        with torch.no_grad():
+            pooled_lookup([self], {self.name: self.normalise(ids, offsets)}, prefetch=True)
 
     @classmethod
     def from_embedding_bag(
@@ -293,7 +390,11 @@ class ShardedEmbeddingBag(nn.Module):
         )
 
     def _shard_device(self, shard: ShardPlan) -> torch.device:
-        if shard.placement is Placement.host and self.device.type != "cpu":
+        """host shards, and uvm_cache shards without an embedding optimizer (no cache then), stay in CPU memory."""
+        off_device = shard.placement is Placement.host or (
+            shard.placement is Placement.uvm_cache and (self.update is None or self.data_parallel)
+        )
+        if off_device and self.device.type != "cpu":
             return torch.device("cpu")
         return self.device
 
@@ -434,6 +535,7 @@ class ShardedEmbeddingBag(nn.Module):
     @torch.no_grad()
     def full_tensor(self, *, grad: bool = False) -> Tensor:
         """The whole table (or its gradient, dense) on every rank: a collective; for checks and small exports."""
+        self.flush()
         if self.data_parallel:
             p: Tensor = self.weights[0]
             t = p.grad if grad else p
@@ -485,6 +587,37 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
     def table(self, name: str) -> ShardedEmbeddingBag:
         return self._by_name[name]
+
+    def flush(self) -> None:
+        """Write every cached, updated row back to host memory (:meth:`ShardedEmbeddingBag.flush`)."""
+        for t in self.tables:
+            t.flush()  # type: ignore[operator]
+
+    def cache_stats(self) -> dict[str, CacheStats]:
+        """This rank's cache counters per table that has a cached shard here (uvm_cache); reads the device."""
+        out: dict[str, CacheStats] = {}
+        for name in self.names:
+            found = self._by_name[name].cache_stats()
+            if found is not None:
+                out[name] = found
+        return out
+
+    def prefetch(self, features: Features) -> None:
+        """Bring the rows ``features`` will look up into the caches of the uvm_cache shards, ahead of the call
+        that looks them up (module docstring, "Placements"): every rank calls it with its next batch (a collective
+        at world size > 1: the ids are exchanged as the call itself will exchange them). Nothing is returned."""
+        unknown = sorted(set(features) - set(self._by_name))
+        if unknown:
+            raise KeyError(f"no sharded table named {', '.join(unknown)}")
+        with torch.no_grad():
+            if self._one_group is not None and len(features) == len(self._by_name):
+                one_group_lookup(self._one_group, self._by_name, features, prefetch=True)
+                return
+            inputs: dict[str, tuple[Tensor, Tensor]] = {}
+            for name, value in features.items():
+                ids, offsets = value if isinstance(value, tuple) else (value, None)
+                inputs[name] = self._by_name[name].normalise(ids, offsets)
+            pooled_lookup([self._by_name[n] for n in inputs], inputs, prefetch=True)
 
     def check_ids(self) -> None:
         """Raise ``IndexError`` now for bad ids of the last call whose check was deferred (world size one on a CUDA

@@ -58,7 +58,7 @@ from shardwise.service.errors import problem_body
 from shardwise.service.models import JobRow, utcnow
 from shardwise.service.observability import configure_logging
 from shardwise.wire.resources import JobState
-from shardwise.wire.spec import FleetSpec, ModelSpec, PlanStatus, SolveParams
+from shardwise.wire.spec import MAX_PROGRESS_POINTS, FleetSpec, ModelSpec, PlanStatus, ProgressPoint, SolveParams
 
 log = logging.getLogger(__name__)
 
@@ -138,11 +138,13 @@ def _run(sessions: Callable[[], Session], job: JobRow) -> str:
         model = ModelSpec.model_validate(job.request["model"])
         fleet = FleetSpec.model_validate(job.request["fleet"])
         params = SolveParams.model_validate(job.request["options"])
-        report = _progress_reporter(sessions, job.id)
+        trace: list[ProgressPoint] = []
+        report = _progress_reporter(sessions, job.id, trace)
         _fault_hang(model.name)
         from shardwise.solver.planner import make_plan
 
         plan = make_plan(model, fleet, params, on_progress=report)
+        plan = plan.model_copy(update={"solver": plan.solver.model_copy(update={"progress": trace})})
     except Exception as exc:
         log.exception("job %s failed", job.id)
         error = problem_body(500, "solve-failed", "The solve failed", f"{type(exc).__name__}: {exc}")
@@ -296,15 +298,27 @@ def _end(
     return now
 
 
-def _progress_reporter(sessions: Callable[[], Session], job_key: Any) -> Callable[[float | None, float], None]:
+def _progress_reporter(
+    sessions: Callable[[], Session], job_key: Any, trace: list[ProgressPoint] | None = None
+) -> Callable[[float | None, float], None]:
     """What the solver reports (its best plan's step so far — None before it has one — and the bound over every
     plan) written on the job row, at most every :data:`PROGRESS_EVERY_S` — except the first plan: a bound alone
-    written a moment before does not hold it back (a greedy solve reports the one, then the other)."""
+    written a moment before does not hold it back (a greedy solve reports the one, then the other). Every report
+    is also appended to ``trace`` (seconds since this call; the plan keeps it as ``solver.progress``), thinned to
+    every other point whenever it would pass ``MAX_PROGRESS_POINTS`` (the first and the latest always kept)."""
     last = [0.0]
     had_plan = [False]
+    started = time.monotonic()
 
     def report(best_ms: float | None, bound_ms: float) -> None:
         now = time.monotonic()
+        if trace is not None:
+            if len(trace) >= MAX_PROGRESS_POINTS:
+                trace[:] = [*trace[:-1:2], trace[-1]]
+            try:
+                trace.append(ProgressPoint(t_s=round(now - started, 3), best_ms=best_ms, bound_ms=bound_ms))
+            except ValueError:  # a figure the wire refuses (negative, not finite): not a point to draw
+                log.debug("progress point of job %s dropped: %r, %r", job_key, best_ms, bound_ms)
         first_plan = best_ms is not None and not had_plan[0]
         if now - last[0] < PROGRESS_EVERY_S and not first_plan:
             return

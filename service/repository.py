@@ -197,6 +197,16 @@ def list_plans(session: Session, filters: PlanFilters, page: int, limit: int) ->
     return rows, Pagination(total_count=total, max_page=math.ceil(total / limit), page=page, limit=limit)
 
 
+def plan_batches(session: Session, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, int]:
+    """The batch size per GPU of each plan's request, by plan id: one query reading that JSON field alone (the
+    history's throughput column), not the requests. A plan whose request lacks it is left out."""
+    if not ids:
+        return {}
+    batch = PlanRow.request[("model", "batch_size_per_gpu")].as_integer()
+    found = session.execute(select(PlanRow.id, batch).where(PlanRow.id.in_(ids))).all()
+    return {plan_id: int(b) for plan_id, b in found if b is not None}
+
+
 def plan_model_names(session: Session, limit: int) -> Sequence[str]:
     """The distinct model names of the stored plans, sorted; at most ``limit``."""
     return session.scalars(select(PlanRow.model_name).distinct().order_by(PlanRow.model_name).limit(limit)).all()

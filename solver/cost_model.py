@@ -68,14 +68,17 @@ rowwise_adagrad's sits in HBM in full (TorchRec under-counts it by ``(1 − f)·
 UVM (TorchRec over-counts HBM by ``f·state``).  This model follows FBGEMM.
 
 shardwise's own executor (``shardwise.clients``) differs, and where it does the model charges each memory the larger
-of what the two executors keep there, so that a plan fits either — except one case:
+of what the two executors keep there, so that a plan fits either — but for a few bytes per cache slot:
 
-* ``uvm_cache``: the executor has no HBM cache yet and keeps the whole shard — weights, state, gradient — on the
-  GPU like ``hbm`` (``clients/sharded_embedding.py``, "Placements"; a known gap, tracked on its own).  Charging that
-  here would make ``uvm_cache`` cost more HBM than ``hbm`` and never be chosen, so the model charges FBGEMM's
-  figures: a plan with ``uvm_cache`` shards is sized for TorchRec, and on shardwise's executor those shards need
-  ``weights + state`` more HBM than planned until the gap closes.  Its gradient charge (above) is the larger of the
-  two already.
+* ``uvm_cache``: with an embedding optimizer the executor keeps FBGEMM's parts where FBGEMM keeps them
+  (``clients/row_cache.py``; ``clients/sharded_embedding.py``, "Placements"): weights and ``s_uvm`` in host memory
+  (pinned on CUDA), ``s_dev`` in HBM, and an LRU cache of the same ``S`` slots in sets of ``A`` ways, each slot its
+  row, an int64 tag and an int64 LRU stamp, each table row an int32 slot map — :func:`cache_bytes` — plus an int32
+  lock count and a flag byte per slot: 5 B a slot that the model does not charge (6 % of the cache for 64-B rows,
+  under 1 % from 512 B).  Also not charged, because they are transient: spill slots while a batch has more distinct
+  rows in one set than ``A``, and the fused update's compact copy of a batch's distinct rows and their state.
+  Without an embedding optimizer the executor keeps such a shard in CPU memory like ``host`` (below), which needs
+  no more HBM than charged.  Its gradient charge (above) is the larger of the two already.
 * ``host``: the executor keeps the shard on the CPU — weights, every state (rowwise_adagrad's too), the sparse
   gradient, and CPU copies of the ids, bag offsets, pooled rows and their gradient (the lookup runs there), while
   the GPU holds the buffers.  FBGEMM keeps ``s_dev`` and its backward's index work on the GPU and nothing but
@@ -95,6 +98,8 @@ streams its whole dense gradient, weights and state once (``r·(4c + 2cb + state
 Gathers run at ``hbm_bw·achieved.embedding_gather``, streams at ``hbm_bw·achieved.memory_bound``; for
 ``uvm_cache`` a fraction ``h`` of gathers hit HBM (see :func:`cache_hit_rate`) and the misses cross the host link at
 ``host_link·achieved.host_link`` (and are written into the cache); ``host`` sends every gather over the host link.
+(shardwise's executor fetches a batch's misses before its lookup with a CPU gather from the pinned store and a copy,
+one host synchronisation per fetch; the figures are FBGEMM's until measured.)
 
 The fused update first sorts a shard's ids to find their rows: ``n · overheads.sort_ns_per_id`` more (0 until
 calibrated; data_parallel copies have no sort).

@@ -405,6 +405,7 @@ def run_greedy(
         # the plan first, then a bound
         bound_ms=bound if bound is not None or deadline.expired() else lower_bound_ms(topo, model, cands),
     )
+    plan = plan.model_copy(update={"solver": plan.solver.model_copy(update={"phase": "greedy"})})
     if on_progress is not None and plan.predicted_step_ms is not None and plan.lower_bound_ms is not None:
         on_progress(plan.predicted_step_ms, plan.lower_bound_ms)
     return GreedyResult(chosen, dense, plan, time.perf_counter() - priced)

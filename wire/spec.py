@@ -43,6 +43,7 @@ from shardwise.hwprofiles.limits import (
 )
 
 SCHEMA_VERSION: Final = 1
+MAX_PROGRESS_POINTS: Final = 512  # a solve's recorded progress (SolverInfo.progress) keeps at most this many points
 
 Name = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:/\-\[\]]+$")]
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -507,6 +508,15 @@ class SolveParams(_Frozen):
     relative_gap_limit: float = Field(default=0.0, ge=0, lt=1, allow_inf_nan=False)
 
 
+class ProgressPoint(_Frozen):
+    """One report of a solve in progress: ``t_s`` seconds after the job started solving, the best plan's predicted
+    step so far (None before there is one) and the bound over every plan."""
+
+    t_s: float = Field(ge=0, allow_inf_nan=False)
+    best_ms: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    bound_ms: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+
+
 class SolverInfo(_Frozen):
     """Who made the layout (``name``, ``params``, ``seconds``) and what its solver reported (``status``)."""
 
@@ -544,6 +554,18 @@ class SolverInfo(_Frozen):
     )
     params: SolveParams = SolveParams()
     versions: dict[str, str] = Field(default_factory=dict)
+    phase: str | None = Field(
+        default=None,
+        description="the phase of the solve that found the returned layout: greedy, target packing, CP-SAT (rank "
+        "mode), CP-SAT level one then level two and the LNS (host mode), ...; None in documents from before this "
+        "field and for layouts priced as given",
+    )
+    progress: list[ProgressPoint] = Field(
+        default_factory=list,
+        max_length=MAX_PROGRESS_POINTS,
+        description="the solve's best and bound as they improved, as the job that made the plan recorded them "
+        "(empty for a plan made outside a job, or before this field)",
+    )
 
 
 class Plan(_Frozen):

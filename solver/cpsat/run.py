@@ -274,6 +274,7 @@ def plan_cpsat(
     dense_plans = [DensePlan(name=n, style=s, ranks=list(range(topo.world_size))) for n, s in dense_choice]
     # the start: the better of the greedy plan and target packing (hint, incumbent and fallback)
     placed, start_tables, start_ms = g.placed, greedy.tables, greedy_ms
+    start_phase, cp_phase = "greedy", "CP-SAT"  # what found the start, and the CP-SAT plan (SolverInfo.phase)
     det = params.max_deterministic_time is not None  # then the clock only ends the whole solve
     packed = target_packing(
         topo,
@@ -290,6 +291,7 @@ def plan_cpsat(
         log.info("target packing %.4f ms (greedy %.4f ms)", ms, greedy_ms)
         if ms < greedy_ms:
             placed, start_tables, start_ms = packed, packed_tables, ms
+            start_phase = "target packing"
             if on_progress:
                 on_progress(start_ms, greedy.lower_bound_ms or 0.0)
     chosen: list[Placed | None] = list(placed)
@@ -349,6 +351,7 @@ def plan_cpsat(
         if status_name in ("OPTIMAL", "FEASIBLE"):
             a = form.read(solver)
             dense_styles = a.dense
+            cp_phase = "CP-SAT (rank mode)" if mode == "rank" else "CP-SAT level one, then level two and the LNS"
             if mode == "rank":
                 tables = _tables_from(
                     model,
@@ -364,6 +367,7 @@ def plan_cpsat(
                 tables = host_mode_tables(form, cands, a, params, work, placed)
         elif mode == "host" and status_name != "MODEL_INVALID" and not work.expired():
             tables = host_mode_tables(form, cands, hint, params, work, placed)  # no level-one answer: from the start
+            cp_phase = f"level two and the LNS from the {start_phase} start"
     cp_dense = [
         DensePlan(name=layer.name, style=s, ranks=list(range(topo.world_size)))
         for layer, s in zip(model.dense_layers, dense_styles, strict=True)
@@ -372,9 +376,9 @@ def plan_cpsat(
     cp_ms = evaluate(topo, model, tables, cp_dense).step_ms if tables is not None else math.inf
     log.info("cp-sat plan %.4f ms after packing (start %.4f ms, greedy %.4f ms)", cp_ms, start_ms, greedy_ms)
     if tables is None or cp_ms > start_ms:
-        tables, step = start_tables, start_ms
+        tables, step, phase = start_tables, start_ms, start_phase
     else:
-        dense_plans, step = cp_dense, cp_ms
+        dense_plans, step, phase = cp_dense, cp_ms, cp_phase
     proved = bound_ms is not None and step - bound_ms <= max(OPTIMAL_GAP * step, OPTIMAL_ABS_MS)
     # CP-SAT's bound holds over the candidates it was given; over every plan only if nothing was pruned (rank mode)
     whole = mode == "rank" and all(len(c) == len(a) for c, a in zip(cands, all_cands, strict=True))
@@ -391,6 +395,7 @@ def plan_cpsat(
         bound_ms=bound_ms if whole else greedy.lower_bound_ms,
         searched_bound_ms=bound_ms,
     )
+    final = final.model_copy(update={"solver": final.solver.model_copy(update={"phase": phase})})
     assert_valid_plan(topo, model, final)  # solver-agnostic checks: a broken plan never leaves the solver
     if on_progress:
         on_progress(final.predicted_step_ms or step, final.lower_bound_ms or 0.0)

@@ -114,6 +114,12 @@ def test_a_slow_solve_answers_202_with_a_job(client: TestClient) -> None:
     if job.progress.best_ms is not None:  # the solver reported while it ran
         assert job.progress.bound_ms is not None
         assert job.progress.bound_ms <= job.progress.best_ms + 1e-9
+    # the plan keeps the solve's progress (the greedy's bound, its plan, ..., the answer) and what found it
+    points = plan.solver.progress
+    assert len([p for p in points if p.best_ms is not None]) >= 2
+    assert [p.t_s for p in points] == sorted(p.t_s for p in points)
+    assert points[-1].best_ms == pytest.approx(plan.predicted_step_ms)
+    assert plan.solver.phase
     # the same request now comes from the store
     assert client.post("/api/v1/plans", json=body).status_code == 200
 
@@ -134,6 +140,8 @@ def test_a_greedy_job_reports_its_bound_and_its_plan(client: TestClient) -> None
     plan = StoredPlan.model_validate(client.get(job.plan_url).json())
     assert job.progress.best_ms == pytest.approx(plan.predicted_step_ms)
     assert job.progress.bound_ms == pytest.approx(plan.lower_bound_ms)
+    assert plan.solver.phase == "greedy"
+    assert [(p.best_ms, p.bound_ms) for p in plan.solver.progress][-1] == (plan.predicted_step_ms, plan.lower_bound_ms)
 
 
 def test_infeasible_is_an_answer_with_its_explanation(client: TestClient, settings: Settings) -> None:

@@ -414,6 +414,61 @@ def test_a_dead_workers_job_is_sent_again_by_the_reaper_long_before_the_broker_w
         empty(pg_url)
 
 
+def test_redis_cut_for_10_s_mid_solve(pg_url: str, redis_url: str, workers: Callable[..., Worker]) -> None:
+    """The broker goes away for 10 s while a worker solves: a new request meanwhile gets an answer (never a 5xx),
+    the running job ends succeeded with one plan once the broker is back, and every stored row reads back."""
+    from urllib.parse import urlsplit
+
+    from fault_support import TcpProxy
+
+    where = urlsplit(redis_url)
+    with TcpProxy(where.hostname or "127.0.0.1", where.port or 6379) as proxy:
+        proxied = redis_url.replace(f"{where.hostname}:{where.port}", f"127.0.0.1:{proxy.port}", 1)
+        backend = Backend(pg_url, proxied, queue_name("redis-cut", redis_url))
+        workers(backend)
+        try:
+            with TestClient(create_app(backend.settings())) as client:
+                answer = client.post("/api/v1/plans", json=slow_body("redis-cut", time_limit_s=8, wait_s=0))
+                assert answer.status_code == 202, answer.text
+                job_id = answer.json()["id"]
+                seen = poll_job(
+                    client, job_id, lambda j: ended(j) or j.progress.best_ms is not None, 60, "reported progress"
+                )
+                assert seen.state.value == "running", "the solve ended before the cut"
+                proxy.cut()
+                cut_at = time.monotonic()
+                other = client.post("/api/v1/plans", json=request_body(small_model("during-cut")))
+                assert other.status_code < 500 or other.status_code == 503, other.text
+                if other.status_code == 503:
+                    assert other.headers.get("retry-after"), other.headers
+                assert client.get("/readyz").status_code == 503
+                time.sleep(max(0.0, 10.0 - (time.monotonic() - cut_at)))
+                proxy.restore()
+                restored = time.monotonic()
+                done = poll_job(client, job_id, ended, 120, "ended after the broker came back")
+                assert done.state.value == "succeeded", done.error
+                assert time.monotonic() - restored < 120
+                assert client.get(f"/api/v1/plans/{done.plan_id}").status_code == 200
+                listed = client.get("/api/v1/plans?limit=100")
+                assert listed.status_code == 200
+                for item in listed.json()["items"]:
+                    assert client.get(f"/api/v1/plans/{item['id']}").status_code == 200
+                for job_ in repo_jobs(pg_url):  # every job ended, with its reason where it failed
+                    seen_job = Job.model_validate(client.get(f"/api/v1/jobs/{job_}").json())
+                    assert ended(seen_job), seen_job
+                    assert seen_job.state.value == "succeeded" or seen_job.error is not None, seen_job
+        finally:
+            empty(pg_url)
+
+
+def repo_jobs(url: str) -> list[str]:
+    engine = create_engine(url)
+    with Session(engine) as s:
+        ids = [str(j.id) for j in s.scalars(select(JobRow))]
+    engine.dispose()
+    return ids
+
+
 def test_two_api_replicas_racing_make_one_job_and_one_plan(pg: Backend) -> None:
     body = slow_body("race", time_limit_s=2)
     with TestClient(create_app(pg.settings())) as a, TestClient(create_app(pg.settings())) as b:

@@ -599,9 +599,19 @@ def check_world_of_one_has_no_exchange(rank: int, world: int) -> list[str]:
     if calls:
         errors.append(f"collectives in a world-of-one step: {calls}")
 
-    # every table table_wise in one group: the collection looks them all up with ONE embedding_bag; 2-D ids too
+    # every table table_wise in one group: the collection looks them all up with ONE embedding_bag; 2-D ids too.
+    # One placement for all (uvm_cache shards form cached groups of their own): hbm, then uvm_cache
+    for placement in (Placement.hbm, Placement.uvm_cache):
+        errors += [f"{placement.value}: {e}" for e in _one_group_check(rank, world, placement, feats)]
+    return errors
+
+
+def _one_group_check(rank: int, world: int, placement: Placement, feats: dict[str, tuple[Tensor, Tensor]]) -> list[str]:
+    errors: list[str] = []
     config = UpdateConfig(RowOptimizer.rowwise_adagrad, lr=0.1)
-    model = apply_plan(DLRM(), one_type_plan(world, ST.table_wise), embedding_optimizer=config)
+    tables = [table_plan(fqn, ST.table_wise, world, k, placement) for k, fqn in enumerate(TABLES)]
+    plan = make_plan(world, tables, dict.fromkeys(DENSE, DenseStyle.replicate))
+    model = apply_plan(DLRM(), plan, embedding_optimizer=config)
     ebc = ShardedEmbeddingBagCollection.from_module(model)
     if ebc._one_group is None:
         errors.append("the tables were not laid out as one group")

@@ -25,6 +25,7 @@ from service_support import empty_tables
 from shardwise.service.app import create_app
 from shardwise.service.db import upgrade
 from shardwise.service.jobs import LocalRunner
+from shardwise.service.routers.ui.formatting import rate
 from shardwise.service.settings import Settings
 from shardwise.solver.extract import build_plan
 from shardwise.solver.planner import make_plan
@@ -363,29 +364,232 @@ def test_infeasible_plan_page_shows_why_and_no_layout(client: TestClient) -> Non
     assert all(not attr(a, "href").endswith("/torchrec") for a in doc.css(".links a"))
 
 
-def test_plan_page_draws_a_heatmap_at_512_gpus(client: TestClient) -> None:
+def legend(doc: LexborHTMLParser | LexborNode, side: str = "") -> tuple[float, float]:
+    root = doc.css_first(f"#fleet{side}")
+    assert root is not None
+    return float(attr(root.css_first(".legend-min"), "data-value")), float(
+        attr(root.css_first(".legend-max"), "data-value")
+    )
+
+
+METRIC_OF = {
+    "fill": lambda r: r["hbm_used_bytes"] / r["hbm_capacity_bytes"],
+    "step": lambda r: r["predicted_ms"]["total"],
+    "compute": lambda r: r["predicted_ms"]["compute"],
+    "comm": lambda r: r["predicted_ms"]["comm"],
+}
+
+
+def test_plan_page_draws_the_fleet_one_row_per_host_at_512_gpus(client: TestClient) -> None:
     plan = post_plan(client, small_model("wide", tables=6, rows=1_000_000), big_fleet())
     assert len(plan["ranks"]) == 512
     response = client.get(f"/ui/plans/{plan['id']}")
     assert response.status_code == 200
-    assert len(response.content) < 150_000  # compact: one tiny cell per GPU, no per-rank bars
+    assert len(response.content) < 150_000  # compact: one small cell per GPU, no per-rank bars
+    assert response.headers["server-timing"].startswith("app;dur=")
     doc = LexborHTMLParser(response.text)
     assert doc.css("svg.hbm-bar") == []
     assert doc.css("tr.rank") == []
-    cells = doc.css(".hbm-heatmap .cell")
-    assert len(cells) == 512
-    assert len(doc.css(".hbm-heatmap .host")) == 64
-    assert len(doc.css(".time-heatmap .cell")) == 512
-    first = attr(cells[0], "title")
-    r0 = plan["ranks"][0]
-    assert first.startswith("rank 0 · host 0:")
-    assert f"({r0['hbm_used_bytes'] / r0['hbm_capacity_bytes'] * 100:.1f}%)" in first
-    assert f"{r0['predicted_ms']['total']:.3f} ms" in first
-    # every cell's colour class follows its fill
-    for cell, f in zip(cells, fills(plan).values(), strict=True):
-        cls = attr(cell, "class").split()[1]
-        assert cls == ("hot" if f > 0.9 else f"f{min(int(f / 0.9 * 10), 9)}")
-    assert len(doc.css(".extremes table")) == 2
+    fleet_map = doc.css_first("svg.fleet-map")
+    assert attr(fleet_map, "role") == "img"
+    assert text(fleet_map.css_first("title")).startswith("GPUs by host and local rank: HBM fill")
+    assert "512 GPUs on 64 hosts" in text(fleet_map.css_first("desc"))
+    hosts = fleet_map.css("g.host")
+    assert len(hosts) == 64  # one row per host, never wrapped
+    by_rank = {r["rank"]: r for r in plan["ranks"]}
+    for i, g in enumerate(hosts):
+        assert attr(g, "data-host") == str(i)
+        assert attr(g, "data-gpu") == "nvidia-h100-sxm"
+        assert text(g.css_first("text.host-label")).startswith(f"host {i} · nvidia-h100-sxm")
+        cells = g.css("rect.gpu")
+        assert [by_rank[int(attr(c, "data-rank"))]["host"] for c in cells] == [i] * 8
+        assert [int(attr(c, "data-rank")) for c in cells] == list(range(8 * i, 8 * i + 8))  # local ranks in order
+    assert [text(t) for t in fleet_map.css("text.col")] == [str(c) for c in range(8)]  # local-rank columns
+    # the colour scale runs from the data's minimum to its maximum, and the legend says so
+    values = [METRIC_OF["fill"](r) for r in plan["ranks"]]
+    assert legend(doc) == (pytest.approx(min(values)), pytest.approx(max(values)))
+    colours = {int(attr(c, "data-rank")): attr(c, "fill") for c in fleet_map.css("rect.gpu")}
+    stops = [attr(s, "stop-color") for s in doc.css("#fleet linearGradient stop")]
+    if max(values) > min(values):
+        assert colours[values.index(min(values))] == stops[0]
+        assert colours[values.index(max(values))] == stops[-1]
+    # the extremes, ties collapsed: every rank in one group at most, the groups' counts are the ranks tied
+    groups = doc.css("#fleet table.ties")[0].css("tr")
+    top = max(values)
+    assert int(attr(groups[0], "data-count")) == sum(1 for v in values if abs(v - top) < 1e-9)
+    if int(attr(groups[0], "data-count")) > 1:
+        assert text(groups[0]).startswith(f"{attr(groups[0], 'data-count')} ranks at ")
+
+
+@pytest.mark.parametrize("metric", ["step", "compute", "comm", "fill"])
+def test_the_metric_switch_recolours_the_fleet(client: TestClient, metric: str) -> None:
+    plan = post_plan(client, small_model("switch", tables=6, rows=1_000_000), fleet("h100x4x4", gpus=4, hosts=4))
+    values = [METRIC_OF[metric](r) for r in plan["ranks"]]
+    # the switch's links: htmx fetches the fragment, a plain click reloads the page with ?metric=
+    doc = page(client, f"/ui/plans/{plan['id']}")
+    links = {attr(a, "data-metric"): a for a in doc.css("#fleet .metric-switch a")}
+    assert set(links) == {"fill", "step", "compute", "comm"}
+    assert attr(links[metric], "hx-get") == f"/ui/plans/{plan['id']}/fleet?metric={metric}"
+    assert attr(links[metric], "href") == f"/ui/plans/{plan['id']}?metric={metric}#fleet"
+    for url in (attr(links[metric], "hx-get"), attr(links[metric], "href").split("#")[0]):
+        got = page(client, url)
+        assert legend(got) == (pytest.approx(min(values)), pytest.approx(max(values)))
+        on = got.css_first("#fleet .metric-switch a.on")
+        assert attr(on, "data-metric") == metric
+        assert attr(got.css_first("svg.fleet-map"), "data-metric") == metric
+    fragment = client.get(attr(links[metric], "hx-get")).text
+    assert "<html" not in fragment  # the fragment alone, for htmx to swap in
+    # an unknown metric is no error: the default
+    assert (
+        attr(page(client, f"/ui/plans/{plan['id']}/fleet?metric=<b>").css_first("svg.fleet-map"), "data-metric")
+        == "fill"
+    )
+
+
+def mixed_128() -> dict[str, Any]:
+    return {
+        "name": "h100-h200-128",
+        "hosts": [
+            {"gpu": "nvidia-h100-sxm", "count": 8, "gpus_per_host": 8},
+            {"gpu": "nvidia-h200", "count": 8, "gpus_per_host": 8},
+        ],
+    }
+
+
+def test_a_mixed_fleet_labels_every_host_with_its_gpu_type(client: TestClient) -> None:
+    plan = post_plan(client, small_model("mixed", tables=8, rows=2_000_000), mixed_128())
+    doc = page(client, f"/ui/plans/{plan['id']}")
+    hosts = doc.css("svg.fleet-map g.host")
+    assert len(hosts) == 16
+    expected = {r["host"]: r["gpu"] for r in plan["ranks"]}
+    assert {int(attr(g, "data-host")): attr(g, "data-gpu") for g in hosts} == expected
+    assert {attr(g, "data-gpu") for g in hosts} == {"nvidia-h100-sxm", "nvidia-h200"}
+    for g in hosts:
+        node = g.css_first("text.host-label")
+        assert node is not None
+        label = node.text(deep=False).strip()  # the label itself, not its tooltip
+        assert label == f"host {attr(g, 'data-host')} · {attr(g, 'data-gpu')}"
+
+
+def test_where_the_time_goes_sums_to_each_ranks_step(client: TestClient) -> None:
+    plan = post_plan(client, small_model("split", tables=8, rows=2_000_000), mixed_128())
+    by_rank = {r["rank"]: r["predicted_ms"]["total"] for r in plan["ranks"]}
+    doc = page(client, f"/ui/plans/{plan['id']}")
+    section = doc.css_first("section.time")
+    assert section is not None
+    bars = section.css("tr.rank-group svg.rank-bar")
+    assert bars
+    covered: list[int] = []
+    for bar in bars:
+        total = float(attr(bar, "data-total"))
+        parts = [float(attr(r, "data-ms")) for r in bar.css("rect.term")]
+        assert sum(parts) == pytest.approx(total, rel=0.01)  # the stack is the step, within 1 %
+        ranks = [r for part in attr(bar, "data-ranks").split(", ") for r in _expand(part.replace("–", "-"))]
+        assert len(ranks) == int(attr(bar, "data-count"))
+        for r in ranks:
+            assert by_rank[r] == pytest.approx(total, rel=0.01)  # and each rank's predicted step
+        covered += ranks
+        assert attr(bar, "role") == "img"
+        assert attr(bar, "aria-label")
+        assert bar.css_first("title") is not None
+    if "more groups" not in text(section):
+        assert sorted(covered) == sorted(by_rank)
+    slowest = section.css_first("svg.slowest-bar")
+    assert float(attr(slowest, "data-total")) == pytest.approx(plan["predicted_step_ms"], rel=0.01)
+    fleet_bar = section.css_first("svg.fleet-bar")
+    mean = sum(by_rank.values()) / len(by_rank)
+    assert float(attr(fleet_bar, "data-total")) == pytest.approx(mean, rel=0.01)
+    assert sum(float(attr(r, "data-ms")) for r in fleet_bar.css("rect.term")) == pytest.approx(mean, rel=0.01)
+    # inside hosts and across them: the mean rank again, by link
+    links = {attr(r, "class").split()[1]: float(attr(r, "data-ms")) for r in section.css("svg.link-bar rect.link")}
+    assert sum(links.values()) == pytest.approx(mean, rel=0.01)
+    assert links.get("link-inter", 0) > 0  # 16 hosts: something crosses them
+    # the most expensive tables, each with a reason
+    rows = section.css("table.table-costs tbody tr")
+    assert rows
+    names = {t["name"] for t in plan["tables"]}
+    for tr in rows:
+        assert attr(tr, "data-table") in names
+        assert text(tr.css_first("td.why"))
+
+
+def _expand(part: str) -> list[int]:
+    lo, _, hi = part.partition("-")
+    return list(range(int(lo), int(hi or lo) + 1))
+
+
+def test_throughput_wherever_the_step_time_is(client: TestClient) -> None:
+    model = small_model("tput")
+    a = post_plan(client, model, fleet("h100x2"))
+    b = post_plan(client, model, fleet("h100x4", gpus=4))
+    batch = model["batch_size_per_gpu"]
+
+    def rates(plan: dict[str, Any]) -> tuple[str, str]:
+        per_gpu = batch * 1000 / plan["predicted_step_ms"]
+        return rate(per_gpu * len(plan["ranks"])), rate(per_gpu)
+
+    doc = page(client, f"/ui/plans/{a['id']}")
+    fleet_rate, gpu_rate = rates(a)
+    shown = text(doc.css_first(".plan-head dd.throughput"))
+    assert fleet_rate in shown
+    assert f"{gpu_rate} per GPU" in shown
+    history = {attr(tr, "data-plan-id"): tr for tr in page(client, "/ui/plans").css("#plan-rows tr.plan-row")}
+    for plan in (a, b):
+        assert rates(plan)[0] in text(history[plan["id"]].css_first("td.throughput"))
+    cmp = page(client, f"/ui/compare?a={a['id']}&b={b['id']}")
+    assert [text(dd).split(" samples/s")[0] + " samples/s" for dd in cmp.css(".side dd.throughput")] == [
+        rates(a)[0],
+        rates(b)[0],
+    ]
+    ratio = (batch * 4 / b["predicted_step_ms"]) / (batch * 2 / a["predicted_step_ms"])
+    assert text(cmp.css_first(".verdict .tp-ratio")) == f"{ratio:.3f}"
+
+
+def test_a_cpsat_plan_shows_how_the_solver_got_there(client: TestClient) -> None:
+    body = {"model": small_model("conv", tables=12), "fleet": fleet("h100x8", gpus=8)}
+    body["options"] = {"solver": "cpsat", "time_limit_s": 3, "random_seed": 7}
+    response = client.post("/api/v1/plans", json=body)
+    assert response.status_code in (200, 201), response.text
+    plan = response.json()
+    doc = page(client, f"/ui/plans/{plan['id']}")
+    section = doc.css_first("section.convergence-section")
+    chart = section.css_first("svg.convergence")
+    assert chart is not None
+    assert attr(chart, "role") == "img"
+    assert text(chart.css_first("title")) == "Best plan and bound over time"
+    assert text(chart.css_first("desc"))
+    best = chart.css("circle.best")
+    assert len(best) >= 2  # the start and at least the answer
+    assert len(best) == len([p for p in plan["solver"]["progress"] if p["best_ms"] is not None])
+    assert f"{plan['predicted_step_ms']:.3f} ms" in text(best[-1].css_first("title"))
+    xs = [float(attr(c, "cx")) for c in best]
+    assert xs == sorted(xs)  # over time
+    assert text(section.css_first("dd.phase")) == plan["solver"]["phase"]
+    assert text(section.css_first("dd.limit")) == "3 s"
+    assert text(section.css_first("dd.seed")) == "7"
+    assert text(section.css_first("dd.solver-name")) == "cpsat"
+    table_rows = section.css("details.progress-table tbody tr")
+    assert len(table_rows) == len(plan["solver"]["progress"])  # the chart's text alternative
+
+
+def test_every_figure_has_a_title_and_a_text_alternative(client: TestClient) -> None:
+    small = post_plan(client, hot_model(), mixed_fleet())
+    large = post_plan(client, small_model("figs", tables=6, rows=1_000_000), mixed_128())
+    for url in (
+        f"/ui/plans/{small['id']}",
+        f"/ui/plans/{large['id']}",
+        f"/ui/compare?a={small['id']}&b={large['id']}",
+        f"/ui/compare?a={large['id']}&b={large['id']}",
+    ):
+        doc = page(client, url)
+        figures = [svg for svg in doc.css("svg") if attr(svg, "class") != "defs"]
+        assert figures, url
+        for svg in figures:
+            assert attr(svg, "role") == "img", (url, svg.attributes)
+            assert svg.attributes.get("aria-label") or svg.attributes.get("aria-labelledby"), (url, svg.attributes)
+            title = svg.css_first("title")
+            assert title is not None, (url, svg.attributes)
+            assert text(title), (url, svg.attributes)
 
 
 # ------------------------------------------------------------------------------------------------- compare
@@ -424,16 +628,24 @@ def test_compare_shows_step_times_fills_and_moved_tables(client: TestClient) -> 
     steps = [text(dd) for dd in doc.css(".side dd.step-ms")]
     assert steps == [f"{a['predicted_step_ms']:.3f} ms", f"{b['predicted_step_ms']:.3f} ms"]
 
-    rows = doc.css("table.fill-pairs tbody tr")
+    rows = doc.css("table.rank-pairs tbody tr")
     assert len(rows) == 4  # ranks 0-3: B has four GPUs, A two
+    slowest = max(r["predicted_ms"]["total"] for plan in (a, b) for r in plan["ranks"])
     for tr in rows:
         r = int(attr(tr, "data-rank"))
         for side, plan in (("a", a), ("b", b)):
             cell = text(tr.css_first(f"td.{side}"))
+            step = text(tr.css_first(f"td.step-{side}"))
+            bar = tr.css_first(f"svg.pair-bars rect.step-{side}")
             if r < len(plan["ranks"]):
                 assert f"{fills(plan)[r] * 100:.1f}%" in cell
+                total = plan["ranks"][r]["predicted_ms"]["total"]
+                assert step == f"{total:.3f} ms"  # step time rank for rank, side by side
+                assert float(attr(bar, "width")) == pytest.approx(total / slowest * BAR_UNITS, abs=2e-3)
             else:
                 assert cell == "—"
+                assert step == "—"
+                assert bar is None
 
     same = page(client, f"/ui/compare?a={a['id']}&b={a['id']}")
     assert same.css("table.moved tr.move") == []

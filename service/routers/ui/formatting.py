@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from itertools import pairwise
 
-from shardwise.wire.spec import PlanStatus, TablePlan, verdict_words
+from shardwise.wire.spec import Placement, PlanStatus, verdict_words
 
 HOT_FILL = 0.9  # a rank whose HBM is fuller than this is flagged
 
@@ -39,6 +39,16 @@ def pct(f: float | None, digits: int = 1) -> str:
     return "—" if f is None else f"{f * 100:.{digits}f}%"
 
 
+def rate(n: float | None) -> str:
+    """Samples per second: ``1.23 M samples/s``, ``45.6 k samples/s``, ``812 samples/s``."""
+    if n is None:
+        return "—"
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size * 10 or (unit != "k" and n >= size):
+            return f"{n / size:.3g} {unit} samples/s" if n < size * 1000 else f"{n / size:,.0f} {unit} samples/s"
+    return f"{n:,.0f} samples/s"
+
+
 def when(t: datetime) -> str:
     return t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
@@ -62,14 +72,15 @@ def gpu_mix(counts: Mapping[str, int]) -> str:
     return " + ".join(f"{n}× {gpu}" for gpu, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def placement_label(tp: TablePlan) -> str:
-    """``hbm``; ``uvm_cache 25%``; ``hbm ×6, host ×2``."""
+def placement_label(counts: Iterable[tuple[tuple[Placement, float | None], int]]) -> str:
+    """``hbm``; ``uvm_cache 25%``; ``hbm ×6, host ×2`` — from (placement, cache fraction) with how many shards
+    have it."""
     labels: dict[str, int] = {}
-    for s in tp.shards:
-        label = s.placement.value
-        if s.cache_fraction is not None:
-            label += f" {s.cache_fraction * 100:.0f}%"
-        labels[label] = labels.get(label, 0) + 1
+    for (placement, fraction), n in counts:
+        label = placement.value
+        if fraction is not None:
+            label += f" {fraction * 100:.0f}%"
+        labels[label] = labels.get(label, 0) + n
     if len(labels) == 1:
         return next(iter(labels))
     return ", ".join(f"{label} ×{n}" for label, n in sorted(labels.items()))
@@ -77,13 +88,13 @@ def placement_label(tp: TablePlan) -> str:
 
 # ------------------------------------------------------------------------------------------------- colours
 
-_FILL_STOPS = ((0.0, (238, 244, 251)), (0.5, (107, 174, 214)), (0.8, (33, 113, 181)), (1.0, (8, 48, 107)))
-_TIME_STOPS = ((0.0, (254, 243, 224)), (0.6, (253, 174, 97)), (1.0, (179, 88, 6)))
-HOT_COLOUR = "#c62828"
-STEPS = 10  # heatmap colour classes: f0..f9 for fills up to HOT_FILL ("hot" above), t0..t9 for step times
+FILL_STOPS = ((0.0, (238, 244, 251)), (0.5, (107, 174, 214)), (0.8, (33, 113, 181)), (1.0, (8, 48, 107)))
+TIME_STOPS = ((0.0, (254, 243, 224)), (0.6, (253, 174, 97)), (1.0, (179, 88, 6)))
+Stops = Sequence[tuple[float, tuple[int, int, int]]]
 
 
-def _ramp(stops: Sequence[tuple[float, tuple[int, int, int]]], f: float) -> str:
+def ramp(stops: Stops, f: float) -> str:
+    """The colour a share ``f`` (0..1, clamped) takes on a ramp of (share, RGB) stops, as ``#rrggbb``."""
     f = min(max(f, 0.0), 1.0)
     for (f0, c0), (f1, c1) in pairwise(stops):
         if f <= f1:
@@ -93,18 +104,20 @@ def _ramp(stops: Sequence[tuple[float, tuple[int, int, int]]], f: float) -> str:
     raise AssertionError("unreachable: the stops end at 1.0")
 
 
-def fill_class(fill: float) -> str:
-    return "hot" if fill > HOT_FILL else f"f{min(int(fill / HOT_FILL * STEPS), STEPS - 1)}"
-
-
-def time_class(share: float) -> str:
-    return f"t{min(max(int(share * STEPS), 0), STEPS - 1)}"
-
-
-# the heatmap colours, one rule per class (emitted in the page that draws a heatmap)
-HEATMAP_CSS = " ".join(
-    [f".f{i}{{background:{_ramp(_FILL_STOPS, (i + 0.5) / STEPS)}}}" for i in range(STEPS)]
-    + [f".t{i}{{background:{_ramp(_TIME_STOPS, (i + 0.5) / STEPS)}}}" for i in range(STEPS)]
-    + [f".hot.cell,.ramp .hot{{background:{HOT_COLOUR}}}"]
-)
-FILL_CLASSES = [f"f{i}" for i in range(STEPS)] + ["hot"]  # the legend, coolest first
+#: one colour per cost term of :data:`shardwise.solver.breakdown.TERMS`: compute in blues and greens,
+#: communication in oranges, reds and purples, the host's wait in grey
+TERM_COLOURS = {
+    "lookup_fwd": "#1f77b4",
+    "lookup_bwd": "#6baed6",
+    "update": "#17becf",
+    "host_lookup": "#8c564b",
+    "dense_compute": "#2ca02c",
+    "input_a2a": "#ffbb78",
+    "output_a2a": "#ff7f0e",
+    "reduce_scatter": "#d62728",
+    "all_reduce": "#e377c2",
+    "dense_comm": "#9467bd",
+    "latency": "#bcbd22",
+    "host_wait": "#9e9e9e",
+}
+LINK_COLOURS = {"compute": "#3b82f6", "intra": "#f59e0b", "inter": "#b91c1c", "host": "#9e9e9e"}

@@ -8,6 +8,7 @@ reloads and every state has a URL (a plain request gets the full page, ``plans.h
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from shardwise.service import repository as repo
 from shardwise.service.db import SessionDep
-from shardwise.service.routers.ui.rendering import BadParam, error_page, page
+from shardwise.service.routers.ui.rendering import BadParam, error_page, page, timed
 from shardwise.service.routers.ui.views import history_row
 from shardwise.wire.spec import PlanStatus
 
@@ -89,6 +90,7 @@ def ui_root(request: Request) -> RedirectResponse:
 
 @router.get("/ui/plans", response_class=HTMLResponse)
 def history(request: Request, session: SessionDep) -> Response:
+    started = time.perf_counter()
     settings = request.app.state.settings
     try:
         filters, given = _filters(request)
@@ -103,8 +105,9 @@ def history(request: Request, session: SessionDep) -> Response:
         query = urlencode({**keep, **({"page": str(n)} if n > 1 else {})})
         return "/ui/plans" + (f"?{query}" if query else "")
 
+    batches = repo.plan_batches(session, [r.id for r in rows])
     context: dict[str, Any] = {
-        "rows": [history_row(r) for r in rows],
+        "rows": [history_row(r, batches.get(r.id)) for r in rows],
         "pagination": pagination,
         "filters": given,
         "first_url": page_url(1),
@@ -116,7 +119,7 @@ def history(request: Request, session: SessionDep) -> Response:
     if request.headers.get("HX-Request") and not request.headers.get("HX-History-Restore-Request"):
         # the URL htmx pushes: this state's canonical one, without the form's empty fields
         headers["HX-Push-Url"] = request.scope.get("root_path", "") + page_url(page_no)
-        return page(request, "_plan_results.html", context, headers=headers)
+        return timed(page(request, "_plan_results.html", context, headers=headers), started)
     choices = filter_choices(session)
     context["choices"] = Choices(  # a value from the URL that the store lacks stays visible in its menu
         *(
@@ -125,4 +128,4 @@ def history(request: Request, session: SessionDep) -> Response:
         )
     )
     context["statuses"] = [s.value for s in PlanStatus]
-    return page(request, "plans.html", context, headers=headers)
+    return timed(page(request, "plans.html", context, headers=headers), started)

@@ -1,11 +1,14 @@
-"""The page of one plan, ``/ui/plans/{plan_id}`` (``plan.html``): its head, every rank's HBM and time bars (a
-heatmap per host beyond ``HEATMAP_ABOVE`` GPUs), the tables with their layout and size, the dense layers, the
-explanation and the "Apply it" snippet; and its one form, ``POST /ui/plans/{plan_id}/delete`` (on ``forms``, a
-router outside the read check: it checks CSRF first, then read and write access itself).
+"""The page of one plan, ``/ui/plans/{plan_id}`` (``plan.html``): its head (with its throughput), the fleet view
+(one row per host, a metric switch), every rank's HBM and time bars up to ``HEATMAP_ABOVE`` GPUs, where the time
+goes, how the solver got there, the tables with their layout and size, the dense layers, the explanation and the
+"Apply it" snippet; ``/ui/plans/{plan_id}/fleet?metric=…``, the fleet view alone (what the switch swaps in with
+htmx); and its one form, ``POST /ui/plans/{plan_id}/delete`` (on ``forms``, a router outside the read check: it
+checks CSRF first, then read and write access itself).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -16,25 +19,21 @@ from shardwise.service import repository as repo
 from shardwise.service import sessions
 from shardwise.service.auth import LoginRequired, page_access
 from shardwise.service.db import SessionDep
-from shardwise.service.models import PlanRow
-from shardwise.service.routers.ui.formatting import (
-    FILL_CLASSES,
-    HEATMAP_CSS,
-    placement_label,
-    rank_ranges,
-)
-from shardwise.service.routers.ui.rendering import page, plan_not_found
+from shardwise.service.routers.ui.fleet import METRICS, fleet_view, metric_of
+from shardwise.service.routers.ui.formatting import rank_ranges
+from shardwise.service.routers.ui.rendering import page, plan_not_found, timed
 from shardwise.service.routers.ui.snippet import snippet
+from shardwise.service.routers.ui.timing import convergence_view, throughput, time_view
 from shardwise.service.routers.ui.views import (
     HBM_PARTS,
     HEATMAP_ABOVE,
-    by_host,
+    PagePlan,
     history_row,
     load_plan,
     rank_views,
     reserve_of,
 )
-from shardwise.wire.spec import ModelSpec, Plan
+from shardwise.wire.spec import ModelSpec
 
 router = APIRouter()
 forms = APIRouter()
@@ -52,21 +51,22 @@ class TableView:
     weight_bytes: int | None
 
 
-def table_views(plan: Plan, model: ModelSpec | None) -> list[TableView]:
+def table_views(loaded: PagePlan) -> list[TableView]:
+    model: ModelSpec | None = loaded.model
     specs = {t.name: t for t in model.embedding_tables} if model is not None else {}
     out: list[TableView] = []
-    for tp in plan.tables:
+    for tp in loaded.tables:
         spec = specs.get(tp.name)
         shape = f"{spec.num_embeddings:,} × {spec.embedding_dim} {spec.dtype.value}" if spec else ""
-        ranks = {s.rank for s in tp.shards}
+        ranks = tp.ranks
         out.append(
             TableView(
                 name=tp.name,
                 sharding_type=tp.sharding_type.value,
                 ranks=rank_ranges(ranks),
                 num_ranks=len(ranks),
-                placement=placement_label(tp),
-                shards=len(tp.shards),
+                placement=tp.placement,
+                shards=len(tp.raw),
                 shape=shape,
                 weight_bytes=spec.weight_bytes if spec else None,
             )
@@ -74,22 +74,17 @@ def table_views(plan: Plan, model: ModelSpec | None) -> list[TableView]:
     return out
 
 
-def _model_of(row: PlanRow) -> ModelSpec | None:
-    try:
-        return ModelSpec.model_validate(row.request["model"])
-    except (KeyError, TypeError, ValueError):  # a request stored in another shape: the page shows no sizes
-        return None
-
-
 @router.get("/ui/plans/{plan_id}", response_class=HTMLResponse)
 def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLResponse:
+    started = time.perf_counter()
     loaded = load_plan(session, plan_id)
     if loaded is None:
         return plan_not_found(request, plan_id)
-    row, plan = loaded
+    row, plan = loaded.row, loaded.plan
     reserve = reserve_of(row)
-    views = rank_views(plan.ranks, reserve)
+    views = rank_views(plan.ranks, reserve, bars=len(plan.ranks) <= HEATMAP_ABOVE)
     heatmap = len(views) > HEATMAP_ABOVE
+    metric = metric_of(request.query_params.get("metric"), "fill")
     base = str(request.base_url).rstrip("/")
     context: dict[str, Any] = {
         "plan": plan,
@@ -98,18 +93,42 @@ def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLRespon
         "reserve": reserve,
         "ranks": views,
         "heatmap": heatmap,
-        "hosts": by_host(views) if heatmap else [],
+        "fleet": fleet_view(views, metric) if views else None,
+        "metrics": METRICS,
+        "fleet_url": f"/ui/plans/{plan.id}/fleet",
+        "page_url": f"/ui/plans/{plan.id}",
         "hot": [v for v in views if v.hot],
-        "fullest": sorted(views, key=lambda v: (-v.fill, v.rank))[:8] if heatmap else [],
-        "slowest": sorted(views, key=lambda v: (-v.total_ms, v.rank))[:8] if heatmap else [],
         "parts": HBM_PARTS,
-        "tables": table_views(plan, _model_of(row)),
+        "tables": table_views(loaded),
         "dense": [(d.name, d.style.value, rank_ranges(d.ranks)) for d in plan.dense],
         "snippet": snippet(base, plan),
-        "fill_classes": FILL_CLASSES,
-        "heatmap_css": HEATMAP_CSS,
+        "throughput": throughput(plan.predicted_step_ms, loaded.batch, len(plan.ranks)),
+        "batch": loaded.batch,
+        "time": time_view(loaded, views),
+        "convergence": convergence_view(plan.solver),
+        "solver": plan.solver,
+        "side": "",
     }
-    return page(request, "plan.html", context)
+    return timed(page(request, "plan.html", context), started)
+
+
+@router.get("/ui/plans/{plan_id}/fleet", response_class=HTMLResponse)
+def plan_fleet(plan_id: str, request: Request, session: SessionDep) -> HTMLResponse:
+    """The fleet view alone, coloured by ``?metric=`` (``fill``, ``step``, ``compute`` or ``comm``)."""
+    started = time.perf_counter()
+    loaded = load_plan(session, plan_id)
+    if loaded is None:
+        return plan_not_found(request, plan_id)
+    views = rank_views(loaded.plan.ranks, reserve_of(loaded.row), bars=False)
+    metric = metric_of(request.query_params.get("metric"), "fill")
+    context = {
+        "fleet": fleet_view(views, metric) if views else None,
+        "metrics": METRICS,
+        "fleet_url": f"/ui/plans/{loaded.plan.id}/fleet",
+        "page_url": f"/ui/plans/{loaded.plan.id}",
+        "side": "",
+    }
+    return timed(page(request, "_fleet.html", context), started)
 
 
 @forms.post("/ui/plans/{plan_id}/delete")

@@ -6,6 +6,7 @@ problem+json).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from fastapi.templating import Jinja2Templates
 
 from shardwise.service import sessions
 from shardwise.service.errors import shown
-from shardwise.service.routers.ui.formatting import HOT_FILL, STATUS_LABELS, gb, ms, pct, when
+from shardwise.service.routers.ui.formatting import HOT_FILL, STATUS_LABELS, gb, ms, pct, rate, when
 from shardwise.solver.extract import solver_version
 
 # the service package's folder (this file is service/routers/ui/rendering.py), resolved through the checkout's
@@ -36,7 +37,7 @@ def _env() -> jinja2.Environment:
         lstrip_blocks=True,
         auto_reload=False,
     )
-    env.filters.update(gb=gb, ms=ms, pct=pct, when=when)
+    env.filters.update(gb=gb, ms=ms, pct=pct, rate=rate, when=when)
     env.globals.update(version=solver_version(), status_labels=STATUS_LABELS, hot_fill=HOT_FILL)
     return env
 
@@ -70,6 +71,13 @@ def page(
     response.headers.setdefault("Cache-Control", "no-store")
     if token.new_cookie is not None:
         sessions.set_cookie(request, response, sessions.CSRF_COOKIE, token.new_cookie)
+    return response
+
+
+def timed(response: HTMLResponse, started: float) -> HTMLResponse:
+    """``response`` saying how long the server took since ``started`` (``time.perf_counter()``), in the
+    ``Server-Timing`` header browsers show in their network panel: ``app;dur=<ms>``."""
+    response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1e3:.1f}"
     return response
 
 

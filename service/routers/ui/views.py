@@ -12,14 +12,17 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
 from shardwise.service import repository as repo
 from shardwise.service.models import PlanRow
-from shardwise.service.routers.ui.formatting import HOT_FILL, fill_class, gpu_mix, time_class
+from shardwise.service.routers.ui.formatting import HOT_FILL, gpu_mix, placement_label
 from shardwise.wire.resources import StoredPlan
-from shardwise.wire.spec import HbmBreakdown, RankPlan
+from shardwise.wire.spec import FleetSpec, HbmBreakdown, ModelSpec, Placement, RankPlan, ShardingType
+
+SpecT = TypeVar("SpecT", ModelSpec, FleetSpec)
 
 HEATMAP_ABOVE = 64  # more GPUs than this: one heatmap cell per GPU instead of one bar each
 BAR_UNITS = 1000.0  # SVG user units of the largest capacity (or the longest step) in a plan
@@ -35,10 +38,95 @@ HBM_PARTS: tuple[tuple[str, str], ...] = (
 )
 
 
-def load_plan(session: Session, plan_id: str) -> tuple[PlanRow, StoredPlan] | None:
-    """The stored row and its plan, or None when no plan has ``plan_id``."""
+ShapeKey = tuple[int, int, Placement, float | None]  # rows, columns, placement, cache fraction
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    """A stored table plan as the pages read it: its shards by shape (``shape_groups``, what the time breakdown
+    prices and the table list summarises) and the stored shards as they are (``raw``, for the shard bounds the
+    compare page checks)."""
+
+    name: str
+    sharding_type: ShardingType
+    shape_groups: Mapping[ShapeKey, Sequence[int]]
+    raw: Sequence[Mapping[str, Any]]
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted({r for rs in self.shape_groups.values() for r in rs})
+
+    @property
+    def placement(self) -> str:
+        """``hbm``; ``uvm_cache 25%``; ``hbm ×6, host ×2``."""
+        return placement_label(((p, fraction), len(ranks)) for (_, _, p, fraction), ranks in self.shape_groups.items())
+
+    @property
+    def tiers(self) -> list[tuple[int, str, float]]:
+        """(rank, placement, cache fraction) of every shard, sorted."""
+        return sorted((r, p.value, f or 0.0) for (_, _, p, f), rs in self.shape_groups.items() for r in rs)
+
+    @property
+    def bounds(self) -> list[tuple[int, int, int, int, int]]:
+        """(rank, row offset, rows, column offset, columns) of every shard, sorted."""
+        return sorted((s["rank"], s["row_offset"], s["num_rows"], s["col_offset"], s["num_cols"]) for s in self.raw)
+
+
+_PLACEMENTS = {p.value: p for p in Placement}
+
+
+def _layout(t: Mapping[str, Any]) -> TableLayout:
+    groups: dict[ShapeKey, list[int]] = {}
+    for s in t["shards"]:
+        key = (s["num_rows"], s["num_cols"], _PLACEMENTS[s.get("placement", "hbm")], s.get("cache_fraction"))
+        ranks = groups.get(key)
+        if ranks is None:
+            groups[key] = [s["rank"]]
+        else:
+            ranks.append(s["rank"])
+    return TableLayout(t["name"], ShardingType(t["sharding_type"]), groups, t["shards"])
+
+
+@dataclass(frozen=True)
+class PagePlan:
+    """A stored plan as a page reads it: ``plan`` validated but for its tables (``plan.tables`` is empty), which
+    are ``tables``, read from the stored body without pydantic — a plan was valid when stored, and a 1,024-GPU plan
+    holds tens of thousands of shards that validation alone would spend most of a page's time on — and the request
+    it answers (``model``, ``fleet``: None when stored in a shape this version does not read)."""
+
+    row: PlanRow
+    plan: StoredPlan
+    tables: list[TableLayout]
+    model: ModelSpec | None
+    fleet: FleetSpec | None
+
+    @property
+    def batch(self) -> int | None:
+        return self.model.batch_size_per_gpu if self.model is not None else None
+
+
+def _spec(kind: type[SpecT], request: Any, key: str) -> SpecT | None:
+    try:
+        return kind.model_validate(request[key])
+    except (KeyError, TypeError, ValueError):  # a request stored in another shape: the page goes without it
+        return None
+
+
+def load_plan(session: Session, plan_id: str) -> PagePlan | None:
+    """The stored plan ``plan_id`` as the pages read it (:class:`PagePlan`), or None when there is none."""
     row = repo.plan_by_id(session, plan_id)
-    return None if row is None else (row, repo.stored_plan(row))
+    if row is None:
+        return None
+    body = repo.stored_plan_json(row)
+    plan = StoredPlan.model_validate({**body, "tables": []})
+    request = row.request
+    return PagePlan(
+        row,
+        plan,
+        [_layout(t) for t in body.get("tables", [])],
+        _spec(ModelSpec, request, "model"),
+        _spec(FleetSpec, request, "fleet"),
+    )
 
 
 def reserve_of(row: PlanRow) -> float:
@@ -46,6 +134,26 @@ def reserve_of(row: PlanRow) -> float:
     fleet = row.request.get("fleet") if isinstance(row.request, Mapping) else None
     value = fleet.get("hbm_reserve_fraction", 0.1) if isinstance(fleet, Mapping) else 0.1
     return float(value)
+
+
+# ------------------------------------------------------------------------------------------------- throughput
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Samples per second: ``fleet`` for the whole fleet (world × batch per GPU per step), ``per_gpu`` for one."""
+
+    fleet: float
+    per_gpu: float
+
+
+def throughput(step_ms: float | None, batch: int | None, world: int) -> Throughput | None:
+    """What a step of ``step_ms`` on ``world`` GPUs of ``batch`` samples each trains per second (None without a
+    step time or a batch size)."""
+    if not step_ms or not batch or world <= 0:
+        return None
+    per_gpu = batch * 1000.0 / step_ms
+    return Throughput(per_gpu * world, per_gpu)
 
 
 # ------------------------------------------------------------------------------------------------- history rows
@@ -65,6 +173,7 @@ class HistoryRow:
     predicted_step_ms: float | None
     gap: float | None
     peak_fill: float | None
+    throughput: Throughput | None = None
 
     @property
     def hot(self) -> bool:
@@ -75,8 +184,9 @@ class HistoryRow:
         return round(min(self.peak_fill or 0.0, 1.0) * 100, 1)
 
 
-def history_row(row: PlanRow) -> HistoryRow:
-    """The page's row: the API's ``PlanSummary`` of the plan, with the GPU mix spelled out."""
+def history_row(row: PlanRow, batch: int | None = None) -> HistoryRow:
+    """The page's row: the API's ``PlanSummary`` of the plan, with the GPU mix spelled out, and its throughput
+    when ``batch`` (the request's batch size per GPU) is given."""
     s = repo.summary(row)
     return HistoryRow(
         id=s.id,
@@ -91,6 +201,7 @@ def history_row(row: PlanRow) -> HistoryRow:
         predicted_step_ms=s.predicted_step_ms,
         gap=s.gap,
         peak_fill=s.peak_hbm_fill,
+        throughput=throughput(s.predicted_step_ms, batch, s.world_size),
     )
 
 
@@ -106,8 +217,8 @@ class Segment:
     width: float
 
 
-@dataclass(frozen=True)
-class RankView:
+@dataclass(slots=True)  # not frozen: a frozen dataclass sets each field through object.__setattr__, and a
+class RankView:  # 1,024-GPU page builds a thousand of them per request
     rank: int
     host: int
     gpu: str
@@ -124,8 +235,6 @@ class RankView:
     total_ms: float
     compute_width: float
     comm_width: float
-    fill_class: str  # heatmap colour class
-    time_class: str
 
 
 def _parts(b: HbmBreakdown, used: int) -> list[tuple[str, str, int]]:
@@ -136,9 +245,10 @@ def _parts(b: HbmBreakdown, used: int) -> list[tuple[str, str, int]]:
     return [p for p in parts if p[2] > 0]
 
 
-def rank_views(ranks: Sequence[RankPlan], reserve: float) -> list[RankView]:
+def rank_views(ranks: Sequence[RankPlan], reserve: float, *, bars: bool = True) -> list[RankView]:
     """Bars on one scale for the whole plan: ``BAR_UNITS`` is the largest capacity (HBM) or the slowest rank's
-    step (time), so that lengths compare across GPUs of different sizes."""
+    step (time), so that lengths compare across GPUs of different sizes. ``bars=False`` leaves the HBM segments
+    out (a page that draws no per-rank bars)."""
     max_cap = max((r.hbm_capacity_bytes for r in ranks), default=0) or 1
     max_ms = max((r.predicted_ms.compute + r.predicted_ms.comm for r in ranks), default=0.0) or 1.0
     scale = BAR_UNITS / max_cap
@@ -147,7 +257,7 @@ def rank_views(ranks: Sequence[RankPlan], reserve: float) -> list[RankView]:
     for r in ranks:
         x = 0.0
         segments: list[Segment] = []
-        for kind, label, n in _parts(r.hbm_breakdown, r.hbm_used_bytes):
+        for kind, label, n in _parts(r.hbm_breakdown, r.hbm_used_bytes) if bars else ():
             w = n * scale
             segments.append(Segment(kind, label, n, round(x, 3), round(w, 3)))
             x += w
@@ -173,23 +283,6 @@ def rank_views(ranks: Sequence[RankPlan], reserve: float) -> list[RankView]:
                 total_ms=t.total,
                 compute_width=round(t.compute * tscale, 3),
                 comm_width=round(t.comm * tscale, 3),
-                fill_class=fill_class(fill),
-                time_class=time_class((t.compute + t.comm) / max_ms),
             )
         )
     return out
-
-
-@dataclass(frozen=True)
-class HostCells:
-    host: int
-    gpu: str
-    ranks: tuple[RankView, ...]
-
-
-def by_host(views: Sequence[RankView]) -> list[HostCells]:
-    """The heatmap's rows: the ranks of each host, in the plan's order."""
-    hosts: dict[int, list[RankView]] = {}
-    for v in views:
-        hosts.setdefault(v.host, []).append(v)
-    return [HostCells(h, rs[0].gpu, tuple(rs)) for h, rs in hosts.items()]
