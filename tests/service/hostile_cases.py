@@ -7,7 +7,7 @@ and filters, 20 host groups of 63-character custom profiles, ``num_embeddings`` 
 1e30, Infinity and NaN, 8 MB names, ``/`` and ``../`` in names, wrong content types, huge bodies, unicode
 confusables), over every endpoint and method. Bodies are built when a case runs (``Case.content``), not at import.
 
-Placeholders filled in when a case runs: ``{plan}`` (a stored plan's id) in paths and bodies.
+Placeholders filled in when a case runs: ``{plan}`` (a stored plan's id) in paths, query values and bodies.
 """
 
 from __future__ import annotations
@@ -846,6 +846,23 @@ def _query_cases() -> Iterator[Case]:
             body=encoded({"name": "x" * 100_000}),
             headers=JSON,
             status=(status,),
+        )
+    for label, params in [
+        ("metric-unknown", [("metric", "<script>")]),
+        ("metric-8k", [("metric", "m" * 8000)]),
+        ("metric-nul", [("metric", "\x00")]),
+    ]:
+        yield Case(
+            f"ui-fleet-{label}", "GET", "/ui/plans/{plan}/fleet", params=params, status=(200, 400, 422), html=True
+        )
+    yield Case("ui-fleet-unknown-plan", "GET", "/ui/plans/%FF%FE/fleet", status=(404, 422), html=True)
+    for label, params in [
+        ("same-plan", [("a", "{plan}"), ("b", "{plan}")]),
+        ("unknown", [("a", "x" * 5000), ("b", "{plan}")]),
+        ("nul", [("a", "{plan}"), ("b", "\x00")]),
+    ]:
+        yield Case(
+            f"ui-compare-port-{label}", "GET", "/ui/compare/port", params=params, status=(200, 404, 422), html=True
         )
     yield Case(
         "ui-plans-page-minus-one", "GET", "/ui/plans", params=[("page", "-1")], status=(200, 400, 422), html=True

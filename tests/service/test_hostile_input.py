@@ -440,7 +440,7 @@ def test_hostile_request(hostile: Hostile, case: Case) -> None:
                 path,
                 content=case.content(hostile.plan_id),
                 headers=case.headers,
-                params=case.params,
+                params=[(k, v.replace("{plan}", hostile.plan_id)) for k, v in case.params or []],
                 timeout=ANSWER_WITHIN_S,
             )
         except httpx.TimeoutException as exc:

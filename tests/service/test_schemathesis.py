@@ -25,7 +25,8 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.hooks import HookContext
 from schemathesis.specs.openapi.checks import ensure_resource_availability, use_after_free
 
-from conftest import empty_tables, fleet, make_settings, small_model
+from conftest import make_settings
+from service_support import empty_tables, fleet, small_model
 from shardwise.hwprofiles import get_profile
 from shardwise.service.app import create_app
 from shardwise.service.db import upgrade
