@@ -17,9 +17,9 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, FailFast, Field, field_validator
 
 from shardwise.hwprofiles.schema import ONE_LINE, HardwareProfile
 
@@ -79,9 +79,11 @@ class Calibration(BaseModel):
     torch: str = Field(min_length=1, max_length=80, pattern=ONE_LINE)
     driver: str | None = Field(default=None, max_length=80, pattern=ONE_LINE)
     triton: str | None = Field(default=None, max_length=80, pattern=ONE_LINE)
-    date: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}", description="ISO date of the measurement")
-    figures: dict[str, Figure] = Field(min_length=1)
-    measurements: dict[str, Measurement] = Field(default_factory=dict)
+    # [0-9], not \d: the pattern is matched with Unicode classes, where \d also takes other scripts' digits
+    date: str = Field(pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}", description="ISO date of the measurement")
+    # FailFast: the first bad entry ends validation (a huge body of bad entries is a cheap 422)
+    figures: Annotated[dict[str, Figure], FailFast()] = Field(min_length=1)
+    measurements: Annotated[dict[str, Measurement], FailFast()] = Field(default_factory=dict)
 
     @field_validator("figures")
     @classmethod

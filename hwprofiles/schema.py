@@ -8,9 +8,9 @@ go through the same model, sources optional.
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, FailFast, Field, field_validator, model_validator
 
 from shardwise.hwprofiles.limits import (
     MAX_BANDWIDTH,
@@ -125,7 +125,9 @@ class HardwareProfile(BaseModel):
 
     achieved: AchievedFractions
     overheads: StepOverheads = StepOverheads()
-    sources: dict[str, str] = Field(default_factory=dict, description="field path → where the figure comes from")
+    sources: Annotated[dict[str, str], FailFast()] = Field(  # the first bad entry ends validation (a cheap 422)
+        default_factory=dict, description="field path → where the figure comes from"
+    )
     calibration: str | None = Field(
         default=None, max_length=300, description="the calibration its measured figures come from (None: catalogue)"
     )

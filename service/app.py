@@ -123,7 +123,11 @@ def create_app(settings: Settings | None = None, *, runner: JobRunner | None = N
     errors.install(app)
     ui.install(app)  # the pages' redirect to the login, refused and unreadable forms: HTML, not problem+json
     app.add_middleware(
-        RequestMiddleware, max_body_bytes=settings.max_body_bytes, metrics=app.state.metrics, fastapi_app=app
+        RequestMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        body_timeout_s=settings.body_timeout_s,
+        metrics=app.state.metrics,
+        fastapi_app=app,
     )
 
     api = APIRouter(prefix=API_PREFIX)
@@ -147,6 +151,68 @@ def create_app(settings: Settings | None = None, *, runner: JobRunner | None = N
     return app
 
 
+_PLAN_ID = {"plan_id": "$response.body#/id"}
+_SPEC = {"name": "$response.body#/name", "version": "$response.body#/version"}
+
+#: OpenAPI links: what a create (or list) answer lets a client call next, the parameters taken from the answer
+#: (``{(operationId, status): {link: (target operationId, {parameter: runtime expression})}}``). Clients and
+#: schemathesis' stateful tests follow them.
+LINKS: dict[tuple[str, str], dict[str, tuple[str, dict[str, str]]]] = {
+    **{
+        ("plans-create_plan", status): {
+            "GetPlan": ("plans-get_plan", _PLAN_ID),
+            "ExportTorchRec": ("plans-export_torchrec", _PLAN_ID),
+            "EvaluatePlan": ("plans-evaluate_plan", _PLAN_ID),
+            "DeletePlan": ("plans-delete_plan", _PLAN_ID),
+        }
+        for status in ("200", "201")
+    },
+    ("plans-create_plan", "202"): {"GetJob": ("jobs-get_job", {"job_id": "$response.body#/id"})},
+    ("port-port", "202"): {"GetJob": ("jobs-get_job", {"job_id": "$response.body#/id"})},
+    ("plans-list_plans", "200"): {"GetFirstPlan": ("plans-get_plan", {"plan_id": "$response.body#/items/0/id"})},
+    **{
+        (f"{kind}s-register_{kind}", status): {
+            f"Get{kind.title()}": (f"{kind}s-get_{kind}", {"name": _SPEC["name"]}),
+            f"Get{kind.title()}Version": (f"{kind}s-get_{kind}_version", _SPEC),
+        }
+        for kind in ("model", "fleet")
+        for status in ("200", "201")
+    },
+    **{
+        ("hwprofiles-add_profile", status): {"GetProfile": ("hwprofiles-get_profile", {"name": "$response.body#/name"})}
+        for status in ("200", "201")
+    },
+    **{
+        ("calibrations-add_calibration", status): {
+            "GetCalibrationByDigest": ("calibrations-get_by_digest", {"digest": "$response.body#/digest"}),
+            "GetCalibrationVersion": (
+                "calibrations-get_version",
+                {"profile": "$response.body#/profile", "version": "$response.body#/version"},
+            ),
+        }
+        for status in ("200", "201")
+    },
+}
+
+
+def _add_links(schema: dict[str, Any]) -> None:
+    operations = {
+        op["operationId"]: op
+        for path in schema.get("paths", {}).values()
+        for op in path.values()
+        if isinstance(op, dict) and "operationId" in op
+    }
+    for (operation_id, status), links in LINKS.items():
+        response = operations[operation_id]["responses"][status]
+        response["links"] = {
+            name: {"operationId": target, "parameters": parameters} for name, (target, parameters) in links.items()
+        }
+        for target, parameters in links.values():  # a link names parameters its target really has
+            declared = {p["name"] for p in operations[target].get("parameters", [])}
+            if not set(parameters) <= declared:
+                raise RuntimeError(f"link to {target} names {sorted(parameters)}; it takes {sorted(declared)}")
+
+
 def _openapi(app: FastAPI) -> dict[str, Any]:
     """OpenAPI plus the schemas of the bodies that routes validate themselves (they need the custom profiles)."""
     if app.openapi_schema:
@@ -164,5 +230,6 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         for name, sub in body.pop("$defs", {}).items():
             components.setdefault(name, sub)
         components[model.__name__] = body
+    _add_links(schema)
     app.openapi_schema = schema
     return schema

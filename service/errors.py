@@ -59,6 +59,10 @@ class Conflict(ServiceError):
     status, slug, title = 409, "conflict", "Conflict"
 
 
+class BodyTimeout(ServiceError):
+    status, slug, title = 408, "body-timeout", "The request body was not sent in time"
+
+
 class PayloadTooLarge(ServiceError):
     status, slug, title = 413, "body-too-large", "Request body too large"
 
@@ -108,15 +112,45 @@ def cut_path(path: str, limit: int = 4 * SHOWN_CHARS) -> str:
     return path if len(path) <= limit else f"{path[:limit]}… ({len(path)} characters)"
 
 
+#: a problem carries at most this many field errors (``errors_total`` says how many there were), each message and
+#: each part of its location cut like an echoed input, and a detail of at most ``MAX_DETAIL_CHARS``: a body of
+#: 100,000 bad tables or an 8 MB key gets a small answer
+MAX_ERRORS = 50
+MAX_DETAIL_CHARS = 2000
+_MAX_MESSAGE_CHARS = 500
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
+def _cut_errors(errors: Sequence[Any]) -> list[Any]:
+    out = []
+    for e in errors[:MAX_ERRORS]:
+        if isinstance(e, Mapping):
+            e = dict(e)
+            if isinstance(e.get("msg"), str):
+                e["msg"] = _cut(e["msg"], _MAX_MESSAGE_CHARS)
+            if isinstance(e.get("loc"), Sequence) and not isinstance(e["loc"], str):
+                e["loc"] = [_cut(p, SHOWN_CHARS) if isinstance(p, str) else p for p in e["loc"]]
+        out.append(e)
+    return out
+
+
 def problem_body(
     status: int, slug: str, title: str, detail: str | None, instance: str | None = None, **extensions: Any
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"type": f"/problems/{slug}", "title": title, "status": status}
     if detail is not None:
-        body["detail"] = detail
+        body["detail"] = _cut(detail, MAX_DETAIL_CHARS)
     if instance is not None:
         body["instance"] = instance
     body.update(extensions)
+    errors = body.get("errors")
+    if isinstance(errors, Sequence) and not isinstance(errors, str):
+        body["errors"] = _cut_errors(errors)
+        if len(errors) > MAX_ERRORS:
+            body.setdefault("errors_total", len(errors))
     return body
 
 
@@ -144,14 +178,25 @@ def clean_loc(loc: Sequence[Any]) -> list[str | int]:
 
 
 def validation_problem(exc: ValidationError, prefix: Sequence[str] = ("body",)) -> InvalidInput:
-    errors = [{**e, "loc": (*prefix, *e["loc"])} for e in exc.errors()]
-    return InvalidInput(describe_errors(errors), errors=field_errors(errors))
+    """A 422 with the first ``MAX_ERRORS`` of ``exc``'s errors (only those are formatted: a body of 100,000 bad
+    tables has 200,000) and ``errors_total`` when there were more."""
+    total = exc.error_count()
+    errors = [
+        {**e, "loc": (*prefix, *e["loc"])}
+        for e in exc.errors(include_url=False, include_context=False, include_input=False)[:MAX_ERRORS]
+    ]
+    problem = InvalidInput(describe_errors(errors, total), errors=field_errors(errors))
+    if total > MAX_ERRORS:
+        problem.extensions["errors_total"] = total
+    return problem
 
 
-def describe_errors(errors: Sequence[Any]) -> str:
+def describe_errors(errors: Sequence[Any], total: int | None = None) -> str:
+    """The first error, where and what, and how many more there are (of ``total``, ``len(errors)`` by default)."""
     first = errors[0]
-    where = ".".join(str(p) for p in clean_loc(first.get("loc", ()))) or "<root>"
-    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    total = len(errors) if total is None else total
+    where = ".".join(_cut(str(p), SHOWN_CHARS) for p in clean_loc(first.get("loc", ()))) or "<root>"
+    more = f" (+{total - 1} more)" if total > 1 else ""
     return f"{where}: {first.get('msg', 'invalid')}{more}"
 
 
@@ -161,6 +206,7 @@ _STATUS_SLUGS = {
     403: "forbidden",
     404: "not-found",
     405: "method-not-allowed",
+    408: "body-timeout",
     406: "not-acceptable",
     409: "conflict",
     413: "body-too-large",

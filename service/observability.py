@@ -2,7 +2,8 @@
 
 Metrics live in a registry owned by the app (several apps in one process, as in tests, never collide). The
 request middleware times every request under its route template (``/api/v1/plans/{plan_id}``, not the id), logs
-one JSON line per request without headers (tokens never reach a log), and enforces the body-size cap. Every log
+one JSON line per request without headers (tokens never reach a log), and enforces the body-size cap and the body
+read timeout. Every log
 record is one line (``configure_logging``): JSON with any traceback as structured data, URL passwords redacted.
 """
 
@@ -14,15 +15,16 @@ import sys
 import time
 import traceback
 import uuid
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import MutableMapping
 from datetime import UTC, datetime
 from typing import Any
 
+import anyio
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from shardwise.service.errors import PayloadTooLarge, cut_path, problem_body
+from shardwise.service.errors import BodyTimeout, PayloadTooLarge, ServiceError, cut_path, problem_body
 from shardwise.service.settings import redact
 
 access_log = logging.getLogger("shardwise.access")
@@ -142,12 +144,26 @@ class _TooLarge(Exception):
     pass
 
 
-class RequestMiddleware:
-    """Body-size cap (413 before the route runs), request timing, one access-log line per request."""
+class _TooSlow(Exception):
+    pass
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, metrics: Metrics, fastapi_app: Any) -> None:
+
+class RequestMiddleware:
+    """Body-size cap (413 before the route runs), body read timeout (408), request timing, one access-log line per
+    request.
+
+    The timeout: a request's whole body must arrive within ``body_timeout_s`` of the request's start. A client that
+    stalls mid-body gets ``408 /problems/body-timeout`` and the connection is closed (``Connection: close``): no
+    request waits on it for longer. Only reading the body is timed (a route that reads none is not), and a response
+    sent before the body was read whole (an error, a route that does not read it) closes the connection too, so
+    that the server never reads the rest of an abandoned body into the next request."""
+
+    def __init__(
+        self, app: ASGIApp, *, max_body_bytes: int, body_timeout_s: float, metrics: Metrics, fastapi_app: Any
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
         self.metrics = metrics
         self.fastapi_app = fastapi_app
 
@@ -159,24 +175,49 @@ class RequestMiddleware:
         request_id = uuid.uuid4().hex[:16]
         status = [500]
         started = [False]
+        body = _Body(receive, self.max_body_bytes, start + self.body_timeout_s, _has_body(scope))
 
         async def send_wrapper(message: Message) -> None:
             if message["type"] == "http.response.start":
                 started[0] = True
                 status[0] = message["status"]
-                message.setdefault("headers", [])
-                message["headers"] = [*message["headers"], (b"x-request-id", request_id.encode())]
+                headers = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+                if not body.complete and not any(k.lower() == b"connection" for k, _ in headers):
+                    headers.append((b"connection", b"close"))  # the rest of the body is not read: end here
+                message["headers"] = headers
             await send(message)
 
         declared = _content_length(scope)
         try:
             if declared is not None and declared > self.max_body_bytes:
                 raise _TooLarge
-            await self.app(scope, _limited(receive, self.max_body_bytes), send_wrapper)
+            await self.app(scope, body.receive, send_wrapper)
         except _TooLarge:
             if started[0]:
                 raise
-            await _send_problem(send_wrapper, scope, self.max_body_bytes)
+            await _send_problem(
+                send_wrapper,
+                scope,
+                413,
+                PayloadTooLarge,
+                f"the body is over this service's limit of {self.max_body_bytes} bytes",
+            )
+        except _TooSlow:
+            if started[0]:
+                raise
+            access_log.info(
+                "the body of %s %s was not sent within %g s",
+                scope["method"],
+                cut_path(scope["path"]),
+                self.body_timeout_s,
+            )
+            await _send_problem(
+                send_wrapper,
+                scope,
+                408,
+                BodyTimeout,
+                f"the body was not sent within {self.body_timeout_s:g} s of the request's start",
+            )
         finally:
             elapsed = time.perf_counter() - start
             route = route_template(self.fastapi_app, scope)
@@ -206,34 +247,53 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-def _limited(receive: Receive, limit: int) -> Callable[[], Awaitable[MutableMapping[str, Any]]]:
-    seen = [0]
+def _has_body(scope: Scope) -> bool:
+    for key, value in scope.get("headers", []):
+        if key == b"transfer-encoding" or (key == b"content-length" and value.strip() not in {b"", b"0"}):
+            return True
+    return False
 
-    async def wrapped() -> MutableMapping[str, Any]:
-        message = await receive()
+
+class _Body:
+    """The app's ``receive``: counts the body against the size cap and waits for it until the deadline (a
+    ``time.perf_counter()`` value); once the body is whole, ``receive`` is the server's own again (a route may wait
+    on it for a disconnect as long as it likes)."""
+
+    def __init__(self, receive: Receive, limit: int, deadline: float, has_body: bool) -> None:
+        self._receive = receive
+        self._limit = limit
+        self._deadline = deadline
+        self._seen = 0
+        self.complete = not has_body
+
+    async def receive(self) -> MutableMapping[str, Any]:
+        if self.complete:
+            return await self._receive()
+        try:
+            with anyio.fail_after(max(0.0, self._deadline - time.perf_counter())):
+                message = await self._receive()
+        except TimeoutError:
+            raise _TooSlow from None
         if message["type"] == "http.request":
-            seen[0] += len(message.get("body", b""))
-            if seen[0] > limit:
+            self._seen += len(message.get("body", b""))
+            if self._seen > self._limit:
                 raise _TooLarge
+            self.complete = not message.get("more_body", False)
         return message
 
-    return wrapped
 
-
-async def _send_problem(send: Send, scope: Scope, limit: int) -> None:
-    body = problem_body(
-        413,
-        PayloadTooLarge.slug,
-        PayloadTooLarge.title,
-        f"the body is over this service's limit of {limit} bytes",
-        cut_path(scope["path"]),
-    )
+async def _send_problem(send: Send, scope: Scope, status: int, kind: type[ServiceError], detail: str) -> None:
+    body = problem_body(status, kind.slug, kind.title, detail, cut_path(scope["path"]))
     raw = json.dumps(body).encode()
     await send(
         {
             "type": "http.response.start",
-            "status": 413,
-            "headers": [(b"content-type", b"application/problem+json"), (b"content-length", str(len(raw)).encode())],
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/problem+json"),
+                (b"content-length", str(len(raw)).encode()),
+                (b"connection", b"close"),
+            ],
         }
     )
     await send({"type": "http.response.body", "body": raw})

@@ -56,6 +56,12 @@ class Settings(BaseSettings):
     max_ranks: int = Field(default=4096, ge=1)
     max_time_limit_s: float = Field(default=600.0, gt=0)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="seconds a request may take to send its whole body; past them, 408 and the connection closed",
+    )
     max_page_size: int = Field(default=200, ge=1)
 
     # jobs

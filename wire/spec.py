@@ -17,6 +17,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import (
     BaseModel,
     ConfigDict,
+    FailFast,
     Field,
     ValidationInfo,
     field_validator,
@@ -248,8 +249,10 @@ class ModelSpec(_Frozen):
     schema_version: Literal[1] = SCHEMA_VERSION
     name: Name
     batch_size_per_gpu: int = Field(gt=0, le=MAX_BATCH, description="samples per GPU per step; at most 1e9")
-    embedding_tables: list[EmbeddingTableSpec] = Field(default_factory=list)
-    dense_layers: list[DenseLayerSpec] = Field(default_factory=list)
+    # FailFast: a list's validation stops at its first bad item, so that 600,000 bad tables in an 8 MB body cost
+    # one error, not millions (every error the service reports is named all the same)
+    embedding_tables: Annotated[list[EmbeddingTableSpec], FailFast()] = Field(default_factory=list)
+    dense_layers: Annotated[list[DenseLayerSpec], FailFast()] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _names_unique(self) -> ModelSpec:
@@ -321,7 +324,8 @@ class HostGroupSpec(_Frozen):
         if isinstance(value, str):
             known = _known_profiles(info)
             if value not in known:
-                raise ValueError(f"unknown GPU profile {value!r}; known: {', '.join(sorted(known))}")
+                shown = repr(value) if len(value) <= 80 else f"{value[:80]!r}… ({len(value)} characters)"
+                raise ValueError(f"unknown GPU profile {shown}; known: {', '.join(sorted(known))}")
         return value
 
     @property

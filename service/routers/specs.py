@@ -36,9 +36,14 @@ class SpecKind:
     table: repo.SpecTable
     custom_profiles: bool  # a fleet may name the store's custom hardware profiles
 
-    def to_record(self, row: repo.SpecRow) -> BaseModel:
+    def context(self, session: SessionDep) -> dict[str, Any] | None:
+        """Validation context for this kind's specs: a fleet may name the store's custom profiles."""
+        return {"profiles": profiles_context(session)} if self.custom_profiles else None
+
+    def to_record(self, row: repo.SpecRow, context: dict[str, Any] | None) -> BaseModel:
         return self.record.model_validate(
-            {"name": row.name, "version": row.version, "created_at": row.created_at, "spec": row.spec}
+            {"name": row.name, "version": row.version, "created_at": row.created_at, "spec": row.spec},
+            context=context,
         )
 
 
@@ -69,12 +74,12 @@ def versioned_router(kind: SpecKind) -> APIRouter:
         },
     )
     def register(raw: JsonBody, session: SessionDep) -> JSONResponse:
-        context = {"profiles": profiles_context(session)} if kind.custom_profiles else None
+        context = kind.context(session)
         spec = parse(kind.spec, raw, context)
         check_servable(kind, spec.name)
         row, created = repo.add_version(session, kind.table, spec.name, spec.model_dump(mode="json"))
         return JSONResponse(
-            kind.to_record(row).model_dump(mode="json"),
+            kind.to_record(row, context).model_dump(mode="json"),
             status_code=201 if created else 200,
             headers={"Location": f"/api/v1/{kind.name}s/{quote(row.name, safe='')}/{row.version}"},
         )
@@ -91,7 +96,8 @@ def versioned_router(kind: SpecKind) -> APIRouter:
         session: SessionDep, paging: PageDep, name: Annotated[str | None, Query(max_length=200)] = None
     ) -> Any:
         rows, pagination = repo.list_versions(session, kind.table, name, paging.page, paging.limit)
-        return _page([kind.to_record(r) for r in rows], pagination)
+        context = kind.context(session) if rows else None
+        return _page([kind.to_record(r, context) for r in rows], pagination)
 
     @router.get(
         "/{name}",
@@ -126,7 +132,7 @@ def _get(session: SessionDep, kind: SpecKind, name: str, version: int | None) ->
     row = repo.get_version(session, kind.table, name, version)
     if row is None:
         raise NotFound(f"no {kind.name} named {shown(name)}" + ("" if version is None else f" at version {version}"))
-    return kind.to_record(row)
+    return kind.to_record(row, kind.context(session))
 
 
 models = versioned_router(SpecKind("model", ModelSpec, ModelRecord, ModelVersionRow, custom_profiles=False))

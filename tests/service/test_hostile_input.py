@@ -4,15 +4,37 @@ the field where it is a validation error), nothing is stored, and whatever was s
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
+from hostile_cases import BASE, BASE_PROFILE, LONG_PROFILES, Case, all_cases, calibration
+from hostile_cases import custom_profile as catalogue_profile
+from hostile_cases import plan_request as hostile_plan_request
+from sqlalchemy import Engine, create_engine
+from sqlalchemy import text as sql_text
 
-from conftest import assert_problem, count, fleet, small_model
+from conftest import (
+    assert_problem,
+    count,
+    create_pg_database,
+    drop_pg_database,
+    fleet,
+    postgres_available,
+    small_model,
+)
 from shardwise.hwprofiles import get_profile
+from shardwise.service.devserver import running_server
 from shardwise.service.models import (
     Base,
     CalibrationRow,
@@ -317,3 +339,181 @@ def test_largest_values_in_bounds_still_plan(client: TestClient, settings: Setti
     assert plan.status_code == 200
     for item in plan.json()["items"]:
         assert client.get(f"/api/v1/plans/{item['id']}").status_code == 200
+
+
+# ------------------------------------------------------------------------------------------------- the catalogue
+#
+# ``hostile_cases.py`` lists the requests; each one goes to a real uvicorn (one per database, shared by the module:
+# it starts once, so the catalogue stays quick) and must get its answer: never a 5xx, within 10 s, a problem+json
+# body on a 4xx, the field named, nothing stored by a refused request, and the stored plan still readable after it.
+
+ANSWER_WITHIN_S = 10.0
+CASES = all_cases()
+
+
+@dataclass
+class Hostile:
+    base: str
+    http: httpx.Client
+    engine: Engine
+    plan_id: str
+    log: Path
+
+    def counts(self) -> dict[str, int]:
+        tables = [t.__tablename__ for t in ROWS]
+        query = "SELECT " + ", ".join(f"(SELECT count(*) FROM {t})" for t in tables)
+        with self.engine.connect() as conn:
+            row = conn.execute(sql_text(query)).one()
+        return dict(zip(tables, row, strict=True))
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _seed(http: httpx.Client) -> str:
+    """What the server holds before the attack: the 20 long-named profiles, a model, a fleet, a calibration, a
+    plan. Returns the plan's id."""
+    for name in [*LONG_PROFILES, BASE_PROFILE]:
+        assert http.post("/api/v1/hwprofiles", json=catalogue_profile(name)).status_code == 201
+    assert http.post("/api/v1/models", json=small_model(BASE)).status_code == 201
+    assert http.post("/api/v1/fleets", json=fleet(BASE)).status_code == 201
+    assert http.post("/api/v1/calibrations", json=calibration()).status_code == 201
+    plan = http.post("/api/v1/plans", json=hostile_plan_request())
+    assert plan.status_code == 201, plan.text
+    return str(plan.json()["id"])
+
+
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def hostile(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
+    workdir = tmp_path_factory.mktemp(f"hostile-{request.param}")
+    if request.param == "sqlite":
+        url = f"sqlite:///{workdir / 'hostile.db'}"
+    else:
+        if not postgres_available():
+            pytest.skip("no PostgreSQL")
+        url = create_pg_database()
+    log = workdir / "server.log"
+    engine = create_engine(url)
+    try:
+        env = {"SHARDWISE_WAIT_S": "8", "SHARDWISE_LOG_LEVEL": "WARNING"}
+        with running_server(url, env=env, log=log) as base, httpx.Client(base_url=base, timeout=30) as http:
+            yield Hostile(base, http, engine, _seed(http), log)
+    finally:
+        engine.dispose()
+        if request.param == "postgresql":
+            drop_pg_database(url)
+
+
+def _send_raw(base: str, message: bytes) -> tuple[int, dict[str, str], bytes]:
+    """One raw HTTP/1.1 message; the status, headers and body of the answer (read until the server closes)."""
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=ANSWER_WITHIN_S) as sock:
+        with contextlib.suppress(OSError):  # the server may answer and close before it has read everything
+            sock.sendall(message)
+        chunks = []
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    assert lines[0].startswith("HTTP/1.1 "), lines[:1]
+    headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
+    return int(lines[0].split()[1]), {k.lower(): v for k, v in headers.items()}, body
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_hostile_request(hostile: Hostile, case: Case) -> None:
+    before = hostile.counts()
+    path = case.path.replace("{plan}", hostile.plan_id)
+    start = time.perf_counter()
+    if case.raw is not None:
+        status, headers, content = _send_raw(hostile.base, case.raw())
+    else:
+        try:
+            response = hostile.http.request(
+                case.method,
+                path,
+                content=case.content(hostile.plan_id),
+                headers=case.headers,
+                params=[(k, v.replace("{plan}", hostile.plan_id)) for k, v in case.params or []],
+                timeout=ANSWER_WITHIN_S,
+            )
+        except httpx.TimeoutException as exc:
+            pytest.fail(f"no answer within {ANSWER_WITHIN_S} s: {exc!r}")
+        status, headers, content = response.status_code, dict(response.headers), response.content
+    elapsed = time.perf_counter() - start
+    text = content[:600].decode(errors="replace")
+
+    assert status < 500, f"{status}: {text}\n--- server log ---\n{hostile.log_tail()}"
+    assert elapsed < ANSWER_WITHIN_S, elapsed
+    assert status in case.status, f"{status}: {text}"
+    if 400 <= status < 500 and not case.by_server:
+        kind = headers.get("content-type", "")
+        if not (case.html and kind.startswith("text/html")):
+            assert kind.startswith("application/problem+json"), (kind, text)
+            problem = json.loads(content)
+            assert problem["status"] == status
+            assert problem["title"]
+            assert len(content) < 16_384, f"a {len(content)}-byte problem: echoed input is not cut short"
+            if case.where is not None:
+                locs = [tuple(e["loc"]) for e in problem.get("errors", [])]
+                assert any(loc[: len(case.where)] == case.where for loc in locs), (case.where, locs, text)
+    if not case.stores:
+        assert hostile.counts() == before, "a refused request stored something"
+    location = headers.get("location")
+    if 200 <= status < 300 and location:
+        assert hostile.http.get(location).status_code == 200, location
+    assert hostile.http.get(f"/api/v1/plans/{hostile.plan_id}").status_code == 200
+
+
+#: issue 18's list of requests that once answered 5xx, each a case of the catalogue
+ISSUE_18 = {
+    "plans-nested-arrays-100k",
+    "plans-nested-objects-100k",
+    "plans-integer-5000-digits",
+    "plans-model-ref-superscript-two",
+    "plans-model-ref-20-nines",
+    "plans-model-ref-int64-max",
+    "plans-fleet-ref-int64-max",
+    "models-name-nul",
+    "list-plans-filter-model-nul",
+    "list-plans-filter-gpu-nul",
+    "plans-20-host-groups-of-63-character-profiles",
+    "plans-table-num_embeddings-1e+18",
+    "plans-table-pooling_factor-1e+300",
+    "plans-host-host_memory_bytes-1e+30",
+    "plans-option-max_deterministic_time-raw-Infinity",
+    "hwprofiles-latency-raw-Infinity",
+    "plans-number-NaN",
+    "models-8MB-text",
+    "get-model-15k-characters",
+    "models-name-slash",
+    "models-name-dot-dot-slash",
+    "plans-content-type-text-plain",
+    "plans-content-type-form",
+    "plans-content-type-missing",
+    "plans-body-over-the-cap",
+    "models-name-cyrillic-a",
+}
+
+
+def test_the_catalogue_is_large_and_covers_every_operation() -> None:
+    assert len(CASES) >= 150
+    assert {c.id for c in CASES} >= ISSUE_18, sorted(ISSUE_18 - {c.id for c in CASES})
+    from shardwise.service.app import create_app
+
+    schema = create_app(Settings(database_url="sqlite://", log_level="WARNING")).openapi()
+    operations = {(m.upper(), p) for p, item in schema["paths"].items() for m in item}
+    templates = {(c.method, c.path) for c in CASES}
+
+    def matches(method: str, template: str) -> bool:
+        pattern = "^" + re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(template)) + "$"
+        return any(m == method and re.match(pattern, p.replace("{plan}", "x")) for m, p in templates)
+
+    missing = sorted(op for op in operations if not matches(*op))
+    assert not missing, missing

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import socket
+import time
+from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from conftest import assert_problem, count, fleet, small_model
+from shardwise.service.devserver import running_server
 from shardwise.service.models import JobRow, ModelVersionRow, PlanRow
 from shardwise.service.settings import Settings
 
@@ -101,3 +107,128 @@ def test_locations_are_escaped_and_fetchable(client: TestClient) -> None:
     # an inline model may still carry such a name: only registering it is refused
     inline = client.post("/api/v1/plans", json={**plan_request(), "model": small_model("a/b")})
     assert inline.status_code == 201, inline.text
+
+
+# ------------------------------------------------------------------------------------------------- body read timeout
+
+BODY_TIMEOUT_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def slow_body_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real uvicorn (the timeout lives in the ASGI stack under a real socket) with a 1 s body read timeout and a
+    single request thread."""
+    workdir = tmp_path_factory.mktemp("slow-body")
+    env = {"SHARDWISE_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S), "SHARDWISE_REQUEST_THREADS": "1"}
+    with running_server(f"sqlite:///{workdir / 'slow.db'}", env=env, log=workdir / "server.log") as base:
+        yield base
+
+
+def _connect(base: str) -> socket.socket:
+    host, port = base.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def _head(path: str, length: int, method: str = "POST") -> bytes:
+    return (
+        f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (a 10 s socket timeout fails the test)."""
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _answer(raw: bytes) -> tuple[int, dict[str, str], dict[str, Any]]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v for k, v in (line.split(": ", 1) for line in lines[1:])}
+    return int(lines[0].split()[1]), headers, json.loads(body) if body else {}
+
+
+def test_a_body_that_stalls_midway_is_a_408_and_the_connection_is_closed(slow_body_server: str) -> None:
+    body = json.dumps(small_model("stalled")).encode()
+    with _connect(slow_body_server) as sock:
+        start = time.monotonic()
+        sock.sendall(_head("/api/v1/models", len(body)) + body[: len(body) // 2])  # and then nothing
+        raw = _read_until_closed(sock)
+        elapsed = time.monotonic() - start
+    status, headers, problem = _answer(raw)
+    assert status == 408, raw[:300]
+    assert headers["content-type"] == "application/problem+json"
+    assert headers["connection"] == "close"
+    assert problem["type"] == "/problems/body-timeout"
+    assert f"within {BODY_TIMEOUT_S:g} s" in problem["detail"]
+    assert BODY_TIMEOUT_S <= elapsed < BODY_TIMEOUT_S + 4, elapsed  # the deadline, not the socket's 10 s
+    assert httpx.get(f"{slow_body_server}/api/v1/models", params={"name": "stalled"}).json()["items"] == []
+
+
+def test_a_body_sent_a_byte_at_a_time_is_cut_at_the_deadline(slow_body_server: str) -> None:
+    """The deadline is for the whole body from the request's start, not for each piece: a trickle never extends it."""
+    body = json.dumps(small_model("trickle")).encode()
+    with _connect(slow_body_server) as sock:
+        start = time.monotonic()
+        sock.sendall(_head("/api/v1/models", len(body)))
+        raw = b""
+        for byte in body:
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:  # closed under us: the answer has come
+                break
+            time.sleep(0.1)
+            sock.setblocking(False)
+            try:
+                raw = sock.recv(65536)
+            except BlockingIOError:
+                pass
+            finally:
+                sock.setblocking(True)
+            if raw:
+                break
+        raw += _read_until_closed(sock)
+        elapsed = time.monotonic() - start
+    assert _answer(raw)[0] == 408, raw[:300]
+    assert elapsed < BODY_TIMEOUT_S + 4, elapsed
+
+
+def test_stalled_bodies_hold_no_request_thread(slow_body_server: str) -> None:
+    """Three clients stall mid-body on a server with one request thread; the other routes answer meanwhile, and a
+    body that arrives whole before the deadline (after a pause) is stored."""
+    stalled = [_connect(slow_body_server) for _ in range(3)]
+    try:
+        for sock in stalled:
+            sock.sendall(_head("/api/v1/fleets", 10_000) + b'{"name": ')
+        start = time.monotonic()
+        for path in ("/healthz", "/api/v1/plans", "/api/v1/models"):
+            assert httpx.get(f"{slow_body_server}{path}", timeout=5).status_code == 200
+        assert time.monotonic() - start < BODY_TIMEOUT_S  # answered while the three were still stalled
+        body = json.dumps(fleet("paused")).encode()
+        with _connect(slow_body_server) as sock:
+            sock.sendall(_head("/api/v1/fleets", len(body)) + body[:10])
+            time.sleep(BODY_TIMEOUT_S / 3)
+            sock.sendall(body[10:])
+            status, headers, _ = _answer(sock.recv(65536))
+        assert status == 201
+        assert "connection" not in headers  # read whole: the connection may be kept
+        for sock in stalled:
+            assert _answer(_read_until_closed(sock))[0] == 408
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
+def test_an_answer_sent_before_the_body_was_read_closes_the_connection(slow_body_server: str) -> None:
+    """A route that reads no body answers at once; the connection is closed rather than the rest of the body read
+    as the next request."""
+    with _connect(slow_body_server) as sock:
+        sock.sendall(_head("/healthz", 1000, method="GET") + b"GET /healthz HTTP/1.1\r\n")
+        raw = _read_until_closed(sock)
+    status, headers, body = _answer(raw)
+    assert status == 200
+    assert body == {"status": "ok"}
+    assert headers["connection"] == "close"
