@@ -35,7 +35,7 @@ class PageParams:
     limit: int
 
 
-def page_params(
+async def page_params(
     request: Request,
     page: Annotated[int, Query(ge=1, le=1_000_000, description="1-based page")] = 1,
     limit: Annotated[int, Query(ge=1, le=1000, description="items per page (capped by the server)")] = 50,
@@ -47,15 +47,15 @@ def page_params(
 PageDep = Annotated[PageParams, Depends(page_params)]
 
 
-def settings_of(request: Request) -> Settings:
+async def settings_of(request: Request) -> Settings:
     return request.app.state.settings  # type: ignore[no-any-return]
 
 
-def runner_of(request: Request) -> JobRunner:
+async def runner_of(request: Request) -> JobRunner:
     return request.app.state.runner  # type: ignore[no-any-return]
 
 
-def metrics_of(request: Request) -> Metrics:
+async def metrics_of(request: Request) -> Metrics:
     return request.app.state.metrics  # type: ignore[no-any-return]
 
 
@@ -174,7 +174,7 @@ JsonBody = Annotated[Any, Depends(json_body)]
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def no_control_characters(request: Request) -> None:
+async def no_control_characters(request: Request) -> None:
     """Refuse (422, naming the parameter) a path or query parameter holding a control character: no name, id or
     filter needs one, and PostgreSQL refuses NUL in text. A dependency of every route (``create_app``)."""
     for name, value in request.path_params.items():
