@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import anyio.to_thread
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -83,6 +84,7 @@ def create_app(settings: Settings | None = None, *, runner: JobRunner | None = N
         app.state.sessions = session_factory(engine)
         owned = runner is None  # a runner handed in is started and stopped by its owner
         app.state.runner = runner or make_runner(settings, app)
+        app.state.plan_limiter = anyio.CapacityLimiter(min(settings.plan_threads, settings.request_threads))
         app.state.plan_cache = PlanCache(settings.plan_cache_bytes, settings.plan_cache_s)
         watcher = app.state.job_watcher = JobWatcher(app.state.sessions)
         if isinstance(app.state.runner, LocalRunner):  # it knows when a job ends: time the solve, wake its waiters
@@ -92,7 +94,9 @@ def create_app(settings: Settings | None = None, *, runner: JobRunner | None = N
                 watcher.job_ended(job_id)
 
             app.state.runner.on_done = done
-        if owned and app.state.runner.name == "local":  # nobody else can still be running them
+        # alone, nobody else can still be running them; one of several server processes leaves them to the reaper
+        # (its siblings beat theirs) and to `shardwise serve`, which ends them once before starting the processes
+        if owned and app.state.runner.name == "local" and settings.workers == 1:
             try:
                 with app.state.sessions() as session:
                     n = repo.fail_interrupted_jobs(

@@ -47,6 +47,12 @@ class Settings(BaseSettings):
     # jobs
     wait_s: float = Field(default=10.0, ge=0, description="default seconds a POST /plans waits before 202")
     request_threads: int = Field(default=200, ge=1, description="threads serving requests (waiting ones included)")
+    plan_threads: int = Field(
+        default=4,
+        ge=1,
+        description="threads that parse, validate and look up POST /plans bodies at once, of the request threads "
+        "(more would only contend for the interpreter lock with the event loop that answers the probes)",
+    )
     job_workers: int = Field(
         default=1, ge=1, description="local solver processes (the embedded runner), in each server process"
     )

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
 
+import anyio.to_thread
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
@@ -72,17 +73,20 @@ def _row(session: SessionDep, plan_id: str) -> PlanRow:
 
 @dataclass(frozen=True)
 class _Started:
-    """What the threadpool part of ``POST /plans`` found: a ready stored plan, or an outcome (a plan, or a job)."""
+    """What the threadpool part of ``POST /plans`` found: the answer, or the live job to wait for."""
 
     key: str
-    ready: ReadyPlan | None = None
-    outcome: Outcome | None = None
+    answer: Response | None = None
+    job_id: str | None = None
+    started: bool = False  # this request started the solve
+    reused: bool = False  # answered from the store
     wait_s: float = 0.0
 
 
-def _start(app_state: Any, raw: Any) -> _Started:
-    """In a worker thread: parse and validate the body, resolve it, hash it; the ready plan when this process has it,
-    else the stored plan or the one live job for the request (started or joined). Nothing here waits for a solve."""
+def _start(app_state: Any, raw: Any, path: str) -> _Started:
+    """In a worker thread: parse and validate the body, resolve it, hash it; answer from the ready plans of this
+    process, else from the store, else start (or join) the one live job for the request. Nothing here waits for a
+    solve; every answer is rendered here, off the event loop."""
     settings: Settings = app_state.settings
     cache: PlanCache = app_state.plan_cache
     with app_state.sessions() as session:
@@ -94,18 +98,55 @@ def _start(app_state: Any, raw: Any) -> _Started:
         params, wait_s = solve_params(settings, body.options)
         check_caps(settings, model, fleet, params)
         resolved = Resolved(model, fleet, params, model_ref, fleet_ref)
+        key = resolved.key
         ready = cache.get(resolved.hash)
         if ready is not None and not ready.infeasible:
-            return _Started(resolved.key, ready=ready)
+            return _Started(key, _ready_response(ready, key), reused=True)
         outcome = start(session, app_state.runner, resolved)
         if outcome.plan is not None and outcome.plan.status != PlanStatus.infeasible.value:
-            return _Started(resolved.key, ready=cache.put(ReadyPlan.render(outcome.plan)))
-        return _Started(resolved.key, outcome=outcome, wait_s=wait_s)
+            return _Started(key, _ready_response(cache.put(ReadyPlan.render(outcome.plan)), key), reused=True)
+        answer = _answer(outcome, key, path)
+        job_id = str(outcome.job.id) if answer is None and outcome.job is not None else None
+        return _Started(key, answer, job_id, outcome.started, outcome.reused, wait_s)
 
 
-def _finished(app_state: Any, job_id: str, started: bool) -> Outcome:
+def _finished(app_state: Any, job_id: str, key: str, path: str) -> Response:
+    """In a worker thread: the answer for the job ``job_id`` once waited for (its plan, its error, or 202)."""
     with app_state.sessions() as session:
-        return finished(session, job_id, started=started)
+        outcome = finished(session, job_id, started=False)
+        answer = _answer(outcome, key, path)
+        if answer is None:  # still live after the wait budget
+            assert outcome.job is not None
+            return _job_response(outcome.job, key)
+        return answer
+
+
+def _answer(outcome: Outcome, key: str, path: str) -> Response | None:
+    """The answer ``outcome`` makes, or None while its job is live (wait, then ``_finished``)."""
+    if outcome.plan is not None:
+        row = outcome.plan
+        if row.status == PlanStatus.infeasible.value:
+            return problem_response(infeasible_problem(row, path, reused=outcome.reused))
+        return JSONResponse(
+            repo.stored_plan_json(row, reused=outcome.reused),
+            status_code=200 if outcome.reused else 201,
+            headers={"Location": plan_location(row.id), REQUEST_KEY_HEADER: key},
+        )
+    job = outcome.job
+    assert job is not None
+    if job.state in repo.ACTIVE:
+        return None
+    if job.error is not None:  # the solve failed
+        return problem_response({**job.error, "instance": path, "job_id": str(job.id)})
+    return _job_response(job, key)
+
+
+def _job_response(job: Any, key: str) -> Response:
+    return JSONResponse(
+        repo.job_resource(job).model_dump(mode="json"),
+        status_code=202,
+        headers={"Location": f"/api/v1/jobs/{job.id}", "Retry-After": "1", REQUEST_KEY_HEADER: key},
+    )
 
 
 def _ready_response(ready: ReadyPlan, key: str | None, status: int = 200) -> Response:
@@ -130,41 +171,20 @@ def _ready_response(ready: ReadyPlan, key: str | None, status: int = 200) -> Res
     dependencies=[WriteAccess],
 )
 async def create_plan(raw: JsonBody, request: Request, runner: RunnerDep, metrics: MetricsDep) -> Response:
-    """The body is parsed, resolved and looked up in a worker thread; a solve is waited for on the event loop
-    (``service.job_watch``), so a waiting request holds no thread and no database connection."""
+    """The body is parsed, resolved and looked up in a worker thread (``plan_threads`` at once); a solve is waited
+    for on the event loop (``service.job_watch``): a waiting request holds no thread and no database connection."""
     state = request.app.state
-    begun = await run_in_threadpool(_start, state, raw)
-    if begun.ready is not None:
-        metrics.reuse_hits.inc()
-        return _ready_response(begun.ready, begun.key)
-    outcome = begun.outcome
-    assert outcome is not None
-    if outcome.started:
+    path = request.url.path
+    begun = await anyio.to_thread.run_sync(_start, state, raw, path, limiter=state.plan_limiter)
+    if begun.started:
         metrics.solves.labels(runner.name).inc()
-    if outcome.plan is None and outcome.job is not None and outcome.job.state in repo.ACTIVE:
-        job_id = str(outcome.job.id)
-        await state.job_watcher.wait(job_id, begun.wait_s)
-        outcome = await run_in_threadpool(_finished, state, job_id, outcome.started)
-    if outcome.plan is not None:
-        if outcome.reused:
-            metrics.reuse_hits.inc()
-        row = outcome.plan
-        if row.status == PlanStatus.infeasible.value:
-            return problem_response(infeasible_problem(row, request.url.path, reused=outcome.reused))
-        return JSONResponse(
-            repo.stored_plan_json(row, reused=outcome.reused),
-            status_code=200 if outcome.reused else 201,
-            headers={"Location": plan_location(row.id), REQUEST_KEY_HEADER: begun.key},
-        )
-    job = outcome.job
-    assert job is not None
-    if job.error is not None:  # the solve failed
-        return problem_response({**job.error, "instance": request.url.path, "job_id": str(job.id)})
-    return JSONResponse(
-        repo.job_resource(job).model_dump(mode="json"),
-        status_code=202,
-        headers={"Location": f"/api/v1/jobs/{job.id}", "Retry-After": "1", REQUEST_KEY_HEADER: begun.key},
-    )
+    if begun.reused:
+        metrics.reuse_hits.inc()
+    if begun.answer is not None:
+        return begun.answer
+    assert begun.job_id is not None
+    await state.job_watcher.wait(begun.job_id, begun.wait_s)
+    return await anyio.to_thread.run_sync(_finished, state, begun.job_id, begun.key, path, limiter=state.plan_limiter)
 
 
 async def _read_ready(app_state: Any, request_hash: str) -> ReadyPlan | None:
