@@ -5,7 +5,8 @@ limit, the wall time, the overrun past the limit, the allowed overrun (``max(1 s
 (an infeasible answer says why: for a cut-off solve, that no plan was found within the limit). Each case runs on
 an idle machine and again with two ``python -c "while True: pass"`` processes running for its duration (the
 development VM has two cores, so the solve then gets about a third of the machine). It also times the greedy
-planner alone at 2,000 tables × 512 mixed GPUs with a limit that does not cut it off.
+planner alone at 2,000 tables × 512 mixed GPUs with a limit that does not cut it off, with the peak resident
+memory of the process (``ru_maxrss``; every row carries it, so far in the run).
 
     python benchmarks/time_limit.py [--json OUT] [--machine NAME] [--quick]
 
@@ -31,7 +32,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.instances import get, make_fleet, make_model
-from shardwise.solver.planner import make_plan
+from shardwise.solver.planner import make_plan, peak_rss_bytes
 from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams
 
 HOGS = 2
@@ -92,6 +93,7 @@ def run_case(name: str, solver: str, limit: float, size: str, load: int) -> dict
         "solver_status": plan.solver.status,
         "step_ms": plan.predicted_step_ms,
         "explanation": plan.explanation[0] if plan.status.value == "infeasible" and plan.explanation else "",
+        "peak_rss_bytes": peak_rss_bytes(),  # of this process so far: the cases run smallest first
     }
 
 
@@ -130,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# every solve within its limit + max(1 s, 3 %): {all(r['within'] for r in timed)}")
     for r in rows:
         if r["limit_s"] == GREEDY_ALONE[2]:
-            print(f"# greedy alone at 2,000 x 512 mixed, {r['load']}: {r['wall_s']:.1f} s ({r['status']})")
+            peak = r["peak_rss_bytes"]
+            rss = "" if peak is None else f", peak RSS of the process so far {peak / 1e9:.2f} GB"
+            print(f"# greedy alone at 2,000 x 512 mixed, {r['load']}: {r['wall_s']:.1f} s ({r['status']}){rss}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         out = {

@@ -750,7 +750,7 @@ def calibrate(
                 log(f"{'overheads.' + name:<28} {value:8.3f}")
     if dist.is_initialized() and dist.get_world_size() > 1:
         log("collectives …")
-        bench_collectives(device, profile, (0.0625, 1, 16, 128) if gpu else (0.0625, 1), reps, out)
+        bench_collectives(device, profile, (0.0625, 1, 16, 128) if gpu else (0.0625, 1, 8), reps, out)
         coll = [s for s in out.samples if s.kind == "collective"]
         (lat_ms, k), c_err = linear_fit([[1.0, s.b_ms] for s in coll], [s.measured_ms for s in coll])
         world = dist.get_world_size()

@@ -104,12 +104,12 @@ def print_plan(plan: Plan, *, scored: bool = False) -> None:
         )
     if scored:
         typer.echo(
-            f"scored: {plan.status.value} · predicted step {plan.predicted_step_ms:.3f} ms "
+            f"scored: {plan.verdict} · predicted step {plan.predicted_step_ms:.3f} ms "
             f"(priced here; the plan was made by {plan.solver.name})"
         )
     else:
         typer.echo(
-            f"status: {plan.status.value} ({plan.solver.name}, {plan.solver.seconds:.2f} s) · "
+            f"status: {plan.verdict} ({plan.solver.name}, {plan.solver.seconds:.2f} s) · "
             f"predicted step {plan.predicted_step_ms:.3f} ms"
         )
     typer.echo(f"  {verdict_line(plan)}")
@@ -119,11 +119,10 @@ def print_plan(plan: Plan, *, scored: bool = False) -> None:
 
 
 def verdict_line(plan: Plan) -> str:
-    """The plan's verdict against every plan (the catalogue-wide bound), then what the search proved over the
-    layouts it searched where that says more: ``optimal; no plan beats 12.000 ms``, ``optimal among the layouts
-    searched; at most 31.3% from any plan (bound 15.930 ms)``, ``best found; at most ...``."""
-    detail = plan.verdict_detail or "no bound on every plan"
-    line = f"{plan.verdict}; {detail}"
+    """What stands behind the plan's verdict (the status line says the verdict): the catalogue-wide bound, then
+    what the search proved over the layouts it searched where that says more: ``no plan beats 12.000 ms``,
+    ``at most 31.3% from any plan (bound 15.930 ms); the search proved ...``."""
+    line = plan.verdict_detail or "no bound on every plan"
     searched, searched_gap = plan.solver.searched_bound_ms, plan.solver.searched_gap
     bound = plan.lower_bound_ms
     says_more = searched is not None and (bound is None or searched - bound > 1e-6)

@@ -84,7 +84,10 @@ def plan(
     except ValidationError as exc:
         fail(describe_validation_error(exc))
     planner = _solver_modules()
-    result: Plan = planner.make_plan(model, fleet, params)
+    try:
+        result: Plan = planner.make_plan(model, fleet, params)
+    except planner.ProblemTooLargeError as exc:  # more work than the solver's memory: the figures, in one line
+        fail(str(exc))
     print_plan(result)
     write_plan(result, output)
     if result.status is PlanStatus.infeasible:
@@ -253,6 +256,8 @@ def port(
         report: PortReport = port_mod.port_analysis(model, source, target, params, source_plan=given)
     except port_mod.PortError as exc:
         fail(f"{plan_path}: {exc}")
+    except _solver_modules().ProblemTooLargeError as exc:
+        fail(str(exc))
     if as_json:
         typer.echo(report.model_dump_json(indent=2))
     else:

@@ -88,6 +88,8 @@ class _Progress:
         bar = "#" * round(20 * done) + "-" * (20 - round(20 * done))
         best, bound = job.progress.best_ms, job.progress.bound_ms
         figures = "waiting for the solver"
+        if best is None and bound is not None:  # the candidates are priced, no plan yet
+            figures = f"no plan yet · bound {bound:.3f} ms"
         if best is not None:
             figures = f"best {best:.3f} ms"
             if bound is not None:
@@ -186,7 +188,7 @@ def list_plans(
             r.model,  # whole: a column as wide as its longest name
             r.fleet,
             str(r.world_size),
-            r.status.value,
+            r.verdict or r.status.value,
             "-" if r.predicted_step_ms is None else f"{r.predicted_step_ms:.3f}",
         ]
         for r in rows

@@ -134,6 +134,7 @@ def create_app(settings: Settings | None = None, *, runner: JobRunner | None = N
     app.state.settings = settings
     app.state.metrics = Metrics()
     errors.install(app)
+    ui.install(app)  # the pages' redirect to the login, refused and unreadable forms: HTML, not problem+json
     app.add_middleware(
         RequestMiddleware, max_body_bytes=settings.max_body_bytes, metrics=app.state.metrics, fastapi_app=app
     )

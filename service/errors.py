@@ -121,9 +121,12 @@ def problem_body(
 
 
 def problem_response(body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(
-        dict(body), status_code=int(body["status"]), headers=dict(headers or {}), media_type=PROBLEM_JSON
-    )
+    """The problem as a response; every 503 (database, broker, not ready) tells the client when to try again."""
+    status = int(body["status"])
+    extra = dict(headers or {})
+    if status == 503 and not any(k.lower() == "retry-after" for k in extra):
+        extra["Retry-After"] = str(RETRY_AFTER_S)
+    return JSONResponse(dict(body), status_code=status, headers=extra, media_type=PROBLEM_JSON)
 
 
 def field_errors(errors: Sequence[Any]) -> list[dict[str, Any]]:

@@ -296,14 +296,20 @@ def _end(
     return now
 
 
-def _progress_reporter(sessions: Callable[[], Session], job_key: Any) -> Callable[[float, float], None]:
+def _progress_reporter(sessions: Callable[[], Session], job_key: Any) -> Callable[[float | None, float], None]:
+    """What the solver reports (its best plan's step so far — None before it has one — and the bound over every
+    plan) written on the job row, at most every :data:`PROGRESS_EVERY_S` — except the first plan: a bound alone
+    written a moment before does not hold it back (a greedy solve reports the one, then the other)."""
     last = [0.0]
+    had_plan = [False]
 
-    def report(best_ms: float, bound_ms: float) -> None:
+    def report(best_ms: float | None, bound_ms: float) -> None:
         now = time.monotonic()
-        if now - last[0] < PROGRESS_EVERY_S:
+        first_plan = best_ms is not None and not had_plan[0]
+        if now - last[0] < PROGRESS_EVERY_S and not first_plan:
             return
         last[0] = now
+        had_plan[0] = had_plan[0] or best_ms is not None
         try:
             with sessions() as s:
                 s.execute(

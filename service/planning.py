@@ -24,6 +24,8 @@ from shardwise.service.jobs import JobRunner, reap
 from shardwise.service.models import FleetVersionRow, JobRow, ModelVersionRow, PlanRow
 from shardwise.service.settings import Settings
 from shardwise.solver.extract import solver_version
+from shardwise.solver.size import MAX_CANDIDATE_BYTES, problem_size, refusal
+from shardwise.solver.topology import Topology
 from shardwise.wire.calibration import calibrate_fleet
 from shardwise.wire.hashing import request_hash, request_key
 from shardwise.wire.resources import JobState, PlanOptions
@@ -75,10 +77,7 @@ def _spec_row(session: Session, kind: Literal["model", "fleet"], ref: str) -> Mo
     row = repo.get_version(session, table, name, version)
     if row is None:
         where = "" if version is None else " at that version"
-        raise NotFound(
-            f"no {kind} named {shown(ref)}{where}: register it first (POST /api/v1/{kind}s, "
-            f"ShardwiseClient().register_{kind}(spec) or shardwise {kind}s register FILE)"
-        )
+        raise NotFound(f"no {kind} named {shown(ref)}{where}: register it first (shardwise {kind}s register FILE)")
     return row
 
 
@@ -189,6 +188,9 @@ def calibrate(
 
 
 def check_caps(settings: Settings, model: ModelSpec, fleet: FleetSpec, params: SolveParams | None) -> None:
+    """Refuse (422 ``limit-exceeded``) what is over a cap: tables, ranks, the time limit, and — for a solve
+    (``params`` given) — work the solver cannot do in its memory or within the time limit
+    (:mod:`shardwise.solver.size`; the body carries the figures)."""
     if len(model.embedding_tables) > settings.max_tables:
         raise LimitExceeded(
             f"the model has {len(model.embedding_tables)} tables; this service plans at most {settings.max_tables}"
@@ -199,6 +201,16 @@ def check_caps(settings: Settings, model: ModelSpec, fleet: FleetSpec, params: S
         raise LimitExceeded(
             f"time_limit_s {params.time_limit_s:g} is over this service's cap of {settings.max_time_limit_s:g} s"
         )
+    if params is not None:  # a solve: its work grows with tables × ranks, which the caps above bound only apart
+        size = problem_size(Topology(fleet), model)
+        why = refusal(size, params.time_limit_s)
+        if why is not None:
+            figures: dict[str, Any] = {
+                **size.figures(),
+                "limit_bytes": MAX_CANDIDATE_BYTES,
+                "time_limit_s": params.time_limit_s,
+            }
+            raise LimitExceeded(why, **figures)
 
 
 def solve_params(settings: Settings, options: PlanOptions) -> tuple[SolveParams, float]:

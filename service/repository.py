@@ -11,7 +11,7 @@ import hashlib
 import json
 import math
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar, cast
@@ -31,7 +31,7 @@ from shardwise.service.models import (
 )
 from shardwise.solver.extract import canonical_json
 from shardwise.wire.resources import Job, JobProgress, JobState, Pagination, PlanSummary, StoredPlan
-from shardwise.wire.spec import FleetSpec, Plan, PlanStatus
+from shardwise.wire.spec import FleetSpec, Plan, PlanStatus, verdict_words
 
 ACTIVE = (JobState.queued.value, JobState.running.value)
 
@@ -135,6 +135,12 @@ def stored_plan(row: PlanRow, *, reused: bool = False) -> StoredPlan:
     return StoredPlan.model_validate(stored_plan_json(row, reused=reused))
 
 
+def searched_optimal(body: Any) -> bool:
+    """A stored plan body's ``solver.searched_optimal`` (False when absent: plans stored before it existed)."""
+    solver = body.get("solver") if isinstance(body, Mapping) else None
+    return bool(solver.get("searched_optimal", False)) if isinstance(solver, Mapping) else False
+
+
 def summary(row: PlanRow) -> PlanSummary:
     return PlanSummary(
         id=str(row.id),
@@ -146,6 +152,7 @@ def summary(row: PlanRow) -> PlanSummary:
         world_size=row.world_size,
         num_tables=row.num_tables,
         status=PlanStatus(row.status),
+        verdict=verdict_words(PlanStatus(row.status), searched_optimal(row.body)),
         predicted_step_ms=row.predicted_step_ms,
         lower_bound_ms=row.lower_bound_ms,
         gap=row.gap,

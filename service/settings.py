@@ -36,6 +36,20 @@ class Settings(BaseSettings):
         default_factory=list, description="comma-separated bearer tokens; when set, writes need one"
     )
     auth_reads: bool = Field(default=False, description="reads need a token too (when tokens are set)")
+    session_secret: SecretStr | None = Field(
+        default=None,
+        min_length=16,
+        description="signs the pages' session cookies; unset, a key derived from the API tokens (changing them then "
+        "ends every session)",
+    )
+    session_max_age_s: int = Field(
+        default=8 * 3600, ge=60, le=30 * 24 * 3600, description="how long a page login lasts (the cookie's Max-Age)"
+    )
+    session_cookie_secure: bool = Field(
+        default=False,
+        description="mark the pages' cookies Secure even when the request came over http (a TLS proxy that does not "
+        "say https); over https they are Secure anyway",
+    )
 
     # caps on what one request may ask for
     max_tables: int = Field(default=5000, ge=1)

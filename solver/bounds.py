@@ -37,7 +37,7 @@ from shardwise.solver.cost_model import collective_latency_ms
 from shardwise.solver.cpsat.candidates import Candidate
 from shardwise.solver.evaluate import COLLECTIVES, collective_groups, dense_cost, dense_styles
 from shardwise.solver.topology import Topology
-from shardwise.wire.spec import ModelSpec
+from shardwise.wire.spec import ModelSpec, ShardingType
 
 
 def candidate_work(c: Candidate) -> float:
@@ -123,9 +123,11 @@ def lower_bound_ms(topo: Topology, model: ModelSpec, cands: Sequence[Sequence[Ca
     dense_kinds = 1 if model.dense_layers else 0
     best = math.inf
     groups = sorted(COLLECTIVES)
+    needs = {st: collective_groups(st) for st in ShardingType}  # read 8 times per candidate: looked up, not built
     for n in range(len(groups) + 1):
         for used in itertools.combinations(groups, n):
-            allowed = [[c for c in cs if collective_groups(c.sharding) <= set(used)] for cs in tables]
+            ok = {st for st, g in needs.items() if g <= set(used)}
+            allowed = [[c for c in cs if c.sharding in ok] for cs in tables]
             if any(not cs for cs in allowed):
                 continue
             kinds = dense_kinds + sum(len(COLLECTIVES[g]) for g in used)

@@ -153,6 +153,7 @@ Nothing overlaps in this model: a rank's step time is its compute plus its commu
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -273,6 +274,7 @@ class ShardTraffic:
     out_rows: float
 
 
+@lru_cache(maxsize=1 << 16)  # memory and compute both read it, for every placement of a shard: price it once
 def shard_traffic(table: EmbeddingTableSpec, sharding: ST, num_rows: int, batch: int, world: int) -> ShardTraffic:
     """``n`` and ``o`` of the module docstring."""
     bags_global = float(world * batch * table.num_features)
@@ -386,6 +388,34 @@ def shard_memory(
     cache_ways: int = CACHE_WAYS_CUDA,
 ) -> ShardMemory:
     """Memory of one shard; formulas in the module docstring (``cache_ways``: ``A``, :func:`cache_associativity`)."""
+    return shard_memories(
+        table,
+        sharding=sharding,
+        num_rows=num_rows,
+        num_cols=num_cols,
+        placements=((placement, cache_fraction),),
+        batch=batch,
+        world=world,
+        cache_ways=cache_ways,
+    )[0]
+
+
+PlacementChoice = tuple[Placement, float | None]  # a placement and its cache fraction (uvm_cache only)
+
+
+def shard_memories(
+    table: EmbeddingTableSpec,
+    *,
+    sharding: ST,
+    num_rows: int,
+    num_cols: int,
+    placements: Sequence[PlacementChoice],
+    batch: int,
+    world: int,
+    cache_ways: int = CACHE_WAYS_CUDA,
+) -> list[ShardMemory]:
+    """:func:`shard_memory` of one shard under each of ``placements``: what does not depend on the placement
+    (weights, state, gradients, buffers) is worked out once."""
     traffic = shard_traffic(table, sharding, num_rows, batch, world)
     weights = num_rows * num_cols * table.dtype.nbytes
     state = optimizer_state_bytes(table.optimizer, num_rows, num_cols)
@@ -398,17 +428,26 @@ def shard_memory(
         + traffic.bags * LENGTH_BYTES
         + 2 * traffic.out_rows * num_cols * out_bytes(table.dtype)
     )
-    if placement is Placement.hbm:
-        return ShardMemory(weights=weights, optimizer=state, gradients=grads, buffers=buffers)
     dev_state = device_state_bytes(table.optimizer, num_rows)
-    if placement is Placement.uvm_cache:
-        # FBGEMM MANAGED_CACHING: the cache and s_dev in HBM, weights and s_uvm in UVM
-        cache = cache_bytes(num_rows, num_cols, table.dtype, cache_fraction, cache_ways)
-        return ShardMemory(
-            optimizer=dev_state, gradients=grads, buffers=buffers, cache=cache, host=weights + state - dev_state
-        )
-    # host: FBGEMM MANAGED keeps s_dev in HBM; shardwise's executor keeps everything of the shard on the CPU
-    return ShardMemory(optimizer=dev_state, gradients=grads, buffers=buffers, host=weights + state + grads + buffers)
+    out = []
+    for placement, cache_fraction in placements:
+        if placement is Placement.hbm:
+            out.append(ShardMemory(weights=weights, optimizer=state, gradients=grads, buffers=buffers))
+        elif placement is Placement.uvm_cache:
+            # FBGEMM MANAGED_CACHING: the cache and s_dev in HBM, weights and s_uvm in UVM
+            cache = cache_bytes(num_rows, num_cols, table.dtype, cache_fraction, cache_ways)
+            out.append(
+                ShardMemory(
+                    optimizer=dev_state, gradients=grads, buffers=buffers, cache=cache, host=weights + state - dev_state
+                )
+            )
+        else:  # host: FBGEMM MANAGED keeps s_dev in HBM; shardwise's executor keeps everything of the shard on the CPU
+            out.append(
+                ShardMemory(
+                    optimizer=dev_state, gradients=grads, buffers=buffers, host=weights + state + grads + buffers
+                )
+            )
+    return out
 
 
 # ----------------------------------------------------------------------------------------------- compute
@@ -466,6 +505,31 @@ def shard_compute_ms(
     world: int,
 ) -> float:
     """Forward + backward lookup and update time of one shard on ``profile`` (module docstring)."""
+    return shard_compute_times(
+        table,
+        sharding=sharding,
+        num_rows=num_rows,
+        num_cols=num_cols,
+        placements=((placement, cache_fraction),),
+        profile=profile,
+        batch=batch,
+        world=world,
+    )[0]
+
+
+def shard_compute_times(
+    table: EmbeddingTableSpec,
+    *,
+    sharding: ST,
+    num_rows: int,
+    num_cols: int,
+    placements: Sequence[PlacementChoice],
+    profile: HardwareProfile,
+    batch: int,
+    world: int,
+) -> list[float]:
+    """:func:`shard_compute_ms` of one shard under each of ``placements``: the bytes it gathers and streams are
+    worked out once."""
     t = shard_traffic(table, sharding, num_rows, batch, world)
     g = profile.memory_access_granularity_bytes
     row = round_up(num_cols * table.dtype.nbytes, g)
@@ -480,16 +544,22 @@ def shard_compute_ms(
     hbm_gather = profile.hbm_bandwidth_bytes_per_s * profile.achieved.embedding_gather
     hbm_stream = profile.hbm_bandwidth_bytes_per_s * profile.achieved.memory_bound
     link = profile.host_link_bytes_per_s * profile.achieved.host_link
-    if placement is Placement.hbm:
-        seconds = gathers / hbm_gather + streams / hbm_stream
-    else:
-        hit = cache_hit_rate(num_rows, cache_fraction, table.access_skew) if placement is Placement.uvm_cache else 0.0
-        miss = 1.0 - hit
-        fill = t.ids * miss * row if placement is Placement.uvm_cache else 0.0  # misses written into the cache
-        seconds = (gathers * hit + fill) / hbm_gather + gathers * miss / link + streams / hbm_stream
-    if placement is Placement.host:  # the larger of FBGEMM's reads over the host link and shardwise's CPU lookup
-        return max(seconds * MS + sort_ms, host_lookup_ms(table, sharding, num_rows, num_cols, profile, batch, world))
-    return seconds * MS + sort_ms
+    lookup_ms = host_lookup_ms(table, sharding, num_rows, num_cols, profile, batch, world)
+    out = []
+    for placement, cache_fraction in placements:
+        if placement is Placement.hbm:
+            seconds = gathers / hbm_gather + streams / hbm_stream
+        else:
+            uvm = placement is Placement.uvm_cache
+            hit = cache_hit_rate(num_rows, cache_fraction, table.access_skew) if uvm else 0.0
+            miss = 1.0 - hit
+            fill = t.ids * miss * row if uvm else 0.0  # misses written into the cache
+            seconds = (gathers * hit + fill) / hbm_gather + gathers * miss / link + streams / hbm_stream
+        if placement is Placement.host:  # the larger of FBGEMM's reads over the host link and shardwise's CPU lookup
+            out.append(max(seconds * MS + sort_ms, lookup_ms))
+        else:
+            out.append(seconds * MS + sort_ms)
+    return out
 
 
 def host_lookup_ms(

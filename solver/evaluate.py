@@ -59,35 +59,79 @@ def shard_cost(
     Everything after the table is keyword-only: a shard's shape is five values of which three are numbers or None,
     and a positional call that swaps two of them still type-checks and prices the wrong shard.
     """
-    W = topo.world_size
-    memory = cm.shard_memory(
+    return shard_costs(
+        topo,
         table,
         sharding=sharding,
         num_rows=num_rows,
         num_cols=num_cols,
-        placement=placement,
-        cache_fraction=cache_fraction,
+        placements=((placement, cache_fraction),),
+        cls=cls,
+        batch=batch,
+        group=group,
+    )[0]
+
+
+def shard_costs(
+    topo: Topology,
+    table: EmbeddingTableSpec,
+    *,
+    sharding: ShardingType,
+    num_rows: int,
+    num_cols: int,
+    placements: Sequence[cm.PlacementChoice],
+    cls: DeviceClass,
+    batch: int,
+    group: Iterable[int] | None = None,
+) -> list[ShardCost]:
+    """:func:`shard_cost` of one shard under each of ``placements`` (a placement with its cache fraction): what does
+    not depend on the placement — the communication, the bytes the shard moves — is worked out once. The candidate
+    enumeration prices a table's shapes this way."""
+    W = topo.world_size
+    memories = cm.shard_memories(
+        table,
+        sharding=sharding,
+        num_rows=num_rows,
+        num_cols=num_cols,
+        placements=placements,
         batch=batch,
         world=W,
         cache_ways=cm.cache_associativity(cls.profile),
     )
-    compute = cm.shard_compute_ms(
+    times = cm.shard_compute_times(
         table,
         sharding=sharding,
         num_rows=num_rows,
         num_cols=num_cols,
-        placement=placement,
-        cache_fraction=cache_fraction,
+        placements=placements,
         profile=cls.profile,
         batch=batch,
         world=W,
     )
+    comm = shard_comm_ms(
+        topo, table, sharding=sharding, num_rows=num_rows, num_cols=num_cols, cls=cls, batch=batch, group=group
+    )
+    lookup = cm.host_lookup_ms(table, sharding, num_rows, num_cols, cls.profile, batch, W)
+    return [
+        ShardCost(memory=m, compute_ms=t, comm_ms=comm, host_ms=lookup if p is Placement.host else 0.0)
+        for m, t, (p, _) in zip(memories, times, placements, strict=True)
+    ]
+
+
+def shard_comm_ms(
+    topo: Topology,
+    table: EmbeddingTableSpec,
+    *,
+    sharding: ShardingType,
+    num_rows: int,
+    num_cols: int,
+    cls: DeviceClass,
+    batch: int,
+    group: Iterable[int] | None = None,
+) -> float:
+    """The communication part of :func:`shard_cost` (it does not depend on the placement)."""
     ctx = topo.context(cls, batch, group if sharding in (ShardingType.row_wise, ShardingType.table_row_wise) else None)
-    comm = cm.shard_comm_ms(table, sharding, num_rows, num_cols, ctx)
-    host = 0.0
-    if placement is Placement.host:
-        host = cm.host_lookup_ms(table, sharding, num_rows, num_cols, cls.profile, batch, W)
-    return ShardCost(memory=memory, compute_ms=compute, comm_ms=comm, host_ms=host)
+    return cm.shard_comm_ms(table, sharding, num_rows, num_cols, ctx)
 
 
 def data_side_ms(topo: Topology, batch: int, table: EmbeddingTableSpec, cls: DeviceClass) -> float:
@@ -202,23 +246,28 @@ def evaluate(topo: Topology, model: ModelSpec, tables: Sequence[TablePlan], dens
     B = model.batch_size_per_gpu
     acc = [_RankAcc() for _ in topo.ranks]
     per_table: dict[str, float] = defaultdict(float)
+    by_name = {t.name: t for t in model.embedding_tables}
     for tp in tables:
-        table = model.table(tp.name)
-        group = [s.rank for s in tp.shards]
+        table = by_name[tp.name]
+        group = tuple(sorted({s.rank for s in tp.shards}))  # normalised once, not once per shard
+        priced: dict[tuple[int, int, Placement, float | None, int], ShardCost] = {}  # a row split has 2 shapes
         for s in tp.shards:
             cls = topo.class_of(s.rank)
-            c = shard_cost(
-                topo,
-                table,
-                sharding=tp.sharding_type,
-                num_rows=s.num_rows,
-                num_cols=s.num_cols,
-                placement=s.placement,
-                cache_fraction=s.cache_fraction,
-                cls=cls,
-                batch=B,
-                group=group,
-            )
+            key = (s.num_rows, s.num_cols, s.placement, s.cache_fraction, cls.index)
+            c = priced.get(key)
+            if c is None:
+                c = priced[key] = shard_cost(
+                    topo,
+                    table,
+                    sharding=tp.sharding_type,
+                    num_rows=s.num_rows,
+                    num_cols=s.num_cols,
+                    placement=s.placement,
+                    cache_fraction=s.cache_fraction,
+                    cls=cls,
+                    batch=B,
+                    group=group,
+                )
             acc[s.rank].add(c)
             per_table[tp.name] = max(per_table[tp.name], c.total_ms)
         if tp.sharding_type is not ShardingType.data_parallel:

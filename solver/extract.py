@@ -110,7 +110,8 @@ def build_plan(
     }
     if tables is None:
         return Plan(status=PlanStatus.infeasible, solver=SolverInfo(**info), explanation=list(explanation), **common)
-    ordered = sorted(tables, key=lambda t: [x.name for x in model.embedding_tables].index(t.name))
+    position = {x.name: i for i, x in enumerate(model.embedding_tables)}
+    ordered = sorted(tables, key=lambda t: position[t.name])
     ev = evaluate(topo, model, ordered, dense)
     step = round(ev.step_ms, 6)
     # the host floor bounds every plan's step alike (it does not depend on the plan): the bound may rise to it

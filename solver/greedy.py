@@ -23,6 +23,7 @@ one, else with an infeasible plan whose explanation says that no plan was found 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +43,11 @@ DENSE_SHARE = 0.25
 FINISH_SHARE = 0.35  # pricing the plan (evaluation, bound) takes about this share of enumerating the candidates
 FINISH_MIN_S = 0.05
 ANSWER_MARGIN_S = 0.5  # enumeration stops this early (at most a quarter of the limit): one table and the answer
+BOUND_FIRST_FACTOR = 3.0  # the bound is reported before the pass when this many times the enumeration is left
+
+#: ``on_progress(best_ms, bound_ms)``: the best plan's predicted step so far (None before there is a plan) and the
+#: bound over every plan; every planner reports through it (the service writes it on the job)
+Progress = Callable[[float | None, float], None]
 
 
 def choose_dense(topo: Topology, model: ModelSpec) -> list[tuple[str, DenseStyle]]:
@@ -68,52 +74,52 @@ def _try(
     load = state.load + cand.every_rank_ms[state.rank_class]
     hbm = state.hbm.copy()
     host = state.host.copy()
-    ranks: list[int] = []
     time_ = cand.time_ms
+    offloaded = bool(cand.host.any())  # host memory only moves for offloaded shards
     if cand.scope == "rank":
+        rc, rh = state.rank_class, state.rank_host
+        ranks: list[int] = []
         free = np.ones(len(load), dtype=bool)  # one shard of a table per rank: a second one there is pointless
         for i in range(len(cand.shapes)):
-            need_h = cand.hbm[i][state.rank_class]
-            need_d = cand.host[i][state.rank_class]
-            ok = (
-                free
-                & (hbm + need_h <= state.hbm_limit)
-                & (host[state.rank_host] + need_d <= state.host_limit[state.rank_host])
-            )
+            need_h = cand.hbm[i][rc]
+            ok = free & (hbm + need_h <= state.hbm_limit)
+            if offloaded:
+                need_d = cand.host[i][rc]
+                ok &= host[rh] + need_d <= state.host_limit[rh]
             if not ok.any():
                 return None
-            finish = np.where(ok, load + time_[i][state.rank_class], np.inf)
+            finish = np.where(ok, load + time_[i][rc], np.inf)
             r = int(np.argmin(finish))
             ranks.append(r)
             free[r] = False
             load[r] = finish[r]
             hbm[r] += need_h[r]
-            host[state.rank_host[r]] += need_d[r]
+            if offloaded:
+                host[rh[r]] += need_d[r]
         return ranks, load, hbm, host
-    if cand.scope == "host":
+    if cand.scope == "host":  # the class's hosts side by side: [host, GPU of the host]
         assert cand.scope_class is not None
-        best: tuple[float, int] | None = None
-        cls = cand.scope_class
+        cls = topo.classes[cand.scope_class]
         n = len(cand.shapes)
-        for h in topo.classes[cls].hosts:
-            rr = np.array(topo.hosts[h].ranks)
-            if np.any(hbm[rr] + cand.hbm[:n, cls] > state.hbm_limit[rr]):
-                continue
-            if host[h] + cand.host[:n, cls].sum() > state.host_limit[h]:
-                continue
-            end = float((load[rr] + time_[:n, cls]).max())
-            if best is None or end < best[0]:
-                best = (end, h)
-        if best is None:
+        first, count = cls.ranks[0], len(cls.hosts)
+        span = slice(first, first + count * n)
+        need_h, need_d, t = cand.hbm[:n, cls.index], cand.host[:n, cls.index], time_[:n, cls.index]
+        fits = np.all(hbm[span].reshape(count, n) + need_h <= state.hbm_limit[span].reshape(count, n), axis=1)
+        hosts = np.asarray(cls.hosts)
+        fits &= host[hosts] + need_d.sum() <= state.host_limit[hosts]
+        feasible = np.flatnonzero(fits)
+        if not len(feasible):
             return None
-        rr = np.array(topo.hosts[best[1]].ranks)
-        load[rr] += time_[:n, cls]
-        hbm[rr] += cand.hbm[:n, cls]
-        host[best[1]] += int(cand.host[:n, cls].sum())
-        return [int(r) for r in rr], load, hbm, host
+        end = (load[span].reshape(count, n) + t).max(axis=1)
+        b = int(feasible[np.argmin(end[feasible])])  # the host whose busiest GPU ends earliest (first of equals)
+        rr = np.arange(first + b * n, first + (b + 1) * n)
+        load[rr] += t
+        hbm[rr] += need_h
+        host[hosts[b]] += int(need_d.sum())
+        return rr.tolist(), load, hbm, host
     if cand.scope == "group":
         assert cand.scope_class is not None
-        rr = np.array(topo.classes[cand.scope_class].ranks)
+        rr = np.asarray(topo.classes[cand.scope_class].ranks)
         need_h = cand.hbm[:, cand.scope_class]
         need_d = cand.host[:, cand.scope_class]
         t = time_[:, cand.scope_class]
@@ -122,12 +128,13 @@ def _try(
         need_h, need_d, t = cand.hbm[:, 0], cand.host[:, 0], time_[:, 0]
     if np.any(hbm[rr] + need_h > state.hbm_limit[rr]):
         return None
-    np.add.at(host, state.rank_host[rr], need_d)
-    if np.any(host > state.host_limit):
-        return None
+    if offloaded:
+        np.add.at(host, state.rank_host[rr], need_d)
+        if np.any(host > state.host_limit):
+            return None
     load[rr] += t
     hbm[rr] += need_h
-    return [int(r) for r in rr], load, hbm, host
+    return rr.tolist(), load, hbm, host
 
 
 def _table_order(cands: list[list[Candidate]], model: ModelSpec) -> list[int]:
@@ -140,7 +147,7 @@ def _table_order(cands: list[list[Candidate]], model: ModelSpec) -> list[int]:
 
 def min_hbm_need(c: Candidate) -> int:
     """The least HBM a candidate can take (each shard on its cheapest class)."""
-    return int(c.hbm[:, 0].sum()) if c.scope == "fleet" else int(np.min(c.hbm, axis=1).sum())
+    return c.least_hbm
 
 
 def _families(cands: list[Candidate]) -> list[list[Candidate]]:
@@ -184,7 +191,6 @@ def greedy_assign(
         need_of[t] = min((min_hbm_need(c) for c in cs), default=0)
         work_of[t] = min((candidate_work(c) for c in cs), default=0.0)
         floor_of[t] = min((every_rank_floor(c) for c in cs), default=0.0)
-        _ = [c.placed_ms for c in cs]  # cached: _table_order's key
     order = _table_order(cands, model)
     need = [need_of[t] for t in order]
     later = [*np.cumsum(need[::-1])[::-1].tolist()[1:], 0]
@@ -322,11 +328,17 @@ def run_greedy(
     solver_name: str = "greedy",
     deadline: Deadline | None = None,
     finish_s: float | None = None,
+    on_progress: Progress | None = None,
 ) -> GreedyResult:
     """The greedy decisions and their plan (or an infeasible answer with its explanation).
 
     ``deadline`` (default: ``params.time_limit_s`` from now) bounds the whole run; ``finish_s`` is the time kept
     back from it for pricing the plan (default: :data:`FINISH_SHARE` of what enumerating the candidates took).
+
+    ``on_progress(best_ms, bound_ms)``: once the candidates are enumerated, the bound over all of them with no plan
+    yet (``best_ms`` None) — computed before the pass only when the time left is at least :data:`BOUND_FIRST_FACTOR`
+    times what enumerating took, else after the plan as without a callback (the plan comes first) — and, once the
+    plan is priced, its step time with the bound. Either way the plan and its bound are the same.
     """
     params = params or SolveParams(solver="greedy")
     deadline = deadline or Deadline(params.time_limit_s)
@@ -339,8 +351,13 @@ def run_greedy(
             topo, model, params, deadline, f"candidates enumerated for {len(cands):,} of {n:,} tables", solver_name
         )
         return GreedyResult([None] * n, dense, plan)
+    enumerated_s = time.perf_counter() - start
     if finish_s is None:
-        finish_s = max(FINISH_MIN_S, FINISH_SHARE * (time.perf_counter() - start))
+        finish_s = max(FINISH_MIN_S, FINISH_SHARE * enumerated_s)
+    bound: float | None = None
+    if on_progress is not None and deadline.remaining() >= BOUND_FIRST_FACTOR * enumerated_s:
+        bound = lower_bound_ms(topo, model, cands)  # a fraction of enumerating: worth saying before the pass
+        on_progress(None, bound)
     chosen, seen = best_of_passes(topo, model, cands, dense, deadline.before(finish_s))
     dense_plans = [DensePlan(name=name, style=s, ranks=list(range(topo.world_size))) for name, s in dense]
     if seen < n:
@@ -385,8 +402,11 @@ def run_greedy(
         solver_name=solver_name,
         solver_status="HEURISTIC",
         seconds=time.perf_counter() - start,
-        bound_ms=None if deadline.expired() else lower_bound_ms(topo, model, cands),  # the plan first, then a bound
+        # the plan first, then a bound
+        bound_ms=bound if bound is not None or deadline.expired() else lower_bound_ms(topo, model, cands),
     )
+    if on_progress is not None and plan.predicted_step_ms is not None and plan.lower_bound_ms is not None:
+        on_progress(plan.predicted_step_ms, plan.lower_bound_ms)
     return GreedyResult(chosen, dense, plan, time.perf_counter() - priced)
 
 
@@ -396,6 +416,8 @@ def plan_greedy(
     params: SolveParams | None = None,
     candidates: list[list[Candidate]] | None = None,
     deadline: Deadline | None = None,
+    on_progress: Progress | None = None,
 ) -> Plan:
-    """A full plan from the greedy planner (or an infeasible answer with its explanation), within the time limit."""
-    return run_greedy(topo, model, params, candidates, deadline=deadline).plan
+    """A full plan from the greedy planner (or an infeasible answer with its explanation), within the time limit;
+    ``on_progress`` as :func:`run_greedy`."""
+    return run_greedy(topo, model, params, candidates, deadline=deadline, on_progress=on_progress).plan

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Mapping
 
 from shardwise.hwprofiles import HardwareProfile
 from shardwise.solver.deadline import Deadline
 from shardwise.solver.extract import build_plan
-from shardwise.solver.greedy import plan_greedy
+from shardwise.solver.greedy import Progress, plan_greedy
+from shardwise.solver.size import ProblemTooLargeError, check_memory
 from shardwise.solver.topology import Topology
 from shardwise.solver.validate import check_plan, check_structure, stacked_shards
 from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams
+from shardwise.wire.units import fmt_bytes
 
 log = logging.getLogger(__name__)
+
+__all__ = ["ProblemTooLargeError", "fmt_peak_memory", "make_plan", "peak_rss_bytes", "score_plan"]
 
 
 def make_plan(
@@ -21,11 +26,16 @@ def make_plan(
     fleet: FleetSpec,
     params: SolveParams | None = None,
     profiles: Mapping[str, HardwareProfile] | None = None,
-    on_progress: Callable[[float, float], None] | None = None,
+    on_progress: Progress | None = None,
 ) -> Plan:
     """Plan ``model`` on ``fleet`` with the solver ``params`` names (CP-SAT by default).
 
-    ``on_progress(best_ms, bound_ms)`` is called as CP-SAT improves its solution or bound.
+    ``on_progress(best_ms, bound_ms)`` is called as the solve improves its solution or bound, by either solver: the
+    greedy's bound once the candidates are enumerated (``best_ms`` None: no plan yet), its plan, then CP-SAT's.
+
+    A problem whose candidates would not fit the solver's memory is refused before any work
+    (:class:`~shardwise.solver.size.ProblemTooLargeError`, with the figures: :mod:`shardwise.solver.size`). The
+    process's peak memory is logged with the answer.
 
     ``params.time_limit_s`` is a contract, for either solver: one :class:`~shardwise.solver.deadline.Deadline`
     starts here and every phase checks it; the answer comes within the limit plus a little (the benchmark
@@ -35,15 +45,40 @@ def make_plan(
     params = params or SolveParams()
     deadline = Deadline(params.time_limit_s)
     topo = Topology(fleet, dict(profiles or {}))
-    log.debug("planning %s: %d tables on %d ranks", model.name, len(model.embedding_tables), topo.world_size)
+    size = check_memory(topo, model)
+    log.debug("planning %s: %s", model.name, size.describe())
     if params.solver == "greedy":
-        plan = plan_greedy(topo, model, params, deadline=deadline)
+        plan = plan_greedy(topo, model, params, deadline=deadline, on_progress=on_progress)
     else:
         from shardwise.solver.cpsat.run import plan_cpsat  # OR-Tools only when asked for
 
         plan = plan_cpsat(topo, model, params, on_progress, deadline)
-    log.info("planned %s on %s: %s %.3f ms", model.name, fleet.name, plan.status.value, plan.predicted_step_ms or 0)
+    log.info(
+        "planned %s on %s: %s %.3f ms in %.1f s; peak memory of this process %s",
+        model.name,
+        fleet.name,
+        plan.status.value,
+        plan.predicted_step_ms or 0,
+        deadline.elapsed(),
+        fmt_peak_memory(),
+    )
     return plan
+
+
+def peak_rss_bytes() -> int | None:
+    """The peak resident memory of this process so far (``ru_maxrss``), or None where the platform has no
+    ``resource`` module. A process that solved before (a pool worker) reports its largest solve."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, KiB on Linux
+
+
+def fmt_peak_memory() -> str:
+    peak = peak_rss_bytes()
+    return "unknown" if peak is None else fmt_bytes(peak)
 
 
 def score_plan(

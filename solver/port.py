@@ -27,7 +27,7 @@ fallback's explanation — are written by :mod:`shardwise.solver.port_words` fro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -36,6 +36,7 @@ from shardwise.solver import cost_model as cm
 from shardwise.solver import port_words as words
 from shardwise.solver.evaluate import ShardCost, data_side_ms, evaluate, shard_cost
 from shardwise.solver.extract import build_plan
+from shardwise.solver.greedy import Progress
 from shardwise.solver.planner import make_plan, score_plan
 from shardwise.solver.port_direct import Carried, carry_over, direct_port, direct_port_in_hbm_ms
 from shardwise.solver.port_findings import Fallback, PortFindings, StillOffloaded, TableShift, offloaded
@@ -44,8 +45,6 @@ from shardwise.wire.port_spec import DirectPort, PortReport, RankFill, TableChan
 from shardwise.wire.spec import FleetSpec, ModelSpec, Placement, Plan, PlanStatus, Pooling, SolveParams, TablePlan
 
 __all__ = ["PortError", "carry_over", "direct_port", "port_analysis"]
-
-Progress = Callable[[float, float], None]
 
 
 class PortError(ValueError):

@@ -108,6 +108,16 @@ class Topology:
         return np.array([r.group for r in self.ranks], dtype=np.int64)
 
     @cached_property
+    def all_ranks(self) -> tuple[int, ...]:
+        """``(0, 1, …, W−1)``: one tuple for every fleet-wide candidate."""
+        return tuple(range(self.world_size))
+
+    @cached_property
+    def rank_index_by_class(self) -> npt.NDArray[np.int64]:
+        """Per rank, its cell in a flattened ``[rank, class]`` array: ``rank · classes + class``."""
+        return np.arange(self.world_size, dtype=np.int64) * len(self.classes) + self.rank_class
+
+    @cached_property
     def rank_host(self) -> npt.NDArray[np.int64]:
         return np.array([r.host for r in self.ranks], dtype=np.int64)
 

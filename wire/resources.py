@@ -115,6 +115,10 @@ class PlanSummary(_Resource):
     world_size: PositiveInt
     num_tables: NonNegativeInt
     status: PlanStatus
+    verdict: str | None = Field(
+        default=None, description="the status in words, as the plan's own `verdict`: optimal, optimal among the "
+        "layouts searched, best found, infeasible"
+    )  # fmt: skip
     predicted_step_ms: float | None
     lower_bound_ms: float | None
     gap: float | None

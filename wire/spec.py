@@ -62,7 +62,10 @@ class Dtype(StrEnum):
 
     @property
     def nbytes(self) -> int:
-        return {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}[self.value]
+        return _DTYPE_BYTES[self.value]
+
+
+_DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 
 
 class Pooling(StrEnum):
@@ -343,6 +346,19 @@ class FleetSpec(_Frozen):
 # --------------------------------------------------------------------------------------------------- the plan
 
 
+#: a plan's status in words, for the CLI, the pages and the docs alike (:func:`verdict_words`)
+VERDICTS: Final = ("optimal", "optimal among the layouts searched", "best found", "infeasible")
+
+
+def verdict_words(status: PlanStatus, searched_optimal: bool) -> str:
+    """:attr:`Plan.verdict` from a status and the solver's ``searched_optimal`` flag (one of :data:`VERDICTS`)."""
+    if status is PlanStatus.infeasible:
+        return "infeasible"
+    if status is PlanStatus.optimal:
+        return "optimal"
+    return "optimal among the layouts searched" if searched_optimal else "best found"
+
+
 class RankTime(_Frozen):
     """A rank's predicted step: device compute, communication, and the host's time (the floor to enqueue a step,
     plus the CPU lookups of ``host`` shards, which are in ``compute`` too); ``total`` is ``max(compute + comm,
@@ -574,11 +590,7 @@ class Plan(_Frozen):
         plan over the whole candidate catalogue can beat), ``optimal among the layouts searched`` (the search
         proved it over the pruned space it looked at, not over every plan), ``best found`` (feasible, nothing
         proved) or ``infeasible``."""
-        if self.status is PlanStatus.infeasible:
-            return "infeasible"
-        if self.status is PlanStatus.optimal:
-            return "optimal"
-        return "optimal among the layouts searched" if self.solver.searched_optimal else "best found"
+        return verdict_words(self.status, self.solver.searched_optimal)
 
     @property
     def verdict_detail(self) -> str:

@@ -1,4 +1,4 @@
-// shardwise pages: filter a table as you type, copy a snippet. No framework; htmx does the rest.
+// shardwise pages: filter a table as you type, copy a snippet, confirm a delete. No framework; htmx does the rest.
 (function () {
   "use strict";
 
@@ -20,6 +20,12 @@
   document.addEventListener("input", function (e) {
     var t = e.target;
     if (t instanceof HTMLInputElement && t.dataset.filter) filterRows(t);
+  });
+
+  // a form that changes something asks first (data-confirm holds the question)
+  document.addEventListener("submit", function (e) {
+    var f = e.target;
+    if (f instanceof HTMLFormElement && f.dataset.confirm && !window.confirm(f.dataset.confirm)) e.preventDefault();
   });
 
   document.addEventListener("click", function (e) {

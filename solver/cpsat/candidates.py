@@ -18,21 +18,25 @@ No shape is empty: a split is enumerated only when every part gets at least one 
 :data:`MIN_COLUMN_WIDTH` columns), and the wire refuses ``num_rows`` or ``num_cols`` of 0 anyway.
 
 Placements: ``hbm``, ``uvm_cache`` at :data:`CACHE_FRACTIONS`, ``host`` — the latter two only for tables large enough
-for host memory to matter (:data:`OFFLOAD_MIN_BYTES`). Costs come from :func:`shardwise.solver.evaluate.shard_cost`, so
-a candidate's price is exactly what the evaluator later charges its plan.
+for host memory to matter (:data:`OFFLOAD_MIN_BYTES`). Costs come from :func:`shardwise.solver.evaluate.shard_costs`
+(:func:`~shardwise.solver.evaluate.shard_cost` for several placements at once), so a candidate's price is exactly
+what the evaluator later charges its plan.
+
+Size: a table has a few dozen candidates, and a fleet-wide one a cost cell per rank; :mod:`shardwise.solver.size`
+counts them (:func:`candidate_specs`, nothing priced) before a solve starts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
-from functools import cached_property
-from typing import Literal, NamedTuple
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
 
-from shardwise.solver.evaluate import data_side_ms, shard_cost
+from shardwise.solver.evaluate import ShardCost, data_side_ms, shard_costs
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import EmbeddingTableSpec, ModelSpec, Placement, ShardingType
 
@@ -69,41 +73,36 @@ class Candidate:
     cache_fraction: float | None
     scope: Scope
     scope_class: int | None
-    shapes: tuple[Shape, ...]
+    shapes: Sequence[Shape]  # a Tiling from the enumeration; any sequence of shapes will do
     hbm: IntArray
     host: IntArray
     compute_ms: FloatArray
     comm_ms: FloatArray
     every_rank_ms: FloatArray
     every_total_ms: float = 0.0  # the every-rank term summed over all ranks
+    # figures read for every candidate (the greedy's order and look-ahead, the bound), computed once when it is made
+    time_ms: FloatArray = field(init=False, repr=False)
+    placed_ms: float = field(init=False, repr=False)  # sum over shards of the time on the cheapest class
+    work_ms: float = field(init=False, repr=False)  # least total time it adds over all ranks (solver.bounds)
+    floor_ms: float = field(init=False, repr=False)  # least time it adds to *every* rank (solver.bounds)
+    heavy_ms: float = field(init=False, repr=False)  # what the rank holding its slowest shard carries at the least
+    least_hbm: int = field(init=False, repr=False)  # the least HBM it takes (each shard on its cheapest class)
 
-    @cached_property
-    def placed_ms(self) -> float:
-        """Sum over shards of the time on the cheapest class."""
-        return float(np.min(self.time_ms, axis=1).sum())
-
-    @cached_property
-    def work_ms(self) -> float:
-        """Least total time the candidate adds over all ranks (see :mod:`shardwise.solver.bounds`)."""
-        return self.placed_ms + self.every_total_ms
-
-    @cached_property
-    def floor_ms(self) -> float:
-        """Least time it adds to *every* rank: its every-rank term, plus its shard for fleet-wide ones."""
-        floor = float(self.every_rank_ms.min())
-        if self.scope == "fleet":
-            floor += float(self.time_ms[:, 0].min())
-        return floor
-
-    @cached_property
-    def heavy_ms(self) -> float:
-        """What the rank holding its slowest shard carries of it at the least."""
-        return float(np.min(self.time_ms, axis=1).max()) + float(self.every_rank_ms.min())
-
-    @cached_property
-    def time_ms(self) -> FloatArray:
-        out: FloatArray = self.compute_ms + self.comm_ms
-        return out
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen
+        time_ms = self.compute_ms + self.comm_ms
+        one_class = time_ms.shape[1] == 1  # fleet-wide, or a single-class fleet: nothing to take the least of
+        cheapest = time_ms[:, 0] if one_class else np.minimum.reduce(time_ms, axis=1)
+        every_min = float(np.minimum.reduce(self.every_rank_ms))
+        placed = float(np.add.reduce(cheapest))
+        set_(self, "time_ms", time_ms)
+        set_(self, "placed_ms", placed)
+        set_(self, "work_ms", placed + self.every_total_ms)
+        fleet = self.scope == "fleet"
+        set_(self, "floor_ms", every_min + float(np.minimum.reduce(time_ms[:, 0])) if fleet else every_min)
+        set_(self, "heavy_ms", float(np.maximum.reduce(cheapest)) + every_min)
+        hbm = self.hbm[:, 0] if fleet or one_class else np.minimum.reduce(self.hbm, axis=1)
+        set_(self, "least_hbm", int(np.add.reduce(hbm)))
 
     @property
     def label(self) -> str:
@@ -124,6 +123,61 @@ def even_split(total: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
+class Tiling(Sequence[Shape]):
+    """The shards of a candidate, computed when read: an ``R`` × ``D`` table cut into ``parts`` near-equal row
+    blocks (``axis="rows"``, as :func:`even_split`) or column slices (``"cols"``), or ``parts`` full copies
+    (``"copies"``, data_parallel).
+
+    A fleet-wide candidate on 512 GPUs has 512 shards and a table has a few dozen candidates: built as tuples of
+    :class:`Shape`, the shapes alone took seconds at 2,000 tables (and the memory to match). Here a candidate holds
+    four integers, and pricing reads :meth:`distinct` — at most two distinct block sizes per tiling.
+    """
+
+    __slots__ = ("axis", "cols", "parts", "rows")
+
+    def __init__(self, rows: int, cols: int, parts: int, axis: Literal["rows", "cols", "copies"]) -> None:
+        self.rows, self.cols, self.parts, self.axis = rows, cols, parts, axis
+
+    def __len__(self) -> int:
+        return self.parts
+
+    @overload
+    def __getitem__(self, i: int) -> Shape: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Shape]: ...
+    def __getitem__(self, i: int | slice) -> Shape | list[Shape]:
+        if isinstance(i, slice):
+            return [self._shape(j) for j in range(*i.indices(self.parts))]
+        if i < 0:
+            i += self.parts
+        if not 0 <= i < self.parts:
+            raise IndexError(f"shard {i} of {self.parts}")
+        return self._shape(i)
+
+    def __iter__(self) -> Iterator[Shape]:
+        return (self._shape(i) for i in range(self.parts))
+
+    def _shape(self, i: int) -> Shape:
+        if self.axis == "copies":
+            return Shape(0, self.rows, 0, self.cols)
+        base, extra = divmod(self.rows if self.axis == "rows" else self.cols, self.parts)
+        off, size = i * base + min(i, extra), base + (1 if i < extra else 0)
+        return Shape(off, size, 0, self.cols) if self.axis == "rows" else Shape(0, self.rows, off, size)
+
+    def distinct(self) -> list[tuple[tuple[int, int], int]]:
+        """Each distinct (rows, cols) of the shards with how many shards in a row have it, in shard order."""
+        if self.axis == "copies":
+            return [((self.rows, self.cols), self.parts)]
+        base, extra = divmod(self.rows if self.axis == "rows" else self.cols, self.parts)
+        sizes = ((base + 1, extra), (base, self.parts - extra))
+        if self.axis == "rows":
+            return [((size, self.cols), n) for size, n in sizes if n]
+        return [((self.rows, size), n) for size, n in sizes if n]
+
+    def __repr__(self) -> str:
+        return f"Tiling({self.rows}, {self.cols}, {self.parts}, {self.axis!r})"
+
+
 def _placements(table: EmbeddingTableSpec) -> Iterator[tuple[Placement, float | None]]:
     yield Placement.hbm, None
     if table.weight_bytes >= OFFLOAD_MIN_BYTES:
@@ -132,124 +186,165 @@ def _placements(table: EmbeddingTableSpec) -> Iterator[tuple[Placement, float | 
         yield Placement.host, None
 
 
-def enumerate_candidates(topo: Topology, model: ModelSpec, index: int) -> list[Candidate]:
-    """Every candidate for table ``index`` of ``model`` on ``topo``."""
-    table = model.embedding_tables[index]
-    B = model.batch_size_per_gpu
+class Spec(NamedTuple):
+    """One candidate before it is priced: what :func:`candidate_specs` lists and :func:`enumerate_candidates`
+    prices (:mod:`shardwise.solver.size` counts them to size a problem before solving it)."""
+
+    sharding: ShardingType
+    scope: Scope
+    scope_class: int | None
+    shapes: Tiling
+    placement: Placement
+    cache_fraction: float | None
+    group: tuple[int, ...] | None  # the ranks sharing the table's rows, for the row-sharded ones
+    classes: int = 1  # device classes of the fleet
+
+    @property
+    def cells(self) -> int:
+        """Entries of each of its cost arrays: one per shard and device class (one per rank for ``fleet``)."""
+        return len(self.shapes) * (1 if self.scope == "fleet" else self.classes)
+
+
+def candidate_specs(topo: Topology, table: EmbeddingTableSpec) -> list[Spec]:
+    """Every candidate of ``table`` on ``topo``, unpriced, in the order :func:`enumerate_candidates` returns them."""
     W = topo.world_size
     R, D = table.num_embeddings, table.embedding_dim
     ncls = len(topo.classes)
-    side = np.array([data_side_ms(topo, B, table, c) for c in topo.classes])
-    out: list[Candidate] = []
-
-    # id(shape list) → (the list, kept alive so its id stays unique; (rows, cols) → shard indices)
-    distinct: dict[int, tuple[list[Shape], list[tuple[tuple[int, int], IntArray]]]] = {}
-
-    def per_class(
-        sharding: ShardingType,
-        shapes: list[Shape],
-        placement: Placement,
-        frac: float | None,
-        classes: list[int],
-        group: tuple[int, ...] | None,
-    ) -> tuple[IntArray, IntArray, FloatArray, FloatArray]:
-        """Cost arrays ``[shard, class]``; each distinct (rows, cols, class) is priced once."""
-        hbm = np.zeros((len(shapes), ncls), dtype=np.int64)
-        host = np.zeros_like(hbm)
-        comp = np.full((len(shapes), ncls), np.inf)
-        comm = np.full((len(shapes), ncls), np.inf)
-        if id(shapes) not in distinct:
-            rows_of: dict[tuple[int, int], list[int]] = {}
-            for i, s in enumerate(shapes):
-                rows_of.setdefault((s.num_rows, s.num_cols), []).append(i)
-            distinct[id(shapes)] = (shapes, [(k, np.array(v, dtype=np.int64)) for k, v in rows_of.items()])
-        for (nr, nc), idx in distinct[id(shapes)][1]:
-            for ci in classes:
-                c = shard_cost(
-                    topo,
-                    table,
-                    sharding=sharding,
-                    num_rows=nr,
-                    num_cols=nc,
-                    placement=placement,
-                    cache_fraction=frac,
-                    cls=topo.classes[ci],
-                    batch=B,
-                    group=group,
-                )
-                hbm[idx, ci], host[idx, ci] = c.memory.hbm, c.memory.host
-                comp[idx, ci], comm[idx, ci] = c.compute_ms, c.comm_ms
-        return hbm, host, comp, comm
-
-    def add(
-        sharding: ShardingType,
-        scope: Scope,
-        scope_class: int | None,
-        shapes: list[Shape],
-        placement: Placement,
-        frac: float | None,
-        group: tuple[int, ...] | None,
-    ) -> None:
-        if scope == "fleet":  # one row per rank, priced with the rank's class
-            hbm_c, host_c, comp_c, comm_c = per_class(sharding, shapes, placement, frac, present, group)
-            idx = np.arange(W)
-            hbm, host = hbm_c[idx, rank_cls].reshape(-1, 1), host_c[idx, rank_cls].reshape(-1, 1)
-            comp, comm = comp_c[idx, rank_cls].reshape(-1, 1), comm_c[idx, rank_cls].reshape(-1, 1)
-        else:
-            classes = list(range(ncls)) if scope_class is None else [scope_class]
-            hbm, host, comp, comm = per_class(sharding, shapes, placement, frac, classes, group)
-        every = np.zeros(ncls) if sharding is ShardingType.data_parallel else side
-        out.append(
-            Candidate(
-                index,
-                sharding,
-                placement,
-                frac,
-                scope,
-                scope_class,
-                tuple(shapes),
-                hbm,
-                host,
-                comp,
-                comm,
-                every,
-                float((every * class_sizes).sum()),
-            )
-        )
-
-    rank_cls = topo.rank_class
-    class_sizes = np.array([len(c.ranks) for c in topo.classes])
-    present = sorted({int(c) for c in rank_cls})
-    fleet_rows = [Shape(off, size, 0, D) for off, size in even_split(R, W)] if W > 1 and R >= W else []
-    full = [Shape(0, R, 0, D)]
-    columns = {
-        n: [Shape(0, R, off, size) for off, size in even_split(D, n)]
-        for n in COLUMN_SPLITS
-        if D % n == 0 and D // n >= MIN_COLUMN_WIDTH and n <= W
-    }
+    fleet_rows = Tiling(R, D, W, "rows") if W > 1 and R >= W else None
+    full = Tiling(R, D, 1, "rows")
+    columns = [Tiling(R, D, n, "cols") for n in COLUMN_SPLITS if D % n == 0 and D // n >= MIN_COLUMN_WIDTH and n <= W]
     group_rows = {
-        cls.index: [Shape(off, size, 0, D) for off, size in even_split(R, len(cls.ranks))]
+        cls.index: Tiling(R, D, len(cls.ranks), "rows")
         for cls in topo.classes
         if len(topo.classes) > 1 and 1 < len(cls.ranks) <= R
     }
     host_rows = {
-        cls.index: [Shape(off, size, 0, D) for off, size in even_split(R, cls.gpus_per_host)]
+        cls.index: Tiling(R, D, cls.gpus_per_host, "rows")
         for cls in topo.classes
         if topo.num_hosts > 1 and 1 < cls.gpus_per_host <= R
     }
-    everyone = tuple(range(W))
+    everyone = topo.all_ranks
+    out: list[Spec] = []
     for placement, frac in _placements(table):
-        add(ShardingType.table_wise, "rank", None, full, placement, frac, None)
-        for shapes in columns.values():
-            add(ShardingType.column_wise, "rank", None, shapes, placement, frac, None)
-        if fleet_rows:
-            add(ShardingType.row_wise, "fleet", None, fleet_rows, placement, frac, everyone)
+        out.append(Spec(ShardingType.table_wise, "rank", None, full, placement, frac, None, ncls))
+        for shapes in columns:
+            out.append(Spec(ShardingType.column_wise, "rank", None, shapes, placement, frac, None, ncls))
+        if fleet_rows is not None:
+            out.append(Spec(ShardingType.row_wise, "fleet", None, fleet_rows, placement, frac, everyone, ncls))
         for ci, shapes in group_rows.items():
-            add(ShardingType.row_wise, "group", ci, shapes, placement, frac, topo.classes[ci].ranks)
+            out.append(Spec(ShardingType.row_wise, "group", ci, shapes, placement, frac, topo.classes[ci].ranks, ncls))
         for ci, shapes in host_rows.items():
             group = topo.hosts[topo.classes[ci].hosts[0]].ranks
-            add(ShardingType.table_row_wise, "host", ci, shapes, placement, frac, group)
+            out.append(Spec(ShardingType.table_row_wise, "host", ci, shapes, placement, frac, group, ncls))
     smallest = min(c.hbm_limit_bytes for c in topo.classes)
     if W > 1 and table.weight_bytes * 3 <= smallest * DATA_PARALLEL_MAX_FRACTION:
-        add(ShardingType.data_parallel, "fleet", None, [Shape(0, R, 0, D)] * W, Placement.hbm, None, None)
+        out.append(
+            Spec(ShardingType.data_parallel, "fleet", None, Tiling(R, D, W, "copies"), Placement.hbm, None, None, ncls)
+        )
+    return out
+
+
+_Item = TypeVar("_Item", bound=np.generic)
+
+
+def _spread(a: npt.NDArray[_Item], counts: list[int] | None, cells: IntArray | None) -> npt.NDArray[_Item]:
+    """``[·, distinct shape, class]`` → ``[·, shard, class]`` (row ``d`` repeated ``counts[d]`` times), then, for a
+    fleet-wide candidate on several classes, ``[·, rank, 1]`` (``cells``: :attr:`Topology.rank_index_by_class`)."""
+    if counts is not None:
+        a = a.repeat(counts, axis=1)
+    if cells is not None:
+        a = a.reshape(len(a), -1).take(cells, axis=1).reshape(len(a), -1, 1)
+    return a
+
+
+def enumerate_candidates(topo: Topology, model: ModelSpec, index: int) -> list[Candidate]:
+    """Every candidate for table ``index`` of ``model`` on ``topo`` (:func:`candidate_specs`, priced).
+
+    Each distinct shard shape is priced once per device class it may land on, for all the placements of the table
+    at once (:func:`~shardwise.solver.evaluate.shard_costs`: the communication and the bytes moved are worked out
+    once).
+    """
+    table = model.embedding_tables[index]
+    B = model.batch_size_per_gpu
+    ncls = len(topo.classes)
+    side = np.array([data_side_ms(topo, B, table, c) for c in topo.classes])
+    no_side = np.zeros(ncls)
+    class_sizes = np.array([len(c.ranks) for c in topo.classes])
+    side_total = float((side * class_sizes).sum())
+    all_classes = list(range(ncls))  # every class has ranks: fleet-wide candidates are priced on each
+    fleet_cells = topo.rank_index_by_class  # [rank] → its cell of a [rank, class] array, flattened
+    specs = candidate_specs(topo, table)
+    # specs that differ only in placement share their shards: price each shard shape once for all their placements
+    families: dict[tuple[object, ...], list[int]] = {}
+    for i, spec in enumerate(specs):
+        families.setdefault((spec.sharding, spec.scope, spec.scope_class, id(spec.shapes)), []).append(i)
+    # per spec: its costs [distinct shape * classes + class] (None: a class its shards may not land on), its shapes
+    priced: list[tuple[list[ShardCost | None], list[tuple[tuple[int, int], int]]]] = [([], [])] * len(specs)
+    for members in families.values():
+        first = specs[members[0]]
+        classes = all_classes if first.scope_class is None else [first.scope_class]
+        distinct = first.shapes.distinct()
+        placements = [(specs[i].placement, specs[i].cache_fraction) for i in members]
+        # [member][distinct shape * ncls + class]
+        costs: list[list[ShardCost | None]] = [[None] * (len(distinct) * ncls) for _ in members]
+        for d, ((nr, nc), _) in enumerate(distinct):
+            for ci in classes:
+                each = shard_costs(
+                    topo,
+                    table,
+                    sharding=first.sharding,
+                    num_rows=nr,
+                    num_cols=nc,
+                    placements=placements,
+                    cls=topo.classes[ci],
+                    batch=B,
+                    group=first.group,
+                )
+                for m, c in enumerate(each):
+                    costs[m][d * ncls + ci] = c
+        for m, i in enumerate(members):
+            priced[i] = (costs[m], distinct)
+    out: list[Candidate] = []
+    for spec, (costs_of, distinct) in zip(specs, priced, strict=True):
+        # [hbm | host, distinct shape, class] and [compute | comm, distinct shape, class]; a class the shards may
+        # not land on: no bytes, infinite time
+        nd = len(distinct)
+        cells_of = [costs_of[d * ncls : (d + 1) * ncls] for d in range(nd)]
+        sizes = np.array(
+            [
+                [[c.memory.hbm if c else 0 for c in row] for row in cells_of],
+                [[c.memory.host if c else 0 for c in row] for row in cells_of],
+            ],
+            dtype=np.int64,
+        )
+        times = np.array(
+            [
+                [[c.compute_ms if c else math.inf for c in row] for row in cells_of],
+                [[c.comm_ms if c else math.inf for c in row] for row in cells_of],
+            ],
+            dtype=np.float64,
+        )
+        # [·, shard, class]: each distinct row repeated over its shards; fleet-wide: [·, rank, 1], the rank's class
+        counts = [n for _, n in distinct] if nd > 1 or distinct[0][1] > 1 else None
+        cells = fleet_cells if spec.scope == "fleet" and ncls > 1 else None
+        sizes, times = _spread(sizes, counts, cells), _spread(times, counts, cells)
+        hbm, host, comp, comm = sizes[0], sizes[1], times[0], times[1]
+        dp = spec.sharding is ShardingType.data_parallel
+        out.append(
+            Candidate(
+                index,
+                spec.sharding,
+                spec.placement,
+                spec.cache_fraction,
+                spec.scope,
+                spec.scope_class,
+                spec.shapes,
+                hbm,
+                host,
+                comp,
+                comm,
+                no_side if dp else side,
+                0.0 if dp else side_total,
+            )
+        )
     return out

@@ -71,7 +71,7 @@ from shardwise.solver.cpsat.scale import Scale
 from shardwise.solver.deadline import Deadline, DeadlineExpired
 from shardwise.solver.evaluate import evaluate
 from shardwise.solver.extract import OPTIMAL_ABS_MS, OPTIMAL_GAP, SolverStatus, build_plan, placed_to_table
-from shardwise.solver.greedy import FINISH_SHARE, enumerate_all, out_of_time, run_greedy
+from shardwise.solver.greedy import FINISH_SHARE, Progress, enumerate_all, out_of_time, run_greedy
 from shardwise.solver.load import Placed
 from shardwise.solver.target import target_packing
 from shardwise.solver.topology import Topology
@@ -95,10 +95,9 @@ OFFLOAD_SHARE = 0.01  # a table smaller than this share of a GPU is not worth of
 MEMORY_TIGHT = 0.5  # below this fill of the fullest GPU in the greedy plan, offloaded placements only cost time
 FINISH_MARGIN_S = 0.5  # kept from the time limit for evaluation and validation of the returned plan,
 FINISH_MARGIN_SHARE = 0.04  # plus this share of it,
-FINISH_FACTOR = 2.5  # or this many times what pricing the greedy plan took, if more (2,000 x 512: ~7 s, loaded ~2x)
+FINISH_FACTOR = 2.5  # or this many times what pricing the greedy plan took, if more (2,000 x 512: ~1 s, loaded ~2x)
 LEVEL1_SHARE = 0.7  # of the budget left once level one is built, for it in host mode (level two and the LNS: the rest)
 TARGET_SHARE = 0.1  # of the run's budget, at most, for target packing (shardwise.solver.target)
-Progress = Callable[[float, float], None]  # (best predicted ms so far, bound ms)
 
 #: CP-SAT's status → the name the plan reports in ``solver.status``
 STATUS: dict[cp_model.CpSolverStatus, SolverStatus] = {
@@ -250,7 +249,14 @@ def plan_cpsat(
         )
     enumerated_s = time.perf_counter() - start
     g = run_greedy(
-        topo, model, params, all_cands, solver_name="cpsat", deadline=deadline, finish_s=FINISH_SHARE * enumerated_s
+        topo,
+        model,
+        params,
+        all_cands,
+        solver_name="cpsat",
+        deadline=deadline,
+        finish_s=FINISH_SHARE * enumerated_s,
+        on_progress=on_progress,
     )
     greedy = g.plan
     if greedy.status is PlanStatus.infeasible:
@@ -264,9 +270,7 @@ def plan_cpsat(
     work = deadline.before(finish_s)  # every phase before the finish ends by then
     budget_s = params.time_limit_s - finish_s
     dense_choice = g.dense
-    greedy_ms = greedy.predicted_step_ms or 0.0
-    if on_progress:
-        on_progress(greedy_ms, greedy.lower_bound_ms or 0.0)
+    greedy_ms = greedy.predicted_step_ms or 0.0  # reported by run_greedy already
     dense_plans = [DensePlan(name=n, style=s, ranks=list(range(topo.world_size))) for n, s in dense_choice]
     # the start: the better of the greedy plan and target packing (hint, incumbent and fallback)
     placed, start_tables, start_ms = g.placed, greedy.tables, greedy_ms

@@ -118,6 +118,24 @@ def test_a_slow_solve_answers_202_with_a_job(client: TestClient) -> None:
     assert client.post("/api/v1/plans", json=body).status_code == 200
 
 
+def test_a_greedy_job_reports_its_bound_and_its_plan(client: TestClient) -> None:
+    """The greedy reports progress too: once it has a plan, the job carries its step time and the bound."""
+    body = plan_request(small_model("greedy-job", tables=30), fleet(gpus=8), time_limit_s=30, wait_s=0)
+    answer = client.post("/api/v1/plans", json=body)
+    assert answer.status_code == 202, answer.text  # wait_s=0: the job, at once
+    job_id = answer.json()["id"]
+    deadline = time.monotonic() + 60
+    job = Job.model_validate(client.get(f"/api/v1/jobs/{job_id}").json())
+    while job.state.value in ("queued", "running"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+        job = Job.model_validate(client.get(f"/api/v1/jobs/{job_id}").json())
+    assert job.state.value == "succeeded", job.error
+    plan = StoredPlan.model_validate(client.get(job.plan_url).json())
+    assert job.progress.best_ms == pytest.approx(plan.predicted_step_ms)
+    assert job.progress.bound_ms == pytest.approx(plan.lower_bound_ms)
+
+
 def test_infeasible_is_an_answer_with_its_explanation(client: TestClient, settings: Settings) -> None:
     huge = small_model("huge", tables=2, rows=4_000_000_000, dim=128)
     answer = client.post("/api/v1/plans", json=plan_request(huge))

@@ -116,6 +116,7 @@ class Worker:
         log: Path,
         concurrency: int = 1,
         extra_env: dict[str, str] | None = None,
+        visibility_s: float = VISIBILITY_S,
     ) -> None:
         env = {
             **os.environ,
@@ -125,7 +126,7 @@ class Worker:
             "SHARDWISE_DATABASE_URL": database_url,
             "SHARDWISE_CELERY_QUEUE": queue,
             "SHARDWISE_JOB_LEASE_S": str(LEASE_S),
-            "SHARDWISE_BROKER_VISIBILITY_TIMEOUT_S": str(VISIBILITY_S),
+            "SHARDWISE_BROKER_VISIBILITY_TIMEOUT_S": str(visibility_s),
             "SHARDWISE_LOG_JSON": "false",
         }
         name = f"w{uuid.uuid4().hex[:8]}@%h"
@@ -259,7 +260,12 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
     """Start workers for one test; all of them are stopped at its end."""
     started: list[Worker] = []
 
-    def start(backend: Backend, concurrency: int = 1, extra_env: dict[str, str] | None = None) -> Worker:
+    def start(
+        backend: Backend,
+        concurrency: int = 1,
+        extra_env: dict[str, str] | None = None,
+        visibility_s: float = VISIBILITY_S,
+    ) -> Worker:
         worker = Worker(
             backend.database_url,
             backend.broker_url,
@@ -267,6 +273,7 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
             tmp_path / f"worker{len(started)}.log",
             concurrency,
             extra_env,
+            visibility_s,
         )
         started.append(worker)
         return worker
@@ -373,6 +380,93 @@ def test_sigkill_mid_solve_is_redelivered_and_stores_one_plan(
         assert count(pg_url, JobRow) == 1
     finally:
         empty(pg_url)
+
+
+def test_a_dead_workers_job_is_sent_again_by_the_reaper_long_before_the_broker_would(
+    pg_url: str, redis_url: str, workers: Callable[..., Worker]
+) -> None:
+    """Redis gives a dead worker's unacked message back only after its visibility timeout (here 600 s, like the
+    default 810 s: far too late); the API's reaper sees the job's heartbeat stop after the lease and queues it again,
+    so a live worker finishes it within the issue's two minutes — here within a minute of the kill."""
+    visibility = 600.0
+    backend = Backend(pg_url, redis_url, queue_name("reaped", redis_url))
+    first = workers(backend, visibility_s=visibility)
+    try:
+        with TestClient(create_app(backend.settings(broker_visibility_timeout_s=visibility))) as client:
+            answer = client.post("/api/v1/plans", json=slow_body("reaped", wait_s=0))
+            assert answer.status_code == 202, answer.text
+            job_id = answer.json()["id"]
+            seen = poll_job(
+                client, job_id, lambda j: ended(j) or j.progress.best_ms is not None, 60, "reported progress"
+            )
+            assert seen.state.value == "running", "the solve ended before the test could kill its worker"
+            first.kill()
+            killed = time.monotonic()
+            workers(backend, visibility_s=visibility)
+            done = poll_job(client, job_id, ended, 60, "ended after its worker died")
+            took = time.monotonic() - killed
+            assert done.state.value == "succeeded", done.error
+            assert done.attempts == 2
+            assert took < min(60.0, visibility), took
+        assert count(pg_url, PlanRow) == 1
+        assert count(pg_url, JobRow) == 1
+    finally:
+        empty(pg_url)
+
+
+def test_redis_cut_for_10_s_mid_solve(pg_url: str, redis_url: str, workers: Callable[..., Worker]) -> None:
+    """The broker goes away for 10 s while a worker solves: a new request meanwhile gets an answer (never a 5xx),
+    the running job ends succeeded with one plan once the broker is back, and every stored row reads back."""
+    from urllib.parse import urlsplit
+
+    from fault_support import TcpProxy
+
+    where = urlsplit(redis_url)
+    with TcpProxy(where.hostname or "127.0.0.1", where.port or 6379) as proxy:
+        proxied = redis_url.replace(f"{where.hostname}:{where.port}", f"127.0.0.1:{proxy.port}", 1)
+        backend = Backend(pg_url, proxied, queue_name("redis-cut", redis_url))
+        workers(backend)
+        try:
+            with TestClient(create_app(backend.settings())) as client:
+                answer = client.post("/api/v1/plans", json=slow_body("redis-cut", time_limit_s=8, wait_s=0))
+                assert answer.status_code == 202, answer.text
+                job_id = answer.json()["id"]
+                seen = poll_job(
+                    client, job_id, lambda j: ended(j) or j.progress.best_ms is not None, 60, "reported progress"
+                )
+                assert seen.state.value == "running", "the solve ended before the cut"
+                proxy.cut()
+                cut_at = time.monotonic()
+                other = client.post("/api/v1/plans", json=request_body(small_model("during-cut")))
+                assert other.status_code < 500 or other.status_code == 503, other.text
+                if other.status_code == 503:
+                    assert other.headers.get("retry-after"), other.headers
+                assert client.get("/readyz").status_code == 503
+                time.sleep(max(0.0, 10.0 - (time.monotonic() - cut_at)))
+                proxy.restore()
+                restored = time.monotonic()
+                done = poll_job(client, job_id, ended, 120, "ended after the broker came back")
+                assert done.state.value == "succeeded", done.error
+                assert time.monotonic() - restored < 120
+                assert client.get(f"/api/v1/plans/{done.plan_id}").status_code == 200
+                listed = client.get("/api/v1/plans?limit=100")
+                assert listed.status_code == 200
+                for item in listed.json()["items"]:
+                    assert client.get(f"/api/v1/plans/{item['id']}").status_code == 200
+                for job_ in repo_jobs(pg_url):  # every job ended, with its reason where it failed
+                    seen_job = Job.model_validate(client.get(f"/api/v1/jobs/{job_}").json())
+                    assert ended(seen_job), seen_job
+                    assert seen_job.state.value == "succeeded" or seen_job.error is not None, seen_job
+        finally:
+            empty(pg_url)
+
+
+def repo_jobs(url: str) -> list[str]:
+    engine = create_engine(url)
+    with Session(engine) as s:
+        ids = [str(j.id) for j in s.scalars(select(JobRow))]
+    engine.dispose()
+    return ids
 
 
 def test_two_api_replicas_racing_make_one_job_and_one_plan(pg: Backend) -> None:

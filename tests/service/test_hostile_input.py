@@ -159,6 +159,29 @@ def test_a_model_too_large_in_total_is_refused(
     still_readable(client, settings, baseline)
 
 
+def test_work_beyond_the_solvers_memory_or_time_limit_is_refused_with_the_figures(
+    client: TestClient, settings: Settings, baseline: dict[str, Any]
+) -> None:
+    """Tables and ranks each within their caps, but together more work than the solver can hold (or finish in the
+    time limit): a 422 up front with the figures, not a job that grows for minutes."""
+    wide = {  # 4,096 GPUs of two kinds
+        "name": "wide",
+        "hosts": [{"gpu": "nvidia-b200", "count": 256, "gpus_per_host": 8}, {"gpu": "amd-mi350x", "count": 256}],
+    }
+    model = small_model("many", tables=2000, rows=10**6)
+    body = refused(client.post("/api/v1/plans", json=plan_request(model, wide)))
+    assert body["type"] == "/problems/limit-exceeded"
+    assert "2,000 tables × 4,096 ranks" in body["detail"]
+    assert (body["tables"], body["ranks"]) == (2000, 4096)
+    assert body["estimated_bytes"] > body["limit_bytes"]
+    assert body["cost_cells"] > 10**7
+    mid = {"name": "mid", "hosts": [{"gpu": "nvidia-b200", "count": 64, "gpus_per_host": 8}]}
+    slow = refused(client.post("/api/v1/plans", json=plan_request(model, mid, time_limit_s=0.5)))
+    assert "more than the time limit of 0.5 s" in slow["detail"]
+    assert slow["estimated_seconds"] > slow["time_limit_s"] == 0.5
+    still_readable(client, settings, baseline)
+
+
 def test_fleet_figures_past_their_bounds_are_refused(
     client: TestClient, settings: Settings, baseline: dict[str, Any]
 ) -> None:

@@ -296,6 +296,21 @@ def test_plan_greedy_on_a_topology_equals_make_plan(small_model: ModelSpec, smal
     assert without_seconds(direct) == without_seconds(make_plan(small_model, small_fleet, GREEDY))
 
 
+@pytest.mark.parametrize("fleet_name", ["fleet_8xh100", "fleet_mixed_b200_mi350x"])
+def test_the_greedy_reports_its_bound_then_its_plan(
+    fleet_name: str, dlrm: ModelSpec, load_fleet: Callable[[str], FleetSpec]
+) -> None:
+    """Progress from the greedy: the bound over every candidate once they are priced (no plan yet), then the plan's
+    step with it — and the plan is the one made without a callback."""
+    fleet = load_fleet(fleet_name)
+    seen: list[tuple[float | None, float]] = []
+    plan = make_plan(dlrm, fleet, GREEDY, on_progress=lambda best, bound: seen.append((best, bound)))
+    assert plan.predicted_step_ms is not None
+    assert plan.lower_bound_ms is not None
+    assert seen == [(None, pytest.approx(plan.lower_bound_ms, abs=1e-6)), (plan.predicted_step_ms, plan.lower_bound_ms)]
+    assert without_seconds(plan) == without_seconds(make_plan(dlrm, fleet, GREEDY))
+
+
 def test_plan_json_round_trips(small_model: ModelSpec, small_fleet: FleetSpec) -> None:
     plan = make_plan(small_model, small_fleet, GREEDY)
     again = Plan.model_validate_json(plan.model_dump_json())

@@ -14,6 +14,7 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from fastapi.testclient import TestClient
@@ -573,14 +574,20 @@ def test_static_assets_are_served(client: TestClient) -> None:
 
 
 def test_every_page_needs_a_token_when_reads_do(clean_db: str, runner: LocalRunner) -> None:
-    """The read-token rule sits on the pages' router and reaches each page module's routes, the catch-all too."""
+    """The read-token rule sits on the pages' router and reaches each page module's routes, the catch-all too: a
+    browser without a login is sent to the login form (HTML, not the API's JSON 401), back to the page it asked
+    for afterwards; a bearer token still reads them."""
     settings = Settings(database_url=clean_db, log_level="WARNING", api_tokens="s3cret", auth_reads=True)
     with TestClient(create_app(settings, runner=runner)) as c:
-        for url in ("/", "/ui", "/ui/plans", "/ui/plans/nope", "/ui/compare", "/ui/nope"):
-            assert c.get(url, follow_redirects=False).status_code == 401, url
+        for url in ("/", "/ui", "/ui/plans", "/ui/plans/nope", "/ui/compare?a=x", "/ui/nope"):
+            answer = c.get(url, follow_redirects=False)
+            assert answer.status_code == 303, url
+            assert answer.headers["location"] == "/ui/login?" + urlencode({"next": url}), url
             answer = c.get(url, follow_redirects=False, headers={"Authorization": "Bearer s3cret"})
-            assert answer.status_code in (200, 302, 404), url
+            assert answer.status_code in (200, 302, 400, 404), url
+            assert answer.status_code == 302 or answer.headers["content-type"].startswith("text/html"), url
         assert c.get("/static/ui.css").status_code == 200  # the assets stay open
+        assert c.get("/ui/login").status_code == 200  # and so does the login form
 
 
 # ------------------------------------------------------------------ the verdict: optimal against every plan, or not
@@ -628,7 +635,9 @@ def test_a_plan_proved_only_over_the_layouts_searched_is_not_called_optimal(clie
     body = text(doc.body)
     assert f"no plan can beat {step:.3f}" not in body
     assert f"no plan beats {step:.3f}" not in body
-    assert "its verdict over the layouts it searched" in text(doc.css_first(".solver"))
+    # one vocabulary: CP-SAT's own OPTIMAL (about the layouts it searched) is not shown as a status, only named
+    assert "OPTIMAL" not in text(doc.css_first(".solver"))
+    assert attr(doc.css_first(".solver"), "title") == "the solver's own status: OPTIMAL"
 
     rows = {attr(tr, "data-plan-id"): tr for tr in page(client, "/ui/plans").css("#plan-rows tr.plan-row")}
     assert text(rows[plan_id].css_first(".status")) == "optimal among the layouts searched"

@@ -18,19 +18,10 @@ import httpx
 import pytest
 
 from shardwise.service.devserver import running_server
-from ui_support import REPO_ROOT, fleet, hot_model, mixed_fleet, post_plan, small_model
+from ui_support import CHROMIUM, CHROMIUM_ARGS, REPO_ROOT, fleet, hot_model, mixed_fleet, post_plan, small_model
 
 pytestmark = pytest.mark.playwright
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_ARGS = [
-    "--no-sandbox",  # root in a container
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 # The README's picture of the plan page. Rewritten when missing or with SHARDWISE_UPDATE_SCREENSHOTS=1 only: the
 # page shows its creation time, so writing it on every run would leave a changed binary in every checkout.
 SCREENSHOT = REPO_ROOT / "docs" / "screenshots" / "plan_page.png"

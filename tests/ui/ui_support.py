@@ -7,6 +7,7 @@ one pytest run (``pytest tests/service tests/ui``). Fixtures live in the test mo
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +73,14 @@ def store_plan_directly(database_url: str, model: dict[str, Any], fleet_: dict[s
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Debian's Chromium, driven by Playwright with executable_path (Playwright cannot download its own browsers here)
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_ARGS = [
+    "--no-sandbox",  # root in a container
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]

@@ -10,27 +10,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from itertools import pairwise
 
-from shardwise.wire.spec import PlanStatus, TablePlan
+from shardwise.wire.spec import PlanStatus, TablePlan, verdict_words
 
 HOT_FILL = 0.9  # a rank whose HBM is fuller than this is flagged
 
 #: a status in the words of :attr:`Plan.verdict <shardwise.wire.spec.Plan.verdict>` (the status filter's options).
 #: ``optimal`` is proved against every plan; a ``feasible`` plan is "best found", or "optimal among the layouts
-#: searched" where its solver says so (:func:`verdict_label`).
-STATUS_LABELS = {
-    PlanStatus.optimal.value: "optimal",
-    PlanStatus.feasible.value: "best found",
-    PlanStatus.infeasible.value: "infeasible",
-}
-SEARCHED_OPTIMAL_LABEL = "optimal among the layouts searched"
-
-
-def verdict_label(status: str, searched_optimal: bool) -> str:
-    """:attr:`Plan.verdict <shardwise.wire.spec.Plan.verdict>` from a stored row's status and its solver's
-    ``searched_optimal`` flag (without parsing the whole plan)."""
-    if status == PlanStatus.feasible.value and searched_optimal:
-        return SEARCHED_OPTIMAL_LABEL
-    return STATUS_LABELS.get(status, status)
+#: searched" where its solver says so (:func:`~shardwise.wire.spec.verdict_words`, one vocabulary for the CLI, the
+#: API's ``verdict`` fields and the pages).
+STATUS_LABELS = {status.value: verdict_words(status, False) for status in PlanStatus}
 
 
 # ------------------------------------------------------------------------------------------------- text

@@ -1,16 +1,20 @@
 """The page of one plan, ``/ui/plans/{plan_id}`` (``plan.html``): its head, every rank's HBM and time bars (a
 heatmap per host beyond ``HEATMAP_ABOVE`` GPUs), the tables with their layout and size, the dense layers, the
-explanation and the "Apply it" snippet.
+explanation and the "Apply it" snippet; and its one form, ``POST /ui/plans/{plan_id}/delete`` (on ``forms``, a
+router outside the read check: it checks CSRF first, then read and write access itself).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from shardwise.service import repository as repo
+from shardwise.service import sessions
+from shardwise.service.auth import LoginRequired, page_access
 from shardwise.service.db import SessionDep
 from shardwise.service.models import PlanRow
 from shardwise.service.routers.ui.formatting import (
@@ -33,6 +37,7 @@ from shardwise.service.routers.ui.views import (
 from shardwise.wire.spec import ModelSpec, Plan
 
 router = APIRouter()
+forms = APIRouter()
 
 
 @dataclass(frozen=True)
@@ -105,3 +110,22 @@ def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLRespon
         "heatmap_css": HEATMAP_CSS,
     }
     return page(request, "plan.html", context)
+
+
+@forms.post("/ui/plans/{plan_id}/delete")
+def delete_plan(
+    plan_id: str,
+    request: Request,
+    fields: Annotated[dict[str, str], Depends(sessions.read_form)],
+    session: SessionDep,
+) -> Response:
+    """The plan page's delete button: CSRF-checked (403 page), then the same access as ``DELETE /api/v1/plans/{id}``
+    (a login when the service has tokens); back to the history afterwards."""
+    sessions.check_csrf(request, fields)
+    if not page_access(request, write=True):
+        raise LoginRequired(f"{request.scope.get('root_path', '')}/ui/plans/{plan_id}")
+    row = repo.plan_by_id(session, plan_id)
+    if row is None:
+        return plan_not_found(request, plan_id)
+    repo.delete_plan(session, row)
+    return RedirectResponse(f"{request.scope.get('root_path', '')}/ui/plans", status_code=303)

@@ -1,6 +1,7 @@
 """Where the pages' files are and how a page is answered: the Jinja2 environment (autoescaped, strict, with the
 formatting filters and the globals every template reads), ``page`` for a 200 and ``error_page`` for the HTML error
-pages (404 for an unknown plan, 400 for a bad parameter; these routes never answer the API's problem+json).
+pages (404 for an unknown plan, 400 for a bad parameter, 403 for a refused form; these routes never answer the API's
+problem+json).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
+from shardwise.service import sessions
 from shardwise.service.errors import shown
 from shardwise.service.routers.ui.formatting import HOT_FILL, STATUS_LABELS, gb, ms, pct, when
 from shardwise.solver.extract import solver_version
@@ -53,9 +55,22 @@ def page(
     status_code: int = 200,
     headers: Mapping[str, str] | None = None,
 ) -> HTMLResponse:
-    """The template ``name`` rendered with ``context`` and ``root`` (the app's root path, for links)."""
-    ctx = {"root": request.scope.get("root_path", ""), **context}
-    return templates.TemplateResponse(request, name, ctx, status_code=status_code, headers=headers)
+    """The template ``name`` rendered with ``context``, ``root`` (the app's root path, for links), ``csrf_token``
+    (what every POST form carries in a hidden field) and ``logged_in`` (the header's log-out button). The answer is
+    never cached: it holds this browser's form token."""
+    token = sessions.form_token(request)
+    ctx = {
+        "root": request.scope.get("root_path", ""),
+        "csrf_field": sessions.CSRF_FIELD,
+        "csrf_token": token.value,
+        "logged_in": sessions.request_session(request) is not None,
+        **context,
+    }
+    response = templates.TemplateResponse(request, name, ctx, status_code=status_code, headers=headers)
+    response.headers.setdefault("Cache-Control", "no-store")
+    if token.new_cookie is not None:
+        sessions.set_cookie(request, response, sessions.CSRF_COOKIE, token.new_cookie)
+    return response
 
 
 def error_page(request: Request, status: int, title: str, detail: str, **extra: Any) -> HTMLResponse:

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from shardwise.service import repository as repo
 from shardwise.service.models import PlanRow
-from shardwise.service.routers.ui.formatting import HOT_FILL, fill_class, gpu_mix, time_class, verdict_label
+from shardwise.service.routers.ui.formatting import HOT_FILL, fill_class, gpu_mix, time_class
 from shardwise.wire.resources import StoredPlan
 from shardwise.wire.spec import HbmBreakdown, RankPlan
 
@@ -78,8 +78,6 @@ class HistoryRow:
 def history_row(row: PlanRow) -> HistoryRow:
     """The page's row: the API's ``PlanSummary`` of the plan, with the GPU mix spelled out."""
     s = repo.summary(row)
-    solver = row.body.get("solver") if isinstance(row.body, Mapping) else None
-    searched_optimal = bool(solver.get("searched_optimal", False)) if isinstance(solver, Mapping) else False
     return HistoryRow(
         id=s.id,
         created_at=s.created_at,
@@ -88,7 +86,7 @@ def history_row(row: PlanRow) -> HistoryRow:
         gpus=gpu_mix(s.gpu_types),
         world_size=s.world_size,
         status=s.status.value,
-        label=verdict_label(s.status.value, searched_optimal),
+        label=s.verdict or s.status.value,
         solver=s.solver,
         predicted_step_ms=s.predicted_step_ms,
         gap=s.gap,
