@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Final, TypeVar
 
 from fastapi import Depends, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ValidationError
 
 from shardwise.service.errors import (
@@ -71,6 +72,8 @@ MAX_JSON_DEPTH: Final = 64
 #: integers must fit a signed 64-bit integer (numpy's and the database's); field bounds are tighter still
 MAX_JSON_INT: Final = 2**63 - 1
 _MAX_INT_DIGITS: Final = 19
+#: bodies up to this size are parsed on the event loop (well under a millisecond); larger ones in a thread
+LOOP_PARSE_BYTES: Final = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,8 @@ async def json_body(request: Request) -> Any:
         raise InvalidInput(
             "the request needs a JSON body", errors=[{"loc": ["body"], "msg": "missing", "type": "missing"}]
         )
+    if len(raw) > LOOP_PARSE_BYTES:  # a large body is parsed in a thread: the event loop answers the probes
+        return await run_in_threadpool(strict_json, raw)
     return strict_json(raw)
 
 
