@@ -85,7 +85,7 @@ dist: install ## a wheel and an sdist in dist/, to install elsewhere: pip instal
 plan-example: install ## plan the example DLRM on 8x H100 locally (no server) and print the per-rank table
 	$(VENV)/bin/shardwise plan examples/dlrm_dcnv2.json examples/fleet_8xh100.json --time-limit 10 -o plan.json
 
-load: install ## reused-plan latency/throughput at 50 clients and cold plans, against a real uvicorn
+load: install ## a real uvicorn (a process per core): cold plans, 500 waiting POSTs + probes, 1,024 ranks at once, the reused path at 50 clients
 	$(PY) benchmarks/load_service.py $(LOAD_ARGS)
 
 bench-queue: install ## cold plans per minute with 1 and 2 Celery workers, and the latency the queue adds (Redis, PostgreSQL)

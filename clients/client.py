@@ -24,6 +24,7 @@ OR-Tools, numpy).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, overload
@@ -64,6 +65,7 @@ from shardwise.clients.transport import RETRY_STATUSES as RETRY_STATUSES
 from shardwise.clients.transport import BaseClient
 from shardwise.clients.transport import parse_retry_after as parse_retry_after
 from shardwise.hwprofiles import Calibration, HardwareProfile
+from shardwise.wire import hashing
 from shardwise.wire.resources import (
     CalibrationRecord,
     Evaluation,
@@ -103,6 +105,7 @@ __all__ = [
 ]
 
 
+KNOWN_PLANS: Final = 64  # plans a client remembers with their ETag, to ask again with If-None-Match
 WAIT_MARGIN_S: Final = 10.0  # a POST /plans that asks the server to wait wait_s reads for at least wait_s + this
 PAGE_SIZE: Final = 100  # the server caps limit at 200
 
@@ -161,6 +164,7 @@ class ShardwiseClient(BaseClient):
             raise ValueError("poll_interval must be > 0")
         super().__init__(base_url, token=token, timeout=timeout, max_retries=max_retries, http_client=http_client)
         self.poll_interval = poll_interval
+        self._known: OrderedDict[str, tuple[str, StoredPlan]] = OrderedDict()  # request key -> (ETag, plan)
 
     def __repr__(self) -> str:
         return f"ShardwiseClient(base_url={self.base_url!r}, max_retries={self.max_retries})"
@@ -204,7 +208,12 @@ class ShardwiseClient(BaseClient):
         calibrations: Sequence[str] | None = None,
         **options: Any,
     ) -> StoredPlan | Job:
-        """Plan ``model`` on ``fleet`` (``POST /plans``): the stored plan (``reused`` when it was already there).
+        """Plan ``model`` on ``fleet``: the stored plan (``reused`` when it was already there).
+
+        When the client can compute the request's key itself (an inline model and fleet of catalogue GPUs or inline
+        profiles, no calibrations: ``shardwise.wire.hashing.request_key``) it first asks
+        ``GET /plans/by-key/{key}`` — no parsing on the server, and a 304 when this client holds the plan already;
+        otherwise, or on a miss, ``POST /plans``.
 
         ``options`` are ``PlanOptions`` fields (``solver``, ``time_limit_s``, ``random_seed``, ``wait_s``...).
         When the solve outlives the request (202), follow the job until it ends, calling ``on_progress(job)``
@@ -448,6 +457,46 @@ class ShardwiseClient(BaseClient):
             connect=self.timeout.connect, read=needed, write=self.timeout.write, pool=self.timeout.pool
         )
 
+    def request_key(
+        self, model: ModelRef, fleet: FleetRef, *, calibrations: Sequence[str] | None = None, **options: Any
+    ) -> str | None:
+        """The request key of ``plan(model, fleet, calibrations=..., **options)`` as this client can compute it, or
+        None where only the server can (a model or fleet by name, a custom profile by name, calibrations). Assumes
+        the server's defaults for the options not given: a server whose ``max_time_limit_s`` caps the default time
+        limit stores the request under another key (the lookup misses and the request is posted)."""
+        if calibrations or isinstance(model, str) or isinstance(fleet, str):
+            return None
+        try:
+            params = PlanOptions.model_validate(dict(options)).solve_params()
+            model_spec = model if isinstance(model, ModelSpec) else ModelSpec.model_validate(_ref(model))
+            fleet_spec = fleet if isinstance(fleet, FleetSpec) else FleetSpec.model_validate(_ref(fleet))
+        except (ValidationError, ValueError):  # e.g. a custom profile named: the server knows it, the client not
+            return None
+        return hashing.request_key(model_spec, fleet_spec, params)
+
+    def plan_by_key(self, key: str) -> StoredPlan | None:
+        """``GET /plans/by-key/{key}``: the stored plan for a request key, or None when the server has none (a
+        server without the route answers 404 too). The plan is remembered with its ETag: asking again for the
+        same key sends ``If-None-Match`` and a 304 answers from memory."""
+        known = self._known.get(key)
+        headers = {"If-None-Match": known[0]} if known is not None else None
+        try:
+            response = self._request("GET", f"/plans/by-key/{_segment(key)}", headers=headers)
+        except NotFoundError:
+            self._known.pop(key, None)
+            return None
+        if response.status_code == 304 and known is not None:
+            self._known.move_to_end(key)
+            return known[1]
+        plan = self._parse(StoredPlan, response)
+        etag = response.headers.get("etag")
+        if etag:
+            self._known[key] = (etag, plan)
+            self._known.move_to_end(key)
+            while len(self._known) > KNOWN_PLANS:
+                self._known.popitem(last=False)
+        return plan
+
     def _submit(
         self,
         model: ModelRef,
@@ -455,6 +504,11 @@ class ShardwiseClient(BaseClient):
         options: Mapping[str, Any],
         calibrations: Sequence[str] | None = None,
     ) -> tuple[StoredPlan | Job, float]:
+        key = self.request_key(model, fleet, calibrations=calibrations, **options)
+        if key is not None:
+            found = self.plan_by_key(key)
+            if found is not None and found.status is not PlanStatus.infeasible:  # infeasible: the POST explains it
+                return found, 0.0
         body = {"model": _ref(model), "fleet": _ref(fleet), "options": self._options(options)}
         if calibrations:
             body["calibrations"] = _calibration_refs(calibrations)

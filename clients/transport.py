@@ -199,10 +199,12 @@ class BaseClient:
         params: Mapping[str, str] | None = None,
         timeout: httpx.Timeout | None = None,
         api: bool = True,
+        headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
-        """Send one call, retrying what may succeed on another try; a success answer, or the typed error."""
+        """Send one call, retrying what may succeed on another try; a success answer (a 304 included), or the typed
+        error. ``headers`` are added to the client's own."""
         url = self._url(path, api)
-        headers = self._headers()
+        headers = {**self._headers(), **(headers or {})}
         if method == "POST":
             headers["Idempotency-Key"] = str(uuid.uuid4())  # one key for every try of this call
         what = f"{method} {url}"

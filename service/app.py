@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import anyio.to_thread
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -21,8 +22,10 @@ from shardwise.service import errors
 from shardwise.service import repository as repo
 from shardwise.service.db import make_engine, session_factory
 from shardwise.service.errors import problem_responses
+from shardwise.service.job_watch import JobWatcher
 from shardwise.service.jobs import JobRunner, LocalRunner, Reaper
 from shardwise.service.observability import Metrics, RequestMiddleware, configure_logging
+from shardwise.service.plan_cache import PlanCache
 from shardwise.service.routers import calibrations, docs, health, hwprofiles, jobs, plans, port, specs, ui
 from shardwise.service.routers.common import BODY_MODELS, no_control_characters
 from shardwise.service.settings import Settings
@@ -74,16 +77,26 @@ def create_app(settings: Settings | None = None, *, runner: JobRunner | None = N
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # sync routes run in worker threads; a POST /plans may wait on a solve for its whole wait budget
+        # sync routes and the database work of async ones run in worker threads (a waiting POST /plans holds none)
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.request_threads
         engine = make_engine(settings.database_url)
         app.state.engine = engine
         app.state.sessions = session_factory(engine)
         owned = runner is None  # a runner handed in is started and stopped by its owner
         app.state.runner = runner or make_runner(settings, app)
-        if isinstance(app.state.runner, LocalRunner):  # it knows when a job ends: time the solve then
-            app.state.runner.on_done = lambda job_id: _observe(app, job_id)
-        if owned and app.state.runner.name == "local":  # nobody else can still be running them
+        app.state.plan_limiter = anyio.CapacityLimiter(min(settings.plan_threads, settings.request_threads))
+        app.state.plan_cache = PlanCache(settings.plan_cache_bytes, settings.plan_cache_s)
+        watcher = app.state.job_watcher = JobWatcher(app.state.sessions)
+        if isinstance(app.state.runner, LocalRunner):  # it knows when a job ends: time the solve, wake its waiters
+
+            def done(job_id: str) -> None:
+                _observe(app, job_id)
+                watcher.job_ended(job_id)
+
+            app.state.runner.on_done = done
+        # alone, nobody else can still be running them; one of several server processes leaves them to the reaper
+        # (its siblings beat theirs) and to `shardwise serve`, which ends them once before starting the processes
+        if owned and app.state.runner.name == "local" and settings.workers == 1:
             try:
                 with app.state.sessions() as session:
                     n = repo.fail_interrupted_jobs(

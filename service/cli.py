@@ -7,7 +7,8 @@ the commands; each one imports the server stack when it runs and says in one lin
 
 from __future__ import annotations
 
-from typing import Annotated, NoReturn
+import os
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -28,6 +29,10 @@ def serve(
     host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port", min=1, max=65535)] = 8000,
     migrate: Annotated[bool, typer.Option("--migrate/--no-migrate", help="alembic upgrade head first")] = True,
+    workers: Annotated[
+        int | None,
+        typer.Option(help="server processes sharing the port (default SHARDWISE_WORKERS, else 1)", min=1, max=64),
+    ] = None,
 ) -> None:
     """Run the service (settings from SHARDWISE_* variables; SQLite ./shardwise.db by default)."""
     try:
@@ -38,13 +43,43 @@ def serve(
     except ImportError as exc:
         _missing_extra("the service", exc)
     settings = Settings()
+    if workers is not None:  # the server processes read their settings from the environment: they inherit it
+        os.environ["SHARDWISE_WORKERS"] = str(workers)
+        settings = settings.model_copy(update={"workers": workers})
     if migrate:
         upgrade(settings.database_url)
+    if settings.workers > 1 and not settings.broker_url:
+        _end_interrupted_jobs(settings)
+    processes = f" · {settings.workers} processes" if settings.workers > 1 else ""
     typer.echo(
         f"shardwise on http://{host}:{port} · UI http://{host}:{port}/ui/plans · "
-        f"database {redact_url(settings.database_url)}"
+        f"database {redact_url(settings.database_url)}{processes}"
     )
-    uvicorn.run("shardwise.service.asgi:app_from_env", factory=True, host=host, port=port, log_level="warning")
+    uvicorn.run(
+        "shardwise.service.asgi:app_from_env",
+        factory=True,
+        host=host,
+        port=port,
+        log_level="warning",
+        workers=settings.workers if settings.workers > 1 else None,
+    )
+
+
+def _end_interrupted_jobs(settings: Any) -> None:
+    """With several server processes none of them may end the local jobs it finds live at its start (a sibling may
+    be running them): the jobs a previous run left are ended here, once, before any starts."""
+    from shardwise.service import repository as repo
+    from shardwise.service.db import make_engine, session_factory
+
+    engine = make_engine(settings.database_url)
+    try:
+        with session_factory(engine)() as session:
+            why = "the service restarted while this job was queued or running"
+            n = repo.fail_interrupted_jobs(session, "local", why)
+        if n:
+            typer.echo(f"marked {n} interrupted job(s) failed")
+    finally:
+        engine.dispose()
 
 
 def worker(

@@ -15,6 +15,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
+from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -119,9 +120,15 @@ def downgrade(url: str, revision: str = "base") -> None:
     command.downgrade(alembic_config(url), revision)
 
 
+@cache
+def head_revision() -> str | None:
+    """The migrations' head revision: read once per process (the scripts do not change under a running service)."""
+    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+
+
 def migrations_at_head(engine: Engine) -> tuple[bool, str | None, str | None]:
     """(at head, current revision, head revision)."""
-    head = ScriptDirectory.from_config(alembic_config(str(engine.url))).get_current_head()
+    head = head_revision()
     with engine.connect() as conn:
         current = MigrationContext.configure(conn).get_current_revision()
         conn.execute(text("SELECT 1"))

@@ -38,11 +38,13 @@ def running_server(
     log: Path | None = None,
     access_log: bool = True,
     ready_timeout_s: float = 60.0,
+    workers: int = 1,
 ) -> Iterator[str]:
     """Serve ``database_url`` (migrated first) until the block ends; yields ``http://127.0.0.1:<port>``.
 
     ``env`` adds ``SHARDWISE_*`` settings; ``cwd`` is the server's working directory (the repository by default);
-    ``log`` collects its output (else it goes to this process's). Raises ``RuntimeError`` with the log's tail when
+    ``log`` collects its output (else it goes to this process's); ``workers`` server processes share the port
+    (``SHARDWISE_WORKERS``). Raises ``RuntimeError`` with the log's tail when
     the server exits or is not ready in time.
     """
     upgrade(database_url)
@@ -52,6 +54,7 @@ def running_server(
         "SHARDWISE_LOG_LEVEL": "WARNING",
         **(env or {}),
         "SHARDWISE_DATABASE_URL": database_url,
+        "SHARDWISE_WORKERS": str(workers),
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
     }
     command = [
@@ -69,6 +72,8 @@ def running_server(
     ]
     if not access_log:
         command.append("--no-access-log")
+    if workers > 1:
+        command += ["--workers", str(workers)]
     out = log.open("ab") if log is not None else None
     proc = subprocess.Popen(
         command, cwd=cwd or ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT if out else None

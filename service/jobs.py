@@ -451,10 +451,35 @@ class LocalRunner:
         self._starter: ThreadPoolExecutor | None = None  # the one thread that starts solver processes
         self._events: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
+        self._beating: threading.Event | None = None  # set to stop the beat of the queued jobs
 
     def start(self) -> None:
         with self._lock:
             self._start()
+            if self._beating is None:
+                self._beating = threading.Event()
+                threading.Thread(
+                    target=self._beat_queued, args=(self._beating,), name="queued-heartbeat", daemon=True
+                ).start()
+
+    def _beat_queued(self, stop: threading.Event) -> None:
+        """Touch the rows of this runner's jobs still queued in its pool, every ``lease_s / 3`` seconds: a queued job
+        of a server process that died stops being touched, and the reaper of any other process ends it."""
+        while not stop.wait(self.lease_s / 3):
+            with self._lock:
+                keys = [k for k in map(repo.parse_uuid, self._events) if k is not None]
+            if not keys:
+                continue
+            try:
+                with session_factory(_engine(self.database_url))() as session:
+                    session.execute(
+                        update(JobRow)
+                        .where(JobRow.id.in_(keys), JobRow.state == JobState.queued.value)
+                        .values(updated_at=utcnow())
+                    )
+                    session.commit()
+            except Exception as exc:  # tried again on the next beat, well within the lease
+                log.warning("could not record the heartbeat of %d queued job(s): %s", len(keys), first_line(exc))
 
     def _start(self) -> None:
         if self._starter is None:
@@ -535,6 +560,9 @@ class LocalRunner:
         with self._lock:
             pool, self._pool = self._pool, None
             starter, self._starter = self._starter, None
+            beating, self._beating = self._beating, None
+        if beating is not None:
+            beating.set()
         if pool is not None:
             processes = list((pool._processes or {}).values())
             pool.shutdown(wait=False, cancel_futures=True)
@@ -557,16 +585,22 @@ def reap(session: Session, job: JobRow, lease_s: float, runner: JobRunner | None
     redelivers (Celery) gets the job queued again and resubmitted (the attempts counter still bounds it); any other
     job is failed with the reason (``/problems/solve-lost``)."""
     cutoff = _lease_cutoff(lease_s)
-    if job.state != JobState.running.value or job.updated_at > cutoff:
+    queued = job.state == JobState.queued.value and job.runner == LocalRunner.name  # its pool's process beats it
+    if (job.state != JobState.running.value and not queued) or job.updated_at > cutoff:
         return None
     conditions = [
         JobRow.id == job.id,
-        JobRow.state == JobState.running.value,
+        JobRow.state == job.state,
         JobRow.attempts == job.attempts,
         JobRow.updated_at <= cutoff,
     ]
     idle_s = (utcnow() - job.updated_at).total_seconds()
-    requeue = runner is not None and runner.redelivers and job.runner == runner.name
+    requeue = not queued and runner is not None and runner.redelivers and job.runner == runner.name
+    holder = (
+        "the server process it was queued in stopped touching it"
+        if queued
+        else f"attempt {job.attempts} of this job stopped touching it"
+    )
     if requeue:
         values: dict[str, Any] = {"state": JobState.queued.value, "updated_at": utcnow()}
     else:
@@ -578,7 +612,7 @@ def reap(session: Session, job: JobRow, lease_s: float, runner: JobRunner | None
                 500,
                 "solve-lost",
                 "The solve stopped reporting",
-                f"attempt {job.attempts} of this job stopped touching it for {idle_s:.0f} s (its lease is "
+                f"{holder} for {idle_s:.0f} s (its lease is "
                 f"{lease_s:g} s): its process died, hung or lost the database. The job is ended so that the same "
                 "request starts a new solve.",
             ),

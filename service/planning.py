@@ -23,10 +23,11 @@ from shardwise.service.errors import InvalidInput, LimitExceeded, NotFound, desc
 from shardwise.service.jobs import JobRunner, reap
 from shardwise.service.models import FleetVersionRow, JobRow, ModelVersionRow, PlanRow
 from shardwise.service.settings import Settings
-from shardwise.solver.extract import request_hash
+from shardwise.solver.extract import solver_version
 from shardwise.solver.size import MAX_CANDIDATE_BYTES, problem_size, refusal
 from shardwise.solver.topology import Topology
 from shardwise.wire.calibration import calibrate_fleet
+from shardwise.wire.hashing import request_hash, request_key
 from shardwise.wire.resources import JobState, PlanOptions
 from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams
 
@@ -48,8 +49,14 @@ class Resolved:
         }
 
     @property
+    def key(self) -> str:
+        """The request key (``wire.hashing``): what a client computes for the same resolved request."""
+        return request_key(self.model, self.fleet, self.params)
+
+    @property
     def hash(self) -> str:
-        return request_hash(self.model, self.fleet, self.params)
+        """The request hash this solver stores the plan under: the key and the solver version."""
+        return request_hash(self.key, solver_version())
 
 
 def split_ref(ref: str) -> tuple[str, int | None]:
@@ -225,8 +232,8 @@ class Outcome:
     started: bool = False  # this request started the solve
 
 
-def submit(session: Session, runner: JobRunner, resolved: Resolved, wait_s: float) -> Outcome:
-    """Answer from the store, or start (or join) the one job for this request and wait up to ``wait_s`` for it.
+def start(session: Session, runner: JobRunner, resolved: Resolved) -> Outcome:
+    """The stored plan for this request, or the one live job for it: started now (``Outcome.started``) or joined.
 
     A running job whose holder stopped beating (``runner.lease_s``) is not joined: it is reaped (``jobs.reap``) and,
     when that failed it, a new job starts."""
@@ -253,14 +260,30 @@ def submit(session: Session, runner: JobRunner, resolved: Resolved, wait_s: floa
             break
     else:  # pragma: no cover - a job finished three times between our insert and our read
         raise RuntimeError("the job for this request kept finishing under us")
-    job_id = str(job.id)
     if created:
-        runner.submit(job_id)
-    job = wait_for(session, runner, job_id, wait_s)
+        runner.submit(str(job.id))
+    return Outcome(None, job, reused=False, started=created)
+
+
+def finished(session: Session, job_id: str, *, started: bool) -> Outcome:
+    """What became of the job ``job_id`` now: its plan when it ended with one, else the job (live, or failed)."""
+    session.expire_all()
+    job = repo.job_by_id(session, job_id)
+    assert job is not None
     if job.state in repo.ACTIVE or job.plan_id is None:
-        return Outcome(None, job, reused=False, started=created)
-    plan = repo.plan_by_id(session, str(job.plan_id))
-    return Outcome(plan, job, reused=False, started=created)
+        return Outcome(None, job, reused=False, started=started)
+    return Outcome(repo.plan_by_id(session, str(job.plan_id)), job, reused=False, started=started)
+
+
+def submit(session: Session, runner: JobRunner, resolved: Resolved, wait_s: float) -> Outcome:
+    """``start``, then wait up to ``wait_s`` for the job in this thread (``POST /port``; ``POST /plans`` waits on the
+    event loop instead: ``service.job_watch``)."""
+    outcome = start(session, runner, resolved)
+    if outcome.job is None:
+        return outcome
+    job_id = str(outcome.job.id)
+    wait_for(session, runner, job_id, wait_s)
+    return finished(session, job_id, started=outcome.started)
 
 
 def wait_for(session: Session, runner: JobRunner, job_id: str, wait_s: float) -> JobRow:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Select, delete, func, select, update
+from sqlalchemy import Select, and_, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -291,13 +291,13 @@ def job_resource(row: JobRow, plan_url: str | None = None) -> Job:
 
 
 def stale_running_jobs(session: Session, touched_before: datetime, limit: int = 100) -> Sequence[JobRow]:
-    """Running jobs whose row was last touched before ``touched_before`` (their holder stopped beating)."""
-    query = (
-        select(JobRow)
-        .where(JobRow.state == JobState.running.value, JobRow.updated_at <= touched_before)
-        .order_by(JobRow.updated_at)
-        .limit(limit)
+    """Running jobs, and jobs queued in a local pool, whose row was last touched before ``touched_before`` (their
+    holder stopped beating)."""
+    live = or_(
+        JobRow.state == JobState.running.value,
+        and_(JobRow.state == JobState.queued.value, JobRow.runner == "local"),
     )
+    query = select(JobRow).where(live, JobRow.updated_at <= touched_before).order_by(JobRow.updated_at).limit(limit)
     return session.scalars(query).all()
 
 

@@ -67,7 +67,31 @@ class Settings(BaseSettings):
     # jobs
     wait_s: float = Field(default=10.0, ge=0, description="default seconds a POST /plans waits before 202")
     request_threads: int = Field(default=200, ge=1, description="threads serving requests (waiting ones included)")
-    job_workers: int = Field(default=1, ge=1, description="local solver processes (the embedded runner)")
+    plan_threads: int = Field(
+        default=4,
+        ge=1,
+        description="threads that parse, validate and look up POST /plans bodies at once, of the request threads "
+        "(more would only contend for the interpreter lock with the event loop that answers the probes)",
+    )
+    job_workers: int = Field(
+        default=1, ge=1, description="local solver processes (the embedded runner), in each server process"
+    )
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="server processes `shardwise serve` starts (uvicorn --workers), sharing the port and the database",
+    )
+    plan_cache_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=0, description="stored plans each server process keeps rendered (0: none)"
+    )
+    plan_cache_s: float = Field(
+        default=5.0,
+        ge=0,
+        le=3600,
+        description="how long a rendered plan is answered before the database is asked again (a deletion in another "
+        "server process is seen after this long)",
+    )
     broker_url: str | None = Field(default=None, description="Celery broker; jobs run on workers when set")
     job_lease_s: float = Field(
         default=30.0,

@@ -3,8 +3,6 @@ candidate into the wire's :class:`TablePlan`."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Sequence
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
@@ -13,6 +11,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from shardwise.solver import cost_model as cm
 from shardwise.solver.evaluate import evaluate
 from shardwise.solver.topology import Topology
+from shardwise.wire import hashing
+from shardwise.wire.hashing import canonical_json as canonical_json
 from shardwise.wire.spec import (
     DensePlan,
     FleetSpec,
@@ -56,19 +56,10 @@ def meets_bound(step_ms: float, bound_ms: float | None) -> bool:
     return bound_ms is not None and step_ms - bound_ms <= max(OPTIMAL_GAP * step_ms, OPTIMAL_ABS_MS)
 
 
-def canonical_json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-
-
 def request_hash(model: ModelSpec, fleet: FleetSpec, params: SolveParams) -> str:
-    """sha256 over the canonical JSON of (model, fleet, options, solver version)."""
-    body = {
-        "model": model.model_dump(mode="json"),
-        "fleet": fleet.model_dump(mode="json"),
-        "options": params.model_dump(mode="json"),
-        "solver_version": solver_version(),
-    }
-    return "sha256:" + hashlib.sha256(canonical_json(body).encode()).hexdigest()
+    """The hash a plan for (model, fleet, options) is stored under by this solver: the wire's rule
+    (``shardwise.wire.hashing``) over the request key and ``solver_version()``."""
+    return hashing.request_hash(hashing.request_key(model, fleet, params), solver_version())
 
 
 def build_plan(

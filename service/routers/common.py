@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Final, TypeVar
 
 from fastapi import Depends, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ValidationError
 
 from shardwise.service.errors import (
@@ -35,7 +36,7 @@ class PageParams:
     limit: int
 
 
-def page_params(
+async def page_params(
     request: Request,
     page: Annotated[int, Query(ge=1, le=1_000_000, description="1-based page")] = 1,
     limit: Annotated[int, Query(ge=1, le=1000, description="items per page (capped by the server)")] = 50,
@@ -47,15 +48,15 @@ def page_params(
 PageDep = Annotated[PageParams, Depends(page_params)]
 
 
-def settings_of(request: Request) -> Settings:
+async def settings_of(request: Request) -> Settings:
     return request.app.state.settings  # type: ignore[no-any-return]
 
 
-def runner_of(request: Request) -> JobRunner:
+async def runner_of(request: Request) -> JobRunner:
     return request.app.state.runner  # type: ignore[no-any-return]
 
 
-def metrics_of(request: Request) -> Metrics:
+async def metrics_of(request: Request) -> Metrics:
     return request.app.state.metrics  # type: ignore[no-any-return]
 
 
@@ -74,6 +75,8 @@ MAX_JSON_CONTAINERS: Final = 250_000
 #: integers must fit a signed 64-bit integer (numpy's and the database's); field bounds are tighter still
 MAX_JSON_INT: Final = 2**63 - 1
 _MAX_INT_DIGITS: Final = 19
+#: bodies up to this size are parsed on the event loop (well under a millisecond); larger ones in a thread
+LOOP_PARSE_BYTES: Final = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -211,6 +214,8 @@ async def json_body(request: Request) -> Any:
         raise InvalidInput(
             "the request needs a JSON body", errors=[{"loc": ["body"], "msg": "missing", "type": "missing"}]
         )
+    if len(raw) > LOOP_PARSE_BYTES:  # a large body is parsed in a thread: the event loop answers the probes
+        return await run_in_threadpool(strict_json, raw)
     return strict_json(raw)
 
 
@@ -222,7 +227,7 @@ JsonBody = Annotated[Any, Depends(json_body)]
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def no_control_characters(request: Request) -> None:
+async def no_control_characters(request: Request) -> None:
     """Refuse (422, naming the parameter) a path or query parameter holding a control character: no name, id or
     filter needs one, and PostgreSQL refuses NUL in text. A dependency of every route (``create_app``)."""
     for name, value in request.path_params.items():

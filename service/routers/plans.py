@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, Response
+import anyio.to_thread
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from shardwise.service import repository as repo
@@ -25,23 +28,32 @@ from shardwise.service.errors import (
 )
 from shardwise.service.jobs import infeasible_problem
 from shardwise.service.models import PlanRow
+from shardwise.service.plan_cache import PlanCache, ReadyPlan
 from shardwise.service.planning import (
+    Outcome,
     Resolved,
     calibrate,
     check_caps,
+    finished,
     profiles_context,
     resolve_calibrations,
     resolve_fleet,
     resolve_model,
     solve_params,
-    submit,
+    start,
 )
 from shardwise.service.routers.common import JsonBody, MetricsDep, PageDep, RunnerDep, SettingsDep, body_schema, parse
+from shardwise.service.settings import Settings
+from shardwise.solver.extract import solver_version
 from shardwise.solver.torchrec.exporter import DEFAULT_MODULE_FQN, TorchRecExportError, to_torchrec_dict
+from shardwise.wire.hashing import DIGEST_PATTERN, request_hash
 from shardwise.wire.resources import EvaluateRequest, Evaluation, Job, Page, PlanRequest, PlanSummary, StoredPlan
 from shardwise.wire.spec import ModelSpec, Plan, PlanStatus
 
 router = APIRouter(prefix="/plans", tags=["plans"])
+
+#: the request key of a POST /plans answer (``shardwise.wire.hashing.request_key`` of the resolved request)
+REQUEST_KEY_HEADER = "Shardwise-Request-Key"
 
 
 class NotExportable(ServiceError):
@@ -59,6 +71,91 @@ def _row(session: SessionDep, plan_id: str) -> PlanRow:
     return row
 
 
+@dataclass(frozen=True)
+class _Started:
+    """What the threadpool part of ``POST /plans`` found: the answer, or the live job to wait for."""
+
+    key: str
+    answer: Response | None = None
+    job_id: str | None = None
+    started: bool = False  # this request started the solve
+    reused: bool = False  # answered from the store
+    wait_s: float = 0.0
+
+
+def _start(app_state: Any, raw: Any, path: str) -> _Started:
+    """In a worker thread: parse and validate the body, resolve it, hash it; answer from the ready plans of this
+    process, else from the store, else start (or join) the one live job for the request. Nothing here waits for a
+    solve; every answer is rendered here, off the event loop."""
+    settings: Settings = app_state.settings
+    cache: PlanCache = app_state.plan_cache
+    with app_state.sessions() as session:
+        custom = profiles_context(session)
+        body = parse(PlanRequest, raw, {"profiles": custom})
+        model, model_ref = resolve_model(session, body.model)
+        fleet, fleet_ref = resolve_fleet(session, body.fleet, custom)
+        [fleet] = calibrate([fleet], resolve_calibrations(session, body.calibrations), custom)
+        params, wait_s = solve_params(settings, body.options)
+        check_caps(settings, model, fleet, params)
+        resolved = Resolved(model, fleet, params, model_ref, fleet_ref)
+        key = resolved.key
+        ready = cache.get(resolved.hash)
+        if ready is not None and not ready.infeasible:
+            return _Started(key, _ready_response(ready, key), reused=True)
+        outcome = start(session, app_state.runner, resolved)
+        if outcome.plan is not None and outcome.plan.status != PlanStatus.infeasible.value:
+            return _Started(key, _ready_response(cache.put(ReadyPlan.render(outcome.plan)), key), reused=True)
+        answer = _answer(outcome, key, path)
+        job_id = str(outcome.job.id) if answer is None and outcome.job is not None else None
+        return _Started(key, answer, job_id, outcome.started, outcome.reused, wait_s)
+
+
+def _finished(app_state: Any, job_id: str, key: str, path: str) -> Response:
+    """In a worker thread: the answer for the job ``job_id`` once waited for (its plan, its error, or 202)."""
+    with app_state.sessions() as session:
+        outcome = finished(session, job_id, started=False)
+        answer = _answer(outcome, key, path)
+        if answer is None:  # still live after the wait budget
+            assert outcome.job is not None
+            return _job_response(outcome.job, key)
+        return answer
+
+
+def _answer(outcome: Outcome, key: str, path: str) -> Response | None:
+    """The answer ``outcome`` makes, or None while its job is live (wait, then ``_finished``)."""
+    if outcome.plan is not None:
+        row = outcome.plan
+        if row.status == PlanStatus.infeasible.value:
+            return problem_response(infeasible_problem(row, path, reused=outcome.reused))
+        return JSONResponse(
+            repo.stored_plan_json(row, reused=outcome.reused),
+            status_code=200 if outcome.reused else 201,
+            headers={"Location": plan_location(row.id), REQUEST_KEY_HEADER: key},
+        )
+    job = outcome.job
+    assert job is not None
+    if job.state in repo.ACTIVE:
+        return None
+    if job.error is not None:  # the solve failed
+        return problem_response({**job.error, "instance": path, "job_id": str(job.id)})
+    return _job_response(job, key)
+
+
+def _job_response(job: Any, key: str) -> Response:
+    return JSONResponse(
+        repo.job_resource(job).model_dump(mode="json"),
+        status_code=202,
+        headers={"Location": f"/api/v1/jobs/{job.id}", "Retry-After": "1", REQUEST_KEY_HEADER: key},
+    )
+
+
+def _ready_response(ready: ReadyPlan, key: str | None, status: int = 200) -> Response:
+    headers = {"Location": plan_location(ready.plan_id), "ETag": ready.etag, "Cache-Control": "no-cache"}
+    if key is not None:
+        headers[REQUEST_KEY_HEADER] = key
+    return Response(ready.body, status_code=status, media_type="application/json", headers=headers)
+
+
 @router.post(
     "",
     status_code=201,
@@ -73,44 +170,65 @@ def _row(session: SessionDep, plan_id: str) -> PlanRow:
     openapi_extra=body_schema(PlanRequest),
     dependencies=[WriteAccess],
 )
-def create_plan(
-    raw: JsonBody,
-    session: SessionDep,
-    settings: SettingsDep,
-    runner: RunnerDep,
-    metrics: MetricsDep,
-    request: Request,
-) -> Response:
-    custom = profiles_context(session)
-    body = parse(PlanRequest, raw, {"profiles": custom})
-    model, model_ref = resolve_model(session, body.model)
-    fleet, fleet_ref = resolve_fleet(session, body.fleet, custom)
-    [fleet] = calibrate([fleet], resolve_calibrations(session, body.calibrations), custom)
-    params, wait_s = solve_params(settings, body.options)
-    check_caps(settings, model, fleet, params)
-    outcome = submit(session, runner, Resolved(model, fleet, params, model_ref, fleet_ref), wait_s)
-    if outcome.started:
+async def create_plan(raw: JsonBody, request: Request, runner: RunnerDep, metrics: MetricsDep) -> Response:
+    """The body is parsed, resolved and looked up in a worker thread (``plan_threads`` at once); a solve is waited
+    for on the event loop (``service.job_watch``): a waiting request holds no thread and no database connection."""
+    state = request.app.state
+    path = request.url.path
+    begun = await anyio.to_thread.run_sync(_start, state, raw, path, limiter=state.plan_limiter)
+    if begun.started:
         metrics.solves.labels(runner.name).inc()
-    if outcome.plan is not None:
-        if outcome.reused:
-            metrics.reuse_hits.inc()
-        row = outcome.plan
-        if row.status == PlanStatus.infeasible.value:
-            return problem_response(infeasible_problem(row, request.url.path, reused=outcome.reused))
-        return JSONResponse(
-            repo.stored_plan_json(row, reused=outcome.reused),
-            status_code=200 if outcome.reused else 201,
-            headers={"Location": plan_location(row.id)},
+    if begun.reused:
+        metrics.reuse_hits.inc()
+    if begun.answer is not None:
+        return begun.answer
+    assert begun.job_id is not None
+    await state.job_watcher.wait(begun.job_id, begun.wait_s)
+    return await anyio.to_thread.run_sync(_finished, state, begun.job_id, begun.key, path, limiter=state.plan_limiter)
+
+
+async def _read_ready(app_state: Any, request_hash: str) -> ReadyPlan | None:
+    def read() -> ReadyPlan | None:
+        with app_state.sessions() as session:
+            row = repo.plan_by_hash(session, request_hash)
+            return ReadyPlan.render(row) if row is not None else None
+
+    return await run_in_threadpool(read)
+
+
+@router.get(
+    "/by-key/{key}",
+    response_model=StoredPlan,
+    summary="The stored plan for a request key (computed by the client: shardwise.wire.hashing.request_key)",
+    dependencies=[ReadAccess],
+    responses={
+        200: {"model": StoredPlan, "description": "the stored plan for this request (reused: true), with its ETag"},
+        304: {"description": "the plan named in If-None-Match is still the stored plan for this request"},
+        **problem_responses(InvalidInput, NotFound, Unauthorized),
+    },
+)
+async def plan_by_key(
+    key: Annotated[str, Path(pattern=DIGEST_PATTERN, description="sha256: and 64 lowercase hex digits")],
+    request: Request,
+    metrics: MetricsDep,
+    if_none_match: Annotated[str | None, Header(max_length=2000)] = None,
+) -> Response:
+    """The lookup a client makes before ``POST /plans``: no body to parse, no request to validate; the answer is
+    the plan's JSON as rendered once (``service.plan_cache``). A miss is a 404 naming the solver version the key
+    was looked up under; the client then posts the request."""
+    state = request.app.state
+    rhash = request_hash(key, solver_version())
+    ready = await state.plan_cache.load(rhash, lambda: _read_ready(state, rhash))
+    if ready is None:
+        raise NotFound(
+            f"no plan stored for request key {key} under solver {solver_version()}: POST /api/v1/plans solves it",
+            request_hash=rhash,
+            solver_version=solver_version(),
         )
-    job = outcome.job
-    assert job is not None
-    if job.error is not None:  # the solve failed
-        return problem_response({**job.error, "instance": request.url.path, "job_id": str(job.id)})
-    return JSONResponse(
-        repo.job_resource(job).model_dump(mode="json"),
-        status_code=202,
-        headers={"Location": f"/api/v1/jobs/{job.id}", "Retry-After": "1"},
-    )
+    metrics.reuse_hits.inc()
+    if ready.matches(if_none_match):
+        return Response(status_code=304, headers={"ETag": ready.etag, "Cache-Control": "no-cache"})
+    return _ready_response(ready, key)
 
 
 @router.get(
@@ -178,8 +296,10 @@ def export_torchrec(
     dependencies=[WriteAccess],
     responses=problem_responses(NotFound, Unauthorized),
 )
-def delete_plan(plan_id: str, session: SessionDep) -> Response:
+def delete_plan(plan_id: str, session: SessionDep, request: Request) -> Response:
     repo.delete_plan(session, _row(session, plan_id))
+    session.commit()  # before the cache forgets it: a lookup meanwhile must not read it back in
+    request.app.state.plan_cache.forget(plan_id)
     return Response(status_code=204)
 
 
