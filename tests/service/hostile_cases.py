@@ -713,6 +713,7 @@ LONG = "n" * 15_000  # uvicorn refuses a request head over 16 KiB itself (a case
 ITEM_PATHS = {  # GET routes with a name or an id in the path; the value goes where {x} is
     "plan": "/api/v1/plans/{x}",
     "plan-torchrec": "/api/v1/plans/{x}/torchrec",
+    "plan-by-key": "/api/v1/plans/by-key/{x}",
     "job": "/api/v1/jobs/{x}",
     "model": "/api/v1/models/{x}",
     "model-version": "/api/v1/models/base/{x}",
@@ -754,6 +755,9 @@ def _path_cases() -> Iterator[Case]:
     yield Case("get-model-version-float", "GET", "/api/v1/models/base/1e3", where=("path", "version"))
     yield Case("get-calibration-digest-uppercase", "GET", "/api/v1/calibrations/" + "A" * 64, where=("path", "digest"))
     yield Case("get-calibration-digest-not-stored", "GET", "/api/v1/calibrations/" + "0" * 64, status=(404,))
+    yield Case("get-plan-by-key-not-stored", "GET", "/api/v1/plans/by-key/sha256:" + "0" * 64, status=(404,))
+    yield Case("get-plan-by-key-uppercase", "GET", "/api/v1/plans/by-key/sha256:" + "A" * 64, status=(422,))
+    yield Case("get-plan-by-key-no-prefix", "GET", "/api/v1/plans/by-key/" + "0" * 64, status=(422,))
     yield Case("get-dot-dot-out-of-the-api", "GET", "/api/v1/models/..%2F..%2F..%2Fhealthz", status=(404,))
     yield Case("get-unknown-api-path", "GET", "/api/v1/nothing", status=(404,))
     yield Case("get-ui-unknown", "GET", "/ui/%00", status=(404, 422), html=True)

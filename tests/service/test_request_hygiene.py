@@ -175,6 +175,7 @@ def test_a_body_sent_a_byte_at_a_time_is_cut_at_the_deadline(slow_body_server: s
         start = time.monotonic()
         sock.sendall(_head("/api/v1/models", len(body)))
         raw = b""
+        reset = False
         for byte in body:
             try:
                 sock.sendall(bytes([byte]))
@@ -186,13 +187,21 @@ def test_a_body_sent_a_byte_at_a_time_is_cut_at_the_deadline(slow_body_server: s
                 raw = sock.recv(65536)
             except BlockingIOError:
                 pass
+            except ConnectionResetError:
+                reset = True
             finally:
                 sock.setblocking(True)
-            if raw:
+            if raw or reset:
                 break
-        raw += _read_until_closed(sock)
+        if not reset:
+            try:
+                raw += _read_until_closed(sock)
+            except ConnectionResetError:
+                reset = True
         elapsed = time.monotonic() - start
-    assert _answer(raw)[0] == 408, raw[:300]
+    # the server answers 408 and closes; a byte the client sent after that close makes the kernel reset the
+    # connection, which can discard the answer before it is read (TCP, not the server): then the reset is the answer
+    assert (raw and _answer(raw)[0] == 408) or (not raw and reset), raw[:300]
     assert elapsed < BODY_TIMEOUT_S + 4, elapsed
 
 
