@@ -2,8 +2,12 @@
 
 Names read ``t{tables}-g{gpus}-{hardware}``: ``t500-g64-mixed`` is 500 embedding tables on 64 GPUs (8 hosts of 8),
 half the hosts NVIDIA B200 and half AMD MI350X. Hardware: ``h100`` (nvidia-h100-sxm), ``b200`` (nvidia-b200),
-``mi350x`` (amd-mi350x), ``mixed`` (B200 hosts first, then as many MI350X hosts). ``mlperf-dcnv2-g{8,64}-h100`` is
-``examples/dlrm_dcnv2.json`` (MLPerf DLRM-DCNv2, Criteo 1TB) on H100s.
+``mi350x`` (amd-mi350x), ``mixed`` (B200 hosts first, then as many MI350X hosts). ``mlperf-dcnv2-g{gpus}-{hardware}`` is
+``examples/dlrm_dcnv2.json`` (MLPerf DLRM-DCNv2, Criteo 1TB, 26 tables): on 8 and 64 H100s, and the few-tables
+many-GPUs regime — 64, 128, 256, 512 and 1,024 GPUs of H100 and of B200 + MI350X mixed — at the global batch below;
+``mlperf-dcnv2-b8k-g{gpus}-{hardware}`` is the same model at its JSON's 8,192 samples per GPU whatever the fleet
+(weak scaling: the batch at which the issue about that regime measured it). ``t100-g512-mixed`` is 100 tables on
+512 mixed GPUs.
 
 Tables are drawn once per table count, from ``random.Random(f"shardwise-bench-tables-{n}")``, so an instance is
 the same on every machine and every run, and ``t200-g32-*`` and ``t200-g64-*`` share one model:
@@ -26,7 +30,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from fnmatch import fnmatch
 from pathlib import Path
 
@@ -81,7 +85,16 @@ GRID: tuple[tuple[int, int, str], ...] = (
     (1000, 512, "mi350x"),
     (1000, 512, "mixed"),
 )
-DCNV2_FLEETS: tuple[int, ...] = (8, 64)
+DCNV2_FLEETS: tuple[tuple[int, str], ...] = (
+    (8, "h100"),
+    (64, "h100"),
+    *((g, hw) for hw in ("h100", "mixed") for g in (64, 128, 256, 512, 1024) if (g, hw) != (64, "h100")),
+)
+#: the few-tables many-GPUs regime at the JSON's batch per GPU (8,192): the issue's figures
+DCNV2_WEAK_FLEETS: tuple[tuple[int, str], ...] = tuple(
+    (g, hw) for hw in ("h100", "mixed") for g in (64, 128, 256, 512, 1024)
+)
+MANY_GPU_GRID: tuple[tuple[int, int, str], ...] = ((100, 512, "mixed"),)
 
 
 def batch_per_gpu(world: int) -> int:
@@ -134,15 +147,33 @@ def make_fleet(world: int, hardware: str) -> FleetSpec:
     return FleetSpec(name=f"{hardware}-{hosts}x{GPUS_PER_HOST}", hosts=groups)
 
 
-def dcnv2_model(world: int) -> ModelSpec:
+def dcnv2_model(world: int, weak: bool = False) -> ModelSpec:
+    """The DCNv2 model at the global batch of the module docstring (``weak``: at its JSON's batch per GPU)."""
     model = ModelSpec.model_validate_json(DCNV2.read_text(encoding="utf-8"))
-    return model.model_copy(update={"batch_size_per_gpu": batch_per_gpu(world)})
+    return model if weak else model.model_copy(update={"batch_size_per_gpu": batch_per_gpu(world)})
+
+
+def _all() -> Iterator[tuple[str, Callable[[], tuple[ModelSpec, FleetSpec]]]]:
+    """Every instance's name with how to build it, in listing order."""
+
+    def grid(t: int, g: int, hw: str) -> Callable[[], tuple[ModelSpec, FleetSpec]]:
+        return lambda: (make_model(t, g), make_fleet(g, hw))
+
+    def dcnv2(g: int, hw: str, weak: bool) -> Callable[[], tuple[ModelSpec, FleetSpec]]:
+        return lambda: (dcnv2_model(g, weak), make_fleet(g, hw))
+
+    for t, g, hw in GRID:
+        yield f"t{t}-g{g}-{hw}", grid(t, g, hw)
+    for g, hw in DCNV2_FLEETS:
+        yield f"mlperf-dcnv2-g{g}-{hw}", dcnv2(g, hw, False)
+    for g, hw in DCNV2_WEAK_FLEETS:
+        yield f"mlperf-dcnv2-b8k-g{g}-{hw}", dcnv2(g, hw, True)
+    for t, g, hw in MANY_GPU_GRID:
+        yield f"t{t}-g{g}-{hw}", grid(t, g, hw)
 
 
 def names() -> list[str]:
-    out = [f"t{t}-g{g}-{hw}" for t, g, hw in GRID]
-    out += [f"mlperf-dcnv2-g{g}-h100" for g in DCNV2_FLEETS]
-    return out
+    return [name for name, _ in _all()]
 
 
 def _matches(name: str, filter: str | None) -> bool:
@@ -154,14 +185,9 @@ def _matches(name: str, filter: str | None) -> bool:
 
 def instances(filter: str | None = None) -> Iterator[tuple[str, ModelSpec, FleetSpec]]:
     """Yield ``(name, model, fleet)`` for every instance whose name matches ``filter`` (all when None)."""
-    for t, g, hw in GRID:
-        name = f"t{t}-g{g}-{hw}"
+    for name, build in _all():
         if _matches(name, filter):
-            yield name, make_model(t, g), make_fleet(g, hw)
-    for g in DCNV2_FLEETS:
-        name = f"mlperf-dcnv2-g{g}-h100"
-        if _matches(name, filter):
-            yield name, dcnv2_model(g), make_fleet(g, "h100")
+            yield name, *build()
 
 
 def get(name: str) -> tuple[ModelSpec, FleetSpec]:
@@ -178,10 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="plan each with the greedy planner; fail if infeasible")
     args = parser.parse_args(argv)
     bad = 0
-    print(f"{'instance':<24} {'tables':>6} {'gpus':>5} {'batch':>6} {'weights GB':>10}  greedy")
+    print(f"{'instance':<28} {'tables':>6} {'gpus':>5} {'batch':>6} {'weights GB':>10}  greedy")
     for name, model, fleet in instances(args.filter):
         weights = sum(t.weight_bytes for t in model.embedding_tables)
-        line = f"{name:<24} {len(model.embedding_tables):>6} {fleet.world_size:>5} {model.batch_size_per_gpu:>6} "
+        line = f"{name:<28} {len(model.embedding_tables):>6} {fleet.world_size:>5} {model.batch_size_per_gpu:>6} "
         line += f"{weights / 1e9:>10.1f}"
         if args.check:
             from shardwise.solver.planner import make_plan

@@ -12,6 +12,13 @@ where. It is CP-SAT's hint and fallback and the baseline in benchmarks.
    candidate takes the host whose busiest GPU ends earliest; ``group`` / ``fleet`` candidates have fixed ranks. The
    candidate giving the lowest resulting makespan wins (ties: less total time, then less HBM). No candidate fits →
    infeasible.
+4. Few tables on many GPUs (:func:`~shardwise.solver.cpsat.candidates.spread_out`), where communication dominates
+   and a table's choice decides what every later one can still use: target packing
+   (:mod:`shardwise.solver.target`, a bisection between the bound and the pass's step time) plans too, and the
+   faster of the two plans is kept. Placing each table where the makespan stays lowest puts the first tables
+   over the whole fleet (a fleet-wide row split adds the same to every GPU) and leaves the rest to stack on top;
+   packing to a target gives each table the least work that still fits under it. Its cost is that of a few dozen
+   passes, which few tables keep small.
 
 The time limit (``SolveParams.time_limit_s``, one :class:`~shardwise.solver.deadline.Deadline` for the solve) holds
 here too: enumerating the candidates and each pass check it every table, and time is kept back for pricing the plan
@@ -29,12 +36,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardwise.solver.bounds import candidate_work, every_rank_floor, lower_bound_ms
-from shardwise.solver.cpsat.candidates import Candidate, enumerate_candidates
+from shardwise.solver.cpsat.candidates import Candidate, enumerate_candidates, spread_out
 from shardwise.solver.deadline import Deadline
-from shardwise.solver.evaluate import dense_cost, dense_styles
+from shardwise.solver.evaluate import dense_cost, dense_styles, evaluate
 from shardwise.solver.explain import explain_infeasible
 from shardwise.solver.extract import build_plan, placed_to_table
 from shardwise.solver.load import LoadState, Placed, initial_state
+from shardwise.solver.target import target_packing
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import DensePlan, DenseStyle, ModelSpec, Placement, Plan, SolveParams
 from shardwise.wire.units import fmt_bytes
@@ -97,25 +105,27 @@ def _try(
             if offloaded:
                 host[rh[r]] += need_d[r]
         return ranks, load, hbm, host
-    if cand.scope == "host":  # the class's hosts side by side: [host, GPU of the host]
+    if cand.scope == "host":  # the class's blocks of hosts side by side: [block, GPU of the block]
         assert cand.scope_class is not None
         cls = topo.classes[cand.scope_class]
-        n = len(cand.shapes)
-        first, count = cls.ranks[0], len(cls.hosts)
+        n, m = len(cand.shapes), cand.span
+        g = n // m
+        first, count = cls.ranks[0], len(cls.hosts) // m  # blocks start at multiples of m (host_blocks)
         span = slice(first, first + count * n)
         need_h, need_d, t = cand.hbm[:n, cls.index], cand.host[:n, cls.index], time_[:n, cls.index]
         fits = np.all(hbm[span].reshape(count, n) + need_h <= state.hbm_limit[span].reshape(count, n), axis=1)
-        hosts = np.asarray(cls.hosts)
-        fits &= host[hosts] + need_d.sum() <= state.host_limit[hosts]
+        hosts = np.asarray(cls.hosts[: count * m])
+        per_host = need_d.reshape(m, g).sum(axis=1)  # host memory each host of a block takes
+        fits &= np.all((host[hosts] + np.tile(per_host, count) <= state.host_limit[hosts]).reshape(count, m), axis=1)
         feasible = np.flatnonzero(fits)
         if not len(feasible):
             return None
         end = (load[span].reshape(count, n) + t).max(axis=1)
-        b = int(feasible[np.argmin(end[feasible])])  # the host whose busiest GPU ends earliest (first of equals)
+        b = int(feasible[np.argmin(end[feasible])])  # the block whose busiest GPU ends earliest (first of equals)
         rr = np.arange(first + b * n, first + (b + 1) * n)
         load[rr] += t
         hbm[rr] += need_h
-        host[hosts[b]] += int(need_d.sum())
+        host[hosts[b * m : (b + 1) * m]] += per_host
         return rr.tolist(), load, hbm, host
     if cand.scope == "group":
         assert cand.scope_class is not None
@@ -250,6 +260,25 @@ def best_of_passes(
     if again == len(retry) and sum(c is None for c in retry) < sum(c is None for c in chosen):
         return retry, again
     return chosen, seen
+
+
+def _spread_start(
+    topo: Topology,
+    model: ModelSpec,
+    cands: list[list[Candidate]],
+    dense: list[tuple[str, DenseStyle]],
+    chosen: list[Placed | None],
+    bound_ms: float,
+    deadline: Deadline,
+) -> list[Placed | None]:
+    """Step 4 of the module docstring: the better of the pass's plan and target packing's, by the evaluator."""
+    dense_plans = [DensePlan(name=name, style=s, ranks=list(range(topo.world_size))) for name, s in dense]
+    own = evaluate(topo, model, [placed_to_table(model, p) for p in chosen if p is not None], dense_plans).step_ms
+    packed = target_packing(topo, model, cands, dense, bound_ms, own, deadline)
+    if packed is None or len(packed) != len(chosen):
+        return chosen
+    ms = evaluate(topo, model, [placed_to_table(model, p) for p in packed], dense_plans).step_ms
+    return list(packed) if ms < own else chosen
 
 
 def dense_shortage(topo: Topology, model: ModelSpec, dense: list[tuple[str, DenseStyle]]) -> list[str]:
@@ -391,6 +420,9 @@ def run_greedy(
             ),
         )
         return GreedyResult(chosen, dense, plan)
+    if spread_out(topo, n) and not deadline.before(finish_s).expired():
+        bound = bound if bound is not None else lower_bound_ms(topo, model, cands)
+        chosen = _spread_start(topo, model, cands, dense, chosen, bound, deadline.before(finish_s))
     priced = time.perf_counter()
     tables = [placed_to_table(model, p) for p in chosen if p is not None]
     plan = build_plan(

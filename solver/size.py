@@ -92,7 +92,7 @@ def problem_size(topo: Topology, model: ModelSpec) -> ProblemSize:
     """Count ``model``'s candidates on ``topo`` and their cost cells, pricing nothing."""
     candidates = cells = 0
     for table in model.embedding_tables:
-        for spec in candidate_specs(topo, table):
+        for spec in candidate_specs(topo, table, len(model.embedding_tables)):
             candidates += 1
             cells += spec.cells
     return ProblemSize(len(model.embedding_tables), topo.world_size, candidates, cells)

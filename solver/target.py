@@ -14,7 +14,8 @@ still fit under ``T``:
 * a ``rank`` shard goes to the GPU it fills best — the least room left under ``T``, within HBM (and host memory
   for offloaded shards), and holding no other shard of the table — so that large gaps stay open for large tables
   (best fit decreasing);
-* a ``host`` candidate takes the host where it leaves the least room, with every shard under ``T``;
+* a ``host`` candidate takes the host (or block of hosts) where it leaves the least room, with every shard under
+  ``T``;
 * ``group`` / ``fleet`` candidates have fixed GPUs and must keep all of them under ``T``.
 
 A table with no candidate that fits fails the target. A bisection on ``T`` between the bound and the greedy's
@@ -37,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardwise.solver.cost_model import collective_latency_ms
-from shardwise.solver.cpsat.candidates import Candidate
+from shardwise.solver.cpsat.candidates import Candidate, block_ranks, host_blocks
 from shardwise.solver.deadline import Deadline
 from shardwise.solver.evaluate import COLLECTIVES, collective_groups
 from shardwise.solver.load import LoadState, Placed, initial_state
@@ -166,27 +167,28 @@ class _Packer:
                 hbm[r] += need_h[r]
                 host[rh[r]] += need_d[r]
             return ranks, load, hbm, host
-        if c.scope == "host":
+        if c.scope == "host":  # a block of c.span hosts (host_blocks); shard i on the block's i-th rank
             assert c.scope_class is not None
-            k, n = c.scope_class, len(c.shapes)
-            best: tuple[float, int] | None = None
-            for h in self.topo.classes[k].hosts:
-                rr = np.array(self.topo.hosts[h].ranks)
+            k, n, m = c.scope_class, len(c.shapes), c.span
+            per_host = c.host[:n, k].reshape(m, n // m).sum(axis=1)
+            best: tuple[float, tuple[int, ...]] | None = None
+            for hosts in host_blocks(self.topo, k, m):
+                rr = np.array(block_ranks(self.topo, hosts))
                 end = load[rr] + c.time_ms[:n, k]
                 if end.max() > T or np.any(hbm[rr] + c.hbm[:n, k] > st.hbm_limit[rr]):
                     continue
-                if host[h] + c.host[:n, k].sum() > st.host_limit[h]:
+                if np.any(host[list(hosts)] + per_host > st.host_limit[list(hosts)]):
                     continue
                 room = float((T - end).sum())
                 if best is None or room < best[0]:
-                    best = (room, h)
+                    best = (room, hosts)
             if best is None:
                 return None
-            rr = np.array(self.topo.hosts[best[1]].ranks)
+            rr = np.array(block_ranks(self.topo, best[1]))
             load[rr] += c.time_ms[:n, k]
             hbm, host = hbm.copy(), host.copy()
             hbm[rr] += c.hbm[:n, k]
-            host[best[1]] += int(c.host[:n, k].sum())
+            host[list(best[1])] += per_host
             return [int(r) for r in rr], load, hbm, host
         if c.scope == "group":
             assert c.scope_class is not None

@@ -14,6 +14,21 @@ table_row_wise            ``host``    one row block per GPU of one host of a giv
 data_parallel             ``fleet``   a full copy on every rank (hbm only)
 ========================  ==========  ====================================================================
 
+Few tables on many GPUs (:func:`spread_out`: at least two hosts and :data:`SPREAD_GPUS_PER_TABLE` GPUs per table,
+26 DCNv2 tables on 64 GPUs and up) a table must spread over more GPUs than a host holds without paying what a
+fleet-wide row split costs every GPU, so two more kinds are enumerated there:
+
+========================  ==========  ====================================================================
+row_wise over m hosts     ``host``    one row block per GPU of ``m`` consecutive hosts of one group
+                                      (``span`` = m = 2, 4, 8, … up to half the group's hosts; a block
+                                      starts at a multiple of m)
+column_wise (n = 16, …)   ``rank``    column splits sized to the fleet: n up to a quarter of the fleet,
+                                      slices of at least :data:`SPREAD_MIN_COLUMN_WIDTH` columns
+========================  ==========  ====================================================================
+
+A ``host``-scope candidate's shard ``i`` goes to the ``i``-th rank of its block (GPU ``i mod g`` of the block's
+``i div g``-th host): table_row_wise is the block of one host.
+
 No shape is empty: a split is enumerated only when every part gets at least one row (and
 :data:`MIN_COLUMN_WIDTH` columns), and the wire refuses ``num_rows`` or ``num_cols`` of 0 anyway.
 
@@ -43,6 +58,10 @@ from shardwise.wire.spec import EmbeddingTableSpec, ModelSpec, Placement, Shardi
 CACHE_FRACTIONS: tuple[float, ...] = (0.1, 0.25, 0.5)
 COLUMN_SPLITS: tuple[int, ...] = (2, 4, 8)
 MIN_COLUMN_WIDTH = 16
+SPREAD_GPUS_PER_TABLE = 2  # spread_out(): at least this many GPUs per table
+SPREAD_COLUMN_SPLITS: tuple[int, ...] = (16, 32, 64)  # column splits sized to the fleet (spread_out only)
+SPREAD_MIN_COLUMN_WIDTH = 4  # FBGEMM's kernels want a multiple of 4 columns
+SPREAD_MAX_COLUMN_SHARE = 0.25  # a column split takes at most this share of the fleet's GPUs
 OFFLOAD_MIN_BYTES = 64 * 2**20  # below this a table never leaves HBM
 DATA_PARALLEL_MAX_FRACTION = 0.02  # a data-parallel copy may take at most this share of the smallest GPU
 
@@ -80,6 +99,7 @@ class Candidate:
     comm_ms: FloatArray
     every_rank_ms: FloatArray
     every_total_ms: float = 0.0  # the every-rank term summed over all ranks
+    span: int = 1  # scope ``host``: the hosts of one block (1: table_row_wise on a host; more: row_wise over them)
     # figures read for every candidate (the greedy's order and look-ahead, the bound), computed once when it is made
     time_ms: FloatArray = field(init=False, repr=False)
     placed_ms: float = field(init=False, repr=False)  # sum over shards of the time on the cheapest class
@@ -107,6 +127,8 @@ class Candidate:
     @property
     def label(self) -> str:
         where = {"rank": "", "host": " on a host", "group": " over a group", "fleet": ""}[self.scope]
+        if self.scope == "host" and self.span > 1:
+            where = f" over {self.span} hosts"
         place = self.placement.value + (f"@{self.cache_fraction:g}" if self.cache_fraction else "")
         parts = f"×{len(self.shapes)}" if self.sharding is ShardingType.column_wise else ""
         return f"{self.sharding.value}{parts}{where} [{place}]"
@@ -198,6 +220,7 @@ class Spec(NamedTuple):
     cache_fraction: float | None
     group: tuple[int, ...] | None  # the ranks sharing the table's rows, for the row-sharded ones
     classes: int = 1  # device classes of the fleet
+    span: int = 1  # scope ``host``: hosts per block
 
     @property
     def cells(self) -> int:
@@ -205,14 +228,50 @@ class Spec(NamedTuple):
         return len(self.shapes) * (1 if self.scope == "fleet" else self.classes)
 
 
-def candidate_specs(topo: Topology, table: EmbeddingTableSpec) -> list[Spec]:
-    """Every candidate of ``table`` on ``topo``, unpriced, in the order :func:`enumerate_candidates` returns them."""
+def spread_out(topo: Topology, tables: int) -> bool:
+    """Few tables on many GPUs: at least two hosts and :data:`SPREAD_GPUS_PER_TABLE` GPUs per table (the regime
+    of the module docstring's second table)."""
+    return topo.num_hosts > 1 and topo.world_size >= SPREAD_GPUS_PER_TABLE * max(tables, 1)
+
+
+def host_blocks(topo: Topology, cls: int, span: int) -> list[tuple[int, ...]]:
+    """The blocks of ``span`` consecutive hosts of device class ``cls`` a ``host``-scope candidate may take, as
+    host indices: one per host for ``span`` 1, else the hosts from each multiple of ``span`` on (a trailing
+    partial block is left out)."""
+    hosts = topo.classes[cls].hosts
+    return [hosts[i : i + span] for i in range(0, len(hosts) - span + 1, span)]
+
+
+def block_ranks(topo: Topology, hosts: Sequence[int]) -> tuple[int, ...]:
+    """The ranks of a block of hosts, host by host: shard ``i`` of a ``host``-scope candidate goes to the
+    ``i``-th."""
+    return tuple(r for h in hosts for r in topo.hosts[h].ranks)
+
+
+def _spans(topo: Topology, cls: int) -> list[int]:
+    """Block sizes of row_wise over several hosts of class ``cls``: 2, 4, … up to half its hosts."""
+    out, m = [], 2
+    while 2 * m <= len(topo.classes[cls].hosts):
+        out.append(m)
+        m *= 2
+    return out
+
+
+def candidate_specs(topo: Topology, table: EmbeddingTableSpec, tables: int = 0) -> list[Spec]:
+    """Every candidate of ``table`` on ``topo``, unpriced, in the order :func:`enumerate_candidates` returns them;
+    ``tables``: how many tables the model has (the kinds of :func:`spread_out` need it; 0: not enumerated)."""
     W = topo.world_size
     R, D = table.num_embeddings, table.embedding_dim
     ncls = len(topo.classes)
+    spread = tables > 0 and spread_out(topo, tables)
     fleet_rows = Tiling(R, D, W, "rows") if W > 1 and R >= W else None
     full = Tiling(R, D, 1, "rows")
-    columns = [Tiling(R, D, n, "cols") for n in COLUMN_SPLITS if D % n == 0 and D // n >= MIN_COLUMN_WIDTH and n <= W]
+    splits = [n for n in COLUMN_SPLITS if D // n >= MIN_COLUMN_WIDTH]
+    if spread:
+        splits += [
+            n for n in SPREAD_COLUMN_SPLITS if D // n >= SPREAD_MIN_COLUMN_WIDTH and n <= SPREAD_MAX_COLUMN_SHARE * W
+        ]
+    columns = [Tiling(R, D, n, "cols") for n in splits if D % n == 0 and n <= W]
     group_rows = {
         cls.index: Tiling(R, D, len(cls.ranks), "rows")
         for cls in topo.classes
@@ -223,6 +282,16 @@ def candidate_specs(topo: Topology, table: EmbeddingTableSpec) -> list[Spec]:
         for cls in topo.classes
         if topo.num_hosts > 1 and 1 < cls.gpus_per_host <= R
     }
+    multi_host = (
+        {
+            (cls.index, m): Tiling(R, D, m * cls.gpus_per_host, "rows")
+            for cls in topo.classes
+            for m in _spans(topo, cls.index)
+            if m * cls.gpus_per_host <= R
+        }
+        if spread
+        else {}
+    )
     everyone = topo.all_ranks
     out: list[Spec] = []
     for placement, frac in _placements(table):
@@ -236,6 +305,9 @@ def candidate_specs(topo: Topology, table: EmbeddingTableSpec) -> list[Spec]:
         for ci, shapes in host_rows.items():
             group = topo.hosts[topo.classes[ci].hosts[0]].ranks
             out.append(Spec(ShardingType.table_row_wise, "host", ci, shapes, placement, frac, group, ncls))
+        for (ci, m), shapes in multi_host.items():
+            group = block_ranks(topo, host_blocks(topo, ci, m)[0])
+            out.append(Spec(ShardingType.row_wise, "host", ci, shapes, placement, frac, group, ncls, m))
     smallest = min(c.hbm_limit_bytes for c in topo.classes)
     if W > 1 and table.weight_bytes * 3 <= smallest * DATA_PARALLEL_MAX_FRACTION:
         out.append(
@@ -273,11 +345,11 @@ def enumerate_candidates(topo: Topology, model: ModelSpec, index: int) -> list[C
     side_total = float((side * class_sizes).sum())
     all_classes = list(range(ncls))  # every class has ranks: fleet-wide candidates are priced on each
     fleet_cells = topo.rank_index_by_class  # [rank] → its cell of a [rank, class] array, flattened
-    specs = candidate_specs(topo, table)
+    specs = candidate_specs(topo, table, len(model.embedding_tables))
     # specs that differ only in placement share their shards: price each shard shape once for all their placements
     families: dict[tuple[object, ...], list[int]] = {}
     for i, spec in enumerate(specs):
-        families.setdefault((spec.sharding, spec.scope, spec.scope_class, id(spec.shapes)), []).append(i)
+        families.setdefault((spec.sharding, spec.scope, spec.scope_class, spec.span, id(spec.shapes)), []).append(i)
     # per spec: its costs [distinct shape * classes + class] (None: a class its shards may not land on), its shapes
     priced: list[tuple[list[ShardCost | None], list[tuple[tuple[int, int], int]]]] = [([], [])] * len(specs)
     for members in families.values():
@@ -345,6 +417,7 @@ def enumerate_candidates(topo: Topology, model: ModelSpec, index: int) -> list[C
                 comm,
                 no_side if dp else side,
                 0.0 if dp else side_total,
+                spec.span,
             )
         )
     return out

@@ -26,7 +26,8 @@ Variables
 ---------
 * ``x_{t,c} ∈ {0,1}`` — table ``t`` uses candidate ``c``;
 * ``a_{t,c,i,b} ∈ {0,1}`` — shard ``i`` of a rank-scope candidate (table_wise, column_wise) sits in bin ``b``;
-* ``y_{t,c,h} ∈ {0,1}`` — a host-scope candidate (table_row_wise) uses host ``h`` (its shard ``i`` on local GPU ``i``);
+* ``y_{t,c,h} ∈ {0,1}`` — a host-scope candidate (table_row_wise on a host, row_wise over a block of hosts) uses
+  the host (block) starting at host ``h`` (its shard ``i`` on the block's ``i``-th GPU);
 * ``d_{l,s} ∈ {0,1}`` — dense layer ``l`` uses style ``s``, one of the styles the layer allows on this fleet
   (:func:`~shardwise.solver.evaluate.dense_styles`: its pinned style, else every style of its kind — replicate and
   fsdp for an unclassified layer — less a tensor-parallel split that would leave a GPU of a host without a slice);
@@ -56,7 +57,8 @@ Constraints (and the method that adds each family)
    (``T ≥ heaviest(c)·x_{t,c} + dense_floor + Σ_{t'≠t} floor_{t'}``), and ``T ≥ LB`` —
    :meth:`Formulation._add_makespan`;
 8. symmetry: bins that are interchangeable (same class, same host in rank mode, the same fixed-rank shard
-   shapes) carry non-increasing loads in index order — :meth:`Formulation._add_symmetry_breaking`;
+   shapes; in host mode no two hosts once a candidate spans a block of several) carry non-increasing loads in index
+   order — :meth:`Formulation._add_symmetry_breaking`;
 9. incumbent: with the start plan's step time ``T_inc``, no GPU may take ``k + 1`` shards longer than
    ``(T_inc − base)/(k + 1)`` (it would end later than the incumbent); only worse plans are cut —
    :meth:`Formulation._add_incumbent_cuts`; also, in host mode, the GPU cut of
@@ -81,7 +83,7 @@ from ortools.sat.python import cp_model
 
 from shardwise.solver.bounds import dense_min_per_class, heaviest_rank_time, lower_bound_ms, table_floors
 from shardwise.solver.cost_model import collective_latency_ms
-from shardwise.solver.cpsat.candidates import Candidate
+from shardwise.solver.cpsat.candidates import Candidate, block_ranks, host_blocks
 from shardwise.solver.cpsat.scale import Scale
 from shardwise.solver.deadline import Deadline
 from shardwise.solver.evaluate import COLLECTIVES, collective_groups, dense_cost, dense_styles
@@ -231,12 +233,13 @@ class Formulation:
                             hi = sum(b * v for b, v in cv.shard_bins[i + 1].items())
                             self.model.add(lo <= hi)
                         self._add_one_per_gpu(cv)
-                elif c.scope == "host":
+                elif c.scope == "host":  # a block of c.span hosts, keyed by its first host
                     assert c.scope_class is not None
-                    for h in self.topo.classes[c.scope_class].hosts:
+                    for block in host_blocks(self.topo, c.scope_class, c.span):
+                        h = block[0]
                         v = self.model.new_bool_var(f"y[{t},{j},{h}]")
                         cv.hosts[h] = v
-                        for i, r in enumerate(self.topo.hosts[h].ranks):
+                        for i, r in enumerate(block_ranks(self.topo, block)):
                             b = int(self.bin_of_rank[r])
                             self._charge(
                                 b,
@@ -412,7 +415,12 @@ class Formulation:
                     ranks = self.topo.classes[c.scope_class].ranks
                     fixed.append(tuple(c.shapes[ranks.index(r)].num_rows for r in rr))
                 elif c.scope == "host" and self.mode == "rank" and c.scope_class == self.bin_class[b]:
-                    fixed.append(c.shapes[self.topo.ranks[rr[0]].local_rank].num_rows)
+                    info = self.topo.ranks[rr[0]]
+                    at = (info.host - self.topo.classes[c.scope_class].hosts[0]) % c.span  # host's place in a block
+                    fixed.append(c.shapes[at * self.topo.class_of(rr[0]).gpus_per_host + info.local_rank].num_rows)
+                if c.scope == "host" and c.span > 1 and self.mode == "host":
+                    # hosts only trade places block with block: a block of several hosts makes each host its own
+                    fixed.append(("host", self.bin_host[b]))
         return tuple(fixed)
 
     def _add_symmetry_breaking(self) -> None:

@@ -57,7 +57,7 @@ import numpy as np
 import numpy.typing as npt
 from ortools.sat.python import cp_model
 
-from shardwise.solver.cpsat.candidates import Candidate
+from shardwise.solver.cpsat.candidates import Candidate, block_ranks
 from shardwise.solver.cpsat.formulation import Assignment, Formulation
 from shardwise.solver.cpsat.params import cp_solver
 from shardwise.solver.cpsat.scale import Scale
@@ -97,8 +97,8 @@ class FixedLoads:
 
 def fixed_ranks(topo: Topology, c: Candidate, a: Assignment, t: int) -> list[int]:
     """The ranks of table ``t``'s fixed-rank candidate ``c`` (host, group or fleet scope) under ``a``."""
-    if c.scope == "host":
-        return list(topo.hosts[a.host[t]].ranks)
+    if c.scope == "host":  # a.host: the first host of the block
+        return list(block_ranks(topo, [a.host[t] + i for i in range(c.span)]))
     if c.scope == "group":
         assert c.scope_class is not None
         return list(topo.classes[c.scope_class].ranks)

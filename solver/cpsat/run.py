@@ -26,7 +26,10 @@ Order of work:
    time, the heaviest :data:`SPLITS_PER_BIN` per bin at most; offloaded table_wise placements (uvm_cache, host)
    only when memory is tight (the greedy plan fills some GPU to :data:`MEMORY_TIGHT` or more; with room to spare
    they only add time) and for tables of at least :data:`OFFLOAD_SHARE` of a GPU; the greedy's own pick is always
-   kept, and so is the start's. The reported bound is proven over this space;
+   kept, and so is the start's. The reported bound is proven over this space. Few tables on many GPUs
+   (:func:`~shardwise.solver.cpsat.candidates.spread_out`) the model gets the whole catalogue instead, as long as
+   level one stays under :data:`CATALOGUE_MAX_BOOLEANS` booleans (:func:`catalogue_booleans`): there a few tables
+   decide the step and every layout of theirs matters, and CP-SAT's bound is then one over every plan;
 3. level one, CP-SAT on :class:`~shardwise.solver.cpsat.formulation.Formulation` (rank mode up to
    :data:`~shardwise.solver.cpsat.formulation.RANK_BINS_MAX` GPUs, host mode beyond), for what is left of ``B``
    in rank mode and :data:`LEVEL1_SHARE` of it in host mode; in host mode, when it finds no solution in that
@@ -42,8 +45,9 @@ Order of work:
 
 Status: the bound CP-SAT proves holds over the candidate space of step 2 only, so it is the plan's
 ``solver.searched_bound_ms``; ``lower_bound_ms`` is the bound over the whole catalogue (:mod:`shardwise.solver.bounds`,
-the greedy's), raised to CP-SAT's only when step 2 kept every candidate in rank mode (then the searched space is the
-catalogue). ``optimal`` when the returned plan's predicted step time meets ``lower_bound_ms`` (within
+the greedy's), raised to CP-SAT's only when step 2 kept every candidate (then the searched space is the catalogue;
+in host mode level one relaxes each GPU to its host's average and adds only cuts every plan meets, so its bound
+holds for every plan too). ``optimal`` when the returned plan's predicted step time meets ``lower_bound_ms`` (within
 :data:`OPTIMAL_GAP` or :data:`OPTIMAL_ABS_MS`, the resolution of the integer scaling); meeting only the searched
 bound, it is ``feasible`` and ``solver.searched_optimal`` (optimal among the layouts searched); the plan's
 ``solver.status`` is level one's CP-SAT status (:data:`STATUS`). Same input + same ``SolveParams`` (seed,
@@ -62,7 +66,7 @@ from collections.abc import Callable, Sequence
 
 from ortools.sat.python import cp_model
 
-from shardwise.solver.cpsat.candidates import Candidate
+from shardwise.solver.cpsat.candidates import Candidate, spread_out
 from shardwise.solver.cpsat.formulation import RANK_BINS_MAX, Assignment, Formulation, Mode
 from shardwise.solver.cpsat.lns import lns_fleet
 from shardwise.solver.cpsat.packing import fixed_loads, fixed_ranks, pack_hosts, repack_fleet
@@ -97,6 +101,7 @@ FINISH_MARGIN_S = 0.5  # kept from the time limit for evaluation and validation 
 FINISH_MARGIN_SHARE = 0.04  # plus this share of it,
 FINISH_FACTOR = 2.5  # or this many times what pricing the greedy plan took, if more (2,000 x 512: ~1 s, loaded ~2x)
 LEVEL1_SHARE = 0.7  # of the budget left once level one is built, for it in host mode (level two and the LNS: the rest)
+CATALOGUE_MAX_BOOLEANS = 200_000  # few tables on many GPUs: level one gets every candidate up to this size
 TARGET_SHARE = 0.1  # of the run's budget, at most, for target packing (shardwise.solver.target)
 
 #: CP-SAT's status → the name the plan reports in ``solver.status``
@@ -153,6 +158,22 @@ def model_candidates(
             keep.append(pick.candidate)
         out.append(keep)
     return out
+
+
+def catalogue_booleans(topo: Topology, cands: Sequence[Sequence[Candidate]], mode: Mode) -> int:
+    """How many booleans level one would have with every candidate: one per candidate, one per rank-scope shard and
+    bin, one per block of a host-scope candidate."""
+    nbins = topo.world_size if mode == "rank" else topo.num_hosts
+    total = 0
+    for cs in cands:
+        for c in cs:
+            total += 1
+            if c.scope == "rank":
+                total += len(c.shapes) * nbins
+            elif c.scope == "host":
+                assert c.scope_class is not None
+                total += len(topo.classes[c.scope_class].hosts) // c.span
+    return total
 
 
 class _Progress(cp_model.CpSolverSolutionCallback):
@@ -298,15 +319,18 @@ def plan_cpsat(
     fill = max((r.hbm_used_bytes / topo.hbm_limit(r.rank) for r in greedy.ranks), default=1.0)
     mode: Mode = "rank" if topo.world_size <= RANK_BINS_MAX else "host"
     nbins = topo.world_size if mode == "rank" else topo.num_hosts
-    cands = model_candidates(
-        all_cands,
-        chosen,
-        start_ms,
-        memory_tight=fill >= MEMORY_TIGHT,
-        max_split_tables=SPLITS_PER_BIN * nbins,
-        offload_min_bytes=int(OFFLOAD_SHARE * min(c.hbm_limit_bytes for c in topo.classes)),
-        weights=[t.weight_bytes for t in model.embedding_tables],
-    )
+    if spread_out(topo, n) and catalogue_booleans(topo, all_cands, mode) <= CATALOGUE_MAX_BOOLEANS:
+        cands = [list(cs) for cs in all_cands]  # few tables on many GPUs: the whole catalogue (step 2)
+    else:
+        cands = model_candidates(
+            all_cands,
+            chosen,
+            start_ms,
+            memory_tight=fill >= MEMORY_TIGHT,
+            max_split_tables=SPLITS_PER_BIN * nbins,
+            offload_min_bytes=int(OFFLOAD_SHARE * min(c.hbm_limit_bytes for c in topo.classes)),
+            weights=[t.weight_bytes for t in model.embedding_tables],
+        )
     # what is reported when CP-SAT has no answer (or never ran: the deadline came while the model was built)
     bound_ms: float | None = greedy.lower_bound_ms
     status_name: SolverStatus = "UNKNOWN"
@@ -380,8 +404,10 @@ def plan_cpsat(
     else:
         dense_plans, step, phase = cp_dense, cp_ms, cp_phase
     proved = bound_ms is not None and step - bound_ms <= max(OPTIMAL_GAP * step, OPTIMAL_ABS_MS)
-    # CP-SAT's bound holds over the candidates it was given; over every plan only if nothing was pruned (rank mode)
-    whole = mode == "rank" and all(len(c) == len(a) for c, a in zip(cands, all_cands, strict=True))
+    # CP-SAT's bound holds over the candidates it was given; over every plan only if nothing was pruned
+    # (host mode's level one relaxes every GPU to its host's average and keeps only valid cuts, so its bound over the
+    # whole catalogue holds for every plan too)
+    whole = all(len(c) == len(a) for c, a in zip(cands, all_cands, strict=True))
     final = build_plan(
         topo,
         model,
