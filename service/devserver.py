@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -49,59 +49,74 @@ def running_server(
     """
     upgrade(database_url)
     port = free_port()
-    full_env = {
-        **os.environ,
-        "SHARDWISE_LOG_LEVEL": "WARNING",
-        **(env or {}),
-        "SHARDWISE_DATABASE_URL": database_url,
-        "SHARDWISE_WORKERS": str(workers),
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
-    }
-    command = [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "--factory",
-        "shardwise.service.asgi:app_from_env",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-    ]
-    if not access_log:
-        command.append("--no-access-log")
-    if workers > 1:
-        command += ["--workers", str(workers)]
+    full_env = server_env(database_url, env, log_level="WARNING") | {"SHARDWISE_WORKERS": str(workers)}
+    command = uvicorn_command(port, log_level="warning", access_log=access_log, workers=workers)
     out = log.open("ab") if log is not None else None
     proc = subprocess.Popen(
         command, cwd=cwd or ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT if out else None
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + ready_timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {proc.returncode}{_tail(log)}")
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the server was not ready in {ready_timeout_s:g} s{_tail(log)}")
-            time.sleep(0.1)
+        wait_ready(proc, base, timeout_s=ready_timeout_s, log=log)
         yield base
     finally:
-        proc.terminate()  # uvicorn's shutdown stops the solver pool too
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)  # uvicorn's shutdown stops the solver pool too
         if out is not None:
             out.close()
+
+
+def server_env(database_url: str, env: Mapping[str, str] | None = None, *, log_level: str) -> dict[str, str]:
+    """This process's environment with ``env``'s settings, the database and the checkout first on ``PYTHONPATH``."""
+    return {
+        **os.environ,
+        "SHARDWISE_LOG_LEVEL": log_level,
+        **(env or {}),
+        "SHARDWISE_DATABASE_URL": database_url,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+    }
+
+
+def uvicorn_command(
+    port: int, *, log_level: str, access_log: bool = True, workers: int = 1, wrap: Sequence[str] = ()
+) -> list[str]:
+    """``uvicorn --factory shardwise.service.asgi:app_from_env`` on ``127.0.0.1:port`` (run through ``wrap``)."""
+    command = [*wrap, sys.executable, "-m", "uvicorn", "--factory", "shardwise.service.asgi:app_from_env"]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", log_level]
+    if not access_log:
+        command.append("--no-access-log")
+    if workers > 1:
+        command += ["--workers", str(workers)]
+    return command
+
+
+def wait_ready(
+    proc: subprocess.Popen[bytes], base: str, *, path: str = "/readyz", timeout_s: float = 60.0, log: Path | None
+) -> None:
+    """Until ``base + path`` answers 200; ``RuntimeError`` with the log's tail when ``proc`` exits or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}{_tail(log)}")
+        try:
+            if httpx.get(f"{base}{path}", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the server was not ready in {timeout_s:g} s{_tail(log)}")
+        time.sleep(0.1)
+
+
+def stop(proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
+    """SIGTERM (uvicorn's graceful shutdown), then SIGKILL after ``timeout_s``."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _tail(log: Path | None, lines: int = 40) -> str:

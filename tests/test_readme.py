@@ -25,15 +25,13 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
-from shardwise.service.devserver import free_port
+from shardwise.service.devserver import free_port, stop, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -147,26 +145,13 @@ def checkout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Checkout]:
             stderr=subprocess.STDOUT,
         )
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if server.poll() is not None:
-                pytest.fail(f"shardwise serve exited with {server.returncode}:\n{log.read_text(errors='replace')}")
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"shardwise serve was not ready in 120 s:\n{log.read_text(errors='replace')}")
-            time.sleep(0.2)
+        try:
+            wait_ready(server, base, timeout_s=120, log=log)
+        except RuntimeError as exc:
+            pytest.fail(f"shardwise serve: {exc}")
         yield Checkout(path, base, env, log)
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop(server, timeout_s=30)
 
 
 @pytest.mark.slow

@@ -7,16 +7,13 @@ import asyncio
 import contextlib
 import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from shardwise.service.devserver import ROOT, free_port
+from shardwise.service.devserver import free_port, server_env, stop, uvicorn_command, wait_ready
 
 
 class TcpProxy:
@@ -145,50 +142,18 @@ def server_process(
     ``setpriv ...``); yields the process and its base URL once ``ready`` answers 200. Killed at the end if still
     running."""
     port = free_port()
-    full_env = {
-        **os.environ,
-        "SHARDWISE_LOG_LEVEL": "INFO",
-        **(env or {}),
-        "SHARDWISE_DATABASE_URL": database_url,
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
-    }
-    command = [
-        *wrap,
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "--factory",
-        "shardwise.service.asgi:app_from_env",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "info",
-    ]
+    command = uvicorn_command(port, log_level="info", wrap=wrap)
     with log.open("ab") as out:
-        proc = subprocess.Popen(command, cwd=log.parent, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            command, cwd=log.parent, env=server_env(database_url, env, log_level="INFO"), stdout=out,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(base + ready, timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the server was not ready in 60 s:\n{log.read_text()[-4000:]}")
-            time.sleep(0.1)
+        wait_ready(proc, base, path=ready, timeout_s=60, log=log)
         yield proc, base
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc)
 
 
 def wait_until(predicate: Any, timeout_s: float, what: str, every_s: float = 0.1) -> Any:
