@@ -488,10 +488,104 @@ class TablePlan(_Frozen):
         return out
 
 
+class GemmPhase(StrEnum):
+    """The three GEMMs of a linear layer's training step (``Y = X·Wᵀ``): ``forward`` (M = rows, N = out, K = in),
+    ``input_grad`` (``dX = dY·W``: M = rows, N = in, K = out) and ``weight_grad`` (``dW = dYᵀ·X``: M = out, N = in,
+    K = rows); rows are the samples (times the tokens per sample) a rank runs."""
+
+    forward = "forward"
+    input_grad = "input_grad"
+    weight_grad = "weight_grad"
+
+
+class KernelConfig(_Frozen):
+    """One configuration of shardwise's Triton matmul: the output tile (``block_m`` × ``block_n``), the K step
+    (``block_k``), the tile order (``group_m`` tile rows swept together, for L2 reuse), ``num_warps`` per program,
+    ``num_stages`` of software pipelining and ``split_k`` (K cut into that many partial sums, added at the end)."""
+
+    block_m: int = Field(ge=16, le=256)
+    block_n: int = Field(ge=16, le=256)
+    block_k: int = Field(ge=16, le=256)
+    group_m: int = Field(default=8, ge=1, le=64)
+    num_warps: int = Field(default=4, ge=1, le=16)
+    num_stages: int = Field(default=3, ge=1, le=8)
+    split_k: int = Field(default=1, ge=1, le=64)
+
+    @field_validator("block_m", "block_n", "block_k", "num_warps")
+    @classmethod
+    def _power_of_two(cls, v: int) -> int:
+        if v & (v - 1):
+            raise ValueError("must be a power of two")
+        return v
+
+
+class KernelChoice(_Frozen):
+    """The kernel shardwise's kernel model chose for one GEMM of a dense layer on one GPU type, and its predicted
+    time (a model figure, from first principles: no timing run chose it)."""
+
+    gpu: str = Field(min_length=1, max_length=200, description="the profile the choice is for")
+    phase: GemmPhase
+    m: PositiveInt
+    n: PositiveInt
+    k: PositiveInt
+    dtype: Dtype
+    config: KernelConfig
+    predicted_us: float = Field(ge=0, allow_inf_nan=False)
+
+
 class DensePlan(_Frozen):
     name: Name
     style: DenseStyle
     ranks: list[NonNegInt] = Field(min_length=1)
+    kernels: list[KernelChoice] = Field(
+        default_factory=list,
+        max_length=3 * MAX_HOST_GROUPS,
+        description="a linear layer's kernel per GPU type and phase (empty: an unclassified layer, a plan from "
+        "before this field, or a layout priced with the flat GEMM fraction)",
+    )
+
+
+class SparseSync(StrEnum):
+    """How the replicas of 2D sparse parallelism keep their embedding weights equal: ``allreduce_rows`` — every
+    step, the gradients of the rows any replica touched are all-reduced across the replicas before the update (the
+    same result as one model-parallel plan over the whole fleet); ``average_weights`` — every ``every_k_steps``
+    steps the replicas' weights (and optimizer state) are averaged, drifting apart in between."""
+
+    allreduce_rows = "allreduce_rows"
+    average_weights = "average_weights"
+
+
+class SparseGroups(_Frozen):
+    """2D sparse parallelism: the fleet split into ``R`` replica groups of ``G`` ranks each. The embedding tables
+    are sharded inside every group the same way — the ``j``-th rank of each group holds the same shards — so every
+    group holds every table exactly once, and the ranks at position ``j`` form a replica set kept in sync by
+    ``sync``. The pooled-embedding exchanges stay inside a group; dense layers are unchanged (over the fleet)."""
+
+    groups: list[list[NonNegInt]] = Field(min_length=1, description="R groups of G ranks, disjoint, covering the fleet")
+    sync: SparseSync = SparseSync.allreduce_rows
+    every_k_steps: PositiveInt = Field(
+        default=1, le=1_000_000, description="average_weights: steps between averages; allreduce_rows: 1"
+    )
+
+    @model_validator(mode="after")
+    def _shape(self) -> SparseGroups:
+        sizes = {len(g) for g in self.groups}
+        if len(sizes) != 1 or 0 in sizes:
+            raise ValueError("every group needs the same number of ranks (at least one)")
+        flat = [r for g in self.groups for r in g]
+        if len(set(flat)) != len(flat):
+            raise ValueError("a rank is in two groups, or twice in one")
+        if self.sync is SparseSync.allreduce_rows and self.every_k_steps != 1:
+            raise ValueError("allreduce_rows syncs every step: every_k_steps must be 1")
+        return self
+
+    @property
+    def group_size(self) -> int:
+        return len(self.groups[0])
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.groups)
 
 
 class SolveParams(_Frozen):
@@ -589,6 +683,11 @@ class Plan(_Frozen):
     explanation: list[str] = Field(default_factory=list)
     calibrations: list[str] = Field(
         default_factory=list, description="the calibrations the fleet's profiles were priced with (empty: catalogue)"
+    )
+    sparse_groups: SparseGroups | None = Field(
+        default=None,
+        description="2D sparse parallelism: the replica groups the tables are sharded inside and how the replicas "
+        "stay in sync (None: one group, the whole fleet)",
     )
 
     @model_validator(mode="after")
