@@ -112,6 +112,7 @@ def build_plan(
         return Plan(status=PlanStatus.infeasible, solver=SolverInfo(**info), explanation=list(explanation), **common)
     position = {x.name: i for i, x in enumerate(model.embedding_tables)}
     ordered = sorted(tables, key=lambda t: position[t.name])
+    dense = with_kernels(topo, model, dense)
     ev = evaluate(topo, model, ordered, dense)
     step = round(ev.step_ms, 6)
     # the host floor bounds every plan's step alike (it does not depend on the plan): the bound may rise to it
@@ -144,6 +145,22 @@ def build_plan(
         explanation=notes,
         **common,
     )
+
+
+def with_kernels(topo: Topology, model: ModelSpec, dense: Sequence[DensePlan]) -> list[DensePlan]:
+    """``dense`` with each linear layer's chosen kernels (:func:`shardwise.solver.kernels.kernel_choices`): one per
+    GPU type of the fleet (with its GPUs per host, the tensor-parallel group) and phase; an entry that has kernels
+    already, an unclassified layer or a fleet of profiles without a microarchitecture is kept as it is."""
+    from shardwise.solver.kernels import kernel_choices  # numpy: not at the service's start-up
+
+    layers = {d.name: d for d in model.dense_layers}
+    targets = [(c.profile, c.gpus_per_host) for c in topo.classes]
+    out: list[DensePlan] = []
+    for dp in dense:
+        layer = layers.get(dp.name)
+        chosen = kernel_choices(layer, dp.style, model.batch_size_per_gpu, targets) if layer and not dp.kernels else []
+        out.append(dp.model_copy(update={"kernels": chosen}) if chosen else dp)
+    return out
 
 
 def _gap(step: float, bound: float | None) -> float | None:

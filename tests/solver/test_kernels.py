@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,19 @@ import pytest
 from shardwise.hwprofiles import HardwareProfile, catalogue, get_profile
 from shardwise.solver import kernels as km
 from shardwise.solver.kernels import Gemm, breakdown, choose, config_space, gemms_of, predict_one, predict_us
-from shardwise.wire.spec import DenseLayerSpec, DenseStyle, Dtype, GemmPhase, KernelConfig
+from shardwise.solver.planner import make_plan
+from shardwise.solver.topology import Topology
+from shardwise.wire.spec import (
+    DenseLayerSpec,
+    DenseStyle,
+    Dtype,
+    FleetSpec,
+    GemmPhase,
+    KernelConfig,
+    ModelSpec,
+    PlanStatus,
+    SolveParams,
+)
 
 H200 = get_profile("nvidia-h200")
 BF16 = Dtype.bf16
@@ -254,3 +267,32 @@ def test_kernel_choices_one_per_gpu_type_and_phase() -> None:
     # tensor parallel: a host group of another size is another GEMM, so another choice
     tp = km.kernel_choices(linear(), DenseStyle.colwise, 4096, [(H200, 8), (H200, 4)])
     assert len(tp) == 6
+
+
+# --------------------------------------------------------------------------------------------- plans carry them
+
+
+@pytest.mark.parametrize("solver", ["greedy", "cpsat"])
+def test_a_plan_carries_each_linear_layers_kernels_per_gpu_type_and_phase(
+    solver: str, load_model: Callable[[str], ModelSpec], load_fleet: Callable[[str], FleetSpec]
+) -> None:
+    model, fleet = load_model("dlrm_dcnv2"), load_fleet("fleet_mixed_b200_mi350x")
+    params = SolveParams(solver=solver, time_limit_s=5, num_workers=2, random_seed=1)
+    plan = make_plan(model, fleet, params)
+    assert plan.status is not PlanStatus.infeasible
+    topo = Topology(fleet)
+    layers = {d.name: d for d in model.dense_layers}
+    assert plan.dense
+    for dp in plan.dense:
+        layer = layers[dp.name]
+        if layer.kind != "linear":
+            assert dp.kernels == []
+            continue
+        assert [(k.gpu, k.phase) for k in dp.kernels] == [
+            (gpu, phase) for gpu in ("nvidia-b200", "amd-mi350x") for phase in GemmPhase
+        ]
+        for k in dp.kernels:
+            cls = next(c for c in topo.classes if c.profile.name == k.gpu)
+            want = dict(gemms_of(layer, dp.style, model.batch_size_per_gpu, cls.gpus_per_host))[k.phase]
+            assert (k.m, k.n, k.k, k.dtype) == (want.m, want.n, want.k, want.dtype)
+            assert (k.config, k.predicted_us) == choose(want, cls.profile)
