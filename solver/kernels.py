@@ -379,8 +379,12 @@ def gemms_of(layer: DenseLayerSpec, style: DenseStyle, batch: int, tp_size: int)
 
 
 @lru_cache(maxsize=8192)
-def _choose_cached(gemm: Gemm, key: str, profile_ref: _ProfileRef) -> tuple[KernelConfig, float]:
-    return choose(gemm, profile_ref.profile)
+def _choose_cached(gemm: Gemm, profile_ref: _ProfileRef) -> tuple[KernelConfig, float] | None:
+    """:func:`choose`, remembered per (GEMM, profile figures); None where no configuration runs."""
+    try:
+        return choose(gemm, profile_ref.profile)
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True, eq=False)
@@ -402,7 +406,9 @@ def kernel_choices(
 ) -> list[KernelChoice]:
     """The chosen kernel of each GEMM of ``layer`` (:func:`gemms_of`) on each ``(profile, tp_size)`` target that
     has a microarchitecture — one per GPU type of a fleet, with its GPUs per host — in that order, phases in
-    :class:`GemmPhase` order; a repeated (GPU, GEMM) once. Choices are cached per (GEMM, profile figures)."""
+    :class:`GemmPhase` order; a repeated (GPU, GEMM) once, a GEMM no configuration can run on that GPU (a custom
+    profile's tiny shared memory) left out. Choices are cached per (GEMM, profile figures). Two host groups of one
+    GPU type with different GPUs per host give two tensor-parallel GEMMs of a phase: M, N, K tell them apart."""
     out: list[KernelChoice] = []
     seen: set[tuple[str, GemmPhase, Gemm]] = set()
     for profile, tp_size in targets:
@@ -417,7 +423,10 @@ def kernel_choices(
             if (profile.name, phase, gemm) in seen:
                 continue
             seen.add((profile.name, phase, gemm))
-            config, us = _choose_cached(gemm, ref.key, ref)
+            chosen = _choose_cached(gemm, ref)
+            if chosen is None:
+                continue
+            config, us = chosen
             out.append(
                 KernelChoice(
                     gpu=profile.name,

@@ -296,3 +296,22 @@ def test_a_plan_carries_each_linear_layers_kernels_per_gpu_type_and_phase(
             want = dict(gemms_of(layer, dp.style, model.batch_size_per_gpu, cls.gpus_per_host))[k.phase]
             assert (k.m, k.n, k.k, k.dtype) == (want.m, want.n, want.k, want.dtype)
             assert (k.config, k.predicted_us) == choose(want, cls.profile)
+
+
+def test_a_gpu_that_runs_no_configuration_gets_no_choice_and_the_plan_still_solves(
+    small_model: ModelSpec, small_fleet: FleetSpec
+) -> None:
+    data = get_profile("nvidia-h100-sxm").model_dump()
+    assert data["microarch"] is not None
+    data["microarch"].update(smem_bytes_per_sm=4096, smem_bytes_per_block=4096)
+    data.update(name="tiny-smem", sources={})
+    custom = {"tiny-smem": HardwareProfile.model_validate(data)}
+    fleet = FleetSpec.model_validate(
+        {"name": "tiny", "hosts": [{"gpu": "tiny-smem", "count": 1, "gpus_per_host": 2}]}, context={"profiles": custom}
+    )
+    plan = make_plan(small_model, fleet, SolveParams(solver="greedy"), profiles=custom)
+    assert plan.status is not PlanStatus.infeasible
+    assert all(dp.kernels == [] for dp in plan.dense)
+    assert small_fleet.world_size == 4  # the fixture's fleet, for contrast: H100s get their choices
+    other = make_plan(small_model, small_fleet, SolveParams(solver="greedy"))
+    assert all(len(dp.kernels) == 3 for dp in other.dense)
