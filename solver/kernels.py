@@ -26,7 +26,9 @@ Everything the tile, the warps, the stages and the shape cost comes on top, from
   sub-partitions or SIMDs), laid ``g_m = min(G, max(1, bm/64))`` along M (:data:`ROWS_PER_MMA_GROUP`) by
   ``g_n = G/g_m`` along N; each K step every group reads its A rows and B columns from shared memory, so the
   tile's intensity is ``I = 2·bm·bn / (b·(bm·g_n + bn·g_m))`` FLOPs per shared-memory byte and the tensor cores
-  are fed at ``η = min(1, I / (R_clk / SMEM_BYTES_PER_CLOCK))``: small tiles starve them.
+  are fed at ``η = min(1, I / (R_clk / SMEM_BYTES_PER_CLOCK))``: small tiles starve them. An fp32 GEMM runs on
+  the FP32 lanes (FMA, TF32 off), where each thread reads its own operands: ``o = bm·bn/threads`` outputs as a
+  ``√o × √o`` block, ``2·o`` FLOPs per ``2·√o·b`` bytes, ``I = √o / b``.
 * **Bytes** the tiles request ``Q = T·(bm+bn)·K'·b``, served by L2 at ``l2_bandwidth``: ``t_L2 = Q / l2_bw``.
   From HBM: the unique operands and the output once, ``U = (M·K + K·N)·b + M·N·c`` (``c`` output bytes; fp32
   partial sums ``split_k·M·N·4`` under split-K) when A and B fit in L2 together; otherwise each wave of
@@ -204,10 +206,13 @@ def _static(profile: HardwareProfile, dtype: Dtype) -> _Static:
     runs &= resident >= 1
     rate = _sm_rate(profile, micro, dtype)
     clock = float(micro.vector_clock_hz if dtype is Dtype.fp32 and micro.vector_clock_hz else micro.clock_hz)
-    groups = np.maximum(1.0, warps / WARPS_PER_MMA_GROUP)
-    g_m = np.minimum(groups, np.maximum(1.0, bm / ROWS_PER_MMA_GROUP))
-    g_n = groups / g_m
-    intensity = 2 * bm * bn / (b * (bm * g_n + bn * g_m))
+    if dtype is Dtype.fp32:  # FMA: every thread reads its own √o rows and √o columns for its o outputs
+        intensity = np.sqrt(bm * bn / threads) / b
+    else:
+        groups = np.maximum(1.0, warps / WARPS_PER_MMA_GROUP)
+        g_m = np.minimum(groups, np.maximum(1.0, bm / ROWS_PER_MMA_GROUP))
+        g_n = groups / g_m
+        intensity = 2 * bm * bn / (b * (bm * g_n + bn * g_m))
     needed = (rate / profile.achieved.gemm / clock) / SMEM_BYTES_PER_CLOCK  # the tensor cores' appetite at full rate
     eta = np.minimum(1.0, intensity / needed)
     out = _Static(

@@ -315,3 +315,17 @@ def test_a_gpu_that_runs_no_configuration_gets_no_choice_and_the_plan_still_solv
     assert small_fleet.world_size == 4  # the fixture's fleet, for contrast: H100s get their choices
     other = make_plan(small_model, small_fleet, SolveParams(solver="greedy"))
     assert all(len(dp.kernels) == 3 for dp in other.dense)
+
+
+def test_fp32_runs_on_the_fma_lanes_where_each_thread_feeds_itself() -> None:
+    """fp32 (TF32 off): 32×32 on 128 threads is 8 outputs per thread, I = √8 / 4 = 0.707 FLOPs per byte against
+    the 256 / 128 = 2 the FP32 lanes need: η = 0.354; 128×128 on 256 threads, I = √64 / 4 = 2: η = 1."""
+    g = Gemm(4096, 4096, 4096, Dtype.fp32)
+    bd = breakdown(g, H200)
+    rate = 256 * 1.98e9 * 0.8  # the FP32 lanes at the vector clock, sustained
+    small, big = at(cfg(32, 32, 32)), at(cfg(128, 128, 32))
+    per_sm_small, per_sm_big = math.ceil(128 * 128 / 132), math.ceil(32 * 32 / 132)
+    assert bd.math_s[small] == pytest.approx(per_sm_small * 2 * 32 * 32 * 4096 / (rate * math.sqrt(8) / 4 / 2))
+    assert bd.math_s[big] == pytest.approx(per_sm_big * 2 * 128 * 128 * 4096 / rate)
+    config, _ = choose(g, H200)
+    assert config.block_m * config.block_n >= 64 * 64
