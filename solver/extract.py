@@ -151,8 +151,9 @@ def build_plan(
 
 def with_kernels(topo: Topology, model: ModelSpec, dense: Sequence[DensePlan]) -> list[DensePlan]:
     """``dense`` with each linear layer's chosen kernels (:func:`shardwise.solver.kernels.kernel_choices`): one per
-    GPU type of the fleet (with its GPUs per host, the tensor-parallel group) and phase; an entry that has kernels
-    already, an unclassified layer or a fleet of profiles without a microarchitecture is kept as it is."""
+    GPU type of the fleet (with its GPUs per host, the tensor-parallel group) and phase, chosen again whatever the
+    entry held (a plan scored or ported to this fleet may carry another fleet's); an unclassified layer, or a
+    fleet of profiles without a microarchitecture, has none."""
     from shardwise.solver.kernels import kernel_choices  # numpy: not at the service's start-up
 
     layers = {d.name: d for d in model.dense_layers}
@@ -160,8 +161,8 @@ def with_kernels(topo: Topology, model: ModelSpec, dense: Sequence[DensePlan]) -
     out: list[DensePlan] = []
     for dp in dense:
         layer = layers.get(dp.name)
-        chosen = kernel_choices(layer, dp.style, model.batch_size_per_gpu, targets) if layer and not dp.kernels else []
-        out.append(dp.model_copy(update={"kernels": chosen}) if chosen else dp)
+        chosen = kernel_choices(layer, dp.style, model.batch_size_per_gpu, targets) if layer else []
+        out.append(dp if chosen == dp.kernels else dp.model_copy(update={"kernels": chosen}))
     return out
 
 

@@ -17,7 +17,7 @@ import pytest
 from shardwise.hwprofiles import HardwareProfile, catalogue, get_profile
 from shardwise.solver import kernels as km
 from shardwise.solver.kernels import Gemm, breakdown, choose, config_space, gemms_of, predict_one, predict_us
-from shardwise.solver.planner import make_plan
+from shardwise.solver.planner import make_plan, score_plan
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import (
     DenseLayerSpec,
@@ -329,3 +329,14 @@ def test_fp32_runs_on_the_fma_lanes_where_each_thread_feeds_itself() -> None:
     assert bd.math_s[big] == pytest.approx(per_sm_big * 2 * 128 * 128 * 4096 / rate)
     config, _ = choose(g, H200)
     assert config.block_m * config.block_n >= 64 * 64
+
+
+def test_a_plan_scored_on_another_fleet_carries_that_fleets_kernels(
+    load_model: Callable[[str], ModelSpec], load_fleet: Callable[[str], FleetSpec]
+) -> None:
+    model = load_model("dlrm_dcnv2")
+    on_h100 = make_plan(model, load_fleet("fleet_8xh100"), SolveParams(solver="greedy"))
+    assert {k.gpu for dp in on_h100.dense for k in dp.kernels} == {"nvidia-h100-sxm"}
+    problems, scored = score_plan(model, load_fleet("fleet_8xmi350x"), on_h100)
+    assert problems == []
+    assert {k.gpu for dp in scored.dense for k in dp.kernels} == {"amd-mi350x"}
