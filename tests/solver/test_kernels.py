@@ -77,7 +77,9 @@ def test_256x256x64_on_132_sms_is_4_tiles_in_1_wave_and_each_term_is_the_hand_fi
     assert bd.prologue_s[i] == pytest.approx(latency, rel=1e-12)
     epilogue = 128 * 128 * 4 / (128 * 1.83e9)
     assert bd.epilogue_s[i] == pytest.approx(epilogue, rel=1e-12)
-    total_us = (max(math_s, latency / 2) + latency + epilogue + 4e-6) * 1e6
+    step = 1 * 1 * 32 / 1.83e9  # one round, one K step, 32 clocks
+    assert bd.step_s[i] == pytest.approx(step, rel=1e-12)
+    total_us = (max(math_s + step, latency / 2) + latency + epilogue + 4e-6) * 1e6
     assert predict_one(Gemm(256, 256, 64, BF16), c, H200) == pytest.approx(total_us, rel=1e-12)
 
 
