@@ -146,13 +146,7 @@ def _precision(dtype: torch.dtype) -> str:
     return "tf32"
 
 
-def matmul(a: Tensor, b: Tensor, config: KernelConfig) -> Tensor:
-    """``a @ b`` (``a``: M × K, ``b``: K × N, any strides, one dtype, one device) through the Triton kernel with
-    ``config``; a fresh contiguous M × N tensor in :func:`out_dtype` of the inputs' dtype.
-
-    CUDA tensors, or CPU tensors under Triton's interpreter. Raises ``ValueError`` on shapes, dtypes or devices the
-    kernel does not take.
-    """
+def _check(a: Tensor, b: Tensor) -> tuple[int, int, int]:
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"matmul needs M × K and K × N operands, got {tuple(a.shape)} and {tuple(b.shape)}")
     if a.dtype != b.dtype or a.dtype not in _DTYPES:
@@ -163,45 +157,65 @@ def matmul(a: Tensor, b: Tensor, config: KernelConfig) -> Tensor:
     n = b.shape[1]
     if not fits(m, n, k):
         raise ValueError(f"matmul of {m} × {k} by {k} × {n}: an operand or the output has 2³¹ elements or more")
-    dtype = out_dtype(a.dtype)
-    c = torch.empty((m, n), device=a.device, dtype=dtype)
-    if m == 0 or n == 0:
-        return c
-    if k == 0:
-        return c.zero_()
+    return m, n, k
+
+
+def _launch(a: Tensor, b: Tensor, c: Tensor, config: KernelConfig, *, warmup: bool) -> None:
+    """Run (or, with ``warmup``, only compile) the kernels for ``c = a @ b``; ``c`` contiguous, ``m, n, k > 0``."""
+    m, k = a.shape
+    n = b.shape[1]
     split = config.split_k
     k_per_split = triton.cdiv(triton.cdiv(k, split), config.block_k) * config.block_k
     target = c if split == 1 else torch.empty((split, m, n), device=a.device, dtype=torch.float32)
     upcast = a.dtype is torch.bfloat16 and interpreting()
     grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), split)
-    _matmul_kernel[grid](
-        a,
-        b,
-        target,
-        m,
-        n,
-        k,
-        a.stride(0),
-        a.stride(1),
-        b.stride(0),
-        b.stride(1),
-        m * n if split > 1 else 0,
-        n,
-        1,
-        k_per_split,
-        BLOCK_M=config.block_m,
-        BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k,
-        GROUP_M=config.group_m,
-        SPLIT_K=split,
-        PRECISION="ieee" if upcast else _precision(a.dtype),
-        UPCAST=upcast,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-    )
+    args = (a, b, target, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), m * n if split > 1 else 0, n, 1)
+    meta = {
+        "BLOCK_M": config.block_m,
+        "BLOCK_N": config.block_n,
+        "BLOCK_K": config.block_k,
+        "GROUP_M": config.group_m,
+        "SPLIT_K": split,
+        "PRECISION": "ieee" if upcast else _precision(a.dtype),
+        "UPCAST": upcast,
+        "num_warps": config.num_warps,
+        "num_stages": config.num_stages,
+    }
+    reduce_grid = (triton.cdiv(m * n, REDUCE_BLOCK),)
+    if warmup:
+        _matmul_kernel.warmup(*args, k_per_split, grid=grid, **meta)
+        if split > 1:
+            _reduce_kernel.warmup(target, c, m * n, SPLIT_K=split, BLOCK=REDUCE_BLOCK, grid=reduce_grid)
+        return
+    _matmul_kernel[grid](*args, k_per_split, **meta)
     if split > 1:
-        _reduce_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](target, c, m * n, SPLIT_K=split, BLOCK=REDUCE_BLOCK)
+        _reduce_kernel[reduce_grid](target, c, m * n, SPLIT_K=split, BLOCK=REDUCE_BLOCK)
+
+
+def matmul(a: Tensor, b: Tensor, config: KernelConfig) -> Tensor:
+    """``a @ b`` (``a``: M × K, ``b``: K × N, any strides, one dtype, one device) through the Triton kernel with
+    ``config``; a fresh contiguous M × N tensor in :func:`out_dtype` of the inputs' dtype.
+
+    CUDA tensors, or CPU tensors under Triton's interpreter. Raises ``ValueError`` on shapes, dtypes or devices the
+    kernel does not take.
+    """
+    m, n, k = _check(a, b)
+    c = torch.empty((m, n), device=a.device, dtype=out_dtype(a.dtype))
+    if m == 0 or n == 0:
+        return c
+    if k == 0:
+        return c.zero_()
+    _launch(a, b, c, config, warmup=False)
     return c
 
 
-__all__ = ["MAX_ELEMENTS", "fits", "interpreting", "matmul", "out_dtype"]
+def warmup(a: Tensor, b: Tensor, config: KernelConfig) -> None:
+    """Compile (into Triton's cache, ``TRITON_CACHE_DIR``) the kernels :func:`matmul` would run on operands like
+    these, without running them: Triton compiles one kernel per configuration, dtype and specialisation of the sizes
+    and strides (equal to 1, divisible by 16, neither), so small operands of the same classes stand for large ones."""
+    m, n, k = _check(a, b)
+    if m and n and k:
+        _launch(a, b, torch.empty((m, n), device=a.device, dtype=out_dtype(a.dtype)), config, warmup=True)
+
+
+__all__ = ["MAX_ELEMENTS", "fits", "interpreting", "matmul", "out_dtype", "warmup"]
