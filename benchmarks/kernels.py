@@ -240,14 +240,16 @@ def _torch_dtype(name: str) -> Any:
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": torch.float8_e4m3fn}[name]
 
 
-def operands(m: int, n: int, k: int, a_t: bool, b_t: bool, dtype: str, seed: int = 0) -> tuple[Any, Any]:
+def operands(
+    m: int, n: int, k: int, a_t: bool, b_t: bool, dtype: str, seed: int = 0, device: str = "cuda"
+) -> tuple[Any, Any]:
     """A (m × k) and B (k × n) on the GPU in ``dtype``, as views of the layout the executor passes."""
     import torch
 
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g = torch.Generator(device=device).manual_seed(seed)
     dt = _torch_dtype(dtype)
-    a = torch.randn((k, m) if a_t else (m, k), device="cuda", generator=g).to(dt)
-    b = torch.randn((n, k) if b_t else (k, n), device="cuda", generator=g).to(dt)
+    a = torch.randn((k, m) if a_t else (m, k), device=device, generator=g).to(dt)
+    b = torch.randn((n, k) if b_t else (k, n), device=device, generator=g).to(dt)
     return (a.t() if a_t else a), (b.t() if b_t else b)
 
 
@@ -293,21 +295,28 @@ class Compiler:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
 
-        self.pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_worker_init)
         self.futures: dict[tuple[str, tuple[int, int, int, bool, bool]], list[Any]] = {}
+        self.total = len(order) * len(indices)
+        self.start = time.perf_counter()
+        self.pool: Any = None
+        if workers < 1:
+            log("no compile workers: every kernel compiles on its first launch (slow)")
+            return
+        self.pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_worker_init)
         for dtype, key in order:
             chunks = [list(indices[i : i + COMPILE_CHUNK]) for i in range(0, len(indices), COMPILE_CHUNK)]
             self.futures[(dtype, key)] = [self.pool.submit(_compile_worker, (dtype, key, c)) for c in chunks]
-        self.total = len(order) * len(indices)
-        self.start = time.perf_counter()
         log(f"compiling {len(indices)} configurations × {len(order)} (dtype, specialisation) = {self.total} kernels"
             f" with {workers} workers, while measuring")  # fmt: skip
 
     def wait(self, dtype: str, key: tuple[int, int, int, bool, bool]) -> dict[int, str]:
         t0 = time.perf_counter()
         failures: dict[int, str] = {}
-        for fut in self.futures[(dtype, key)]:
-            failures.update(fut.result())
+        for fut in self.futures.get((dtype, key), []):
+            try:
+                failures.update(fut.result())
+            except Exception as e:  # a worker died: the sweep compiles what it lacks on its first launch
+                log(f"  a compile task for {dtype} {key} failed ({_short(e)}); compiling on first launch instead")
         if time.perf_counter() - t0 > 1.0:
             done = sum(f.done() for fs in self.futures.values() for f in fs)
             total = sum(len(fs) for fs in self.futures.values())
@@ -316,7 +325,8 @@ class Compiler:
         return failures
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 class Timer:
@@ -479,14 +489,24 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
-def _measure_one(s: Shape, dtype: str, si: int, indices: Sequence[int], failures: dict[int, str], timer: Timer,
-                 matmul: Callable[..., Any], torch: Any) -> tuple[dict[str, Any], int]:  # fmt: skip
-    """Every configuration and cuBLAS on one GEMM × dtype; (the record, first launches over 1 s)."""
+def _measure_one(
+    s: Shape,
+    dtype: str,
+    si: int,
+    indices: Sequence[int],
+    failures: dict[int, str],
+    timer: Any,
+    matmul: Callable[..., Any],
+    torch: Any,
+    device: str = "cuda",
+) -> tuple[dict[str, Any], int]:
+    """Every configuration and cuBLAS on one GEMM × dtype; (the record, first launches over 1 s). ``timer``: a
+    :class:`Timer`; ``failures``: configurations that did not compile, by index."""
     rec: dict[str, Any] = {"origins": s.origins, "phase": s.phase, "m": s.m, "n": s.n, "k": s.k, "a_t": s.a_t,
                            "b_t": s.b_t, "dtype": dtype, "us": [], "reps": [], "errors": {}}  # fmt: skip
     space = config_space()
     try:
-        a, b = operands(s.m, s.n, s.k, s.a_t, s.b_t, dtype, seed=si)
+        a, b = operands(s.m, s.n, s.k, s.a_t, s.b_t, dtype, seed=si, device=device)
     except Exception as e:
         rec["operand_error"] = _short(e)
         return rec, 0
@@ -501,10 +521,14 @@ def _measure_one(s: Shape, dtype: str, si: int, indices: Sequence[int], failures
             cfg = space[i]
             t_first = time.perf_counter()
             try:
-                us, reps = timer.time(lambda cfg=cfg: matmul(a, b, cfg), best)  # type: ignore[misc]
-            except Exception as e:
-                torch.cuda.synchronize()
+                us, reps = timer.time(lambda cfg=cfg: matmul(a, b, cfg), best)
+            except Exception as e:  # out of resources at load, ...: recorded
                 rec["errors"][str(i)] = _short(e)
+                if device == "cuda":
+                    try:
+                        torch.cuda.synchronize()
+                    except Exception as sticky:  # a CUDA error poisons the context: say so and stop
+                        raise RuntimeError(f"configuration {i}: {_short(e)}; the CUDA context is lost") from sticky
             slow += time.perf_counter() - t_first > 1.0
         rec["us"].append(us)
         rec["reps"].append(reps)
@@ -675,7 +699,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", help="write the measured JSON here")
     p.add_argument("--quick", action="store_true", help=f"{QUICK_SHAPES} GEMMs, {QUICK_CONFIGS} configurations")
     p.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated, of bf16, fp16, fp8")
-    p.add_argument("--workers", type=int, default=15, help="compile processes (one core left to the timing)")
+    p.add_argument("--workers", type=int, default=15, help="compile processes (0: on first launch)")
     p.add_argument("--budget-s", type=float, default=540.0, help="stop measuring after this many seconds")
     p.add_argument("--list", action="store_true", help="print the GEMMs and their origins (no GPU)")
     p.add_argument("--report", metavar="FILE", help="score a measured JSON with the kernel model (no GPU)")

@@ -160,3 +160,43 @@ def test_report_command_prints_the_table(tmp_path: Path, capsys: pytest.CaptureF
         assert not png.exists()
     else:
         assert png.stat().st_size > 1000
+
+
+class _Clock:
+    """Stands in for the CUDA-event Timer (no GPU here): a configuration's "time" is read off the configuration the
+    launcher last ran (block_m + block_n / 1000 µs), cuBLAS takes 7 µs; it records the best-so-far it was given."""
+
+    def __init__(self) -> None:
+        self.last: Any = None
+        self.bests: list[float | None] = []
+
+    def time(self, fn: Any, best: float | None) -> tuple[float, int]:
+        self.last = None
+        fn()
+        self.bests.append(best)
+        if self.last is None:
+            return 7.0, 3
+        return self.last.block_m + self.last.block_n / 1000, 3
+
+
+def test_measure_one_keeps_every_configuration_in_its_place() -> None:
+    torch = pytest.importorskip("torch")
+    clock = _Clock()
+    indices = [0, 5, 9, 40]
+
+    def launcher(a: Any, b: Any, cfg: Any) -> Any:
+        if cfg == config_space()[9]:
+            raise RuntimeError("out of resource: shared memory\nsecond line")
+        clock.last = cfg
+        return torch.matmul(a, b)
+
+    shape = bench.Shape("weight_grad", 24, 20, 16, True, False, ["here"])
+    rec, _ = bench._measure_one(shape, "bf16", 0, indices, {5: "did not compile"}, clock, launcher, torch, "cpu")
+    space = config_space()
+    want = [space[0].block_m + space[0].block_n / 1000, None, None, space[40].block_m + space[40].block_n / 1000]
+    assert rec["us"] == want
+    assert rec["reps"] == [3, 0, 0, 3]
+    assert rec["errors"] == {"5": "did not compile", "9": "RuntimeError: out of resource: shared memory"}
+    assert rec["cublas_us"] == 7.0
+    assert (rec["m"], rec["n"], rec["k"], rec["a_t"], rec["b_t"], rec["origins"]) == (24, 20, 16, True, False, ["here"])
+    assert clock.bests == [None, want[0], None]  # configuration 0 (none yet), 40 (0's), cuBLAS (none: its own)
