@@ -4,7 +4,7 @@ the kernel model's choice scored against the best one found.
 Measure (one NVIDIA GPU; needs torch, Triton, numpy, pydantic and pyyaml — shardwise's wire and solver are
 imported for the configuration space)::
 
-    python3 -u benchmarks/kernels.py --out kernels_h200.json            # the whole sweep (about 7 min on an H200)
+    python3 -u benchmarks/kernels.py --out kernels_h200.json            # the whole sweep (budget: 9 min, --budget-s)
     python3 -u benchmarks/kernels.py --quick --out k.json               # smoke: 10 shapes, 20 configurations
     python3 benchmarks/kernels.py --list                                # the shapes and their origins, no GPU
 
