@@ -19,8 +19,10 @@ tile over the ``s``-th slice of K (``K_PER_SPLIT = ⌈⌈K/SPLIT_K⌉/BLOCK_K⌉
   ``group = pid // (GROUP_M·tiles_n)``, ``pid_m = group·GROUP_M + (pid mod (GROUP_M·tiles_n)) mod rows_in_group``,
   ``pid_n = (pid mod (GROUP_M·tiles_n)) // rows_in_group``, so tiles running at the same time share A rows and B
   columns in L2;
-* **ragged edges** — rows and columns past ``M`` / ``N`` are read wrapped (``offs mod M``: in bounds, never
-  stored), K past ``K`` is masked to zero, and the store is masked;
+* **ragged edges** — rows past ``M``, columns past ``N`` and K past ``K`` are masked (loaded as zero, never
+  stored): no read outside the operands. With sizes divisible by 16 (Triton specialises on it) the masks are
+  uniform over 16 elements and the loads stay vectorised; no contiguity hints are given, so none can be false at a
+  ragged edge;
 * **split-K** (``SPLIT_K > 1``) — each slice writes its fp32 partial tile to a workspace ``[SPLIT_K, M, N]``; a
   second kernel (``_reduce_kernel``) adds the ``SPLIT_K`` partials in slice order and casts once. No atomics, so the
   result is the same bit for bit run to run. Extra traffic: ``SPLIT_K·M·N·4`` bytes written and read back, plus
@@ -90,18 +92,18 @@ def _matmul_kernel(  # type: ignore[no-untyped-def]
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M)
-    cols = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
+    in_m = offs_m < M
+    in_n = offs_n < N
     k0 = pid_k * K_PER_SPLIT
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + rows[:, None] * stride_am + (k0 + offs_k)[None, :] * stride_ak
-    b_ptrs = b_ptr + (k0 + offs_k)[:, None] * stride_bk + cols[None, :] * stride_bn
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + (k0 + offs_k)[None, :] * stride_ak
+    b_ptrs = b_ptr + (k0 + offs_k)[:, None] * stride_bk + offs_n[None, :] * stride_bn
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for i in range(0, tl.cdiv(K_PER_SPLIT, BLOCK_K)):
         k_left = K - k0 - i * BLOCK_K
-        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        a = tl.load(a_ptrs, mask=in_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & in_n[None, :], other=0.0)
         if UPCAST:  # the interpreter's bf16 dot (Triton 3.9) multiplies the raw bits: exact fp32 products instead
             a = a.to(tl.float32)
             b = b.to(tl.float32)
@@ -110,8 +112,7 @@ def _matmul_kernel(  # type: ignore[no-untyped-def]
         b_ptrs += BLOCK_K * stride_bk
 
     c_ptrs = c_ptr + pid_k * stride_cs + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=in_m[:, None] & in_n[None, :])
 
 
 @triton.jit
