@@ -4,7 +4,7 @@ the kernel model's choice scored against the best one found.
 Measure (one NVIDIA GPU; needs torch, Triton, numpy, pydantic and pyyaml — shardwise's wire and solver are
 imported for the configuration space)::
 
-    python3 -u benchmarks/kernels.py --out kernels_h200.json            # the whole sweep (budget: 9 min, --budget-s)
+    python3 -u benchmarks/kernels.py --out kernels_h200.json            # the sweep (stops after 8 min: --budget-s)
     python3 -u benchmarks/kernels.py --quick --out k.json               # smoke: 10 shapes, 20 configurations
     python3 benchmarks/kernels.py --list                                # the shapes and their origins, no GPU
 
@@ -700,7 +700,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help=f"{QUICK_SHAPES} GEMMs, {QUICK_CONFIGS} configurations")
     p.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated, of bf16, fp16, fp8")
     p.add_argument("--workers", type=int, default=15, help="compile processes (0: on first launch)")
-    p.add_argument("--budget-s", type=float, default=540.0, help="stop measuring after this many seconds")
+    p.add_argument("--budget-s", type=float, default=480.0, help="stop measuring after this many seconds")
     p.add_argument("--list", action="store_true", help="print the GEMMs and their origins (no GPU)")
     p.add_argument("--report", metavar="FILE", help="score a measured JSON with the kernel model (no GPU)")
     p.add_argument("--plot", metavar="PNG", help="with --report: the predicted-vs-measured scatter plot")
