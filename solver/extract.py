@@ -157,7 +157,7 @@ def with_kernels(topo: Topology, model: ModelSpec, dense: Sequence[DensePlan]) -
     from shardwise.solver.kernels import kernel_choices  # numpy: not at the service's start-up
 
     layers = {d.name: d for d in model.dense_layers}
-    targets = [(c.profile, c.gpus_per_host) for c in topo.classes]
+    targets = list({(id(c.profile), c.gpus_per_host): (c.profile, c.gpus_per_host) for c in topo.classes}.values())
     out: list[DensePlan] = []
     for dp in dense:
         layer = layers.get(dp.name)
