@@ -153,7 +153,7 @@ def time_view(page: PagePlan, views: Sequence[RankView]) -> TimeView | None:
         names = {t.name for t in page.model.embedding_tables}
         if any(t.name not in names for t in page.tables) or len(topo.ranks) != len(views):
             return None
-        bd = grouped_breakdown(topo, page.model, page.tables, page.plan.dense)
+        bd = grouped_breakdown(topo, page.model, page.tables, page.plan.dense, page.plan.sparse_groups)
     except (KeyError, ValueError):  # a profile or a layout this version no longer knows
         return None
     return _view(bd, page.tables, views, topo)
