@@ -114,6 +114,22 @@ def _screen(topo: Topology, model: ModelSpec, params: SolveParams, sg: SparseGro
     return Option(sg, g, bound)
 
 
+def option_plan(
+    topo: Topology,
+    model: ModelSpec,
+    params: SolveParams,
+    sparse_groups: SparseGroups,
+    deadline: Deadline | None = None,
+) -> Plan:
+    """The plan of one 2D option alone, on the whole fleet: its group problem solved by ``params.solver`` and
+    replicated; its ``lower_bound_ms`` holds over this option's layouts only (the benchmark's "best 2D plan")."""
+    deadline = deadline or Deadline(params.time_limit_s)
+    sub = two_d.group_topology(topo, sparse_groups)
+    opt = Option(sparse_groups, _solve(sub, model, params, deadline, None))
+    opt.bound = opt.plan.lower_bound_ms if opt.plan is not None else None
+    return _assemble(topo, model, params, deadline, opt, [])
+
+
 def plan_with_groups(
     topo: Topology,
     model: ModelSpec,
@@ -170,9 +186,9 @@ def _assemble(
     searched_all = [o.searched for o in everything]
     searched = None if any(s is None for s in searched_all) else min(s for s in searched_all if s is not None)
     chosen = min(everything, key=lambda o: o.step)
-    if math.isinf(chosen.step) or chosen.plan is None:  # nothing fits: the 1D answer says why
+    if math.isinf(chosen.step) or chosen.plan is None:  # nothing fits: the first option's answer says why
         assert one_d.plan is not None
-        return one_d.plan
+        return _on_fleet(topo, one_d.plan)
     picked = chosen.plan
     if chosen.groups is None:
         tables, dense = list(picked.tables), list(picked.dense)
@@ -197,11 +213,17 @@ def _assemble(
         searched_bound_ms=None if searched is None or math.isinf(searched) else searched,
         sparse_groups=chosen.groups,
     )
-    notes = [*plan.explanation, *explain_choice(topo, model, plan, one_d, screened)]
+    why = explain_choice(topo, model, plan, one_d, screened)
+    notes = [*plan.explanation, *(why if one_d.groups is None else why[:1])]  # one option alone: no comparison
     if bound is None:
         notes.append("no bound: an option ran out of time before its bound was known")
     solver = plan.solver.model_copy(update={"phase": picked.solver.phase})
     return plan.model_copy(update={"explanation": notes, "solver": solver})
+
+
+def _on_fleet(topo: Topology, plan: Plan) -> Plan:
+    """An infeasible answer of a group problem, named for the whole fleet (it has no layout to replicate)."""
+    return plan.model_copy(update={"fleet": topo.fleet.name})
 
 
 def sync_ms(topo: Topology, model: ModelSpec, plan: Plan) -> tuple[float, float]:

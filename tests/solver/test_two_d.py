@@ -7,9 +7,11 @@ import math
 import pytest
 
 from shardwise.hwprofiles import HardwareProfile
+from shardwise.solver import plan2d
 from shardwise.solver.breakdown import INTER, TERM_INDEX, step_breakdown
 from shardwise.solver.evaluate import Evaluation, evaluate
 from shardwise.solver.extract import build_plan
+from shardwise.solver.planner import make_plan
 from shardwise.solver.topology import Topology
 from shardwise.solver.two_d import (
     candidate_groups,
@@ -327,3 +329,99 @@ def test_breakdown_of_a_two_d_plan_sums_to_the_evaluator(sync: SparseSync, round
     assert (sync_ms > 0).all()  # every rank holds a shard of t
     assert bd.ranks[:, INTER].min() >= sync_ms.min()  # the sync crosses hosts
     assert [c.slowest_rank for c in bd.tables] == [0, 3, 0]
+
+
+# ------------------------------------------------------------------------------------------------ the planner
+
+GREEDY = SolveParams(solver="greedy")
+
+
+def hot_tables_model() -> ModelSpec:
+    """Four small, hot tables (200,000 rows × 64, 20 ids per sample, 8,192 samples per GPU): the fleet's batch
+    touches every row, so the replica sync moves each row once, while a fleet-wide plan moves every bag's pooled row
+    (or, data_parallel, every GPU streams and all-reduces whole tables)."""
+    tables = [
+        EmbeddingTableSpec(name=f"t{i}", num_embeddings=200_000, embedding_dim=64, pooling_factor=20.0)
+        for i in range(4)
+    ]
+    return ModelSpec(name="hot", batch_size_per_gpu=8192, embedding_tables=tables)
+
+
+def big_tables_model() -> ModelSpec:
+    """Four large tables (1,000,000 rows × 128, one id per sample, 4,096 per GPU): the fleet's batch touches a
+    fraction of the rows, each of them once, so the sync moves as much as the all-to-all it saves, over the NIC."""
+    tables = [EmbeddingTableSpec(name=f"t{i}", num_embeddings=1_000_000, embedding_dim=128) for i in range(4)]
+    return ModelSpec(name="big", batch_size_per_gpu=4096, embedding_tables=tables)
+
+
+def h100_hosts(count: int) -> FleetSpec:
+    return FleetSpec(name=f"h100-{count}x8", hosts=[HostGroupSpec(gpu="nvidia-h100-sxm", count=count, gpus_per_host=8)])
+
+
+def assert_every_group_holds_every_table_once(plan: Plan, model: ModelSpec) -> None:
+    sg = plan.sparse_groups
+    assert sg is not None
+    for tp in plan.tables:
+        t = model.table(tp.name)
+        for g in sg.groups:
+            held = [s for s in tp.shards if s.rank in set(g)]
+            area = sum(s.num_rows * s.num_cols for s in held)
+            if tp.sharding_type is ShardingType.data_parallel:
+                assert sorted(s.rank for s in held) == sorted(g)
+            else:
+                assert area == t.num_embeddings * t.embedding_dim
+
+
+@pytest.mark.parametrize("solver", ["greedy", "cpsat"])
+def test_two_d_wins_with_small_hot_tables(solver: str) -> None:
+    model, fleet = hot_tables_model(), h100_hosts(8)
+    params = SolveParams.model_validate({"solver": solver, "time_limit_s": 8.0, "num_workers": 1})
+    one_d = make_plan(model, fleet, params, sparse_2d=False)
+    plan = make_plan(model, fleet, params)
+    assert plan.sparse_groups is not None
+    assert plan.predicted_step_ms is not None
+    assert one_d.predicted_step_ms is not None
+    assert plan.predicted_step_ms < 0.9 * one_d.predicted_step_ms
+    topo = Topology(fleet)
+    assert check_plan(topo, model, plan) == []
+    assert_every_group_holds_every_table_once(plan, model)
+    assert plan.lower_bound_ms is not None
+    assert plan.lower_bound_ms <= plan.predicted_step_ms
+    assert any(line.startswith("2D: ") and "sync" in line for line in plan.explanation)
+    assert evaluate(topo, model, plan.tables, plan.dense, plan.sparse_groups).ranks == plan.ranks
+
+
+def test_one_d_wins_with_large_tables() -> None:
+    model, fleet = big_tables_model(), h100_hosts(8)
+    plan = make_plan(model, fleet, GREEDY)
+    assert plan.sparse_groups is None
+    (line,) = [x for x in plan.explanation if x.startswith("1D: the best 2D option")]
+    assert "3 2D options considered" in line  # 8 hosts: 2, 4 or 8 groups
+    # the bound covers the 2D options too: none of them beats it
+    topo = Topology(fleet)
+    assert plan.lower_bound_ms is not None
+    for sg in plan2d.sparse_options(topo):
+        alone = plan2d.option_plan(topo, model, GREEDY, sg)
+        assert alone.predicted_step_ms is not None
+        assert plan.lower_bound_ms <= alone.predicted_step_ms
+        assert check_plan(topo, model, alone) == []
+
+
+def test_weight_averaging_only_when_allowed() -> None:
+    model, fleet = hot_tables_model(), h100_hosts(2)
+    topo = Topology(fleet)
+    assert {sg.sync for sg in plan2d.sparse_options(topo)} == {SparseSync.allreduce_rows}
+    allowed = plan2d.sparse_options(topo, allow_weight_averaging=True)
+    assert [(sg.sync, sg.every_k_steps) for sg in allowed] == [
+        (SparseSync.allreduce_rows, 1),
+        (SparseSync.average_weights, 10),
+        (SparseSync.average_weights, 100),
+    ]
+    plan = make_plan(model, fleet, GREEDY, allow_weight_averaging=True)
+    assert check_plan(topo, model, plan) == []
+    assert plan.sparse_groups is not None
+    assert plan.sparse_groups.sync is SparseSync.average_weights
+
+
+def test_one_host_plans_no_two_d() -> None:
+    assert plan2d.sparse_options(Topology(h100_hosts(1))) == []
