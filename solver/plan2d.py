@@ -184,11 +184,26 @@ def _assemble(
     bounds = [o.bound for o in everything]
     bound = None if any(b is None for b in bounds) else min(b for b in bounds if b is not None)
     searched_all = [o.searched for o in everything]
-    searched = None if any(s is None for s in searched_all) else min(s for s in searched_all if s is not None)
+    searched = (
+        None
+        if any(s is None for s in searched_all)
+        or all(o.plan is None or o.plan.solver.searched_bound_ms is None for o in everything)
+        else min(s for s in searched_all if s is not None)
+    )  # None where no search proved anything (greedy only), as for a 1D plan
     chosen = min(everything, key=lambda o: o.step)
     if math.isinf(chosen.step) or chosen.plan is None:  # nothing fits: the first option's answer says why
         assert one_d.plan is not None
-        return _on_fleet(topo, one_d.plan)
+        return build_plan(  # under the request's own params and fleet (the solve ran under a share of the limit)
+            topo,
+            model,
+            None,
+            [d.model_copy(update={"ranks": list(topo.all_ranks)}) for d in one_d.plan.dense],
+            params,
+            solver_name=one_d.plan.solver.name,
+            solver_status=one_d.plan.solver.status,
+            seconds=deadline.elapsed(),
+            explanation=one_d.plan.explanation,
+        )
     picked = chosen.plan
     if chosen.groups is None:
         tables, dense = list(picked.tables), list(picked.dense)
@@ -219,11 +234,6 @@ def _assemble(
         notes.append("no bound: an option ran out of time before its bound was known")
     solver = plan.solver.model_copy(update={"phase": picked.solver.phase})
     return plan.model_copy(update={"explanation": notes, "solver": solver})
-
-
-def _on_fleet(topo: Topology, plan: Plan) -> Plan:
-    """An infeasible answer of a group problem, named for the whole fleet (it has no layout to replicate)."""
-    return plan.model_copy(update={"fleet": topo.fleet.name})
 
 
 def sync_ms(topo: Topology, model: ModelSpec, plan: Plan) -> tuple[float, float]:
