@@ -7,7 +7,7 @@ import sys
 from collections.abc import Mapping
 
 from shardwise.hwprofiles import HardwareProfile
-from shardwise.solver import plan2d, two_d
+from shardwise.solver import plan2d
 from shardwise.solver.deadline import Deadline
 from shardwise.solver.extract import build_plan
 from shardwise.solver.greedy import Progress, plan_greedy
@@ -125,7 +125,6 @@ def score_plan(
         solver_status="HEURISTIC",
         seconds=plan.solver.seconds,
         explanation=[f"evaluated: {model.name} on {fleet.name} under shardwise's cost model"]
-        + ([two_d.describe(plan.sparse_groups)] if plan.sparse_groups is not None else [])
         + [f"{s} (one shard per rank would do less work)" for s in stacked_shards(plan)],
         sparse_groups=plan.sparse_groups,
     )

@@ -121,6 +121,7 @@ _WHY = {
     "output_a2a": "sending pooled rows to every rank's batch",
     "reduce_scatter": "reduce-scattering row shards' partial sums",
     "all_reduce": "all-reducing the whole table's gradient",
+    "replica_sync": "keeping the 2D replica groups' rows in sync",
 }
 
 
