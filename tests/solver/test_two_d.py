@@ -7,11 +7,12 @@ import math
 import pytest
 
 from shardwise.hwprofiles import HardwareProfile
-from shardwise.solver import plan2d
+from shardwise.solver import plan2d, two_d
 from shardwise.solver.breakdown import INTER, TERM_INDEX, step_breakdown
 from shardwise.solver.evaluate import Evaluation, evaluate
 from shardwise.solver.extract import build_plan
 from shardwise.solver.planner import make_plan
+from shardwise.solver.port import direct_port, port_analysis
 from shardwise.solver.topology import Topology
 from shardwise.solver.two_d import (
     candidate_groups,
@@ -425,3 +426,36 @@ def test_weight_averaging_only_when_allowed() -> None:
 
 def test_one_host_plans_no_two_d() -> None:
     assert plan2d.sparse_options(Topology(h100_hosts(1))) == []
+
+
+# ------------------------------------------------------------------------------------------------ port analysis
+
+
+def test_port_of_a_two_d_plan_carries_its_groups_and_names_them() -> None:
+    model = hot_tables_model()
+    source_fleet = h100_hosts(8)
+    target = FleetSpec(name="b200-8x8", hosts=[HostGroupSpec(gpu="nvidia-b200", count=8, gpus_per_host=8)])
+    report = port_analysis(model, source_fleet, target, GREEDY)
+    source = report.source_plan
+    assert source.sparse_groups is not None
+    direct = report.direct_port
+    assert direct.feasible
+    assert direct.plan is not None
+    assert direct.plan.sparse_groups == source.sparse_groups  # rank for rank: the same groups, now of B200s
+    assert check_plan(Topology(target), model, direct.plan) == []
+    assert f"the source plan runs {two_d.describe(source.sparse_groups)}" in report.hints
+    if report.replan.sparse_groups is not None:
+        assert f"the re-plan runs {two_d.describe(report.replan.sparse_groups)}" in report.hints
+    # every table's layout after the re-plan is priced on its group, as the evaluator prices the whole plan
+    for change in report.table_changes:
+        assert change.after.slowest_shard_ms <= (report.replan.predicted_step_ms or 0.0)
+
+
+def test_a_two_d_plan_does_not_carry_over_to_a_fleet_its_groups_do_not_fit() -> None:
+    model = hot_tables_model()
+    source_fleet = h100_hosts(8)
+    source = make_plan(model, source_fleet, GREEDY)
+    assert source.sparse_groups is not None
+    direct = direct_port(Topology(h100_hosts(4)), model, source)
+    assert not direct.feasible
+    assert direct.problems[0].startswith("the source plan's 2D groups do not carry over to h100-4x8: ")
