@@ -29,7 +29,8 @@ from shardwise.wire.spec import (
 if TYPE_CHECKING:  # the service imports this module at start-up (request_hash); candidates bring numpy
     from shardwise.solver.load import Placed
 
-COST_MODEL_VERSION = "2"  # 2: sparse-gradient row indices and int64 bag lengths, as the executor does
+COST_MODEL_VERSION = "3"  # 2: sparse-gradient row indices and int64 bag lengths, as the executor does; 3: 2D plans
+# (replica groups: the all-to-alls inside a group, the replicas' sync), which the planner now weighs against 1D ones
 #: what a plan's ``status`` and ``lower_bound_ms`` mean. 2: ``lower_bound_ms`` holds over the whole candidate
 #: catalogue and ``optimal`` meets it; what a search proved over its own space is ``solver.searched_*``. It is in the
 #: solver version, so a request answered under 1 (optimal over the searched space only) is solved again.
