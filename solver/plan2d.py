@@ -9,7 +9,7 @@ request field carries it, so the service never chooses it, but ``shardwise evalu
 
 How the time limit is spent (one :class:`~shardwise.solver.deadline.Deadline` for the whole solve):
 
-1. screening (at most :data:`SCREEN_SHARE` of the limit, split evenly over the 2D options): each option's group
+1. screening (at most :data:`SCREEN_SHARE` of the limit, split over the 2D options by group size): each option's group
    problem — the group fleet with the replica facts, :func:`~shardwise.solver.two_d.group_topology` — is solved by
    the greedy planner, which also gives the option's bound over its whole candidate catalogue;
 2. the 1D plan by the requested solver: with CP-SAT half of what is left, with the greedy all of it;
@@ -151,8 +151,9 @@ def plan_with_groups(
 
     screen_end = deadline.within(SCREEN_SHARE * params.time_limit_s)
     screened: list[Option] = []
+    sizes = [sg.group_size for sg in options]  # a greedy run costs about the ranks it places: shares by group size
     for i, sg in enumerate(options):
-        share = screen_end.remaining() / (len(options) - i)
+        share = screen_end.remaining() * sizes[i] / sum(sizes[i:])
         opt = _screen(topo, model, params, sg, screen_end.within(share))
         screened.append(opt)
         if opt.bound is not None:
