@@ -166,6 +166,8 @@ def plan_with_groups(
     one_d_deadline = deadline.within(deadline.remaining() / 2) if cpsat and contenders else deadline
     one_d = Option(None, _solve(topo, model, params, one_d_deadline, report))
     one_d.bound = one_d.plan.lower_bound_ms if one_d.plan is not None else None
+    if one_d.bound is not None:  # the 2D solve's reports must not claim more than the 1D plan's bound allows
+        best["bound"] = min(best["bound"], one_d.bound)
     if cpsat and contenders:
         top = min(contenders, key=lambda o: o.step)
         assert top.groups is not None

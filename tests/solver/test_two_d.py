@@ -378,8 +378,13 @@ def test_two_d_wins_with_small_hot_tables(solver: str) -> None:
     model, fleet = hot_tables_model(), h100_hosts(8)
     params = SolveParams.model_validate({"solver": solver, "time_limit_s": 8.0, "num_workers": 1})
     one_d = make_plan(model, fleet, params, sparse_2d=False)
-    plan = make_plan(model, fleet, params)
+    seen: list[tuple[float | None, float]] = []
+    plan = make_plan(model, fleet, params, on_progress=lambda best, bound: seen.append((best, bound)))
     assert plan.sparse_groups is not None
+    # progress over every option: a bound never above the best so far, the last report the answer
+    assert seen
+    assert all(bound <= best + 1e-6 for best, bound in seen if best is not None)
+    assert seen[-1][0] == pytest.approx(plan.predicted_step_ms)
     assert plan.predicted_step_ms is not None
     assert one_d.predicted_step_ms is not None
     assert plan.predicted_step_ms < 0.9 * one_d.predicted_step_ms
