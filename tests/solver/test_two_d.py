@@ -464,3 +464,19 @@ def test_a_two_d_plan_does_not_carry_over_to_a_fleet_its_groups_do_not_fit() -> 
     direct = direct_port(Topology(h100_hosts(4)), model, source)
     assert not direct.feasible
     assert direct.problems[0].startswith("the source plan's 2D groups do not carry over to h100-4x8: ")
+
+
+# ------------------------------------------------------------------------------------------------ the benchmark
+
+
+def test_the_benchmark_row_says_where_2d_wins_and_why_it_loses() -> None:
+    from benchmarks.sparse2d import run_one
+
+    wins = run_one("hot", hot_tables_model(), h100_hosts(8), GREEDY)
+    assert wins.why == "2D wins"
+    assert wins.two_d_ms < wins.one_d_ms
+    assert wins.two_d_sync > 0
+    loses = run_one("big", big_tables_model(), h100_hosts(8), GREEDY)
+    assert loses.two_d_ms > loses.one_d_ms
+    assert loses.why.startswith("sync ")  # the sync adds more than the all-to-alls save
+    assert loses.two_d_sync > loses.one_d_a2a - loses.two_d_a2a
