@@ -93,8 +93,9 @@ def check_groups(topo: Topology, model: ModelSpec, plan: Plan) -> list[str]:
     groups = sg.groups
     position = {r: (i, j) for i, g in enumerate(groups) for j, r in enumerate(g)}
     host_of = [topo.ranks[r].host for r in sorted(groups[0])]
+    known = {t.name for t in model.embedding_tables}
     for tp in plan.tables:
-        if tp.name not in {t.name for t in model.embedding_tables}:
+        if tp.name not in known:
             continue
         t = model.table(tp.name)
         if tp.sharding_type is ShardingType.data_parallel:
@@ -123,7 +124,7 @@ def check_groups(topo: Topology, model: ModelSpec, plan: Plan) -> list[str]:
         out.extend(
             f"{p} (group 0)"
             for p in zero.layout_problems(
-                t.num_embeddings, t.embedding_dim, sub_world(sg), lambda m: host_of[m], "the group"
+                t.num_embeddings, t.embedding_dim, sg.group_size, lambda m: host_of[m], "the group"
             )
         )
         want = _by_position(by_group[0])
@@ -153,10 +154,6 @@ def _by_position(keys: list[ShardKey]) -> dict[int, list[ShardKey]]:
 def _ranks(ranks: list[int]) -> str:
     shown = ", ".join(str(r) for r in ranks[:8])
     return shown + (f" … ({len(ranks)} in all)" if len(ranks) > 8 else "")
-
-
-def sub_world(sg: SparseGroups) -> int:
-    return sg.group_size
 
 
 def group_alignment(topo: Topology, sg: SparseGroups) -> list[str]:
