@@ -36,6 +36,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import rawhttp
 from benchmarks.run import machine
 from shardwise.service.devserver import running_server
 from shardwise.wire.hashing import request_key
@@ -150,24 +151,30 @@ async def waiting(base: str, waiters: int, hang_s: float) -> None:
 # ------------------------------------------------------------------------------------------------- the herd
 
 
-async def herd_round(base: str, clients: int, key: str) -> tuple[list[float], int, int, float]:
+async def herd_round(base: str, clients: int, key: str, client: str) -> tuple[list[float], int, int, float]:
     """One round: (latencies of the answers, transport failures, answers other than 200, wall seconds)."""
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=0)
+    path = f"/api/v1/plans/by-key/{key}"
     latencies: list[float] = []
     failures = [0, 0]  # resets or timeouts, other statuses
     gate = asyncio.Event()
-    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=30) as client:
+    raw = rawhttp.encode(base, "GET", path, keep_alive=False)
+    async with httpx.AsyncClient(
+        base_url=base, limits=httpx.Limits(max_connections=clients, max_keepalive_connections=0), timeout=30
+    ) as hx:
 
         async def rank() -> None:
             await gate.wait()
             t = time.perf_counter()
             try:
-                r = await client.get(f"/api/v1/plans/by-key/{key}")
-            except httpx.TransportError:
+                if client == "httpx":
+                    status = (await hx.get(path)).status_code
+                else:
+                    status = (await asyncio.wait_for(rawhttp.once(base, raw), 30)).status
+            except (httpx.TransportError, rawhttp.HttpError, TimeoutError):
                 failures[0] += 1
                 return
             latencies.append(time.perf_counter() - t)
-            failures[1] += r.status_code != 200
+            failures[1] += status != 200
 
         tasks = [asyncio.create_task(rank()) for _ in range(clients)]
         await asyncio.sleep(0.1)
@@ -177,13 +184,13 @@ async def herd_round(base: str, clients: int, key: str) -> tuple[list[float], in
         return latencies, failures[0], failures[1], time.perf_counter() - t0
 
 
-async def herd(base: str, clients: int, key: str, rounds: int) -> None:
+async def herd(base: str, clients: int, key: str, rounds: int, client: str) -> None:
     """``clients`` ranks at once, each on its own new connection, asking for the stored plan by key."""
     print(f"\nherd: {clients} clients at once, each on a new connection, GET /plans/by-key/{{key}}")
     header = ("round", "answered", "resets", "other", "p50 ms", "p99 ms", "max ms", "wall s")
     print(f"{header[0]:<8} " + " ".join(f"{h:>9}" for h in header[1:]))
     for round_ in range(1, rounds + 1):
-        latencies, resets, other, wall = await herd_round(base, clients, key)
+        latencies, resets, other, wall = await herd_round(base, clients, key, client)
         cells = (
             len(latencies) - other,
             resets,
@@ -200,24 +207,33 @@ async def herd(base: str, clients: int, key: str, rounds: int) -> None:
 
 
 async def hammer(
-    base: str, clients: int, seconds: float, method: str, path: str, body: Any
+    base: str, clients: int, seconds: float, method: str, path: str, body: Any, client: str
 ) -> tuple[list[float], float, int]:
+    """``clients`` concurrent clients, each on one keep-alive connection, repeating one request for ``seconds``."""
     latencies: list[float] = []
     errors = 0
     stop = time.monotonic() + seconds
+    raw = rawhttp.encode(base, method, path, body)
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=30) as client:
+    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=30) as hx:
 
         async def one_client() -> None:
             nonlocal errors
-            while time.monotonic() < stop:
-                t = time.perf_counter()
-                try:
-                    r = await client.request(method, path, json=body)
-                    errors += r.status_code not in (200, 201)
-                except httpx.TransportError:
-                    errors += 1
-                latencies.append(time.perf_counter() - t)
+            conn = rawhttp.Connection(base)
+            try:
+                while time.monotonic() < stop:
+                    t = time.perf_counter()
+                    try:
+                        if client == "httpx":
+                            status = (await hx.request(method, path, json=body)).status_code
+                        else:
+                            status = (await asyncio.wait_for(conn.request(raw), 30)).status
+                        errors += status not in (200, 201)
+                    except (httpx.TransportError, rawhttp.HttpError, TimeoutError):
+                        errors += 1
+                    latencies.append(time.perf_counter() - t)
+            finally:
+                await conn.close()
 
         start = time.perf_counter()
         await asyncio.gather(*(one_client() for _ in range(clients)))
@@ -225,7 +241,7 @@ async def hammer(
     return latencies, elapsed, errors
 
 
-def reused(base: str, clients: int, seconds: float, first: dict[str, Any]) -> None:
+def reused(base: str, clients: int, seconds: float, first: dict[str, Any], client: str) -> None:
     print(
         f"\n{'reused, ' + str(clients) + ' concurrent clients':<40} {'requests':>9} {'req/s':>8} "
         f"{'p50 ms':>8} {'p99 ms':>8} {'errors':>7}"
@@ -235,7 +251,7 @@ def reused(base: str, clients: int, seconds: float, first: dict[str, Any]) -> No
         ("POST /api/v1/plans (from the store)", "POST", "/api/v1/plans", first["body"]),
         ("GET /api/v1/plans/{id}", "GET", f"/api/v1/plans/{first['plan_id']}", None),
     ):
-        latencies, elapsed, errors = asyncio.run(hammer(base, clients, seconds, method, path, body))
+        latencies, elapsed, errors = asyncio.run(hammer(base, clients, seconds, method, path, body, client))
         print(
             f"{label:<40} {len(latencies):>9} {len(latencies) / elapsed:>8.1f} "
             f"{ms(statistics.median(latencies)):>8} {ms(percentile(latencies, 0.99)):>8} {errors:>7}"
@@ -252,6 +268,16 @@ def main() -> None:
     parser.add_argument("--hang", type=float, default=15.0, help="seconds the waited-on solve hangs")
     parser.add_argument("--herd", type=int, default=1024)
     parser.add_argument("--herd-rounds", type=int, default=3)
+    parser.add_argument(
+        "--client",
+        choices=("raw", "httpx"),
+        default="raw",
+        help="the herd's and the reused path's load generator: a lean HTTP/1.1 client (benchmarks/rawhttp.py, "
+        "default) or httpx, whose own CPU on shared cores weighs on the figures",
+    )
+    parser.add_argument(
+        "--only", choices=("all", "herd", "reused"), default="all", help="skip the cold plans and the waiting part"
+    )
     args = parser.parse_args()
 
     env = {"SHARDWISE_WAIT_S": "60", "SHARDWISE_FAULT_HANG": f"{SLOW_MODEL}:{args.hang:g}"}
@@ -264,12 +290,15 @@ def main() -> None:
         time.sleep(2.0 if args.workers > 1 else 0.0)  # /readyz answered from one process: let the others start
         print(
             f"machine: {machine()} · load average before: {load_average()} · server: uvicorn, {args.workers} "
-            f"process(es), SQLite · clients in one process on the same machine\n"
+            f"process(es), SQLite · clients ({args.client}) in one process on the same machine\n"
         )
         first = cold(base, args.time_limit)
-        asyncio.run(waiting(base, args.waiters, args.hang))
-        asyncio.run(herd(base, args.herd, first["key"], args.herd_rounds))
-        reused(base, args.clients, args.seconds, first)
+        if args.only == "all":
+            asyncio.run(waiting(base, args.waiters, args.hang))
+        if args.only in ("all", "herd"):
+            asyncio.run(herd(base, args.herd, first["key"], args.herd_rounds, args.client))
+        if args.only in ("all", "reused"):
+            reused(base, args.clients, args.seconds, first, args.client)
         print(f"\nload average after: {load_average()}")
 
 

@@ -41,6 +41,14 @@ plan fails the same way on every rank instead of hanging one of them. Then, in p
     every layer, such as DLRM's feature interaction) places nothing; an entry naming a parameter (describe()'s layer
     for a parameter held beside tables, always ``replicate``) leaves it to the all-reduce hook above; an
     ``unclassified`` layer (any module with parameters) runs ``replicate`` or ``fsdp`` like a linear one.
+* **dense kernels** — on a CUDA device with Triton importable, every ``nn.Linear`` whose dense entry is
+  ``replicate`` or ``fsdp`` and whose ``kernels`` hold choices for this rank's GPU type (``plan.ranks[rank].gpu``)
+  becomes a :class:`~shardwise.clients.kernel_linear.KernelLinear` around the same ``weight`` and ``bias``
+  Parameters (state_dict keys, optimizers and checkpoints unchanged): forward, input gradient and weight gradient
+  run through shardwise's Triton matmul with the plan's configuration for each phase (the layer's dtype preferred
+  when the plan chose for several), the bias gradient by a sum. On the CPU, without Triton, for tensor-parallel
+  layers (DTensor weights), in a plan that lists no ranks, or with ``dense_kernels=False``, layers stay as they are
+  (``torch.matmul``). The swap comes before TP, FSDP and DDP wrap the layers.
 
 Gradient convention: every parameter receives the gradient of the **mean over ranks** of the local losses (DDP's),
 so with equal local batches and a mean-reduced loss the sharded model's gradients equal the unsharded model's on
@@ -71,11 +79,13 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.nn.parallel import DistributedDataParallel
 
 from shardwise.clients.fused_update import UpdateConfig
+from shardwise.clients.kernel_linear import WIRE_DTYPES, KernelLinear, layer_configs, triton_matmul_available
 from shardwise.clients.plan_check import TP_STYLES, PlanMismatchError, ancestors, check, check_plan, under
 from shardwise.clients.row_cache import CACHE_WAYS
 from shardwise.clients.shard_groups import plan_groups
 from shardwise.clients.sharded_embedding import ShardedEmbeddingBag, average_grad_hook
 from shardwise.wire.spec import (
+    DensePlan,
     DenseStyle,
     ModelSpec,
     Placement,
@@ -95,6 +105,7 @@ __all__ = [
     "param_groups",
     "replica_roots",
     "split_parameters",
+    "swap_kernel_layers",
 ]
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -222,6 +233,35 @@ def apply_replicate(
         _set_submodule(module, name, DistributedDataParallel(sub, device_ids=device_ids, process_group=process_group))
 
 
+def swap_kernel_layers(
+    module: nn.Module,
+    plan: Plan,
+    dense: Iterable[tuple[DensePlan, nn.Module]],
+    rank: int,
+    device: torch.device,
+) -> list[str]:
+    """Replace each planned ``nn.Linear`` that has kernel choices for rank ``rank``'s GPU type by a
+    :class:`KernelLinear` around the same Parameters (see the module docstring, "dense kernels"); the names swapped.
+
+    Nothing on a non-CUDA ``device``, without Triton, or when ``plan.ranks`` does not list ``rank``; tensor-parallel
+    entries are left to DTensor's ``F.linear``.
+    """
+    if device.type != "cuda" or not triton_matmul_available():
+        return []
+    gpu = next((r.gpu for r in plan.ranks if r.rank == rank), None)
+    if gpu is None:
+        return []
+    swapped: list[str] = []
+    for dp, mod in dense:
+        if dp.style in TP_STYLES or not dp.kernels or type(mod) is not nn.Linear:
+            continue
+        configs = layer_configs(dp.kernels, gpu, WIRE_DTYPES.get(mod.weight.dtype))
+        if configs:
+            _set_submodule(module, dp.name, KernelLinear.from_linear(mod, configs))
+            swapped.append(dp.name)
+    return swapped
+
+
 def split_parameters(module: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
     """``(embedding shards, everything else)``: the first take sparse gradients (see RowWiseAdagrad), the second
     a dense optimizer — through :func:`param_groups` when they mix DTensors (FSDP, TP) and plain tensors."""
@@ -294,6 +334,7 @@ def apply_plan(
     device: torch.device | str | None = None,
     embedding_optimizer: UpdateConfig | Mapping[str, UpdateConfig] | None = None,
     cache_ways: int = CACHE_WAYS,
+    dense_kernels: bool = True,
 ) -> nn.Module:
     """Shard ``module`` in place exactly as ``plan`` says and return it (see the module docstring).
 
@@ -302,6 +343,8 @@ def apply_plan(
     and updated inside ``loss.backward()``; they get no ``.grad`` (see :mod:`shardwise.clients.shard_groups`).
     Their ``uvm_cache`` shards keep their weights in host memory behind a device cache of ``cache_ways`` ways per set
     (32, FBGEMM's on CUDA; the cost model takes 64 on ROCm): :mod:`shardwise.clients.row_cache`.
+    ``dense_kernels``: run the plan's dense kernel choices on CUDA (:func:`swap_kernel_layers`); False keeps every
+    ``nn.Linear`` on ``torch.matmul``.
 
     Raises :class:`PlanMismatchError` (a ``ValueError``) before any collective when the plan does not fit.
     """
@@ -359,6 +402,9 @@ def apply_plan(
     for owner, attr in loose:
         p = getattr(owner, attr)
         p.data = p.data.to(dev)
+
+    if dense_kernels:
+        swap_kernel_layers(module, plan, checked.dense, rank, dev)
 
     # 3. TP, then FSDP, then DDP
     styles = {d.name: d.style for d, _ in checked.dense}

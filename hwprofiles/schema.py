@@ -21,6 +21,12 @@ from shardwise.hwprofiles.limits import (
     MAX_MEMORY_BYTES,
 )
 
+#: bounds of the microarchitecture's figures: SMs per device, a clock, bytes or registers per SM, FLOPs per clock
+MAX_SMS: Final = 100_000
+MAX_CLOCK_HZ: Final = 10**11
+MAX_SM_BYTES: Final = 10**9
+MAX_FLOPS_PER_CLOCK: Final = 10**7
+
 SCHEMA_VERSION: Final = 1
 
 #: free text on one line: no control characters (NUL, newlines, escapes), which no name or label needs
@@ -78,6 +84,77 @@ class StepOverheads(BaseModel):
     host_ns_per_row_byte: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
 
 
+class Microarchitecture(BaseModel):
+    """What the kernel model (``shardwise.solver.kernels``) reads about the chip's streaming multiprocessors (NVIDIA
+    SMs, AMD compute units — "SM" below means either), per device as software sees it.
+
+    - ``sm_count``: SMs/CUs the driver exposes; ``clock_hz``: the boost clock the vendor's dense matrix peaks are
+      quoted at, so that ``sm_count × matrix_flops_per_clock_per_sm[dt] × clock_hz = peak_flops_per_s[dt]``;
+      ``vector_clock_hz``: the clock the non-tensor FP32 rate is quoted at where it differs (Hopper and Blackwell quote
+      FP32 at their maximum boost, the tensor rates at a lower clock), None: ``clock_hz``.
+    - ``matrix_flops_per_clock_per_sm``: dense FLOPs per clock per SM per dtype; ``fp16`` / ``bf16`` / ``fp8`` /
+      ``int8`` at the tensor-core/matrix-core rate, ``fp32`` the non-tensor (IEEE FP32 FMA, TF32 off) rate — what
+      an fp32 GEMM runs at with TF32 disabled, PyTorch's default. A dtype left out runs at
+      ``peak_flops(dtype) / sm_count``.
+    - ``smem_bytes_per_sm`` / ``smem_bytes_per_block``: shared memory (LDS) per SM and the most one block (workgroup)
+      may use; ``registers_per_sm``: 32-bit registers per SM; ``max_registers_per_thread``: per thread (lane);
+      ``max_warps_per_sm``: resident warps (wavefronts); ``warp_size``: 32 NVIDIA, 64 AMD.
+    - ``l2_bytes``: the last-level on-die L2 (all slices); ``l2_bandwidth_bytes_per_s``: its read bandwidth, all SMs.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    sm_count: int = Field(gt=0, le=MAX_SMS, description="SMs / CUs visible to software; ≤ 1e5")
+    clock_hz: int = Field(gt=0, le=MAX_CLOCK_HZ, description="clock of the dense matrix peaks; ≤ 1e11")
+    vector_clock_hz: int | None = Field(
+        default=None, gt=0, le=MAX_CLOCK_HZ, description="clock of the FP32 vector peak where it differs; ≤ 1e11"
+    )
+    matrix_flops_per_clock_per_sm: dict[str, int] = Field(
+        description="dense FLOPs per clock per SM per dtype (fp32: the non-tensor rate); each ≤ 1e7"
+    )
+    smem_bytes_per_sm: int = Field(gt=0, le=MAX_SM_BYTES, description="shared memory / LDS per SM; ≤ 1e9")
+    smem_bytes_per_block: int = Field(gt=0, le=MAX_SM_BYTES, description="most shared memory one block uses; ≤ 1e9")
+    registers_per_sm: int = Field(gt=0, le=MAX_SM_BYTES, description="32-bit registers per SM; ≤ 1e9")
+    max_registers_per_thread: int = Field(gt=0, le=4096, description="32-bit registers one thread may hold")
+    max_warps_per_sm: int = Field(gt=0, le=4096, description="resident warps / wavefronts per SM")
+    warp_size: Literal[32, 64]
+    l2_bytes: int = Field(gt=0, le=MAX_MEMORY_BYTES, description="on-die L2, bytes; ≤ 1e15")
+    l2_bandwidth_bytes_per_s: int = Field(gt=0, le=MAX_BANDWIDTH, description="L2 read bandwidth; ≤ 1e16")
+
+    @field_validator("matrix_flops_per_clock_per_sm")
+    @classmethod
+    def _known_dtypes(cls, value: dict[str, int]) -> dict[str, int]:
+        unknown = sorted(set(value) - set(RATE_DTYPES))
+        if unknown:
+            raise ValueError(f"unknown dtype(s) {unknown}; known: {list(RATE_DTYPES)}")
+        bad = [k for k, v in value.items() if not 0 < v <= MAX_FLOPS_PER_CLOCK]
+        if bad:
+            raise ValueError(f"FLOPs per clock per SM must be in (0, {MAX_FLOPS_PER_CLOCK:.0e}]: {bad}")
+        return value
+
+    @model_validator(mode="after")
+    def _block_within_sm(self) -> Microarchitecture:
+        if self.smem_bytes_per_block > self.smem_bytes_per_sm:
+            raise ValueError("smem_bytes_per_block cannot exceed smem_bytes_per_sm")
+        return self
+
+    def sm_flops_per_s(self, dtype: str) -> float | None:
+        """One SM's dense rate for ``dtype`` (FLOP/s): ``matrix_flops_per_clock_per_sm[dtype] × clock`` (the vector
+        clock for fp32); None where the dtype has no entry."""
+        per_clock = self.matrix_flops_per_clock_per_sm.get(dtype)
+        if per_clock is None:
+            return None
+        clock = self.vector_clock_hz if dtype == "fp32" and self.vector_clock_hz else self.clock_hz
+        return float(per_clock * clock)
+
+    def figure_paths(self) -> list[str]:
+        """Dotted paths (under ``microarch.``) of its figures."""
+        paths = [k for k in type(self).model_fields if k != "matrix_flops_per_clock_per_sm"]
+        paths = [k for k in paths if k != "vector_clock_hz" or self.vector_clock_hz is not None]
+        paths += [f"matrix_flops_per_clock_per_sm.{k}" for k in self.matrix_flops_per_clock_per_sm]
+        return [f"microarch.{p}" for p in paths]
+
+
 class HardwareProfile(BaseModel):
     """One accelerator as the planner sees it (one package as software sees it)."""
 
@@ -125,6 +202,9 @@ class HardwareProfile(BaseModel):
 
     achieved: AchievedFractions
     overheads: StepOverheads = StepOverheads()
+    microarch: Microarchitecture | None = Field(
+        default=None, description="SMs, clocks, per-SM rates, shared memory, registers, L2: the kernel model's input"
+    )
     sources: Annotated[dict[str, str], FailFast()] = Field(  # the first bad entry ends validation (a cheap 422)
         default_factory=dict, description="field path → where the figure comes from"
     )
@@ -177,12 +257,15 @@ class HardwareProfile(BaseModel):
             "overheads",
             "peak_flops_per_s",
             "scale_up_topology",
+            "microarch",
         }
         paths = [k for k in type(self).model_fields if k not in skip]
         paths += [f"peak_flops_per_s.{k}" for k in self.peak_flops_per_s]
         paths += [f"achieved.{k}" for k in AchievedFractions.model_fields]
         # overheads are zero (not modelled) until calibrated; a set one needs its source like any figure
         paths += [f"overheads.{k}" for k, v in self.overheads.model_dump().items() if v]
+        if self.microarch is not None:
+            paths += self.microarch.figure_paths()
         return paths
 
     def unsourced(self) -> list[str]:

@@ -1,17 +1,71 @@
-"""The kernel model: which Triton matmul configuration runs each GEMM of a dense layer fastest on an accelerator,
+r"""The kernel model: which Triton matmul configuration runs each GEMM of a dense layer fastest on an accelerator,
 predicted from first principles (no timing run), and how long it takes.
 
 This module holds the configuration space the model chooses from — the same space ``benchmarks/kernels.py``
-times on a real GPU to check the choice — and the GEMM it is asked about.
+times on a real GPU to check the choice — the GEMM it is asked about, the model (:func:`predict_us`,
+:func:`choose`) and the GEMMs of a dense layer (:func:`gemms_of`).
+
+The model (per configuration; ``b`` bytes per operand element, ``S`` SMs — "SM" stands for an AMD compute unit
+too —, ``R`` one SM's sustained dense rate for the dtype: the profile's ``matrix_flops_per_clock_per_sm × clock ×
+achieved.gemm``, where ``achieved.gemm`` is the measured best-shape GEMM fraction of peak (maximum achievable
+matmul FLOPs): what power and clock limits leave of the quoted peak under sustained matrix load, for any tile.
+Everything the tile, the warps, the stages and the shape cost comes on top, from the terms below)
+----------------------------------------------------------------------------------------------------------------
+* **Tiles** ``T = ⌈M/bm⌉·⌈N/bn⌉·split_k``; each tile runs ``κ = ⌈⌈K/split_k⌉/bk⌉`` K steps over ``K' = κ·bk``
+  (edges are masked, not skipped: a partial tile or step costs a whole one).
+* **Occupancy** (programs resident per SM) ``r = min(⌊smem_SM / (stages·(bm+bn)·bk·b)⌋,
+  ⌊regs_SM / (regs_thread·warps·warp_size)⌋, ⌊max_warps / warps⌋)`` with ``regs_thread = ⌈bm·bn / threads⌉``
+  (the fp32 accumulator) ``+ ⌈(bm+bn)·bk·b / 4 / threads⌉`` (one K step's operand fragments) ``+``
+  :data:`REGS_OVERHEAD`; the configuration cannot run (time ``inf``) when one program's shared memory exceeds
+  ``smem_bytes_per_block``, ``regs_thread`` exceeds ``max_registers_per_thread``, or ``r = 0``.
+* **Waves** ``waves = ⌈T / (S·r)⌉`` (reported); the tensor/matrix cores of an SM are shared by its resident
+  programs, so the math of the busiest SM is that of ``T_SM = ⌈T / S⌉`` tiles — wave quantization: 133 tiles on
+  132 SMs cost two tiles' time.
+* **Math** ``t_math = T_SM · 2·bm·bn·K' / (R·η)``; ``η`` the operand-feed efficiency: the program's warps form
+  ``G = max(1, warps/4)`` MMA groups of :data:`WARPS_PER_MMA_GROUP` (a Hopper warpgroup; an SM's four
+  sub-partitions or SIMDs), laid ``g_m = min(G, max(1, bm/64))`` along M (:data:`ROWS_PER_MMA_GROUP`) by
+  ``g_n = G/g_m`` along N; each K step every group reads its A rows and B columns from shared memory, so the
+  tile's intensity is ``I = 2·bm·bn / (b·(bm·g_n + bn·g_m))`` FLOPs per shared-memory byte and the tensor cores
+  are fed at ``η = min(1, I / (R_clk / SMEM_BYTES_PER_CLOCK))``: small tiles starve them. An fp32 GEMM runs on
+  the FP32 lanes (FMA, TF32 off), where each thread reads its own operands: ``o = bm·bn/threads`` outputs as a
+  ``√o × √o`` block, ``2·o`` FLOPs per ``2·√o·b`` bytes, ``I = √o / b``.
+* **K-step overhead**: each K step a program waits at a barrier for its stage and issues the next stage's copies,
+  :data:`STEP_OVERHEAD_CLOCKS` the MMAs do not hide; co-resident programs hide each other's, so one chain per round
+  of ``r_e = min(r, T_SM)`` programs shows: ``t_step = ⌈T_SM / r_e⌉·κ·STEP_OVERHEAD_CLOCKS / clock``.
+* **Bytes** the tiles request ``Q = T·(bm+bn)·K'·b``, served by L2 at ``l2_bandwidth``: ``t_L2 = Q / l2_bw``.
+  From HBM: the unique operands and the output once, ``U = (M·K + K·N)·b + M·N·c`` (``c`` output bytes; fp32
+  partial sums ``split_k·M·N·4`` under split-K) when A and B fit in L2 together; otherwise each wave of
+  ``P = min(T, S·r)`` concurrent tiles, swept ``group_m`` tile rows at a time, reads its own
+  ``(⌈rows⌉·bm + ⌈cols⌉·bn)·⌈K/split_k⌉·b`` (``rows = min(⌈M/bm⌉, group_m, P)``, ``cols = min(⌈N/bn⌉, ⌈P/rows⌉)``)
+  again: ``H = max(U, min(Q, ⌈T/P⌉·that + output))``; ``t_HBM = H / (hbm_bw · achieved.memory_bound)``.
+* **Latency** (Little's law): a program keeps ``stages − 1`` K steps in flight, its SM ``r_e``
+  programs, each K step a round trip of :data:`MEMORY_LATENCY_S`: ``t_lat = T_SM·κ·latency / (r_e·(stages − 1))``.
+* **Prologue / epilogue**: every round of ``r_e`` co-resident programs waits one latency for its first stages and
+  passes its accumulators through shared memory to store them: ``rounds = ⌈T_SM / r_e⌉``,
+  ``t_pro = rounds·latency``, ``t_epi = rounds·r_e·bm·bn·4 / (SMEM_BYTES_PER_CLOCK·clock)``.
+* **Split-K** adds a pass that reads the partial sums and writes C: ``t_red = (split_k·M·N·4 + M·N·c) /
+  (hbm_bw·achieved.memory_bound) + launch``.
+* ``t = max(t_math + t_step, t_L2, t_HBM, t_lat) + t_pro + t_epi + t_red + launch`` (:data:`KERNEL_LAUNCH_S`).
+
+The operand layouts (``a_t``, ``b_t``) do not change the prediction: Triton's loads stage either layout through
+shared memory at the same bandwidth. Not modelled: clock throttling under load, Hopper's TMA multicast and
+warp-specialised kernels, L2's split into partitions (two on GH100/Blackwell, one per XCD on AMD), bank conflicts.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from itertools import product
+from typing import Final
 
-from shardwise.wire.spec import Dtype, KernelConfig
+import numpy as np
+import numpy.typing as npt
+
+from shardwise.hwprofiles import HardwareProfile
+from shardwise.hwprofiles.schema import Microarchitecture
+from shardwise.wire.spec import DenseLayerSpec, DenseStyle, Dtype, GemmPhase, KernelChoice, KernelConfig
 
 #: the tile edges (M and N) of the space; a tile holds at most 256 × 128 outputs
 TILE_EDGES = (32, 64, 128, 256)
@@ -59,3 +113,344 @@ def config_space() -> tuple[KernelConfig, ...]:
             )
         )
     return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------------- the model
+
+#: shared memory (LDS) bytes an SM delivers per clock: 32 banks × 4 B on NVIDIA since Kepler (CUDA C++ Programming
+#: Guide, "Shared Memory"); CDNA's LDS also serves 128 B per clock per CU
+SMEM_BYTES_PER_CLOCK: Final = 128
+#: warps that share one fetch of their operands: a Hopper warpgroup (wgmma); the four SM sub-partitions (SIMDs on
+#: CDNA) that each hold one of an SM's four tensor (matrix) cores
+WARPS_PER_MMA_GROUP: Final = 4
+#: output rows one MMA group covers: wgmma's m64, or four warps × mma.sync's m16
+ROWS_PER_MMA_GROUP: Final = 64
+#: 32-bit registers a matmul thread holds beside its accumulator and operand fragments (pointers, offsets, masks,
+#: loop state): a few dozen in Triton's matmul kernels as ``ptxas -v`` reports them (assumption)
+REGS_OVERHEAD: Final = 32
+#: one global load's round trip when the pipeline waits for it: HBM latency is ≈0.5–0.7 µs by pointer chasing on
+#: A100/H100 (L2 hits are faster, so this overstates what a warm pipeline waits; assumption)
+MEMORY_LATENCY_S: Final = 600e-9
+#: clocks per K step that a program's MMAs do not hide: the wait at the stage's barrier and the issue of the next
+#: stage's asynchronous copies and address updates — a few dozen instructions on one warp scheduler (assumption)
+STEP_OVERHEAD_CLOCKS: Final = 32
+#: a kernel's launch and drain as back-to-back CUDA-event timing sees it: a few µs on current GPUs; the same for
+#: every configuration, so it changes predicted times, never the choice (assumption)
+KERNEL_LAUNCH_S: Final = 4e-6
+#: seconds → microseconds
+US: Final = 1e6
+
+FloatArray = npt.NDArray[np.float64]
+
+
+def output_bytes(dtype: Dtype) -> int:
+    """Bytes of one output element: the dtype's own for fp32/fp16/bf16, 2 (bf16) for the 8-bit types, whose
+    GEMMs write a wider result."""
+    return max(dtype.nbytes, 2)
+
+
+@dataclass(frozen=True)
+class _Static:
+    """What depends on the configuration space, the microarchitecture and the dtype only (cached)."""
+
+    bm: FloatArray
+    bn: FloatArray
+    bk: FloatArray
+    stages: FloatArray
+    split: FloatArray
+    group_m: FloatArray
+    resident: FloatArray  # programs per SM (0 where the configuration cannot run)
+    runs: npt.NDArray[np.bool_]
+    eta: FloatArray  # operand-feed efficiency
+    rate: float  # one SM's dense FLOP/s for the dtype
+    clock: float
+    sms: int
+    l2_bytes: float
+    l2_bw: float
+    hbm_bw: float  # achieved
+
+
+def _sm_rate(profile: HardwareProfile, micro: Microarchitecture, dtype: Dtype) -> float:
+    """One SM's sustained dense rate ``R``: ``matrix_flops_per_clock_per_sm × clock`` (else ``peak_flops(dtype) /
+    sm_count``) ``× achieved.gemm`` (module docstring)."""
+    rate = micro.sm_flops_per_s(dtype.value)
+    peak = rate if rate is not None else profile.peak_flops(dtype.value) / micro.sm_count
+    return peak * profile.achieved.gemm
+
+
+_STATIC: dict[tuple[str, str], _Static] = {}
+
+
+def _static(profile: HardwareProfile, dtype: Dtype) -> _Static:
+    """Occupancy, feasibility and feed efficiency of every configuration (module docstring), cached per profile
+    figures and dtype."""
+    micro = profile.microarch
+    if micro is None:
+        raise ValueError(f"profile {profile.name} has no microarchitecture: the kernel model cannot price it")
+    key = (
+        f"{micro.model_dump_json()}|{profile.peak_flops_per_s}|{profile.hbm_bandwidth_bytes_per_s}|"
+        f"{profile.achieved.memory_bound}|{profile.achieved.gemm}",
+        dtype.value,
+    )
+    hit = _STATIC.get(key)
+    if hit is not None:
+        return hit
+    space = config_space()
+    bm, bn, bk, warps, stages, split, gm = (
+        np.array([getattr(c, f) for c in space], dtype=np.float64)
+        for f in ("block_m", "block_n", "block_k", "num_warps", "num_stages", "split_k", "group_m")
+    )
+    b = float(dtype.nbytes)
+    threads = warps * micro.warp_size
+    smem = stages * (bm + bn) * bk * b
+    regs = np.ceil(bm * bn / threads) + np.ceil((bm + bn) * bk * b / 4 / threads) + REGS_OVERHEAD
+    by_smem = np.floor(micro.smem_bytes_per_sm / smem)
+    by_regs = np.floor(micro.registers_per_sm / (regs * threads))
+    by_warps = np.floor(micro.max_warps_per_sm / warps)
+    runs = (smem <= micro.smem_bytes_per_block) & (regs <= micro.max_registers_per_thread)
+    resident = np.where(runs, np.minimum(np.minimum(by_smem, by_regs), by_warps), 0.0)
+    runs &= resident >= 1
+    rate = _sm_rate(profile, micro, dtype)
+    clock = float(micro.vector_clock_hz if dtype is Dtype.fp32 and micro.vector_clock_hz else micro.clock_hz)
+    if dtype is Dtype.fp32:  # FMA: every thread reads its own √o rows and √o columns for its o outputs
+        intensity = np.sqrt(bm * bn / threads) / b
+    else:
+        groups = np.maximum(1.0, warps / WARPS_PER_MMA_GROUP)
+        g_m = np.minimum(groups, np.maximum(1.0, bm / ROWS_PER_MMA_GROUP))
+        g_n = groups / g_m
+        intensity = 2 * bm * bn / (b * (bm * g_n + bn * g_m))
+    needed = (rate / profile.achieved.gemm / clock) / SMEM_BYTES_PER_CLOCK  # the tensor cores' appetite at full rate
+    eta = np.minimum(1.0, intensity / needed)
+    out = _Static(
+        bm=bm,
+        bn=bn,
+        bk=bk,
+        stages=stages,
+        split=split,
+        group_m=gm,
+        resident=resident,
+        runs=runs,
+        eta=eta,
+        rate=rate,
+        clock=clock,
+        sms=micro.sm_count,
+        l2_bytes=float(micro.l2_bytes),
+        l2_bw=float(micro.l2_bandwidth_bytes_per_s),
+        hbm_bw=profile.hbm_bandwidth_bytes_per_s * profile.achieved.memory_bound,
+    )
+    if len(_STATIC) > 256:  # custom profiles come and go: keep the cache small
+        _STATIC.clear()
+    _STATIC[key] = out
+    return out
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Every term of the model for every configuration (arrays over :func:`config_space`; seconds)."""
+
+    tiles: FloatArray
+    waves: FloatArray
+    resident: FloatArray
+    math_s: FloatArray
+    step_s: FloatArray
+    l2_s: FloatArray
+    hbm_s: FloatArray
+    latency_s: FloatArray
+    prologue_s: FloatArray
+    epilogue_s: FloatArray
+    reduce_s: FloatArray
+    total_us: FloatArray
+
+
+def breakdown(gemm: Gemm, profile: HardwareProfile) -> Breakdown:
+    """The model's terms for ``gemm`` on ``profile``, every configuration at once (module docstring)."""
+    st = _static(profile, gemm.dtype)
+    M, N, K = float(gemm.m), float(gemm.n), float(gemm.k)
+    b, c = float(gemm.dtype.nbytes), float(output_bytes(gemm.dtype))
+    tm, tn = np.ceil(M / st.bm), np.ceil(N / st.bn)
+    k_split = np.ceil(K / st.split)
+    steps = np.ceil(k_split / st.bk)
+    k_pad = steps * st.bk
+    tiles = tm * tn * st.split
+    resident = np.maximum(st.resident, 1.0)
+    slots = st.sms * resident
+    waves = np.ceil(tiles / slots)
+    per_sm = np.ceil(tiles / st.sms)
+    math_s = per_sm * 2 * st.bm * st.bn * k_pad / (st.rate * st.eta)
+    requested = tiles * (st.bm + st.bn) * k_pad * b
+    l2_s = requested / st.l2_bw
+    out = np.where(st.split > 1, st.split * M * N * 4, M * N * c)
+    unique = (M * K + K * N) * b + out
+    conc = np.minimum(tiles, slots)
+    rows = np.minimum(np.minimum(tm, st.group_m), conc)
+    cols = np.minimum(tn, np.ceil(conc / rows))
+    rewaves = np.ceil(tiles / conc) * (rows * st.bm + cols * st.bn) * k_split * b + out
+    fits = (M * K + K * N) * b <= st.l2_bytes
+    hbm = np.where(fits, unique, np.maximum(unique, np.minimum(requested + out, rewaves)))
+    hbm_s = hbm / st.hbm_bw
+    r_e = np.minimum(resident, per_sm)
+    latency_s = per_sm * steps * MEMORY_LATENCY_S / (r_e * np.maximum(st.stages - 1, 1.0))
+    rounds = np.ceil(per_sm / r_e)
+    step_s = rounds * steps * STEP_OVERHEAD_CLOCKS / st.clock
+    prologue_s = rounds * MEMORY_LATENCY_S
+    epilogue_s = rounds * r_e * st.bm * st.bn * 4 / (SMEM_BYTES_PER_CLOCK * st.clock)
+    reduce_s = np.where(st.split > 1, (st.split * M * N * 4 + M * N * c) / st.hbm_bw + KERNEL_LAUNCH_S, 0.0)
+    body = np.maximum(np.maximum(math_s + step_s, l2_s), np.maximum(hbm_s, latency_s))
+    total = (body + prologue_s + epilogue_s + reduce_s + KERNEL_LAUNCH_S) * US
+    total = np.where(st.runs, total, np.inf)
+    return Breakdown(
+        tiles=tiles,
+        waves=waves,
+        resident=np.where(st.runs, st.resident, 0.0),
+        math_s=math_s,
+        step_s=step_s,
+        l2_s=l2_s,
+        hbm_s=hbm_s,
+        latency_s=latency_s,
+        prologue_s=prologue_s,
+        epilogue_s=epilogue_s,
+        reduce_s=reduce_s,
+        total_us=total,
+    )
+
+
+def predict_us(gemm: Gemm, profile: HardwareProfile) -> FloatArray:
+    """Predicted µs of every configuration of :func:`config_space` (in its order) for ``gemm`` on ``profile``;
+    ``inf`` where a configuration cannot run there (shared memory, registers). ValueError without a
+    microarchitecture."""
+    return breakdown(gemm, profile).total_us
+
+
+def predict_one(gemm: Gemm, config: KernelConfig, profile: HardwareProfile) -> float:
+    """Predicted µs of one configuration of the space (ValueError for one outside it)."""
+    index = _index().get(config)
+    if index is None:
+        raise ValueError(f"configuration {config_label(config)} is not in the kernel model's space")
+    return float(predict_us(gemm, profile)[index])
+
+
+@cache
+def _index() -> dict[KernelConfig, int]:
+    return {c: i for i, c in enumerate(config_space())}
+
+
+def choose(gemm: Gemm, profile: HardwareProfile) -> tuple[KernelConfig, float]:
+    """The configuration with the least predicted time (the first of the space's order among equals) and that
+    time in µs. ValueError where none can run or the profile has no microarchitecture."""
+    times = predict_us(gemm, profile)
+    best = int(np.argmin(times))
+    if not math.isfinite(times[best]):
+        raise ValueError(f"no configuration of the space runs a {gemm.dtype.value} GEMM on {profile.name}")
+    return config_space()[best], float(times[best])
+
+
+def config_label(config: KernelConfig) -> str:
+    """``128x128x64 w8 s3 g8 sk1``: tile M×N×K, warps, stages, group size, split-K."""
+    c = config
+    return f"{c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages} g{c.group_m} sk{c.split_k}"
+
+
+# --------------------------------------------------------------------------------------------- a layer's GEMMs
+
+
+def tokens_per_sample(layer: DenseLayerSpec) -> int:
+    """Rows a linear layer runs per sample: ``max(1, round(flops_per_sample / (2·in·out)))`` when measured
+    FLOPs are given (a layer applied to every token of a sequence), else 1."""
+    if layer.flops_per_sample is None or layer.kind != "linear":
+        return 1
+    i, o = layer.in_features or 1, layer.out_features or 1
+    return max(1, round(layer.flops_per_sample / (2 * i * o)))
+
+
+def gemms_of(layer: DenseLayerSpec, style: DenseStyle, batch: int, tp_size: int) -> list[tuple[GemmPhase, Gemm]]:
+    """The three GEMMs one rank runs for a linear layer per step (:class:`GemmPhase` gives M/N/K of each); none
+    for an unclassified layer.
+
+    ``rows = batch·tokens`` (:func:`tokens_per_sample`) under replicate / fsdp. Tensor parallel over
+    ``tp_size`` = g GPUs (the host): each rank runs the TP group's batch, ``rows = g·batch·tokens`` (the executor
+    all-gathers it, colwise, or all-to-alls it into column slices, rowwise), over its slice of the weight —
+    colwise ``out/g`` outputs: forward (rows, out/g, in), input_grad (rows, in, out/g), weight_grad (out/g, in,
+    rows); rowwise ``in/g`` inputs: forward (rows, out, in/g), input_grad (rows, in/g, out), weight_grad (out,
+    in/g, rows). So every style runs ``3·2·rows·in·out / g`` FLOPs per rank, the cost model's ``3·f·B``. The
+    weight is stored ``out × in``: forward reads it transposed (``b_t``), weight_grad reads ``dY`` transposed
+    (``a_t``)."""
+    if layer.kind != "linear":
+        return []
+    i, o = layer.in_features or 1, layer.out_features or 1
+    tp = style in (DenseStyle.colwise, DenseStyle.rowwise)
+    g = max(1, tp_size) if tp else 1
+    rows = g * batch * tokens_per_sample(layer)
+    if style is DenseStyle.colwise:
+        o = max(1, o // g)
+    elif style is DenseStyle.rowwise:
+        i = max(1, i // g)
+    dt = layer.dtype
+    return [
+        (GemmPhase.forward, Gemm(rows, o, i, dt, b_t=True)),
+        (GemmPhase.input_grad, Gemm(rows, i, o, dt)),
+        (GemmPhase.weight_grad, Gemm(o, i, rows, dt, a_t=True)),
+    ]
+
+
+@lru_cache(maxsize=8192)
+def _choose_cached(gemm: Gemm, profile_ref: _ProfileRef) -> tuple[KernelConfig, float] | None:
+    """:func:`choose`, remembered per (GEMM, profile figures); None where no configuration runs."""
+    try:
+        return choose(gemm, profile_ref.profile)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, eq=False)
+class _ProfileRef:
+    """A profile keyed by its figures (profiles hold dicts, so they are not hashable themselves)."""
+
+    key: str
+    profile: HardwareProfile
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _ProfileRef) and other.key == self.key
+
+
+def kernel_choices(
+    layer: DenseLayerSpec, style: DenseStyle, batch: int, targets: list[tuple[HardwareProfile, int]]
+) -> list[KernelChoice]:
+    """The chosen kernel of each GEMM of ``layer`` (:func:`gemms_of`) on each ``(profile, tp_size)`` target that
+    has a microarchitecture — one per GPU type of a fleet, with its GPUs per host — in that order, phases in
+    :class:`GemmPhase` order; a repeated (GPU, GEMM) once, a GEMM no configuration can run on that GPU (a custom
+    profile's tiny shared memory) left out. Choices are cached per (GEMM, profile figures). Two host groups of one
+    GPU type with different GPUs per host give two tensor-parallel GEMMs of a phase: M, N, K tell them apart."""
+    out: list[KernelChoice] = []
+    seen: set[tuple[str, GemmPhase, Gemm]] = set()
+    for profile, tp_size in targets:
+        if profile.microarch is None:
+            continue
+        ref = _ProfileRef(
+            profile.model_dump_json(include={"microarch", "peak_flops_per_s", "achieved"})
+            + str(profile.hbm_bandwidth_bytes_per_s),
+            profile,
+        )
+        for phase, gemm in gemms_of(layer, style, batch, tp_size):
+            if (profile.name, phase, gemm) in seen:
+                continue
+            seen.add((profile.name, phase, gemm))
+            chosen = _choose_cached(gemm, ref)
+            if chosen is None:
+                continue
+            config, us = chosen
+            out.append(
+                KernelChoice(
+                    gpu=profile.name,
+                    phase=phase,
+                    m=gemm.m,
+                    n=gemm.n,
+                    k=gemm.k,
+                    dtype=gemm.dtype,
+                    config=config,
+                    predicted_us=us,
+                )
+            )
+    return out

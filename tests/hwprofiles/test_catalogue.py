@@ -248,3 +248,56 @@ def test_every_cited_source_and_note_is_defined_in_the_docs(path: Path) -> None:
     assert cited_keys, f"{path.name} cites no source"
     assert cited_keys <= defined_keys, sorted(cited_keys - defined_keys)
     assert cited_notes <= defined_notes, sorted(cited_notes - defined_notes)
+
+
+# ------------------------------------------------------------------------------------------ microarchitecture
+
+
+@pytest.mark.parametrize("path", PROFILE_FILES, ids=lambda p: p.stem)
+def test_every_catalogue_profile_has_a_sourced_microarchitecture(path: Path) -> None:
+    profile = load_profile_file(path)
+    assert profile.microarch is not None
+    paths = [p for p in profile.figure_paths() if p.startswith("microarch.")]
+    assert "microarch.sm_count" in paths
+    assert "microarch.l2_bandwidth_bytes_per_s" in paths
+    assert all(profile.sources[p].strip() for p in paths)
+    assert profile.microarch.warp_size == (32 if profile.vendor == "nvidia" else 64)
+
+
+@pytest.mark.parametrize("path", PROFILE_FILES, ids=lambda p: p.stem)
+def test_sms_times_rate_per_clock_times_clock_is_the_peak(path: Path) -> None:
+    """``sm_count × matrix_flops_per_clock_per_sm[dt] × clock`` agrees with ``peak_flops_per_s[dt]`` within 1 % for
+    every dtype the microarchitecture gives (the vector clock for fp32): the per-SM figures and the peaks of Table B
+    tell one story."""
+    profile = load_profile_file(path)
+    micro = profile.microarch
+    assert micro is not None
+    given = micro.matrix_flops_per_clock_per_sm
+    assert {"fp32", "bf16", "fp16"} <= set(given)
+    for dt in given:
+        rate = micro.sm_flops_per_s(dt)
+        assert rate is not None
+        assert micro.sm_count * rate == pytest.approx(profile.peak_flops_per_s[dt], rel=0.01), dt
+
+
+def test_a_microarchitecture_figure_without_a_source_is_named() -> None:
+    data = _profile_dict("nvidia-h200")
+    del data["sources"]["microarch.l2_bytes"]
+    assert parse_profile(data).unsourced() == ["microarch.l2_bytes"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("smem_bytes_per_block", 10**6, "cannot exceed smem_bytes_per_sm"),
+        ("warp_size", 48, "warp_size"),
+        ("matrix_flops_per_clock_per_sm", {"fp4": 1}, "unknown dtype"),
+        ("matrix_flops_per_clock_per_sm", {"bf16": 0}, "FLOPs per clock"),
+        ("sm_count", 0, "sm_count"),
+    ],
+)
+def test_an_impossible_microarchitecture_is_refused(field: str, value: Any, match: str) -> None:
+    data = _profile_dict("nvidia-h200")
+    data["microarch"][field] = value
+    with pytest.raises((ProfileError, ValueError), match=match):
+        parse_profile(data)

@@ -91,9 +91,10 @@ def table_moves(a: Sequence[TableLayout], b: Sequence[TableLayout]) -> list[Tabl
             changes.append("sharding type")
         if x.ranks != y.ranks:
             changes.append("ranks")
-        if x.placement != y.placement or ("ranks" not in changes and x.tiers != y.tiers):
+        same_groups = x.shape_groups == y.shape_groups  # the common case, and cheap: no per-shard sort
+        if x.placement != y.placement or ("ranks" not in changes and not same_groups and x.tiers != y.tiers):
             changes.append("placement")
-        if not changes and x.bounds != y.bounds:
+        if not changes and (not same_groups or x.raw != y.raw) and x.bounds != y.bounds:
             changes.append("shard bounds")
         out.append(TableMove(name, _layout(x), _layout(y), tuple(changes)))
     out.sort(key=lambda m: not m.moved)  # stable: moved first, each group in plan order

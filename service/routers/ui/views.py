@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
@@ -52,7 +53,7 @@ class TableLayout:
     shape_groups: Mapping[ShapeKey, Sequence[int]]
     raw: Sequence[Mapping[str, Any]]
 
-    @property
+    @cached_property
     def ranks(self) -> list[int]:
         return sorted({r for rs in self.shape_groups.values() for r in rs})
 

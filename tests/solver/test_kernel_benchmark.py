@@ -1,0 +1,202 @@
+"""benchmarks/kernels.py on the CPU: its GEMMs, the specialisation classes its compile workers stand in for, and the
+report's arithmetic on a small measured run written here (figures checked by hand), with the real kernel model."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks import kernels as bench
+from shardwise.hwprofiles import get_profile
+from shardwise.solver.kernels import Gemm, choose, config_space, predict_us
+from shardwise.wire.spec import Dtype
+
+H200 = get_profile("nvidia-h200")
+
+
+def test_the_sweep_has_200_gemms_of_real_layers_in_every_dtype() -> None:
+    shapes = bench.shapes()
+    regular = [s for s in shapes if not s.ragged]
+    assert len(regular) >= 200  # timed in every dtype; the ragged ones in bf16 as well
+    assert len({s.key for s in shapes}) == len(shapes)  # merged, not repeated
+    assert all(s.origins for s in shapes)
+    assert {s.phase for s in shapes} == set(bench.PHASES)
+    origins = " ".join(o for s in shapes for o in s.origins)
+    for where in ("dlrm_dcnv2.json:dcn.0.up", "transformer d=1024", "colwise/8", "rowwise/8", "train_dlrm.py"):
+        assert where in origins
+    # the DCN example's top_mlp.0 (3456 → 1024) at 16K samples: its three GEMMs as the executor runs them
+    by_key = {s.key: s for s in shapes}
+    assert by_key[(16384, 1024, 3456, False, True)].phase == "forward"
+    assert by_key[(16384, 3456, 1024, False, False)].phase == "input_grad"
+    assert by_key[(1024, 3456, 16384, True, False)].phase == "weight_grad"
+
+
+@pytest.mark.parametrize("d", [1, 2, 13, 16, 17, 48, 64, 65, 80, 100, 432, 3456, 3457, 65536])
+def test_canonical_sizes_keep_trition_specialisation_class(d: int) -> None:
+    c = bench._canonical(d)
+    assert c <= 79
+    assert (c == 1) == (d == 1)
+    assert (c % 16 == 0) == (d % 16 == 0)
+    assert (c * 13) % 16 == (d * 13) % 16  # products (the split-K workspace stride M·N) keep theirs too
+
+
+def _run(results: list[dict[str, Any]], indices: list[int] | None = None) -> dict[str, Any]:
+    space = config_space()
+    idx = list(range(len(space))) if indices is None else indices
+    return {
+        "machine": {"gpu": "test"},
+        "complete": True,
+        "configs": [{"index": i, **space[i].model_dump()} for i in idx],
+        "results": results,
+    }
+
+
+def _result(gemm: Gemm, chosen_us: float, best_us: float | None, cublas_us: float) -> dict[str, Any]:
+    """Every configuration at 3 × the chosen one's time, the chosen one at ``chosen_us``, another (or none) at
+    ``best_us``, one failed."""
+    config, _ = choose(gemm, H200)
+    chosen = config_space().index(config)
+    us: list[float | None] = [3 * chosen_us] * len(config_space())
+    us[chosen] = chosen_us
+    other = (chosen + 1) % len(us)
+    if best_us is not None:
+        us[other] = best_us
+    us[(chosen + 2) % len(us)] = None
+    return {
+        "phase": "forward", "m": gemm.m, "n": gemm.n, "k": gemm.k, "a_t": gemm.a_t, "b_t": gemm.b_t,
+        "dtype": gemm.dtype.value, "origins": ["test"], "us": us, "cublas_us": cublas_us,
+    }  # fmt: skip
+
+
+G1 = Gemm(16384, 1024, 3456, Dtype.bf16, b_t=True)
+G2 = Gemm(1024, 13, 4096, Dtype.bf16, a_t=True)
+G3 = Gemm(4096, 512, 512, Dtype.fp16)
+
+
+def _synthetic() -> dict[str, Any]:
+    """Three GEMMs, by hand: G1 chosen = measured·0.8 predicted... see each line."""
+    p1, p2, p3 = (choose(g, H200)[1] for g in (G1, G2, G3))
+    return _run(
+        [
+            # predicted = 0.8 × measured: error 20%; best 0.9 × chosen: 90%; cuBLAS 2 × best
+            _result(G1, p1 / 0.8, 0.9 * p1 / 0.8, 2 * 0.9 * p1 / 0.8),
+            # measured = 1.1 × predicted: error 1/11; the chosen is the best: 100%; cuBLAS = chosen
+            _result(G2, 1.1 * p2, None, 1.1 * p2),
+            # measured = predicted: error 0; best half the chosen: 50%; cuBLAS 0.5 × chosen
+            _result(G3, p3, 0.5 * p3, 0.5 * p3),
+        ]
+    )
+
+
+def test_report_arithmetic_by_hand() -> None:
+    summary, rows = bench.report(_synthetic(), H200)
+    assert [r.label for r in rows] == ["forward 16384×1024×3456", "forward 1024×13×4096", "forward 4096×512×512"]
+    s = summary["all"]
+    assert s["shapes"] == 3
+    assert s["geomean_efficiency"] == pytest.approx((0.9 * 1.0 * 0.5) ** (1 / 3))  # 76.6%
+    assert s["worst_efficiency"] == pytest.approx(0.5)
+    assert s["worst_shape"] == "forward 4096×512×512 fp16"
+    assert s["median_error"] == pytest.approx(1 / 11)  # of 0.2, 1/11, 0
+    # cuBLAS / best: 2, 1.1·p2 / 1.1·p2 = 1, 0.5·p3 / 0.5·p3 = 1; cuBLAS / chosen: 1.8, 1, 0.5
+    assert s["cublas_over_best"] == pytest.approx(2 ** (1 / 3))
+    assert s["cublas_over_chosen"] == pytest.approx((1.8 * 1 * 0.5) ** (1 / 3))
+    assert s["chosen_failed"] == []
+    assert 0 < s["select_us_median"] <= s["select_us_max"] < 1e6
+    bf16 = summary["bf16"]
+    assert bf16["shapes"] == 2
+    assert bf16["geomean_efficiency"] == pytest.approx(math.sqrt(0.9))
+    assert bf16["median_error"] == pytest.approx((0.2 + 1 / 11) / 2)
+    assert summary["fp16"]["worst_efficiency"] == pytest.approx(0.5)
+
+
+def test_a_chosen_configuration_that_failed_counts_as_zero() -> None:
+    data = _synthetic()
+    config, _ = choose(G3, H200)
+    data["results"][2]["us"][config_space().index(config)] = None
+    summary, _ = bench.report(data, H200)
+    assert summary["fp16"]["worst_efficiency"] == 0.0
+    assert summary["all"]["chosen_failed"] == ["forward 4096×512×512 fp16"]
+    assert summary["all"]["geomean_efficiency"] == pytest.approx(math.sqrt(0.9))  # over the two that ran
+
+
+def test_a_subset_of_the_space_chooses_among_the_timed_configurations() -> None:
+    config, _ = choose(G1, H200)
+    chosen = config_space().index(config)
+    indices = [i for i in range(0, len(config_space()), 7) if i != chosen]
+    full = _result(G1, 100.0, 80.0, 150.0)
+    full["us"] = [10.0 + i for i in range(len(config_space()))]
+    sub = dict(full, us=[full["us"][i] for i in indices])
+    _, rows = bench.report(_run([sub], indices), H200)
+    pred = predict_us(G1, H200)
+    want = min(indices, key=lambda i: pred[i])
+    assert indices[rows[0].chosen] == want
+    assert rows[0].predicted_us == pytest.approx(pred[want])
+    assert rows[0].chosen_us == 10.0 + want
+    assert rows[0].best_us == 10.0 + indices[0]
+
+
+def test_report_refuses_a_run_of_another_space() -> None:
+    data = _synthetic()
+    data["configs"][0]["block_k"] = 256
+    with pytest.raises(ValueError, match="another space"):
+        bench.report(data, H200)
+
+
+def test_report_command_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps(_synthetic()))
+    png = tmp_path / "k.png"
+    assert bench.main(["--report", str(path), "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "| all | 3 | 76.6% | 50.0% (forward 4096×512×512 fp16) | 9.1% | 1.26 | 0.97 |" in out
+    try:
+        import matplotlib  # type: ignore[import-not-found, unused-ignore]  # noqa: F401
+    except ImportError:
+        assert "no plot" in out
+        assert not png.exists()
+    else:
+        assert png.stat().st_size > 1000
+
+
+class _Clock:
+    """Stands in for the CUDA-event Timer (no GPU here): a configuration's "time" is read off the configuration the
+    launcher last ran (block_m + block_n / 1000 µs), cuBLAS takes 7 µs; it records the best-so-far it was given."""
+
+    def __init__(self) -> None:
+        self.last: Any = None
+        self.bests: list[float | None] = []
+
+    def time(self, fn: Any, best: float | None) -> tuple[float, int]:
+        self.last = None
+        fn()
+        self.bests.append(best)
+        if self.last is None:
+            return 7.0, 3
+        return self.last.block_m + self.last.block_n / 1000, 3
+
+
+def test_measure_one_keeps_every_configuration_in_its_place() -> None:
+    torch = pytest.importorskip("torch")
+    clock = _Clock()
+    indices = [0, 5, 9, 40]
+
+    def launcher(a: Any, b: Any, cfg: Any) -> Any:
+        if cfg == config_space()[9]:
+            raise RuntimeError("out of resource: shared memory\nsecond line")
+        clock.last = cfg
+        return torch.matmul(a, b)
+
+    shape = bench.Shape("weight_grad", 24, 20, 16, True, False, ["here"])
+    rec, _ = bench._measure_one(shape, "bf16", 0, indices, {5: "did not compile"}, clock, launcher, torch, "cpu")
+    space = config_space()
+    want = [space[0].block_m + space[0].block_n / 1000, None, None, space[40].block_m + space[40].block_n / 1000]
+    assert rec["us"] == want
+    assert rec["reps"] == [3, 0, 0, 3]
+    assert rec["errors"] == {"5": "did not compile", "9": "RuntimeError: out of resource: shared memory"}
+    assert rec["cublas_us"] == 7.0
+    assert (rec["m"], rec["n"], rec["k"], rec["a_t"], rec["b_t"], rec["origins"]) == (24, 20, 16, True, False, ["here"])
+    assert clock.bests == [None, want[0], None]  # configuration 0 (none yet), 40 (0's), cuBLAS (none: its own)
