@@ -1,0 +1,101 @@
+"""2D sparse parallelism: the fleet split into ``R`` replica groups of ``G`` ranks, the tables sharded inside a group
+and the group replicated (the wire's :class:`~shardwise.wire.spec.SparseGroups`).
+
+Semantics (the wire's, kept here): a 2D plan's ``tables`` list *every* rank's shards. Each group holds every table
+exactly once, and the ``j``-th rank of every group holds the same shards (same rows, columns, placement) as the
+``j``-th rank of group 0; the ranks at position ``j`` form a replica set. data_parallel tables stay copies on every
+rank of the fleet (all-reduced over the whole fleet); dense layers are unchanged (the whole fleet).
+
+Groups are aligned to the topology (:func:`candidate_groups`): a group is one host or a whole number of hosts; on a
+fleet of several host groups a group takes the same number of hosts of each host group, so each replica set is
+ranks with equal figures (one GPU type, one host size). With ``c_k`` hosts in host group ``k``, ``R`` replicas take
+``c_k / R`` hosts of each: ``R`` divides every ``c_k``. ``R = 1`` (``G = W``, the whole fleet) is a 1D plan
+(``sparse_groups`` None), never a candidate here.
+
+Group ``i`` of ``R`` takes hosts ``i·c_k/R … (i+1)·c_k/R − 1`` of every host group ``k`` (in the fleet's order), its
+ranks listed in rank order; so group 0's ``j``-th rank is rank ``j`` of the *group fleet* (:func:`group_fleet`: the
+same host groups with ``c_k / R`` hosts each), the sub-problem the solver plans.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import reduce
+
+from shardwise.solver.topology import Topology
+from shardwise.wire.spec import FleetSpec, ShardingType, TablePlan
+
+
+def replica_counts(fleet: FleetSpec) -> list[int]:
+    """Every ``R > 1`` the fleet splits into topology-aligned groups: the divisors of ``gcd(c_k)`` above 1, in
+    increasing order (``R`` replicas of ``W / R`` ranks)."""
+    g = reduce(math.gcd, (h.count for h in fleet.hosts))
+    return [r for r in range(2, g + 1) if g % r == 0]
+
+
+def groups_for(topo: Topology, replicas: int) -> list[list[int]]:
+    """The ``replicas`` groups of the module docstring: group ``i`` takes hosts ``i·c_k/R … (i+1)·c_k/R − 1`` of every
+    host group ``k``, its ranks in rank order."""
+    out: list[list[int]] = [[] for _ in range(replicas)]
+    for cls in topo.classes:
+        count = len(cls.hosts)
+        if count % replicas:
+            raise ValueError(f"host group {cls.index} has {count} hosts: {replicas} replicas do not divide it")
+        per = count // replicas
+        for i in range(replicas):
+            for h in cls.hosts[i * per : (i + 1) * per]:
+                out[i].extend(topo.hosts[h].ranks)
+    return [sorted(g) for g in out]
+
+
+def candidate_groups(topo: Topology) -> list[list[list[int]]]:
+    """The topology-aligned groupings with ``G < W``, largest groups first (fewest replicas): one list of groups per
+    ``R`` of :func:`replica_counts`."""
+    return [groups_for(topo, r) for r in replica_counts(topo.fleet)]
+
+
+def group_fleet(fleet: FleetSpec, replicas: int) -> FleetSpec:
+    """The fleet one group sees: every host group with ``c_k / R`` hosts (same GPUs, host size, memory, reserve)."""
+    hosts = [h.model_copy(update={"count": h.count // replicas}) for h in fleet.hosts]
+    return fleet.model_copy(update={"hosts": hosts, "name": f"{fleet.name}/{replicas}"[:200]})
+
+
+def replicate_tables(group_tables: list[TablePlan], groups: list[list[int]]) -> list[TablePlan]:
+    """The whole fleet's tables from group 0's layout: ``group_tables`` is written with group 0's ranks
+    (``groups[0]``); every shard on ``groups[0][j]`` is copied to ``groups[i][j]`` for every group ``i`` (group
+    after group, in the order of ``group_tables``' shards). A data_parallel table becomes a copy on every rank of
+    the fleet (its group-0 copies, replicated the same way, in rank order)."""
+    position = {r: j for j, r in enumerate(groups[0])}
+    out: list[TablePlan] = []
+    for tp in group_tables:
+        missing = sorted({s.rank for s in tp.shards} - position.keys())
+        if missing:
+            raise ValueError(f"table {tp.name}: shards on ranks {missing}, which are not in group 0")
+        shards = [s.model_copy(update={"rank": g[position[s.rank]]}) for g in groups for s in tp.shards]
+        if tp.sharding_type is ShardingType.data_parallel:
+            shards.sort(key=lambda s: s.rank)
+        out.append(tp.model_copy(update={"shards": shards}))
+    return out
+
+
+def group_zero_tables(tables: list[TablePlan], groups: list[list[int]]) -> list[TablePlan]:
+    """The inverse of :func:`replicate_tables` for group 0: each table's shards on group 0's ranks, renumbered to the
+    group fleet's ranks (``groups[0]`` sorted: the ``m``-th smallest rank of group 0 is rank ``m`` of the group
+    fleet, :func:`group_fleet`)."""
+    sub = {r: m for m, r in enumerate(sorted(groups[0]))}
+    return [
+        tp.model_copy(
+            update={"shards": [s.model_copy(update={"rank": sub[s.rank]}) for s in tp.shards if s.rank in sub]}
+        )
+        for tp in tables
+    ]
+
+
+def to_group_zero(group_tables: list[TablePlan], groups: list[list[int]]) -> list[TablePlan]:
+    """Tables planned on the group fleet (ranks ``0..G−1``, :func:`group_fleet`) written with group 0's ranks: rank
+    ``m`` is the ``m``-th smallest rank of ``groups[0]`` (the inverse of :func:`group_zero_tables`)."""
+    ranks = sorted(groups[0])
+    return [
+        tp.model_copy(update={"shards": [s.model_copy(update={"rank": ranks[s.rank]}) for s in tp.shards]})
+        for tp in group_tables
+    ]
