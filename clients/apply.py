@@ -48,6 +48,13 @@ the global batch. Placements (see :mod:`shardwise.clients.sharded_embedding`, "P
 the device; ``host`` shards on an accelerator stay in CPU memory; ``uvm_cache`` shards keep their weights in host
 memory behind an LRU row cache on the device (with an embedding optimizer; without one, in CPU memory as ``host``).
 
+**2D plans** (``plan.sparse_groups``): the tables are sharded inside each group of ranks and replicated across the
+groups. :func:`apply_plan` builds a 2-D ``DeviceMesh`` ``("replica", "shard")`` from the plan's group lists, runs
+the tables' exchanges over the rank's group, and keeps the replicas equal by the plan's sync (``allreduce_rows``:
+the touched rows' gradients summed over the replica set before every update; ``average_weights``: weights and
+optimizer state averaged every ``k`` updates). data_parallel tables and dense layers stay fleet-wide. See
+:mod:`shardwise.clients.replicas`, which also says what a 2D plan refuses.
+
 Composition order (torchtitan's): tables, then TP, then FSDP, then DDP. Requirements: an initialised process group
 whose size is the plan's world size (``len(plan.ranks)`` when the plan lists its ranks), dense layers materialised
 (not meta), every dense entry on every rank, TP over several hosts only on the default group with hosts of equal

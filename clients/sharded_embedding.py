@@ -63,7 +63,9 @@ Gradient convention (same as DDP's)
 Every rank computes a loss on its own batch; every parameter receives the gradient of the **mean over ranks** of
 those losses. Sharded tables get it by scaling the output gradient by ``1/world_size`` in the reverse all-to-all,
 data_parallel copies by the averaging all-reduce. With equal local batches and a mean-reduced loss this equals the
-gradient of the unsharded model on the global batch.
+gradient of the unsharded model on the global batch. In a 2D plan the exchange runs inside the rank's group and
+scales by ``grad_scale`` instead (``1/fleet`` then a sum over the replica set, or ``1/G`` then weight averaging;
+:mod:`shardwise.clients.replicas`), and data_parallel copies average over ``fleet_group``.
 
 Placements
 ----------
