@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 TORCH_STAMP := $(VENV)/.torch-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: help install install-torch install-baseline install-browser lint typecheck test test-fast bench bench-greedy run shell dist plan-example load bench-queue all clean
+.PHONY: help install install-torch install-baseline install-browser lint typecheck test test-fast bench bench-greedy bench-2d run shell dist plan-example load bench-queue all clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-17s %s\n", $$1, $$2}'
@@ -66,6 +66,9 @@ bench: install ## greedy vs CP-SAT (vs TorchRec if installed) on the benchmark i
 
 bench-greedy: install ## the greedy planner alone on every instance (seconds to answer)
 	$(PY) benchmarks/run.py --greedy-only $(BENCH_ARGS)
+
+bench-2d: install ## the best 1D plan against the best 2D plan (replica groups) at 128-1,024 GPUs, and why 2D loses
+	$(PY) benchmarks/sparse2d.py $(BENCH_2D_ARGS)
 
 run: install ## install, migrate and serve on http://127.0.0.1:8000 (SQLite ./shardwise.db unless SHARDWISE_DATABASE_URL)
 	@echo "the CLI, in another terminal: $(VENV)/bin/shardwise --help (or make shell, or source $(VENV)/bin/activate)"

@@ -15,7 +15,7 @@ import typer
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from shardwise.wire.spec import FleetSpec, Plan, PlanStatus
+from shardwise.wire.spec import FleetSpec, Plan, PlanStatus, SparseSync
 
 
 class Solver(StrEnum):
@@ -113,6 +113,10 @@ def print_plan(plan: Plan, *, scored: bool = False) -> None:
             f"predicted step {plan.predicted_step_ms:.3f} ms"
         )
     typer.echo(f"  {verdict_line(plan)}")
+    if plan.sparse_groups is not None:
+        sg = plan.sparse_groups
+        every = f" every {sg.every_k_steps} steps" if sg.sync is SparseSync.average_weights else ""
+        typer.echo(f"  sparse groups: {sg.num_groups} groups of G={sg.group_size} ranks, {sg.sync.value}{every}")
     for line in plan.explanation:
         typer.echo(f"  - {line}")
     typer.echo(f"priced with: {priced_with(plan)}")

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 from shardwise.solver.cost_model import collective_latency_ms
 from shardwise.solver.cpsat.candidates import Candidate
-from shardwise.solver.evaluate import COLLECTIVES, collective_groups, dense_cost, dense_styles
+from shardwise.solver.evaluate import COLLECTIVES, collective_groups, dense_cost, dense_styles, group_kinds
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import ModelSpec, ShardingType
 
@@ -119,7 +119,7 @@ def lower_bound_ms(topo: Topology, model: ModelSpec, cands: Sequence[Sequence[Ca
     tables = [list(cs) for cs in cands if cs]
     dense = dense_min_per_class(topo, model)
     sizes = [len(cls.ranks) for cls in topo.classes]
-    multi = topo.num_hosts > 1
+    multi = topo.multi_host
     dense_kinds = 1 if model.dense_layers else 0
     best = math.inf
     groups = sorted(COLLECTIVES)
@@ -130,7 +130,7 @@ def lower_bound_ms(topo: Topology, model: ModelSpec, cands: Sequence[Sequence[Ca
             allowed = [[c for c in cs if c.sharding in ok] for cs in tables]
             if any(not cs for cs in allowed):
                 continue
-            kinds = dense_kinds + sum(len(COLLECTIVES[g]) for g in used)
+            kinds = dense_kinds + sum(group_kinds(g, topo.sync_kinds) for g in used)
             fixed = [
                 d + collective_latency_ms(cls.profile, kinds, multi) for d, cls in zip(dense, topo.classes, strict=True)
             ]

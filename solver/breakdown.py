@@ -15,7 +15,8 @@ The terms (:data:`TERMS`), each a part of a rank's compute, communication or hos
   state), ``host_lookup`` (what a ``host`` shard's CPU lookup takes beyond its device time), ``dense_compute``;
 * communication — ``input_a2a`` (ids and bag lengths), ``output_a2a`` (pooled outputs and their gradients),
   ``reduce_scatter`` (row-sharded partial sums forward, all-gathered backward), ``all_reduce`` (data-parallel
-  tables' gradients), ``dense_comm`` (the dense layers' collectives), ``latency`` (each collective's fixed cost);
+  tables' gradients), ``replica_sync`` (a 2D plan's shards kept in sync across the replica groups, over the NIC),
+  ``dense_comm`` (the dense layers' collectives), ``latency`` (each collective's fixed cost);
 * host — ``host_wait``: a step the host enqueues more slowly than the device runs it lasts the host's time; the
   difference is this term.
 
@@ -38,7 +39,8 @@ import numpy.typing as npt
 
 from shardwise.hwprofiles import HardwareProfile
 from shardwise.solver import cost_model as cm
-from shardwise.solver.evaluate import COLLECTIVES, collective_groups
+from shardwise.solver import two_d
+from shardwise.solver.evaluate import collective_groups, group_kinds
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import (
     DenseLayerSpec,
@@ -48,6 +50,7 @@ from shardwise.wire.spec import (
     Placement,
     Pooling,
     ShardingType,
+    SparseGroups,
 )
 
 ST = ShardingType
@@ -63,6 +66,7 @@ TERMS: tuple[tuple[str, str, str], ...] = (
     ("output_a2a", "output all-to-all", "comm"),
     ("reduce_scatter", "reduce-scatter / all-gather", "comm"),
     ("all_reduce", "all-reduce", "comm"),
+    ("replica_sync", "2D replica sync", "comm"),
     ("dense_comm", "dense collectives", "comm"),
     ("latency", "collective latency", "comm"),
     ("host_wait", "waiting for the host", "host"),
@@ -197,18 +201,22 @@ def comm_parts(
 ) -> list[Part]:
     """:func:`~shardwise.solver.cost_model.shard_comm_ms` by term and link."""
     W = ctx.world_size
-    if W <= 1:
-        return []
     t = cm.shard_traffic(table, sharding, num_rows, ctx.batch_size, W)
+    ms = cm.MS
+    sync: list[Part] = []
+    if sharding is not ST.data_parallel and ctx.replicas > 1:
+        sync = [("replica_sync", "inter", cm.replica_sync_s(table, t.ids, num_rows, num_cols, ctx) * ms)]
+    if W <= 1:
+        return sync
     ob = cm.out_bytes(table.dtype)
     moved = (W - 1) / W
-    ms = cm.MS
     if sharding is ST.data_parallel:
         grad = num_rows * num_cols * table.dtype.nbytes
-        a, b = hierarchical_parts(grad, ctx.gpus_per_host, ctx.num_hosts, ctx.intra_bw, ctx.inter_bw)
+        hosts = ctx.num_hosts * ctx.replicas
+        a, b = hierarchical_parts(grad, ctx.gpus_per_host, hosts, ctx.intra_bw, ctx.inter_bw)
         return [("all_reduce", "intra", 2 * a * ms), ("all_reduce", "inter", 2 * b * ms)]
     link, s = split_part((t.ids * cm.id_bytes(table) + t.bags * cm.LENGTH_BYTES) * moved, ctx)
-    out: list[Part] = [("input_a2a", link, s * ms)]
+    out: list[Part] = [("input_a2a", link, s * ms), *sync]
     partial = t.out_rows * num_cols * ob
     if sharding in (ST.table_wise, ST.column_wise) or table.pooling is Pooling.none:
         link, s = split_part(partial * moved, ctx)
@@ -245,7 +253,8 @@ def data_side_parts(table: EmbeddingTableSpec, ctx: cm.CommContext) -> list[Part
 
 def dense_comm_parts(layer: DenseLayerSpec, style: DenseStyle, ctx: cm.CommContext) -> list[Part]:
     """The communication of :func:`~shardwise.solver.cost_model.dense_cost` by link."""
-    W, g, H = ctx.world_size, ctx.gpus_per_host, ctx.num_hosts
+    g = ctx.gpus_per_host
+    W, H = ctx.world_size * ctx.replicas, ctx.num_hosts * ctx.replicas  # the whole fleet, also in a 2D plan
     w = layer.num_params * layer.dtype.nbytes
     act = ctx.batch_size * layer.activation_bytes
     ms = cm.MS
@@ -347,18 +356,50 @@ def shape_groups(shards: Iterable[ShardLike]) -> dict[ShapeKey, list[int]]:
 
 
 def step_breakdown(
-    topo: Topology, model: ModelSpec, tables: Sequence[TableLike], dense: Sequence[DenseLike]
+    topo: Topology,
+    model: ModelSpec,
+    tables: Sequence[TableLike],
+    dense: Sequence[DenseLike],
+    sparse_groups: SparseGroups | None = None,
 ) -> StepBreakdown:
     """Price ``tables`` and ``dense`` term by term on ``topo`` (as :func:`~shardwise.solver.evaluate.evaluate`
     does as a whole: every rank's terms sum to its ``predicted_ms.total``)."""
     grouped = [Grouped(t.name, t.sharding_type, shape_groups(t.shards)) for t in tables]
-    return grouped_breakdown(topo, model, grouped, dense)
+    return grouped_breakdown(topo, model, grouped, dense, sparse_groups)
 
 
 def grouped_breakdown(
-    topo: Topology, model: ModelSpec, tables: Sequence[GroupedTable], dense: Sequence[DenseLike]
+    topo: Topology,
+    model: ModelSpec,
+    tables: Sequence[GroupedTable],
+    dense: Sequence[DenseLike],
+    sparse_groups: SparseGroups | None = None,
 ) -> StepBreakdown:
-    """:func:`step_breakdown` of tables given as their shard shapes (:class:`GroupedTable`)."""
+    """:func:`step_breakdown` of tables given as their shard shapes (:class:`GroupedTable`). A 2D plan
+    (``sparse_groups``) is priced as :func:`~shardwise.solver.evaluate.evaluate_groups` prices it: group 0 on the
+    group's topology, every rank taking its position's row; a table's ``fleet`` row adds up all ``R`` groups."""
+    if sparse_groups is not None and sparse_groups.num_groups > 1:
+        zero = sorted(sparse_groups.groups[0])
+        sub_of = {r: m for m, r in enumerate(zero)}
+        in_zero = [
+            Grouped(
+                t.name,
+                t.sharding_type,
+                {
+                    k: [sub_of[r] for r in rs if r in sub_of]
+                    for k, rs in t.shape_groups.items()
+                    if set(rs) & sub_of.keys()
+                },
+            )
+            for t in tables
+        ]
+        bd = grouped_breakdown(two_d.group_topology(topo, sparse_groups), model, in_zero, dense)
+        to_sub = two_d.fleet_to_group_rank(sparse_groups)
+        R = sparse_groups.num_groups
+        return StepBreakdown(
+            bd.ranks[[to_sub[info.rank] for info in topo.ranks]],
+            [TableCost(c.name, c.slowest, zero[c.slowest_rank], c.fleet * R) for c in bd.tables],
+        )
     B = model.batch_size_per_gpu
     W = topo.world_size
     acc = np.zeros((W, WIDTH))
@@ -415,8 +456,8 @@ def grouped_breakdown(
     groups: set[str] = set()  # evaluate.latency_kinds, over any table record
     for tp in tables:
         groups |= collective_groups(tp.sharding_type)
-    kinds = sum(len(COLLECTIVES[g]) for g in groups) + (1 if dense else 0)
-    multi_host = topo.num_hosts > 1
+    kinds = sum(group_kinds(g, topo.sync_kinds) for g in groups) + (1 if dense else 0)
+    multi_host = topo.multi_host
     link = INTER if multi_host else INTRA
     for info in topo.ranks:
         lat = cm.collective_latency_ms(info.profile, kinds, multi_host)

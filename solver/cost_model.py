@@ -153,6 +153,26 @@ host: 1/g of the state, activations exchanged inside the host, the gradient of t
 hosts).
 
 Nothing overlaps in this model: a rank's step time is its compute plus its communication.
+
+2D plans (:class:`~shardwise.wire.spec.SparseGroups`, :mod:`shardwise.solver.two_d`)
+------------------------------------------------------------------------------------
+The fleet is ``R`` replica groups of ``G = W/R`` ranks on ``H/R`` hosts each; a rank is priced in its group's
+context (``CommContext`` with ``world_size = G``, ``num_hosts = H/R``, ``replicas = R``), so every formula above
+with ``W`` and ``H`` runs inside the group: the ids, pooled outputs and their gradients cross the group only (a
+one-host group: the scale-up fabric alone), and a shard serves the ids of the group's batch, ``n`` with ``W → G``.
+The whole fleet stays the scope of data_parallel copies (all-reduced over ``H`` hosts) and of the dense layers
+(``W``, ``H``). Each rank holds ``W/G`` times more of the tables than over the whole fleet: its shards are larger,
+and their memory is the formulas above. The ``R`` ranks at one position of the groups (a replica set, one per group,
+on ``R`` different hosts) keep each shard in sync over the NIC, ``replica_bw`` = the slowest NIC of the fleet
+(:func:`replica_sync_bytes`), with ``u_g = touched(n, r)`` the rows the group's batch touches and
+``u_f = touched(R·n, r)`` those the fleet's batch touches (:func:`touched_rows`):
+
+* ``allreduce_rows`` (every step): the touched row ids all-gathered ``(R−1)·u_g·8``, then the gradients of the union
+  all-reduced in a ring, ``2·(R−1)/R·u_f·c·4``; the rank keeps that row-sparse gradient, ``u_f·(c·4 + 8)`` of HBM
+  (:func:`replica_sync_buffer_bytes`); 2 more collectives per step (:func:`sync_collectives`).
+* ``average_weights`` every ``k`` steps: the weights and optimizer state all-reduced, ``2·(R−1)/R·(r·c·b + state)``,
+  amortised ``/k`` per step; ``1/k`` collective per step. The replicas drift apart between averages: the trained
+  model is not the one a 1D plan trains, so the planner only chooses it when asked (``shardwise.solver.planner``).
 """
 
 from __future__ import annotations
@@ -163,7 +183,16 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from shardwise.hwprofiles import HardwareProfile
-from shardwise.wire.spec import DenseLayerSpec, DenseStyle, Dtype, EmbeddingTableSpec, Optimizer, Placement, Pooling
+from shardwise.wire.spec import (
+    DenseLayerSpec,
+    DenseStyle,
+    Dtype,
+    EmbeddingTableSpec,
+    Optimizer,
+    Placement,
+    Pooling,
+    SparseSync,
+)
 from shardwise.wire.spec import ShardingType as ST
 
 ID_BYTES = 8
@@ -234,6 +263,12 @@ class CommContext:
     group_hosts: int = 1  # h: hosts the group spans
     group_intra_bw: float = math.inf  # inside the group's hosts, over k_h peers
     group_inter_bw: float = math.inf  # between the group's hosts
+    # 2D sparse parallelism (module docstring, "2D plans"): the context of a rank of one replica group, whose
+    # ``world_size`` and ``num_hosts`` are the group's; 1 replica = a 1D plan
+    replicas: int = 1  # R: groups in the fleet (the fleet has W·R ranks on H·R hosts)
+    replica_bw: float = math.inf  # between the members of a replica set (one per group, on different hosts)
+    sync: SparseSync = SparseSync.allreduce_rows
+    every_k_steps: int = 1  # average_weights: steps between averages
 
     @property
     def remote_fraction(self) -> float:
@@ -418,9 +453,11 @@ def shard_memories(
     batch: int,
     world: int,
     cache_ways: int = CACHE_WAYS_CUDA,
+    sync_replicas: int = 1,
 ) -> list[ShardMemory]:
     """:func:`shard_memory` of one shard under each of ``placements``: what does not depend on the placement
-    (weights, state, gradients, buffers) is worked out once."""
+    (weights, state, gradients, buffers) is worked out once. ``sync_replicas``: ``R`` of a 2D plan that syncs with
+    ``allreduce_rows`` (its gradient buffer, :func:`replica_sync_buffer_bytes`), else 1."""
     traffic = shard_traffic(table, sharding, num_rows, batch, world)
     weights = num_rows * num_cols * table.dtype.nbytes
     state = optimizer_state_bytes(table.optimizer, num_rows, num_cols)
@@ -428,6 +465,7 @@ def shard_memories(
         grads = num_rows * num_cols * table.dtype.nbytes
     else:
         grads = math.ceil(traffic.ids * FUSED_INDEX_BYTES_PER_ID)
+        grads += replica_sync_buffer_bytes(table, sharding, num_rows, num_cols, batch, world, sync_replicas)
     buffers = math.ceil(
         traffic.ids * id_bytes(table)
         + traffic.bags * LENGTH_BYTES
@@ -600,25 +638,73 @@ def shard_comm_ms(table: EmbeddingTableSpec, sharding: ST, num_rows: int, num_co
     """Owner-side communication of one shard per step (module docstring)."""
     W = ctx.world_size
     if W <= 1:
-        return 0.0
+        if sharding is ST.data_parallel or ctx.replicas <= 1:
+            return 0.0
+        t = shard_traffic(table, sharding, num_rows, ctx.batch_size, W)  # one-rank groups: the sync alone
+        return replica_sync_s(table, t.ids, num_rows, num_cols, ctx) * MS
     t = shard_traffic(table, sharding, num_rows, ctx.batch_size, W)
     ob = out_bytes(table.dtype)
     moved = (W - 1) / W
-    if sharding is ST.data_parallel:
+    if sharding is ST.data_parallel:  # over the whole fleet: H·R hosts
         grad = num_rows * num_cols * table.dtype.nbytes
-        return 2 * hierarchical_s(grad, ctx.gpus_per_host, ctx.num_hosts, ctx.intra_bw, ctx.inter_bw) * MS
+        hosts = ctx.num_hosts * ctx.replicas
+        return 2 * hierarchical_s(grad, ctx.gpus_per_host, hosts, ctx.intra_bw, ctx.inter_bw) * MS
     ids_s = split_transfer_s((t.ids * id_bytes(table) + t.bags * LENGTH_BYTES) * moved, ctx)
     partial = t.out_rows * num_cols * ob
+    sync_s = replica_sync_s(table, t.ids, num_rows, num_cols, ctx)
     if sharding in (ST.table_wise, ST.column_wise) or table.pooling is Pooling.none:
-        return (ids_s + 2 * split_transfer_s(partial * moved, ctx)) * MS
+        return (ids_s + 2 * split_transfer_s(partial * moved, ctx) + sync_s) * MS
     k = max(ctx.group_size, 1)
     h = max(ctx.group_hosts, 1)
     per_host = max(k // h, 1)
     rs = hierarchical_s(partial, per_host, h, ctx.group_intra_bw, ctx.group_inter_bw)
-    seconds = ids_s + 2 * rs
+    seconds = ids_s + 2 * rs + sync_s
     if k < W:  # the group's pooled rows still have to reach every rank
         seconds += 2 * split_transfer_s(partial / k * moved, ctx)
     return seconds * MS
+
+
+def replica_sync_bytes(table: EmbeddingTableSpec, ids: float, num_rows: int, num_cols: int, ctx: CommContext) -> float:
+    """Bytes one rank of a replica set moves per step to keep a (not data_parallel) shard in sync with its ``R − 1``
+    replicas (module docstring, "2D plans"): ``allreduce_rows`` ``(R−1)·u_g·8 + 2·(R−1)/R·u_f·c·4``;
+    ``average_weights`` ``2·(R−1)/R·(r·c·b + state) / k``. 0 for a 1D plan."""
+    R = ctx.replicas
+    if R <= 1:
+        return 0.0
+    ring = 2 * (R - 1) / R
+    if ctx.sync is SparseSync.average_weights:
+        weights = num_rows * num_cols * table.dtype.nbytes + optimizer_state_bytes(table.optimizer, num_rows, num_cols)
+        return ring * weights / ctx.every_k_steps
+    mine = touched_rows(ids, num_rows)  # u_g: rows this replica's group batch touched
+    union = touched_rows(R * ids, num_rows)  # u_f: rows the fleet's batch touched (any replica)
+    return (R - 1) * mine * ROW_INDEX_BYTES + ring * union * num_cols * GRAD_BYTES
+
+
+def replica_sync_s(table: EmbeddingTableSpec, ids: float, num_rows: int, num_cols: int, ctx: CommContext) -> float:
+    """Seconds of :func:`replica_sync_bytes` over the replica set's link (``replica_bw``: the NIC)."""
+    nbytes = replica_sync_bytes(table, ids, num_rows, num_cols, ctx)
+    return nbytes / ctx.replica_bw if nbytes > 0 else 0.0
+
+
+def replica_sync_buffer_bytes(
+    table: EmbeddingTableSpec, sharding: ST, num_rows: int, num_cols: int, batch: int, world: int, replicas: int
+) -> int:
+    """HBM an ``allreduce_rows`` shard keeps for its sync: the row-sparse gradient of the rows any replica touched,
+    ``u_f·(c·4 + 8)`` (fp32 values and an int64 index per row), all-reduced before the update. 0 for a 1D plan and
+    for data_parallel copies (their dense gradient is charged already)."""
+    if replicas <= 1 or sharding is ST.data_parallel:
+        return 0
+    ids = shard_traffic(table, sharding, num_rows, batch, world).ids
+    return math.ceil(touched_rows(replicas * ids, num_rows) * (num_cols * GRAD_BYTES + ROW_INDEX_BYTES))
+
+
+def sync_collectives(replicas: int, sync: SparseSync, every_k_steps: int) -> float:
+    """Collectives per step the replica sync adds on a rank holding a sharded table (each costs its fixed latency):
+    ``allreduce_rows`` 2 (the touched row ids all-gathered, their gradients all-reduced); ``average_weights``
+    ``1/k`` (one all-reduce every ``k`` steps); 0 for a 1D plan."""
+    if replicas <= 1:
+        return 0.0
+    return 2.0 if sync is SparseSync.allreduce_rows else 1.0 / every_k_steps
 
 
 def table_data_side_ms(table: EmbeddingTableSpec, ctx: CommContext) -> float:
@@ -635,7 +721,7 @@ def table_data_side_ms(table: EmbeddingTableSpec, ctx: CommContext) -> float:
     return split_transfer_s(nbytes * (W - 1) / W, ctx) * MS
 
 
-def collective_latency_ms(profile: HardwareProfile, kinds: int, multi_host: bool) -> float:
+def collective_latency_ms(profile: HardwareProfile, kinds: float, multi_host: bool) -> float:
     """Fixed cost of ``kinds`` collectives per step on a rank: ``kinds · latency`` (inter-host if the fleet spans
     hosts, else intra-host)."""
     lat = profile.inter_host_latency_us if multi_host else profile.intra_host_latency_us
@@ -670,7 +756,8 @@ def dense_state_bytes(layer: DenseLayerSpec) -> int:
 
 def dense_cost(layer: DenseLayerSpec, style: DenseStyle, profile: HardwareProfile, ctx: CommContext) -> DenseCost:
     """Per-rank memory, compute and communication of one dense layer under ``style`` (module docstring)."""
-    B, W, g, H = ctx.batch_size, ctx.world_size, ctx.gpus_per_host, ctx.num_hosts
+    B, g = ctx.batch_size, ctx.gpus_per_host
+    W, H = ctx.world_size * ctx.replicas, ctx.num_hosts * ctx.replicas  # the whole fleet, also in a 2D plan
     b = layer.dtype.nbytes
     w = layer.num_params * b
     act = B * layer.activation_bytes

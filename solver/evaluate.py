@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from shardwise.solver import cost_model as cm
+from shardwise.solver import two_d
 from shardwise.solver.topology import DeviceClass, Topology
 from shardwise.wire.spec import (
     DenseLayerSpec,
@@ -24,6 +25,8 @@ from shardwise.wire.spec import (
     RankPlan,
     RankTime,
     ShardingType,
+    SparseGroups,
+    SparseSync,
     TablePlan,
 )
 
@@ -88,6 +91,7 @@ def shard_costs(
     not depend on the placement — the communication, the bytes the shard moves — is worked out once. The candidate
     enumeration prices a table's shapes this way."""
     W = topo.world_size
+    sync_replicas = topo.replicas if topo.sync is SparseSync.allreduce_rows else 1
     memories = cm.shard_memories(
         table,
         sharding=sharding,
@@ -97,6 +101,7 @@ def shard_costs(
         batch=batch,
         world=W,
         cache_ways=cm.cache_associativity(cls.profile),
+        sync_replicas=sync_replicas,
     )
     times = cm.shard_compute_times(
         table,
@@ -176,12 +181,19 @@ def collective_groups(sharding: ShardingType) -> frozenset[str]:
     return frozenset({"a2a"})
 
 
-def latency_kinds(tables: Sequence[TablePlan]) -> int:
-    """Collectives per step the tables need (see :data:`COLLECTIVES`); each costs its fixed latency once."""
+def latency_kinds(tables: Sequence[TablePlan], sync_kinds: float = 0.0) -> float:
+    """Collectives per step the tables need (see :data:`COLLECTIVES`); each costs its fixed latency once. In a 2D
+    plan the replica sync's collectives (``sync_kinds``, :attr:`Topology.sync_kinds`) come with the all-to-alls."""
     groups: set[str] = set()
     for t in tables:
         groups |= collective_groups(t.sharding_type)
-    return sum(len(COLLECTIVES[g]) for g in groups)
+    return sum(group_kinds(g, sync_kinds) for g in groups)
+
+
+def group_kinds(group: str, sync_kinds: float = 0.0) -> float:
+    """Collectives of one :data:`COLLECTIVES` group, the sync's counted with the all-to-alls (a 2D plan syncs what
+    it shards)."""
+    return len(COLLECTIVES[group]) + (sync_kinds if group == "a2a" else 0.0)
 
 
 @dataclass
@@ -241,8 +253,17 @@ class Evaluation:
         ]
 
 
-def evaluate(topo: Topology, model: ModelSpec, tables: Sequence[TablePlan], dense: Sequence[DensePlan]) -> Evaluation:
-    """Price every shard on its rank (plans are assumed structurally valid: see ``validate``)."""
+def evaluate(
+    topo: Topology,
+    model: ModelSpec,
+    tables: Sequence[TablePlan],
+    dense: Sequence[DensePlan],
+    sparse_groups: SparseGroups | None = None,
+) -> Evaluation:
+    """Price every shard on its rank (plans are assumed structurally valid: see ``validate``). A 2D plan
+    (``sparse_groups`` of more than one group) is priced by :func:`evaluate_groups`."""
+    if sparse_groups is not None and sparse_groups.num_groups > 1:
+        return evaluate_groups(topo, model, tables, dense, sparse_groups)
     B = model.batch_size_per_gpu
     acc = [_RankAcc() for _ in topo.ranks]
     per_table: dict[str, float] = defaultdict(float)
@@ -282,8 +303,8 @@ def evaluate(topo: Topology, model: ModelSpec, tables: Sequence[TablePlan], dens
                 acc[r].dense += dc.hbm_bytes
                 acc[r].compute += dc.compute_ms
                 acc[r].comm += dc.comm_ms
-    kinds = latency_kinds(tables) + (1 if dense else 0)
-    multi_host = topo.num_hosts > 1
+    kinds = latency_kinds(tables, topo.sync_kinds) + (1 if dense else 0)
+    multi_host = topo.multi_host
     host_used = [0] * topo.num_hosts
     ranks: list[RankPlan] = []
     for info, a in zip(topo.ranks, acc, strict=True):
@@ -320,6 +341,43 @@ def evaluate(topo: Topology, model: ModelSpec, tables: Sequence[TablePlan], dens
         host_memory_used=host_used,
         step_ms=step,
         per_table_ms=dict(per_table),
+        hbm_limits=[topo.hbm_limit(r.rank) for r in topo.ranks],
+        host_limits=[h.host_memory_bytes for h in topo.hosts],
+    )
+
+
+def evaluate_groups(
+    topo: Topology,
+    model: ModelSpec,
+    tables: Sequence[TablePlan],
+    dense: Sequence[DensePlan],
+    sparse_groups: SparseGroups,
+) -> Evaluation:
+    """Price a 2D plan: group 0's shards on the group's topology (:func:`~shardwise.solver.two_d.group_topology`:
+    the all-to-alls inside the group, the replica sync, the dense layers and data_parallel copies over the fleet),
+    and every rank takes the figures of its position — the ``j``-th rank of every group holds what the ``j``-th
+    rank of group 0 holds (the validator checks it), on a GPU of the same type. Host memory adds up per host of
+    the fleet."""
+    sub = two_d.group_topology(topo, sparse_groups)
+    G = sparse_groups.group_size
+    ev = evaluate(
+        sub,
+        model,
+        two_d.group_zero_tables(list(tables), sparse_groups.groups),
+        [d.model_copy(update={"ranks": list(range(G))}) for d in dense],
+    )
+    to_sub = two_d.fleet_to_group_rank(sparse_groups)
+    ranks = [
+        ev.ranks[to_sub[info.rank]].model_copy(update={"rank": info.rank, "host": info.host}) for info in topo.ranks
+    ]
+    host_used = [0] * topo.num_hosts
+    for rp in ranks:
+        host_used[rp.host] += rp.host_memory_used_bytes
+    return Evaluation(
+        ranks=ranks,
+        host_memory_used=host_used,
+        step_ms=max((r.predicted_ms.total for r in ranks), default=0.0),
+        per_table_ms=ev.per_table_ms,
         hbm_limits=[topo.hbm_limit(r.rank) for r in topo.ranks],
         host_limits=[h.host_memory_bytes for h in topo.hosts],
     )

@@ -22,13 +22,15 @@ from shardwise.wire.spec import (
     ShardPlan,
     SolveParams,
     SolverInfo,
+    SparseGroups,
     TablePlan,
 )
 
 if TYPE_CHECKING:  # the service imports this module at start-up (request_hash); candidates bring numpy
     from shardwise.solver.load import Placed
 
-COST_MODEL_VERSION = "2"  # 2: sparse-gradient row indices and int64 bag lengths, as the executor does
+COST_MODEL_VERSION = "3"  # 2: sparse-gradient row indices and int64 bag lengths, as the executor does; 3: 2D plans
+# (replica groups: the all-to-alls inside a group, the replicas' sync), which the planner now weighs against 1D ones
 #: what a plan's ``status`` and ``lower_bound_ms`` mean. 2: ``lower_bound_ms`` holds over the whole candidate
 #: catalogue and ``optimal`` meets it; what a search proved over its own space is ``solver.searched_*``. It is in the
 #: solver version, so a request answered under 1 (optimal over the searched space only) is solved again.
@@ -76,8 +78,10 @@ def build_plan(
     bound_ms: float | None = None,
     searched_bound_ms: float | None = None,
     explanation: Sequence[str] = (),
+    sparse_groups: SparseGroups | None = None,
 ) -> Plan:
-    """Evaluate ``tables`` + ``dense`` and wrap them; ``tables=None`` gives an infeasible plan.
+    """Evaluate ``tables`` + ``dense`` and wrap them; ``tables=None`` gives an infeasible plan. ``sparse_groups``:
+    a 2D plan's groups (``tables`` then list every rank's shards, :mod:`shardwise.solver.two_d`).
 
     Two statuses, two meanings. ``solver_status`` goes into ``plan.solver.status`` as is: what the solver said
     (CP-SAT's verdict over its model), or ``"HEURISTIC"`` where none stands behind the layout (the greedy planner, a
@@ -112,7 +116,7 @@ def build_plan(
         return Plan(status=PlanStatus.infeasible, solver=SolverInfo(**info), explanation=list(explanation), **common)
     position = {x.name: i for i, x in enumerate(model.embedding_tables)}
     ordered = sorted(tables, key=lambda t: position[t.name])
-    ev = evaluate(topo, model, ordered, dense)
+    ev = evaluate(topo, model, ordered, dense, sparse_groups)
     step = round(ev.step_ms, 6)
     # the host floor bounds every plan's step alike (it does not depend on the plan): the bound may rise to it
     floor = max(
@@ -142,6 +146,7 @@ def build_plan(
         dense=list(dense),
         solver=SolverInfo(**info),
         explanation=notes,
+        sparse_groups=sparse_groups,
         **common,
     )
 

@@ -331,7 +331,8 @@ def out_of_time(
     solver_name: str = "greedy",
     dense: list[tuple[str, DenseStyle]] | None = None,
 ) -> Plan:
-    """The infeasible answer of a solve cut off before it had a plan: its explanation says so and how far it got."""
+    """The infeasible answer of a solve cut off before it had a plan: its explanation says so and how far it got
+    (the limit it names is the whole solve's, ``deadline.seconds``: a phase's share keeps it)."""
     dense_plans = [DensePlan(name=n, style=s, ranks=list(range(topo.world_size))) for n, s in dense or []]
     return build_plan(
         topo,
@@ -343,7 +344,7 @@ def out_of_time(
         solver_status="HEURISTIC",  # no proof of anything: the time ran out
         seconds=deadline.elapsed(),
         explanation=[
-            f"no plan was found within the time limit of {params.time_limit_s:g} s: {progress} "
+            f"no plan was found within the time limit of {deadline.seconds:g} s: {progress} "
             f"after {deadline.elapsed():.1f} s; a longer time limit (or the greedy solver) may find one"
         ],
     )

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Mapping
 
 from shardwise.hwprofiles import HardwareProfile
+from shardwise.solver import plan2d
 from shardwise.solver.deadline import Deadline
 from shardwise.solver.extract import build_plan
 from shardwise.solver.greedy import Progress, plan_greedy
@@ -27,8 +28,16 @@ def make_plan(
     params: SolveParams | None = None,
     profiles: Mapping[str, HardwareProfile] | None = None,
     on_progress: Progress | None = None,
+    *,
+    sparse_2d: bool = True,
+    allow_weight_averaging: bool = False,
 ) -> Plan:
     """Plan ``model`` on ``fleet`` with the solver ``params`` names (CP-SAT by default).
+
+    On a fleet of more than one host the planner also considers 2D sparse parallelism (``sparse_2d``): the tables
+    sharded inside replica groups of whole hosts, kept in sync by ``allreduce_rows`` — and by ``average_weights``
+    only with ``allow_weight_averaging``, since averaging trains another model than a 1D plan does
+    (:mod:`shardwise.solver.plan2d`); it keeps whichever predicts the least step.
 
     ``on_progress(best_ms, bound_ms)`` is called as the solve improves its solution or bound, by either solver: the
     greedy's bound once the candidates are enumerated (``best_ms`` None: no plan yet), its plan, then CP-SAT's.
@@ -47,7 +56,10 @@ def make_plan(
     topo = Topology(fleet, dict(profiles or {}))
     size = check_memory(topo, model)
     log.debug("planning %s: %s", model.name, size.describe())
-    if params.solver == "greedy":
+    options = plan2d.sparse_options(topo, allow_weight_averaging) if sparse_2d else []
+    if options:
+        plan = plan2d.plan_with_groups(topo, model, params, deadline, on_progress, options)
+    elif params.solver == "greedy":
         plan = plan_greedy(topo, model, params, deadline=deadline, on_progress=on_progress)
     else:
         from shardwise.solver.cpsat.run import plan_cpsat  # OR-Tools only when asked for
@@ -114,5 +126,6 @@ def score_plan(
         seconds=plan.solver.seconds,
         explanation=[f"evaluated: {model.name} on {fleet.name} under shardwise's cost model"]
         + [f"{s} (one shard per rank would do less work)" for s in stacked_shards(plan)],
+        sparse_groups=plan.sparse_groups,
     )
     return check_plan(topo, model, rescored, allow_stacked=True), rescored

@@ -34,6 +34,7 @@ from typing import Literal
 from shardwise.hwprofiles import HardwareProfile
 from shardwise.solver import cost_model as cm
 from shardwise.solver import port_words as words
+from shardwise.solver import two_d
 from shardwise.solver.evaluate import ShardCost, data_side_ms, evaluate, shard_cost
 from shardwise.solver.extract import build_plan
 from shardwise.solver.greedy import Progress
@@ -42,7 +43,17 @@ from shardwise.solver.port_direct import Carried, carry_over, direct_port, direc
 from shardwise.solver.port_findings import Fallback, PortFindings, StillOffloaded, TableShift, offloaded
 from shardwise.solver.topology import Topology
 from shardwise.wire.port_spec import DirectPort, PortReport, RankFill, TableChange, TableLayout
-from shardwise.wire.spec import FleetSpec, ModelSpec, Placement, Plan, PlanStatus, Pooling, SolveParams, TablePlan
+from shardwise.wire.spec import (
+    FleetSpec,
+    ModelSpec,
+    Placement,
+    Plan,
+    PlanStatus,
+    Pooling,
+    SolveParams,
+    SparseGroups,
+    TablePlan,
+)
 
 __all__ = ["PortError", "carry_over", "direct_port", "port_analysis"]
 
@@ -75,20 +86,25 @@ def _placement_label(tp: TablePlan) -> str:
     return f"uvm_cache@{frac:g}" if placement is Placement.uvm_cache else placement.value
 
 
-def _price(topo: Topology, model: ModelSpec, tp: TablePlan) -> _Priced:
-    """Each shard priced exactly as :func:`shardwise.solver.evaluate.evaluate` prices it."""
+def _price(topo: Topology, model: ModelSpec, tp: TablePlan, sparse_groups: SparseGroups | None = None) -> _Priced:
+    """Each shard priced exactly as :func:`shardwise.solver.evaluate.evaluate` prices it (a 2D plan's on its group's
+    topology, at its position: :func:`~shardwise.solver.evaluate.evaluate_groups`)."""
     table = model.table(tp.name)
     group = [s.rank for s in tp.shards]
+    on, rank_of = topo, {r: r for r in group}
+    if sparse_groups is not None and sparse_groups.num_groups > 1:
+        on, rank_of = two_d.group_topology(topo, sparse_groups), two_d.fleet_to_group_rank(sparse_groups)
+        group = sorted({rank_of[r] for r in group})
     costs = [
         shard_cost(
-            topo,
+            on,
             table,
             sharding=tp.sharding_type,
             num_rows=s.num_rows,
             num_cols=s.num_cols,
             placement=s.placement,
             cache_fraction=s.cache_fraction,
-            cls=topo.class_of(s.rank),
+            cls=on.class_of(rank_of[s.rank]),
             batch=model.batch_size_per_gpu,
             group=group,
         )
@@ -250,6 +266,7 @@ def port_analysis(
                 seconds=replan.solver.seconds,
                 bound_ms=replan.lower_bound_ms,
                 explanation=words.fallback_explanation(fallback, direct.plan.tables),
+                sparse_groups=direct.plan.sparse_groups,
             )
             replan_from = "direct_port"
 
@@ -264,8 +281,9 @@ def port_analysis(
     before: dict[str, _Priced] = {}
     if carried is not None:
         lost = {m.table for m in carried.missing}
-        before = {tp.name: _price(topo, model, tp) for tp in carried.tables if tp.name not in lost}
-    after = {tp.name: _price(topo, model, tp) for tp in replan.tables} if runs else {}
+        carried_groups = source.sparse_groups if direct.feasible else None
+        before = {tp.name: _price(topo, model, tp, carried_groups) for tp in carried.tables if tp.name not in lost}
+    after = {tp.name: _price(topo, model, tp, replan.sparse_groups) for tp in replan.tables} if runs else {}
 
     changes: list[TableChange] = []
     if carried is not None and runs:
@@ -322,8 +340,17 @@ def port_analysis(
         hbm_to_host_bytes=hbm_to_host,
         ranks=ranks,
         table_changes=changes,
-        hints=words.hints(findings),
+        hints=[*words.hints(findings), *_layout_lines(source, replan)],
     )
+
+
+def _layout_lines(source: Plan, replan: Plan) -> list[str]:
+    """One line per plan of the two that runs 2D sparse parallelism: its groups and sync."""
+    return [
+        f"the {which} runs {two_d.describe(p.sparse_groups)}"
+        for which, p in (("source plan", source), ("re-plan", replan))
+        if p.sparse_groups is not None
+    ]
 
 
 def _rank_fill(

@@ -14,7 +14,7 @@ from shardwise.solver import port_words as words
 from shardwise.solver.evaluate import Evaluation, evaluate
 from shardwise.solver.extract import build_plan, canonical_json, solver_version
 from shardwise.solver.topology import Topology
-from shardwise.solver.validate import check_structure
+from shardwise.solver.validate import check_structure, group_alignment
 from shardwise.wire.port_spec import DirectPort, MissingShard, ShortHost, ShortRank
 from shardwise.wire.spec import DensePlan, FleetSpec, ModelSpec, Placement, Plan, PlanStatus, ShardingType, TablePlan
 
@@ -107,6 +107,13 @@ def direct_port(topo: Topology, model: ModelSpec, source: Plan, source_fleet: st
     reserve = target.hbm_reserve_fraction
     if source.status is PlanStatus.infeasible:
         return DirectPort(feasible=False, problems=[words.nothing_to_port(source_fleet), *source.explanation])
+    sg = source.sparse_groups
+    misaligned = group_alignment(topo, sg) if sg is not None else []
+    if misaligned:  # a 2D plan's groups are whole hosts of the source: rank for rank, they must be the target's too
+        return DirectPort(
+            feasible=False,
+            problems=[f"the source plan's 2D groups do not carry over to {target.name}: {p}" for p in misaligned],
+        )
     carried = carry_over(source, topo.world_size)
     if not carried.complete:
         ev = evaluate(topo, model, carried.tables, carried.dense)  # what does land, for the per-rank figures
@@ -132,6 +139,7 @@ def direct_port(topo: Topology, model: ModelSpec, source: Plan, source_fleet: st
         solver_name="direct-port",
         solver_status="HEURISTIC",  # priced as carried over: no solver ran on it
         seconds=0.0,
+        sparse_groups=sg,
     )
     plan_id, rhash = _direct_identity(model, source, target)
     note = words.direct_port_note(source.id, source_fleet, target.name)
@@ -142,7 +150,7 @@ def direct_port(topo: Topology, model: ModelSpec, source: Plan, source_fleet: st
             "explanation": [note, *priced.explanation],
         }
     )
-    ev = evaluate(topo, model, plan.tables, plan.dense)
+    ev = evaluate(topo, model, plan.tables, plan.dense, sg)
     short_ranks, short_hosts = _shortages(topo, ev)
     broken = check_structure(topo, model, plan)  # e.g. a table_row_wise table whose host is split in two on the target
     if not broken and not short_ranks and not short_hosts:
@@ -178,7 +186,7 @@ def direct_port_in_hbm_ms(topo: Topology, model: ModelSpec, direct: DirectPort) 
         )
         for t in plan.tables
     ]
-    ev = evaluate(topo, model, tables, plan.dense)
+    ev = evaluate(topo, model, tables, plan.dense, plan.sparse_groups)
     if ev.overfull_ranks() or ev.overfull_hosts():
         return None
     return round(ev.step_ms, 6)

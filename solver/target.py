@@ -40,7 +40,7 @@ import numpy.typing as npt
 from shardwise.solver.cost_model import collective_latency_ms
 from shardwise.solver.cpsat.candidates import Candidate, block_ranks, host_blocks
 from shardwise.solver.deadline import Deadline
-from shardwise.solver.evaluate import COLLECTIVES, collective_groups
+from shardwise.solver.evaluate import COLLECTIVES, collective_groups, group_kinds
 from shardwise.solver.load import LoadState, Placed, initial_state
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import DenseStyle, ModelSpec
@@ -82,8 +82,8 @@ class _Packer:
         empty = initial_state(topo, model, dense)
         rc = empty.rank_class
         self.floors = class_floors(topo, cands)
-        kinds = sum(len(COLLECTIVES[g]) for g in used) + (1 if dense else 0)
-        multi = topo.num_hosts > 1
+        kinds = sum(group_kinds(g, topo.sync_kinds) for g in used) + (1 if dense else 0)
+        multi = topo.multi_host
         latency = np.array([collective_latency_ms(c.profile, kinds, multi) for c in topo.classes])
         empty.load = empty.load + self.floors.sum(axis=0)[rc] + latency[rc]
         self.empty = empty

@@ -10,13 +10,14 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from shardwise.hwprofiles import HardwareProfile, get_profile
-from shardwise.solver.cost_model import CommContext, inter_host_bw, intra_host_bw
-from shardwise.wire.spec import FleetSpec
+from shardwise.solver.cost_model import CommContext, inter_host_bw, intra_host_bw, sync_collectives
+from shardwise.wire.spec import FleetSpec, SparseSync
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,16 @@ class DeviceClass:
 
 @dataclass
 class Topology:
+    """The fleet's ranks, hosts and device classes. With ``replicas`` > 1 it is one replica group of a 2D plan
+    (:mod:`shardwise.solver.two_d`): ``fleet`` is the group's (:func:`~shardwise.solver.two_d.group_fleet`), and
+    every :class:`CommContext` carries the replica facts, so that a shard's price includes its sync (``sync``,
+    ``every_k_steps``) and the dense layers and data_parallel copies are priced over the whole fleet."""
+
     fleet: FleetSpec
     profiles: Mapping[str, HardwareProfile] = field(default_factory=dict)
+    replicas: int = 1
+    sync: SparseSync = SparseSync.allreduce_rows
+    every_k_steps: int = 1
 
     def __post_init__(self) -> None:
         ranks: list[RankInfo] = []
@@ -121,6 +130,16 @@ class Topology:
     def rank_host(self) -> npt.NDArray[np.int64]:
         return np.array([r.host for r in self.ranks], dtype=np.int64)
 
+    @property
+    def multi_host(self) -> bool:
+        """Whether the step's collectives cross hosts: the fleet (all ``replicas`` groups) spans more than one."""
+        return self.num_hosts * self.replicas > 1
+
+    @cached_property
+    def sync_kinds(self) -> float:
+        """Collectives per step the replica sync adds when a table is sharded (0 for a 1D plan)."""
+        return sync_collectives(self.replicas, self.sync, self.every_k_steps)
+
     @cached_property
     def slowest_inter_bw(self) -> float:
         return min(inter_host_bw(c.profile) for c in self.classes)
@@ -144,6 +163,7 @@ class Topology:
             num_hosts=self.num_hosts,
             intra_bw=intra_host_bw(cls.profile, g - 1),
             inter_bw=min(inter_host_bw(cls.profile), self.slowest_inter_bw),
+            **self._replica_facts(),
         )
         if group is None:
             return base
@@ -162,4 +182,17 @@ class Topology:
             group_hosts=len(hosts),
             group_intra_bw=min(intra_host_bw(p, per_host - 1) for p in profiles.values()),
             group_inter_bw=min(inter_host_bw(p) for p in profiles.values()),
+            **self._replica_facts(),
         )
+
+    def _replica_facts(self) -> dict[str, Any]:
+        """The :class:`CommContext` fields of a 2D plan's group (none for a 1D plan): a replica set spans ``R``
+        hosts, so it syncs at the slowest NIC of the fleet."""
+        if self.replicas <= 1:
+            return {}
+        return {
+            "replicas": self.replicas,
+            "replica_bw": self.slowest_inter_bw,
+            "sync": self.sync,
+            "every_k_steps": self.every_k_steps,
+        }

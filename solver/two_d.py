@@ -23,7 +23,7 @@ import math
 from functools import reduce
 
 from shardwise.solver.topology import Topology
-from shardwise.wire.spec import FleetSpec, ShardingType, TablePlan
+from shardwise.wire.spec import FleetSpec, ShardingType, SparseGroups, SparseSync, TablePlan
 
 
 def replica_counts(fleet: FleetSpec) -> list[int]:
@@ -99,3 +99,32 @@ def to_group_zero(group_tables: list[TablePlan], groups: list[list[int]]) -> lis
         tp.model_copy(update={"shards": [s.model_copy(update={"rank": ranks[s.rank]}) for s in tp.shards]})
         for tp in group_tables
     ]
+
+
+def group_topology(topo: Topology, sparse_groups: SparseGroups) -> Topology:
+    """The topology one group of ``sparse_groups`` prices its ranks on: the group fleet (:func:`group_fleet`) with
+    the replica facts (``R``, the sync and its period), so that every shard's price includes its sync and the dense
+    layers and data_parallel copies are priced over the whole fleet (:class:`~shardwise.solver.topology.Topology`)."""
+    R = sparse_groups.num_groups
+    return Topology(
+        group_fleet(topo.fleet, R),
+        topo.profiles,
+        replicas=R,
+        sync=sparse_groups.sync,
+        every_k_steps=sparse_groups.every_k_steps,
+    )
+
+
+def fleet_to_group_rank(sparse_groups: SparseGroups) -> dict[int, int]:
+    """Every fleet rank's rank in the group fleet: ``groups[i][j]`` is at position ``j``, whose group-fleet rank is
+    that of ``groups[0][j]`` (its place among group 0's ranks in rank order)."""
+    groups = sparse_groups.groups
+    sub = {r: m for m, r in enumerate(sorted(groups[0]))}
+    return {r: sub[groups[0][j]] for g in groups for j, r in enumerate(g)}
+
+
+def describe(sparse_groups: SparseGroups) -> str:
+    """One line for the CLI, the pages and the explanation: ``2D: 16 groups of 8 ranks, allreduce_rows``."""
+    sg = sparse_groups
+    sync = sg.sync.value if sg.sync is SparseSync.allreduce_rows else f"{sg.sync.value} every {sg.every_k_steps} steps"
+    return f"2D: {sg.num_groups} groups of {sg.group_size} ranks, {sync}"

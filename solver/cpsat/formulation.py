@@ -86,7 +86,7 @@ from shardwise.solver.cost_model import collective_latency_ms
 from shardwise.solver.cpsat.candidates import Candidate, block_ranks, host_blocks
 from shardwise.solver.cpsat.scale import Scale
 from shardwise.solver.deadline import Deadline
-from shardwise.solver.evaluate import COLLECTIVES, collective_groups, dense_cost, dense_styles
+from shardwise.solver.evaluate import COLLECTIVES, collective_groups, dense_cost, dense_styles, group_kinds
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import DenseStyle, ModelSpec
 
@@ -311,14 +311,14 @@ class Formulation:
 
     def _add_latency_kinds(self) -> None:
         """Family 4: a collective kind costs its latency on every GPU as soon as one table uses it."""
-        weights = {q: len(kinds) for q, kinds in COLLECTIVES.items()}
+        weights = {q: group_kinds(q, self.topo.sync_kinds) for q in COLLECTIVES}
         for q in weights:
             self.kinds[q] = self.model.new_bool_var(f"u[{q}]")
         for row in self.vars:
             for cv in row:
                 for q in collective_groups(cv.cand.sharding):
                     self.model.add_implication(cv.x, self.kinds[q])
-        multi = self.topo.num_hosts > 1
+        multi = self.topo.multi_host
         dense_kind = 1 if self.spec.dense_layers else 0
         for b in range(self.nbins):
             prof = self.topo.classes[self.bin_class[b]].profile

@@ -344,3 +344,27 @@ def test_cli_greedy_plan_is_best_found(runner: CliRunner) -> None:
     assert "status: best found (greedy" in result.stdout
     assert re.search(r"  at most [\d.]+% from any plan \(bound [\d.]+ ms\)", result.stdout)
     assert "feasible" not in result.stdout
+
+
+def test_evaluate_a_two_d_plan_names_its_groups(runner: CliRunner, tmp_path: Path) -> None:
+    from shardwise.solver.planner import make_plan
+    from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams
+
+    hot = {"num_embeddings": 200_000, "embedding_dim": 64, "pooling_factor": 20.0}
+    model = {
+        "name": "hot",
+        "batch_size_per_gpu": 8192,
+        "embedding_tables": [{"name": f"t{i}", **hot} for i in range(4)],
+    }
+    fleet = {"name": "h100-8x8", "hosts": [{"gpu": "nvidia-h100-sxm", "count": 8, "gpus_per_host": 8}]}
+    plan = make_plan(ModelSpec.model_validate(model), FleetSpec.model_validate(fleet), SolveParams(solver="greedy"))
+    sg = plan.sparse_groups
+    assert sg is not None  # small hot tables on 8 hosts: the planner splits the fleet (tests/solver/test_two_d.py)
+    written = write_json(tmp_path / "plan.json", plan.model_dump(mode="json"))
+    result = runner.invoke(
+        app, ["evaluate", write_json(tmp_path / "m.json", model), write_json(tmp_path / "f.json", fleet), written]
+    )
+    assert result.exit_code == 0, result.output
+    line = f"sparse groups: {sg.num_groups} groups of G={sg.group_size} ranks, {sg.sync.value}"
+    assert [x.strip() for x in result.stdout.splitlines()].count(line) == 1
+    assert f"predicted step {plan.predicted_step_ms:.3f} ms" in result.stdout

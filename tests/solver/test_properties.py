@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from shardwise.hwprofiles import catalogue
+from shardwise.solver import plan2d
 from shardwise.solver.evaluate import evaluate
 from shardwise.solver.planner import make_plan
 from shardwise.solver.topology import Topology
@@ -120,7 +121,7 @@ def test_greedy_plans_are_valid_or_explained(model: ModelSpec, fleet: FleetSpec)
     assert plan.lower_bound_ms <= plan.predicted_step_ms
     assert [t.name for t in plan.tables] == [t.name for t in model.embedding_tables]
     # the plan's figures are the evaluator's, and every rank fits its own class's usable HBM
-    ev = evaluate(topo, model, plan.tables, plan.dense)
+    ev = evaluate(topo, model, plan.tables, plan.dense, plan.sparse_groups)
     assert ev.ranks == plan.ranks
     for r in plan.ranks:
         assert r.hbm_used_bytes <= topo.hbm_limit(r.rank)
@@ -234,3 +235,58 @@ def test_cpsat_never_stacks_shards_of_a_table(model: ModelSpec, fleet: FleetSpec
     assert stacked(plan) == []
     if plan.status is not PlanStatus.infeasible:
         assert check_plan(Topology(fleet), model, plan) == []
+
+
+# ------------------------------------------------------------------------------ 2D sparse parallelism
+
+
+@st.composite
+def multi_host_fleets(draw: st.DrawFn) -> FleetSpec:
+    """2 to 4 hosts of each of one or two GPU types, as many of each (so that groups exist), 1 to 4 GPUs each."""
+    count = draw(st.sampled_from([2, 3, 4]))
+    groups = [
+        {"gpu": draw(st.sampled_from(GPU_NAMES)), "count": count, "gpus_per_host": draw(st.integers(1, 4))}
+        for _ in range(draw(st.integers(1, 2)))
+    ]
+    return FleetSpec.model_validate({"name": "hosts", "hosts": groups})
+
+
+@SETTINGS
+@given(model=models(), fleet=multi_host_fleets(), averaging=st.booleans())
+def test_two_d_plans_validate_and_the_bound_covers_every_option(
+    model: ModelSpec, fleet: FleetSpec, averaging: bool
+) -> None:
+    """Every 2D option's plan validates (every group holds every table exactly once, the same layout at every
+    position), and make_plan's bound is below every option's plan, 1D and 2D."""
+    topo = Topology(fleet)
+    options = plan2d.sparse_options(topo, averaging)
+    assert options  # every host group has 2 or more hosts: R = the host count splits it
+    plan = make_plan(model, fleet, GREEDY, allow_weight_averaging=averaging)
+    event(f"2D chosen: {plan.sparse_groups is not None}")
+    if plan.status is PlanStatus.infeasible:
+        assert plan.explanation
+        return
+    assert check_plan(topo, model, plan) == []
+    assert plan.lower_bound_ms is not None
+    assert plan.predicted_step_ms is not None
+    one_d = make_plan(model, fleet, GREEDY, sparse_2d=False)
+    assert one_d.predicted_step_ms is not None
+    assert plan.predicted_step_ms <= one_d.predicted_step_ms + 1e-9
+    assert plan.lower_bound_ms <= one_d.predicted_step_ms + 1e-9
+    for sg in options:
+        alone = plan2d.option_plan(topo, model, GREEDY, sg)
+        if alone.status is PlanStatus.infeasible:
+            continue
+        event(f"2D option feasible, {sg.sync.value}")
+        assert check_plan(topo, model, alone) == []
+        assert alone.sparse_groups == sg
+        for tp in alone.tables:
+            t = model.table(tp.name)
+            for g in sg.groups:
+                held = [s for s in tp.shards if s.rank in set(g)]
+                if tp.sharding_type.value == "data_parallel":
+                    assert sorted(s.rank for s in held) == sorted(g)
+                else:  # exactly once: the validator checked there is no overlap, so the area says no gap either
+                    assert sum(s.num_rows * s.num_cols for s in held) == t.num_embeddings * t.embedding_dim
+        assert alone.predicted_step_ms is not None
+        assert plan.lower_bound_ms <= alone.predicted_step_ms + 1e-9

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
+from shardwise.hwprofiles import HardwareProfile
+from shardwise.solver import plan2d, two_d
+from shardwise.solver.breakdown import INTER, TERM_INDEX, step_breakdown
+from shardwise.solver.evaluate import Evaluation, evaluate
+from shardwise.solver.extract import build_plan
+from shardwise.solver.planner import make_plan
+from shardwise.solver.port import direct_port, port_analysis
 from shardwise.solver.topology import Topology
 from shardwise.solver.two_d import (
     candidate_groups,
@@ -13,7 +22,24 @@ from shardwise.solver.two_d import (
     replicate_tables,
     to_group_zero,
 )
-from shardwise.wire.spec import FleetSpec, HostGroupSpec, ShardingType, ShardPlan, TablePlan
+from shardwise.solver.validate import check_plan, group_alignment
+from shardwise.wire.spec import (
+    DenseLayerSpec,
+    DensePlan,
+    DenseStyle,
+    EmbeddingTableSpec,
+    FleetSpec,
+    HostGroupSpec,
+    ModelSpec,
+    Optimizer,
+    Plan,
+    ShardingType,
+    ShardPlan,
+    SolveParams,
+    SparseGroups,
+    SparseSync,
+    TablePlan,
+)
 
 
 def fleet(*groups: tuple[str, int, int]) -> FleetSpec:
@@ -68,3 +94,368 @@ def test_group_fleet_ranks_map_to_group_zero_in_rank_order() -> None:
     (z,) = to_group_zero([t], groups)
     assert z.shards[0].rank == 4
     assert group_zero_tables([z], groups) == [t]
+
+
+# ------------------------------------------------------------------------------------------------ pricing
+# 2 hosts × 2 round-number GPUs (conftest: scale-up 5e10 B/s achieved, NIC 2.5e9 B/s, latency 10 / 20 µs) as 2 groups
+# of one host each. One table of 1,000 rows × 8 fp32 columns, sgd, one id per sample, batch 100 per GPU, on the
+# first rank of each group (table_wise).
+
+ROWS, DIM, BATCH = 1000, 8, 100
+INTRA, NIC = 5e10, 2.5e9
+
+
+def round_fleet(profile: HardwareProfile) -> FleetSpec:
+    return FleetSpec(name="round-2x2", hosts=[HostGroupSpec(gpu=profile, count=2, gpus_per_host=2)])
+
+
+def one_table_model(optimizer: str = "sgd") -> ModelSpec:
+    tables = [
+        EmbeddingTableSpec(name="t", num_embeddings=ROWS, embedding_dim=DIM, optimizer=Optimizer(optimizer)),
+    ]
+    return ModelSpec(name="m", batch_size_per_gpu=BATCH, embedding_tables=tables)
+
+
+def whole(rank: int) -> ShardPlan:
+    return ShardPlan(rank=rank, row_offset=0, num_rows=ROWS, col_offset=0, num_cols=DIM)
+
+
+def two_d_eval(profile: HardwareProfile, groups: SparseGroups, tables: list[TablePlan], model: ModelSpec) -> Evaluation:
+    return evaluate(Topology(round_fleet(profile)), model, tables, [], groups)
+
+
+def test_allreduce_rows_hand_computed(round_profile: HardwareProfile) -> None:
+    sg = SparseGroups(groups=[[0, 1], [2, 3]], sync=SparseSync.allreduce_rows)
+    tp = TablePlan(name="t", sharding_type=ShardingType.table_wise, shards=[whole(0), whole(2)])
+    ev = two_d_eval(round_profile, sg, [tp], one_table_model())
+    # inside the group (W = 2, one host: NVLink only): the shard serves the group's 2·100 ids
+    n = 2 * BATCH
+    ids_s = (n * 8 + n * 8) * 0.5 / INTRA
+    out_s = 2 * (n * DIM * 4) * 0.5 / INTRA
+    # sync: u_g = touched(200, 1000), u_f = touched(400, 1000); ids all-gathered, rows' gradients all-reduced
+    u_g = ROWS * (1 - math.exp(-n / ROWS))
+    u_f = ROWS * (1 - math.exp(-2 * n / ROWS))
+    sync_s = ((2 - 1) * u_g * 8 + 2 * (2 - 1) / 2 * u_f * DIM * 4) / NIC
+    side_s = (BATCH * 8 + BATCH * 8 + 2 * BATCH * DIM * 4) * 0.5 / INTRA  # every rank's own ids and rows
+    latency = (3 + 2) * 20e-3  # three all-to-alls and the sync's two collectives; the fleet spans hosts
+    owner = (ids_s + out_s + sync_s + side_s) * 1e3 + latency
+    other = side_s * 1e3 + latency
+    comm = [r.predicted_ms.comm for r in ev.ranks]
+    assert comm == pytest.approx([owner, other, owner, other], rel=1e-5)
+    # memory: the fused update's index work, and the row-sparse gradient of the fleet's touched rows
+    assert ev.ranks[0].hbm_breakdown.gradients == math.ceil(n * 48) + math.ceil(u_f * (DIM * 4 + 8))
+    assert ev.ranks[2].hbm_used_bytes == ev.ranks[0].hbm_used_bytes
+    assert ev.ranks[1].hbm_breakdown.weights == 0
+
+
+def test_average_weights_amortises_the_weights_over_k(round_profile: HardwareProfile) -> None:
+    tp = TablePlan(name="t", sharding_type=ShardingType.table_wise, shards=[whole(0), whole(2)])
+    model = one_table_model("adam")
+    every = two_d_eval(round_profile, SparseGroups(groups=[[0, 1], [2, 3]]), [tp], model)
+    avg = SparseGroups(groups=[[0, 1], [2, 3]], sync=SparseSync.average_weights, every_k_steps=10)
+    ev = two_d_eval(round_profile, avg, [tp], model)
+    n = 2 * BATCH
+    u_g = ROWS * (1 - math.exp(-n / ROWS))
+    u_f = ROWS * (1 - math.exp(-2 * n / ROWS))
+    rows_sync = (u_g * 8 + u_f * DIM * 4) / NIC * 1e3 + 2 * 20e-3
+    weights = ROWS * DIM * 4 + 2 * ROWS * DIM * 4  # weights + adam's two moments
+    avg_sync = 2 * (2 - 1) / 2 * weights / 10 / NIC * 1e3 + 20e-3 / 10
+    assert ev.ranks[0].predicted_ms.comm - every.ranks[0].predicted_ms.comm == pytest.approx(
+        avg_sync - rows_sync, rel=1e-6
+    )
+    # no sync buffer when averaging
+    assert ev.ranks[0].hbm_breakdown.gradients == math.ceil(n * 48)
+
+
+def test_data_parallel_and_dense_stay_fleet_wide(round_profile: HardwareProfile) -> None:
+    model = ModelSpec(
+        name="m",
+        batch_size_per_gpu=BATCH,
+        embedding_tables=[
+            EmbeddingTableSpec(name="t", num_embeddings=ROWS, embedding_dim=DIM, optimizer=Optimizer.sgd)
+        ],
+        dense_layers=[DenseLayerSpec(name="d", in_features=64, out_features=64)],
+    )
+    dp = TablePlan(name="t", sharding_type=ShardingType.data_parallel, shards=[whole(r) for r in range(4)])
+    dense = [DensePlan(name="d", style=DenseStyle.replicate, ranks=[0, 1, 2, 3])]
+    topo = Topology(round_fleet(round_profile))
+    one = evaluate(topo, model, [dp], dense)
+    two = evaluate(topo, model, [dp], dense, SparseGroups(groups=[[0, 1], [2, 3]]))
+    # only data-parallel tables: nothing is sharded, nothing to sync; the all-reduces span both hosts either way
+    assert [r.predicted_ms for r in two.ranks] == [r.predicted_ms for r in one.ranks]
+    assert [r.hbm_used_bytes for r in two.ranks] == [r.hbm_used_bytes for r in one.ranks]
+
+
+# ------------------------------------------------------------------------------------------------ the validator
+
+
+def rw(rank: int, r0: int, rows: int) -> ShardPlan:
+    return ShardPlan(rank=rank, row_offset=r0, num_rows=rows, col_offset=0, num_cols=DIM)
+
+
+def good_two_d_plan(small_fleet: FleetSpec) -> tuple[Topology, ModelSpec, Plan]:
+    """2 hosts × 2 H100 as 2 one-host groups: table t row_wise over each group's two ranks, table d data_parallel."""
+    model = ModelSpec(
+        name="m",
+        batch_size_per_gpu=BATCH,
+        embedding_tables=[
+            EmbeddingTableSpec(name="t", num_embeddings=ROWS, embedding_dim=DIM),
+            EmbeddingTableSpec(name="d", num_embeddings=100, embedding_dim=DIM),
+        ],
+    )
+    groups = [[0, 1], [2, 3]]
+    zero = [
+        TablePlan(name="t", sharding_type=ShardingType.row_wise, shards=[rw(0, 0, 500), rw(1, 500, 500)]),
+        TablePlan(name="d", sharding_type=ShardingType.data_parallel, shards=[rw(0, 0, 100), rw(1, 0, 100)]),
+    ]
+    topo = Topology(small_fleet)
+    plan = build_plan(
+        topo,
+        model,
+        replicate_tables(zero, groups),
+        [],
+        SolveParams(solver="greedy"),
+        solver_name="test",
+        solver_status="HEURISTIC",
+        seconds=0.0,
+        sparse_groups=SparseGroups(groups=groups),
+    )
+    return topo, model, plan
+
+
+def with_table(plan: Plan, name: str, shards: list[ShardPlan]) -> Plan:
+    tables = [t.model_copy(update={"shards": shards}) if t.name == name else t for t in plan.tables]
+    return plan.model_copy(update={"tables": tables})
+
+
+def test_a_good_two_d_plan_validates(small_fleet: FleetSpec) -> None:
+    topo, model, plan = good_two_d_plan(small_fleet)
+    assert check_plan(topo, model, plan) == []
+    assert [s.rank for s in plan.table("t").shards] == [0, 1, 2, 3]
+    assert [s.rank for s in plan.table("d").shards] == [0, 1, 2, 3]
+
+
+def test_a_group_missing_a_table_fails(small_fleet: FleetSpec) -> None:
+    topo, model, plan = good_two_d_plan(small_fleet)
+    bad = with_table(plan, "t", [rw(0, 0, 500), rw(1, 500, 500)])
+    assert check_plan(topo, model, bad) == [
+        "table t: group 1 holds none of it (every group holds every table exactly once)"
+    ]
+
+
+def test_a_position_with_another_layout_fails(small_fleet: FleetSpec) -> None:
+    topo, model, plan = good_two_d_plan(small_fleet)
+    bad = with_table(plan, "t", [rw(0, 0, 500), rw(1, 500, 500), rw(2, 0, 600), rw(3, 600, 400)])
+    (problem,) = check_plan(topo, model, bad)
+    assert problem.startswith("table t: group 1 lays it out differently from group 0: rank 2 (position 0)")
+
+
+def test_a_group_tiling_its_table_twice_fails(small_fleet: FleetSpec) -> None:
+    topo, model, plan = good_two_d_plan(small_fleet)
+    bad = with_table(plan, "t", [rw(0, 0, 1000), rw(1, 0, 1000), rw(2, 0, 1000), rw(3, 0, 1000)])
+    problems = check_plan(topo, model, bad)
+    assert any("overlap" in p and "(group 0)" in p for p in problems), problems
+
+
+def test_a_group_not_aligned_to_the_hosts_fails(small_fleet: FleetSpec) -> None:
+    topo, model, plan = good_two_d_plan(small_fleet)
+    bad = plan.model_copy(update={"sparse_groups": SparseGroups(groups=[[0, 2], [1, 3]])})
+    assert check_plan(topo, model, bad) == [
+        "sparse_groups: group 0 takes part of host 0 (a group is one host or a whole number of hosts)",
+        "sparse_groups: group 1 takes part of host 0 (a group is one host or a whole number of hosts)",
+    ]
+
+
+def test_groups_must_cover_the_fleet_and_be_more_than_one(small_fleet: FleetSpec) -> None:
+    topo, model, plan = good_two_d_plan(small_fleet)
+    short = plan.model_copy(update={"sparse_groups": SparseGroups(groups=[[0, 1]])})
+    assert check_plan(topo, model, short) == [
+        "sparse_groups has one group: that is the 1D plan (leave sparse_groups out)"
+    ]
+    partial = plan.model_copy(update={"sparse_groups": SparseGroups(groups=[[0], [1]])})
+    assert check_plan(topo, model, partial) == [
+        "sparse_groups must cover the fleet's 4 ranks: ranks 2, 3 are in no group"
+    ]
+
+
+def test_data_parallel_needs_a_copy_on_every_rank(small_fleet: FleetSpec) -> None:
+    topo, model, plan = good_two_d_plan(small_fleet)
+    bad = with_table(plan, "d", [rw(0, 0, 100), rw(1, 0, 100)])
+    assert check_plan(topo, model, bad) == [
+        "table d: data_parallel in a 2D plan needs a copy on every rank; ranks 2, 3 have none"
+    ]
+
+
+def test_mixed_fleet_positions_must_match_gpu_types() -> None:
+    topo = Topology(fleet(("nvidia-h100-sxm", 2, 2), ("nvidia-b200", 2, 2)))
+    sg = SparseGroups(groups=[[0, 1, 4, 5], [6, 7, 2, 3]])  # position 0: an H100 in group 0, a B200 in group 1
+    assert group_alignment(topo, sg) == [
+        "sparse_groups: position 0 is a nvidia-h100-sxm in group 0 but a nvidia-b200 in group 1 (a replica set is "
+        "ranks with equal figures)"
+    ]
+    assert group_alignment(topo, SparseGroups(groups=[[0, 1, 4, 5], [2, 3, 6, 7]])) == []
+    lopsided = SparseGroups(groups=[[0, 1, 2, 3], [4, 5, 6, 7]])
+    assert group_alignment(topo, lopsided)[0].startswith(
+        "sparse_groups: group 0 takes 2 of the 2 hosts of host group 0"
+    )
+
+
+@pytest.mark.parametrize("sync", [SparseSync.allreduce_rows, SparseSync.average_weights])
+def test_breakdown_of_a_two_d_plan_sums_to_the_evaluator(sync: SparseSync, round_profile: HardwareProfile) -> None:
+    topo = Topology(FleetSpec(name="r", hosts=[HostGroupSpec(gpu=round_profile, count=4, gpus_per_host=2)]))
+    model = ModelSpec(
+        name="m",
+        batch_size_per_gpu=BATCH,
+        embedding_tables=[
+            EmbeddingTableSpec(name="t", num_embeddings=ROWS, embedding_dim=DIM),
+            EmbeddingTableSpec(name="s", num_embeddings=ROWS, embedding_dim=DIM, pooling_factor=3.0),
+            EmbeddingTableSpec(name="d", num_embeddings=100, embedding_dim=DIM),
+        ],
+        dense_layers=[DenseLayerSpec(name="l", in_features=64, out_features=64)],
+    )
+    groups = [[0, 1, 2, 3], [4, 5, 6, 7]]  # two hosts per group
+    zero = [
+        TablePlan(name="t", sharding_type=ShardingType.row_wise, shards=[rw(r, 250 * r, 250) for r in range(4)]),
+        TablePlan(name="s", sharding_type=ShardingType.table_wise, shards=[rw(3, 0, ROWS)]),
+        TablePlan(name="d", sharding_type=ShardingType.data_parallel, shards=[rw(r, 0, 100) for r in range(4)]),
+    ]
+    tables = replicate_tables(zero, groups)
+    dense = [DensePlan(name="l", style=DenseStyle.fsdp, ranks=list(range(8)))]
+    sg = SparseGroups(groups=groups, sync=sync, every_k_steps=1 if sync is SparseSync.allreduce_rows else 10)
+    ev = evaluate(topo, model, tables, dense, sg)
+    bd = step_breakdown(topo, model, tables, dense, sg)
+    for r in ev.ranks:
+        assert bd.total(r.rank) == pytest.approx(r.predicted_ms.total, rel=1e-6, abs=2e-6)
+    sync_ms = bd.ranks[:, TERM_INDEX["replica_sync"]]
+    assert (sync_ms > 0).all()  # every rank holds a shard of t
+    assert bd.ranks[:, INTER].min() >= sync_ms.min()  # the sync crosses hosts
+    assert [c.slowest_rank for c in bd.tables] == [0, 3, 0]
+
+
+# ------------------------------------------------------------------------------------------------ the planner
+
+GREEDY = SolveParams(solver="greedy")
+
+
+def hot_tables_model() -> ModelSpec:
+    """Four small, hot tables (200,000 rows × 64, 20 ids per sample, 8,192 samples per GPU): the fleet's batch
+    touches every row, so the replica sync moves each row once, while a fleet-wide plan moves every bag's pooled row
+    (or, data_parallel, every GPU streams and all-reduces whole tables)."""
+    tables = [
+        EmbeddingTableSpec(name=f"t{i}", num_embeddings=200_000, embedding_dim=64, pooling_factor=20.0)
+        for i in range(4)
+    ]
+    return ModelSpec(name="hot", batch_size_per_gpu=8192, embedding_tables=tables)
+
+
+def big_tables_model() -> ModelSpec:
+    """Four large tables (1,000,000 rows × 128, one id per sample, 4,096 per GPU): the fleet's batch touches a
+    fraction of the rows, each of them once, so the sync moves as much as the all-to-all it saves, over the NIC."""
+    tables = [EmbeddingTableSpec(name=f"t{i}", num_embeddings=1_000_000, embedding_dim=128) for i in range(4)]
+    return ModelSpec(name="big", batch_size_per_gpu=4096, embedding_tables=tables)
+
+
+def h100_hosts(count: int) -> FleetSpec:
+    return FleetSpec(name=f"h100-{count}x8", hosts=[HostGroupSpec(gpu="nvidia-h100-sxm", count=count, gpus_per_host=8)])
+
+
+def assert_every_group_holds_every_table_once(plan: Plan, model: ModelSpec) -> None:
+    sg = plan.sparse_groups
+    assert sg is not None
+    for tp in plan.tables:
+        t = model.table(tp.name)
+        for g in sg.groups:
+            held = [s for s in tp.shards if s.rank in set(g)]
+            area = sum(s.num_rows * s.num_cols for s in held)
+            if tp.sharding_type is ShardingType.data_parallel:
+                assert sorted(s.rank for s in held) == sorted(g)
+            else:
+                assert area == t.num_embeddings * t.embedding_dim
+
+
+@pytest.mark.parametrize("solver", ["greedy", "cpsat"])
+def test_two_d_wins_with_small_hot_tables(solver: str) -> None:
+    model, fleet = hot_tables_model(), h100_hosts(8)
+    params = SolveParams.model_validate({"solver": solver, "time_limit_s": 8.0, "num_workers": 1})
+    one_d = make_plan(model, fleet, params, sparse_2d=False)
+    plan = make_plan(model, fleet, params)
+    assert plan.sparse_groups is not None
+    assert plan.predicted_step_ms is not None
+    assert one_d.predicted_step_ms is not None
+    assert plan.predicted_step_ms < 0.9 * one_d.predicted_step_ms
+    topo = Topology(fleet)
+    assert check_plan(topo, model, plan) == []
+    assert_every_group_holds_every_table_once(plan, model)
+    assert plan.lower_bound_ms is not None
+    assert plan.lower_bound_ms <= plan.predicted_step_ms
+    assert any(line.startswith("2D: ") and "sync" in line for line in plan.explanation)
+    assert evaluate(topo, model, plan.tables, plan.dense, plan.sparse_groups).ranks == plan.ranks
+
+
+def test_one_d_wins_with_large_tables() -> None:
+    model, fleet = big_tables_model(), h100_hosts(8)
+    plan = make_plan(model, fleet, GREEDY)
+    assert plan.sparse_groups is None
+    (line,) = [x for x in plan.explanation if x.startswith("1D: the best 2D option")]
+    assert "3 2D options considered" in line  # 8 hosts: 2, 4 or 8 groups
+    # the bound covers the 2D options too: none of them beats it
+    topo = Topology(fleet)
+    assert plan.lower_bound_ms is not None
+    for sg in plan2d.sparse_options(topo):
+        alone = plan2d.option_plan(topo, model, GREEDY, sg)
+        assert alone.predicted_step_ms is not None
+        assert plan.lower_bound_ms <= alone.predicted_step_ms
+        assert check_plan(topo, model, alone) == []
+
+
+def test_weight_averaging_only_when_allowed() -> None:
+    model, fleet = hot_tables_model(), h100_hosts(2)
+    topo = Topology(fleet)
+    assert {sg.sync for sg in plan2d.sparse_options(topo)} == {SparseSync.allreduce_rows}
+    allowed = plan2d.sparse_options(topo, allow_weight_averaging=True)
+    assert [(sg.sync, sg.every_k_steps) for sg in allowed] == [
+        (SparseSync.allreduce_rows, 1),
+        (SparseSync.average_weights, 10),
+        (SparseSync.average_weights, 100),
+    ]
+    plan = make_plan(model, fleet, GREEDY, allow_weight_averaging=True)
+    assert check_plan(topo, model, plan) == []
+    assert plan.sparse_groups is not None
+    assert plan.sparse_groups.sync is SparseSync.average_weights
+
+
+def test_one_host_plans_no_two_d() -> None:
+    assert plan2d.sparse_options(Topology(h100_hosts(1))) == []
+
+
+# ------------------------------------------------------------------------------------------------ port analysis
+
+
+def test_port_of_a_two_d_plan_carries_its_groups_and_names_them() -> None:
+    model = hot_tables_model()
+    source_fleet = h100_hosts(8)
+    target = FleetSpec(name="b200-8x8", hosts=[HostGroupSpec(gpu="nvidia-b200", count=8, gpus_per_host=8)])
+    report = port_analysis(model, source_fleet, target, GREEDY)
+    source = report.source_plan
+    assert source.sparse_groups is not None
+    direct = report.direct_port
+    assert direct.feasible
+    assert direct.plan is not None
+    assert direct.plan.sparse_groups == source.sparse_groups  # rank for rank: the same groups, now of B200s
+    assert check_plan(Topology(target), model, direct.plan) == []
+    assert f"the source plan runs {two_d.describe(source.sparse_groups)}" in report.hints
+    if report.replan.sparse_groups is not None:
+        assert f"the re-plan runs {two_d.describe(report.replan.sparse_groups)}" in report.hints
+    # every table's layout after the re-plan is priced on its group, as the evaluator prices the whole plan
+    for change in report.table_changes:
+        assert change.after.slowest_shard_ms <= (report.replan.predicted_step_ms or 0.0)
+
+
+def test_a_two_d_plan_does_not_carry_over_to_a_fleet_its_groups_do_not_fit() -> None:
+    model = hot_tables_model()
+    source_fleet = h100_hosts(8)
+    source = make_plan(model, source_fleet, GREEDY)
+    assert source.sparse_groups is not None
+    direct = direct_port(Topology(h100_hosts(4)), model, source)
+    assert not direct.feasible
+    assert direct.problems[0].startswith("the source plan's 2D groups do not carry over to h100-4x8: ")

@@ -886,3 +886,27 @@ def test_api_docs_load_only_this_servers_files(client: TestClient, url: str) -> 
     # the vendored distributions keep their licenses beside them
     for name in ("swagger-ui.LICENSE", "swagger-ui.NOTICE", "redoc.LICENSE"):
         assert client.get(f"/static/{name}").status_code == 200
+
+
+def test_a_two_d_plan_page_shows_its_groups_and_the_sync(client: TestClient) -> None:
+    """Small hot tables on 8 hosts: the planner splits the fleet into replica groups (solver/plan2d.py); the page
+    names G, the number of groups and the sync, and the time it spends keeping them in sync is a term of its own."""
+    hot = {"num_embeddings": 200_000, "embedding_dim": 64, "pooling_factor": 20.0}
+    model = {
+        "name": "hot-2d",
+        "batch_size_per_gpu": 8192,
+        "embedding_tables": [{"name": f"t{i}", **hot} for i in range(4)],
+    }
+    plan = post_plan(client, model, fleet("h100-8x8", gpus=8, hosts=8))
+    sg = plan["sparse_groups"]
+    assert sg is not None
+    doc = page(client, f"/ui/plans/{plan['id']}")
+    fact = text(doc.css_first("dd.sparse-groups"))
+    assert f"{len(sg['groups'])} × G={len(sg['groups'][0])}" in fact
+    assert sg["sync"] in fact
+    section = doc.css_first("section.time")
+    assert section is not None
+    assert section.css("rect.term-replica_sync")
+    for bar in section.css("tr.rank-group svg.rank-bar"):
+        parts = [float(attr(r, "data-ms")) for r in bar.css("rect.term")]
+        assert sum(parts) == pytest.approx(float(attr(bar, "data-total")), rel=0.01)

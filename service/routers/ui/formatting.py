@@ -116,6 +116,7 @@ TERM_COLOURS = {
     "output_a2a": "#ff7f0e",
     "reduce_scatter": "#d62728",
     "all_reduce": "#e377c2",
+    "replica_sync": "#8b0000",
     "dense_comm": "#9467bd",
     "latency": "#bcbd22",
     "host_wait": "#9e9e9e",

@@ -121,6 +121,7 @@ _WHY = {
     "output_a2a": "sending pooled rows to every rank's batch",
     "reduce_scatter": "reduce-scattering row shards' partial sums",
     "all_reduce": "all-reducing the whole table's gradient",
+    "replica_sync": "keeping the 2D replica groups' rows in sync",
 }
 
 
@@ -153,7 +154,7 @@ def time_view(page: PagePlan, views: Sequence[RankView]) -> TimeView | None:
         names = {t.name for t in page.model.embedding_tables}
         if any(t.name not in names for t in page.tables) or len(topo.ranks) != len(views):
             return None
-        bd = grouped_breakdown(topo, page.model, page.tables, page.plan.dense)
+        bd = grouped_breakdown(topo, page.model, page.tables, page.plan.dense, page.plan.sparse_groups)
     except (KeyError, ValueError):  # a profile or a layout this version no longer knows
         return None
     return _view(bd, page.tables, views, topo)
