@@ -8,6 +8,7 @@ batch; an unsharded reference in every process runs the whole batch.
 * ``allreduce_rows`` — the 2D step equals the unsharded model's: the optimizer in backward (one table of each
   sharding type, rowwise_adagrad / adam / adagrad, and SGD on every table; three steps) and row-sparse gradients
   (two steps, gradients compared too), forward outputs and every parameter gathered, atol 1e-5 (test_apply's);
+  the solver's own 2D plan for the model (table_wise and data_parallel tables, TP and FSDP dense layers);
   groups listed out of rank order (``[[1, 0], [3, 2]]``), so a group's process-group ranks are not its positions;
   and 4 groups of one rank;
 * ``average_weights`` — k = 2: the replicas of every shard differ after steps 1 and 3 and are equal (weights and
@@ -53,6 +54,7 @@ from shardwise.wire.spec import (  # noqa: E402
     Placement,
     Plan,
     ShardingType,
+    SolveParams,
     SparseGroups,
     SparseSync,
     TablePlan,
@@ -99,6 +101,27 @@ MIXED_DENSE = {  # every dense style, over the whole fleet as in a 1D plan
     "top.0": DenseStyle.colwise,
     "top.2": DenseStyle.rowwise,
 }
+
+
+def planner_plan_2d() -> Plan:
+    """shardwise's own 2D plan for the model: ``describe()`` on the meta device, one option of the solver's 2D
+    search (two groups of one host each, allreduce_rows) planned by the greedy on 100-kB GPUs, two to a host."""
+    from _fleets import tiny_fleet
+
+    from shardwise.clients.describe import describe
+    from shardwise.solver import plan2d, two_d
+    from shardwise.solver.topology import Topology
+
+    with torch.device("meta"):
+        spec = describe(DLRM(), batch_size_per_gpu=16, name="apply-small", pooling_factors=2.0)
+    topo = Topology(tiny_fleet(WORLD, hbm_bytes=100_000), {})
+    groups = two_d.candidate_groups(topo)[0]
+    plan = plan2d.option_plan(topo, spec, SolveParams(solver="greedy"), SparseGroups(groups=groups))
+    assert plan.sparse_groups is not None, plan.explanation
+    assert plan.sparse_groups.num_groups == 2
+    return plan
+
+
 FUSED_KINDS = {fqn: FUSED_OPTIMIZER[st] for st, fqn in MIXED.items()}
 SGD_KINDS = dict.fromkeys(TABLES, RowOptimizer.sgd)
 
@@ -222,6 +245,7 @@ def worker(rank: int, world: int, only: tuple[str, ...] = ()) -> dict[str, str]:
     guarded("fused", lambda: check_training_fused(rank, world, two, FUSED_KINDS))
     guarded("fused_sgd", lambda: check_training_fused(rank, world, two, SGD_KINDS))
     guarded("row_sparse", lambda: check_training(rank, world, two, mixed=True))
+    guarded("planner", lambda: check_training(rank, world, planner_plan_2d(), mixed=True))
     guarded("one_rank_groups", lambda: check_training_fused(rank, world, plan_2d(FOUR_BY_ONE), FUSED_KINDS))
     guarded("average_weights", lambda: check_average_weights(rank, world))
     every_step = plan_2d([[0, 1], [2, 3]], SparseSync.average_weights, every_k_steps=1)
@@ -264,6 +288,10 @@ def test_allreduce_rows_with_sgd_matches_the_unsharded_model() -> None:
 
 def test_allreduce_rows_with_row_sparse_gradients_matches_the_unsharded_model() -> None:
     _assert_passed("row_sparse")
+
+
+def test_the_solvers_2d_plan_matches_the_unsharded_model() -> None:
+    _assert_passed("planner")
 
 
 def test_groups_of_one_rank_match_the_unsharded_model() -> None:
