@@ -56,6 +56,13 @@ the global batch. Placements (see :mod:`shardwise.clients.sharded_embedding`, "P
 the device; ``host`` shards on an accelerator stay in CPU memory; ``uvm_cache`` shards keep their weights in host
 memory behind an LRU row cache on the device (with an embedding optimizer; without one, in CPU memory as ``host``).
 
+**2D plans** (``plan.sparse_groups``): the tables are sharded inside each group of ranks and replicated across the
+groups. :func:`apply_plan` builds a 2-D ``DeviceMesh`` ``("replica", "shard")`` from the plan's group lists, runs
+the tables' exchanges over the rank's group, and keeps the replicas equal by the plan's sync (``allreduce_rows``:
+the touched rows' gradients summed over the replica set before every update; ``average_weights``: weights and
+optimizer state averaged every ``k`` updates). data_parallel tables and dense layers stay fleet-wide. See
+:mod:`shardwise.clients.replicas`, which also says what a 2D plan refuses.
+
 Composition order (torchtitan's): tables, then TP, then FSDP, then DDP. Requirements: an initialised process group
 whose size is the plan's world size (``len(plan.ranks)`` when the plan lists its ranks), dense layers materialised
 (not meta), every dense entry on every rank, TP over several hosts only on the default group with hosts of equal
@@ -80,7 +87,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from shardwise.clients.fused_update import UpdateConfig
 from shardwise.clients.kernel_linear import WIRE_DTYPES, KernelLinear, layer_configs, triton_matmul_available
-from shardwise.clients.plan_check import TP_STYLES, PlanMismatchError, ancestors, check, check_plan, under
+from shardwise.clients.plan_check import TP_STYLES, Checked, PlanMismatchError, ancestors, check, check_plan, under
+from shardwise.clients.replicas import build_layout
 from shardwise.clients.row_cache import CACHE_WAYS
 from shardwise.clients.shard_groups import plan_groups
 from shardwise.clients.sharded_embedding import ShardedEmbeddingBag, average_grad_hook
@@ -92,6 +100,7 @@ from shardwise.wire.spec import (
     Plan,
     ShardingType,
     ShardPlan,
+    SparseSync,
 )
 
 __all__ = [
@@ -310,6 +319,25 @@ def _uncovered(module: nn.Module, planned: Sequence[str]) -> tuple[list[str], li
     return sorted(wrapped), loose
 
 
+def _two_d_problems(plan: Plan, checked: Checked, updates: Mapping[str, UpdateConfig]) -> list[str]:
+    """What a 2D plan needs of the call beyond the plan check: average_weights averages the optimizer state too,
+    which only the optimizer in backward keeps here (a user's optimizer's state the executor cannot see)."""
+    sg = plan.sparse_groups
+    if sg is None or sg.sync is not SparseSync.average_weights or sg.num_groups == 1:
+        return []
+    missing = [
+        tp.name
+        for tp, _ in checked.tables
+        if tp.sharding_type is not ShardingType.data_parallel and tp.name not in updates
+    ]
+    if not missing:
+        return []
+    return [
+        f"sparse_groups: average_weights averages the tables' optimizer state, which the executor keeps only with "
+        f"embedding_optimizer; none is given for {', '.join(missing)}"
+    ]
+
+
 def _updates(given: UpdateConfig | Mapping[str, UpdateConfig] | None, tables: Sequence[str]) -> dict[str, UpdateConfig]:
     """Table FQN → its optimizer in backward (none: row-sparse gradients)."""
     if given is None:
@@ -356,14 +384,21 @@ def apply_plan(
     checked = check(module, plan, world, model_spec, default_group=group is dist.group.WORLD)
     if checked.problems:
         raise PlanMismatchError(checked.problems)
+    updates = _updates(embedding_optimizer, [tp.name for tp, _ in checked.tables])
+    two_d = _two_d_problems(plan, checked, updates)
+    if two_d:
+        raise PlanMismatchError(two_d)
     dev = torch.device(device) if device is not None else _default_device(group)
 
     planned = [t.name for t in plan.tables] + [d.name for d, _ in checked.dense]  # less compute-only entries
     wrapped, loose = _uncovered(module, planned)
 
-    # 1. embedding tables: only this rank's shards reach the device; with an embedding optimizer, into their groups
-    updates = _updates(embedding_optimizer, [tp.name for tp, _ in checked.tables])
-    rank = dist.get_rank(group)
+    # 1. embedding tables: only this rank's shards reach the device; with an embedding optimizer, into their groups.
+    # A 2D plan: checked.tables are one group's view (group ranks), exchanged over this rank's group
+    layout = build_layout(plan, group, dev.type) if plan.sparse_groups is not None else None
+    table_group = layout.shard_group if layout is not None else group
+    replicas = layout.replicas if layout is not None else None
+    rank = dist.get_rank(table_group)
     local: list[tuple[str, int, ShardPlan, torch.dtype, torch.device, UpdateConfig]] = []
     for tp, bag in checked.tables:
         update = updates.get(tp.name)
@@ -375,7 +410,7 @@ def apply_plan(
                 local.append((tp.name, i, s, bag.weight.dtype, where, update))
     if cache_ways < 1:
         raise ValueError(f"cache_ways must be at least 1, got {cache_ways}")
-    storage = plan_groups(local, cache_ways=cache_ways)
+    storage = plan_groups(local, cache_ways=cache_ways, replicas=replicas)
     for tp, bag in checked.tables:
         grouped = {i: g for (name, i), g in storage.place.items() if name == tp.name}
         sharded = ShardedEmbeddingBag.from_embedding_bag(
@@ -384,14 +419,21 @@ def apply_plan(
             tp.sharding_type,
             tp.shards,
             device=dev,
-            process_group=group,
+            process_group=table_group,
             allocate=storage.allocator(tp.name) if grouped else None,
             groups=grouped,
             update=updates.get(tp.name),
+            fleet_group=group if layout is not None else None,
+            replicas=replicas,
+            grad_scale=layout.grad_scale() if layout is not None else None,
         )
         if sharded.data_parallel and bag.weight.is_meta:
             with torch.no_grad():
                 dist.broadcast(sharded.weights[0], src=dist.get_global_rank(group, 0), group=group)
+        elif replicas is not None and replicas.size > 1 and bag.weight.is_meta:
+            with torch.no_grad():  # N(0, 1) drawn on each rank: the replicas start from group 0's draw
+                for w in sharded.weights:
+                    dist.broadcast(w, src=dist.get_global_rank(replicas.group, 0), group=replicas.group)
         _set_submodule(module, tp.name, sharded)
 
     # 2. dense layers and uncovered parameters on the device

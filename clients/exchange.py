@@ -17,11 +17,14 @@ call. For the tables of one dtype it runs (see the sharded_embedding module docs
    backward is a coalesced row-sparse gradient (:class:`_ShardLookup`, the compatible mode: it synchronises in
    backward, for ``unique``);
 5. **pooled rows** — ``all_to_all_single`` (differentiable) back to the bags' ranks, row blocks summed, bands
-   concatenated, ``mean`` divided by the bag length.
+   concatenated, ``mean`` divided by the bag length. Its backward scales the gradient by the tables'
+   ``grad_scale``: ``1/W`` (the mean over ranks), in a 2D plan ``1/fleet`` or ``1/G``
+   (:mod:`shardwise.clients.replicas`).
 
-At world size one there is nothing to exchange (:func:`_exchange_alone`): no collective runs and no split sizes are
-read, so a step makes no host synchronisation. Bad ids then raise at once on the CPU; on a CUDA device their count is
-copied to pinned memory and checked at the start of the next call (or by
+At world size one there is nothing to exchange (:func:`_exchange_alone`; not for a group of one rank in a 2D plan,
+whose gradients the exchange scales, see :mod:`shardwise.clients.replicas`): no collective runs and no split sizes
+are read, so a step makes no host synchronisation. Bad ids then raise at once on the CPU; on a CUDA device their
+count is copied to pinned memory and checked at the start of the next call (or by
 ``ShardedEmbeddingBagCollection.check_ids()``), the ids clamped into their own table meanwhile, so that a bad id
 never touches another table's rows. A collection whose tables are each one whole shard of one group
 (:class:`OneGroup`) is looked up with one call (:func:`one_group_lookup`): one offset add per table, one range check
@@ -205,7 +208,7 @@ def _exchange(
     dtype = tables[0].dtype
     plan = _plan_for(tables, device)
     rt = [routed[t.name] for t in tables]
-    if W == 1 and all(len(b.shards) == 1 for t in tables for b in t.bands):
+    if W == 1 and tables[0].grad_scale == 1.0 and all(len(b.shards) == 1 for t in tables for b in t.bands):
         return _exchange_alone(tables, plan, rt, extra, prefetch)
 
     # 2. the split table: per (table, shard) [bags, ids], in destination order, then this rank's bad-id count
@@ -286,7 +289,7 @@ def _exchange(
             t = tables[ti]
             recv_splits[d] += rt[ti].bags * t.shards[i].num_cols
             theirs.append((t, i, rt[ti].bags))
-    y = AllToAll.apply(x, send_splits, recv_splits, group, 1.0 / W)  # type: ignore[no-untyped-call]
+    y = AllToAll.apply(x, send_splits, recv_splits, group, tables[0].grad_scale)  # type: ignore[no-untyped-call]
     assert isinstance(y, Tensor)
     sizes = [bags * t.shards[i].num_cols for t, i, bags in theirs]
     per_table: dict[str, dict[int, Tensor]] = {t.name: {} for t in tables}
@@ -310,8 +313,8 @@ class OneGroup:
 
 def one_group(tables: Sequence[ShardedEmbeddingBag]) -> OneGroup | None:
     """The one-group layout of ``tables`` when they have it (see :class:`OneGroup`), else None."""
-    if not tables or tables[0].world_size != 1:
-        return None
+    if not tables or tables[0].world_size != 1 or tables[0].grad_scale != 1.0:
+        return None  # a 2D plan's group of one rank still scales its gradients: the general path does
     ordered = sorted(tables, key=lambda t: t.name)
     group: ShardGroup | None = None
     bases: list[int] = []

@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from shardwise.clients.replicas import group_view, layout_key
 from shardwise.wire.spec import (
     DensePlan,
     DenseStyle,
     Dtype,
     ModelSpec,
+    Placement,
     Plan,
     PlanStatus,
     Pooling,
@@ -102,7 +104,15 @@ def _check_tiling(tp: TablePlan, rows: int, cols: int, world_size: int, hosts: S
     return out
 
 
-def _check_table(tp: TablePlan, mod: nn.Module | None, spec: ModelSpec | None, checked: Checked, W: int) -> None:
+def _check_table(
+    tp: TablePlan,
+    mod: nn.Module | None,
+    spec: ModelSpec | None,
+    checked: Checked,
+    W: int,
+    hosts: Sequence[int] | None = None,
+) -> None:
+    """``tp`` on ``W`` ranks on ``hosts`` (default: the plan's; a 2D plan passes one group's view and hosts)."""
     where = f"table {tp.name}"
     problems = checked.problems
     if mod is None:
@@ -139,7 +149,7 @@ def _check_table(tp: TablePlan, mod: nn.Module | None, spec: ModelSpec | None, c
                 problems.append(f"{where}: the spec says {t.dtype.value}, the module's weight is {mod.weight.dtype}")
             if t.pooling is Pooling.none or t.pooling.value != mod.mode:
                 problems.append(f"{where}: the spec says pooling {t.pooling.value}, the module's mode is {mod.mode}")
-    problems.extend(_check_tiling(tp, rows, cols, W, checked.hosts))
+    problems.extend(_check_tiling(tp, rows, cols, W, checked.hosts if hosts is None else hosts))
     if len(problems) == before:
         checked.tables.append((tp, mod))
 
@@ -203,6 +213,53 @@ def _compute_only(plan: Plan, modules: Mapping[str, nn.Module], spec: ModelSpec 
     return empty & {d.name for d in plan.dense}
 
 
+def _check_two_d(
+    plan: Plan,
+    modules: Mapping[str, nn.Module],
+    spec: ModelSpec | None,
+    checked: Checked,
+    world_size: int,
+    default_group: bool,
+) -> None:
+    """A 2D plan (``plan.sparse_groups``): the groups cover the process group's ranks; every table's shards on each
+    group tile it as group 0's do, rank for rank (the ``j``-th rank of every group holds the same shards); group 0's
+    view passes the 1D checks on its ``G`` ranks; and what the executor does not run in 2D is refused.
+    ``checked.tables`` gets group 0's views (group ranks; every group's view is the same, see
+    :func:`~shardwise.clients.replicas.group_view`)."""
+    sg = plan.sparse_groups
+    assert sg is not None
+    problems = checked.problems
+    flat = sorted(r for g in sg.groups for r in g)
+    if flat != list(range(world_size)):
+        problems.append(
+            f"sparse_groups: {sg.num_groups} groups of {sg.group_size} cover ranks {_ranges(flat)}, "
+            f"but the process group has ranks 0..{world_size - 1}"
+        )
+        return
+    if not default_group:
+        problems.append("sparse_groups: a 2D plan runs on the default process group only (its mesh spans the world)")
+    first = sg.groups[0]
+    hosts = [checked.hosts[r] for r in sorted(first)]
+    for tp in plan.tables:
+        want = layout_key(tp, first)
+        for k, g in enumerate(sg.groups[1:], start=1):
+            if layout_key(tp, g) != want:
+                problems.append(
+                    f"table {tp.name}: group {k} {g} does not hold the shards of group 0 {first} rank for rank "
+                    "(the j-th rank of every group must hold the same shards)"
+                )
+                break
+        if any(s.placement is Placement.uvm_cache for s in tp.shards):
+            problems.append(
+                f"table {tp.name}: uvm_cache shards do not run in a 2D plan (their cache has no replica sync)"
+            )
+        _check_table(group_view(tp, first), modules.get(tp.name), spec, checked, len(first), hosts)
+
+
+def _ranges(ranks: Sequence[int]) -> str:
+    return ", ".join(map(str, ranks)) if len(ranks) <= 8 else f"{ranks[0]}..{ranks[-1]} ({len(ranks)})"
+
+
 def check(module: nn.Module, plan: Plan, world_size: int, model_spec: ModelSpec | None, default_group: bool) -> Checked:
     checked = Checked()
     problems = checked.problems
@@ -220,8 +277,11 @@ def check(module: nn.Module, plan: Plan, world_size: int, model_spec: ModelSpec 
         for a in ancestors(b):
             if a in entries:
                 problems.append(f"{b}: nested inside {a}; plan entries must not overlap")
-    for tp in plan.tables:
-        _check_table(tp, modules.get(tp.name), model_spec, checked, world_size)
+    if plan.sparse_groups is None:
+        for tp in plan.tables:
+            _check_table(tp, modules.get(tp.name), model_spec, checked, world_size)
+    else:
+        _check_two_d(plan, modules, model_spec, checked, world_size, default_group)
     for dp in plan.dense:
         _check_dense(dp, modules.get(dp.name), model_spec, checked, world_size, dp.name in parameters)
     if model_spec is not None:

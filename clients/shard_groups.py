@@ -53,6 +53,7 @@ from shardwise.clients.fused_update import (
     init_state,
     pooled_sum,
 )
+from shardwise.clients.replicas import Replicas
 from shardwise.clients.row_cache import CACHE_WAYS, Fetched, RowCache, cache_slots, gather_rows, scatter_rows
 from shardwise.wire.spec import Placement, ShardPlan
 
@@ -96,6 +97,9 @@ class ShardGroup:
     #: a zero-size tensor that needs a gradient: it makes autograd call the group lookup's backward (the update)
     trigger: Tensor = field(default_factory=lambda: torch.empty(0, requires_grad=True))
     cache: RowCache | None = None
+    #: 2D plans: the replica set that holds the same group on the other replica groups, and how it syncs
+    #: (:mod:`shardwise.clients.replicas`); None for a 1D plan
+    replicas: Replicas | None = None
 
     @property
     def rows(self) -> int:
@@ -134,6 +138,7 @@ def plan_groups(
     shards: Sequence[tuple[str, int, ShardPlan, torch.dtype, torch.device, UpdateConfig]],
     *,
     cache_ways: int = CACHE_WAYS,
+    replicas: Replicas | None = None,
 ) -> ShardStorage:
     """Lay this rank's sharded (not data_parallel) shards out in groups and allocate each group's weight once.
 
@@ -144,6 +149,10 @@ def plan_groups(
     ``uvm_cache`` shards form groups of their own (``GroupKey.cached``): the weight in host memory, pinned when
     ``device`` is CUDA, and a :class:`~shardwise.clients.row_cache.RowCache` on ``device`` of
     ``Σ cache_slots(rows, cache_fraction, cache_ways)`` slots over the group's shards.
+
+    ``replicas`` (2D plans): every group syncs with the same groups of the other replicas in its update
+    (:class:`_GroupLookup`); the caller lists the shards in the same order on every replica, so that a group's row
+    numbers mean the same rows on all of them. Cached groups do not sync (apply_plan refuses uvm_cache in 2D).
     """
     rows: dict[GroupKey, int] = {}
     slots: dict[GroupKey, int] = {}
@@ -159,18 +168,19 @@ def plan_groups(
             slots[key] = slots.get(key, 0) + cache_slots(shard.num_rows, shard.cache_fraction or 0.0, cache_ways)
             segments.setdefault(key, []).append((table, base, shard.num_rows))
     groups = {
-        key: _cached_group(key, n, slots[key], cache_ways, segments[key]) if key.cached else _group(key, n)
+        key: _cached_group(key, n, slots[key], cache_ways, segments[key]) if key.cached else _group(key, n, replicas)
         for key, n in rows.items()
     }
     return ShardStorage({k: (groups[g], base) for k, (g, base) in place.items()})
 
 
-def _group(key: GroupKey, rows: int) -> ShardGroup:
+def _group(key: GroupKey, rows: int, replicas: Replicas | None = None) -> ShardGroup:
     return ShardGroup(
         key,
         torch.empty((rows, key.num_cols), dtype=key.dtype, device=key.device),
         init_state(key.config.optimizer, rows, key.num_cols, key.device),
         trigger=torch.empty(0, device=key.device, requires_grad=True),
+        replicas=replicas,
     )
 
 
@@ -192,7 +202,13 @@ def _cached_group(
 
 
 class _GroupLookup(torch.autograd.Function):
-    """Sum-pooled lookup of a whole group; backward is the fused reduce-by-id + optimizer update, in place."""
+    """Sum-pooled lookup of a whole group; backward is the fused reduce-by-id + optimizer update, in place.
+
+    In a 2D plan (``group.replicas``): with ``allreduce_rows`` the update runs on every replica's touched rows and
+    their gradients (:meth:`~shardwise.clients.replicas.Replicas.gather_rows`: the fused update's reduce-by-id sums
+    them), so all replicas make the same update; with ``average_weights`` the replicas average the group's weight
+    and state after every ``every_k_steps``-th update.
+    """
 
     @staticmethod
     def forward(
@@ -216,11 +232,17 @@ class _GroupLookup(torch.autograd.Function):
         step = 1 + max(group.steps.get(t, 0) for t in ctx.tables)  # equal unless tables were looked up unevenly
         for t in ctx.tables:
             group.steps[t] = step
+        replicas = group.replicas
         with torch.no_grad():
             backend = os.environ.get("SHARDWISE_FUSED_BACKEND", "auto")
+            if replicas is not None and replicas.sums_rows:
+                ids, grad = replicas.gather_rows(ids, grad.index_select(0, bags))
+                bags = torch.arange(ids.numel(), dtype=torch.int64, device=ids.device)
             fused_backward_update(
                 group.weight, group.state, ids, bags, grad, group.key.config, step=step, backend=backend
             )
+            if replicas is not None and replicas.averages_at(step):
+                replicas.average([group.weight, *group.state.values()])
         return group.trigger.new_zeros(0), None, None, None, None, None
 
 

@@ -63,7 +63,9 @@ Gradient convention (same as DDP's)
 Every rank computes a loss on its own batch; every parameter receives the gradient of the **mean over ranks** of
 those losses. Sharded tables get it by scaling the output gradient by ``1/world_size`` in the reverse all-to-all,
 data_parallel copies by the averaging all-reduce. With equal local batches and a mean-reduced loss this equals the
-gradient of the unsharded model on the global batch.
+gradient of the unsharded model on the global batch. In a 2D plan the exchange runs inside the rank's group and
+scales by ``grad_scale`` instead (``1/fleet`` then a sum over the replica set, or ``1/G`` then weight averaging;
+:mod:`shardwise.clients.replicas`), and data_parallel copies average over ``fleet_group``.
 
 Placements
 ----------
@@ -153,6 +155,7 @@ from shardwise.clients.exchange import (
 )
 from shardwise.clients.fused_update import UpdateConfig, init_state
 from shardwise.clients.optim import RowWiseAdagrad
+from shardwise.clients.replicas import Replicas
 from shardwise.clients.row_cache import CacheStats
 from shardwise.clients.shard_groups import ShardGroup, fused_data_parallel_hook
 from shardwise.wire.spec import Placement, ShardingType, ShardPlan
@@ -169,6 +172,16 @@ __all__ = [
 Features = Mapping[str, tuple[Tensor, Tensor | None] | Tensor]
 #: where a shard's weight comes from: (shard index, shard, dtype, device) → a view into a group, or None (allocate)
 Allocator = Callable[[int, ShardPlan, torch.dtype, torch.device], Tensor | None]
+
+
+def _replica_sum_hook(replicas: Replicas) -> Any:
+    """A post-accumulate-grad hook summing a shard's row-sparse gradient over its replica set (2D plans)."""
+
+    def hook(param: Tensor) -> None:
+        if param.grad is not None:
+            param.grad = replicas.sum_sparse(param.grad)
+
+    return hook
 
 
 def average_grad_hook(group: dist.ProcessGroup, world_size: int) -> Any:
@@ -251,6 +264,9 @@ class ShardedEmbeddingBag(nn.Module):
         allocate: Allocator | None = None,
         groups: Mapping[int, tuple[ShardGroup, int]] | None = None,
         update: UpdateConfig | None = None,
+        fleet_group: dist.ProcessGroup | None = None,
+        replicas: Replicas | None = None,
+        grad_scale: float | None = None,
     ) -> None:
         super().__init__()
         if mode not in ("sum", "mean"):
@@ -266,6 +282,12 @@ class ShardedEmbeddingBag(nn.Module):
         self.group: dist.ProcessGroup = process_group if process_group is not None else dist.group.WORLD  # type: ignore[assignment]
         self.world_size = dist.get_world_size(self.group)
         self.rank = dist.get_rank(self.group)
+        # 2D plans (module docstring, "2D plans"): data_parallel copies average over the fleet, the exchange
+        # scales the pooled-row gradients by grad_scale, and the replica set syncs the shards
+        self.fleet_group: dist.ProcessGroup = fleet_group if fleet_group is not None else self.group
+        self.fleet_size = dist.get_world_size(self.fleet_group)
+        self.replicas = replicas
+        self.grad_scale = grad_scale if grad_scale is not None else 1.0 / self.world_size
         order = sorted(range(len(shards)), key=lambda k: (shards[k].col_offset, shards[k].row_offset, shards[k].rank))
         self.shards: tuple[ShardPlan, ...] = tuple(shards[k] for k in order)
         plan_index = order  # self.shards[i] is the plan's shard plan_index[i]: what plan_groups and ``groups`` key on
@@ -300,11 +322,15 @@ class ShardedEmbeddingBag(nn.Module):
         if self.data_parallel:
             for p in self.weights:
                 if update is None:
-                    p.register_post_accumulate_grad_hook(average_grad_hook(self.group, self.world_size))
+                    p.register_post_accumulate_grad_hook(average_grad_hook(self.fleet_group, self.fleet_size))
                 else:
                     self._dp_state = init_state(update.optimizer, p.shape[0], p.shape[1], p.device)
-                    hook = fused_data_parallel_hook(self.group, self.world_size, update, self._dp_state)
+                    hook = fused_data_parallel_hook(self.fleet_group, self.fleet_size, update, self._dp_state)
                     p.register_post_accumulate_grad_hook(hook)
+        elif replicas is not None and replicas.sums_rows:
+            for p in self.weights:
+                if p.requires_grad:  # row-sparse gradients (no optimizer in backward): summed over the replicas
+                    p.register_post_accumulate_grad_hook(_replica_sum_hook(replicas))
         self._boundaries: dict[tuple[tuple[int, ...], str], tuple[Tensor, Tensor, Tensor]] = {}
         self.exchange_plans: dict[Any, Any] = {}  # the exchange's per-table-set plans (clients.exchange)
         self.pending_ids: PendingIdCheck | None = None  # a deferred bad-id check (world size one on CUDA)
@@ -370,6 +396,9 @@ class ShardedEmbeddingBag(nn.Module):
         allocate: Allocator | None = None,
         groups: Mapping[int, tuple[ShardGroup, int]] | None = None,
         update: UpdateConfig | None = None,
+        fleet_group: dist.ProcessGroup | None = None,
+        replicas: Replicas | None = None,
+        grad_scale: float | None = None,
     ) -> ShardedEmbeddingBag:
         """Shard an existing ``nn.EmbeddingBag`` (its weights are copied; a meta weight is initialised N(0, 1))."""
         return cls(
@@ -387,6 +416,9 @@ class ShardedEmbeddingBag(nn.Module):
             allocate=allocate,
             groups=groups,
             update=update,
+            fleet_group=fleet_group,
+            replicas=replicas,
+            grad_scale=grad_scale,
         )
 
     def _shard_device(self, shard: ShardPlan) -> torch.device:

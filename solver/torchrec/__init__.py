@@ -9,6 +9,7 @@ from shardwise.solver.torchrec.exporter import (
     COMPUTE_KERNELS,
     DEFAULT_MODULE_FQN,
     TorchRecExportError,
+    dmp_collection_kwargs,
     to_torchrec,
     to_torchrec_dict,
 )
@@ -19,6 +20,7 @@ __all__ = [
     "DEFAULT_MODULE_FQN",
     "TorchRecExportError",
     "TorchRecImportError",
+    "dmp_collection_kwargs",
     "from_torchrec",
     "to_torchrec",
     "to_torchrec_dict",

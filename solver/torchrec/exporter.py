@@ -29,6 +29,23 @@ the same ranks (a rank then holds at most one row more than planned). Row-wise o
 of a mixed fleet) has no TorchRec form and is refused. Every shard of a table must share one placement (TorchRec
 has one compute kernel per table).
 
+2D plans (``Plan.sparse_groups``) become TorchRec's 2D form, ``DMPCollection``: the ShardingPlan of ONE group (its
+ranks ``0..G-1``, what ``DMPCollection(plan=...)`` takes and remaps to every group) and the collection's arguments
+from :func:`dmp_collection_kwargs`::
+
+    dmp = DMPCollection(module=model, device=device, plan=to_torchrec(plan, spec), global_pg=pg,
+                        **dmp_collection_kwargs(plan))
+    ...                                   # train; every sparse_groups.every_k_steps steps:
+    dmp.sync()                            # average the replicas' weights and optimizer state
+
+TorchRec 1.8's API allows it only where the plan says what DMPCollection does, else :class:`TorchRecExportError`
+names the reason: the sync must be ``average_weights`` (``sync()`` averages weights and optimizer state; TorchRec has
+no all-reduce of row gradients, so ``allreduce_rows`` has no TorchRec form), and the groups must be one of the two
+layouts DMPCollection builds for ``W = R·G`` ranks — contiguous (group ``i`` = ranks ``i·G … i·G+G−1``,
+``use_inter_host_allreduce=True``) or strided (group ``i`` = ranks ``i, i+R, i+2R, …``, ``False``) — with the
+``m``-th smallest rank of every group holding the shards of the ``m``-th smallest rank of group 0 (DMPCollection's
+remapping). ``node_group_size`` is a group's GPUs per host.
+
 Known TorchRec defect, refused while ``check_torchrec_issues`` is on (the default) and the model is given: in
 TorchRec 1.8, when a collection holds a mean-pooled table sharded row_wise or table_row_wise, ShardedEmbeddingBag-
 Collection divides the pooled output of every table of that collection *not* sharded row-wise (table_wise,
@@ -47,7 +64,14 @@ from shardwise.wire.spec import ModelSpec, Placement, Plan, ShardingType, ShardP
 if TYPE_CHECKING:
     from torchrec.distributed.types import ShardingPlan
 
-__all__ = ["COMPUTE_KERNELS", "DEFAULT_MODULE_FQN", "TorchRecExportError", "to_torchrec", "to_torchrec_dict"]
+__all__ = [
+    "COMPUTE_KERNELS",
+    "DEFAULT_MODULE_FQN",
+    "TorchRecExportError",
+    "dmp_collection_kwargs",
+    "to_torchrec",
+    "to_torchrec_dict",
+]
 
 #: placement → TorchRec compute kernel of a sharded (not data-parallel) table.
 COMPUTE_KERNELS: Final[Mapping[Placement, str]] = {
@@ -87,8 +111,15 @@ def to_torchrec_dict(
     - ``check_torchrec_issues``: refuse plans TorchRec is known to compute wrongly (see the module docstring);
       needs ``model`` (without it the pooling of the tables is unknown and nothing is checked).
 
+    A 2D plan gives ONE group's plan (ranks ``0..G-1``) for ``DMPCollection`` (module docstring); ``world_size``,
+    if given, is then the fleet's, ``local_world_size`` a group's GPUs per host.
+
     Raises :class:`TorchRecExportError` (a ``ValueError``) for a plan TorchRec cannot execute as it is.
     """
+    if plan.sparse_groups is not None:
+        _world_size(plan, world_size)
+        plan = _one_group(plan)
+        world_size = None
     world = _world_size(plan, world_size)
     local = _local_world_size(plan, world, local_world_size)
     hosts = _host_layout(plan, world, local)
@@ -173,6 +204,76 @@ def to_torchrec(
             )
         modules[fqn] = module_plan
     return ShardingPlan(plan=modules)
+
+
+def dmp_collection_kwargs(plan: Plan, *, local_world_size: int | None = None) -> dict[str, Any]:
+    """``DMPCollection``'s arguments for a 2D plan besides module, device, plan and global_pg:
+    ``{"world_size", "sharding_group_size", "node_group_size", "use_inter_host_allreduce"}`` (module docstring).
+    Call ``sync()`` every ``plan.sparse_groups.every_k_steps`` steps. Raises :class:`TorchRecExportError` for a
+    1D plan or a 2D plan DMPCollection cannot run."""
+    sg = plan.sparse_groups
+    if sg is None:
+        raise TorchRecExportError("a 1D plan (no sparse_groups) runs on DistributedModelParallel, not DMPCollection")
+    group = _one_group(plan)
+    world = sg.num_groups * sg.group_size
+    return {
+        "world_size": world,
+        "sharding_group_size": sg.group_size,
+        "node_group_size": _local_world_size(group, sg.group_size, local_world_size),
+        "use_inter_host_allreduce": _dmp_layout(sg.groups) == "contiguous",
+    }
+
+
+def _dmp_layout(groups: Sequence[Sequence[int]]) -> str | None:
+    """Which of DMPCollection's two layouts ``groups`` are (as sets, in any order), or None."""
+    r, g = len(groups), len(groups[0])
+    given = sorted(sorted(x) for x in groups)
+    if given == [list(range(i * g, (i + 1) * g)) for i in range(r)]:
+        return "contiguous"
+    if given == [[i + r * m for m in range(g)] for i in range(r)]:
+        return "strided"
+    return None
+
+
+def _one_group(plan: Plan) -> Plan:
+    """A 2D plan's group 0 as a 1D plan on ranks ``0..G-1`` (the ``m``-th smallest rank of group 0 is rank ``m``),
+    after checking that DMPCollection's remapping of it gives the plan's other groups."""
+    sg = plan.sparse_groups
+    assert sg is not None
+    if sg.sync.value != "average_weights":
+        raise TorchRecExportError(
+            f"sparse_groups: {sg.sync.value} has no TorchRec form; DMPCollection keeps its replicas equal by averaging "
+            "weights and optimizer state (sync()), not by all-reducing row gradients: plan average_weights"
+        )
+    if _dmp_layout(sg.groups) is None:
+        raise TorchRecExportError(
+            f"sparse_groups: DMPCollection builds its {sg.num_groups} groups of {sg.group_size} from contiguous "
+            f"(0..{sg.group_size - 1}, ...) or strided (0, {sg.num_groups}, ...) ranks; the plan's are {sg.groups}"
+        )
+    views = [_group_tables(plan.tables, g) for g in sg.groups]
+    for k, view in enumerate(views[1:], start=1):
+        if view != views[0]:
+            raise TorchRecExportError(
+                f"sparse_groups: group {k} {sorted(sg.groups[k])} does not hold group 0's shards on its ranks in "
+                "ascending order, as DMPCollection's remapping places them"
+            )
+    first = sorted(sg.groups[0])
+    by_rank = {r.rank: r for r in plan.ranks}
+    ranks = [by_rank[g].model_copy(update={"rank": m}) for m, g in enumerate(first)] if plan.ranks else []
+    return plan.model_copy(update={"tables": views[0], "ranks": ranks, "sparse_groups": None})
+
+
+def _group_tables(tables: Sequence[TablePlan], group: Sequence[int]) -> list[TablePlan]:
+    """Each table's shards on ``group``'s ranks, renumbered ``m`` for the ``m``-th smallest, in a fixed order."""
+    sub = {r: m for m, r in enumerate(sorted(group))}
+    out = []
+    for tp in tables:
+        shards = sorted(
+            (s.model_copy(update={"rank": sub[s.rank]}) for s in tp.shards if s.rank in sub),
+            key=lambda s: (s.rank, s.row_offset, s.col_offset),
+        )
+        out.append(tp.model_copy(update={"shards": shards}))
+    return out
 
 
 # --------------------------------------------------------------------------------------------------- helpers
