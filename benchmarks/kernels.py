@@ -47,13 +47,17 @@ The report (:func:`report`): per dtype and overall — the shapes, the configura
 shapes of best measured / chosen configuration's measured time (the target ≥ 95%), the worst shape (≥ 80%), the
 median |predicted − measured| / measured of the chosen configuration (≤ 15%), cuBLAS against the best and the chosen
 Triton configuration (geomean of cuBLAS µs / Triton µs: above 1, Triton is faster) and the CPU time of one
-``choose`` (≤ 1 ms). With a subset of the space timed (``--quick``) the choice is the least predicted time among
+``choose`` (≤ 1 ms; the arrays the model caches per profile and dtype are built once before the timing).
+``--split fit|held-out|all``: the GEMMs of one half (:func:`half`, a stable hash of the shape, phase and layouts,
+the same in every dtype) — the model's fitted constants learnt from the fit half only; the held-out half checks them.
+With a subset of the space timed (``--quick``) the choice is the least predicted time among
 the timed configurations. A chosen configuration that failed on the GPU counts as 0% and is listed.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -553,6 +557,18 @@ def _geomean(xs: Sequence[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs and all(x > 0 for x in xs) else 0.0
 
 
+SPLITS = ("fit", "held-out", "all")
+
+
+def half(phase: str, m: int, n: int, k: int, a_t: bool, b_t: bool) -> str:
+    """The half a GEMM belongs to, ``"fit"`` or ``"held-out"``: the low bit of the first byte of the SHA-256 of
+    ``"{m}x{n}x{k}|{phase}|{a_t}|{b_t}"`` (0: fit). Stable across runs, machines and Python versions, and blind to
+    the dtype: a shape lands in the same half in bf16, fp16 and fp8. Only the fit half may guide the model's
+    constants; the held-out half says whether what they learnt holds on shapes they never saw."""
+    digest = hashlib.sha256(f"{m}x{n}x{k}|{phase}|{a_t}|{b_t}".encode()).digest()
+    return "held-out" if digest[0] & 1 else "fit"
+
+
 @dataclass
 class Row:
     """One GEMM × dtype of a measured run, scored."""
@@ -565,6 +581,7 @@ class Row:
     best_us: float
     cublas_us: float | None
     select_us: float
+    half: str = "fit"  # :func:`half`
 
     @property
     def efficiency(self) -> float:
@@ -587,6 +604,8 @@ def score(data: dict[str, Any], profile: Any) -> list[Row]:
         if KernelConfig.model_validate({k: v for k, v in c.items() if k != "index"}) != space[int(c["index"])]:
             raise ValueError(f"configuration {c['index']} of the run is not config_space()'s: another space")
     whole = timed == list(range(len(space)))
+    for dt in sorted({r["dtype"] for r in data["results"]}):  # the per-(profile, dtype) cache, built once, untimed
+        choose(Gemm(1024, 1024, 1024, Dtype(dt)), profile)
     rows: list[Row] = []
     for r in data["results"]:
         us = r.get("us") or []
@@ -604,7 +623,10 @@ def score(data: dict[str, Any], profile: Any) -> list[Row]:
             chosen = min(range(len(timed)), key=lambda j: pred[timed[j]])
             predicted = float(pred[timed[chosen]])
         label = f"{r['phase']} {r['m']}×{r['n']}×{r['k']}"
-        rows.append(Row(label, r["dtype"], chosen, predicted, us[chosen], min(ok), r.get("cublas_us"), select_us))
+        where = half(r["phase"], r["m"], r["n"], r["k"], r["a_t"], r["b_t"])
+        rows.append(
+            Row(label, r["dtype"], chosen, predicted, us[chosen], min(ok), r.get("cublas_us"), select_us, where)
+        )
     return rows
 
 
@@ -628,22 +650,28 @@ def summarise(rows: Sequence[Row]) -> dict[str, Any]:
     }
 
 
-def report(data: dict[str, Any], profile: Any) -> tuple[dict[str, dict[str, Any]], list[Row]]:
-    """Per dtype and ``"all"``: :func:`summarise`; and the rows."""
-    rows = score(data, profile)
+def report(data: dict[str, Any], profile: Any, split: str = "all") -> tuple[dict[str, dict[str, Any]], list[Row]]:
+    """Per dtype and ``"all"``: :func:`summarise`; and the rows. ``split``: the GEMMs of one :func:`half`
+    (``"fit"``, ``"held-out"``) or ``"all"``."""
+    if split not in SPLITS:
+        raise ValueError(f"split {split!r} is none of {', '.join(SPLITS)}")
+    rows = [r for r in score(data, profile) if split == "all" or r.half == split]
     if not rows:
-        raise ValueError("the run holds no measured GEMM")
+        raise ValueError(f"the run holds no measured GEMM{'' if split == 'all' else ' in the ' + split + ' half'}")
     out = {dt: summarise([r for r in rows if r.dtype == dt]) for dt in sorted({r.dtype for r in rows})}
     out["all"] = summarise(rows)
     return out, rows
 
 
-def format_report(data: dict[str, Any], summary: dict[str, dict[str, Any]], profile_name: str) -> str:
+def format_report(
+    data: dict[str, Any], summary: dict[str, dict[str, Any]], profile_name: str, split: str = "all"
+) -> str:
     m = data.get("machine", {})
+    which = "" if split == "all" else f"; the {split} half of the GEMMs"
     lines = [
         f"Measured on {m.get('gpu', '?')} ({m.get('sms', '?')} SMs; torch {m.get('torch', '?')}, Triton "
         f"{m.get('triton', '?')}, CUDA {m.get('cuda', '?')}, driver {m.get('driver', '?')}); predicted with the "
-        f"{profile_name} profile; {len(data['configs'])} configurations timed per GEMM"
+        f"{profile_name} profile; {len(data['configs'])} configurations timed per GEMM{which}"
         + ("" if data.get("complete", True) else " (run stopped early: incomplete)"),
         "",
         "| dtype | GEMMs | chosen / best (geomean) | worst shape | median pred. error | cuBLAS / best Triton "
@@ -705,6 +733,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--report", metavar="FILE", help="score a measured JSON with the kernel model (no GPU)")
     p.add_argument("--plot", metavar="PNG", help="with --report: the predicted-vs-measured scatter plot")
     p.add_argument("--profile", default="nvidia-h200", help="with --report: the catalogue profile")
+    p.add_argument("--split", choices=SPLITS, default="all", help="with --report: the GEMMs of one half (fit: the"
+                   " half the model's constants may learn from; held-out: the rest) or all")  # fmt: skip
     args = p.parse_args(argv)
     if args.list:
         all_shapes = shapes()
@@ -718,8 +748,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from shardwise.hwprofiles import get_profile
 
         data = json.loads(Path(args.report).read_text())
-        summary, rows = report(data, get_profile(args.profile))
-        print(format_report(data, summary, args.profile))
+        summary, rows = report(data, get_profile(args.profile), args.split)
+        print(format_report(data, summary, args.profile, args.split))
         if args.plot:
             if plot(rows, args.plot):
                 print(f"plot: {args.plot}")

@@ -100,6 +100,8 @@ class Microarchitecture(BaseModel):
       may use; ``registers_per_sm``: 32-bit registers per SM; ``max_registers_per_thread``: per thread (lane);
       ``max_warps_per_sm``: resident warps (wavefronts); ``warp_size``: 32 NVIDIA, 64 AMD.
     - ``l2_bytes``: the last-level on-die L2 (all slices); ``l2_bandwidth_bytes_per_s``: its read bandwidth, all SMs.
+    - ``k_major_8bit``: the matrix unit takes 8-bit (fp8/int8) operands from shared memory only K-major (Hopper's
+      wgmma), so a kernel transposes an operand that is not; False where either layout feeds it (the default).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -120,6 +122,9 @@ class Microarchitecture(BaseModel):
     warp_size: Literal[32, 64]
     l2_bytes: int = Field(gt=0, le=MAX_MEMORY_BYTES, description="on-die L2, bytes; ≤ 1e15")
     l2_bandwidth_bytes_per_s: int = Field(gt=0, le=MAX_BANDWIDTH, description="L2 read bandwidth; ≤ 1e16")
+    k_major_8bit: bool = Field(
+        default=False, description="8-bit matrix operands must be K-major in shared memory (Hopper wgmma)"
+    )
 
     @field_validator("matrix_flops_per_clock_per_sm")
     @classmethod
@@ -151,6 +156,7 @@ class Microarchitecture(BaseModel):
         """Dotted paths (under ``microarch.``) of its figures."""
         paths = [k for k in type(self).model_fields if k != "matrix_flops_per_clock_per_sm"]
         paths = [k for k in paths if k != "vector_clock_hz" or self.vector_clock_hz is not None]
+        paths = [k for k in paths if k != "k_major_8bit" or self.k_major_8bit]  # a source when it is claimed
         paths += [f"matrix_flops_per_clock_per_sm.{k}" for k in self.matrix_flops_per_clock_per_sm]
         return [f"microarch.{p}" for p in paths]
 

@@ -32,6 +32,11 @@ Everything the tile, the warps, the stages and the shape cost comes on top, from
 * **K-step overhead**: each K step a program waits at a barrier for its stage and issues the next stage's copies,
   :data:`STEP_OVERHEAD_CLOCKS` the MMAs do not hide; co-resident programs hide each other's, so one chain per round
   of ``r_e = min(r, T_SM)`` programs shows: ``t_step = ⌈T_SM / r_e⌉·κ·STEP_OVERHEAD_CLOCKS / clock``.
+* **8-bit operands that are not K-major** (only where ``microarch.k_major_8bit``: Hopper's wgmma reads 8-bit
+  operands from shared memory K-major only; A is K-major unless ``a_t``, B exactly when ``b_t``): the kernel runs
+  the warp-level MMA at :data:`WARP_MMA_FRACTION` of the rate, ``t_math /= WARP_MMA_FRACTION``, and transposes the
+  non-K-major tiles through registers each K step, ``t_tr = T_SM·κ·moved / (TRANSPOSE_BYTES_PER_CLOCK·clock)`` with
+  ``moved = ([A not K-major]·bm + [B not K-major]·bn)·bk·b``, on the MMA's critical path.
 * **Bytes** the tiles request ``Q = T·(bm+bn)·K'·b``, served by L2 at ``l2_bandwidth``: ``t_L2 = Q / l2_bw``.
   From HBM: the unique operands and the output once, ``U = (M·K + K·N)·b + M·N·c`` (``c`` output bytes; fp32
   partial sums ``split_k·M·N·4`` under split-K) when A and B fit in L2 together; otherwise each wave of
@@ -45,10 +50,14 @@ Everything the tile, the warps, the stages and the shape cost comes on top, from
   ``t_pro = rounds·latency``, ``t_epi = rounds·r_e·bm·bn·4 / (SMEM_BYTES_PER_CLOCK·clock)``.
 * **Split-K** adds a pass that reads the partial sums and writes C: ``t_red = (split_k·M·N·4 + M·N·c) /
   (hbm_bw·achieved.memory_bound) + launch``.
-* ``t = max(t_math + t_step, t_L2, t_HBM, t_lat) + t_pro + t_epi + t_red + launch`` (:data:`KERNEL_LAUNCH_S`).
+* ``t = max(t_math + t_step + t_tr, t_L2, t_HBM, t_lat) + t_pro + t_epi + t_red + launch``
+  (:data:`KERNEL_LAUNCH_S`).
 
-The operand layouts (``a_t``, ``b_t``) do not change the prediction: Triton's loads stage either layout through
-shared memory at the same bandwidth. Not modelled: clock throttling under load, Hopper's TMA multicast and
+The operand layouts (``a_t``, ``b_t``) change the prediction only for 8-bit operands on a ``k_major_8bit`` part:
+otherwise Triton's loads stage either layout through shared memory at the same bandwidth. Five constants
+(:data:`MEMORY_LATENCY_S`, :data:`STEP_OVERHEAD_CLOCKS`, :data:`WARP_MMA_FRACTION`, :data:`TRANSPOSE_BYTES_PER_CLOCK`,
+:data:`KERNEL_LAUNCH_S`) were fitted on the fit half of one H200 sweep (``benchmarks/kernels.py --report --split fit``);
+the held-out half checks them. Not modelled: clock throttling under load, Hopper's TMA multicast and
 warp-specialised kernels, L2's split into partitions (two on GH100/Blackwell, one per XCD on AMD), bank conflicts.
 """
 
@@ -81,8 +90,9 @@ GROUP_M = 8
 
 @dataclass(frozen=True)
 class Gemm:
-    """``C[m, n] = A[m, k] · B[k, n]`` in ``dtype`` (fp32 accumulation); ``a_t`` / ``b_t``: the operand is stored
-    transposed (its K dimension is the contiguous one for ``a``, the non-contiguous one for ``b``)."""
+    """``C[m, n] = A[m, k] · B[k, n]`` in ``dtype`` (fp32 accumulation); ``a_t`` / ``b_t``: the operand is a
+    transposed view — ``a_t``: A's M dimension is the contiguous one (``dYᵀ``), ``b_t``: B's K dimension is (``Wᵀ``).
+    So A is K-major unless ``a_t``, B is K-major exactly when ``b_t``."""
 
     m: int
     n: int
@@ -94,6 +104,11 @@ class Gemm:
     @property
     def flops(self) -> float:
         return 2.0 * self.m * self.n * self.k
+
+    @property
+    def k_major(self) -> tuple[bool, bool]:
+        """Whether A and B are K-major (K the contiguous dimension in memory)."""
+        return (not self.a_t, self.b_t)
 
 
 @cache
@@ -128,15 +143,32 @@ ROWS_PER_MMA_GROUP: Final = 64
 #: 32-bit registers a matmul thread holds beside its accumulator and operand fragments (pointers, offsets, masks,
 #: loop state): a few dozen in Triton's matmul kernels as ``ptxas -v`` reports them (assumption)
 REGS_OVERHEAD: Final = 32
-#: one global load's round trip when the pipeline waits for it: HBM latency is ≈0.5–0.7 µs by pointer chasing on
-#: A100/H100 (L2 hits are faster, so this overstates what a warm pipeline waits; assumption)
-MEMORY_LATENCY_S: Final = 600e-9
-#: clocks per K step that a program's MMAs do not hide: the wait at the stage's barrier and the issue of the next
-#: stage's asynchronous copies and address updates — a few dozen instructions on one warp scheduler (assumption)
-STEP_OVERHEAD_CLOCKS: Final = 32
+#: one global load's round trip when the pipeline waits for it, under load: unloaded HBM latency is ≈0.5–0.7 µs by
+#: pointer chasing on A100/H100, and 132 SMs streaming at once queue behind each other in L2 and HBM; fitted on the
+#: H200 sweep's fit half (benchmarks/results/kernels/kernels_h200_2026-12-01_*.json: 0.6 µs left the small-tile,
+#: long-K weight gradients predicted ≈25% slow and the 1.0 µs fit the chosen configurations' times best)
+MEMORY_LATENCY_S: Final = 1.0e-6
+#: clocks per K step that a program's MMAs do not hide: the wait for the previous step's asynchronous MMAs, the
+#: stage's barrier, and the issue of the next stage's copies and address updates on the same warps (Triton's matmul
+#: is neither persistent nor warp-specialised, so nothing overlaps them); fitted on the H200 sweep's fit half
+#: (benchmarks/results/kernels/kernels_h200_2026-12-01_*.json: large bf16 GEMMs ran at ≈0.65 of peak where 32
+#: clocks predicted 0.78)
+STEP_OVERHEAD_CLOCKS: Final = 256
+#: where the matrix unit takes 8-bit operands K-major only (``microarch.k_major_8bit``: Hopper's wgmma) and one is
+#: not, the kernel cannot feed wgmma from shared memory and runs the warp-level MMA (mma.sync) on register operands:
+#: this fraction of the dtype's rate; fitted on the H200 sweep's fit half
+#: (benchmarks/results/kernels/kernels_h200_2026-12-01_fp8.json: fp8 with a transposed B ran at 0.68 × bf16's speed,
+#: where wgmma gives fp8 1.5 × bf16)
+WARP_MMA_FRACTION: Final = 0.25
+#: operand bytes per clock an SM moves through registers when it transposes such a non-K-major 8-bit operand tile
+#: each K step: a byte-granular permute (ldmatrix's transpose moves 16-bit elements only) by the warps that then
+#: wait for it; fitted on the same fit half (with both operands transposed, fp8 weight gradients ran at 0.32 × bf16)
+TRANSPOSE_BYTES_PER_CLOCK: Final = 32
 #: a kernel's launch and drain as back-to-back CUDA-event timing sees it: a few µs on current GPUs; the same for
-#: every configuration, so it changes predicted times, never the choice (assumption)
-KERNEL_LAUNCH_S: Final = 4e-6
+#: every configuration, so it changes predicted times, never the choice — except against a split-K configuration's
+#: second kernel; fitted on the H200 sweep's fit half (benchmarks/results/kernels/kernels_h200_2026-12-01_*.json:
+#: the smallest GEMMs' best times are 2.8–3.5 µs)
+KERNEL_LAUNCH_S: Final = 3e-6
 #: seconds → microseconds
 US: Final = 1e6
 
@@ -168,6 +200,7 @@ class _Static:
     l2_bytes: float
     l2_bw: float
     hbm_bw: float  # achieved
+    transposes: bool  # 8-bit operands that are not K-major are transposed through shared memory
 
 
 def _sm_rate(profile: HardwareProfile, micro: Microarchitecture, dtype: Dtype) -> float:
@@ -237,6 +270,7 @@ def _static(profile: HardwareProfile, dtype: Dtype) -> _Static:
         l2_bytes=float(micro.l2_bytes),
         l2_bw=float(micro.l2_bandwidth_bytes_per_s),
         hbm_bw=profile.hbm_bandwidth_bytes_per_s * profile.achieved.memory_bound,
+        transposes=micro.k_major_8bit and dtype.nbytes == 1,
     )
     if len(_STATIC) > 256:  # custom profiles come and go: keep the cache small
         _STATIC.clear()
@@ -253,6 +287,7 @@ class Breakdown:
     resident: FloatArray
     math_s: FloatArray
     step_s: FloatArray
+    transpose_s: FloatArray
     l2_s: FloatArray
     hbm_s: FloatArray
     latency_s: FloatArray
@@ -276,7 +311,10 @@ def breakdown(gemm: Gemm, profile: HardwareProfile) -> Breakdown:
     slots = st.sms * resident
     waves = np.ceil(tiles / slots)
     per_sm = np.ceil(tiles / st.sms)
-    math_s = per_sm * 2 * st.bm * st.bn * k_pad / (st.rate * st.eta)
+    a_k, b_k = gemm.k_major
+    warp_mma = st.transposes and not (a_k and b_k)
+    eta = st.eta * WARP_MMA_FRACTION if warp_mma else st.eta
+    math_s = per_sm * 2 * st.bm * st.bn * k_pad / (st.rate * eta)
     requested = tiles * (st.bm + st.bn) * k_pad * b
     l2_s = requested / st.l2_bw
     out = np.where(st.split > 1, st.split * M * N * 4, M * N * c)
@@ -292,10 +330,15 @@ def breakdown(gemm: Gemm, profile: HardwareProfile) -> Breakdown:
     latency_s = per_sm * steps * MEMORY_LATENCY_S / (r_e * np.maximum(st.stages - 1, 1.0))
     rounds = np.ceil(per_sm / r_e)
     step_s = rounds * steps * STEP_OVERHEAD_CLOCKS / st.clock
+    if warp_mma:
+        moved = ((0.0 if a_k else 1.0) * st.bm + (0.0 if b_k else 1.0) * st.bn) * st.bk * b
+        transpose_s = per_sm * steps * moved / (TRANSPOSE_BYTES_PER_CLOCK * st.clock)
+    else:
+        transpose_s = np.zeros_like(step_s)
     prologue_s = rounds * MEMORY_LATENCY_S
     epilogue_s = rounds * r_e * st.bm * st.bn * 4 / (SMEM_BYTES_PER_CLOCK * st.clock)
     reduce_s = np.where(st.split > 1, (st.split * M * N * 4 + M * N * c) / st.hbm_bw + KERNEL_LAUNCH_S, 0.0)
-    body = np.maximum(np.maximum(math_s + step_s, l2_s), np.maximum(hbm_s, latency_s))
+    body = np.maximum(np.maximum(math_s + step_s + transpose_s, l2_s), np.maximum(hbm_s, latency_s))
     total = (body + prologue_s + epilogue_s + reduce_s + KERNEL_LAUNCH_S) * US
     total = np.where(st.runs, total, np.inf)
     return Breakdown(
@@ -304,6 +347,7 @@ def breakdown(gemm: Gemm, profile: HardwareProfile) -> Breakdown:
         resident=np.where(st.runs, st.resident, 0.0),
         math_s=math_s,
         step_s=step_s,
+        transpose_s=transpose_s,
         l2_s=l2_s,
         hbm_s=hbm_s,
         latency_s=latency_s,

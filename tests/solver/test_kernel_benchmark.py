@@ -200,3 +200,56 @@ def test_measure_one_keeps_every_configuration_in_its_place() -> None:
     assert rec["cublas_us"] == 7.0
     assert (rec["m"], rec["n"], rec["k"], rec["a_t"], rec["b_t"], rec["origins"]) == (24, 20, 16, True, False, ["here"])
     assert clock.bests == [None, want[0], None]  # configuration 0 (none yet), 40 (0's), cuBLAS (none: its own)
+
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "kernels"
+
+
+@pytest.mark.parametrize(
+    ("name", "split", "expected"),
+    [
+        # (GEMMs, chosen / best geomean, worst, median |pred − meas| / meas) of the committed H200 sweep, "all" row
+        ("kernels_h200_2026-12-01_bf16_fp16.json", "held-out", (230, 0.8803, 0.6785, 0.0770)),
+        ("kernels_h200_2026-12-01_bf16_fp16.json", "fit", (214, 0.9067, 0.5928, 0.0861)),
+        ("kernels_h200_2026-12-01_fp8.json", "held-out", (107, 0.7160, 0.3948, 0.1582)),
+        ("kernels_h200_2026-12-01_fp8.json", "fit", (97, 0.7646, 0.4377, 0.1416)),
+    ],
+)
+def test_the_committed_h200_sweep_scores_as_documented(name: str, split: str, expected: tuple[Any, ...]) -> None:
+    """The figures docs/kernels.md states for the H200 sweep: a model change that moves them (better or worse)
+    shows here, and the docs are updated with it. The halves split the shapes, never a shape's dtypes."""
+    data = json.loads((RESULTS / name).read_text())
+    summary, rows = bench.report(data, H200, split)
+    s = summary["all"]
+    shapes, geomean, worst, error = expected
+    assert s["shapes"] == shapes
+    assert s["geomean_efficiency"] == pytest.approx(geomean, abs=5e-4)
+    assert s["worst_efficiency"] == pytest.approx(worst, abs=5e-4)
+    assert s["median_error"] == pytest.approx(error, abs=5e-4)
+    assert {r.half for r in rows} == {split}
+
+
+def test_the_halves_are_stable_and_blind_to_the_dtype() -> None:
+    # pinned: SHA-256 of "16384x1024x3456|forward|False|True" and "1024x3456x16384|weight_grad|True|False"
+    assert bench.half("forward", 16384, 1024, 3456, False, True) == "held-out"
+    assert bench.half("weight_grad", 1024, 3456, 16384, True, False) == "fit"
+    halves = [bench.half(s.phase, s.m, s.n, s.k, s.a_t, s.b_t) for s in bench.shapes()]
+    assert 0.4 < halves.count("fit") / len(halves) < 0.6
+    data: dict[str, Any] = {"results": [], "configs": [], "machine": {}}
+    with pytest.raises(ValueError, match="split"):
+        bench.report(data, H200, "train")
+
+
+def test_report_runs_without_matplotlib_when_no_plot_is_asked(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    path = RESULTS / "kernels_h200_2026-12-01_fp8.json"
+    assert bench.main(["--report", str(path), "--split", "held-out"]) == 0
+    out = capsys.readouterr().out
+    assert "held-out half" in out
+    assert "| fp8 | 107 |" in out
+    assert bench.main(["--report", str(path), "--plot", "/nonexistent/k.png"]) == 0
+    assert "no plot: matplotlib does not import" in capsys.readouterr().out
