@@ -47,7 +47,8 @@ The report (:func:`report`): per dtype and overall — the shapes, the configura
 shapes of best measured / chosen configuration's measured time (the target ≥ 95%), the worst shape (≥ 80%), the
 median |predicted − measured| / measured of the chosen configuration (≤ 15%), cuBLAS against the best and the chosen
 Triton configuration (geomean of cuBLAS µs / Triton µs: above 1, Triton is faster) and the CPU time of one
-``choose`` (≤ 1 ms; the arrays the model caches per profile and dtype are built once before the timing).
+``choose`` (≤ 1 ms; the arrays the model caches per profile and dtype are built once before the timing, and the
+run's JSON objects are frozen out of Python's garbage collector first).
 ``--split fit|held-out|all``: the GEMMs of one half (:func:`half`, a stable hash of the shape, phase and layouts,
 the same in every dtype) — the model's fitted constants learnt from the fit half only; the held-out half checks them.
 With a subset of the space timed (``--quick``) the choice is the least predicted time among
@@ -57,6 +58,7 @@ the timed configurations. A chosen configuration that failed on the GPU counts a
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import math
@@ -595,7 +597,7 @@ class Row:
 def score(data: dict[str, Any], profile: Any) -> list[Row]:
     """Each measured GEMM × dtype with the kernel model's choice: ``choose`` when the run timed the whole space,
     else the least ``predict_us`` among the configurations it timed."""
-    from shardwise.solver.kernels import Gemm, choose, predict_us
+    from shardwise.solver.kernels import Gemm, choose
     from shardwise.wire.spec import Dtype
 
     space = config_space()
@@ -606,6 +608,20 @@ def score(data: dict[str, Any], profile: Any) -> list[Row]:
     whole = timed == list(range(len(space)))
     for dt in sorted({r["dtype"] for r in data["results"]}):  # the per-(profile, dtype) cache, built once, untimed
         choose(Gemm(1024, 1024, 1024, Dtype(dt)), profile)
+    gc.collect()  # the run's JSON is millions of objects: a collection pass over them is not choose()'s time
+    gc.freeze()
+    try:
+        return _score(data, profile, space, timed, whole)
+    finally:
+        gc.unfreeze()
+
+
+def _score(
+    data: dict[str, Any], profile: Any, space: Sequence[KernelConfig], timed: list[int], whole: bool
+) -> list[Row]:
+    from shardwise.solver.kernels import Gemm, choose, predict_us
+    from shardwise.wire.spec import Dtype
+
     rows: list[Row] = []
     for r in data["results"]:
         us = r.get("us") or []
@@ -691,8 +707,8 @@ def format_report(
 
 
 def plot(rows: Sequence[Row], path: str) -> bool:
-    """Predicted vs measured µs of the chosen configurations, log-log, one colour per dtype; False without
-    matplotlib."""
+    """Predicted vs measured µs of the chosen configurations, log-log, one colour per dtype (dots: the fit half,
+    crosses: held-out), the ±15% band dotted; False without matplotlib."""
     try:
         import matplotlib  # type: ignore[import-not-found, unused-ignore]
 
@@ -700,11 +716,15 @@ def plot(rows: Sequence[Row], path: str) -> bool:
         import matplotlib.pyplot as plt  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
         return False
-    fig, ax = plt.subplots(figsize=(6, 6))
+    fig, ax = plt.subplots(figsize=(6.5, 6.5))
     ran = [r for r in rows if r.chosen_us]
+    colours = dict(zip(DTYPES, ("tab:blue", "tab:orange", "tab:green"), strict=True))
     for dt in sorted({r.dtype for r in ran}):
-        pts = [(r.chosen_us, r.predicted_us) for r in ran if r.dtype == dt]
-        ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=10, alpha=0.7, label=dt)
+        for where, marker in (("fit", "o"), ("held-out", "x")):
+            pts = [(r.chosen_us or 0.0, r.predicted_us) for r in ran if r.dtype == dt and r.half == where]
+            if pts:
+                ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=12, alpha=0.7, marker=marker,
+                           color=colours.get(dt), label=f"{dt} ({where})")  # fmt: skip
     lo = min(min(r.chosen_us or 1, r.predicted_us) for r in ran) / 1.5
     hi = max(max(r.chosen_us or 1, r.predicted_us) for r in ran) * 1.5
     ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="predicted = measured")
@@ -712,7 +732,7 @@ def plot(rows: Sequence[Row], path: str) -> bool:
         ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=0.6)
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured µs (chosen configuration)",
            ylabel="predicted µs", title="Kernel model: chosen configuration, predicted vs measured")  # fmt: skip
-    ax.legend()
+    ax.legend(fontsize=8)
     ax.grid(True, which="both", lw=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -730,7 +750,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=15, help="compile processes (0: on first launch)")
     p.add_argument("--budget-s", type=float, default=480.0, help="stop measuring after this many seconds")
     p.add_argument("--list", action="store_true", help="print the GEMMs and their origins (no GPU)")
-    p.add_argument("--report", metavar="FILE", help="score a measured JSON with the kernel model (no GPU)")
+    p.add_argument("--report", metavar="FILE", nargs="+", help="score measured JSONs with the kernel model (no GPU):"
+                   " a table per file, one plot of them all")  # fmt: skip
     p.add_argument("--plot", metavar="PNG", help="with --report: the predicted-vs-measured scatter plot")
     p.add_argument("--profile", default="nvidia-h200", help="with --report: the catalogue profile")
     p.add_argument("--split", choices=SPLITS, default="all", help="with --report: the GEMMs of one half (fit: the"
@@ -747,9 +768,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.report:
         from shardwise.hwprofiles import get_profile
 
-        data = json.loads(Path(args.report).read_text())
-        summary, rows = report(data, get_profile(args.profile), args.split)
-        print(format_report(data, summary, args.profile, args.split))
+        rows = []
+        for i, name in enumerate(args.report):
+            data = json.loads(Path(name).read_text())
+            summary, some = report(data, get_profile(args.profile), args.split)
+            print(("\n" if i else "") + f"{name}:\n" + format_report(data, summary, args.profile, args.split))
+            rows += some
         if args.plot:
             if plot(rows, args.plot):
                 print(f"plot: {args.plot}")
