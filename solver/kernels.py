@@ -33,10 +33,12 @@ Everything the tile, the warps, the stages and the shape cost comes on top, from
   :data:`STEP_OVERHEAD_CLOCKS` the MMAs do not hide; co-resident programs hide each other's, so one chain per round
   of ``r_e = min(r, T_SM)`` programs shows: ``t_step = ⌈T_SM / r_e⌉·κ·STEP_OVERHEAD_CLOCKS / clock``.
 * **8-bit operands that are not K-major** (only where ``microarch.k_major_8bit``: Hopper's wgmma reads 8-bit
-  operands from shared memory K-major only; A is K-major unless ``a_t``, B exactly when ``b_t``): the kernel runs
-  the warp-level MMA at :data:`WARP_MMA_FRACTION` of the rate, ``t_math /= WARP_MMA_FRACTION``, and transposes the
-  non-K-major tiles through registers each K step, ``t_tr = T_SM·κ·moved / (TRANSPOSE_BYTES_PER_CLOCK·clock)`` with
-  ``moved = ([A not K-major]·bm + [B not K-major]·bn)·bk·b``, on the MMA's critical path.
+  operands from shared memory K-major only; A is K-major unless ``a_t``, B exactly when ``b_t``): each K step the
+  non-K-major tiles, ``moved = ([A not K-major]·bm + [B not K-major]·bn)·bk·b`` bytes, are put right on the MMA's
+  critical path, ``t_tr = T_SM·κ·moved / (β·clock)``. A tile of ``bm ≥`` :data:`ROWS_PER_MMA_GROUP` rows keeps
+  wgmma at the full rate and rewrites them K-major into shared memory, ``β =``
+  :data:`RELAYOUT_SMEM_BYTES_PER_CLOCK`; a smaller tile runs the warp-level MMA on register fragments,
+  ``t_math /=`` :data:`WARP_MMA_FRACTION`, and permutes them in registers, ``β =`` :data:`TRANSPOSE_BYTES_PER_CLOCK`.
 * **Bytes** the tiles request ``Q = T·(bm+bn)·K'·b``, served by L2 at ``l2_bandwidth``: ``t_L2 = Q / l2_bw``.
   From HBM: the unique operands and the output once, ``U = (M·K + K·N)·b + M·N·c`` (``c`` output bytes; fp32
   partial sums ``split_k·M·N·4`` under split-K) when A and B fit in L2 together; otherwise each wave of
@@ -54,11 +56,12 @@ Everything the tile, the warps, the stages and the shape cost comes on top, from
   (:data:`KERNEL_LAUNCH_S`).
 
 The operand layouts (``a_t``, ``b_t``) change the prediction only for 8-bit operands on a ``k_major_8bit`` part:
-otherwise Triton's loads stage either layout through shared memory at the same bandwidth. Five constants
-(:data:`MEMORY_LATENCY_S`, :data:`STEP_OVERHEAD_CLOCKS`, :data:`WARP_MMA_FRACTION`, :data:`TRANSPOSE_BYTES_PER_CLOCK`,
-:data:`KERNEL_LAUNCH_S`) were fitted on the fit half of one H200 sweep (``benchmarks/kernels.py --report --split fit``);
-the held-out half checks them. Not modelled: clock throttling under load, Hopper's TMA multicast and
-warp-specialised kernels, L2's split into partitions (two on GH100/Blackwell, one per XCD on AMD), bank conflicts.
+otherwise Triton's loads stage either layout through shared memory at the same bandwidth. Six constants
+(:data:`MEMORY_LATENCY_S`, :data:`STEP_OVERHEAD_CLOCKS`, :data:`KERNEL_LAUNCH_S`, :data:`WARP_MMA_FRACTION`,
+:data:`TRANSPOSE_BYTES_PER_CLOCK`, :data:`RELAYOUT_SMEM_BYTES_PER_CLOCK`) were fitted on the fit half of one H200
+sweep (``benchmarks/kernels.py --report --split fit``); the held-out half checks them. Not modelled: clock
+throttling under load, Hopper's TMA multicast and warp-specialised kernels, L2's split into partitions (two on
+GH100/Blackwell, one per XCD on AMD), bank conflicts.
 """
 
 from __future__ import annotations
@@ -155,15 +158,17 @@ MEMORY_LATENCY_S: Final = 1.0e-6
 #: clocks predicted 0.78)
 STEP_OVERHEAD_CLOCKS: Final = 256
 #: where the matrix unit takes 8-bit operands K-major only (``microarch.k_major_8bit``: Hopper's wgmma) and one is
-#: not, the kernel cannot feed wgmma from shared memory and runs the warp-level MMA (mma.sync) on register operands:
-#: this fraction of the dtype's rate; fitted on the H200 sweep's fit half
-#: (benchmarks/results/kernels/kernels_h200_2026-12-01_fp8.json: fp8 with a transposed B ran at 0.68 × bf16's speed,
-#: where wgmma gives fp8 1.5 × bf16)
-WARP_MMA_FRACTION: Final = 0.25
-#: operand bytes per clock an SM moves through registers when it transposes such a non-K-major 8-bit operand tile
-#: each K step: a byte-granular permute (ldmatrix's transpose moves 16-bit elements only) by the warps that then
-#: wait for it; fitted on the same fit half (with both operands transposed, fp8 weight gradients ran at 0.32 × bf16)
-TRANSPOSE_BYTES_PER_CLOCK: Final = 32
+#: not, a tile of fewer than :data:`ROWS_PER_MMA_GROUP` rows (no wgmma: its M is 64 per warpgroup) runs the
+#: warp-level MMA (mma.sync) on register fragments at this fraction of the dtype's rate; fitted on the H200 sweep's
+#: fit half (benchmarks/results/kernels/kernels_h200_2026-12-01_fp8.json)
+WARP_MMA_FRACTION: Final = 0.35
+#: ... and permutes the non-K-major operand's bytes in registers (ldmatrix transposes 16-bit elements only) at this
+#: many bytes per clock per SM, on the MMA's critical path; fitted on the same fit half
+TRANSPOSE_BYTES_PER_CLOCK: Final = 24
+#: a tile of 64 rows or more keeps wgmma at the full rate, but first rewrites the non-K-major operand K-major into
+#: shared memory (load, byte permute, store, fence) at this many bytes per clock per SM; fitted on the same fit half
+#: (fp8 weight gradients, both operands transposed, ran 3–5× slower in 128-row tiles than in 32-row ones)
+RELAYOUT_SMEM_BYTES_PER_CLOCK: Final = 3
 #: a kernel's launch and drain as back-to-back CUDA-event timing sees it: a few µs on current GPUs; the same for
 #: every configuration, so it changes predicted times, never the choice — except against a split-K configuration's
 #: second kernel; fitted on the H200 sweep's fit half (benchmarks/results/kernels/kernels_h200_2026-12-01_*.json:
@@ -312,8 +317,9 @@ def breakdown(gemm: Gemm, profile: HardwareProfile) -> Breakdown:
     waves = np.ceil(tiles / slots)
     per_sm = np.ceil(tiles / st.sms)
     a_k, b_k = gemm.k_major
-    warp_mma = st.transposes and not (a_k and b_k)
-    eta = st.eta * WARP_MMA_FRACTION if warp_mma else st.eta
+    relayout = st.transposes and not (a_k and b_k)  # an 8-bit operand wgmma cannot take as it is stored
+    wgmma = st.bm >= ROWS_PER_MMA_GROUP
+    eta = np.where(wgmma, st.eta, st.eta * WARP_MMA_FRACTION) if relayout else st.eta
     math_s = per_sm * 2 * st.bm * st.bn * k_pad / (st.rate * eta)
     requested = tiles * (st.bm + st.bn) * k_pad * b
     l2_s = requested / st.l2_bw
@@ -330,9 +336,10 @@ def breakdown(gemm: Gemm, profile: HardwareProfile) -> Breakdown:
     latency_s = per_sm * steps * MEMORY_LATENCY_S / (r_e * np.maximum(st.stages - 1, 1.0))
     rounds = np.ceil(per_sm / r_e)
     step_s = rounds * steps * STEP_OVERHEAD_CLOCKS / st.clock
-    if warp_mma:
+    if relayout:
         moved = ((0.0 if a_k else 1.0) * st.bm + (0.0 if b_k else 1.0) * st.bn) * st.bk * b
-        transpose_s = per_sm * steps * moved / (TRANSPOSE_BYTES_PER_CLOCK * st.clock)
+        per_clock = np.where(wgmma, RELAYOUT_SMEM_BYTES_PER_CLOCK, TRANSPOSE_BYTES_PER_CLOCK)
+        transpose_s = per_sm * steps * moved / (per_clock * st.clock)
     else:
         transpose_s = np.zeros_like(step_s)
     prologue_s = rounds * MEMORY_LATENCY_S

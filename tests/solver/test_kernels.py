@@ -356,23 +356,33 @@ def test_a_plan_scored_on_another_fleet_carries_that_fleets_kernels(
     assert {k.gpu for dp in scored.dense for k in dp.kernels} == {"amd-mi350x"}
 
 
-def test_fp8_operands_that_are_not_k_major_cost_the_warp_level_mma_and_a_transpose_on_hopper() -> None:
-    """fp8 256×256×64, tile 128×128×64, 3 stages, on the H200 (``k_major_8bit``: wgmma takes 8-bit operands K-major
-    only). fp8 rate per SM 8,192·1.83e9·0.8; η = 1: I = 2·128·128 / (1·(128·1 + 128·2)) = 85.3 ≥ 8192/128 = 64."""
-    i = at(cfg(128, 128, 64))
+def test_fp8_operands_that_are_not_k_major_are_relaid_or_run_on_the_warp_level_mma_on_hopper() -> None:
+    """fp8 256×256×64 (one K step), 3 stages, on the H200 (``k_major_8bit``: wgmma takes 8-bit operands K-major
+    only). fp8 rate per SM R = 8,192·1.83e9·0.8; the tensor cores need 8192/128 = 64 FLOPs per shared-memory byte:
+    128×128 on 8 warps (two MMA groups along M) gives I = 2·128·128 / (1·(128·1 + 128·2)) = 85.3, η = 1; 32×256 on
+    4 warps (one group) gives I = 2·32·256 / (1·(32 + 256)) = 56.9, η = 56.9/64 = 0.889."""
+    big, small = at(cfg(128, 128, 64)), at(cfg(32, 256, 64))
+    assert config_space()[small].num_warps == 4
     rate = 8192 * 1.83e9 * 0.8
-    full_math = 2 * 128 * 128 * 64 / rate  # one tile per busy SM, one K step
-    # forward (A row-major, B = Wᵀ: both K-major): wgmma, no transpose
+    math_big = 2 * 128 * 128 * 64 / rate  # one tile per busy SM (4 tiles)
+    math_small = 2 * 32 * 256 * 64 / (rate * (2 * 32 * 256 / 288) / 64)  # 8 tiles, one per busy SM
+    # forward (A row-major, B = Wᵀ: both K-major): wgmma as it is, nothing to relay
     fwd = breakdown(Gemm(256, 256, 64, Dtype.fp8, b_t=True), H200)
-    assert fwd.math_s[i] == pytest.approx(full_math, rel=1e-12)
-    assert fwd.transpose_s[i] == 0.0
-    # input gradient (B row-major: N-major): the warp-level MMA at 0.25 of the rate, B's 128×64 bytes transposed
+    assert fwd.math_s[big] == pytest.approx(math_big, rel=1e-12)
+    assert fwd.math_s[small] == pytest.approx(math_small, rel=1e-12)
+    assert np.all(fwd.transpose_s == 0.0)
+    # input gradient (B row-major: N-major): the 128-row tile keeps wgmma at the full rate and rewrites B's
+    # 128×64 bytes K-major into shared memory at 3 B/clk; the 32-row tile runs mma.sync at 0.35 of the rate and
+    # permutes B's 256×64 bytes in registers at 24 B/clk
     ig = breakdown(Gemm(256, 256, 64, Dtype.fp8), H200)
-    assert ig.math_s[i] == pytest.approx(full_math / 0.25, rel=1e-12)
-    assert ig.transpose_s[i] == pytest.approx(1 * 1 * 128 * 64 / (32 * 1.83e9), rel=1e-12)
-    # weight gradient (A = dYᵀ: M-major, B N-major): both tiles, (128 + 128)·64 bytes
+    assert ig.math_s[big] == pytest.approx(math_big, rel=1e-12)
+    assert ig.transpose_s[big] == pytest.approx(128 * 64 / (3 * 1.83e9), rel=1e-12)
+    assert ig.math_s[small] == pytest.approx(math_small / 0.35, rel=1e-12)
+    assert ig.transpose_s[small] == pytest.approx(256 * 64 / (24 * 1.83e9), rel=1e-12)
+    # weight gradient (A = dYᵀ: M-major, B N-major): both tiles move, (128 + 128)·64 and (32 + 256)·64 bytes
     wg = breakdown(Gemm(256, 256, 64, Dtype.fp8, a_t=True), H200)
-    assert wg.transpose_s[i] == pytest.approx(256 * 64 / (32 * 1.83e9), rel=1e-12)
+    assert wg.transpose_s[big] == pytest.approx(256 * 64 / (3 * 1.83e9), rel=1e-12)
+    assert wg.transpose_s[small] == pytest.approx(288 * 64 / (24 * 1.83e9), rel=1e-12)
     # bf16 on the same part, and fp8 on a part without the restriction (B200), do not pay it
     assert np.all(breakdown(Gemm(256, 256, 64, BF16, a_t=True), H200).transpose_s == 0.0)
     b200 = breakdown(Gemm(256, 256, 64, Dtype.fp8, a_t=True), get_profile("nvidia-b200"))
