@@ -66,8 +66,9 @@ def test_256x256x64_on_132_sms_is_4_tiles_in_1_wave_and_each_term_is_the_hand_fi
     # 128·128/256 + 256·64·2/4/256 + 32 = 64 + 32 + 32 = 128 → ⌊65,536 / (128·256)⌋ = 2; warps ⌊64/8⌋ = 8
     assert bd.resident[i] == 2
     rate = 4096 * 1.83e9 * 0.8  # one SM, sustained
-    # one tile per busy SM; η = 1: two MMA groups along M, I = 2·128·128 / (2·(128·1 + 128·2)) = 42.7 ≥ 4096/128
-    math_s = 2 * 128 * 128 * 64 / rate
+    # one tile per busy SM; η = 1: two MMA groups along M, I = 2·128·128 / (2·(128·1 + 128·2)) = 42.7 ≥ 4096/128;
+    # 4 of 132 SMs busy: boost β = min(132/4, 1.98/1.83) = 1.082
+    math_s = 2 * 128 * 128 * 64 / (rate * 1.98 / 1.83)
     assert bd.math_s[i] == pytest.approx(math_s, rel=1e-12)
     assert bd.l2_s[i] == pytest.approx(4 * 256 * 64 * 2 / 11_452e9, rel=1e-12)
     # A and B (65,536 B) fit in L2: HBM moves them and C once
@@ -80,7 +81,7 @@ def test_256x256x64_on_132_sms_is_4_tiles_in_1_wave_and_each_term_is_the_hand_fi
     step = 1 * 1 * 256 / 1.83e9  # one round, one K step, 256 clocks
     assert bd.step_s[i] == pytest.approx(step, rel=1e-12)
     assert np.all(bd.transpose_s == 0.0)  # bf16: wgmma takes either layout
-    # math + step = 0.350 + 0.140 = 0.490 µs < latency / 2 = 0.5 µs: one K step in flight binds
+    # math + step = 0.323 + 0.140 = 0.463 µs < latency / 2 = 0.5 µs: one K step in flight binds
     assert math_s + step < latency / 2
     total_us = (latency / 2 + latency + epilogue + 3e-6) * 1e6
     assert predict_one(Gemm(256, 256, 64, BF16), c, H200) == pytest.approx(total_us, rel=1e-12)
@@ -108,10 +109,11 @@ def test_partial_tiles_and_k_steps_cost_whole_ones() -> None:
 
 def test_small_tiles_starve_the_tensor_cores() -> None:
     """32×32 with 4 warps: I = 2·32·32 / (2·(32 + 32)) = 16 FLOPs per shared-memory byte, half the 32 the H200's
-    tensor cores need: η = 0.5, so a 32×32 tile's math takes twice 2·32·32·K / R."""
+    tensor cores need: η = 0.5, so a 32×32 tile's math takes twice 2·32·32·K / R (one tile on one SM: the boost
+    β = 1.98/1.83 on top)."""
     i = at(cfg(32, 32, 64))
     bd = breakdown(Gemm(32, 32, 4096, BF16), H200)
-    assert bd.math_s[i] == pytest.approx(2 * 32 * 32 * 4096 / (4096 * 1.83e9 * 0.8) / 0.5, rel=1e-12)
+    assert bd.math_s[i] == pytest.approx(2 * 32 * 32 * 4096 / (4096 * 1.83e9 * 0.8 * 1.98 / 1.83) / 0.5, rel=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------------- shapes
@@ -363,7 +365,7 @@ def test_fp8_operands_that_are_not_k_major_are_relaid_or_run_on_the_warp_level_m
     4 warps (one group) gives I = 2·32·256 / (1·(32 + 256)) = 56.9, η = 56.9/64 = 0.889."""
     big, small = at(cfg(128, 128, 64)), at(cfg(32, 256, 64))
     assert config_space()[small].num_warps == 4
-    rate = 8192 * 1.83e9 * 0.8
+    rate = 8192 * 1.83e9 * 0.8 * 1.98 / 1.83  # 4 and 8 tiles on 132 SMs: the boost β = 1.98/1.83
     math_big = 2 * 128 * 128 * 64 / rate  # one tile per busy SM (4 tiles)
     math_small = 2 * 32 * 256 * 64 / (rate * (2 * 32 * 256 / 288) / 64)  # 8 tiles, one per busy SM
     # forward (A row-major, B = Wᵀ: both K-major): wgmma as it is, nothing to relay
