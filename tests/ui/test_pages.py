@@ -518,6 +518,73 @@ def _expand(part: str) -> list[int]:
     return list(range(int(lo), int(hi or lo) + 1))
 
 
+def _kernel_rows(doc: LexborHTMLParser) -> list[list[str]]:
+    return [[text(td) for td in tr.css("td")] for tr in doc.css("table.kernels tbody tr")]
+
+
+def _kernels_open(doc: LexborHTMLParser) -> bool:
+    details = doc.css_first("details.kernels")
+    assert details is not None
+    return "open" in details.attributes
+
+
+def test_plan_page_lists_each_dense_gemms_kernel_per_gpu_type(client: TestClient) -> None:
+    model = small_model("kernels", tables=4)
+    model["dense_layers"].append({"name": "top.1", "in_features": 256, "out_features": 64, "dtype": "bf16"})
+    plan = post_plan(client, model, mixed_fleet())
+    doc = page(client, f"/ui/plans/{plan['id']}")
+    rows = _kernel_rows(doc)
+    want = [(d["name"], k) for d in plan["dense"] for k in d["kernels"]]
+    assert len(rows) == len(want) == 2 * 2 * 3  # two linear layers × two GPU types × three phases
+    for row, (layer, k) in zip(rows, want, strict=True):
+        c = k["config"]
+        label = f"{c['block_m']}x{c['block_n']}x{c['block_k']} w{c['num_warps']} s{c['num_stages']} g{c['group_m']}"
+        assert row[:6] == [
+            layer,
+            k["phase"],
+            k["gpu"],
+            f"{k['m']} × {k['n']} × {k['k']}",
+            k["dtype"],
+            f"{label} sk{c['split_k']}",
+        ]
+        assert float(row[6]) == pytest.approx(k["predicted_us"], abs=0.05)
+        tflops = 2 * k["m"] * k["n"] * k["k"] / (k["predicted_us"] * 1e6)
+        assert float(row[7]) == pytest.approx(tflops, rel=0.05)
+    assert {r[4] for r in rows} == {"fp32", "bf16"}
+    assert {r[2] for r in rows} == {"nvidia-h100-sxm", "nvidia-h200"}
+    # twelve rows: the table is open; the line above it sums each GPU type's GEMMs
+    assert _kernels_open(doc)
+    summary = text(doc.css_first("p.kernels-summary"))
+    for gpu in ("nvidia-h100-sxm", "nvidia-h200"):
+        total = sum(k["predicted_us"] for _, k in want if k["gpu"] == gpu)
+        assert f"{total:.1f} µs a step on {gpu}" in summary
+
+
+def test_plan_page_collapses_a_long_kernels_table_and_omits_it_without_kernels(client: TestClient) -> None:
+    model = small_model("many-layers", tables=2)
+    model["dense_layers"] = [{"name": f"mlp.{i}", "in_features": 128, "out_features": 128} for i in range(5)]
+    plan = post_plan(client, model, mixed_fleet())  # 5 layers × 2 GPU types × 3 phases = 30 rows
+    doc = page(client, f"/ui/plans/{plan['id']}")
+    assert len(_kernel_rows(doc)) == 30
+    assert not _kernels_open(doc)
+    # a model whose dense part is unclassified has no GEMMs to choose kernels for: no section
+    model["dense_layers"] = [
+        {
+            "name": "cross",
+            "kind": "unclassified",
+            "param_count": 1000,
+            "activation_bytes_per_sample": 400,
+            "flops_per_sample": 6000,
+        }
+    ]
+    model["name"] = "unclassified-only"
+    plan = post_plan(client, model, mixed_fleet())
+    doc = page(client, f"/ui/plans/{plan['id']}")
+    assert all(d["kernels"] == [] for d in plan["dense"])
+    assert doc.css_first("#kernels") is None
+    assert not _kernel_rows(doc)
+
+
 def test_throughput_wherever_the_step_time_is(client: TestClient) -> None:
     model = small_model("tput")
     a = post_plan(client, model, fleet("h100x2"))
