@@ -26,13 +26,22 @@ from shardwise.service.app import create_app
 from shardwise.service.db import upgrade
 from shardwise.service.jobs import LocalRunner
 from shardwise.service.routers.ui.formatting import rate
+from shardwise.service.routers.ui.plan import kernels_view
 from shardwise.service.settings import Settings
 from shardwise.solver.extract import build_plan
 from shardwise.solver.planner import make_plan
 from shardwise.solver.port import port_analysis
 from shardwise.solver.topology import Topology
 from shardwise.wire.resources import StoredPlan
-from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams
+from shardwise.wire.spec import (
+    DensePlan,
+    FleetSpec,
+    GemmPhase,
+    KernelChoice,
+    KernelConfig,
+    ModelSpec,
+    SolveParams,
+)
 from ui_support import (
     GREEDY,
     big_fleet,
@@ -583,6 +592,30 @@ def test_plan_page_collapses_a_long_kernels_table_and_omits_it_without_kernels(c
     assert all(d["kernels"] == [] for d in plan["dense"])
     assert doc.css_first("#kernels") is None
     assert not _kernel_rows(doc)
+
+
+def test_kernels_summary_takes_the_slower_host_size_of_a_gpu_type() -> None:
+    # a colwise layer on H200 hosts of 2 and of 4 GPUs: two forward GEMMs for one GPU type; the sum per step takes
+    # the slower (the pace of the slowest host), every choice stays a row
+    config = KernelConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
+
+    def choice(phase: GemmPhase, m: int, n: int, us: float) -> KernelChoice:
+        return KernelChoice(
+            gpu="nvidia-h200", phase=phase, m=m, n=n, k=256, dtype="bf16", config=config, predicted_us=us
+        )
+
+    kernels = [
+        choice(GemmPhase.forward, 2048, 128, 10.0),
+        choice(GemmPhase.forward, 4096, 64, 14.0),
+        choice(GemmPhase.input_grad, 2048, 256, 7.0),
+    ]
+    view = kernels_view([DensePlan(name="fc", style="colwise", ranks=[0, 1], kernels=kernels)])
+    assert view is not None
+    assert len(view.rows) == 3
+    assert view.per_gpu_us == [("nvidia-h200", 14.0 + 7.0)]
+    assert view.rows[1].config == "128x128x64 w8 s3 g8 sk1"
+    assert view.rows[1].tflops == pytest.approx(2 * 4096 * 64 * 256 / 14e-6 / 1e12)
+    assert kernels_view([DensePlan(name="fc", style="replicate", ranks=[0])]) is None
 
 
 def test_throughput_wherever_the_step_time_is(client: TestClient) -> None:

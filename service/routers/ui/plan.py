@@ -105,9 +105,11 @@ class KernelsView:
 
 def kernels_view(dense: list[DensePlan]) -> KernelsView | None:
     """The plan's kernel choices, a row per (layer, GPU type, phase) in the plan's order; None without any (an
-    unclassified model, profiles without a microarchitecture, a plan stored before plans carried them)."""
+    unclassified model, profiles without a microarchitecture, a plan stored before plans carried them). Each GPU
+    type's sum takes, where host groups of one GPU type with different GPUs per host give a phase two tensor-parallel
+    GEMMs, the slower of them (the pace of that GPU type's slowest host)."""
     rows: list[KernelView] = []
-    per_gpu: dict[str, float] = {}
+    slowest: dict[tuple[str, str, str], float] = {}  # (gpu, layer, phase) → µs
     layers = 0
     for d in dense:
         layers += bool(d.kernels)
@@ -124,9 +126,13 @@ def kernels_view(dense: list[DensePlan]) -> KernelsView | None:
                     tflops=2.0 * k.m * k.n * k.k / (k.predicted_us * 1e6) if k.predicted_us > 0 else 0.0,
                 )
             )
-            per_gpu[k.gpu] = per_gpu.get(k.gpu, 0.0) + k.predicted_us
+            key = (k.gpu, d.name, k.phase.value)
+            slowest[key] = max(slowest.get(key, 0.0), k.predicted_us)
     if not rows:
         return None
+    per_gpu: dict[str, float] = {}
+    for (gpu, _, _), us in slowest.items():
+        per_gpu[gpu] = per_gpu.get(gpu, 0.0) + us
     return KernelsView(rows, layers, sorted(per_gpu.items()), open=len(rows) <= KERNELS_OPEN_UP_TO)
 
 
