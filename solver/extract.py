@@ -31,8 +31,9 @@ if TYPE_CHECKING:  # the service imports this module at start-up (request_hash);
 
 #: 2: sparse-gradient row indices and int64 bag lengths, as the executor does; 3: plans carry each linear layer's
 #: kernel choices (``DensePlan.kernels``), which a plan stored before does not hold; 4: 2D plans (replica groups:
-#: the all-to-alls inside a group, the replicas' sync), which the planner now weighs against 1D ones
-COST_MODEL_VERSION = "4"
+#: the all-to-alls inside a group, the replicas' sync), which the planner now weighs against 1D ones; 5: a linear
+#: layer's dense compute is its chosen kernels' predicted time (``cost_model.dense_kernel_s``), not the flat roofline
+COST_MODEL_VERSION = "5"
 #: what a plan's ``status`` and ``lower_bound_ms`` mean. 2: ``lower_bound_ms`` holds over the whole candidate
 #: catalogue and ``optimal`` meets it; what a search proved over its own space is ``solver.searched_*``. It is in the
 #: solver version, so a request answered under 1 (optimal over the searched space only) is solved again.

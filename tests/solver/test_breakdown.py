@@ -23,6 +23,8 @@ from shardwise.solver.breakdown import (
     step_breakdown,
 )
 from shardwise.solver.evaluate import evaluate
+from shardwise.solver.extract import with_kernels
+from shardwise.solver.kernels import KERNEL_LAUNCH_S
 from shardwise.solver.planner import make_plan
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import (
@@ -214,6 +216,37 @@ def test_plans_of_the_solver_on_a_mixed_fleet(
     model, fleet = load_model("dlrm_dcnv2"), load_fleet("fleet_mixed_b200_mi350x")
     plan = make_plan(model, fleet, SolveParams(solver="greedy"))
     assert_breakdown_matches(Topology(fleet), model, plan.tables, plan.dense)
+
+
+def test_dense_compute_is_the_plans_chosen_kernels_and_their_bias() -> None:
+    """The plan's ``DensePlan.kernels`` (what ``shardwise kernels`` prints and the plan page lists) and the cost
+    model's dense compute are one figure: each rank's ``dense_compute`` term is the sum of its GPU type's chosen
+    kernels' predicted µs, plus each layer's bias (``3·m·n·2`` B of the bf16 forward output at the profile's
+    stream rate, and two kernel launches)."""
+    fleet = FleetSpec.model_validate(
+        {
+            "name": "h100-mi350x",
+            "hosts": [
+                {"gpu": "nvidia-h100-sxm", "count": 1, "gpus_per_host": 4},
+                {"gpu": "amd-mi350x", "count": 1, "gpus_per_host": 4},
+            ],
+        }
+    )
+    topo, model = Topology(fleet), kinds_model()
+    tables, dense = every_kind_of_plan(model)
+    dense = with_kernels(topo, model, dense)  # replicate, fsdp, colwise, rowwise: one layer of each
+    assert all(len(d.kernels) == 2 * 3 for d in dense)  # two GPU types, three phases
+    assert_breakdown_matches(topo, model, tables, dense)
+    bd = step_breakdown(topo, model, tables, dense)
+    for info in topo.ranks:
+        p = info.profile
+        stream = p.hbm_bandwidth_bytes_per_s * p.achieved.memory_bound
+        want_s = 0.0
+        for d in dense:
+            mine = [k for k in d.kernels if k.gpu == p.name]
+            fwd = next(k for k in mine if k.phase.value == "forward")
+            want_s += sum(k.predicted_us for k in mine) / 1e6 + 3 * fwd.m * fwd.n * 2 / stream + 2 * KERNEL_LAUNCH_S
+        assert bd.ranks[info.rank, TERM_INDEX["dense_compute"]] == pytest.approx(want_s * 1e3, rel=1e-9)
 
 
 def test_one_gpu_has_no_communication(small_model: ModelSpec) -> None:

@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from shardwise.hwprofiles import HardwareProfile
+from shardwise.hwprofiles import HardwareProfile, get_profile
 from shardwise.solver import cost_model as cm
 from shardwise.solver.evaluate import shard_cost
+from shardwise.solver.kernels import KERNEL_LAUNCH_S, Gemm, choose
 from shardwise.solver.topology import Topology
-from shardwise.wire.spec import DenseLayerSpec, DenseStyle, EmbeddingTableSpec, FleetSpec, Placement
+from shardwise.wire.spec import DenseLayerSpec, DenseStyle, Dtype, EmbeddingTableSpec, FleetSpec, Placement
 from shardwise.wire.spec import ShardingType as ST
 
 B = 10  # batch per GPU
@@ -946,6 +947,91 @@ def test_dense_linear_activations_measured_per_token(round_profile: HardwareProf
     inside = 2 * (4 - 1) * B * 16 * 150 * 4 / INTRA
     across = 2 * (2 - 1) / 2 * (WB / 4) / INTER
     assert got.comm_ms == approx((inside + across) * 1e3)
+
+
+# the kernel model prices a linear layer's GEMMs on a profile with a microarchitecture (every catalogue profile): the
+# expected figures come from the kernel model's own choice (tested by hand in test_kernels.py) and the bias by hand
+H200 = get_profile("nvidia-h200")
+# the catalogue H200's figures (read from the profile and the kernel model, which other work tunes): HBM streams at
+# 4.8e12 · achieved.memory_bound 0.9; fp32 at 66.9e12 · achieved.gemm 0.8; each of the bias's two elementwise kernels
+# pays the kernel model's launch, KERNEL_LAUNCH_S (4 µs)
+H200_HBM = H200.hbm_bandwidth_bytes_per_s * H200.achieved.memory_bound
+H200_FP32 = H200.peak_flops("fp32") * H200.achieved.gemm
+LAUNCH = KERNEL_LAUNCH_S
+
+
+def chosen_us(*gemms: Gemm) -> float:
+    """The kernel model's chosen configurations' predicted µs, summed."""
+    return sum(choose(g, H200)[1] for g in gemms)
+
+
+def test_dense_linear_is_priced_by_its_chosen_kernels_and_its_bias() -> None:
+    # 1024 → 512 bf16 on 8192 rows: forward (8192, 512, 1024), input_grad (8192, 1024, 512), weight_grad (512, 1024,
+    # 8192); the bias: y += b reads and writes the 8192 × 512 bf16 forward output, db = Σ dY reads it: 3·8192·512·2 B
+    fc = layer(in_features=1024, out_features=512, dtype="bf16")
+    ctx = cm.CommContext(batch_size=8192, world_size=1, gpus_per_host=1, num_hosts=1, intra_bw=math.inf, inter_bw=1)
+    got = cm.dense_cost(fc, DenseStyle.replicate, H200, ctx)
+    gemms_us = chosen_us(
+        Gemm(8192, 512, 1024, Dtype.bf16, b_t=True),
+        Gemm(8192, 1024, 512, Dtype.bf16),
+        Gemm(512, 1024, 8192, Dtype.bf16),
+    )
+    bias_s = 3 * 8192 * 512 * 2 / H200_HBM + 2 * LAUNCH
+    assert got.compute_ms == approx(gemms_us / 1e3 + bias_s * 1e3)
+    # no bias: the GEMMs alone
+    no_bias = cm.dense_cost(
+        layer(in_features=1024, out_features=512, dtype="bf16", bias=False), DenseStyle.replicate, H200, ctx
+    )
+    assert no_bias.compute_ms == approx(gemms_us / 1e3)
+    # the flat roofline it replaces: 3·2·1024·512·8192 FLOP at 989.4e12·0.8 = 65.1 µs; the kernels cost more
+    assert got.compute_ms > 3 * 2 * 1024 * 512 * 8192 / (989.4e12 * 0.8) * 1e3
+
+
+@pytest.mark.parametrize(
+    ("style", "forward", "input_grad", "weight_grad"),
+    [  # g = 4 GPUs per host run the host's 4·10 = 40 rows over a quarter of the weight
+        (DenseStyle.colwise, (40, 12, 100), (40, 100, 12), (12, 100, 40)),  # out/g = ⌊50/4⌋ = 12 outputs
+        (DenseStyle.rowwise, (40, 50, 25), (40, 25, 50), (50, 25, 40)),  # in/g = 25 inputs
+    ],
+)
+def test_dense_tensor_parallel_kernels_run_the_hosts_rows_over_a_slice(
+    style: DenseStyle,
+    forward: tuple[int, int, int],
+    input_grad: tuple[int, int, int],
+    weight_grad: tuple[int, int, int],
+) -> None:
+    got = cm.dense_cost(layer(), style, H200, FLEET_CTX)
+    fp32 = Dtype.fp32
+    us = chosen_us(Gemm(*forward, fp32, b_t=True), Gemm(*input_grad, fp32), Gemm(*weight_grad, fp32, a_t=True))
+    m, n = forward[0], forward[1]
+    assert got.compute_ms == approx(us / 1e3 + (3 * m * n * 4 / H200_HBM + 2 * LAUNCH) * 1e3)
+
+
+def test_dense_kernel_price_follows_the_profiles_figures() -> None:
+    # a calibrated achieved.gemm lowers every SM's sustained rate: a compute-bound layer takes longer, not the
+    # figure cached for the catalogue profile
+    fc = layer(in_features=4096, out_features=4096, dtype="bf16", bias=False)
+    ctx = cm.CommContext(batch_size=16384, world_size=1, gpus_per_host=1, num_hosts=1, intra_bw=math.inf, inter_bw=1)
+    slower = H200.model_copy(update={"achieved": H200.achieved.model_copy(update={"gemm": 0.4})})
+    base = cm.dense_cost(fc, DenseStyle.replicate, H200, ctx).compute_ms
+    assert cm.dense_cost(fc, DenseStyle.replicate, H200, ctx).compute_ms == base  # the cached figure, unchanged
+    assert cm.dense_cost(fc, DenseStyle.replicate, slower, ctx).compute_ms > 1.5 * base
+
+
+def test_dense_without_a_kernel_price_keeps_the_roofline(round_profile: HardwareProfile) -> None:
+    # an unclassified layer on the H200: 3·6000·10 FLOP at the fp32 rate vs 3·(12000 + 4000) B of traffic
+    got = cm.dense_cost(unclassified(), DenseStyle.replicate, H200, FLEET_CTX)
+    assert got.compute_ms == approx(max(3 * 6000 * B / H200_FP32, 3 * (12000 + B * 400) / H200_HBM) * 1e3)
+    # a GPU on which no configuration of the space runs (4 KB of shared memory): the roofline of the H200's figures
+    assert H200.microarch is not None
+    tiny = H200.model_copy(
+        update={
+            "microarch": H200.microarch.model_copy(update={"smem_bytes_per_sm": 4096, "smem_bytes_per_block": 4096})
+        }
+    )
+    got = cm.dense_cost(layer(), DenseStyle.replicate, tiny, FLEET_CTX)
+    assert got.compute_ms == approx(max(3e5 / H200_FP32, 3 * (WB + ACT) / H200_HBM) * 1e3)
+    assert round_profile.microarch is None  # the round profile's tests above: the roofline, by hand
 
 
 def test_weighted_ids_carry_their_weight(fleet_topo: Topology) -> None:

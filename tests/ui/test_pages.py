@@ -26,13 +26,22 @@ from shardwise.service.app import create_app
 from shardwise.service.db import upgrade
 from shardwise.service.jobs import LocalRunner
 from shardwise.service.routers.ui.formatting import rate
+from shardwise.service.routers.ui.plan import kernels_view
 from shardwise.service.settings import Settings
 from shardwise.solver.extract import build_plan
 from shardwise.solver.planner import make_plan
 from shardwise.solver.port import port_analysis
 from shardwise.solver.topology import Topology
 from shardwise.wire.resources import StoredPlan
-from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams
+from shardwise.wire.spec import (
+    DensePlan,
+    FleetSpec,
+    GemmPhase,
+    KernelChoice,
+    KernelConfig,
+    ModelSpec,
+    SolveParams,
+)
 from ui_support import (
     GREEDY,
     big_fleet,
@@ -516,6 +525,97 @@ def test_where_the_time_goes_sums_to_each_ranks_step(client: TestClient) -> None
 def _expand(part: str) -> list[int]:
     lo, _, hi = part.partition("-")
     return list(range(int(lo), int(hi or lo) + 1))
+
+
+def _kernel_rows(doc: LexborHTMLParser) -> list[list[str]]:
+    return [[text(td) for td in tr.css("td")] for tr in doc.css("table.kernels tbody tr")]
+
+
+def _kernels_open(doc: LexborHTMLParser) -> bool:
+    details = doc.css_first("details.kernels")
+    assert details is not None
+    return "open" in details.attributes
+
+
+def test_plan_page_lists_each_dense_gemms_kernel_per_gpu_type(client: TestClient) -> None:
+    model = small_model("kernels", tables=4)
+    model["dense_layers"].append({"name": "top.1", "in_features": 256, "out_features": 64, "dtype": "bf16"})
+    plan = post_plan(client, model, mixed_fleet())
+    doc = page(client, f"/ui/plans/{plan['id']}")
+    rows = _kernel_rows(doc)
+    want = [(d["name"], k) for d in plan["dense"] for k in d["kernels"]]
+    assert len(rows) == len(want) == 2 * 2 * 3  # two linear layers × two GPU types × three phases
+    for row, (layer, k) in zip(rows, want, strict=True):
+        c = k["config"]
+        label = f"{c['block_m']}x{c['block_n']}x{c['block_k']} w{c['num_warps']} s{c['num_stages']} g{c['group_m']}"
+        assert row[:6] == [
+            layer,
+            k["phase"],
+            k["gpu"],
+            f"{k['m']} × {k['n']} × {k['k']}",
+            k["dtype"],
+            f"{label} sk{c['split_k']}",
+        ]
+        assert float(row[6]) == pytest.approx(k["predicted_us"], abs=0.05)
+        tflops = 2 * k["m"] * k["n"] * k["k"] / (k["predicted_us"] * 1e6)
+        assert float(row[7]) == pytest.approx(tflops, rel=0.05)
+    assert {r[4] for r in rows} == {"fp32", "bf16"}
+    assert {r[2] for r in rows} == {"nvidia-h100-sxm", "nvidia-h200"}
+    # twelve rows: the table is open; the line above it sums each GPU type's GEMMs
+    assert _kernels_open(doc)
+    summary = text(doc.css_first("p.kernels-summary"))
+    for gpu in ("nvidia-h100-sxm", "nvidia-h200"):
+        total = sum(k["predicted_us"] for _, k in want if k["gpu"] == gpu)
+        assert f"{total:.1f} µs a step on {gpu}" in summary
+
+
+def test_plan_page_collapses_a_long_kernels_table_and_omits_it_without_kernels(client: TestClient) -> None:
+    model = small_model("many-layers", tables=2)
+    model["dense_layers"] = [{"name": f"mlp.{i}", "in_features": 128, "out_features": 128} for i in range(5)]
+    plan = post_plan(client, model, mixed_fleet())  # 5 layers × 2 GPU types × 3 phases = 30 rows
+    doc = page(client, f"/ui/plans/{plan['id']}")
+    assert len(_kernel_rows(doc)) == 30
+    assert not _kernels_open(doc)
+    # a model whose dense part is unclassified has no GEMMs to choose kernels for: no section
+    model["dense_layers"] = [
+        {
+            "name": "cross",
+            "kind": "unclassified",
+            "param_count": 1000,
+            "activation_bytes_per_sample": 400,
+            "flops_per_sample": 6000,
+        }
+    ]
+    model["name"] = "unclassified-only"
+    plan = post_plan(client, model, mixed_fleet())
+    doc = page(client, f"/ui/plans/{plan['id']}")
+    assert all(d["kernels"] == [] for d in plan["dense"])
+    assert doc.css_first("#kernels") is None
+    assert not _kernel_rows(doc)
+
+
+def test_kernels_summary_takes_the_slower_host_size_of_a_gpu_type() -> None:
+    # a colwise layer on H200 hosts of 2 and of 4 GPUs: two forward GEMMs for one GPU type; the sum per step takes
+    # the slower (the pace of the slowest host), every choice stays a row
+    config = KernelConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
+
+    def choice(phase: GemmPhase, m: int, n: int, us: float) -> KernelChoice:
+        return KernelChoice(
+            gpu="nvidia-h200", phase=phase, m=m, n=n, k=256, dtype="bf16", config=config, predicted_us=us
+        )
+
+    kernels = [
+        choice(GemmPhase.forward, 2048, 128, 10.0),
+        choice(GemmPhase.forward, 4096, 64, 14.0),
+        choice(GemmPhase.input_grad, 2048, 256, 7.0),
+    ]
+    view = kernels_view([DensePlan(name="fc", style="colwise", ranks=[0, 1], kernels=kernels)])
+    assert view is not None
+    assert len(view.rows) == 3
+    assert view.per_gpu_us == [("nvidia-h200", 14.0 + 7.0)]
+    assert view.rows[1].config == "128x128x64 w8 s3 g8 sk1"
+    assert view.rows[1].tflops == pytest.approx(2 * 4096 * 64 * 256 / 14e-6 / 1e12)
+    assert kernels_view([DensePlan(name="fc", style="replicate", ranks=[0])]) is None
 
 
 def test_throughput_wherever_the_step_time_is(client: TestClient) -> None:

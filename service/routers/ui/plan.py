@@ -1,6 +1,7 @@
 """The page of one plan, ``/ui/plans/{plan_id}`` (``plan.html``): its head (with its throughput), the fleet view
 (one row per host, a metric switch), every rank's HBM and time bars up to ``HEATMAP_ABOVE`` GPUs, where the time
-goes, how the solver got there, the tables with their layout and size, the dense layers, the explanation and the
+goes, how the solver got there, the tables with their layout and size, the dense layers and the kernel the kernel
+model chose for each of their GEMMs per GPU type (collapsed past ``KERNELS_OPEN_UP_TO`` rows), the explanation and the
 "Apply it" snippet; ``/ui/plans/{plan_id}/fleet?metric=…``, the fleet view alone (what the switch swaps in with
 htmx); and its one form, ``POST /ui/plans/{plan_id}/delete`` (on ``forms``, a router outside the read check: it
 checks CSRF first, then read and write access itself).
@@ -33,7 +34,8 @@ from shardwise.service.routers.ui.views import (
     rank_views,
     reserve_of,
 )
-from shardwise.wire.spec import ModelSpec
+from shardwise.solver.kernels import config_label
+from shardwise.wire.spec import DensePlan, ModelSpec
 
 router = APIRouter()
 forms = APIRouter()
@@ -74,6 +76,66 @@ def table_views(loaded: PagePlan) -> list[TableView]:
     return out
 
 
+#: the kernels table is open up to this many rows (GEMMs × GPU types), collapsed to its summary line above
+KERNELS_OPEN_UP_TO = 24
+
+
+@dataclass(frozen=True)
+class KernelView:
+    """One GEMM of a dense layer on one GPU type: the configuration the kernel model chose and its predicted time
+    (``tflops`` = ``2·m·n·k / predicted``)."""
+
+    layer: str
+    phase: str
+    gpu: str
+    shape: str  # "8192 × 1024 × 3456" (M × N × K)
+    dtype: str
+    config: str  # kernels.config_label: "128x256x64 w8 s3 g8 sk1"
+    predicted_us: float
+    tflops: float
+
+
+@dataclass(frozen=True)
+class KernelsView:
+    rows: list[KernelView]
+    layers: int
+    per_gpu_us: list[tuple[str, float]]  # each GPU type's GEMMs of one step, summed (predicted µs)
+    open: bool
+
+
+def kernels_view(dense: list[DensePlan]) -> KernelsView | None:
+    """The plan's kernel choices, a row per (layer, GPU type, phase) in the plan's order; None without any (an
+    unclassified model, profiles without a microarchitecture, a plan stored before plans carried them). Each GPU
+    type's sum takes, where host groups of one GPU type with different GPUs per host give a phase two tensor-parallel
+    GEMMs, the slower of them (the pace of that GPU type's slowest host)."""
+    rows: list[KernelView] = []
+    slowest: dict[tuple[str, str, str], float] = {}  # (gpu, layer, phase) → µs
+    layers = 0
+    for d in dense:
+        layers += bool(d.kernels)
+        for k in d.kernels:
+            rows.append(
+                KernelView(
+                    layer=d.name,
+                    phase=k.phase.value,
+                    gpu=k.gpu,
+                    shape=f"{k.m} × {k.n} × {k.k}",
+                    dtype=k.dtype.value,
+                    config=config_label(k.config),
+                    predicted_us=k.predicted_us,
+                    tflops=2.0 * k.m * k.n * k.k / (k.predicted_us * 1e6) if k.predicted_us > 0 else 0.0,
+                )
+            )
+            key = (k.gpu, d.name, k.phase.value)
+            slowest[key] = max(slowest.get(key, 0.0), k.predicted_us)
+    if not rows:
+        return None
+    per_gpu: dict[str, float] = {}
+    for (gpu, _, _), us in slowest.items():
+        per_gpu[gpu] = per_gpu.get(gpu, 0.0) + us
+    return KernelsView(rows, layers, sorted(per_gpu.items()), open=len(rows) <= KERNELS_OPEN_UP_TO)
+
+
 @router.get("/ui/plans/{plan_id}", response_class=HTMLResponse)
 def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLResponse:
     started = time.perf_counter()
@@ -101,6 +163,7 @@ def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLRespon
         "parts": HBM_PARTS,
         "tables": table_views(loaded),
         "dense": [(d.name, d.style.value, rank_ranges(d.ranks)) for d in plan.dense],
+        "kernels": kernels_view(plan.dense),
         "snippet": snippet(base, plan),
         "throughput": throughput(plan.predicted_step_ms, loaded.batch, len(plan.ranks)),
         "batch": loaded.batch,
