@@ -149,9 +149,10 @@ def head_mass(rows: int, fraction: float, skew: float) -> float:
 
 
 def hit_rate_case(
-    rows: int, fraction: float, skew: float, device: str, *, seed: int = 0, budget_s: float = 30.0
+    rows: int, fraction: float, skew: float, device: str, *, seed: int = 0, budget_s: float = 30.0, batches: int = 1000
 ) -> dict[str, Any]:
-    """The executor's row cache fed Zipf ids: measured hit rate at steady state against the model's."""
+    """The executor's row cache fed Zipf ids: measured hit rate at steady state against the model's (a window of
+    ``2·T`` ids and at least ``batches`` fetches)."""
     import torch
 
     from shardwise.clients.row_cache import CACHE_WAYS, RowCache, cache_slots
@@ -162,7 +163,7 @@ def hit_rate_case(
     batch = max(64, min(65536, slots // 8))  # a fetch's ids: well below the cache (the model has no batches)
     t_ids = cm.lru_characteristic_time(rows, fraction, skew)
     warm = max(math.ceil(2 * t_ids), 20 * batch)
-    window = max(math.ceil(2 * t_ids), 1000 * batch)
+    window = max(math.ceil(2 * t_ids), batches * batch)
     zipf = Zipf(rows, skew, seed, device=dev)
     store = torch.zeros((rows, 4), dtype=torch.float32, pin_memory=dev.type == "cuda")
     cache = RowCache(store, slots=slots, ways=CACHE_WAYS, device=dev, segments=[("t", 0, rows)])
@@ -202,7 +203,7 @@ def hit_rate_case(
 
 
 def hit_rates(device: str, small: bool, budget_s: float) -> list[dict[str, Any]]:
-    sizes = (20_000, 100_000) if small else (1_000_000, 4_000_000)
+    sizes = (20_000, 100_000) if small else (500_000, 2_000_000)
     out: list[dict[str, Any]] = []
     for rows in sizes:
         for fraction in (0.05, 0.2):
@@ -791,7 +792,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     r.add_argument("--steps", type=int, default=10, help="steps per timed run (truth.py's loop runs five such)")
     r.add_argument("--warmup", type=int, default=3)
     r.add_argument("--warm-budget-s", type=float, default=20.0, help="seconds to warm one plan's caches")
-    r.add_argument("--case-budget-s", type=float, default=4.5, help="seconds for one hit-rate case (20 cases)")
+    r.add_argument("--case-budget-s", type=float, default=4.0, help="seconds for one hit-rate case (20 cases)")
     r.add_argument("--cpu-hitrate", action="store_true", help="also run the hit-rate grid on the CPU (small sizes)")
     p = sub.add_parser("report", help="the tables from a run's JSON")
     p.add_argument("json", type=Path)
