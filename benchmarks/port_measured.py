@@ -7,7 +7,7 @@ Three parts, each recorded in one JSON file beside the machine that ran it (GPU,
    way the cost model assumes: Zipf(``s``) over the table's rows (``P(rank i) ∝ i^−s``, the spec's ``access_skew``),
    the ranks scattered over the rows by a seeded permutation, each id drawn independently from a seeded generator.
    A warm-up of ``2·T`` ids (``T`` the model's LRU characteristic time: the ids a cold cache takes to fill) and a
-   measured window of ``2·T`` ids (at least 200 batches); the measured ``hits / lookups`` beside
+   measured window of ``2·T`` ids (at least 1,000 batches); the measured ``hits / lookups`` beside
    ``cache_hit_rate(rows, fraction, skew)`` (and beside the head mass of the hottest rows, the model before).
 2. **port** — two DLRM-like models whose tables exceed a capped HBM. Fleet A: one H200 whose profile (the
    catalogue's, calibrated as ``docs/truth.md`` says) has its ``hbm_bytes`` lowered (``h200-capped-16g``: 16 GiB;
@@ -479,11 +479,11 @@ def port(
 ) -> None:
     import torch.distributed as dist
 
-    truth._one_rank_group("nccl" if device == "cuda" else "gloo")
-    if device == "cuda":
-        import torch
+    import torch
 
+    if device == "cuda":
         torch.cuda.set_device(0)
+    truth._one_rank_group("nccl" if device == "cuda" else "gloo")
     try:
         for m in port_models(small):
             rec: dict[str, Any] = {}
@@ -520,6 +520,10 @@ def port(
                         warm_budget_s=warm_budget_s,
                     ),
                 )
+                if device == "cuda":  # whatever happened (an OOM included), the next plan gets the whole GPU
+                    gc.collect()
+                    torch.cuda.set_per_process_memory_fraction(1.0, 0)
+                    torch.cuda.empty_cache()
                 if got and "error" not in got:
                     say(
                         f"  {label}: pipelined {got['pipelined_ms']:.3f} ms, waited {got['step_ms']:.3f} ms, peak "
@@ -548,7 +552,7 @@ def host_access(device: str, small: bool) -> dict[str, Any]:
     if device != "cuda":
         return {"skipped": "zero-copy needs a GPU"}
     dev = torch.device("cuda", 0)
-    rows, out = (1_000_000 if small else 20_000_000), []
+    rows, out = (1_000_000 if small else 4_000_000), []
     host = torch.empty((rows, 128), dtype=torch.float32, pin_memory=True)
     host[:, 0] = 1.0  # touched: the pages exist
     try:
