@@ -477,9 +477,8 @@ def port(
     doc: dict[str, Any],
     save: Callable[[], None],
 ) -> None:
-    import torch.distributed as dist
-
     import torch
+    import torch.distributed as dist
 
     if device == "cuda":
         torch.cuda.set_device(0)
