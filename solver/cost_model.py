@@ -562,8 +562,9 @@ def cache_hit_rate(num_rows: int, cache_fraction: float | None, access_skew: flo
     (:func:`lru_characteristic_time`: a row is cached if it was looked up in the last ``T`` ids), at least ``f``.
     It is below the head mass ``H(k, s) / H(r, s)`` of a cache that would keep the ``k`` hottest rows (LFU with
     perfect counts): LRU also keeps cold rows looked up lately. Measured with the executor's 32-way set-associative
-    LRU cache (``clients/row_cache.py``, ``benchmarks/port_measured.py hitrate``) over Zipf 0.8–1.2 and caches of
-    5–20 % of 10⁵–10⁶ rows, it is within a point of this; the head mass over-predicted by up to 14 points.
+    LRU cache (``clients/row_cache.py``; ``benchmarks/port_measured.py run --parts hitrate``) over Zipf 0.8–1.2 and
+    caches of 5–20 % of 2·10⁴–10⁵ rows, it is within 0.3 points of this; the head mass over-predicted by up to 14
+    points (at Zipf 0.8).
     """
     f = cache_fraction or 0.0
     if f <= 0:
