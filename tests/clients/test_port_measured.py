@@ -140,3 +140,18 @@ def test_port_prediction_at_small_sizes_offloads_on_the_capped_gpu_only() -> Non
     assert p["direct_port"]["tables"] == p["capped_plan"]["tables"]  # A's plan carried unchanged
     assert p["predicted_speedup"] >= 1.0
     assert p["capped_plan"]["replicated_step_ms"] == p["capped_plan"]["predicted_step_ms"]  # replicate: same price
+
+
+def test_committed_predictions_are_what_the_planner_says_now() -> None:
+    """A GPU host that cannot plan falls back on benchmarks/results/port/predictions_*.json: it must be current."""
+    import json
+
+    committed = json.loads(pm.PREDICTIONS.read_text(encoding="utf-8"))
+    for m in pm.port_models(small=False):
+        fresh = pm.port_prediction(m)
+        old = committed[m.cfg.name]
+        assert old["predicted_speedup"] == fresh["predicted_speedup"]
+        assert old["cap_bytes"] == fresh["cap_bytes"]
+        for key, plan in json.loads(json.dumps(fresh["plans"])).items():  # the layout, not the solve's timings
+            for part in ("tables", "dense", "ranks", "predicted_step_ms", "status"):
+                assert old["plans"][key][part] == plan[part], (m.cfg.name, key, part)
