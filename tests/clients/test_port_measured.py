@@ -17,9 +17,9 @@ GIB = 2**30
 
 
 def synthetic() -> dict[str, Any]:
-    def case(measured: float, model: float) -> dict[str, Any]:
+    def case(measured: float, model: float, warmed: int = 10) -> dict[str, Any]:
         return {"rows": 1000, "fraction": 0.1, "skew": 1.0, "device": "cuda", "measured": measured, "model": model,
-                "head_mass": 0.9, "measured_ids": 5000, "warmup_ids": 10, "warmup_wanted": 10}  # fmt: skip
+                "head_mass": 0.9, "measured_ids": 5000, "warmup_ids": warmed, "warmup_wanted": 10}  # fmt: skip
 
     def plan_row(ms: float, hbm: int) -> dict[str, Any]:
         return {"predicted_step_ms": ms, "predicted_hbm_bytes": hbm, "tables": {"sparse.t0": [
@@ -31,6 +31,7 @@ def synthetic() -> dict[str, Any]:
             "cuda": [
                 case(0.60, 0.62),
                 case(0.70, 0.64),
+                case(0.30, 0.50, warmed=4),  # not at steady state: shown, left out of the verdict
                 {"rows": 9, "fraction": 0.1, "skew": 1.0, "error": "RuntimeError: boom"},
             ]
         },
@@ -72,7 +73,12 @@ def synthetic() -> dict[str, Any]:
 def test_report_arithmetic_on_a_synthetic_run() -> None:
     lines, verdict = pm.report(synthetic())
     text = "\n".join(lines)
-    assert verdict["hitrate/cuda"] == {"cases": 2, "max_abs_points": pytest.approx(6.0), "within_5": False}
+    assert verdict["hitrate/cuda"] == {
+        "cases": 2,
+        "cut_short": 1,
+        "max_abs_points": pytest.approx(6.0),
+        "within_5": False,
+    }
     good = verdict["port/good"]
     assert good["measured"] == pytest.approx(1.8)
     assert good["speedup_error"] == pytest.approx(0.2)
@@ -88,6 +94,8 @@ def test_report_arithmetic_on_a_synthetic_run() -> None:
     assert "+5.0%" in text
     assert "t0 cache 0.25" in text
     assert "error: RuntimeError: boom" in text
+    assert "| -20.0 |" in text
+    assert "warm-up cut short" in text
 
 
 @pytest.mark.parametrize("skew", [0.8, 1.2])
