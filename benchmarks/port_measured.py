@@ -585,17 +585,22 @@ def host_access(device: str, small: bool) -> dict[str, Any]:
 
 
 def _device_view(host: Any) -> Any:
-    """A CUDA tensor over ``host``'s pinned memory (its device pointer from ``cudaHostGetDevicePointer``; UVA makes
-    it the host pointer), kept alive by the host tensor."""
+    """A CUDA tensor over ``host``'s pinned memory (its device pointer from ``cudaHostGetDevicePointer``, or, where
+    no CUDA runtime library is found to ask, the host pointer itself: under unified virtual addressing, every 64-bit
+    Linux CUDA system, the two are the same), kept alive by the host tensor."""
     import ctypes
 
     import torch
 
-    lib = ctypes.CDLL("libcudart.so") if _has("libcudart.so") else ctypes.CDLL(_find_cudart())
-    ptr = ctypes.c_void_p()
-    err = lib.cudaHostGetDevicePointer(ctypes.byref(ptr), ctypes.c_void_p(host.data_ptr()), 0)
-    if err != 0:
-        raise RuntimeError(f"cudaHostGetDevicePointer returned {err}")
+    ptr = ctypes.c_void_p(host.data_ptr())
+    try:
+        lib = ctypes.CDLL("libcudart.so") if _has("libcudart.so") else ctypes.CDLL(_find_cudart())
+    except OSError:
+        lib = None
+    if lib is not None:
+        err = lib.cudaHostGetDevicePointer(ctypes.byref(ptr), ctypes.c_void_p(host.data_ptr()), 0)
+        if err != 0:
+            raise RuntimeError(f"cudaHostGetDevicePointer returned {err}")
 
     class _Iface:
         def __init__(self) -> None:
