@@ -1,6 +1,6 @@
 """uvm_cache measured: the executor's row cache against the cost model's hit rate, and a port on one GPU.
 
-Three parts, each recorded in one JSON file beside the machine that ran it (GPU, torch, CUDA, driver, Triton):
+Four parts, each recorded in one JSON file beside the machine that ran it (GPU, torch, CUDA, driver, Triton):
 
 1. **hitrate** — the executor's cache (:class:`shardwise.clients.row_cache.RowCache`, the code ``apply_plan`` runs
    for ``uvm_cache`` shards; on CUDA its store pinned in host memory, as the executor keeps it) fed ids drawn the
@@ -14,15 +14,18 @@ Three parts, each recorded in one JSON file beside the machine that ran it (GPU,
    ``h200-capped-40g``); fleet B: the H200 as it is. Each model planned for both (greedy), the port analysis run
    (A → B: the direct port — A's plan unchanged on the real H200 — against the re-plan), then both plans trained on
    the GPU with ``apply_plan`` (``benchmarks/truth.py``'s ``build`` and measuring loop), the capped plan under
-   ``torch.cuda.set_per_process_memory_fraction(cap / total)``, so that "it fits" is enforced. Recorded: step times,
-   the capped plan's peak HBM against its predicted HBM, the caches' hit rates, measured speed-up beside predicted.
+   ``torch.cuda.set_per_process_memory_fraction((cap + extra batches) / total)``, so that "it fits" is enforced.
+   Recorded: step times, the capped plan's peak HBM against its predicted HBM, the caches' hit rates, measured
+   speed-up beside predicted.
 3. **host** — reading rows of a pinned host tensor from the GPU: zero-copy (a CUDA kernel indexing the pinned
    memory through its device mapping, where torch allows it) against the executor's CPU gather plus copy.
+4. **fetch** — what one ``RowCache.fetch`` costs (fixed, per row copied in, per dirty row written back), fitted on
+   Zipf batches of 512-B rows: the figures a cost-model term for this executor's misses would need.
 
 Every step is wrapped: a failure is recorded in the JSON (``error``) and the script goes on; progress lines carry
 the seconds since the start and are flushed; the JSON is rewritten after every part::
 
-    python3 -u benchmarks/port_measured.py run --out port.json            # on one H200 (≈ 4 minutes)
+    python3 -u benchmarks/port_measured.py run --out port.json            # on one H200 (≈ 5 minutes)
     python3 -u benchmarks/port_measured.py run --device cpu --small --out port_cpu.json   # anywhere, tiny sizes
     python3 benchmarks/port_measured.py report port.json                   # the tables (CPU)
     python3 benchmarks/port_measured.py plan [--small]                     # plans and port predictions only
@@ -546,6 +549,88 @@ def port(
 # ------------------------------------------------------------------------------------------------ 3. host access
 
 
+def fetch_cost(device: str, small: bool, budget_s: float = 20.0) -> dict[str, Any]:
+    """What a cache fetch costs the executor: ``RowCache.fetch`` of Zipf batches over a table of 512-B rows (fp32 ×
+    128, the port's tables) with a 10 % cache, the rows of every other fetch then marked dirty as the fused update
+    marks them (so that evictions write back), each fetch timed to its end (it synchronises anyway). Batch sizes
+    vary so that a least-squares fit ``ms = a + b·(rows copied in) + c·(rows written back)`` separates the per-fetch
+    cost from the per-row costs: the figures a cost-model term for this executor's misses would need (the model
+    prices misses as FBGEMM's reads over the host link, nothing else)."""
+    import torch
+
+    from shardwise.clients.row_cache import CACHE_WAYS, RowCache, cache_slots
+
+    dev = torch.device(device)
+    rows = 200_000 if small else 2_000_000
+    store = torch.empty((rows, 128), dtype=torch.float32, pin_memory=dev.type == "cuda")
+    store[:, 0] = 1.0
+    cache = RowCache(store, slots=cache_slots(rows, 0.1), ways=CACHE_WAYS, device=dev, segments=[("t", 0, rows)])
+    zipf = Zipf(rows, 1.0, seed=11, device=dev)
+    samples = []
+    start = time.monotonic()
+    sizes = (4_096, 16_384, 65_536, 262_144) if not small else (1_024, 4_096, 16_384)
+    for rep_ in range(1000):
+        if time.monotonic() - start > budget_s:
+            break
+        n = sizes[rep_ % len(sizes)]
+        ids = zipf.draw(n)
+        before = cache.stats()["t"]
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        t = time.perf_counter()
+        got = cache.fetch(ids, lock=False)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        ms = (time.perf_counter() - t) * 1e3
+        if rep_ % 2 == 0:  # half the fetches updated: write-backs vary apart from the misses, for the fit
+            cache.mark_dirty(got.slots_u)
+        after = cache.stats()["t"]
+        if rep_ >= 2 * len(sizes):  # the first rounds fill the cache
+            samples.append(
+                {
+                    "ids": n,
+                    "ms": ms,
+                    "copied_in": after.unique_misses - before.unique_misses,
+                    "written_back": after.write_backs - before.write_backs,
+                }
+            )
+    fit = _fit_fetch(samples)
+    say(f"fetch cost ({len(samples)} fetches): {fit}")
+    return {"rows": rows, "row_bytes": 512, "cache_fraction": 0.1, "samples": samples, "fit": fit}
+
+
+def _fit_fetch(samples: Sequence[dict[str, Any]]) -> dict[str, float] | None:
+    """Least squares ``ms = a + b·copied_in + c·written_back`` (normal equations, 3×3)."""
+    if len(samples) < 4:
+        return None
+    xs = [(1.0, float(s["copied_in"]), float(s["written_back"])) for s in samples]
+    ys = [float(s["ms"]) for s in samples]
+    ata = [[sum(x[i] * x[j] for x in xs) for j in range(3)] for i in range(3)]
+    aty = [sum(x[i] * y for x, y in zip(xs, ys, strict=True)) for i in range(3)]
+    try:
+        coef = _solve3(ata, aty)
+    except ZeroDivisionError:
+        return None
+    pred = [sum(c * v for c, v in zip(coef, x, strict=True)) for x in xs]
+    rms = math.sqrt(statistics.fmean(((p - y) / y) ** 2 for p, y in zip(pred, ys, strict=True) if y > 0))
+    return {"fixed_ms": coef[0], "us_per_row_in": coef[1] * 1e3, "us_per_row_back": coef[2] * 1e3, "rms_rel": rms}
+
+
+def _solve3(a: list[list[float]], b: list[float]) -> list[float]:
+    """Gaussian elimination with partial pivoting."""
+    m = [[*row[:], v] for row, v in zip(a, b, strict=True)]
+    for c in range(3):
+        p = max(range(c, 3), key=lambda r: abs(m[r][c]))
+        m[c], m[p] = m[p], m[c]
+        if m[c][c] == 0:
+            raise ZeroDivisionError("singular")
+        for r in range(3):
+            if r != c:
+                f = m[r][c] / m[c][c]
+                m[r] = [x - f * y for x, y in zip(m[r], m[c], strict=True)]
+    return [m[i][3] / m[i][i] for i in range(3)]
+
+
 def host_access(device: str, small: bool) -> dict[str, Any]:
     """Rows of a pinned host table read from the GPU: a CUDA gather through the pinned memory's device mapping
     (zero-copy: every row crosses the host link as the kernel reads it) against the executor's ``host`` path (the
@@ -673,6 +758,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         say("host access")
         guarded(doc, "host", lambda: host_access(args.device, args.small))
         save()
+    if "fetch" in parts:
+        say("cache fetch cost")
+        guarded(doc, "fetch", lambda: fetch_cost(args.device, args.small))
+        save()
     say(f"done: {out}")
     return doc
 
@@ -794,6 +883,17 @@ def report(doc: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
                     f"{pred['capped_plan']['predicted_hbm_bytes'] / GIB:.2f} GiB | — | {why.splitlines()[0]} |"
                 )
         lines.append("")
+    fetch = doc.get("fetch")
+    if isinstance(fetch, dict) and fetch.get("fit"):
+        f = fetch["fit"]
+        lines += [
+            f"### A cache fetch's cost ({len(fetch['samples'])} fetches, {fetch['row_bytes']}-B rows, "
+            f"{fetch['cache_fraction']:.0%} cache)",
+            "",
+            f"ms = {f['fixed_ms']:.3f} + {f['us_per_row_in']:.3f} µs × rows copied in + {f['us_per_row_back']:.3f} µs "
+            f"× rows written back (RMS {f['rms_rel']:.1%})",
+            "",
+        ]
     host = doc.get("host")
     if isinstance(host, dict) and host.get("cases"):
         lines += [
@@ -831,7 +931,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     r.add_argument("--small", action="store_true", help="tiny sizes (CPU)")
-    r.add_argument("--parts", default="hitrate,port,host")
+    r.add_argument("--parts", default="hitrate,port,host,fetch")
     r.add_argument("--steps", type=int, default=10, help="steps per timed run (truth.py's loop runs five such)")
     r.add_argument("--warmup", type=int, default=3)
     r.add_argument("--warm-budget-s", type=float, default=20.0, help="seconds to warm one plan's caches")

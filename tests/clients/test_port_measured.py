@@ -163,3 +163,25 @@ def test_committed_predictions_are_what_the_planner_says_now() -> None:
         for key, plan in json.loads(json.dumps(fresh["plans"])).items():  # the layout, not the solve's timings
             for part in ("tables", "dense", "ranks", "predicted_step_ms", "status"):
                 assert old["plans"][key][part] == plan[part], (m.cfg.name, key, part)
+
+
+def test_fetch_cost_fit_recovers_its_coefficients() -> None:
+    """ms = 0.5 + 0.002·in + 0.001·back, exactly: the fit gives the three figures back (µs per row)."""
+    samples = [
+        {"ms": 0.5 + 0.002 * a + 0.001 * b, "copied_in": a, "written_back": b}
+        for a, b in ((100, 0), (1000, 900), (5000, 100), (20000, 15000), (300, 300), (8000, 0))
+    ]
+    fit = pm._fit_fetch(samples)
+    assert fit is not None
+    assert fit["fixed_ms"] == pytest.approx(0.5)
+    assert fit["us_per_row_in"] == pytest.approx(2.0)
+    assert fit["us_per_row_back"] == pytest.approx(1.0)
+    assert fit["rms_rel"] == pytest.approx(0.0, abs=1e-9)
+    assert pm._fit_fetch(samples[:3]) is None  # too few to fit three figures
+
+
+def test_fetch_cost_runs_the_real_cache_on_the_cpu() -> None:
+    got = pm.fetch_cost("cpu", small=True, budget_s=3.0)
+    assert len(got["samples"]) >= 10
+    assert all(s["copied_in"] >= 0 and s["ms"] > 0 for s in got["samples"])
+    assert any(s["written_back"] > 0 for s in got["samples"])  # dirty rows evicted: write-backs happened
