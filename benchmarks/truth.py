@@ -252,19 +252,29 @@ def predict(calibration: Path | None) -> dict[str, Any]:
 
 @dataclass
 class Rig:
-    """One configuration built for measuring: the applied model, its collection, the dense optimizer, four batches."""
+    """One configuration built for measuring: the applied model, its collection, the dense optimizer, its batches
+    (four unless :func:`build` was asked for more; step ``i`` trains on batch ``i mod len(batches)``, or with
+    ``fresh`` set, every call on the next batch whatever ``i``: a stream that repeats no batch while they last, for
+    caches whose hit rate a repeated batch would inflate)."""
 
     model: Any
     ebc: Any
     opt: Any
     batches: list[Any]
     grads: dict[str, Any]
+    fresh: bool = False
+    _next: int = 0
+
+    def _batch(self, i: int) -> Any:
+        if self.fresh:
+            i, self._next = self._next, self._next + 1
+        return self.batches[i % len(self.batches)]
 
     def step(self, i: int) -> None:
         """One training step: forward, loss, backward (the tables update in it), the dense optimizer."""
         import torch
 
-        d, f, y = self.batches[i % 4]
+        d, f, y = self._batch(i)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(self.model.head(d, self.ebc(f)), y)
         loss.backward()
         self.opt.step()
@@ -274,13 +284,18 @@ class Rig:
         """The embedding part alone: lookup forward, backward and the fused update of every table."""
         import torch
 
-        pooled = self.ebc(self.batches[i % 4][1])
+        pooled = self.ebc(self._batch(i)[1])
         names_ = sorted(pooled)
         torch.autograd.backward([pooled[n] for n in names_], [self.grads[n].to(pooled[n].dtype) for n in names_])
 
 
-def build(cfg: Config, device: Any) -> Rig:
-    """The configuration's DLRM applied to ``device`` with :func:`plan` (a process group of one must exist)."""
+#: ``draw(table index, rows, count, generator) -> ids`` (int64, CPU): how a batch's ids of one table are drawn
+IdDraw = Any
+
+
+def build(cfg: Config, device: Any, *, the_plan: Plan | None = None, draw: IdDraw = None, batches: int = 4) -> Rig:
+    """The configuration's DLRM applied to ``device`` with ``the_plan`` (default :func:`plan`; a process group of one
+    must exist), trained on ``batches`` batches whose ids ``draw`` draws (default uniform over the table's rows)."""
     import torch
     from torch import nn
 
@@ -322,13 +337,17 @@ def build(cfg: Config, device: Any) -> Rig:
         for i, (rows, pool) in enumerate(cfg.tables):
             hi = max(1, round(2 * pool - 1))
             lengths = torch.randint(1, hi + 1, (cfg.batch,), generator=gen)
-            ids = torch.randint(0, rows, (int(lengths.sum()),), generator=gen)
+            n = int(lengths.sum())
+            ids = torch.randint(0, rows, (n,), generator=gen) if draw is None else draw(i, rows, n, gen)
             feats[f"sparse.t{i}"] = (ids.to(device), (torch.cumsum(lengths, 0) - lengths).to(device))
         return dense, feats, labels
 
     torch.manual_seed(0)
     model = apply_plan(
-        DLRM(cfg), plan(cfg), device=device, embedding_optimizer=UpdateConfig(RowOptimizer(cfg.optimizer), lr=0.01)
+        DLRM(cfg),
+        plan(cfg) if the_plan is None else the_plan,
+        device=device,
+        embedding_optimizer=UpdateConfig(RowOptimizer(cfg.optimizer), lr=0.01),
     )
     _, dense = split_parameters(model)
     fused = device.type == "cuda"
@@ -337,7 +356,7 @@ def build(cfg: Config, device: Any) -> Rig:
         model=model,
         ebc=ShardedEmbeddingBagCollection.from_module(model),
         opt=torch.optim.Adam(dense, lr=1e-3, fused=fused),
-        batches=[batch_of(gen) for _ in range(4)],
+        batches=[batch_of(gen) for _ in range(batches)],
         grads={f"sparse.t{i}": torch.randn(cfg.batch, cfg.dim, device=device) for i in range(len(cfg.tables))},
     )
 
@@ -358,9 +377,6 @@ def measure(names: Sequence[str], steps: int, warmup: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gpu_executor import back_to_back, timed  # the executor benchmark's timers: waited and back to back
-
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
     _one_rank_group("nccl")
@@ -375,29 +391,41 @@ def measure(names: Sequence[str], steps: int, warmup: int) -> dict[str, Any]:
             torch.cuda.reset_peak_memory_stats(device)
             base = torch.cuda.memory_allocated(device)
             rig = build(cfg, device)
-            for i in range(warmup):
-                rig.step(i)
-            torch.cuda.synchronize()
-            waited = timed(rig.step, steps, device)
-            runs = [back_to_back(rig.step, steps, device) for _ in range(3)]  # three runs: their spread is the noise
-            pipelined, host = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
-            emb_ms = timed(rig.emb, steps, device)
-            rig.ebc.check_ids()
-            results[cfg.name] = {
-                "split": cfg.split,
-                "step_ms": statistics.median(waited),
-                "pipelined_ms": pipelined,
-                "host_ms": host,
-                "pipelined_runs_ms": [r[0] for r in runs],
-                "embedding_ms": statistics.median(emb_ms),
-                "peak_bytes": torch.cuda.max_memory_allocated(device) - base,
-                "base_bytes": base,  # allocated before building: what an earlier configuration left (should be ~0)
-            }
+            results[cfg.name] = {"split": cfg.split, **measure_rig(rig, steps, warmup, device, base)}
             print(f"{cfg.name:<16} {results[cfg.name]}", flush=True)
             del rig
     finally:
         dist.destroy_process_group()
     return {"machine": {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__}, "configs": results}
+
+
+def measure_rig(rig: Rig, steps: int, warmup: int, device: Any, base: int) -> dict[str, Any]:
+    """One built configuration measured: ``warmup`` steps, ``steps`` steps waited one by one, three runs of ``steps``
+    back to back (their median is the pipelined step), the embedding part, and the peak memory allocated since
+    ``base`` bytes were (reset the peak before building)."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_executor import back_to_back, timed  # the executor benchmark's timers: waited and back to back
+
+    for i in range(warmup):
+        rig.step(i)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    waited = timed(rig.step, steps, device)
+    runs = [back_to_back(rig.step, steps, device) for _ in range(3)]  # three runs: their spread is the noise
+    pipelined, host = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+    emb_ms = timed(rig.emb, steps, device)
+    rig.ebc.check_ids()
+    return {
+        "step_ms": statistics.median(waited),
+        "pipelined_ms": pipelined,
+        "host_ms": host,
+        "pipelined_runs_ms": [r[0] for r in runs],
+        "embedding_ms": statistics.median(emb_ms),
+        "peak_bytes": torch.cuda.max_memory_allocated(device) - base if device.type == "cuda" else 0,
+        "base_bytes": base,  # allocated before building: what an earlier configuration left (should be ~0)
+    }
 
 
 def profile(names: Sequence[str], steps: int, device_name: str) -> str:
