@@ -19,8 +19,10 @@ Four parts, each recorded in one JSON file beside the machine that ran it (GPU, 
    speed-up beside predicted.
 3. **host** — reading rows of a pinned host tensor from the GPU: zero-copy (a CUDA kernel indexing the pinned
    memory through its device mapping, where torch allows it) against the executor's CPU gather plus copy.
-4. **fetch** — what one ``RowCache.fetch`` costs (fixed, per row copied in, per dirty row written back), fitted on
-   Zipf batches of 512-B rows: the figures a cost-model term for this executor's misses would need.
+4. **fetch** — what one ``RowCache.fetch`` costs (fixed, per row moved: copied in or written back), fitted on
+   Zipf batches of 512-B rows (``shardwise calibrate``'s benchmark): the cost model's ``cache_fetch_us`` and
+   ``cache_fetch_ns_per_row``. ``report --calibration FILE`` re-prices the measured plans under another calibration
+   (one with those figures: the port re-predicted with the fetch term).
 
 Every step is wrapped: a failure is recorded in the JSON (``error``) and the script goes on; progress lines carry
 the seconds since the start and are flushed; the JSON is rewritten after every part::
@@ -28,6 +30,7 @@ the seconds since the start and are flushed; the JSON is rewritten after every p
     python3 -u benchmarks/port_measured.py run --out port.json            # on one H200 (≈ 5 minutes)
     python3 -u benchmarks/port_measured.py run --device cpu --small --out port_cpu.json   # anywhere, tiny sizes
     python3 benchmarks/port_measured.py report port.json                   # the tables (CPU)
+    python3 benchmarks/port_measured.py report port.json --calibration CAL.yaml   # and re-predicted under CAL
     python3 benchmarks/port_measured.py plan [--small]                     # plans and port predictions only
 """
 
@@ -118,29 +121,14 @@ def machine(device: str) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------ Zipf ids
 
 
-class Zipf:
-    """Ids of one table drawn as the cost model assumes: rank ``i`` (1-based) with probability ``i^−s / H(r, s)``,
-    by inverse CDF (float64), ranks mapped to rows by a seeded permutation (hot rows anywhere in the table)."""
+def __getattr__(name: str) -> Any:
+    """``Zipf``: the sampler of ``shardwise.clients.calibrate`` (``ZipfIds``), imported when first asked for (it
+    brings torch; ``report`` and ``plan`` do not need it)."""
+    if name == "Zipf":
+        from shardwise.clients.calibrate import ZipfIds
 
-    def __init__(self, rows: int, skew: float, seed: int, device: Any = "cpu") -> None:
-        import torch
-
-        self.rows = rows
-        g = torch.Generator(device="cpu").manual_seed(seed)
-        p = torch.arange(1, rows + 1, dtype=torch.float64).pow_(-skew)
-        cdf = torch.cumsum(p, 0)
-        cdf /= cdf[-1].item()
-        self.cdf = cdf.to(device)
-        self.perm = torch.randperm(rows, generator=g).to(device)
-        self.gen = torch.Generator(device=device).manual_seed(seed + 1)
-
-    def draw(self, n: int, gen: Any = None) -> Any:
-        import torch
-
-        g = self.gen if gen is None else gen
-        u = torch.rand(n, generator=g, dtype=torch.float64, device=g.device)
-        ranks = torch.searchsorted(self.cdf.to(u.device), u).clamp_(max=self.rows - 1)
-        return self.perm.to(u.device)[ranks]
+        return ZipfIds
+    raise AttributeError(name)
 
 
 # ------------------------------------------------------------------------------------------------ 1. hit rate
@@ -161,6 +149,7 @@ def hit_rate_case(
     ``2·T`` ids and at least ``batches`` fetches)."""
     import torch
 
+    from shardwise.clients.calibrate import ZipfIds
     from shardwise.clients.row_cache import CACHE_WAYS, RowCache, cache_slots
     from shardwise.solver import cost_model as cm
 
@@ -170,7 +159,7 @@ def hit_rate_case(
     t_ids = cm.lru_characteristic_time(rows, fraction, skew)
     warm = max(math.ceil(2 * t_ids), 20 * batch)
     window = max(math.ceil(2 * t_ids), batches * batch)
-    zipf = Zipf(rows, skew, seed, device=dev)
+    zipf = ZipfIds(rows, skew, seed, device=dev)
     store = torch.zeros((rows, 4), dtype=torch.float32, pin_memory=dev.type == "cuda")
     cache = RowCache(store, slots=slots, ways=CACHE_WAYS, device=dev, segments=[("t", 0, rows)])
     start = time.monotonic()
@@ -274,12 +263,13 @@ def port_spec(m: PortModel) -> Any:
     return type(spec).model_validate({**spec.model_dump(), "embedding_tables": [t.model_dump() for t in tables]})
 
 
-def fleets(cap_bytes: int) -> tuple[Any, Any]:
-    """(A, B): one H200 with ``hbm_bytes`` capped, one as it is; both with the calibration ``docs/truth.md`` uses."""
+def fleets(cap_bytes: int, calibration: Path = CALIBRATION) -> tuple[Any, Any]:
+    """(A, B): one H200 with ``hbm_bytes`` capped, one as it is; both with ``calibration`` (by default the one
+    ``docs/truth.md`` uses)."""
     from shardwise.hwprofiles import get_profile, load_calibration
     from shardwise.wire.spec import FleetSpec
 
-    full = load_calibration(CALIBRATION).apply(get_profile(truth.GPU))
+    full = load_calibration(calibration).apply(get_profile(truth.GPU))
     gib = cap_bytes / GIB
     label = f"{gib:.3g}g" if gib >= 1 else f"{cap_bytes / 2**20:.0f}m"
     capped = full.model_copy(update={"name": f"h200-capped-{label}", "hbm_bytes": cap_bytes})
@@ -382,7 +372,7 @@ def measure_plan(
     m: PortModel,
     plan_doc: dict[str, Any],
     device_name: str,
-    zipfs: dict[int, Zipf],
+    zipfs: dict[int, Any],  # ZipfIds
     *,
     cap_bytes: int | None,
     steps: int,
@@ -486,6 +476,8 @@ def port(
     import torch
     import torch.distributed as dist
 
+    from shardwise.clients.calibrate import ZipfIds
+
     if device == "cuda":
         torch.cuda.set_device(0)
     truth._one_rank_group("nccl" if device == "cuda" else "gloo")
@@ -511,7 +503,7 @@ def port(
             )
             t = time.monotonic()
             skewed = enumerate(zip(m.cfg.tables, m.skews, strict=True))
-            zipfs = {i: Zipf(rows, s, seed=100 + i) for i, ((rows, _), s) in skewed}  # both plans draw from these
+            zipfs = {i: ZipfIds(rows, s, seed=100 + i) for i, ((rows, _), s) in skewed}  # both plans draw from these
             say(f"  Zipf samplers of {len(zipfs)} tables set up in {time.monotonic() - t:.1f} s")
             for label, key, cap in (("capped", "direct_port", pred["cap_bytes"]), ("replan", "replan", None)):
                 say(f"  measuring the {label} plan on {device}")
@@ -550,85 +542,21 @@ def port(
 
 
 def fetch_cost(device: str, small: bool, budget_s: float = 20.0) -> dict[str, Any]:
-    """What a cache fetch costs the executor: ``RowCache.fetch`` of Zipf batches over a table of 512-B rows (fp32 ×
-    128, the port's tables) with a 10 % cache, the rows of every other fetch then marked dirty as the fused update
-    marks them (so that evictions write back), each fetch timed to its end (it synchronises anyway). Batch sizes
-    vary so that a least-squares fit ``ms = a + b·(rows copied in) + c·(rows written back)`` separates the per-fetch
-    cost from the per-row costs: the figures a cost-model term for this executor's misses would need (the model
-    prices misses as FBGEMM's reads over the host link, nothing else)."""
+    """What a cache fetch costs the executor: ``shardwise calibrate``'s fetch benchmark
+    (:func:`shardwise.clients.calibrate.time_cache_fetches`: ``RowCache.fetch`` of Zipf(1.0) batches over a table of
+    512-B rows, fp32 × 128 as the port's tables, with a 10 % cache, every other fetch's rows marked dirty) and its fit
+    ``ms = fixed + per_row·(rows copied in + rows written back)`` (:func:`shardwise.clients.calibrate.fit_cache_fetch`):
+    the figures of the cost model's ``cache_fetch_us`` and ``cache_fetch_ns_per_row``."""
     import torch
 
-    from shardwise.clients.row_cache import CACHE_WAYS, RowCache, cache_slots
+    from shardwise.clients.calibrate import FETCH_COLS, FETCH_FRACTION, fit_cache_fetch, time_cache_fetches
 
-    dev = torch.device(device)
     rows = 200_000 if small else 2_000_000
-    store = torch.empty((rows, 128), dtype=torch.float32, pin_memory=dev.type == "cuda")
-    store[:, 0] = 1.0
-    cache = RowCache(store, slots=cache_slots(rows, 0.1), ways=CACHE_WAYS, device=dev, segments=[("t", 0, rows)])
-    zipf = Zipf(rows, 1.0, seed=11, device=dev)
-    samples = []
-    start = time.monotonic()
-    sizes = (4_096, 16_384, 65_536, 262_144) if not small else (1_024, 4_096, 16_384)
-    for rep_ in range(1000):
-        if time.monotonic() - start > budget_s:
-            break
-        n = sizes[rep_ % len(sizes)]
-        ids = zipf.draw(n)
-        before = cache.stats()["t"]
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        t = time.perf_counter()
-        got = cache.fetch(ids, lock=False)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        ms = (time.perf_counter() - t) * 1e3
-        if rep_ % 2 == 0:  # half the fetches updated: write-backs vary apart from the misses, for the fit
-            cache.mark_dirty(got.slots_u)
-        after = cache.stats()["t"]
-        if rep_ >= 2 * len(sizes):  # the first rounds fill the cache
-            samples.append(
-                {
-                    "ids": n,
-                    "ms": ms,
-                    "copied_in": after.unique_misses - before.unique_misses,
-                    "written_back": after.write_backs - before.write_backs,
-                }
-            )
-    fit = _fit_fetch(samples)
+    sizes = (1_024, 4_096, 16_384) if small else (4_096, 16_384, 65_536, 262_144)
+    samples = time_cache_fetches(torch.device(device), rows=rows, sizes=sizes, budget_s=budget_s)
+    fit = fit_cache_fetch(samples)
     say(f"fetch cost ({len(samples)} fetches): {fit}")
-    return {"rows": rows, "row_bytes": 512, "cache_fraction": 0.1, "samples": samples, "fit": fit}
-
-
-def _fit_fetch(samples: Sequence[dict[str, Any]]) -> dict[str, float] | None:
-    """Least squares ``ms = a + b·copied_in + c·written_back`` (normal equations, 3×3)."""
-    if len(samples) < 4:
-        return None
-    xs = [(1.0, float(s["copied_in"]), float(s["written_back"])) for s in samples]
-    ys = [float(s["ms"]) for s in samples]
-    ata = [[sum(x[i] * x[j] for x in xs) for j in range(3)] for i in range(3)]
-    aty = [sum(x[i] * y for x, y in zip(xs, ys, strict=True)) for i in range(3)]
-    try:
-        coef = _solve3(ata, aty)
-    except ZeroDivisionError:
-        return None
-    pred = [sum(c * v for c, v in zip(coef, x, strict=True)) for x in xs]
-    rms = math.sqrt(statistics.fmean(((p - y) / y) ** 2 for p, y in zip(pred, ys, strict=True) if y > 0))
-    return {"fixed_ms": coef[0], "us_per_row_in": coef[1] * 1e3, "us_per_row_back": coef[2] * 1e3, "rms_rel": rms}
-
-
-def _solve3(a: list[list[float]], b: list[float]) -> list[float]:
-    """Gaussian elimination with partial pivoting."""
-    m = [[*row[:], v] for row, v in zip(a, b, strict=True)]
-    for c in range(3):
-        p = max(range(c, 3), key=lambda r: abs(m[r][c]))
-        m[c], m[p] = m[p], m[c]
-        if m[c][c] == 0:
-            raise ZeroDivisionError("singular")
-        for r in range(3):
-            if r != c:
-                f = m[r][c] / m[c][c]
-                m[r] = [x - f * y for x, y in zip(m[r], m[c], strict=True)]
-    return [m[i][3] / m[i][i] for i in range(3)]
+    return {"rows": rows, "row_bytes": FETCH_COLS * 4, "cache_fraction": FETCH_FRACTION, "samples": samples, "fit": fit}
 
 
 def host_access(device: str, small: bool) -> dict[str, Any]:
@@ -884,16 +812,20 @@ def report(doc: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
                 )
         lines.append("")
     fetch = doc.get("fetch")
-    if isinstance(fetch, dict) and fetch.get("fit"):
-        f = fetch["fit"]
-        lines += [
-            f"### A cache fetch's cost ({len(fetch['samples'])} fetches, {fetch['row_bytes']}-B rows, "
-            f"{fetch['cache_fraction']:.0%} cache)",
-            "",
-            f"ms = {f['fixed_ms']:.3f} + {f['us_per_row_in']:.3f} µs × rows copied in + {f['us_per_row_back']:.3f} µs "
-            f"× rows written back (RMS {f['rms_rel']:.1%})",
-            "",
-        ]
+    if isinstance(fetch, dict) and fetch.get("samples"):
+        from shardwise.clients.calibrate import fit_cache_fetch
+
+        f = fit_cache_fetch(fetch["samples"])  # refitted from the raw samples: the form calibrate fits
+        if f is not None:
+            lines += [
+                f"### A cache fetch's cost ({len(fetch['samples'])} fetches, {fetch['row_bytes']}-B rows, "
+                f"{fetch['cache_fraction']:.0%} cache)",
+                "",
+                f"ms = {f['fixed_us'] / 1e3:.3f} + {f['ns_per_row'] / 1e3:.4f} µs × rows moved (copied in + written "
+                f"back) (RMS {f['rms_rel']:.1%}, relative-error least squares)",
+                "",
+            ]
+            verdict["fetch"] = f
     host = doc.get("host")
     if isinstance(host, dict) and host.get("cases"):
         lines += [
@@ -907,6 +839,118 @@ def report(doc: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
             lines.append(f"| {c['ids']:,} | {c['cpu_gather_copy_ms']:.3f} ms | {f'{z:.3f} ms' if z else '—'} |")
         lines.append("")
     return lines, verdict
+
+
+def repredict(doc: dict[str, Any], calibration: Path) -> tuple[list[str], dict[str, Any]]:
+    """The measured plans re-priced under ``calibration`` instead of the run's: A's plan and the re-plan on the
+    uncapped H200 (dense layers replicated, as they ran), each scored by the cost model (no re-planning: the plans
+    are the ones measured). Beside it the same plans scored under the run's calibration (the predictions above)."""
+    from shardwise.solver.planner import score_plan
+    from shardwise.wire.spec import Plan
+
+    models = {m.cfg.name: m for m in port_models(bool(doc.get("small")))}
+    lines = [
+        f"### The port re-predicted under `{calibration.name}` (the measured plans re-scored)",
+        "",
+        "| model | predicted ms before (A's plan on B / re-plan) | predicted ms now | of which cache fetches "
+        "(A's plan) | measured ms | predicted speed-up before | now | measured | error before | error now |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    verdict: dict[str, Any] = {}
+    for name, rec in (doc.get("port") or {}).items():
+        pred, cap, rep_ = rec.get("prediction") or {}, rec.get("capped") or {}, rec.get("replan") or {}
+        if name not in models or "plans" not in pred:
+            continue
+        spec = port_spec(models[name])
+        got: dict[str, tuple[float, float]] = {}
+        fetch_ms = 0.0
+        for label, cal in (("before", CALIBRATION), ("now", calibration)):
+            _, b = fleets(pred["cap_bytes"], cal)
+            ms: list[float] = []
+            for key in ("direct_port", "replan"):
+                problems, scored = score_plan(spec, b, replicated(Plan.model_validate(pred["plans"][key])))
+                if problems or scored.predicted_step_ms is None:
+                    raise ValueError(f"{name} {key}: not priced: {problems}")
+                ms.append(scored.predicted_step_ms)
+                if label == "now" and key == "direct_port":
+                    fetch_ms = _fetch_ms(spec, b, scored)
+            got[label] = (ms[0], ms[1])
+        before, now = (got[k][0] / got[k][1] for k in ("before", "now"))
+        measured = cap.get("pipelined_ms", 0) / rep_["pipelined_ms"] if rep_.get("pipelined_ms") else None
+        err = {k: (measured / v - 1 if measured else None) for k, v in (("before", before), ("now", now))}
+        verdict[f"repredict/{name}"] = {
+            "predicted_before": before,
+            "predicted_now": now,
+            "measured": measured,
+            "error_before": err["before"],
+            "error_now": err["now"],
+            "speedup_within_15_now": err["now"] is not None and abs(err["now"]) <= 0.15,
+        }
+        m_text = f"{cap['pipelined_ms']:.2f} / {rep_['pipelined_ms']:.2f}" if measured else "—"
+        lines.append(
+            f"| {name} | {got['before'][0]:.2f} / {got['before'][1]:.2f} | {got['now'][0]:.2f} / {got['now'][1]:.2f} "
+            f"| {fetch_ms:.2f} | {m_text} | {before:.2f}× | {now:.2f}× | "
+            + (f"{measured:.2f}× | {err['before']:+.1%} | {err['now']:+.1%} |" if measured else "— | — | — |")
+        )
+    lines.append("")
+    return lines, verdict
+
+
+def _fetch_ms(spec: Any, fleet: Any, plan: Any) -> float:
+    """The cache fetches the model charges ``plan``'s ``uvm_cache`` shards (one rank, world size one)."""
+    from shardwise.solver import cost_model as cm
+
+    profile = fleet.hosts[0].gpu
+    tables = {t.name: t for t in spec.embedding_tables}
+    return sum(
+        cm.cache_fetch_ms(
+            tables[t.name], t.sharding_type, s.num_rows, s.cache_fraction, profile, spec.batch_size_per_gpu, 1
+        )
+        for t in plan.tables
+        for s in t.shards
+        if s.placement.value == "uvm_cache"
+    )
+
+
+def fetch_overlay(doc: dict[str, Any], run: Path, base: Path, out: Path) -> Any:
+    """``base`` with the two cache-fetch figures of ``doc``'s fetch part (refitted from its raw samples, the form
+    ``shardwise calibrate`` fits) added, written to ``out`` with its provenance in the header and the figures'
+    sources. The other figures are ``base``'s, unchanged."""
+    import yaml
+
+    from shardwise.clients.calibrate import fit_cache_fetch
+    from shardwise.hwprofiles import load_calibration
+    from shardwise.hwprofiles.calibration import Calibration, Figure
+
+    fetch = doc.get("fetch") or {}
+    fit = fit_cache_fetch(fetch.get("samples") or [])
+    if fit is None:
+        raise ValueError(f"{run}: no fetch samples to fit")
+    mach = doc["machine"]
+    cal = load_calibration(base)
+    if mach.get("gpu") != cal.device:
+        raise ValueError(f"{run} ran on {mach.get('gpu')}, {base} is of {cal.device}")
+    where = (
+        f"measured on {mach['gpu']} with torch {mach['torch']}: benchmarks/port_measured.py run's fetch part "
+        f"({run.name}, {mach['date']}): RowCache.fetch of Zipf(1.0) batches of 4,096-262,144 ids, "
+        f"{fetch['row_bytes']}-B rows, {fetch['cache_fraction']:.0%} cache, half the fetches' rows dirtied; "
+        "ms = fixed + per row moved (copied in or written back), relative-error least squares"
+    )
+    figures = dict(cal.figures)
+    for name, value in (("cache_fetch_us", fit["fixed_us"]), ("cache_fetch_ns_per_row", fit["ns_per_row"])):
+        figures[f"overheads.{name}"] = Figure(
+            value=float(f"{value:.4g}"), source=where, samples=int(fit["samples"]), fit_error=round(fit["rms_rel"], 4)
+        )
+    new = Calibration.model_validate(cal.model_dump() | {"figures": figures})
+    header = (
+        f"# shardwise calibration of {new.profile}: {base.name} with the cache fetch's two figures added\n"
+        f"# (overheads.cache_fetch_us, overheads.cache_fetch_ns_per_row) from the fetch microbenchmark of {run.name}\n"
+        f"# ({mach['gpu']}, torch {mach['torch']}, driver {str(mach.get('driver')).split(',')[0]}, {mach['date']}):\n"
+        "# the run whose port step times it re-predicts; the figures are not fitted on those step times. Made by\n"
+        f"# python3 benchmarks/port_measured.py fetch-overlay {run.name} --base {base.name} --out {out.name}\n"
+    )
+    out.write_text(header + yaml.safe_dump(new.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
+    return new
 
 
 def plan_only(small: bool, out: Path | None) -> None:
@@ -940,6 +984,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = sub.add_parser("report", help="the tables from a run's JSON")
     p.add_argument("json", type=Path)
     p.add_argument("--verdict", type=Path, help="write the must-shows' verdicts here")
+    p.add_argument(
+        "--calibration",
+        type=Path,
+        help="also re-predict the measured plans under this calibration (e.g. one with the cache-fetch figures)",
+    )
+    o = sub.add_parser("fetch-overlay", help="a calibration with a run's cache-fetch figures added")
+    o.add_argument("json", type=Path)
+    o.add_argument("--base", type=Path, default=CALIBRATION, help="the calibration to add them to")
+    o.add_argument("--out", type=Path, required=True)
     q = sub.add_parser("plan", help="the plans and the port's predictions only")
     q.add_argument("--small", action="store_true")
     q.add_argument("--out", type=Path, help="write the predictions and plans here (JSON)")
@@ -948,8 +1001,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         run(args)
     elif args.cmd == "plan":
         plan_only(args.small, args.out)
+    elif args.cmd == "fetch-overlay":
+        cal = fetch_overlay(json.loads(args.json.read_text(encoding="utf-8")), args.json, args.base, args.out)
+        print(f"{args.out}: {cal.label()}")
     else:
-        lines, verdict = report(json.loads(args.json.read_text(encoding="utf-8")))
+        doc = json.loads(args.json.read_text(encoding="utf-8"))
+        lines, verdict = report(doc)
+        if args.calibration:
+            more, more_verdict = repredict(doc, args.calibration)
+            lines += more
+            verdict |= more_verdict
         print("\n".join(lines))
         print(json.dumps(verdict, indent=1))
         if args.verdict:

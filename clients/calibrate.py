@@ -18,7 +18,15 @@ value is the one that makes the model reproduce the measurement. Per figure:
   dense layers: ``host = c0 + c1·T + c2·L`` by least squares;
 * ``overheads.host_shard_us``, ``host_ns_per_id``, ``host_ns_per_row_byte`` — what ``host`` placement adds to the step
   of a two-table model (its tables ``host`` against the same tables ``hbm``, steps back to back), per table:
-  ``t = c0 + n·(c1 + row_bytes·c2)`` by least squares (GPU only: on a CPU executor every placement is the same).
+  ``t = c0 + n·(c1 + row_bytes·c2)`` by least squares (GPU only: on a CPU executor every placement is the same);
+* ``overheads.cache_fetch_us``, ``cache_fetch_ns_per_row`` — the ``uvm_cache`` executor's synchronous fetch
+  (:func:`time_cache_fetches`: the executor's :class:`~shardwise.clients.row_cache.RowCache` over a table of 512-B
+  rows with a 10 % cache, fed Zipf(1.0) batches of four sizes, every other batch's rows then marked dirty as the
+  fused update marks them, each fetch timed to its end on the host clock): ``t = c0 + c1·(rows copied in + rows
+  written back)`` by least squares (:func:`fit_cache_fetch`). In and back are fitted as one count of rows moved: at
+  steady state the rows written back are a near-constant share of those copied in, so a fit of one figure each
+  cannot tell them apart (on one H200 it gave the write-back a negative cost); both are a CPU gather or scatter of
+  the pinned store and a copy of the same bytes over the host link.
 
 A fit minimises the relative error ``Σ ((model_i − t_i) / t_i)²``; its RMS relative error and sample count are
 written beside the value. Fractions come out in ``(0, 1]``: a fit above 1 (a kernel beating the model's peak, e.g.
@@ -65,7 +73,7 @@ from shardwise.wire.spec import (
     TablePlan,
 )
 
-__all__ = ["Sample", "calibrate", "fit_scale", "linear_fit"]
+__all__ = ["Sample", "ZipfIds", "calibrate", "fit_cache_fetch", "fit_scale", "linear_fit", "time_cache_fetches"]
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 MB = 1 << 20
@@ -523,6 +531,105 @@ def bench_host_shards(
             dist.destroy_process_group()
 
 
+class ZipfIds:
+    """Ids of one table drawn as the cost model assumes: rank ``i`` (1-based) with probability ``i^−s / H(r, s)``,
+    by inverse CDF (float64), ranks mapped to rows by a seeded permutation (hot rows anywhere in the table)."""
+
+    def __init__(self, rows: int, skew: float, seed: int, device: Any = "cpu") -> None:
+        self.rows = rows
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        p = torch.arange(1, rows + 1, dtype=torch.float64).pow_(-skew)
+        cdf = torch.cumsum(p, 0)
+        cdf /= cdf[-1].item()
+        self.cdf = cdf.to(device)
+        self.perm = torch.randperm(rows, generator=g).to(device)
+        self.gen = torch.Generator(device=device).manual_seed(seed + 1)
+
+    def draw(self, n: int, gen: torch.Generator | None = None) -> Tensor:
+        g = self.gen if gen is None else gen
+        u = torch.rand(n, generator=g, dtype=torch.float64, device=g.device)
+        ranks = torch.searchsorted(self.cdf.to(u.device), u).clamp_(max=self.rows - 1)
+        return self.perm.to(u.device)[ranks]
+
+
+#: the fetch benchmark's table: rows of fp32 × 128 (512 B, the port's tables), a 10 % cache, Zipf(1.0) batches
+FETCH_COLS: Final = 128
+FETCH_FRACTION: Final = 0.1
+FETCH_SKEW: Final = 1.0
+
+
+def time_cache_fetches(
+    device: torch.device, *, rows: int, sizes: Sequence[int], budget_s: float, max_fetches: int = 1000, seed: int = 11
+) -> list[dict[str, Any]]:
+    """What one :meth:`RowCache.fetch <shardwise.clients.row_cache.RowCache.fetch>` costs the executor: fetches of
+    Zipf(1.0) batches of ``sizes`` ids (in turn) into a cache of 10 % of ``rows`` rows of 512 B (the store pinned on
+    CUDA), the rows of every other fetch then marked dirty as the fused update marks them (so that evictions write
+    back), each fetch timed to its end on the host clock (it synchronises anyway), until ``budget_s`` or
+    ``max_fetches``. The first two rounds of sizes fill the cache and are not kept. Per fetch: ``ids``, ``ms``,
+    ``copied_in`` (distinct rows brought in) and ``written_back`` (dirty rows evicted), from the cache's counters."""
+    from shardwise.clients.row_cache import CACHE_WAYS, RowCache, cache_slots
+
+    cuda = device.type == "cuda"
+    store = torch.empty((rows, FETCH_COLS), dtype=torch.float32, pin_memory=cuda)
+    store[:, 0] = 1.0  # touched: the pages exist
+    slots = cache_slots(rows, FETCH_FRACTION)
+    cache = RowCache(store, slots=slots, ways=CACHE_WAYS, device=device, segments=[("t", 0, rows)])
+    zipf = ZipfIds(rows, FETCH_SKEW, seed=seed, device=device)
+    samples: list[dict[str, Any]] = []
+    start = time.monotonic()
+    for i in range(max_fetches):
+        if time.monotonic() - start > budget_s:
+            break
+        n = sizes[i % len(sizes)]
+        ids = zipf.draw(n)
+        before = cache.stats()["t"]
+        if cuda:
+            torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        got = cache.fetch(ids, lock=False)
+        if cuda:
+            torch.cuda.synchronize(device)
+        ms = (time.perf_counter() - t) * 1e3
+        if i % 2 == 0:  # half the fetches updated: the write-backs are not all the misses
+            cache.mark_dirty(got.slots_u)
+        after = cache.stats()["t"]
+        if i >= 2 * len(sizes):
+            samples.append(
+                {
+                    "ids": n,
+                    "ms": ms,
+                    "copied_in": after.unique_misses - before.unique_misses,
+                    "written_back": after.write_backs - before.write_backs,
+                }
+            )
+    return samples
+
+
+def fit_cache_fetch(samples: Sequence[dict[str, Any]]) -> dict[str, float] | None:
+    """``ms = fixed + per_row·(copied_in + written_back)`` (:func:`linear_fit`: relative error, non-negative) over
+    :func:`time_cache_fetches`'s samples: ``fixed_us`` per fetch, ``ns_per_row`` per row moved, the RMS relative
+    error and the sample count; None with fewer than 4 samples."""
+    if len(samples) < 4:
+        return None
+    (fixed_ms, per_row_ms), err = linear_fit(
+        [[1.0, float(s["copied_in"] + s["written_back"])] for s in samples], [float(s["ms"]) for s in samples]
+    )
+    return {"fixed_us": fixed_ms * 1e3, "ns_per_row": per_row_ms * 1e6, "rms_rel": err, "samples": len(samples)}
+
+
+def bench_cache_fetch(device: torch.device, quick: bool, out: Report) -> None:
+    """:func:`time_cache_fetches` at the calibration's sizes: on a GPU 2 M rows and batches of 4,096–262,144 ids
+    (20 s; 8 s quick), on the CPU 50,000 rows and 128–1,024 ids (a smoke test)."""
+    gpu = device.type == "cuda"
+    rows = 2_000_000 if gpu else 50_000
+    sizes = (4_096, 16_384, 65_536, 262_144) if gpu else (128, 256, 1_024)
+    budget = (8.0 if quick else 20.0) if gpu else (1.0 if quick else 3.0)
+    for s in time_cache_fetches(device, rows=rows, sizes=sizes, budget_s=budget, max_fetches=1000 if gpu else 60):
+        params = {"rows": rows, "row_bytes": FETCH_COLS * 4, "cache_fraction": FETCH_FRACTION, "skew": FETCH_SKEW}
+        params |= {k: s[k] for k in ("ids", "copied_in", "written_back")}
+        out.samples.append(Sample("cache_fetch", params, s["ms"]))
+
+
 def bench_launch(device: torch.device, out: Report) -> None:
     """Host time per small kernel launch (an in-place add on one element), a reference for the host terms."""
     x = torch.zeros(1, device=device)
@@ -748,6 +855,26 @@ def calibrate(
                     value=float(f"{value:.4g}"), source=f"{where}: {kind}", samples=len(hs), fit_error=round(hs_err, 4)
                 )
                 log(f"{'overheads.' + name:<28} {value:8.3f}")
+    log("cache fetches (uvm_cache) …")
+    bench_cache_fetch(device, quick, out)
+    fetches = [s for s in out.samples if s.kind == "cache_fetch" and s.measured_ms > 0]
+    fit = fit_cache_fetch([s.params | {"ms": s.measured_ms} for s in fetches])
+    if fit is None:
+        log(f"cache fetches: {len(fetches)} samples, too few to fit; the figures stay as they were")
+        out.notes.append("cache fetches: not fitted (too few samples)")
+    else:
+        kind = (
+            "RowCache.fetch of Zipf(1.0) batches, 512-B rows, 10 % cache, half the fetches' rows dirtied; "
+            "ms = fixed + per row moved (copied in or written back)"
+        )
+        for name, value in (("cache_fetch_us", fit["fixed_us"]), ("cache_fetch_ns_per_row", fit["ns_per_row"])):
+            figures[f"overheads.{name}"] = Figure(
+                value=float(f"{value:.4g}"),
+                source=f"{where}: {kind}",
+                samples=len(fetches),
+                fit_error=round(fit["rms_rel"], 4),
+            )
+            log(f"{'overheads.' + name:<28} {value:8.3f}")
     if dist.is_initialized() and dist.get_world_size() > 1:
         log("collectives …")
         bench_collectives(device, profile, (0.0625, 1, 16, 128) if gpu else (0.0625, 1, 8), reps, out)

@@ -42,6 +42,8 @@ CALIBRATABLE: Final = (
     "overheads.host_shard_us",
     "overheads.host_ns_per_id",
     "overheads.host_ns_per_row_byte",
+    "overheads.cache_fetch_us",
+    "overheads.cache_fetch_ns_per_row",
 )
 
 

@@ -69,6 +69,12 @@ class StepOverheads(BaseModel):
       step on shardwise's executor, which looks such shards up and updates them on the CPU: a fixed part per shard
       (the transfers of its ids and pooled rows, which wait for the device, and the CPU calls) plus, per looked-up
       id, ``host_ns_per_id + row_bytes·host_ns_per_row_byte`` (the gather, the backward and the update on the CPU).
+    - ``cache_fetch_us``, ``cache_fetch_ns_per_row``: the synchronous fetch of a ``uvm_cache`` shard's missing rows
+      on shardwise's executor, per step: a fixed part per shard (the ids to the host, the cache's bookkeeping, the
+      host synchronisations) plus, per row moved between the host store and the cache (a missing row copied in, or
+      an evicted dirty row written back: a CPU gather or scatter and a copy over the host link),
+      ``cache_fetch_ns_per_row``. Measured on one row width (``shardwise calibrate``: 512-B rows); host time that
+      the device waits for (see the cost model).
 
     The host terms bound a step from below when the device waits for the host (small batches); see the cost model.
     """
@@ -82,6 +88,8 @@ class StepOverheads(BaseModel):
     host_shard_us: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
     host_ns_per_id: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
     host_ns_per_row_byte: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
+    cache_fetch_us: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
+    cache_fetch_ns_per_row: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
 
 
 class Microarchitecture(BaseModel):

@@ -12,7 +12,9 @@ The terms (:data:`TERMS`), each a part of a rank's compute, communication or hos
 * compute — ``lookup_fwd`` (gathering rows and writing pooled outputs; the UVM cache's misses written into it),
   ``lookup_bwd`` (reading the output gradient, sorting the ids; a data-parallel copy writes its dense gradient),
   ``update`` (reading and writing each id's row and optimizer state; a data-parallel copy streams its weights and
-  state), ``host_lookup`` (what a ``host`` shard's CPU lookup takes beyond its device time), ``dense_compute``;
+  state), ``host_lookup`` (what a ``host`` shard's CPU lookup takes beyond its device time), ``cache_fetch`` (what a
+  ``uvm_cache`` shard's synchronous fetch and HBM gathers on shardwise's executor take beyond FBGEMM's reads),
+  ``dense_compute``;
 * communication — ``input_a2a`` (ids and bag lengths), ``output_a2a`` (pooled outputs and their gradients),
   ``reduce_scatter`` (row-sharded partial sums forward, all-gathered backward), ``all_reduce`` (data-parallel
   tables' gradients), ``replica_sync`` (a 2D plan's shards kept in sync across the replica groups, over the NIC),
@@ -61,6 +63,7 @@ TERMS: tuple[tuple[str, str, str], ...] = (
     ("lookup_bwd", "lookup backward", "compute"),
     ("update", "row and optimizer update", "compute"),
     ("host_lookup", "CPU lookups of host shards", "compute"),
+    ("cache_fetch", "cache fetches of uvm_cache shards", "compute"),
     ("dense_compute", "dense compute", "compute"),
     ("input_a2a", "input all-to-all", "comm"),
     ("output_a2a", "output all-to-all", "comm"),
@@ -127,7 +130,7 @@ def compute_parts(
     world: int,
 ) -> dict[str, float]:
     """:func:`~shardwise.solver.cost_model.shard_compute_ms` split into ``lookup_fwd``, ``lookup_bwd``, ``update``
-    and ``host_lookup`` (ms; they sum to it)."""
+    ``host_lookup`` and ``cache_fetch`` (ms; they sum to it)."""
     t = cm.shard_traffic(table, sharding, num_rows, batch, world)
     g = profile.memory_access_granularity_bytes
     row = cm.round_up(num_cols * table.dtype.nbytes, g)
@@ -164,10 +167,17 @@ def compute_parts(
         "lookup_bwd": bwd_stream / hbm_stream * cm.MS + sort_ms,
         "update": (upd + upd_stream / hbm_stream) * cm.MS,
         "host_lookup": 0.0,
+        "cache_fetch": 0.0,
     }
     if placement is Placement.host:
         lookup = cm.host_lookup_ms(table, sharding, num_rows, num_cols, profile, batch, world)
         parts["host_lookup"] = max(0.0, lookup - sum(parts.values()))
+    elif placement is Placement.uvm_cache:
+        fetch = cm.cache_fetch_ms(table, sharding, num_rows, cache_fraction, profile, batch, world)
+        if fetch:  # shardwise's executor: the fetch, then every gather from HBM (fwd and update), not FBGEMM's reads
+            own = (fwd_gather + upd_gather + fill) / hbm_gather + (fwd_stream + bwd_stream + upd_stream) / hbm_stream
+            own_ms = own * cm.MS + sort_ms + fetch
+            parts["cache_fetch"] = max(0.0, own_ms - sum(parts.values()))
     return parts
 
 
@@ -429,11 +439,12 @@ def grouped_breakdown(
                     world=W,
                 )
                 ctx = topo.context(cls, B, group if sharding in (ST.row_wise, ST.table_row_wise) else None)
-                host_ms = (
-                    cm.host_lookup_ms(table, sharding, rows, cols, cls.profile, B, W)
-                    if placement is Placement.host
-                    else 0.0
-                )
+                if placement is Placement.host:
+                    host_ms = cm.host_lookup_ms(table, sharding, rows, cols, cls.profile, B, W)
+                elif placement is Placement.uvm_cache:
+                    host_ms = cm.cache_fetch_ms(table, sharding, rows, fraction, cls.profile, B, W)
+                else:
+                    host_ms = 0.0
                 v = _vector(compute, comm_parts(table, sharding, rows, cols, ctx), host_ms)
                 np.add.at(acc, ranks, v)
                 fleet += v * len(ranks)

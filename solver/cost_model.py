@@ -98,8 +98,7 @@ streams its whole dense gradient, weights and state once (``r·(4c + 2cb + state
 Gathers run at ``hbm_bw·achieved.embedding_gather``, streams at ``hbm_bw·achieved.memory_bound``; for
 ``uvm_cache`` a fraction ``h`` of gathers hit HBM (see :func:`cache_hit_rate`) and the misses cross the host link at
 ``host_link·achieved.host_link`` (and are written into the cache); ``host`` sends every gather over the host link.
-(shardwise's executor fetches a batch's misses before its lookup with a CPU gather from the pinned store and a copy,
-one host synchronisation per fetch; the figures are FBGEMM's until measured.)
+(FBGEMM's way; shardwise's executor fetches differently: "Cache fetches" below.)
 
 The fused update first sorts a shard's ids to find their rows: ``n · overheads.sort_ns_per_id`` more (0 until
 calibrated; data_parallel copies have no sort).
@@ -113,15 +112,39 @@ updates the rows. That is host time, not device time:
 calibrated). A ``host`` shard's compute time is the larger of FBGEMM's (its reads over the host link, above) and this,
 and the rank's host time (below) carries it too: the host is busy with it while the device waits for its rows.
 
+Cache fetches (:func:`cache_fetch_ms`)
+-------------------------------------
+shardwise's executor does not read a ``uvm_cache`` miss over the host link from its kernel: before the lookup it
+fetches the batch's missing rows into the cache (``clients/row_cache.py``), synchronously — the batch's distinct
+rows found, the missing ones' ids brought to the host (a synchronisation), each evicted dirty row copied down and
+scattered into the pinned store, each missing row gathered from it by the CPU and copied up — and then gathers every
+row from HBM. Per shard and step, with ``u = touched(n, r)`` the distinct rows the shard's ids touch
+(:func:`touched_rows`) and ``m = u·(1 − h)`` those missing:
+``fetch = cache_fetch_us + 2·m·cache_fetch_ns_per_row`` (the profile's ``overheads``, zero until calibrated). ``2·m``
+rows move: each missing row copied in evicts one, and in training every row in the cache is dirty (the fused update
+marks each row it updates, and every row a training step fetches is updated), so each eviction writes one back.
+(Measured on one H200, ``docs/truth.md``: the port's cached tables moved 0.99 of their ``n·(1 − h)`` misses as
+distinct rows, a row missed twice in one batch being fetched once; ``m`` is within 1–6 % of the rows the fetch
+benchmark copied in.) The executor fetches once per cached *group* of a rank (its ``uvm_cache`` shards of one dtype,
+width and optimizer), the model once per shard: it charges ``cache_fetch_us`` once too many per extra shard of a
+group.
+
+The host runs the fetch and the device waits for its rows, so, as for ``host`` shards: a ``uvm_cache`` shard's
+compute time is the larger of FBGEMM's (above) and shardwise's — every gather from HBM, the fill, the streams and the
+sort, plus ``fetch`` — and the rank's host time carries ``fetch`` too; a step's ``max(compute + comm, host)`` then
+overlaps the fetch with neither. With the overheads at zero, FBGEMM's time is the larger (its misses cross the
+slower host link), so an uncalibrated profile's predictions do not change.
+
 Host floor (:func:`host_floor_ms`)
 ----------------------------------
 A step cannot finish before the host has enqueued it: ``floor = step_fixed_us + per_table_us·T + per_layer_us·L``
 (``T`` the model's tables, all of which every rank prepares input for and looks up or exchanges, ``L`` its dense
 layers; the profile's ``overheads``, zero until calibrated). A rank's host time is ``floor`` plus the CPU lookups of
-its ``host`` shards, and its step is ``max(compute + comm, host)`` — the executor has no synchronisation inside a
-step at world size one (but for the transfers of ``host`` shards, whose time is in both terms), so the host and the
-device overlap, and the slower of the two sets the pace. The floor does not depend on the plan, so it changes no
-ranking; it raises the predicted step and the bound alike.
+its ``host`` shards and the cache fetches of its ``uvm_cache`` shards, and its step is ``max(compute + comm, host)``
+— the executor has no synchronisation inside a step at world size one (but for the transfers of ``host`` shards and
+the cache fetches, whose time is in both terms), so the host and the device overlap, and the slower of the two sets
+the pace. The floor does not depend on the plan, so it changes no ranking; it raises the predicted step and the bound
+alike.
 
 Communication is ``bytes / bandwidth`` over the link that carries it; the fixed latency of each collective is
 charged once per rank and step by :func:`collective_latency_ms` (one all-to-all carries every table).  Traffic
@@ -703,9 +726,34 @@ def shard_compute_times(
             seconds = (gathers * hit + fill) / hbm_gather + gathers * miss / link + streams / hbm_stream
         if placement is Placement.host:  # the larger of FBGEMM's reads over the host link and shardwise's CPU lookup
             out.append(max(seconds * MS + sort_ms, lookup_ms))
+        elif placement is Placement.uvm_cache and (
+            fetch_ms := cache_fetch_ms(table, sharding, num_rows, cache_fraction, profile, batch, world)
+        ):  # the larger of FBGEMM's and shardwise's: its fetch, then every gather from HBM
+            own_ms = ((gathers + fill) / hbm_gather + streams / hbm_stream) * MS + fetch_ms
+            out.append(max(seconds * MS, own_ms) + sort_ms)
         else:
             out.append(seconds * MS + sort_ms)
     return out
+
+
+def cache_fetch_ms(
+    table: EmbeddingTableSpec,
+    sharding: ST,
+    num_rows: int,
+    cache_fraction: float | None,
+    profile: HardwareProfile,
+    batch: int,
+    world: int,
+) -> float:
+    """Host time per step of a ``uvm_cache`` shard's synchronous fetch on shardwise's executor (module docstring,
+    "Cache fetches"): ``cache_fetch_us + 2·m·cache_fetch_ns_per_row`` with ``m = touched(n, r)·(1 − h)`` the
+    distinct rows missing; 0 until calibrated."""
+    o = profile.overheads
+    if not (o.cache_fetch_us or o.cache_fetch_ns_per_row):
+        return 0.0
+    n = shard_traffic(table, sharding, num_rows, batch, world).ids
+    missing = touched_rows(n, num_rows) * (1.0 - cache_hit_rate(num_rows, cache_fraction, table.access_skew))
+    return o.cache_fetch_us / 1e3 + 2.0 * missing * o.cache_fetch_ns_per_row * 1e-6
 
 
 def host_lookup_ms(

@@ -36,7 +36,7 @@ class ShardCost:
     memory: cm.ShardMemory
     compute_ms: float
     comm_ms: float
-    host_ms: float = 0.0  # host CPU time (a ``host`` shard's lookup on shardwise's executor), also in compute_ms
+    host_ms: float = 0.0  # host CPU time (a host shard's lookup, a uvm_cache shard's fetch), also in compute_ms
 
     @property
     def total_ms(self) -> float:
@@ -117,9 +117,17 @@ def shard_costs(
         topo, table, sharding=sharding, num_rows=num_rows, num_cols=num_cols, cls=cls, batch=batch, group=group
     )
     lookup = cm.host_lookup_ms(table, sharding, num_rows, num_cols, cls.profile, batch, W)
+
+    def host_ms(placement: Placement, cache_fraction: float | None) -> float:
+        if placement is Placement.host:
+            return lookup
+        if placement is Placement.uvm_cache:
+            return cm.cache_fetch_ms(table, sharding, num_rows, cache_fraction, cls.profile, batch, W)
+        return 0.0
+
     return [
-        ShardCost(memory=m, compute_ms=t, comm_ms=comm, host_ms=lookup if p is Placement.host else 0.0)
-        for m, t, (p, _) in zip(memories, times, placements, strict=True)
+        ShardCost(memory=m, compute_ms=t, comm_ms=comm, host_ms=host_ms(p, f))
+        for m, t, (p, f) in zip(memories, times, placements, strict=True)
     ]
 
 

@@ -124,6 +124,29 @@ def test_linear_fit_recovers_coefficients_and_drops_a_negative_one() -> None:
     assert coef[0] > 0
 
 
+def test_cache_fetches_on_the_cpu_move_rows_and_fit_a_cost() -> None:
+    """The fetch benchmark on the executor's real RowCache (CPU, tiny sizes): fetches of more ids copy more rows in,
+    the dirtied half is written back when evicted, and the fit's line follows the samples."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("numpy")
+    from shardwise.clients.calibrate import fit_cache_fetch, time_cache_fetches
+
+    sizes = (64, 256, 1024)
+    samples = time_cache_fetches(torch.device("cpu"), rows=20_000, sizes=sizes, budget_s=30.0, max_fetches=30)
+    assert len(samples) == 30 - 2 * len(sizes)  # the first two rounds fill the cache
+    copied = {n: [s["copied_in"] for s in samples if s["ids"] == n] for n in sizes}
+    assert max(copied[64]) < min(copied[1024])  # more ids, more misses (a 2,000-row cache, Zipf 1.0)
+    assert all(s["copied_in"] <= s["ids"] for s in samples)
+    assert any(s["written_back"] > 0 for s in samples)  # dirty rows were evicted
+    fit = fit_cache_fetch(samples)
+    assert fit is not None
+    assert fit["samples"] == len(samples)
+    assert fit["fixed_us"] >= 0
+    assert fit["ns_per_row"] >= 0
+    assert fit["fixed_us"] + fit["ns_per_row"] > 0
+    assert fit["rms_rel"] < 1.0  # the line fits the fetches it came from, loosely: host-clock times on a shared VM
+
+
 # --- the CLI --------------------------------------------------------------------------------------------------------
 
 
@@ -203,9 +226,13 @@ def test_calibrate_runs_its_whole_pipeline_on_the_cpu(tmp_path: Path) -> None:
     cal = load_calibration(out)
     assert {"achieved.memory_bound", "achieved.gemm", "achieved.embedding_gather"} <= set(cal.figures)
     assert {"overheads.step_fixed_us", "overheads.per_table_us", "overheads.per_layer_us"} <= set(cal.figures)
+    assert {"overheads.cache_fetch_us", "overheads.cache_fetch_ns_per_row"} <= set(cal.figures)
+    assert "RowCache.fetch" in cal.figures["overheads.cache_fetch_us"].source
     samples = json.loads((tmp_path / "cal.samples.json").read_text())
     kinds = {s["kind"] for s in samples["samples"]}
-    assert {"stream", "gemm", "sort", "lookup", "host", "launch"} <= kinds
+    assert {"stream", "gemm", "sort", "lookup", "host", "launch", "cache_fetch"} <= kinds
+    fetches = [s for s in samples["samples"] if s["kind"] == "cache_fetch"]
+    assert cal.figures["overheads.cache_fetch_us"].samples == len(fetches)
     assert any("collectives" in n for n in samples["notes"])
     cal.apply(get_profile("nvidia-h200"))
 

@@ -3,7 +3,9 @@ with the executor's real row cache, the Zipf sampler, the guard that keeps a run
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -166,18 +168,63 @@ def test_committed_predictions_are_what_the_planner_says_now() -> None:
 
 
 def test_fetch_cost_fit_recovers_its_coefficients() -> None:
-    """ms = 0.5 + 0.002·in + 0.001·back, exactly: the fit gives the three figures back (µs per row)."""
+    """ms = 0.5 + 0.002·(in + back), exactly: the fit gives the two figures back (µs per fetch, ns per row moved)."""
+    from shardwise.clients.calibrate import fit_cache_fetch
+
     samples = [
-        {"ms": 0.5 + 0.002 * a + 0.001 * b, "copied_in": a, "written_back": b}
+        {"ms": 0.5 + 0.002 * (a + b), "copied_in": a, "written_back": b}
         for a, b in ((100, 0), (1000, 900), (5000, 100), (20000, 15000), (300, 300), (8000, 0))
     ]
-    fit = pm._fit_fetch(samples)
+    fit = fit_cache_fetch(samples)
     assert fit is not None
-    assert fit["fixed_ms"] == pytest.approx(0.5)
-    assert fit["us_per_row_in"] == pytest.approx(2.0)
-    assert fit["us_per_row_back"] == pytest.approx(1.0)
+    assert fit["fixed_us"] == pytest.approx(500.0)
+    assert fit["ns_per_row"] == pytest.approx(2000.0)
     assert fit["rms_rel"] == pytest.approx(0.0, abs=1e-9)
-    assert pm._fit_fetch(samples[:3]) is None  # too few to fit three figures
+    assert fit["samples"] == 6
+    assert fit_cache_fetch(samples[:3]) is None  # too few to fit
+
+
+H200 = pm.ROOT / "benchmarks" / "results" / "port" / "port_h200_2026-12-01.json"
+OVERLAY = pm.ROOT / "benchmarks" / "results" / "port" / "calibration_nvidia-h200_2026-12-01_run2_refit_with_fetch.yaml"
+
+
+def test_the_models_missing_rows_are_what_the_h200_fetches_copied_in() -> None:
+    """The cost model's ``m = touched(n, r)·(1 − h)`` against the distinct rows the H200 fetch benchmark copied in
+    (2 M rows, 10 % cache, Zipf 1.0; the median fetch of each size): within 3 %."""
+    doc = json.loads(H200.read_text(encoding="utf-8"))["fetch"]
+    h = cm.cache_hit_rate(doc["rows"], doc["cache_fraction"], 1.0)
+    for n in (4_096, 16_384, 65_536, 262_144):
+        got = sorted(s["copied_in"] for s in doc["samples"] if s["ids"] == n)
+        model = cm.touched_rows(n, doc["rows"]) * (1 - h)
+        assert got[len(got) // 2] == pytest.approx(model, rel=0.03), n
+
+
+def test_the_committed_fetch_overlay_is_what_the_run_gives(tmp_path: Path) -> None:
+    from shardwise.hwprofiles import load_calibration
+
+    doc = json.loads(H200.read_text(encoding="utf-8"))
+    made = pm.fetch_overlay(doc, H200, pm.CALIBRATION, tmp_path / "overlay.yaml")
+    committed = load_calibration(OVERLAY)
+    assert load_calibration(tmp_path / "overlay.yaml") == made
+    assert made.figures == committed.figures
+    base = load_calibration(pm.CALIBRATION)
+    assert set(made.figures) - set(base.figures) == {"overheads.cache_fetch_us", "overheads.cache_fetch_ns_per_row"}
+    assert all(made.figures[k] == v for k, v in base.figures.items())  # the rest is the base's, unchanged
+    assert made.figures["overheads.cache_fetch_us"].samples == len(doc["fetch"]["samples"])
+
+
+def test_repredict_rescores_the_measured_plans() -> None:
+    """Under the run's own calibration the re-prediction is the recorded one; with the fetch figures the capped
+    plans (with uvm_cache shards) get slower and the all-HBM re-plans do not move."""
+    doc = json.loads(H200.read_text(encoding="utf-8"))
+    _, same = pm.repredict(doc, pm.CALIBRATION)
+    lines, now = pm.repredict(doc, OVERLAY)
+    for name, rec in doc["port"].items():
+        recorded = rec["prediction"]["predicted_speedup"]
+        assert same[f"repredict/{name}"]["predicted_now"] == pytest.approx(recorded, rel=1e-5)
+        assert now[f"repredict/{name}"]["predicted_before"] == pytest.approx(recorded, rel=1e-5)
+        assert now[f"repredict/{name}"]["predicted_now"] > recorded
+    assert any(line.startswith("| dlrm-4x12m |") for line in lines)
 
 
 def test_fetch_cost_runs_the_real_cache_on_the_cpu() -> None:

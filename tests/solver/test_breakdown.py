@@ -43,7 +43,8 @@ from shardwise.wire.spec import (
 ST = ShardingType
 COMPUTE = [TERM_INDEX[k] for k, _, part in TERMS if part == "compute"]
 COMM = [TERM_INDEX[k] for k, _, part in TERMS if part == "comm"]
-CALIBRATED = {"sort_ns_per_id": 0.5, "host_shard_us": 300.0, "host_ns_per_id": 40.0, "host_ns_per_row_byte": 2.0}
+CALIBRATED = {"sort_ns_per_id": 0.5, "host_shard_us": 300.0, "host_ns_per_id": 40.0, "host_ns_per_row_byte": 2.0,
+              "cache_fetch_us": 3000.0, "cache_fetch_ns_per_row": 85.0}  # fmt: skip
 HOST_BOUND = CALIBRATED | {"step_fixed_us": 100_000.0}  # a host slower than any rank's device time
 
 
@@ -114,6 +115,22 @@ def test_a_host_shard_slower_on_the_cpu_counts_the_difference_as_host_lookups(
     device = parts["lookup_fwd"] + parts["lookup_bwd"] + parts["update"]
     assert lookup > device  # the CPU is the slower: the shard costs the CPU's time
     assert parts["host_lookup"] == pytest.approx(lookup - device)
+
+
+def test_a_cached_shard_whose_fetch_outlasts_fbgemms_reads_counts_the_difference_as_cache_fetch(
+    make_profile: Callable[..., HardwareProfile],
+) -> None:
+    profile = make_profile(overheads=CALIBRATED)
+    t = TABLES[0]
+    kw: dict[str, Any] = {"sharding": ST.table_wise, "num_rows": t.num_embeddings, "num_cols": 64}
+    kw |= {"profile": profile, "batch": 512, "world": 8}
+    parts = compute_parts(t, placement=Placement.uvm_cache, cache_fraction=0.2, **kw)
+    fetch = cm.cache_fetch_ms(t, ST.table_wise, t.num_embeddings, 0.2, profile, 512, 8)
+    total = cm.shard_compute_ms(t, placement=Placement.uvm_cache, cache_fraction=0.2, **kw)
+    assert fetch > 0
+    assert parts["cache_fetch"] > 0  # a 3 ms fetch outlasts the small table's reads over the link
+    assert sum(parts.values()) == pytest.approx(total, rel=1e-12)
+    assert parts["host_lookup"] == 0.0
 
 
 def shards_for(
@@ -202,7 +219,7 @@ def test_every_rank_of_a_plan_of_every_kind_sums_to_its_step(
     used = {k for k, _, _ in TERMS if bd.ranks[:, TERM_INDEX[k]].max() > 0}
     expected = {k for k, _, _ in TERMS} - {"replica_sync"}  # a 1D plan has no replicas: test_two_d.py covers it
     if not overheads:
-        expected -= {"host_lookup", "host_wait"}
+        expected -= {"host_lookup", "cache_fetch", "host_wait"}
     elif overheads is CALIBRATED:
         expected -= {"host_wait"}
     assert used == expected  # every term is exercised

@@ -604,6 +604,52 @@ def test_shard_compute_uvm_cache_splits_hits_and_misses(round_profile: HardwareP
     assert got == approx(expected_s * 1e3)
 
 
+def test_cache_fetch_is_zero_until_calibrated(round_profile: HardwareProfile) -> None:
+    assert cm.cache_fetch_ms(table(), ST.table_wise, 1000, 0.5, round_profile, B, W) == 0.0
+
+
+def test_shard_compute_uvm_cache_prices_the_executors_fetch_when_calibrated(
+    make_profile: Callable[..., HardwareProfile],
+) -> None:
+    # uniform access, f = 0.5 → h = 0.5; n = 80 ids touch u = 1000·(1 − e^(−0.08)) = 76.88 distinct rows, m = u/2
+    # missing; each copied in evicts a dirty row written back: 2·m rows moved at 100 ns, plus 3 ms per fetch
+    profile = make_profile(overheads={"cache_fetch_us": 3000.0, "cache_fetch_ns_per_row": 100.0})
+    t = table(embedding_dim=4)
+    kw: dict[str, Any] = {"sharding": ST.table_wise, "num_rows": 1000, "num_cols": 4, "batch": B, "world": W}
+    u = 1000 * (1 - math.exp(-80 / 1000))
+    fetch = cm.cache_fetch_ms(t, ST.table_wise, 1000, 0.5, profile, B, W)
+    assert fetch == approx(3.0 + 2 * (u * 0.5) * 100 * 1e-6)
+    got = cm.shard_compute_ms(t, placement=Placement.uvm_cache, cache_fraction=0.5, profile=profile, **kw)
+    gathers, fill, streams = 80 * (32 + 2 * 32), 80 * 0.5 * 32, 2 * 40 * 4 * 4
+    own_s = (gathers + fill) / GATHER + streams / STREAM  # after the fetch every gather reads HBM
+    assert got == approx(own_s * 1e3 + fetch)
+    topo = Topology(
+        FleetSpec.model_validate(
+            {"name": "one", "hosts": [{"gpu": profile.model_dump(), "count": 1, "gpus_per_host": W}]}
+        )
+    )
+    costs = {
+        p: shard_cost(topo, t, sharding=ST.table_wise, num_rows=1000, num_cols=4, placement=p,
+                      cache_fraction=0.5 if p is Placement.uvm_cache else None, cls=topo.classes[0], batch=B)
+        for p in (Placement.uvm_cache, Placement.hbm)
+    }  # fmt: skip
+    assert costs[Placement.uvm_cache].host_ms == approx(fetch)  # the host runs it: the rank's host time carries it
+    assert costs[Placement.uvm_cache].compute_ms == approx(got)
+    assert costs[Placement.hbm].host_ms == 0.0
+
+
+def test_shard_compute_uvm_cache_keeps_fbgemms_reads_when_they_are_slower_than_the_fetch(
+    make_profile: Callable[..., HardwareProfile],
+) -> None:
+    # a fetch of 1e-6 ms per row moved and nothing per fetch: FBGEMM's misses over the 5e9 B/s link are the larger
+    profile = make_profile(overheads={"cache_fetch_ns_per_row": 0.001})
+    t = table(embedding_dim=4)
+    kw: dict[str, Any] = {"sharding": ST.table_wise, "num_rows": 1000, "num_cols": 4, "batch": B, "world": W}
+    got = cm.shard_compute_ms(t, placement=Placement.uvm_cache, cache_fraction=0.5, profile=profile, **kw)
+    gathers, fill, streams = 80 * (32 + 2 * 32), 80 * 0.5 * 32, 2 * 40 * 4 * 4
+    assert got == approx(((gathers * 0.5 + fill) / GATHER + gathers * 0.5 / LINK + streams / STREAM) * 1e3)
+
+
 def test_shard_compute_offloading_is_slower(round_profile: HardwareProfile) -> None:
     t = table(embedding_dim=16, access_skew=1.05)
 

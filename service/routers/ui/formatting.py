@@ -123,6 +123,7 @@ TERM_COLOURS = {
     "lookup_bwd": "#6baed6",
     "update": "#17becf",
     "host_lookup": "#8c564b",
+    "cache_fetch": "#c49c94",
     "dense_compute": "#2ca02c",
     "input_a2a": "#ffbb78",
     "output_a2a": "#ff7f0e",

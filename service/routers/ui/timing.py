@@ -117,6 +117,7 @@ _WHY = {
     "lookup_bwd": "reading output gradients, sorting ids",
     "update": "writing rows and optimizer state back",
     "host_lookup": "CPU lookups of rows in host memory",
+    "cache_fetch": "fetching missing rows into the HBM cache",
     "input_a2a": "sending ids to the rows' ranks",
     "output_a2a": "sending pooled rows to every rank's batch",
     "reduce_scatter": "reduce-scattering row shards' partial sums",
