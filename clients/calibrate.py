@@ -559,14 +559,22 @@ FETCH_SKEW: Final = 1.0
 
 
 def time_cache_fetches(
-    device: torch.device, *, rows: int, sizes: Sequence[int], budget_s: float, max_fetches: int = 1000, seed: int = 11
+    device: torch.device,
+    *,
+    rows: int,
+    sizes: Sequence[int],
+    budget_s: float,
+    max_fetches: int = 1000,
+    min_samples: int = 10,
+    seed: int = 11,
 ) -> list[dict[str, Any]]:
     """What one :meth:`RowCache.fetch <shardwise.clients.row_cache.RowCache.fetch>` costs the executor: fetches of
     Zipf(1.0) batches of ``sizes`` ids (in turn) into a cache of 10 % of ``rows`` rows of 512 B (the store pinned on
     CUDA), the rows of every other fetch then marked dirty as the fused update marks them (so that evictions write
-    back), each fetch timed to its end on the host clock (it synchronises anyway), until ``budget_s`` or
-    ``max_fetches``. The first two rounds of sizes fill the cache and are not kept. Per fetch: ``ids``, ``ms``,
-    ``copied_in`` (distinct rows brought in) and ``written_back`` (dirty rows evicted), from the cache's counters."""
+    back), each fetch timed to its end on the host clock (it synchronises anyway), until ``budget_s`` (but not before
+    ``min_samples`` are kept, however slow the host: a fit needs them) or ``max_fetches``. The first two rounds of
+    sizes fill the cache and are not kept. Per fetch: ``ids``, ``ms``, ``copied_in`` (distinct rows brought in) and
+    ``written_back`` (dirty rows evicted), from the cache's counters."""
     from shardwise.clients.row_cache import CACHE_WAYS, RowCache, cache_slots
 
     cuda = device.type == "cuda"
@@ -578,7 +586,7 @@ def time_cache_fetches(
     samples: list[dict[str, Any]] = []
     start = time.monotonic()
     for i in range(max_fetches):
-        if time.monotonic() - start > budget_s:
+        if time.monotonic() - start > budget_s and len(samples) >= min_samples:
             break
         n = sizes[i % len(sizes)]
         ids = zipf.draw(n)
