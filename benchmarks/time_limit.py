@@ -60,8 +60,10 @@ def instance(name: str) -> tuple[ModelSpec, FleetSpec]:
 
 @contextlib.contextmanager
 def hogs(n: int) -> Iterator[None]:
-    """``n`` busy-looping Python processes for the duration of the block."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    """``n`` busy-looping Python processes for the duration of the block; each also stops when this process is gone
+    (its parent changes), so a benchmark killed mid-case (a ``timeout``, Ctrl-C) leaves no hog spinning."""
+    spin = "import os\nparent = os.getppid()\nwhile os.getppid() == parent: pass"
+    procs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(n)]
     try:
         time.sleep(0.2)  # let them start spinning
         yield
