@@ -154,9 +154,10 @@ class RequestMiddleware:
 
     The timeout: a request's whole body must arrive within ``body_timeout_s`` of the request's start. A client that
     stalls mid-body gets ``408 /problems/body-timeout`` and the connection is closed (``Connection: close``): no
-    request waits on it for longer. Only reading the body is timed (a route that reads none is not), and a response
-    sent before the body was read whole (an error, a route that does not read it) closes the connection too, so
-    that the server never reads the rest of an abandoned body into the next request."""
+    request waits on it for longer. A route that answers without reading the body (an error, a route that takes
+    none) has the rest read and dropped before its answer goes out (:meth:`_Body.drain`, within the same cap and
+    deadline), so that the client is not reset mid-send; a body that cannot be read whole that way closes the
+    connection, so that the server never reads the rest of an abandoned body into the next request."""
 
     def __init__(
         self, app: ASGIApp, *, max_body_bytes: int, body_timeout_s: float, metrics: Metrics, fastapi_app: Any
@@ -179,6 +180,8 @@ class RequestMiddleware:
 
         async def send_wrapper(message: Message) -> None:
             if message["type"] == "http.response.start":
+                if not body.complete:  # a route that answered without the body: read the rest first (see drain)
+                    await body.drain()
                 started[0] = True
                 status[0] = message["status"]
                 headers = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
@@ -265,6 +268,21 @@ class _Body:
         self._deadline = deadline
         self._seen = 0
         self.complete = not has_body
+
+    async def drain(self) -> bool:
+        """Read and drop the rest of the body, within the cap and the deadline: whether it is now read whole.
+
+        Answering before a body is read whole and closing the connection makes the kernel reset it while the
+        client is still sending (unread data on a closed socket), and the client then sees a reset instead of the
+        answer; reading the rest first lets the answer arrive. A body over the cap or later than the deadline is
+        not waited for: the connection is closed on it as before."""
+        try:
+            while not self.complete:
+                if (await self.receive())["type"] != "http.request":
+                    return False  # the client went away
+        except (_TooSlow, _TooLarge):
+            return False
+        return True
 
     async def receive(self) -> MutableMapping[str, Any]:
         if self.complete:
