@@ -64,8 +64,10 @@ def plan_ids(url: str) -> list[str]:
 
 
 # After a kill -9, Python's multiprocessing resource tracker (a helper process of the standard library, which
-# runs no code of ours) frees the semaphores the dead API left and says so with a plain-text warning.
-TRACKER_WARNING = ("resource_tracker.py", "leaked semaphore objects to clean up at shutdown")
+# runs no code of ours) frees the semaphores the dead API left and says so with a plain-text warning — "leaked
+# semaphore objects to clean up at shutdown", or, when the dead process had already unlinked one, "resource_tracker:
+# '/mp-…': [Errno 2] No such file or directory" — each followed by the warning's source line.
+TRACKER_WARNING = ("resource_tracker.py", "UserWarning: resource_tracker")
 
 
 def log_records(path: Path, *, killed: bool = False) -> list[dict[str, Any]]:
