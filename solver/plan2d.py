@@ -1,6 +1,7 @@
 """The planner's choice between a 1D plan and 2D sparse parallelism (:mod:`shardwise.solver.two_d`).
 
-The options: the 1D plan (one group, the whole fleet), and for every topology-aligned ``R`` (each group one host or
+The options (for a model of at most :data:`MAX_TABLES_2D` tables; above, the 1D plan alone): the 1D plan (one group,
+the whole fleet), and for every topology-aligned ``R`` (each group one host or
 a whole number of hosts, :func:`~shardwise.solver.two_d.candidate_groups`) each sync the caller allows —
 ``allreduce_rows`` always (it trains the same model as a 1D plan: the replicas' gradients are summed before every
 update), ``average_weights`` every ``k`` of :data:`AVERAGE_EVERY` steps only with ``allow_weight_averaging`` (the
@@ -68,9 +69,18 @@ class Option:
         return self.bound
 
 
-def sparse_options(topo: Topology, allow_weight_averaging: bool = False) -> list[SparseGroups]:
-    """Every 2D option on ``topo``: each topology-aligned grouping with each allowed sync (none on one host)."""
-    if topo.num_hosts <= 1:
+#: 2D sparse parallelism is weighed for models of at most this many tables: the few-tables-on-many-GPUs regime where
+#: one fleet-wide all-to-all dominates the step (MLPerf's DLRM has 26). Above it every 2D option's screening is a
+#: greedy solve of the whole model on a group fleet — on 500–2,000 tables that took the time the 1D solve needs (a
+#: 500-table greedy went from 1.2 to 10.6 s and lost its bound to options cut off mid-screening) — so only 1D plans
+#: are searched and the bound is over those.
+MAX_TABLES_2D = 100
+
+
+def sparse_options(topo: Topology, allow_weight_averaging: bool = False, tables: int = 0) -> list[SparseGroups]:
+    """Every 2D option on ``topo`` for a model of ``tables`` tables: each topology-aligned grouping with each allowed
+    sync (none on one host, none above :data:`MAX_TABLES_2D` tables)."""
+    if topo.num_hosts <= 1 or tables > MAX_TABLES_2D:
         return []
     syncs: list[tuple[SparseSync, int]] = [(SparseSync.allreduce_rows, 1)]
     if allow_weight_averaging:

@@ -34,7 +34,8 @@ def make_plan(
 ) -> Plan:
     """Plan ``model`` on ``fleet`` with the solver ``params`` names (CP-SAT by default).
 
-    On a fleet of more than one host the planner also considers 2D sparse parallelism (``sparse_2d``): the tables
+    On a fleet of more than one host, for a model of at most ``plan2d.MAX_TABLES_2D`` (100) tables, the planner also
+    considers 2D sparse parallelism (``sparse_2d``): the tables
     sharded inside replica groups of whole hosts, kept in sync by ``allreduce_rows`` — and by ``average_weights``
     only with ``allow_weight_averaging``, since averaging trains another model than a 1D plan does
     (:mod:`shardwise.solver.plan2d`); it keeps whichever predicts the least step.
@@ -56,7 +57,7 @@ def make_plan(
     topo = Topology(fleet, dict(profiles or {}))
     size = check_memory(topo, model)
     log.debug("planning %s: %s", model.name, size.describe())
-    options = plan2d.sparse_options(topo, allow_weight_averaging) if sparse_2d else []
+    options = plan2d.sparse_options(topo, allow_weight_averaging, len(model.embedding_tables)) if sparse_2d else []
     if options:
         plan = plan2d.plan_with_groups(topo, model, params, deadline, on_progress, options)
     elif params.solver == "greedy":

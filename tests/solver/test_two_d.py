@@ -433,6 +433,24 @@ def test_one_host_plans_no_two_d() -> None:
     assert plan2d.sparse_options(Topology(h100_hosts(1))) == []
 
 
+def test_many_tables_plan_no_two_d() -> None:
+    """Past MAX_TABLES_2D tables only 1D plans are searched: no screening, so the greedy answers with its bound."""
+    topo = Topology(h100_hosts(4))
+    assert plan2d.sparse_options(topo, tables=plan2d.MAX_TABLES_2D)  # the edge is still weighed
+    assert plan2d.sparse_options(topo, tables=plan2d.MAX_TABLES_2D + 1) == []
+    base = hot_tables_model()
+    table = base.embedding_tables[0]
+    many = base.model_copy(
+        update={
+            "embedding_tables": [table.model_copy(update={"name": f"t{i}"}) for i in range(plan2d.MAX_TABLES_2D + 1)]
+        }
+    )
+    plan = make_plan(many, h100_hosts(4), GREEDY)
+    assert plan.sparse_groups is None
+    assert plan.lower_bound_ms is not None
+    assert check_plan(topo, many, plan) == []
+
+
 # ------------------------------------------------------------------------------------------------ port analysis
 
 
