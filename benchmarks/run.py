@@ -98,8 +98,9 @@ def run_one(
 
 
 def _f(v: Any, fmt: str) -> str:
-    if v is None:
-        return "—"
+    if v is None:  # a dash as wide as the figure would be, so that the columns stay aligned
+        width = fmt.split(".")[0]
+        return "—".rjust(int(width)) if width.isdigit() else "—"
     if isinstance(v, str):
         return v
     return format(v, fmt)
@@ -114,22 +115,29 @@ def _pct(v: float | None, fmt: str) -> str:
     return _f(None if v is None else v * 100, fmt) + ("%" if v is not None else " ")
 
 
-def _headroom(row: dict[str, Any]) -> float:
-    """How much better than the greedy plan any plan could be: the greedy's distance from the proven bound."""
-    return (row["greedy_ms"] - row["bound_ms"]) / row["greedy_ms"] if row["greedy_ms"] else 0.0
+def _headroom(row: dict[str, Any]) -> float | None:
+    """How much better than the greedy plan any plan could be: the greedy's distance from the proven bound.
+
+    None where the greedy found no plan within its time limit or the solve reported no bound.
+    """
+    return _gap(row["greedy_ms"], row["bound_ms"])
+
+
+def _better(row: dict[str, Any]) -> float | None:
+    """CP-SAT's plan against the greedy's, as a share of the greedy's step (None where either has no plan)."""
+    return _gap(row["greedy_ms"], row["cpsat_ms"])
 
 
 def print_row(row: dict[str, Any], torchrec: bool) -> None:
-    better = (row["greedy_ms"] - row["cpsat_ms"]) / row["greedy_ms"] if row["greedy_ms"] else 0.0
     line = (
         f"{row['instance']:<28} {row['tables']:>6} {row['gpus']:>5} {_f(row['greedy_ms'], '9.3f')} "
         f"{_f(row['greedy_s'], '8.2f')} {_f(row['cpsat_ms'], '9.3f')} {_f(row['bound_ms'], '9.3f')} "
         f"{_pct(row['gap'], '6.2f')} {_pct(row['searched_gap'], '7.2f')} {_f(row['cpsat_s'], '7.1f')} "
-        f"{row['status']:<8} {better * 100:>7.1f}% {_f(_headroom(row) * 100, '8.2f')}%"
+        f"{row['status']:<8} {_pct(_better(row), '7.1f')} {_pct(_headroom(row), '8.2f')}"
     )
     if torchrec:
         tr = row.get("torchrec_ms")
-        vs = "" if tr is None else f"{(tr - row['cpsat_ms']) / tr * 100:>7.1f}%"
+        vs = "" if tr is None or row["cpsat_ms"] is None else f"{(tr - row['cpsat_ms']) / tr * 100:>7.1f}%"
         valid = "" if row.get("torchrec_valid", True) else " (invalid)"
         line += f" {_f(tr, '10.3f')} {_f(row.get('torchrec_s'), '8.1f')} {vs}{valid}"
     print(line, flush=True)
@@ -177,22 +185,41 @@ def main(argv: list[str] | None = None) -> int:
         row = run_one(name, model, fleet, args.time_limit, args.torchrec_timeout if use_torchrec else None)
         rows.append(row)
         print_row(row, use_torchrec)
-    big = [r for r in rows if r["gpus"] >= 64]
-    if rows:
-        gains = [(r["greedy_ms"] - r["cpsat_ms"]) / r["greedy_ms"] for r in rows]
-        print(f"# CP-SAT never worse than greedy: {all(g >= -1e-9 for g in gains)}")
-    if big:
-        med = statistics.median((r["greedy_ms"] - r["cpsat_ms"]) / r["greedy_ms"] for r in big)
-        print(f"# median improvement over greedy at >= 64 GPUs: {med * 100:.1f}%")
-        room = statistics.median(_headroom(r) for r in big)
-        print(f"# median headroom (greedy vs the bound: the most any plan could gain) at >= 64 GPUs: {room * 100:.1f}%")
-        tr = [r for r in big if r.get("torchrec_ms")]
-        if tr:
-            med_tr = statistics.median((r["torchrec_ms"] - r["cpsat_ms"]) / r["torchrec_ms"] for r in tr)
-            print(f"# median improvement over TorchRec at >= 64 GPUs: {med_tr * 100:.1f}% ({len(tr)} instances)")
-    if args.json:
+    if args.json:  # before the summary: the rows are the run's result
         args.json.write_text(json.dumps(rows, indent=1, default=str))
+    for line in summary(rows):
+        print(line)
     return 0
+
+
+def summary(rows: list[dict[str, Any]]) -> list[str]:
+    """The closing lines of a run: which instances the greedy could not plan, whether CP-SAT ever lost to it, and the
+    medians at 64 GPUs or more of CP-SAT's gain over the greedy, the greedy's headroom to the bound and the gain over
+    TorchRec — each over the rows that have both figures (a greedy cut off by its time limit has no plan, a solve
+    cut off before its bound has no bound)."""
+    out: list[str] = []
+    big = [r for r in rows if r["gpus"] >= 64]
+    no_greedy = [r["instance"] for r in rows if r["greedy_ms"] is None]
+    if no_greedy:
+        out.append(f"# the greedy found no plan within its time limit on: {', '.join(no_greedy)}")
+    gains = [g for g in map(_better, rows) if g is not None]
+    if gains:
+        out.append(f"# CP-SAT never worse than greedy: {all(g >= -1e-9 for g in gains)} ({len(gains)} instances)")
+    big_gains = [g for g in map(_better, big) if g is not None]
+    if big_gains:
+        med = statistics.median(big_gains)
+        out.append(f"# median improvement over greedy at >= 64 GPUs: {med * 100:.1f}% ({len(big_gains)} instances)")
+    rooms = [h for h in map(_headroom, big) if h is not None]
+    if rooms:
+        out.append(
+            "# median headroom (greedy vs the bound: the most any plan could gain) at >= 64 GPUs: "
+            f"{statistics.median(rooms) * 100:.1f}% ({len(rooms)} instances with both)"
+        )
+    tr = [r for r in big if r.get("torchrec_ms") and r.get("cpsat_ms") is not None]
+    if tr:
+        med_tr = statistics.median((r["torchrec_ms"] - r["cpsat_ms"]) / r["torchrec_ms"] for r in tr)
+        out.append(f"# median improvement over TorchRec at >= 64 GPUs: {med_tr * 100:.1f}% ({len(tr)} instances)")
+    return out
 
 
 if __name__ == "__main__":
