@@ -7,6 +7,7 @@ imported for the configuration space)::
     python3 -u benchmarks/kernels.py --out kernels_h200.json            # the sweep (stops after 8 min: --budget-s)
     python3 -u benchmarks/kernels.py --quick --out k.json               # smoke: 10 shapes, 20 configurations
     python3 benchmarks/kernels.py --list                                # the shapes and their origins, no GPU
+    TRITON_INTERPRET=1 python3 benchmarks/kernels.py --device cpu --out s.json  # the whole path on the CPU
 
 Report (the CPU, no GPU; the kernel model with the ``nvidia-h200`` catalogue profile)::
 
