@@ -1,5 +1,5 @@
-"""The ``shardwise`` CLI's local commands, which need no server: ``plan``, ``evaluate``, ``port`` and ``profiles``,
-with the port comparison's printing (``print_port``).
+"""The ``shardwise`` CLI's local commands, which need no server: ``plan``, ``evaluate``, ``port``, ``kernels`` and
+``profiles``, with the port comparison's printing (``print_port``).
 
 They load the solver lazily, when they run, so the base install can show ``--help`` and says in one line which extra
 to add when the solver's dependencies are missing. ``register`` adds them to the ``shardwise`` app
@@ -25,10 +25,11 @@ from shardwise.clients.cli_common import (
     load_spec,
     print_plan,
     read_document,
+    table,
     write_plan,
 )
 from shardwise.wire.port_spec import PortReport
-from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams
+from shardwise.wire.spec import DenseStyle, FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams
 
 MAX_PROBLEMS = 12  # an invalid plan lists this many problems, then how many more
 
@@ -307,6 +308,71 @@ def calibrate(
     typer.echo(f"calibration written to {output} ({cal.label()}); samples in {samples}")
 
 
+def kernels(
+    model_path: Annotated[Path, typer.Argument(metavar="MODEL", help="ModelSpec JSON/YAML")],
+    fleet_path: Annotated[Path, typer.Argument(metavar="FLEET", help="FleetSpec JSON/YAML")],
+    style: Annotated[
+        DenseStyle, typer.Option(help="the style of every linear layer the model does not pin")
+    ] = DenseStyle.replicate,
+    batch: Annotated[
+        int | None, typer.Option(help="samples per GPU (default: the model's batch_size_per_gpu)", min=1)
+    ] = None,
+    calibration: CalibrationOption = None,
+) -> None:
+    """The kernel the kernel model chooses for each GEMM of MODEL's linear layers on each GPU type of FLEET: per
+    layer, phase and GPU, M N K and dtype, the Triton configuration, its predicted µs and TFLOP/s (a prediction from
+    first principles, no timing run)."""
+    model = load_spec(model_path, ModelSpec)
+    (fleet,) = calibrated([load_spec(fleet_path, FleetSpec)], calibration)
+    _solver_modules()
+    from shardwise.solver.kernels import config_label, kernel_choices
+    from shardwise.solver.topology import Topology
+
+    try:
+        topo = Topology(fleet)
+    except ValueError as exc:  # a GPU name the catalogue does not know (ProfileError)
+        fail(f"{fleet_path}: {exc}")
+    targets = [(c.profile, c.gpus_per_host) for c in topo.classes]
+    priced = [p for p, _ in targets if p.microarch is not None]
+    if not priced:
+        names = ", ".join(sorted({p.name for p, _ in targets}))
+        fail(f"no GPU of fleet {fleet.name} has a microarchitecture in its profile ({names}): nothing to price")
+    samples = batch or model.batch_size_per_gpu
+    rows: list[list[str]] = []
+    skipped: list[str] = []
+    for layer in model.dense_layers:
+        if layer.kind != "linear":
+            skipped.append(layer.name)
+            continue
+        layer_style = layer.style or style
+        for k in kernel_choices(layer, layer_style, samples, targets):
+            tflops = 2.0 * k.m * k.n * k.k / (k.predicted_us * 1e-6) / 1e12
+            rows.append(
+                [
+                    layer.name,
+                    layer_style.value,
+                    k.phase.value,
+                    k.gpu,
+                    str(k.m),
+                    str(k.n),
+                    str(k.k),
+                    k.dtype.value,
+                    config_label(k.config),
+                    f"{k.predicted_us:.1f}",
+                    f"{tflops:.1f}",
+                ]
+            )
+    typer.echo(f"kernels for {model.name} on {fleet.name}, {samples:,} samples per GPU (predicted, no timing run)")
+    header = ["layer", "style", "phase", "gpu", "M", "N", "K", "dtype", "config", "pred µs", "TFLOP/s"]
+    for line in table(rows, header, right={4, 5, 6, 9, 10}):
+        typer.echo(line)
+    if skipped:
+        typer.echo(f"not priced by the kernel model (unclassified layers, flat GEMM fraction): {', '.join(skipped)}")
+    unpriced = sorted({p.name for p, _ in targets if p.microarch is None})
+    if unpriced:
+        typer.echo(f"no microarchitecture in the profile of: {', '.join(unpriced)}")
+
+
 def profiles() -> None:
     """List the accelerator catalogue."""
     from shardwise.hwprofiles import catalogue
@@ -321,9 +387,10 @@ def profiles() -> None:
 
 
 def register(target: typer.Typer) -> None:
-    """Add ``plan``, ``evaluate``, ``port`` and ``profiles`` to a Typer app (the ``shardwise`` one)."""
+    """Add ``plan``, ``evaluate``, ``port``, ``kernels`` and ``profiles`` to a Typer app (the ``shardwise`` one)."""
     target.command()(plan)
     target.command()(evaluate)
     target.command()(port)
+    target.command()(kernels)
     target.command()(profiles)
     target.command()(calibrate)

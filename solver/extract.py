@@ -28,7 +28,9 @@ from shardwise.wire.spec import (
 if TYPE_CHECKING:  # the service imports this module at start-up (request_hash); candidates bring numpy
     from shardwise.solver.load import Placed
 
-COST_MODEL_VERSION = "2"  # 2: sparse-gradient row indices and int64 bag lengths, as the executor does
+#: 2: sparse-gradient row indices and int64 bag lengths, as the executor does; 3: plans carry each linear layer's
+#: kernel choices (``DensePlan.kernels``), which a plan stored before does not hold
+COST_MODEL_VERSION = "3"
 #: what a plan's ``status`` and ``lower_bound_ms`` mean. 2: ``lower_bound_ms`` holds over the whole candidate
 #: catalogue and ``optimal`` meets it; what a search proved over its own space is ``solver.searched_*``. It is in the
 #: solver version, so a request answered under 1 (optimal over the searched space only) is solved again.
@@ -112,6 +114,7 @@ def build_plan(
         return Plan(status=PlanStatus.infeasible, solver=SolverInfo(**info), explanation=list(explanation), **common)
     position = {x.name: i for i, x in enumerate(model.embedding_tables)}
     ordered = sorted(tables, key=lambda t: position[t.name])
+    dense = with_kernels(topo, model, dense)
     ev = evaluate(topo, model, ordered, dense)
     step = round(ev.step_ms, 6)
     # the host floor bounds every plan's step alike (it does not depend on the plan): the bound may rise to it
@@ -144,6 +147,23 @@ def build_plan(
         explanation=notes,
         **common,
     )
+
+
+def with_kernels(topo: Topology, model: ModelSpec, dense: Sequence[DensePlan]) -> list[DensePlan]:
+    """``dense`` with each linear layer's chosen kernels (:func:`shardwise.solver.kernels.kernel_choices`): one per
+    GPU type of the fleet (with its GPUs per host, the tensor-parallel group) and phase, chosen again whatever the
+    entry held (a plan scored or ported to this fleet may carry another fleet's); an unclassified layer, or a
+    fleet of profiles without a microarchitecture, has none."""
+    from shardwise.solver.kernels import kernel_choices  # numpy: not at the service's start-up
+
+    layers = {d.name: d for d in model.dense_layers}
+    targets = list({(id(c.profile), c.gpus_per_host): (c.profile, c.gpus_per_host) for c in topo.classes}.values())
+    out: list[DensePlan] = []
+    for dp in dense:
+        layer = layers.get(dp.name)
+        chosen = kernel_choices(layer, dp.style, model.batch_size_per_gpu, targets) if layer else []
+        out.append(dp if chosen == dp.kernels else dp.model_copy(update={"kernels": chosen}))
+    return out
 
 
 def _gap(step: float, bound: float | None) -> float | None:

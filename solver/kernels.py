@@ -26,21 +26,26 @@ Everything the tile, the warps, the stages and the shape cost comes on top, from
   sub-partitions or SIMDs), laid ``g_m = min(G, max(1, bm/64))`` along M (:data:`ROWS_PER_MMA_GROUP`) by
   ``g_n = G/g_m`` along N; each K step every group reads its A rows and B columns from shared memory, so the
   tile's intensity is ``I = 2·bm·bn / (b·(bm·g_n + bn·g_m))`` FLOPs per shared-memory byte and the tensor cores
-  are fed at ``η = min(1, I / (R_clk / SMEM_BYTES_PER_CLOCK))``: small tiles starve them.
+  are fed at ``η = min(1, I / (R_clk / SMEM_BYTES_PER_CLOCK))``: small tiles starve them. An fp32 GEMM runs on
+  the FP32 lanes (FMA, TF32 off), where each thread reads its own operands: ``o = bm·bn/threads`` outputs as a
+  ``√o × √o`` block, ``2·o`` FLOPs per ``2·√o·b`` bytes, ``I = √o / b``.
+* **K-step overhead**: each K step a program waits at a barrier for its stage and issues the next stage's copies,
+  :data:`STEP_OVERHEAD_CLOCKS` the MMAs do not hide; co-resident programs hide each other's, so one chain per round
+  of ``r_e = min(r, T_SM)`` programs shows: ``t_step = ⌈T_SM / r_e⌉·κ·STEP_OVERHEAD_CLOCKS / clock``.
 * **Bytes** the tiles request ``Q = T·(bm+bn)·K'·b``, served by L2 at ``l2_bandwidth``: ``t_L2 = Q / l2_bw``.
   From HBM: the unique operands and the output once, ``U = (M·K + K·N)·b + M·N·c`` (``c`` output bytes; fp32
   partial sums ``split_k·M·N·4`` under split-K) when A and B fit in L2 together; otherwise each wave of
   ``P = min(T, S·r)`` concurrent tiles, swept ``group_m`` tile rows at a time, reads its own
   ``(⌈rows⌉·bm + ⌈cols⌉·bn)·⌈K/split_k⌉·b`` (``rows = min(⌈M/bm⌉, group_m, P)``, ``cols = min(⌈N/bn⌉, ⌈P/rows⌉)``)
   again: ``H = max(U, min(Q, ⌈T/P⌉·that + output))``; ``t_HBM = H / (hbm_bw · achieved.memory_bound)``.
-* **Latency** (Little's law): a program keeps ``stages − 1`` K steps in flight, its SM ``r_e = min(r, T_SM)``
+* **Latency** (Little's law): a program keeps ``stages − 1`` K steps in flight, its SM ``r_e``
   programs, each K step a round trip of :data:`MEMORY_LATENCY_S`: ``t_lat = T_SM·κ·latency / (r_e·(stages − 1))``.
 * **Prologue / epilogue**: every round of ``r_e`` co-resident programs waits one latency for its first stages and
   passes its accumulators through shared memory to store them: ``rounds = ⌈T_SM / r_e⌉``,
   ``t_pro = rounds·latency``, ``t_epi = rounds·r_e·bm·bn·4 / (SMEM_BYTES_PER_CLOCK·clock)``.
 * **Split-K** adds a pass that reads the partial sums and writes C: ``t_red = (split_k·M·N·4 + M·N·c) /
   (hbm_bw·achieved.memory_bound) + launch``.
-* ``t = max(t_math, t_L2, t_HBM, t_lat) + t_pro + t_epi + t_red + launch`` (:data:`KERNEL_LAUNCH_S`).
+* ``t = max(t_math + t_step, t_L2, t_HBM, t_lat) + t_pro + t_epi + t_red + launch`` (:data:`KERNEL_LAUNCH_S`).
 
 The operand layouts (``a_t``, ``b_t``) do not change the prediction: Triton's loads stage either layout through
 shared memory at the same bandwidth. Not modelled: clock throttling under load, Hopper's TMA multicast and
@@ -126,6 +131,9 @@ REGS_OVERHEAD: Final = 32
 #: one global load's round trip when the pipeline waits for it: HBM latency is ≈0.5–0.7 µs by pointer chasing on
 #: A100/H100 (L2 hits are faster, so this overstates what a warm pipeline waits; assumption)
 MEMORY_LATENCY_S: Final = 600e-9
+#: clocks per K step that a program's MMAs do not hide: the wait at the stage's barrier and the issue of the next
+#: stage's asynchronous copies and address updates — a few dozen instructions on one warp scheduler (assumption)
+STEP_OVERHEAD_CLOCKS: Final = 32
 #: a kernel's launch and drain as back-to-back CUDA-event timing sees it: a few µs on current GPUs; the same for
 #: every configuration, so it changes predicted times, never the choice (assumption)
 KERNEL_LAUNCH_S: Final = 4e-6
@@ -204,10 +212,13 @@ def _static(profile: HardwareProfile, dtype: Dtype) -> _Static:
     runs &= resident >= 1
     rate = _sm_rate(profile, micro, dtype)
     clock = float(micro.vector_clock_hz if dtype is Dtype.fp32 and micro.vector_clock_hz else micro.clock_hz)
-    groups = np.maximum(1.0, warps / WARPS_PER_MMA_GROUP)
-    g_m = np.minimum(groups, np.maximum(1.0, bm / ROWS_PER_MMA_GROUP))
-    g_n = groups / g_m
-    intensity = 2 * bm * bn / (b * (bm * g_n + bn * g_m))
+    if dtype is Dtype.fp32:  # FMA: every thread reads its own √o rows and √o columns for its o outputs
+        intensity = np.sqrt(bm * bn / threads) / b
+    else:
+        groups = np.maximum(1.0, warps / WARPS_PER_MMA_GROUP)
+        g_m = np.minimum(groups, np.maximum(1.0, bm / ROWS_PER_MMA_GROUP))
+        g_n = groups / g_m
+        intensity = 2 * bm * bn / (b * (bm * g_n + bn * g_m))
     needed = (rate / profile.achieved.gemm / clock) / SMEM_BYTES_PER_CLOCK  # the tensor cores' appetite at full rate
     eta = np.minimum(1.0, intensity / needed)
     out = _Static(
@@ -241,6 +252,7 @@ class Breakdown:
     waves: FloatArray
     resident: FloatArray
     math_s: FloatArray
+    step_s: FloatArray
     l2_s: FloatArray
     hbm_s: FloatArray
     latency_s: FloatArray
@@ -279,10 +291,11 @@ def breakdown(gemm: Gemm, profile: HardwareProfile) -> Breakdown:
     r_e = np.minimum(resident, per_sm)
     latency_s = per_sm * steps * MEMORY_LATENCY_S / (r_e * np.maximum(st.stages - 1, 1.0))
     rounds = np.ceil(per_sm / r_e)
+    step_s = rounds * steps * STEP_OVERHEAD_CLOCKS / st.clock
     prologue_s = rounds * MEMORY_LATENCY_S
     epilogue_s = rounds * r_e * st.bm * st.bn * 4 / (SMEM_BYTES_PER_CLOCK * st.clock)
     reduce_s = np.where(st.split > 1, (st.split * M * N * 4 + M * N * c) / st.hbm_bw + KERNEL_LAUNCH_S, 0.0)
-    body = np.maximum(np.maximum(math_s, l2_s), np.maximum(hbm_s, latency_s))
+    body = np.maximum(np.maximum(math_s + step_s, l2_s), np.maximum(hbm_s, latency_s))
     total = (body + prologue_s + epilogue_s + reduce_s + KERNEL_LAUNCH_S) * US
     total = np.where(st.runs, total, np.inf)
     return Breakdown(
@@ -290,6 +303,7 @@ def breakdown(gemm: Gemm, profile: HardwareProfile) -> Breakdown:
         waves=waves,
         resident=np.where(st.runs, st.resident, 0.0),
         math_s=math_s,
+        step_s=step_s,
         l2_s=l2_s,
         hbm_s=hbm_s,
         latency_s=latency_s,
@@ -379,8 +393,12 @@ def gemms_of(layer: DenseLayerSpec, style: DenseStyle, batch: int, tp_size: int)
 
 
 @lru_cache(maxsize=8192)
-def _choose_cached(gemm: Gemm, key: str, profile_ref: _ProfileRef) -> tuple[KernelConfig, float]:
-    return choose(gemm, profile_ref.profile)
+def _choose_cached(gemm: Gemm, profile_ref: _ProfileRef) -> tuple[KernelConfig, float] | None:
+    """:func:`choose`, remembered per (GEMM, profile figures); None where no configuration runs."""
+    try:
+        return choose(gemm, profile_ref.profile)
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True, eq=False)
@@ -402,7 +420,9 @@ def kernel_choices(
 ) -> list[KernelChoice]:
     """The chosen kernel of each GEMM of ``layer`` (:func:`gemms_of`) on each ``(profile, tp_size)`` target that
     has a microarchitecture — one per GPU type of a fleet, with its GPUs per host — in that order, phases in
-    :class:`GemmPhase` order; a repeated (GPU, GEMM) once. Choices are cached per (GEMM, profile figures)."""
+    :class:`GemmPhase` order; a repeated (GPU, GEMM) once, a GEMM no configuration can run on that GPU (a custom
+    profile's tiny shared memory) left out. Choices are cached per (GEMM, profile figures). Two host groups of one
+    GPU type with different GPUs per host give two tensor-parallel GEMMs of a phase: M, N, K tell them apart."""
     out: list[KernelChoice] = []
     seen: set[tuple[str, GemmPhase, Gemm]] = set()
     for profile, tp_size in targets:
@@ -417,7 +437,10 @@ def kernel_choices(
             if (profile.name, phase, gemm) in seen:
                 continue
             seen.add((profile.name, phase, gemm))
-            config, us = _choose_cached(gemm, ref.key, ref)
+            chosen = _choose_cached(gemm, ref)
+            if chosen is None:
+                continue
+            config, us = chosen
             out.append(
                 KernelChoice(
                     gpu=profile.name,

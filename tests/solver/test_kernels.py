@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,19 @@ import pytest
 from shardwise.hwprofiles import HardwareProfile, catalogue, get_profile
 from shardwise.solver import kernels as km
 from shardwise.solver.kernels import Gemm, breakdown, choose, config_space, gemms_of, predict_one, predict_us
-from shardwise.wire.spec import DenseLayerSpec, DenseStyle, Dtype, GemmPhase, KernelConfig
+from shardwise.solver.planner import make_plan, score_plan
+from shardwise.solver.topology import Topology
+from shardwise.wire.spec import (
+    DenseLayerSpec,
+    DenseStyle,
+    Dtype,
+    FleetSpec,
+    GemmPhase,
+    KernelConfig,
+    ModelSpec,
+    PlanStatus,
+    SolveParams,
+)
 
 H200 = get_profile("nvidia-h200")
 BF16 = Dtype.bf16
@@ -64,7 +77,9 @@ def test_256x256x64_on_132_sms_is_4_tiles_in_1_wave_and_each_term_is_the_hand_fi
     assert bd.prologue_s[i] == pytest.approx(latency, rel=1e-12)
     epilogue = 128 * 128 * 4 / (128 * 1.83e9)
     assert bd.epilogue_s[i] == pytest.approx(epilogue, rel=1e-12)
-    total_us = (max(math_s, latency / 2) + latency + epilogue + 4e-6) * 1e6
+    step = 1 * 1 * 32 / 1.83e9  # one round, one K step, 32 clocks
+    assert bd.step_s[i] == pytest.approx(step, rel=1e-12)
+    total_us = (max(math_s + step, latency / 2) + latency + epilogue + 4e-6) * 1e6
     assert predict_one(Gemm(256, 256, 64, BF16), c, H200) == pytest.approx(total_us, rel=1e-12)
 
 
@@ -254,3 +269,76 @@ def test_kernel_choices_one_per_gpu_type_and_phase() -> None:
     # tensor parallel: a host group of another size is another GEMM, so another choice
     tp = km.kernel_choices(linear(), DenseStyle.colwise, 4096, [(H200, 8), (H200, 4)])
     assert len(tp) == 6
+
+
+# --------------------------------------------------------------------------------------------- plans carry them
+
+
+@pytest.mark.parametrize("solver", ["greedy", "cpsat"])
+def test_a_plan_carries_each_linear_layers_kernels_per_gpu_type_and_phase(
+    solver: str, load_model: Callable[[str], ModelSpec], load_fleet: Callable[[str], FleetSpec]
+) -> None:
+    model, fleet = load_model("dlrm_dcnv2"), load_fleet("fleet_mixed_b200_mi350x")
+    params = SolveParams(solver=solver, time_limit_s=5, num_workers=2, random_seed=1)
+    plan = make_plan(model, fleet, params)
+    assert plan.status is not PlanStatus.infeasible
+    topo = Topology(fleet)
+    layers = {d.name: d for d in model.dense_layers}
+    assert plan.dense
+    for dp in plan.dense:
+        layer = layers[dp.name]
+        if layer.kind != "linear":
+            assert dp.kernels == []
+            continue
+        assert [(k.gpu, k.phase) for k in dp.kernels] == [
+            (gpu, phase) for gpu in ("nvidia-b200", "amd-mi350x") for phase in GemmPhase
+        ]
+        for k in dp.kernels:
+            cls = next(c for c in topo.classes if c.profile.name == k.gpu)
+            want = dict(gemms_of(layer, dp.style, model.batch_size_per_gpu, cls.gpus_per_host))[k.phase]
+            assert (k.m, k.n, k.k, k.dtype) == (want.m, want.n, want.k, want.dtype)
+            assert (k.config, k.predicted_us) == choose(want, cls.profile)
+
+
+def test_a_gpu_that_runs_no_configuration_gets_no_choice_and_the_plan_still_solves(
+    small_model: ModelSpec, small_fleet: FleetSpec
+) -> None:
+    data = get_profile("nvidia-h100-sxm").model_dump()
+    assert data["microarch"] is not None
+    data["microarch"].update(smem_bytes_per_sm=4096, smem_bytes_per_block=4096)
+    data.update(name="tiny-smem", sources={})
+    custom = {"tiny-smem": HardwareProfile.model_validate(data)}
+    fleet = FleetSpec.model_validate(
+        {"name": "tiny", "hosts": [{"gpu": "tiny-smem", "count": 1, "gpus_per_host": 2}]}, context={"profiles": custom}
+    )
+    plan = make_plan(small_model, fleet, SolveParams(solver="greedy"), profiles=custom)
+    assert plan.status is not PlanStatus.infeasible
+    assert all(dp.kernels == [] for dp in plan.dense)
+    assert small_fleet.world_size == 4  # the fixture's fleet, for contrast: H100s get their choices
+    other = make_plan(small_model, small_fleet, SolveParams(solver="greedy"))
+    assert all(len(dp.kernels) == 3 for dp in other.dense)
+
+
+def test_fp32_runs_on_the_fma_lanes_where_each_thread_feeds_itself() -> None:
+    """fp32 (TF32 off): 32×32 on 128 threads is 8 outputs per thread, I = √8 / 4 = 0.707 FLOPs per byte against
+    the 256 / 128 = 2 the FP32 lanes need: η = 0.354; 128×128 on 256 threads, I = √64 / 4 = 2: η = 1."""
+    g = Gemm(4096, 4096, 4096, Dtype.fp32)
+    bd = breakdown(g, H200)
+    rate = 256 * 1.98e9 * 0.8  # the FP32 lanes at the vector clock, sustained
+    small, big = at(cfg(32, 32, 32)), at(cfg(128, 128, 32))
+    per_sm_small, per_sm_big = math.ceil(128 * 128 / 132), math.ceil(32 * 32 / 132)
+    assert bd.math_s[small] == pytest.approx(per_sm_small * 2 * 32 * 32 * 4096 / (rate * math.sqrt(8) / 4 / 2))
+    assert bd.math_s[big] == pytest.approx(per_sm_big * 2 * 128 * 128 * 4096 / rate)
+    config, _ = choose(g, H200)
+    assert config.block_m * config.block_n >= 64 * 64
+
+
+def test_a_plan_scored_on_another_fleet_carries_that_fleets_kernels(
+    load_model: Callable[[str], ModelSpec], load_fleet: Callable[[str], FleetSpec]
+) -> None:
+    model = load_model("dlrm_dcnv2")
+    on_h100 = make_plan(model, load_fleet("fleet_8xh100"), SolveParams(solver="greedy"))
+    assert {k.gpu for dp in on_h100.dense for k in dp.kernels} == {"nvidia-h100-sxm"}
+    problems, scored = score_plan(model, load_fleet("fleet_8xmi350x"), on_h100)
+    assert problems == []
+    assert {k.gpu for dp in scored.dense for k in dp.kernels} == {"amd-mi350x"}
