@@ -359,7 +359,7 @@ class Timer:
         """µs per launch of ``reps`` runs of ``n`` back-to-back launches, queued behind a sleep."""
         for _ in range(3):
             ev = self._events(reps + 1)
-            sleep_us = 20.0 + 2.0 * (reps * n + 1) * self.launch_us
+            sleep_us = 20.0 + 1.5 * (reps * n + 1) * self.launch_us
             self.torch.cuda._sleep(int(sleep_us * self.cycles_per_us))
             t0 = time.perf_counter()
             ev[0].record()
