@@ -7,6 +7,7 @@ imported for the configuration space)::
     python3 -u benchmarks/kernels.py --out kernels_h200.json            # the sweep (stops after 8 min: --budget-s)
     python3 -u benchmarks/kernels.py --quick --out k.json               # smoke: 10 shapes, 20 configurations
     python3 benchmarks/kernels.py --list                                # the shapes and their origins, no GPU
+    TRITON_INTERPRET=1 python3 benchmarks/kernels.py --device cpu --out s.json  # the whole path on the CPU
 
 Report (the CPU, no GPU; the kernel model with the ``nvidia-h200`` catalogue profile)::
 
@@ -219,10 +220,12 @@ def quick_shapes(all_shapes: Sequence[Shape]) -> list[Shape]:
     return list(all_shapes[::step][:QUICK_SHAPES])
 
 
-def quick_configs() -> list[int]:
-    """:data:`QUICK_CONFIGS` indices spread over ``config_space()``."""
+def spread_configs(count: int = QUICK_CONFIGS) -> list[int]:
+    """``count`` indices spread evenly over ``config_space()`` (the first and the last among them)."""
     n = len(config_space())
-    return sorted({round(i * (n - 1) / (QUICK_CONFIGS - 1)) for i in range(QUICK_CONFIGS)})
+    if count >= n:
+        return list(range(n))
+    return sorted({round(i * (n - 1) / max(1, count - 1)) for i in range(count)})
 
 
 # ------------------------------------------------------------------------------------------------ on the GPU
@@ -362,7 +365,7 @@ class Timer:
         """µs per launch of ``reps`` runs of ``n`` back-to-back launches, queued behind a sleep."""
         for _ in range(3):
             ev = self._events(reps + 1)
-            sleep_us = 20.0 + 2.0 * (reps * n + 1) * self.launch_us
+            sleep_us = 20.0 + 1.5 * (reps * n + 1) * self.launch_us
             self.torch.cuda._sleep(int(sleep_us * self.cycles_per_us))
             t0 = time.perf_counter()
             ev[0].record()
@@ -390,6 +393,37 @@ class Timer:
         return statistics.median(self._run(fn, n, REPS)), REPS * n
 
 
+class HostTimer:
+    """``--device cpu`` (a smoke test of the whole path under Triton's interpreter): the host clock around one
+    call. Its figures time the interpreter, not a kernel."""
+
+    host_bound = 0
+
+    def time(self, fn: Callable[[], Any], best: float | None) -> tuple[float, int]:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e6, 1
+
+
+def cpu_facts() -> dict[str, Any]:
+    import platform
+
+    import torch
+    import triton
+
+    return {"gpu": f"cpu ({platform.machine()}, Triton interpreter)", "torch": torch.__version__,
+            "triton": triton.__version__}  # fmt: skip
+
+
+def cpu_shapes() -> list[Shape]:
+    """``--device cpu``: the three GEMMs of two small layers (one ragged), cheap under the interpreter."""
+    out: list[Shape] = []
+    for d_in, d_out in ((32, 48), (13, 16)):
+        for phase, m, n, k, a_t, b_t in linear_gemms(48, d_in, d_out):
+            out.append(Shape(phase, m, n, k, a_t, b_t, [f"smoke {d_in} → {d_out} {phase} @48"]))
+    return out
+
+
 def _cublas(a: Any, b: Any, dtype: str) -> Callable[[], Any]:
     import torch
 
@@ -397,7 +431,7 @@ def _cublas(a: Any, b: Any, dtype: str) -> Callable[[], Any]:
         return lambda: torch.matmul(a, b)
     a_rm = a.contiguous()
     b_cm = b.t().contiguous().t()
-    one = torch.ones((), device="cuda")
+    one = torch.ones((), device=a.device)
     return lambda: torch._scaled_mm(a_rm, b_cm, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
 
 
@@ -433,28 +467,34 @@ def machine() -> dict[str, Any]:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """The sweep (see the module docstring); the JSON document. dtype by dtype (a budget that runs out leaves the
     first dtypes whole), GEMMs of one specialisation together (the compile workers finish them in that order)."""
+    cpu = args.device == "cpu"
     os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="shardwise-triton-"))
     import torch
 
     from shardwise.clients import _triton_matmul
 
+    if cpu and not _triton_matmul.interpreting():
+        raise SystemExit(
+            "benchmarks/kernels.py: --device cpu runs the kernel in Triton's interpreter: set TRITON_INTERPRET=1"
+        )
     begin = time.perf_counter()
-    all_shapes = shapes()
+    all_shapes = cpu_shapes() if cpu else shapes()
     todo = quick_shapes(all_shapes) if args.quick else all_shapes
     keys = list(dict.fromkeys(spec_key(s) for s in todo))  # first-seen order: the common ones first
     todo = sorted(todo, key=lambda s: keys.index(spec_key(s)))
     plan = {d: [s for s in todo if d in RAGGED_DTYPES or not s.ragged] for d in args.dtypes.split(",") if d}
-    indices = quick_configs() if args.quick else list(range(len(config_space())))
+    count = args.configs or (QUICK_CONFIGS if args.quick else len(config_space()))
+    indices = spread_configs(count)
     dtypes = [d for d in args.dtypes.split(",") if d]
     space = config_space()
-    facts = machine()
+    facts = machine() if not cpu else dict.fromkeys(("sms", "cuda", "driver")) | cpu_facts()
     log(f"{facts['gpu']} ({facts['sms']} SMs), torch {facts['torch']}, Triton {facts['triton']}, "
         f"CUDA {facts['cuda']}, driver {facts['driver']}")  # fmt: skip
     counts = ", ".join(f"{len(v)} {d}" for d, v in plan.items())
     log(f"GEMMs: {counts}; {len(indices)} configurations; TRITON_CACHE_DIR={os.environ['TRITON_CACHE_DIR']}")
     needed = [(d, k) for d in dtypes for k in keys if any(spec_key(s) == k for s in plan[d])]
-    compiler = Compiler(needed, indices, args.workers)
-    timer = Timer()
+    compiler = Compiler(needed, indices, 0 if cpu else args.workers)
+    timer: Any = HostTimer() if cpu else Timer()
     doc: dict[str, Any] = {
         "machine": facts,
         "timing": {
@@ -479,7 +519,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     log(f"budget of {args.budget_s:.0f} s spent: stopping with {len(doc['results'])} GEMM × dtype")
                     return doc
                 failures = compiler.wait(dtype, spec_key(s))
-                rec, slow = _measure_one(s, dtype, si, indices, failures, timer, _triton_matmul.matmul, torch)
+                rec, slow = _measure_one(
+                    s, dtype, si, indices, failures, timer, _triton_matmul.matmul, torch, args.device
+                )
                 slow_first += slow
                 doc["results"].append(rec)
                 if args.out and len(doc["results"]) % 40 == 0:
@@ -746,9 +788,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", help="write the measured JSON here")
     p.add_argument("--quick", action="store_true", help=f"{QUICK_SHAPES} GEMMs, {QUICK_CONFIGS} configurations")
+    p.add_argument("--configs", type=int, default=0, help="time this many configurations, spread over the space")
     p.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated, of bf16, fp16, fp8")
     p.add_argument("--workers", type=int, default=15, help="compile processes (0: on first launch)")
     p.add_argument("--budget-s", type=float, default=480.0, help="stop measuring after this many seconds")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                   help="cpu: a smoke test of the whole path on small GEMMs in Triton's interpreter "
+                   "(TRITON_INTERPRET=1), timed by the host clock")  # fmt: skip
     p.add_argument("--list", action="store_true", help="print the GEMMs and their origins (no GPU)")
     p.add_argument("--report", metavar="FILE", nargs="+", help="score measured JSONs with the kernel model (no GPU):"
                    " a table per file, one plot of them all")  # fmt: skip
@@ -782,7 +828,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     import torch
 
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print("benchmarks/kernels.py: measuring needs a CUDA GPU (--report and --list run anywhere)")
         return 2
     doc = measure(args)

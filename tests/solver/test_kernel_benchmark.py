@@ -3,8 +3,12 @@ report's arithmetic on a small measured run written here (figures checked by han
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +20,7 @@ from shardwise.solver.kernels import Gemm, choose, config_space, predict_us
 from shardwise.wire.spec import Dtype
 
 H200 = get_profile("nvidia-h200")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_sweep_has_200_gemms_of_real_layers_in_every_dtype() -> None:
@@ -253,3 +258,36 @@ def test_report_runs_without_matplotlib_when_no_plot_is_asked(
     assert "| fp8 | 107 |" in out
     assert bench.main(["--report", str(path), "--plot", "/nonexistent/k.png"]) == 0
     assert "no plot: matplotlib does not import" in capsys.readouterr().out
+
+
+def test_spread_configs() -> None:
+    n = len(config_space())
+    assert bench.spread_configs(4) == [0, round((n - 1) / 3), round(2 * (n - 1) / 3), n - 1]
+    assert bench.spread_configs(1000) == list(range(n))
+    assert len(bench.spread_configs(bench.QUICK_CONFIGS)) == bench.QUICK_CONFIGS
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="the smoke run needs Triton's interpreter")
+def test_cpu_smoke_run_of_the_whole_path_then_its_report(tmp_path: Path) -> None:
+    """The sweep end to end on the CPU (Triton's interpreter, host clock: figures without meaning), 4
+    configurations, bf16 and fp8: the JSON's shape, then the report on it."""
+    out = tmp_path / "smoke.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-u", str(ROOT / "benchmarks" / "kernels.py"), "--device", "cpu", "--configs", "4",
+           "--dtypes", "bf16,fp8", "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    assert data["complete"] is True
+    assert [c["index"] for c in data["configs"]] == bench.spread_configs(4)
+    by_dtype = {d: [r for r in data["results"] if r["dtype"] == d] for d in ("bf16", "fp8")}
+    assert len(by_dtype["bf16"]) == 6  # two layers' three GEMMs, the ragged one too
+    assert len(by_dtype["fp8"]) == 3  # the regular layer only
+    for r in data["results"]:
+        assert len(r["us"]) == len(r["reps"]) == 4
+        failed = [str(c["index"]) for c, u in zip(data["configs"], r["us"], strict=True) if u is None]
+        assert failed == list(r["errors"])  # a failure and its message in the same place
+        assert r["cublas_us"] is not None or r["cublas_error"]
+    summary, rows = bench.report(data, H200)
+    assert len(rows) == 9
+    assert summary["all"]["shapes"] == 9
