@@ -17,17 +17,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
-import sys
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+import interpreter_support
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -46,8 +44,6 @@ from shardwise.clients.fused_update import (  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Sparse invariant checks:UserWarning")  # torch.optim.Adagrad's
 
-ROOT = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 #: weight tolerance per dtype (rtol = atol): fp32 op-order noise; about two units in the last place otherwise
@@ -372,31 +368,14 @@ def run_triton_cases() -> None:
 
 @pytest.fixture(scope="module", autouse=True)
 def triton_child(request: pytest.FixtureRequest) -> Iterator[subprocess.Popen[str] | None]:
-    """The interpreter subprocess, started with this module's first test so that it runs beside the others (when
-    the interpreter tests are selected and Triton imports); ended here if nothing read it."""
-    wanted = any(item.name.startswith("test_triton_interpreter") for item in request.session.items)
-    if not wanted or importlib.util.find_spec("triton") is None:
-        yield None
-        return
-    path = os.pathsep.join(p for p in (str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    code = "import test_fused_update as t; t.run_triton_cases()"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    yield proc
-    if proc.poll() is None:
-        proc.kill()
-        proc.communicate()
+    yield from interpreter_support.child(request, "test_triton_interpreter", "run_triton_cases")
 
 
 @pytest.fixture(scope="module")
 def triton_results(triton_child: subprocess.Popen[str] | None) -> list[dict[str, Any]]:
-    pytest.importorskip("triton", reason="the Triton backend's tests need Triton (the dev extra installs it)")
-    assert triton_child is not None
-    stdout, stderr = triton_child.communicate(timeout=300)
-    assert triton_child.returncode == 0, stdout + stderr
-    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    return interpreter_support.results(
+        triton_child, "the Triton backend's tests need Triton (the dev extra installs it)"
+    )
 
 
 @pytest.mark.parametrize("opt", list(RowOptimizer))

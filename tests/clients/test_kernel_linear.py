@@ -18,15 +18,13 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
+import interpreter_support
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -53,9 +51,6 @@ from shardwise.wire.spec import (  # noqa: E402
     PlanStatus,
     RankPlan,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 #: rtol per output dtype: two units in the last place (both sides round once; the interpreter truncates bf16);
@@ -139,31 +134,14 @@ def run_interpreter_cases() -> None:
 
 @pytest.fixture(scope="module", autouse=True)
 def interpreter_child(request: pytest.FixtureRequest) -> Iterator[subprocess.Popen[str] | None]:
-    """The interpreter subprocess, started with this module's first test so that it runs beside the others (when
-    the interpreter tests are selected and Triton imports); ended here if nothing read it."""
-    wanted = any(item.name.startswith("test_interpreter") for item in request.session.items)
-    if not wanted or importlib.util.find_spec("triton") is None:
-        yield None
-        return
-    path = os.pathsep.join(p for p in (str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    code = "import test_kernel_linear as t; t.run_interpreter_cases()"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    yield proc
-    if proc.poll() is None:
-        proc.kill()
-        proc.communicate()
+    yield from interpreter_support.child(request, "test_interpreter", "run_interpreter_cases")
 
 
 @pytest.fixture(scope="module")
 def interpreter_results(interpreter_child: subprocess.Popen[str] | None) -> list[dict[str, Any]]:
-    pytest.importorskip("triton", reason="the Triton matmul's tests need Triton (the dev extra installs it)")
-    assert interpreter_child is not None
-    stdout, stderr = interpreter_child.communicate(timeout=300)
-    assert interpreter_child.returncode == 0, stdout + stderr
-    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    return interpreter_support.results(
+        interpreter_child, "the Triton matmul's tests need Triton (the dev extra installs it)"
+    )
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
