@@ -82,3 +82,25 @@ def run(
         results.get(r, {"__error__": f"no answer (timed out, or died: exit code {procs[r].exitcode})"})
         for r in range(world_size)
     ]
+
+
+class Checks:
+    """One rank's named checks, each run to its end whatever it raises: ``checks(name, fn)`` keeps ``fn()`` — with
+    ``lines``, the list of problems it returns joined into one text, "" when it found none — or the traceback of
+    what it raised under ``name`` in :attr:`results`, then waits at a barrier so that every rank has finished the
+    check's collectives before the next one starts. ``only`` names the checks to run (every one when empty)."""
+
+    def __init__(self, only: tuple[str, ...] = (), *, lines: bool = True) -> None:
+        self.only = only
+        self.lines = lines
+        self.results: dict[str, Any] = {}
+
+    def __call__(self, name: str, fn: Callable[[], Any]) -> None:
+        if self.only and name not in self.only:
+            return
+        try:
+            got = fn()
+            self.results[name] = "\n".join(got) if self.lines else got
+        except BaseException:
+            self.results[name] = traceback.format_exc()
+        dist.barrier()

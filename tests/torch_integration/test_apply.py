@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -28,7 +28,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch.distributed as dist  # noqa: E402  (after the importorskip)
-from _dist import run  # noqa: E402
+from _dist import Checks, run  # noqa: E402
 from _fleets import tiny_fleet  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
@@ -643,16 +643,8 @@ def _one_group_check(rank: int, world: int, placement: Placement, feats: dict[st
 
 def worker(rank: int, world: int, only: tuple[str, ...] = ()) -> dict[str, str]:
     """Every check on this rank: name → "" (passed) or what went wrong. ``only`` narrows it when debugging."""
-    results: dict[str, str] = {}
-
-    def guarded(name: str, fn: Callable[[], list[str]]) -> None:
-        if only and name not in only:
-            return
-        try:
-            results[name] = "\n".join(fn())
-        except BaseException:
-            results[name] = traceback.format_exc()
-        dist.barrier()  # every rank finished the scenario's collectives
+    guarded = Checks(only)
+    results: dict[str, str] = guarded.results
 
     for st in ShardingType:
         guarded(st.value, lambda st=st: check_training(rank, world, one_type_plan(world, st), mixed=False))

@@ -20,7 +20,6 @@ batch; an unsharded reference in every process runs the whole batch.
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -28,7 +27,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch.distributed as dist  # noqa: E402
-from _dist import run  # noqa: E402
+from _dist import Checks, run  # noqa: E402
 from test_apply import (  # noqa: E402
     DENSE,
     DLRM,
@@ -230,16 +229,8 @@ def check_refusals(rank: int, world: int) -> dict[str, str]:
 
 def worker(rank: int, world: int, only: tuple[str, ...] = ()) -> dict[str, str]:
     """Every check on this rank: name → "" (passed) or what went wrong. ``only`` narrows it when debugging."""
-    results: dict[str, str] = {}
-
-    def guarded(name: str, fn: Callable[[], list[str]]) -> None:
-        if only and name not in only:
-            return
-        try:
-            results[name] = "\n".join(fn())
-        except BaseException:
-            results[name] = traceback.format_exc()
-        dist.barrier()
+    guarded = Checks(only)
+    results: dict[str, str] = guarded.results
 
     two = plan_2d(TWO_BY_TWO, dense=MIXED_DENSE)
     guarded("fused", lambda: check_training_fused(rank, world, two, FUSED_KINDS))

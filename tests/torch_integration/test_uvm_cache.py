@@ -20,16 +20,13 @@ back and spills — and trained beside the same plan placed ``hbm`` and the unsh
 from __future__ import annotations
 
 import copy
-import traceback
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-import torch.distributed as dist  # noqa: E402  (after the importorskip)
-from _dist import run  # noqa: E402
+from _dist import Checks, run  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
 from shardwise.clients.apply import apply_plan  # noqa: E402
@@ -300,14 +297,8 @@ def check_bad_ways(rank: int, world: int) -> list[str]:
 
 
 def worker(rank: int, world: int) -> dict[str, Any]:
-    results: dict[str, Any] = {}
-
-    def guarded(name: str, fn: Callable[[], Any]) -> None:
-        try:
-            results[name] = fn()
-        except BaseException:
-            results[name] = traceback.format_exc()
-        dist.barrier()
+    guarded = Checks(lines=False)
+    results: dict[str, Any] = guarded.results
 
     for kind in RowOptimizer:
         guarded(kind.value, lambda kind=kind: check_against_hbm(rank, world, kind))
