@@ -391,7 +391,9 @@ def measure_plan(
     device = torch.device(device_name)
     cuda = device.type == "cuda"
     out: dict[str, Any] = {}
-    n_batches = warmup + 5 * steps + 1  # every step its own batch: no batch seen twice, as in training
+    # every step its own batch (no batch seen twice, as in training), for two measurements: the lookups fetching
+    # their misses, then each step prefetching the next batch's (overlapped)
+    n_batches = 2 * (warmup + 5 * steps) + 2
     extra = batch_bytes(m.cfg) * (n_batches - 1)
     if cuda:
         gc.collect()
@@ -441,6 +443,11 @@ def measure_plan(
     before = rig.ebc.cache_stats()
     out |= truth.measure_rig(rig, steps, warmup, device, base)
     after = rig.ebc.cache_stats()
+    if cached:  # the same plan with the prefetch pipeline: each step prefetches the next batch, overlapped
+        rig.prefetch = True
+        with_prefetch = truth.measure_rig(rig, steps, warmup, device, base)
+        rig.prefetch = False
+        out["prefetched"] = {k: with_prefetch[k] for k in ("step_ms", "pipelined_ms", "host_ms", "pipelined_runs_ms")}
     out["hit_rates"] = {
         n: {
             "lookups": after[n].lookups - before[n].lookups,
@@ -568,6 +575,7 @@ def host_access(device: str, small: bool) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from gpu_executor import timed  # type: ignore[import-not-found]  # benchmarks/, put on the path above
 
+    from shardwise.clients.host_memory import device_view
     from shardwise.clients.row_cache import gather_rows
 
     if device != "cuda":
@@ -577,7 +585,7 @@ def host_access(device: str, small: bool) -> dict[str, Any]:
     host = torch.empty((rows, 128), dtype=torch.float32, pin_memory=True)
     host[:, 0] = 1.0  # touched: the pages exist
     try:
-        mapped = _device_view(host)
+        mapped = device_view(host, dev)
     except Exception as e:
         mapped, why = None, f"{type(e).__name__}: {e}"
     for n in (1_000, 10_000, 100_000, 1_000_000):
@@ -595,62 +603,6 @@ def host_access(device: str, small: bool) -> dict[str, Any]:
             f"zero-copy {row['zero_copy_ms']}"
         )
     return {"rows": rows, "cases": out}
-
-
-def _device_view(host: Any) -> Any:
-    """A CUDA tensor over ``host``'s pinned memory (its device pointer from ``cudaHostGetDevicePointer``, or, where
-    no CUDA runtime library is found to ask, the host pointer itself: under unified virtual addressing, every 64-bit
-    Linux CUDA system, the two are the same), kept alive by the host tensor."""
-    import ctypes
-
-    import torch
-
-    ptr = ctypes.c_void_p(host.data_ptr())
-    try:
-        lib = ctypes.CDLL("libcudart.so") if _has("libcudart.so") else ctypes.CDLL(_find_cudart())
-    except OSError:
-        lib = None
-    if lib is not None:
-        err = lib.cudaHostGetDevicePointer(ctypes.byref(ptr), ctypes.c_void_p(host.data_ptr()), 0)
-        if err != 0:
-            raise RuntimeError(f"cudaHostGetDevicePointer returned {err}")
-
-    class _Iface:
-        def __init__(self) -> None:
-            self.__cuda_array_interface__ = {
-                "shape": tuple(host.shape),
-                "typestr": "<f4",
-                "data": (ptr.value, False),
-                "version": 3,
-                "strides": None,
-            }
-
-    view = torch.as_tensor(_Iface(), device="cuda")
-    view._pinned_owner = host  # type: ignore[attr-defined]
-    return view
-
-
-def _has(name: str) -> bool:
-    import ctypes
-
-    try:
-        ctypes.CDLL(name)
-        return True
-    except OSError:
-        return False
-
-
-def _find_cudart() -> str:
-    import glob
-
-    import torch
-
-    base = Path(torch.__file__).resolve().parent.parent
-    found = sorted(glob.glob(str(base / "nvidia" / "cuda_runtime" / "lib" / "libcudart.so*")))
-    found += sorted(glob.glob(str(base / "nvidia" / "cu*" / "lib" / "libcudart.so*")))
-    if not found:
-        raise OSError("no libcudart found")
-    return found[0]
 
 
 # ------------------------------------------------------------------------------------------------ run

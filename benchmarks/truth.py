@@ -255,20 +255,31 @@ class Rig:
     """One configuration built for measuring: the applied model, its collection, the dense optimizer, its batches
     (four unless :func:`build` was asked for more; step ``i`` trains on batch ``i mod len(batches)``, or with
     ``fresh`` set, every call on the next batch whatever ``i``: a stream that repeats no batch while they last, for
-    caches whose hit rate a repeated batch would inflate)."""
+    caches whose hit rate a repeated batch would inflate). With ``prefetch`` set, each step ends with the
+    overlapped prefetch of the next batch's rows (``ebc.prefetch`` of its features as pinned CPU tensors, after the
+    backward: the pipeline ``clients/sharded_embedding.py`` describes)."""
 
     model: Any
     ebc: Any
     opt: Any
     batches: list[Any]
     grads: dict[str, Any]
+    #: each batch's features as pinned CPU tensors (what a data loader hands over), for the prefetch
+    host_features: list[Any] | None = None
     fresh: bool = False
+    prefetch: bool = False
     _next: int = 0
 
     def _batch(self, i: int) -> Any:
         if self.fresh:
             i, self._next = self._next, self._next + 1
         return self.batches[i % len(self.batches)]
+
+    def _upcoming(self, i: int) -> Any:
+        """The features the step after step ``i`` will look up, on the host."""
+        assert self.host_features is not None
+        k = self._next if self.fresh else i + 1
+        return self.host_features[k % len(self.host_features)]
 
     def step(self, i: int) -> None:
         """One training step: forward, loss, backward (the tables update in it), the dense optimizer."""
@@ -277,6 +288,8 @@ class Rig:
         d, f, y = self._batch(i)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(self.model.head(d, self.ebc(f)), y)
         loss.backward()
+        if self.prefetch:
+            self.ebc.prefetch(self._upcoming(i))
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
 
@@ -330,16 +343,22 @@ def build(cfg: Config, device: Any, *, the_plan: Plan | None = None, draw: IdDra
             out: torch.Tensor = self.top(z).squeeze(1)
             return out
 
+    pin = device.type == "cuda"
+    host_features: list[Any] = []
+
     def batch_of(gen: torch.Generator) -> Any:
         dense = torch.randn(cfg.batch, cfg.dense_features, generator=gen).to(device)
         labels = torch.randint(0, 2, (cfg.batch,), generator=gen).float().to(device)
-        feats = {}
+        feats, on_host = {}, {}
         for i, (rows, pool) in enumerate(cfg.tables):
             hi = max(1, round(2 * pool - 1))
             lengths = torch.randint(1, hi + 1, (cfg.batch,), generator=gen)
             n = int(lengths.sum())
             ids = torch.randint(0, rows, (n,), generator=gen) if draw is None else draw(i, rows, n, gen)
-            feats[f"sparse.t{i}"] = (ids.to(device), (torch.cumsum(lengths, 0) - lengths).to(device))
+            offsets = torch.cumsum(lengths, 0) - lengths
+            on_host[f"sparse.t{i}"] = (ids.pin_memory(), offsets.pin_memory()) if pin else (ids, offsets)
+            feats[f"sparse.t{i}"] = (ids.to(device), offsets.to(device))
+        host_features.append(on_host)
         return dense, feats, labels
 
     torch.manual_seed(0)
@@ -358,6 +377,7 @@ def build(cfg: Config, device: Any, *, the_plan: Plan | None = None, draw: IdDra
         opt=torch.optim.Adam(dense, lr=1e-3, fused=fused),
         batches=[batch_of(gen) for _ in range(batches)],
         grads={f"sparse.t{i}": torch.randn(cfg.batch, cfg.dim, device=device) for i in range(len(cfg.tables))},
+        host_features=host_features,
     )
 
 

@@ -53,8 +53,10 @@ plan fails the same way on every rank instead of hanging one of them. Then, in p
 Gradient convention: every parameter receives the gradient of the **mean over ranks** of the local losses (DDP's),
 so with equal local batches and a mean-reduced loss the sharded model's gradients equal the unsharded model's on
 the global batch. Placements (see :mod:`shardwise.clients.sharded_embedding`, "Placements"): ``hbm`` weights live on
-the device; ``host`` shards on an accelerator stay in CPU memory; ``uvm_cache`` shards keep their weights in host
-memory behind an LRU row cache on the device (with an embedding optimizer; without one, in CPU memory as ``host``).
+the device; ``host`` shards keep their weights in host memory, read and written by the device's kernels zero-copy
+(with an embedding optimizer on CUDA; otherwise, or with ``host_access="cpu"``, looked up by the CPU); ``uvm_cache``
+shards keep their weights in host memory behind an LRU row cache on the device (with an embedding optimizer;
+without one, in CPU memory as ``host``).
 
 **2D plans** (``plan.sparse_groups``): the tables are sharded inside each group of ranks and replicated across the
 groups. :func:`apply_plan` builds a 2-D ``DeviceMesh`` ``("replica", "shard")`` from the plan's group lists, runs
@@ -91,7 +93,7 @@ from shardwise.clients.plan_check import TP_STYLES, Checked, PlanMismatchError, 
 from shardwise.clients.replicas import build_layout
 from shardwise.clients.row_cache import CACHE_WAYS
 from shardwise.clients.shard_groups import plan_groups
-from shardwise.clients.sharded_embedding import ShardedEmbeddingBag, average_grad_hook
+from shardwise.clients.sharded_embedding import HOST_ACCESS, ShardedEmbeddingBag, average_grad_hook
 from shardwise.wire.spec import (
     DensePlan,
     DenseStyle,
@@ -363,6 +365,7 @@ def apply_plan(
     embedding_optimizer: UpdateConfig | Mapping[str, UpdateConfig] | None = None,
     cache_ways: int = CACHE_WAYS,
     dense_kernels: bool = True,
+    host_access: str = "zero_copy",
 ) -> nn.Module:
     """Shard ``module`` in place exactly as ``plan`` says and return it (see the module docstring).
 
@@ -375,6 +378,10 @@ def apply_plan(
     cost model priced; False keeps every ``nn.Linear`` on ``torch.matmul``. Measured on one H200
     (``docs/kernels.md``), cuBLAS ran the same GEMMs in 0.78 of the chosen Triton configuration's time (bf16/fp16;
     0.40 in fp8): False is faster there, and the plan's dense figures then run high by about that much.
+    ``host_access``: how a CUDA executor reaches the rows of ``host`` shards with an embedding optimizer —
+    ``"zero_copy"`` (the device's kernels read and write pinned host memory in place,
+    :mod:`shardwise.clients.host_memory`; the cost model's pricing) or ``"cpu"`` (the CPU gathers and updates the
+    rows, the pooled rows cross to the device). Zero-copy measured 4–8× faster on an H200 (``docs/truth.md``).
 
     Raises :class:`PlanMismatchError` (a ``ValueError``) before any collective when the plan does not fit.
     """
@@ -391,6 +398,8 @@ def apply_plan(
     if two_d:
         raise PlanMismatchError(two_d)
     dev = torch.device(device) if device is not None else _default_device(group)
+    if host_access not in HOST_ACCESS:
+        raise ValueError(f"host_access must be one of {', '.join(HOST_ACCESS)}, got {host_access!r}")
 
     planned = [t.name for t in plan.tables] + [d.name for d, _ in checked.dense]  # less compute-only entries
     wrapped, loose = _uncovered(module, planned)
@@ -408,7 +417,8 @@ def apply_plan(
             continue
         for i, s in enumerate(tp.shards):
             if s.rank == rank:
-                where = torch.device("cpu") if s.placement is Placement.host and dev.type != "cpu" else dev
+                on_cpu = s.placement is Placement.host and dev.type != "cpu" and host_access == "cpu"
+                where = torch.device("cpu") if on_cpu else dev
                 local.append((tp.name, i, s, bag.weight.dtype, where, update))
     if cache_ways < 1:
         raise ValueError(f"cache_ways must be at least 1, got {cache_ways}")
@@ -428,6 +438,7 @@ def apply_plan(
             fleet_group=group if layout is not None else None,
             replicas=replicas,
             grad_scale=layout.grad_scale() if layout is not None else None,
+            host_access=host_access,
         )
         if sharded.data_parallel and bag.weight.is_meta:
             with torch.no_grad():

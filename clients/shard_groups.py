@@ -25,6 +25,11 @@ the device. Their lookup fetches the batch's rows into the cache and pools the c
 same fused update on a compact copy of the batch's distinct rows and their state (ids renumbered in row order, so
 the arithmetic is the uncached group's) and writes it back, the rows into the cache (marked dirty).
 
+``host`` shards on CUDA form **mapped groups** (``GroupKey.mapped``): the weight and the per-weight state in pinned
+host memory, the row-wise state on the device, and the group holds the host memory's device views
+(:mod:`shardwise.clients.host_memory`): its lookup and fused update are an hbm group's, their kernels reading and
+writing the rows in host memory across the host link (zero-copy) — FBGEMM's ``UVM`` / ``HOST_MAPPED`` tables.
+
 ``SHARDWISE_FUSED_BACKEND`` (``auto``, ``torch`` or ``triton``; default ``auto``: Triton on CUDA tensors) picks the
 update's backend, read at each backward: the pure-torch one is the reference the Triton kernel is checked against.
 
@@ -53,6 +58,7 @@ from shardwise.clients.fused_update import (
     init_state,
     pooled_sum,
 )
+from shardwise.clients.host_memory import device_view, pinned_empty, pinned_zeros
 from shardwise.clients.replicas import Replicas
 from shardwise.clients.row_cache import CACHE_WAYS, Fetched, RowCache, cache_slots, gather_rows, scatter_rows
 from shardwise.wire.spec import Placement, ShardPlan
@@ -78,6 +84,9 @@ class GroupKey:
     config: UpdateConfig
     #: uvm_cache shards: weights in host memory, an LRU cache of them on ``device`` (:mod:`shardwise.clients.row_cache`)
     cached: bool = False
+    #: host shards on CUDA: weights in pinned host memory that the lookup and the update read and write zero-copy
+    #: (:mod:`shardwise.clients.host_memory`)
+    mapped: bool = False
 
 
 @dataclass(eq=False)
@@ -85,7 +94,10 @@ class ShardGroup:
     """One ``(R, C)`` weight holding several shards' rows, its optimizer state, and the update counter.
 
     A cached group (``key.cached``) keeps ``weight`` — the store — and the per-weight state in host memory (pinned on
-    CUDA), row-wise state on ``key.device``, and ``cache``, the rows' cache on ``key.device``.
+    CUDA), row-wise state on ``key.device``, and ``cache``, the rows' cache on ``key.device``; ``views`` holds the
+    device views of its host-memory state on CUDA (what the update reads and writes). A mapped group
+    (``key.mapped``) keeps its weight and per-weight state in pinned host memory and holds their device views as
+    ``weight`` and ``state``: it is looked up and updated as an hbm group is, every row access crossing the host link.
     """
 
     key: GroupKey
@@ -97,6 +109,8 @@ class ShardGroup:
     #: a zero-size tensor that needs a gradient: it makes autograd call the group lookup's backward (the update)
     trigger: Tensor = field(default_factory=lambda: torch.empty(0, requires_grad=True))
     cache: RowCache | None = None
+    #: a cached group's state as the update reaches it: device views of the host-memory state on CUDA
+    views: dict[str, Tensor] = field(default_factory=dict)
     #: 2D plans: the replica set that holds the same group on the other replica groups, and how it syncs
     #: (:mod:`shardwise.clients.replicas`); None for a 1D plan
     replicas: Replicas | None = None
@@ -150,6 +164,9 @@ def plan_groups(
     ``device`` is CUDA, and a :class:`~shardwise.clients.row_cache.RowCache` on ``device`` of
     ``Σ cache_slots(rows, cache_fraction, cache_ways)`` slots over the group's shards.
 
+    ``host`` shards on CUDA form mapped groups (``GroupKey.mapped``): the weight in pinned host memory, held as its
+    device view.
+
     ``replicas`` (2D plans): every group syncs with the same groups of the other replicas in its update
     (:class:`_GroupLookup`); the caller lists the shards in the same order on every replica, so that a group's row
     numbers mean the same rows on all of them. Cached groups do not sync (apply_plan refuses uvm_cache in 2D).
@@ -160,7 +177,8 @@ def plan_groups(
     place: dict[tuple[str, int], tuple[GroupKey, int]] = {}
     for table, i, shard, dtype, device, config in shards:
         cached = shard.placement is Placement.uvm_cache
-        key = GroupKey(device, dtype, shard.num_cols, config, cached)
+        mapped = shard.placement is Placement.host and device.type == "cuda"
+        key = GroupKey(device, dtype, shard.num_cols, config, cached, mapped)
         base = rows.get(key, 0)
         place[(table, i)] = (key, base)
         rows[key] = base + shard.num_rows
@@ -168,7 +186,11 @@ def plan_groups(
             slots[key] = slots.get(key, 0) + cache_slots(shard.num_rows, shard.cache_fraction or 0.0, cache_ways)
             segments.setdefault(key, []).append((table, base, shard.num_rows))
     groups = {
-        key: _cached_group(key, n, slots[key], cache_ways, segments[key]) if key.cached else _group(key, n, replicas)
+        key: _cached_group(key, n, slots[key], cache_ways, segments[key])
+        if key.cached
+        else _mapped_group(key, n)
+        if key.mapped
+        else _group(key, n, replicas)
         for key, n in rows.items()
     }
     return ShardStorage({k: (groups[g], base) for k, (g, base) in place.items()})
@@ -184,21 +206,42 @@ def _group(key: GroupKey, rows: int, replicas: Replicas | None = None) -> ShardG
     )
 
 
+def _host_state(key: GroupKey, rows: int) -> dict[str, Tensor]:
+    """A host-memory group's optimizer state: row-wise state on the device, per-weight state in host memory (pinned
+    on CUDA) — FBGEMM's rules for a managed table, the cost model's ``s_dev`` / ``s_uvm``."""
+    optimizer = key.config.optimizer
+    if optimizer is RowOptimizer.rowwise_adagrad:
+        return init_state(optimizer, rows, key.num_cols, key.device)
+    # allocated pinned in place: a copy into pinned memory would hold the state twice for a moment
+    shapes = init_state(optimizer, rows, key.num_cols, "meta")
+    return {name: pinned_zeros(tuple(t.shape), t.dtype, key.device) for name, t in shapes.items()}
+
+
+def _on_device(t: Tensor, device: torch.device) -> Tensor:
+    """``t`` as the device's kernels reach it: a zero-copy view of pinned host memory on CUDA, else ``t``."""
+    return device_view(t, device) if device.type == "cuda" and t.device.type == "cpu" else t
+
+
 def _cached_group(
     key: GroupKey, rows: int, slots: int, ways: int, segments: Sequence[tuple[str, int, int]]
 ) -> ShardGroup:
-    """The store and the per-weight state in host memory, the row-wise state on the device (FBGEMM's rules, the
-    cost model's ``s_dev`` / ``s_uvm``), the cache on the device."""
-    pin = key.device.type == "cuda"
-    store = torch.empty((rows, key.num_cols), dtype=key.dtype, pin_memory=pin)
-    optimizer = key.config.optimizer
-    if optimizer is RowOptimizer.rowwise_adagrad:
-        state = init_state(optimizer, rows, key.num_cols, key.device)
-    else:  # allocated pinned in place: a copy into pinned memory would hold the state twice for a moment
-        shapes = init_state(optimizer, rows, key.num_cols, "meta")
-        state = {name: torch.zeros(t.shape, dtype=t.dtype, pin_memory=pin) for name, t in shapes.items()}
+    """The store and the per-weight state in host memory, the row-wise state on the device, the cache on the
+    device."""
+    store = pinned_empty((rows, key.num_cols), key.dtype, key.device)
+    state = _host_state(key, rows)
     cache = RowCache(store, slots=slots, ways=ways, device=key.device, segments=segments)
-    return ShardGroup(key, store, state, trigger=torch.empty(0, device=key.device, requires_grad=True), cache=cache)
+    views = {name: _on_device(t, key.device) for name, t in state.items()}
+    trigger = torch.empty(0, device=key.device, requires_grad=True)
+    return ShardGroup(key, store, state, trigger=trigger, cache=cache, views=views)
+
+
+def _mapped_group(key: GroupKey, rows: int) -> ShardGroup:
+    """The weight and the per-weight state in pinned host memory, held as their device views (zero-copy), the
+    row-wise state on the device."""
+    store = pinned_empty((rows, key.num_cols), key.dtype, key.device)
+    state = {name: _on_device(t, key.device) for name, t in _host_state(key, rows).items()}
+    trigger = torch.empty(0, device=key.device, requires_grad=True)
+    return ShardGroup(key, _on_device(store, key.device), state, trigger=trigger)
 
 
 class _GroupLookup(torch.autograd.Function):
@@ -285,12 +328,13 @@ class _CachedGroupLookup(torch.autograd.Function):
             group.steps[t] = step
         with torch.no_grad():
             weight = cache.weight.index_select(0, slots_u)
-            state = {name: gather_rows(t, rows_u, group.device) for name, t in group.state.items()}
+            views = group.views or group.state
+            state = {name: gather_rows(t, rows_u, group.device) for name, t in views.items()}
             backend = os.environ.get("SHARDWISE_FUSED_BACKEND", "auto")
             fused_backward_update(weight, state, inverse, bags, grad, group.key.config, step=step, backend=backend)
             cache.weight.index_copy_(0, slots_u, weight)
             cache.mark_dirty(slots_u)
-            for name, t in group.state.items():
+            for name, t in views.items():
                 scatter_rows(t, rows_u, state[name])
         if ctx.hold is not None:
             ctx.hold.release()

@@ -69,8 +69,15 @@ scales by ``grad_scale`` instead (``1/fleet`` then a sum over the replica set, o
 
 Placements
 ----------
-``hbm`` shards live on the executor's device. ``host`` shards stay in CPU memory when the device is an accelerator:
-their lookups run on the CPU and only the pooled rows (and their gradients) cross to the device.
+``hbm`` shards live on the executor's device. ``host`` shards with an embedding optimizer on a CUDA executor live in
+pinned host memory that the device's kernels read and write in place (zero-copy,
+:mod:`shardwise.clients.host_memory`): they form *mapped groups* (:mod:`shardwise.clients.shard_groups`), looked up
+and updated as hbm groups are, every row access crossing the host link; row-wise optimizer state (rowwise_adagrad's)
+on the device, per-weight state in host memory too — FBGEMM's rules for a managed table, the cost model's. The
+tables' ``weights[j]`` are then CUDA tensors over host memory (``torch.cuda.memory_allocated`` does not count them).
+Otherwise — ``apply_plan(host_access="cpu")``, no embedding optimizer, or data_parallel — ``host`` shards stay in
+CPU memory: their lookups run on the CPU and only the pooled rows (and their gradients) cross to the device. The
+zero-copy way measured 4–8× faster than the CPU's gather and copy on an H200 (``docs/truth.md``).
 
 ``uvm_cache`` shards with an embedding optimizer keep their weights in host memory behind a cache on the device
 (:mod:`shardwise.clients.row_cache`; FBGEMM's ``MANAGED_CACHING``, which TorchRec runs through
@@ -101,10 +108,15 @@ their lookups run on the CPU and only the pooled rows (and their gradients) cros
           dense_optimizer.step()
 
   A prefetch is correct anywhere in a step, even between a forward and its backward (that forward's rows are
-  locked, so the prefetch places around them). Results do not depend on it: the same steps with or without
-  prefetches give the same weights and the same counters. On CUDA a fetch synchronises (its sizes depend on the
-  data, and the CPU gathers the missed rows from the pinned store) and runs on the current stream: the prefetch
-  is not yet overlapped with the previous step's compute on a side stream, and a step that looks up cached shards
+  locked, so the prefetch places around them). On CUDA it is **overlapped** by default: it runs on a side stream
+  that waits for the step's lookup but not for its backward and update, so the next batch's misses come in (read
+  from host memory zero-copy) while the device finishes the step — call it after ``loss.backward()`` with the next
+  batch as CPU tensors (device tensors make it wait for everything queued before it); the next call waits for it
+  (:mod:`shardwise.clients.row_cache`, "Overlapped prefetch"). ``prefetch(..., overlap=False)`` runs it in order
+  on the current stream. Weights do not depend on prefetches: the same steps with or without them give the same
+  weights; an in-order prefetch also gives the same counters, an overlapped one can evict other rows (it keeps the
+  rows of the step in flight whether or not their update has finished) and so count differently. A fetch
+  synchronises the host with its stream (its sizes depend on the data), so a step that looks up cached shards
   cannot be captured into a CUDA graph;
 * **counters**: :meth:`ShardedEmbeddingBagCollection.cache_stats` gives this rank's
   :class:`~shardwise.clients.row_cache.CacheStats` per table — ``lookups``, ``hits``, ``unique_misses``,
@@ -136,7 +148,8 @@ collective); ids outside ``[0, num_embeddings)`` raise on the rank that holds th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,11 +169,12 @@ from shardwise.clients.exchange import (
 from shardwise.clients.fused_update import UpdateConfig, init_state
 from shardwise.clients.optim import RowWiseAdagrad
 from shardwise.clients.replicas import Replicas
-from shardwise.clients.row_cache import CacheStats
+from shardwise.clients.row_cache import CacheStats, RowCache, overlapped_prefetch
 from shardwise.clients.shard_groups import ShardGroup, fused_data_parallel_hook
 from shardwise.wire.spec import Placement, ShardingType, ShardPlan
 
 __all__ = [
+    "HOST_ACCESS",
     "CacheStats",
     "Routed",
     "RowWiseAdagrad",
@@ -172,6 +186,8 @@ __all__ = [
 Features = Mapping[str, tuple[Tensor, Tensor | None] | Tensor]
 #: where a shard's weight comes from: (shard index, shard, dtype, device) → a view into a group, or None (allocate)
 Allocator = Callable[[int, ShardPlan, torch.dtype, torch.device], Tensor | None]
+#: how a CUDA executor reaches ``host`` shards' rows (module docstring, "Placements")
+HOST_ACCESS = ("zero_copy", "cpu")
 
 
 def _replica_sum_hook(replicas: Replicas) -> Any:
@@ -267,8 +283,11 @@ class ShardedEmbeddingBag(nn.Module):
         fleet_group: dist.ProcessGroup | None = None,
         replicas: Replicas | None = None,
         grad_scale: float | None = None,
+        host_access: str = "zero_copy",
     ) -> None:
         super().__init__()
+        if host_access not in HOST_ACCESS:
+            raise ValueError(f"host_access must be one of {', '.join(HOST_ACCESS)}, got {host_access!r}")
         if mode not in ("sum", "mean"):
             raise ValueError(f"table {name}: pooling mode {mode!r} is not supported (sum or mean)")
         self.name = name
@@ -278,6 +297,7 @@ class ShardedEmbeddingBag(nn.Module):
         self.mode = mode
         self.include_last_offset = include_last_offset
         self.dtype = dtype
+        self.host_access = host_access
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.group: dist.ProcessGroup = process_group if process_group is not None else dist.group.WORLD  # type: ignore[assignment]
         self.world_size = dist.get_world_size(self.group)
@@ -377,10 +397,16 @@ class ShardedEmbeddingBag(nn.Module):
             total = total + g.cache.stats().get(self.name, CacheStats())
         return total
 
-    def prefetch(self, ids: Tensor, offsets: Tensor | None = None) -> None:
-        """Bring the rows of the next batch of this table into its caches ahead of the step (module docstring); a
-        collective at world size > 1, like the call it prepares."""
-        with torch.no_grad():
+    def row_caches(self) -> list[RowCache]:
+        """The caches of this rank's cached shards of the table."""
+        return [g.cache for g in self._caches() if g.cache is not None]
+
+    def prefetch(self, ids: Tensor, offsets: Tensor | None = None, *, overlap: bool | None = None) -> None:
+        """Bring the rows of the next batch of this table into its caches ahead of the step (module docstring,
+        "Placements"; ``overlap`` as :meth:`ShardedEmbeddingBagCollection.prefetch`); a collective at world size
+        > 1, like the call it prepares."""
+        inputs = [ids] if offsets is None else [ids, offsets]
+        with torch.no_grad(), _prefetching(self.row_caches(), self.device, inputs, overlap):
             pooled_lookup([self], {self.name: self.normalise(ids, offsets)}, prefetch=True)
 
     @classmethod
@@ -399,6 +425,7 @@ class ShardedEmbeddingBag(nn.Module):
         fleet_group: dist.ProcessGroup | None = None,
         replicas: Replicas | None = None,
         grad_scale: float | None = None,
+        host_access: str = "zero_copy",
     ) -> ShardedEmbeddingBag:
         """Shard an existing ``nn.EmbeddingBag`` (its weights are copied; a meta weight is initialised N(0, 1))."""
         return cls(
@@ -419,12 +446,15 @@ class ShardedEmbeddingBag(nn.Module):
             fleet_group=fleet_group,
             replicas=replicas,
             grad_scale=grad_scale,
+            host_access=host_access,
         )
 
     def _shard_device(self, shard: ShardPlan) -> torch.device:
-        """host shards, and uvm_cache shards without an embedding optimizer (no cache then), stay in CPU memory."""
-        off_device = shard.placement is Placement.host or (
-            shard.placement is Placement.uvm_cache and (self.update is None or self.data_parallel)
+        """host shards looked up by the CPU, and uvm_cache shards without an embedding optimizer (no cache then), stay
+        in CPU memory; host shards grouped zero-copy are device views of host memory (their group makes them)."""
+        grouped = self.update is not None and not self.data_parallel
+        off_device = (shard.placement is Placement.host and not (grouped and self.host_access == "zero_copy")) or (
+            shard.placement is Placement.uvm_cache and not grouped
         )
         if off_device and self.device.type != "cpu":
             return torch.device("cpu")
@@ -562,6 +592,8 @@ class ShardedEmbeddingBag(nn.Module):
     def forward(self, ids: Tensor, offsets: Tensor | None = None, per_sample_weights: Tensor | None = None) -> Tensor:
         if per_sample_weights is not None:
             raise ValueError(f"table {self.name}: per_sample_weights are not supported")
+        for c in self.row_caches():  # what an overlapped prefetch made (routing included) is ready
+            c.join()
         return pooled_lookup([self], {self.name: self.normalise(ids, offsets)})[self.name]
 
     @torch.no_grad()
@@ -634,14 +666,22 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 out[name] = found
         return out
 
-    def prefetch(self, features: Features) -> None:
+    def prefetch(self, features: Features, *, overlap: bool | None = None) -> None:
         """Bring the rows ``features`` will look up into the caches of the uvm_cache shards, ahead of the call
         that looks them up (module docstring, "Placements"): every rank calls it with its next batch (a collective
-        at world size > 1: the ids are exchanged as the call itself will exchange them). Nothing is returned."""
+        at world size > 1: the ids are exchanged as the call itself will exchange them). Nothing is returned.
+
+        ``overlap`` (default: on CUDA): run it beside the step in flight, on a side stream that does not wait for
+        that step's backward (:func:`~shardwise.clients.row_cache.overlapped_prefetch`); pass ``features`` as CPU
+        tensors for it to overlap (device tensors make it wait for the current stream). False: on the current
+        stream, in order."""
         unknown = sorted(set(features) - set(self._by_name))
         if unknown:
             raise KeyError(f"no sharded table named {', '.join(unknown)}")
-        with torch.no_grad():
+        caches = [c for name in features for c in self._by_name[name].row_caches()]
+        given = [t for v in features.values() for t in (v if isinstance(v, tuple) else (v,)) if t is not None]
+        device = self._by_name[self.names[0]].device
+        with torch.no_grad(), _prefetching(caches, device, given, overlap):
             if self._one_group is not None and len(features) == len(self._by_name):
                 one_group_lookup(self._one_group, self._by_name, features, prefetch=True)
                 return
@@ -660,6 +700,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
         unknown = sorted(set(features) - set(self._by_name))
         if unknown:
             raise KeyError(f"no sharded table named {', '.join(unknown)}")
+        for name in features:  # what an overlapped prefetch made (routing included) is ready
+            for c in self._by_name[name].row_caches():
+                c.join()
         if self._one_group is not None and len(features) == len(self._by_name):
             return one_group_lookup(self._one_group, self._by_name, features)
         inputs: dict[str, tuple[Tensor, Tensor]] = {}
@@ -667,3 +710,18 @@ class ShardedEmbeddingBagCollection(nn.Module):
             ids, offsets = value if isinstance(value, tuple) else (value, None)
             inputs[name] = self._by_name[name].normalise(ids, offsets)
         return pooled_lookup([self._by_name[n] for n in inputs], inputs)
+
+
+@contextlib.contextmanager
+def _prefetching(
+    caches: Sequence[RowCache], device: torch.device, inputs: Sequence[Tensor], overlap: bool | None
+) -> Iterator[None]:
+    """A prefetch's context: overlapped (:func:`~shardwise.clients.row_cache.overlapped_prefetch`) when ``overlap``
+    is True, or None on CUDA; else in order on the current stream."""
+    if overlap is None:
+        overlap = device.type == "cuda"
+    if not overlap or not caches:
+        yield
+        return
+    with overlapped_prefetch(caches, device, inputs):
+        yield

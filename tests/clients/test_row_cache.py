@@ -14,7 +14,13 @@ torch = pytest.importorskip("torch")
 from torch import Tensor  # noqa: E402  (after the importorskip)
 
 from shardwise.clients.fused_update import RowOptimizer, UpdateConfig  # noqa: E402
-from shardwise.clients.row_cache import CACHE_WAYS, CacheStats, RowCache, cache_slots  # noqa: E402
+from shardwise.clients.row_cache import (  # noqa: E402
+    CACHE_WAYS,
+    CacheStats,
+    RowCache,
+    cache_slots,
+    overlapped_prefetch,
+)
 from shardwise.clients.shard_groups import plan_groups  # noqa: E402
 from shardwise.solver import cost_model  # noqa: E402
 from shardwise.wire.spec import (  # noqa: E402
@@ -145,6 +151,40 @@ def test_a_prefetched_row_counts_as_a_miss_for_its_lookup_once() -> None:
     cache.fetch(ids(1, 2, 2), lock=False)
     cache.fetch(ids(1), lock=False)
     assert cache.stats()["t"] == CacheStats(lookups=4, hits=1, unique_misses=2)
+
+
+def test_an_overlapped_prefetch_keeps_the_rows_the_last_lookup_locked() -> None:
+    """The rows of the step in flight stay although their update has released them: an overlapped prefetch cannot
+    know whether it ran; an in-order prefetch evicts them as plain LRU victims."""
+    for overlap in (True, False):
+        cache = make(slots=4, ways=4)  # one set of four ways
+        step = cache.fetch(ids(0, 1), lock=True)  # the lookup of the step in flight
+        assert step.hold is not None
+        step.hold.release()  # its update ran (or not: the overlapped prefetch must not care)
+        cache.fetch(ids(0, 1), lock=False)  # ...used again: 0 and 1 are the most recently used
+        if overlap:
+            with overlapped_prefetch([cache], CPU, []):
+                cache.fetch(ids(2, 3, 4, 5), lock=False, prefetch=True)
+            assert cached(cache) == {0, 1, 2, 3}  # 4 and 5 found no free way: left for their lookup
+            assert cache.weight.shape[0] == cache.slots  # and no spill slot was made for them
+        else:
+            cache.fetch(ids(2, 3, 4, 5), lock=False, prefetch=True)
+            assert cached(cache) == {2, 3, 4, 5}  # in order: 0 and 1 are unlocked, so LRU victims
+        assert not cache.overlap  # the mode ends with the block
+        got = cache.fetch(ids(4, 5), lock=False)
+        assert torch.equal(cache.weight[got.slots], cache.store[ids(4, 5)])
+
+
+def test_an_overlapped_prefetch_writes_back_the_dirty_rows_it_evicts() -> None:
+    cache = make(slots=2, ways=2)
+    got = cache.fetch(ids(2, 4), lock=False)  # no lookup locks them
+    cache.weight[got.slots_u] = -3.0
+    cache.mark_dirty(got.slots_u)
+    with overlapped_prefetch([cache], CPU, []):
+        cache.fetch(ids(6, 8), lock=False, prefetch=True)
+    assert cached(cache) == {6, 8}
+    assert torch.equal(cache.store[ids(2, 4)], torch.full((2, 3), -3.0))
+    assert cache.stats()["t"] == CacheStats(lookups=2, unique_misses=4, evictions=2, write_backs=2)
 
 
 def test_counters_are_kept_per_table() -> None:

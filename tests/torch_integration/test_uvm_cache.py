@@ -13,7 +13,11 @@ back and spills — and trained beside the same plan placed ``hbm`` and the unsh
   state is per band, as FBGEMM keeps it, so that table is compared with hbm alone);
 * the counters: misses, evictions, write-backs and spills all happened, and lookups count every id the shards
   served (at world 1: every id of the batches);
-* the same steps with a prefetch before every step: the same weights and the same counters as without;
+* the same steps with a prefetch before every step: the same weights and the same counters as without; with an
+  overlapped prefetch (the mode the side stream runs on CUDA, here without a stream) after every backward and one
+  between a forward and its backward: the same weights, every id looked up;
+* on a GPU (skipped without one): the cache against hbm with an overlapped prefetch of every next batch (CPU
+  tensors, a side stream), and ``host`` shards read and written zero-copy against hbm.
 * ``state_dict()`` equals the hbm model's; ``load_state_dict`` of another state replaces what the cache held.
 """
 
@@ -253,6 +257,38 @@ def check_prefetch_changes_nothing(rank: int, world: int) -> list[str]:
     return errors
 
 
+def check_overlapped_prefetch(rank: int, world: int) -> list[str]:
+    """The same steps with an overlapped prefetch of each next batch (one between a forward and its backward):
+    the same weights and the same lookups as without (the evictions may differ: module docstring)."""
+    errors: list[str] = []
+    torch.manual_seed(3)
+    base = Tables()
+    config = UpdateConfig(RowOptimizer.rowwise_adagrad, lr=0.1)
+    plan = plan_for(world, Placement.uvm_cache)
+    plain = apply_plan(copy.deepcopy(base), plan, embedding_optimizer=config, cache_ways=WAYS)
+    piped = apply_plan(copy.deepcopy(base), plan, embedding_optimizer=config, cache_ways=WAYS)
+    e_plain = ShardedEmbeddingBagCollection.from_module(plain)
+    e_piped = ShardedEmbeddingBagCollection.from_module(piped)
+    feats = batches(world, seed=700)[1][rank]
+    for step in range(STEPS):
+        next_feats = batches(world, seed=701 + step)[1][rank]
+        loss_of(e_plain(feats)).backward()
+        loss_piped = loss_of(e_piped(feats))
+        if step == 1:  # while this step's rows wait for their update
+            e_piped.prefetch(next_feats, overlap=True)
+        loss_piped.backward()
+        if step != 1:
+            e_piped.prefetch(next_feats, overlap=True)
+        feats = next_feats
+    got, want = stats_of(piped), stats_of(plain)
+    if {n: s.lookups for n, s in got.items()} != {n: s.lookups for n, s in want.items()}:
+        errors.append(f"lookups differ with an overlapped prefetch: {got} vs {want}")
+    for fqn in TABLES:
+        if not torch.equal(table(plain, fqn).full_tensor(), table(piped, fqn).full_tensor()):
+            errors.append(f"{fqn}: weights differ with an overlapped prefetch")
+    return errors
+
+
 def check_state_dict(rank: int, world: int) -> list[str]:
     errors: list[str] = []
     torch.manual_seed(2)
@@ -303,6 +339,7 @@ def worker(rank: int, world: int) -> dict[str, Any]:
     for kind in RowOptimizer:
         guarded(kind.value, lambda kind=kind: check_against_hbm(rank, world, kind))
     guarded("prefetch", lambda: check_prefetch_changes_nothing(rank, world))
+    guarded("overlapped", lambda: check_overlapped_prefetch(rank, world))
     guarded("state_dict", lambda: check_state_dict(rank, world))
     guarded("bad_ways", lambda: check_bad_ways(rank, world))
     return results
@@ -356,6 +393,12 @@ def test_prefetching_each_batch_changes_neither_weights_nor_counters(world: int)
 
 
 @pytest.mark.parametrize("world", [1, 2])
+def test_an_overlapped_prefetch_of_each_next_batch_changes_no_weight(world: int) -> None:
+    errors = [f"rank {r}: {e}" for r, errs in enumerate(outcome(world, "overlapped")) for e in errs]
+    assert not errors, "\n".join(errors)
+
+
+@pytest.mark.parametrize("world", [1, 2])
 def test_state_dict_reads_through_the_cache_and_loading_replaces_it(world: int) -> None:
     errors = [f"rank {r}: {e}" for r, errs in enumerate(outcome(world, "state_dict")) for e in errs]
     assert not errors, "\n".join(errors)
@@ -387,10 +430,12 @@ def check_on_cuda(rank: int, world: int, kind: RowOptimizer) -> list[str]:
     for step in range(STEPS):
         feats = {k: (i.to(device), o.to(device)) for k, (i, o) in batches(world, seed=300 + step)[1][rank].items()}
         if step == 3:
-            e_uvm.prefetch(feats)
+            e_uvm.prefetch(feats, overlap=False)
         out_h, out_u = e_hbm(feats), e_uvm(feats)
         loss_of(out_h).backward()
         loss_of(out_u).backward()
+        if step in (0, 1):  # the next batch's misses on the side stream, beside this step's update (CPU tensors)
+            e_uvm.prefetch(batches(world, seed=300 + step + 1)[1][rank])
         for fqn in TABLES:
             if not torch.allclose(out_u[fqn], out_h[fqn], atol=ATOL, rtol=1e-5):
                 errors.append(f"{kind.value} step {step}: {fqn} forward differs from hbm on cuda")
@@ -408,4 +453,49 @@ def check_on_cuda(rank: int, world: int, kind: RowOptimizer) -> list[str]:
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_a_tiny_cache_on_cuda_trains_like_hbm(optimizer: str) -> None:
     (errors,) = run(check_on_cuda, 1, RowOptimizer(optimizer), backend="nccl")
+    assert errors == [], errors
+
+
+def check_host_on_cuda(rank: int, world: int, kind: RowOptimizer) -> list[str]:
+    """``host`` shards on a GPU: weights (and per-weight state) in pinned host memory that the lookup and the
+    update reach zero-copy, against ``hbm`` on the same device; the GPU's allocator holds none of their weights."""
+    from shardwise.clients.host_memory import is_mapped
+
+    errors: list[str] = []
+    device = torch.device("cuda", 0)
+    torch.manual_seed(0)
+    ref = Tables()
+    config = UpdateConfig(kind, lr=LR[kind])
+    hbm = apply_plan(copy.deepcopy(ref), plan_for(world, Placement.hbm), device=device, embedding_optimizer=config)
+    before = torch.cuda.memory_allocated(device)
+    host = apply_plan(copy.deepcopy(ref), plan_for(world, Placement.host), device=device, embedding_optimizer=config)
+    grew = torch.cuda.memory_allocated(device) - before
+    weights = sum(r * d * 4 for r, d, _ in TABLES.values())
+    if grew >= weights:
+        errors.append(f"{kind.value}: the allocator grew by {grew} B, the tables' weights are {weights} B")
+    for fqn in TABLES:
+        for w in table(host, fqn).weights:
+            if w.device.type != "cuda" or not is_mapped(w):
+                errors.append(f"{kind.value}: {fqn} weight is not host memory mapped for the GPU ({w.device})")
+    e_hbm = ShardedEmbeddingBagCollection.from_module(hbm)
+    e_host = ShardedEmbeddingBagCollection.from_module(host)
+    for step in range(STEPS):
+        feats = {k: (i.to(device), o.to(device)) for k, (i, o) in batches(world, seed=400 + step)[1][rank].items()}
+        out_h, out_x = e_hbm(feats), e_host(feats)
+        loss_of(out_h).backward()
+        loss_of(out_x).backward()
+        for fqn in TABLES:
+            if not torch.equal(out_x[fqn], out_h[fqn]):
+                errors.append(f"{kind.value} step {step}: {fqn} forward differs from hbm (host, zero-copy)")
+    for fqn in TABLES:
+        got, want = table(host, fqn).full_tensor(), table(hbm, fqn).full_tensor()
+        if not torch.equal(got.cpu(), want.cpu()):
+            errors.append(f"{kind.value}: {fqn} weights differ from hbm (host, zero-copy): {(got - want).abs().max()}")
+    return errors
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_host_shards_read_and_written_zero_copy_train_like_hbm(optimizer: str) -> None:
+    (errors,) = run(check_host_on_cuda, 1, RowOptimizer(optimizer), backend="nccl")
     assert errors == [], errors
