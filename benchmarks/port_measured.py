@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from benchmarks import truth  # noqa: E402  (build, Rig, measure_rig, model_spec, the one-rank group)
 
-CALIBRATION = ROOT / "benchmarks" / "results" / "truth" / "calibration_nvidia-h200_2026-12-01_run2_refit.yaml"
+CALIBRATION = ROOT / "benchmarks" / "results" / "truth" / "calibration_nvidia-h200_2026-12-01_run6.yaml"
 #: ``plan --out``'s predictions of the full-size models (with their plans), made on a CPU; a run whose host cannot
 #: plan uses them
 PREDICTIONS = ROOT / "benchmarks" / "results" / "port" / "predictions_2026-12-01.json"
@@ -793,10 +793,10 @@ def report(doc: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
     return lines, verdict
 
 
-def repredict(doc: dict[str, Any], calibration: Path) -> tuple[list[str], dict[str, Any]]:
-    """The measured plans re-priced under ``calibration`` instead of the run's: A's plan and the re-plan on the
-    uncapped H200 (dense layers replicated, as they ran), each scored by the cost model (no re-planning: the plans
-    are the ones measured). Beside it the same plans scored under the run's calibration (the predictions above)."""
+def repredict(doc: dict[str, Any], calibration: Path, base: Path = CALIBRATION) -> tuple[list[str], dict[str, Any]]:
+    """The measured plans re-priced under ``calibration``: A's plan and the re-plan on the uncapped H200 (dense
+    layers replicated, as they ran), each scored by the cost model (no re-planning: the plans are the ones
+    measured). Beside it the same plans scored under ``base`` (by default the port's calibration now)."""
     from shardwise.solver.planner import score_plan
     from shardwise.wire.spec import Plan
 
@@ -816,7 +816,7 @@ def repredict(doc: dict[str, Any], calibration: Path) -> tuple[list[str], dict[s
         spec = port_spec(models[name])
         got: dict[str, tuple[float, float]] = {}
         fetch_ms = 0.0
-        for label, cal in (("before", CALIBRATION), ("now", calibration)):
+        for label, cal in (("before", base), ("now", calibration)):
             _, b = fleets(pred["cap_bytes"], cal)
             ms: list[float] = []
             for key in ("direct_port", "replan"):

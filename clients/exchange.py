@@ -26,9 +26,11 @@ whose gradients the exchange scales, see :mod:`shardwise.clients.replicas`): no 
 are read, so a step makes no host synchronisation. Bad ids then raise at once on the CPU; on a CUDA device their
 count is copied to pinned memory and checked at the start of the next call (or by
 ``ShardedEmbeddingBagCollection.check_ids()``), the ids clamped into their own table meanwhile, so that a bad id
-never touches another table's rows. A collection whose tables are each one whole shard of one group
-(:class:`OneGroup`) is looked up with one call (:func:`one_group_lookup`): one offset add per table, one range check
-and one ``bucketize`` for all of them, one lookup.
+never touches another table's rows. A collection whose tables are each one whole shard of a group (:class:`OneGroup`
+per group, :func:`group_layouts`) is looked up with one call per group (:func:`one_group_lookup`): one offset add per
+table, one range check and one ``bucketize`` for all of a group's tables, one lookup — a fixed number of kernels per
+group whatever the number of tables, where the general path launches about ten per table (a plan with ``host`` or
+``uvm_cache`` tables beside ``hbm`` ones has two or three groups on one GPU).
 
 Device tensors that do not change between steps (block boundaries, the permutation of the split table) are made on
 the first call and cached, so the first step synchronises more than the later ones.
@@ -57,7 +59,7 @@ __all__ = [
     "OneGroup",
     "PendingIdCheck",
     "check_pending_ids",
-    "one_group",
+    "group_layouts",
     "one_group_lookup",
     "pooled_lookup",
 ]
@@ -311,24 +313,23 @@ class OneGroup:
     hi: Tensor
 
 
-def one_group(tables: Sequence[ShardedEmbeddingBag]) -> OneGroup | None:
-    """The one-group layout of ``tables`` when they have it (see :class:`OneGroup`), else None."""
+def group_layouts(tables: Sequence[ShardedEmbeddingBag]) -> list[OneGroup] | None:
+    """One :class:`OneGroup` per group when every table of ``tables`` is one whole shard of a group at world size one
+    (the groups in the order of their first table by name), else None."""
     if not tables or tables[0].world_size != 1 or tables[0].grad_scale != 1.0:
         return None  # a 2D plan's group of one rank still scales its gradients: the general path does
-    ordered = sorted(tables, key=lambda t: t.name)
-    group: ShardGroup | None = None
-    bases: list[int] = []
-    for t in ordered:
+    members: dict[int, tuple[ShardGroup, list[tuple[ShardedEmbeddingBag, int]]]] = {}
+    for t in sorted(tables, key=lambda t: t.name):
         found = t.group_of(0) if len(t.shards) == 1 and not t.data_parallel else None
-        if found is None or (group is not None and found[0] is not group):
+        if found is None:
             return None
-        group = found[0]
-        bases.append(found[1])
-    assert group is not None
-    device = group.device
-    lo = torch.tensor(bases, dtype=torch.int64, device=device)
-    hi = torch.tensor([b + t.num_embeddings - 1 for b, t in zip(bases, ordered, strict=True)], device=device)
-    return OneGroup(group, tuple(t.name for t in ordered), lo, hi)
+        members.setdefault(id(found[0]), (found[0], []))[1].append((t, found[1]))
+    layouts = []
+    for group, placed in members.values():
+        lo = torch.tensor([b for _, b in placed], dtype=torch.int64, device=group.device)
+        hi = torch.tensor([b + t.num_embeddings - 1 for t, b in placed], dtype=torch.int64, device=group.device)
+        layouts.append(OneGroup(group, tuple(t.name for t, _ in placed), lo, hi))
+    return layouts
 
 
 def one_group_lookup(
@@ -336,6 +337,7 @@ def one_group_lookup(
 ) -> dict[str, Tensor]:
     """Every table of ``layout`` looked up with one ``embedding_bag`` over the group, its update in backward.
 
+    ``tables``: the layout's tables by name (their pending id checks are this call's to run and to set).
     The per-table work is one offset add; ids are range-checked for all tables at once (clamped into their table,
     counted per table, checked as :func:`_exchange_alone` says), bags found by one ``bucketize``. ``prefetch``: bring
     the rows into a cached group's cache instead, and return ``{}``.

@@ -97,6 +97,7 @@ def is_mapped(t: Tensor) -> bool:
             ("device", ctypes.c_int),
             ("devicePointer", ctypes.c_void_p),
             ("hostPointer", ctypes.c_void_p),
+            ("reserved", ctypes.c_long * 32),  # room for fields a later CUDA adds (13 has reserved words)
         ]
 
     attributes = _Attributes()

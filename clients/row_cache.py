@@ -85,6 +85,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 
@@ -259,6 +260,49 @@ class RowCache:
         if not overlap:
             self._release_spill(fresh_too=prefetch)
         rows_u, inverse, per_row = torch.unique(rows, sorted=True, return_inverse=True, return_counts=True)
+        if self._triton():
+            slots_u = self._fetch_triton(rows_u, per_row, prefetch, overlap)
+        else:
+            slots_u = self._fetch_torch(rows_u, per_row, prefetch, overlap)
+        hold = Hold(self, slots_u) if lock else None
+        if lock:  # what an overlapped prefetch may not evict, and when it may start
+            self._locked = self.locks[: self.slots] > 0
+            if self.device.type == "cuda":
+                self._lookup_done = torch.cuda.current_stream(self.device).record_event()
+        return Fetched(slots_u.index_select(0, inverse), rows_u, slots_u, inverse, hold)
+
+    def _triton(self) -> bool:
+        """Whether fetches run the Triton kernels (``SHARDWISE_CACHE_BACKEND``: ``auto`` — on CUDA —, ``torch`` or
+        ``triton``, read at each fetch; module docstring, "Two implementations")."""
+        backend = os.environ.get("SHARDWISE_CACHE_BACKEND", "auto")
+        if backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"SHARDWISE_CACHE_BACKEND must be auto, torch or triton, got {backend!r}")
+        return backend == "triton" or (backend == "auto" and self.device.type == "cuda")
+
+    def _fetch_triton(self, rows_u: Tensor, per_row: Tensor, prefetch: bool, overlap: bool) -> Tensor:
+        """The fetch in three kernels (:mod:`shardwise.clients._cache_triton`); the slots of ``rows_u``."""
+        from shardwise.clients import _cache_triton as kernels
+
+        if not rows_u.numel():
+            return rows_u.clone()
+        seg_u = self._segment(rows_u)
+        slots_u, keys = kernels.probe(rows_u, seg_u, per_row, self, lookup=not prefetch)
+        if overlap:
+            locked = self._locked if self._locked is not None else torch.zeros(self.slots, dtype=torch.bool)
+            lockmask = locked.to(device=self.device, dtype=torch.int8)
+        else:
+            lockmask = (self.locks[: self.slots] > 0).to(torch.int8)
+        victims, overflow = kernels.choose(keys, self, lockmask)
+        kernels.apply(rows_u, seg_u, victims, slots_u, self, fresh=prefetch)
+        if int(overflow.item()):  # rows a full set could not take: spill slots (none in an overlapped prefetch)
+            over = torch.nonzero(slots_u < 0).squeeze(1)
+            over = over[torch.argsort(rows_u[over] % self.sets, stable=True)]  # the torch ops' order: by set, row
+            slots_u[over] = -1 if overlap else self._spill(rows_u[over], prefetch)
+        return slots_u
+
+    def _fetch_torch(self, rows_u: Tensor, per_row: Tensor, prefetch: bool, overlap: bool) -> Tensor:
+        """The fetch in torch ops (the reference the Triton kernels are checked against); the slots of
+        ``rows_u``."""
         slots_u = self.slot_of.index_select(0, rows_u).to(torch.int64)
         cached = slots_u >= 0
         hit_slots = slots_u[cached]
@@ -275,12 +319,7 @@ class RowCache:
             slots_u[missing] = self._place(miss_rows, hit_slots, prefetch, overlap)
         if not prefetch:
             self.flags.index_copy_(0, slots_u, self.flags.index_select(0, slots_u) & _CLEAR_FRESH)
-        hold = Hold(self, slots_u) if lock else None
-        if lock:  # what an overlapped prefetch may not evict, and when it may start
-            self._locked = self.locks[: self.slots] > 0
-            if self.device.type == "cuda":
-                self._lookup_done = torch.cuda.current_stream(self.device).record_event()
-        return Fetched(slots_u.index_select(0, inverse), rows_u, slots_u, inverse, hold)
+        return slots_u
 
     def _place(self, miss_rows: Tensor, held: Tensor, fresh: bool, overlap: bool = False) -> Tensor:
         """Slots for ``miss_rows`` (distinct, not cached): LRU victims of their sets, else spill slots (``overlap``:

@@ -162,7 +162,7 @@ from shardwise.clients.exchange import (
     PendingIdCheck,
     _ShardLookup,
     check_pending_ids,
-    one_group,
+    group_layouts,
     one_group_lookup,
     pooled_lookup,
 )
@@ -642,8 +642,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self.names = [t.name for t in tables]
         self.tables = nn.ModuleList(tables)
         self._by_name = dict(zip(self.names, tables, strict=True))
-        # world size one with every table one whole shard of one group: a call is one lookup (clients.exchange)
-        self._one_group = one_group(tables)
+        # world size one with every table one whole shard of a group: a call is one lookup per group (clients.exchange)
+        self._layouts = group_layouts(tables)
 
     @classmethod
     def from_module(cls, module: nn.Module) -> ShardedEmbeddingBagCollection:
@@ -682,8 +682,10 @@ class ShardedEmbeddingBagCollection(nn.Module):
         given = [t for v in features.values() for t in (v if isinstance(v, tuple) else (v,)) if t is not None]
         device = self._by_name[self.names[0]].device
         with torch.no_grad(), _prefetching(caches, device, given, overlap):
-            if self._one_group is not None and len(features) == len(self._by_name):
-                one_group_lookup(self._one_group, self._by_name, features, prefetch=True)
+            if self._layouts is not None and len(features) == len(self._by_name):
+                for layout in self._layouts:
+                    mine = {n: self._by_name[n] for n in layout.names}
+                    one_group_lookup(layout, mine, features, prefetch=True)
                 return
             inputs: dict[str, tuple[Tensor, Tensor]] = {}
             for name, value in features.items():
@@ -703,8 +705,11 @@ class ShardedEmbeddingBagCollection(nn.Module):
         for name in features:  # what an overlapped prefetch made (routing included) is ready
             for c in self._by_name[name].row_caches():
                 c.join()
-        if self._one_group is not None and len(features) == len(self._by_name):
-            return one_group_lookup(self._one_group, self._by_name, features)
+        if self._layouts is not None and len(features) == len(self._by_name):
+            out: dict[str, Tensor] = {}
+            for layout in self._layouts:
+                out |= one_group_lookup(layout, {n: self._by_name[n] for n in layout.names}, features)
+            return out
         inputs: dict[str, tuple[Tensor, Tensor]] = {}
         for name, value in features.items():
             ids, offsets = value if isinstance(value, tuple) else (value, None)

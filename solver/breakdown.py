@@ -148,8 +148,15 @@ def compute_parts(
     hbm_gather = profile.hbm_bandwidth_bytes_per_s * profile.achieved.embedding_gather
     hbm_stream = profile.hbm_bandwidth_bytes_per_s * profile.achieved.memory_bound
     link = profile.host_link_bytes_per_s * profile.achieved.host_link
+    fetch = 0.0
+    if placement is Placement.uvm_cache:
+        fetch = cm.cache_fetch_ms(table, sharding, num_rows, cache_fraction, profile, batch, world)
     if placement is Placement.hbm:
         fwd = fwd_gather / hbm_gather
+        upd = upd_gather / hbm_gather
+    elif fetch:  # shardwise's executor (calibrated): the fetch, then every gather from HBM (fwd and update)
+        hit = cm.cache_hit_rate(num_rows, cache_fraction, table.access_skew)
+        fwd = (fwd_gather + t.ids * (1.0 - hit) * row) / hbm_gather
         upd = upd_gather / hbm_gather
     else:
         uvm = placement is Placement.uvm_cache
@@ -167,17 +174,11 @@ def compute_parts(
         "lookup_bwd": bwd_stream / hbm_stream * cm.MS + sort_ms,
         "update": (upd + upd_stream / hbm_stream) * cm.MS,
         "host_lookup": 0.0,
-        "cache_fetch": 0.0,
+        "cache_fetch": fetch,
     }
     if placement is Placement.host:
         lookup = cm.host_lookup_ms(table, sharding, num_rows, num_cols, profile, batch, world)
         parts["host_lookup"] = max(0.0, lookup - sum(parts.values()))
-    elif placement is Placement.uvm_cache:
-        fetch = cm.cache_fetch_ms(table, sharding, num_rows, cache_fraction, profile, batch, world)
-        if fetch:  # shardwise's executor: the fetch, then every gather from HBM (fwd and update), not FBGEMM's reads
-            own = (fwd_gather + upd_gather + fill) / hbm_gather + (fwd_stream + bwd_stream + upd_stream) / hbm_stream
-            own_ms = own * cm.MS + sort_ms + fetch
-            parts["cache_fetch"] = max(0.0, own_ms - sum(parts.values()))
     return parts
 
 
@@ -439,9 +440,7 @@ def grouped_breakdown(
                     world=W,
                 )
                 ctx = topo.context(cls, B, group if sharding in (ST.row_wise, ST.table_row_wise) else None)
-                if placement is Placement.host:
-                    host_ms = cm.host_lookup_ms(table, sharding, rows, cols, cls.profile, B, W)
-                elif placement is Placement.uvm_cache:
+                if placement is Placement.uvm_cache:  # a host shard is read zero-copy: no host time
                     host_ms = cm.cache_fetch_ms(table, sharding, rows, fraction, cls.profile, B, W)
                 else:
                     host_ms = 0.0

@@ -724,13 +724,13 @@ def shard_compute_times(
             miss = 1.0 - hit
             fill = t.ids * miss * row if uvm else 0.0  # misses written into the cache
             seconds = (gathers * hit + fill) / hbm_gather + gathers * miss / link + streams / hbm_stream
-        if placement is Placement.host:  # the larger of FBGEMM's reads over the host link and shardwise's CPU lookup
+        if placement is Placement.host:  # the larger of the reads over the host link and the measured host term
             out.append(max(seconds * MS + sort_ms, lookup_ms))
         elif placement is Placement.uvm_cache and (
             fetch_ms := cache_fetch_ms(table, sharding, num_rows, cache_fraction, profile, batch, world)
-        ):  # the larger of FBGEMM's and shardwise's: its fetch, then every gather from HBM
+        ):  # shardwise's executor, calibrated: its fetch, then every gather from HBM
             own_ms = ((gathers + fill) / hbm_gather + streams / hbm_stream) * MS + fetch_ms
-            out.append(max(seconds * MS, own_ms) + sort_ms)
+            out.append(own_ms + sort_ms)
         else:
             out.append(seconds * MS + sort_ms)
     return out

@@ -116,11 +116,9 @@ def shard_costs(
     comm = shard_comm_ms(
         topo, table, sharding=sharding, num_rows=num_rows, num_cols=num_cols, cls=cls, batch=batch, group=group
     )
-    lookup = cm.host_lookup_ms(table, sharding, num_rows, num_cols, cls.profile, batch, W)
 
     def host_ms(placement: Placement, cache_fraction: float | None) -> float:
-        if placement is Placement.host:
-            return lookup
+        """Host time: a uvm_cache shard's fetch (it synchronises); a host shard is read zero-copy (device time)."""
         if placement is Placement.uvm_cache:
             return cm.cache_fetch_ms(table, sharding, num_rows, cache_fraction, cls.profile, batch, W)
         return 0.0

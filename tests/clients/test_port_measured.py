@@ -186,6 +186,10 @@ def test_fetch_cost_fit_recovers_its_coefficients() -> None:
 
 H200 = pm.ROOT / "benchmarks" / "results" / "port" / "port_h200_2026-12-01.json"
 OVERLAY = pm.ROOT / "benchmarks" / "results" / "port" / "calibration_nvidia-h200_2026-12-01_run2_refit_with_fetch.yaml"
+#: the calibration that run's predictions were made with (the port's before the zero-copy executor)
+RUN2 = pm.ROOT / "benchmarks" / "results" / "truth" / "calibration_nvidia-h200_2026-12-01_run2_refit.yaml"
+#: the run on the zero-copy executor with the Triton fetch, predicted with the old calibration and model
+H200_RUN3 = pm.ROOT / "benchmarks" / "results" / "port" / "port_h200_2026-12-01_run3.json"
 
 
 def test_the_models_missing_rows_are_what_the_h200_fetches_copied_in() -> None:
@@ -203,28 +207,36 @@ def test_the_committed_fetch_overlay_is_what_the_run_gives(tmp_path: Path) -> No
     from shardwise.hwprofiles import load_calibration
 
     doc = json.loads(H200.read_text(encoding="utf-8"))
-    made = pm.fetch_overlay(doc, H200, pm.CALIBRATION, tmp_path / "overlay.yaml")
+    made = pm.fetch_overlay(doc, H200, RUN2, tmp_path / "overlay.yaml")
     committed = load_calibration(OVERLAY)
     assert load_calibration(tmp_path / "overlay.yaml") == made
     assert made.figures == committed.figures
-    base = load_calibration(pm.CALIBRATION)
+    base = load_calibration(RUN2)
     assert set(made.figures) - set(base.figures) == {"overheads.cache_fetch_us", "overheads.cache_fetch_ns_per_row"}
     assert all(made.figures[k] == v for k, v in base.figures.items())  # the rest is the base's, unchanged
     assert made.figures["overheads.cache_fetch_us"].samples == len(doc["fetch"]["samples"])
 
 
 def test_repredict_rescores_the_measured_plans() -> None:
-    """Under the run's own calibration the re-prediction is the recorded one; with the fetch figures the capped
-    plans (with uvm_cache shards) get slower and the all-HBM re-plans do not move."""
+    """The first run under its own calibration: the all-cache plan's re-prediction is the recorded one; dcn-26's
+    capped plan (two host tables) is predicted faster now, its host tables being read zero-copy (no host time);
+    with the fetch figures the cached plan gets slower. The zero-copy run under the port's calibration now: the
+    committed predictions, for the plans measured."""
     doc = json.loads(H200.read_text(encoding="utf-8"))
-    _, same = pm.repredict(doc, pm.CALIBRATION)
-    lines, now = pm.repredict(doc, OVERLAY)
-    for name, rec in doc["port"].items():
-        recorded = rec["prediction"]["predicted_speedup"]
-        assert same[f"repredict/{name}"]["predicted_now"] == pytest.approx(recorded, rel=1e-5)
-        assert now[f"repredict/{name}"]["predicted_before"] == pytest.approx(recorded, rel=1e-5)
-        assert now[f"repredict/{name}"]["predicted_now"] > recorded
+    _, same = pm.repredict(doc, RUN2, base=RUN2)
+    lines, now = pm.repredict(doc, OVERLAY, base=RUN2)
+    recorded = {name: rec["prediction"]["predicted_speedup"] for name, rec in doc["port"].items()}
+    assert same["repredict/dlrm-4x12m"]["predicted_now"] == pytest.approx(recorded["dlrm-4x12m"], rel=1e-5)
+    assert same["repredict/dcn-26"]["predicted_now"] < recorded["dcn-26"]
+    assert now["repredict/dlrm-4x12m"]["predicted_before"] == pytest.approx(recorded["dlrm-4x12m"], rel=1e-5)
+    assert now["repredict/dlrm-4x12m"]["predicted_now"] > recorded["dlrm-4x12m"]
     assert any(line.startswith("| dlrm-4x12m |") for line in lines)
+    committed = json.loads(pm.PREDICTIONS.read_text(encoding="utf-8"))
+    run3 = json.loads(H200_RUN3.read_text(encoding="utf-8"))
+    _, current = pm.repredict(run3, pm.CALIBRATION)
+    for name in run3["port"]:
+        got = current[f"repredict/{name}"]["predicted_now"]
+        assert got == pytest.approx(committed[name]["predicted_speedup"], rel=1e-5)
 
 
 def test_fetch_cost_runs_the_real_cache_on_the_cpu() -> None:

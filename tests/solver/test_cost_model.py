@@ -638,16 +638,24 @@ def test_shard_compute_uvm_cache_prices_the_executors_fetch_when_calibrated(
     assert costs[Placement.hbm].host_ms == 0.0
 
 
-def test_shard_compute_uvm_cache_keeps_fbgemms_reads_when_they_are_slower_than_the_fetch(
+def test_shard_compute_uvm_cache_prices_the_executor_once_calibrated_even_where_fbgemms_reads_are_slower(
     make_profile: Callable[..., HardwareProfile],
 ) -> None:
-    # a fetch of 1e-6 ms per row moved and nothing per fetch: FBGEMM's misses over the 5e9 B/s link are the larger
+    # a fetch of 1e-6 ms per row moved and nothing per fetch: FBGEMM's misses over the 5e9 B/s link would be the
+    # larger, but a calibrated profile prices the executor that runs the plan (its zero-copy fetch, then HBM)
     profile = make_profile(overheads={"cache_fetch_ns_per_row": 0.001})
     t = table(embedding_dim=4)
     kw: dict[str, Any] = {"sharding": ST.table_wise, "num_rows": 1000, "num_cols": 4, "batch": B, "world": W}
     got = cm.shard_compute_ms(t, placement=Placement.uvm_cache, cache_fraction=0.5, profile=profile, **kw)
     gathers, fill, streams = 80 * (32 + 2 * 32), 80 * 0.5 * 32, 2 * 40 * 4 * 4
-    assert got == approx(((gathers * 0.5 + fill) / GATHER + gathers * 0.5 / LINK + streams / STREAM) * 1e3)
+    fbgemm = ((gathers * 0.5 + fill) / GATHER + gathers * 0.5 / LINK + streams / STREAM) * 1e3
+    fetch = cm.cache_fetch_ms(t, ST.table_wise, 1000, 0.5, profile, B, W)
+    assert got == approx(((gathers + fill) / GATHER + streams / STREAM) * 1e3 + fetch)
+    assert got < fbgemm
+    uncalibrated = make_profile()
+    assert cm.shard_compute_ms(
+        t, placement=Placement.uvm_cache, cache_fraction=0.5, profile=uncalibrated, **kw
+    ) == approx(fbgemm)  # no measurement of the executor: FBGEMM's reads
 
 
 def test_shard_compute_offloading_is_slower(round_profile: HardwareProfile) -> None:

@@ -601,20 +601,26 @@ def check_world_of_one_has_no_exchange(rank: int, world: int) -> list[str]:
 
     # every table table_wise in one group: the collection looks them all up with ONE embedding_bag; 2-D ids too.
     # One placement for all (uvm_cache shards form cached groups of their own): hbm, then uvm_cache
-    for placement in (Placement.hbm, Placement.uvm_cache):
-        errors += [f"{placement.value}: {e}" for e in _one_group_check(rank, world, placement, feats)]
+    # and with the first table uvm_cache, the others hbm: two groups, one embedding_bag each
+    for placement in (Placement.hbm, Placement.uvm_cache, None):
+        what = placement.value if placement is not None else "mixed"
+        errors += [f"{what}: {e}" for e in _one_group_check(rank, world, placement, feats)]
     return errors
 
 
-def _one_group_check(rank: int, world: int, placement: Placement, feats: dict[str, tuple[Tensor, Tensor]]) -> list[str]:
+def _one_group_check(
+    rank: int, world: int, placement: Placement | None, feats: dict[str, tuple[Tensor, Tensor]]
+) -> list[str]:
     errors: list[str] = []
     config = UpdateConfig(RowOptimizer.rowwise_adagrad, lr=0.1)
-    tables = [table_plan(fqn, ST.table_wise, world, k, placement) for k, fqn in enumerate(TABLES)]
+    places = [placement or (Placement.uvm_cache if k == 0 else Placement.hbm) for k in range(len(TABLES))]
+    tables = [table_plan(fqn, ST.table_wise, world, k, places[k]) for k, fqn in enumerate(TABLES)]
     plan = make_plan(world, tables, dict.fromkeys(DENSE, DenseStyle.replicate))
     model = apply_plan(DLRM(), plan, embedding_optimizer=config)
     ebc = ShardedEmbeddingBagCollection.from_module(model)
-    if ebc._one_group is None:
-        errors.append("the tables were not laid out as one group")
+    groups = 1 if placement is not None else 2
+    if ebc._layouts is None or len(ebc._layouts) != groups:
+        errors.append(f"the tables were not laid out as {groups} group(s): {ebc._layouts}")
     bags_called: list[int] = []
     original_bag = torch.nn.functional.embedding_bag
 
@@ -627,8 +633,8 @@ def _one_group_check(rank: int, world: int, placement: Placement, feats: dict[st
         ebc(feats)
     finally:
         torch.nn.functional.embedding_bag = original_bag
-    if len(bags_called) != 1:
-        errors.append(f"{len(bags_called)} embedding_bag calls for one group of tables, not 1")
+    if len(bags_called) != groups:
+        errors.append(f"{len(bags_called)} embedding_bag calls for {groups} group(s) of tables")
     g = torch.Generator().manual_seed(11)
     two_d = {fqn: torch.randint(0, rows, (LOCAL_BATCH, 3), generator=g) for fqn, (rows, _, _) in TABLES.items()}
     with torch.no_grad():
