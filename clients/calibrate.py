@@ -16,17 +16,19 @@ value is the one that makes the model reproduce the measurement. Per figure:
 * ``overheads.step_fixed_us``, ``per_table_us``, ``per_layer_us`` — the host's time to enqueue one training step of
   small models through ``apply_plan`` (world size one, the optimizer in backward, fused Adam), ``T`` tables and ``L``
   dense layers: ``host = c0 + c1·T + c2·L`` by least squares;
-* ``overheads.host_shard_us``, ``host_ns_per_id``, ``host_ns_per_row_byte`` — what ``host`` placement adds to the step
-  of a two-table model (its tables ``host`` against the same tables ``hbm``, steps back to back), per table:
-  ``t = c0 + n·(c1 + row_bytes·c2)`` by least squares (GPU only: on a CPU executor every placement is the same);
+* ``overheads.host_shard_us``, ``host_ns_per_id``, ``host_ns_per_row_byte`` — what ``host`` placement (zero-copy)
+  adds to the step of a two-table model (its tables ``host`` against the same tables ``hbm``, steps back to back), per
+  table: ``t = c0 + n·(c1 + row_bytes·c2)`` by least squares (GPU only: on a CPU executor every placement is the
+  same). Where the steps are host-bound the device time zero-copy adds is hidden and the fit comes out near zero:
+  the cost model's reads over the host link then price the shard;
 * ``overheads.cache_fetch_us``, ``cache_fetch_ns_per_row`` — the ``uvm_cache`` executor's synchronous fetch
   (:func:`time_cache_fetches`: the executor's :class:`~shardwise.clients.row_cache.RowCache` over a table of 512-B
   rows with a 10 % cache, fed Zipf(1.0) batches of four sizes, every other batch's rows then marked dirty as the
   fused update marks them, each fetch timed to its end on the host clock): ``t = c0 + c1·(rows copied in + rows
   written back)`` by least squares (:func:`fit_cache_fetch`). In and back are fitted as one count of rows moved: at
   steady state the rows written back are a near-constant share of those copied in, so a fit of one figure each
-  cannot tell them apart (on one H200 it gave the write-back a negative cost); both are a CPU gather or scatter of
-  the pinned store and a copy of the same bytes over the host link.
+  cannot tell them apart (on one H200 it gave the write-back a negative cost); both are a GPU gather or scatter of
+  the pinned store, zero-copy across the host link (on CUDA the fetch is the cache's Triton kernels).
 
 A fit minimises the relative error ``Σ ((model_i − t_i) / t_i)²``; its RMS relative error and sample count are
 written beside the value. Fractions come out in ``(0, 1]``: a fit above 1 (a kernel beating the model's peak, e.g.
@@ -843,7 +845,7 @@ def calibrate(
         )
         log(f"{'overheads.' + name:<28} {value * 1e3:8.2f} us")
     if gpu and not (dist.is_initialized() and dist.get_world_size() > 1):
-        log("host shards (looked up on the CPU) …")
+        log("host shards (zero-copy) …")
         bench_host_shards(device, current, HOST_SHARD_CASES[:3] if quick else HOST_SHARD_CASES, 20, out)
         hs = [s for s in out.samples if s.kind == "host_shard" and s.measured_ms > 0]  # host slower, as it must be
         if len(hs) < 3:

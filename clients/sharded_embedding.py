@@ -684,6 +684,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         with torch.no_grad(), _prefetching(caches, device, given, overlap):
             if self._layouts is not None and len(features) == len(self._by_name):
                 for layout in self._layouts:
+                    if layout.group.cache is None:  # nothing to bring in: no routing either
+                        continue
                     mine = {n: self._by_name[n] for n in layout.names}
                     one_group_lookup(layout, mine, features, prefetch=True)
                 return

@@ -65,14 +65,15 @@ class StepOverheads(BaseModel):
     - ``per_table_us``: host time per embedding table per step (its input prepared, its lookup and update enqueued);
     - ``per_layer_us``: host time per dense layer per step (forward, backward and optimizer kernels enqueued);
     - ``sort_ns_per_id``: device time per looked-up id to sort the ids and find their rows before the fused update;
-    - ``host_shard_us``, ``host_ns_per_id``, ``host_ns_per_row_byte``: host CPU time of a ``host``-placed shard per
-      step on shardwise's executor, which looks such shards up and updates them on the CPU: a fixed part per shard
-      (the transfers of its ids and pooled rows, which wait for the device, and the CPU calls) plus, per looked-up
-      id, ``host_ns_per_id + row_bytes·host_ns_per_row_byte`` (the gather, the backward and the update on the CPU).
+    - ``host_shard_us``, ``host_ns_per_id``, ``host_ns_per_row_byte``: what a ``host``-placed shard adds to a step
+      on shardwise's executor, which reads and writes its rows zero-copy from GPU kernels (device time): a fixed
+      part per shard plus, per looked-up id, ``host_ns_per_id + row_bytes·host_ns_per_row_byte``; a floor under the
+      cost model's reads over the host link. (Calibrations made before the zero-copy executor measured its CPU
+      lookup here, 4–8× slower.)
     - ``cache_fetch_us``, ``cache_fetch_ns_per_row``: the synchronous fetch of a ``uvm_cache`` shard's missing rows
-      on shardwise's executor, per step: a fixed part per shard (the ids to the host, the cache's bookkeeping, the
-      host synchronisations) plus, per row moved between the host store and the cache (a missing row copied in, or
-      an evicted dirty row written back: a CPU gather or scatter and a copy over the host link),
+      on shardwise's executor, per step: a fixed part per shard (finding the batch's distinct rows, the cache's
+      bookkeeping, two host synchronisations) plus, per row moved between the host store and the cache (a missing
+      row copied in, or an evicted dirty row written back, zero-copy across the host link),
       ``cache_fetch_ns_per_row``. Measured on one row width (``shardwise calibrate``: 512-B rows); host time that
       the device waits for (see the cost model).
 

@@ -79,12 +79,13 @@ of what the two executors keep there, so that a plan fits either — but for a f
   rows in one set than ``A``, and the fused update's compact copy of a batch's distinct rows and their state.
   Without an embedding optimizer the executor keeps such a shard in CPU memory like ``host`` (below), which needs
   no more HBM than charged.  Its gradient charge (above) is the larger of the two already.
-* ``host``: the executor keeps the shard on the CPU — weights, every state (rowwise_adagrad's too), the sparse
-  gradient, and CPU copies of the ids, bag offsets, pooled rows and their gradient (the lookup runs there), while
-  the GPU holds the buffers.  FBGEMM keeps ``s_dev`` and its backward's index work on the GPU and nothing but
-  weights and ``s_uvm`` in host memory.  Larger of the two: HBM charges ``s_dev`` (FBGEMM's) besides gradients and
-  buffers; host memory charges the executor's weights + state + gradients + buffers (so rowwise_adagrad's ``r·4``
-  is charged in both memories, one per executor).
+* ``host``: on CUDA with an embedding optimizer the executor keeps FBGEMM's parts where FBGEMM keeps them
+  (zero-copy, ``clients/host_memory.py``): weights and ``s_uvm`` in pinned host memory, ``s_dev``, the gradients'
+  index work and the buffers on the GPU.  Its CPU path (``apply_plan(host_access="cpu")``, and a table without an
+  embedding optimizer) keeps the shard on the CPU — weights, every state (rowwise_adagrad's too), the sparse
+  gradient, and CPU copies of the ids, bag offsets, pooled rows and their gradient.  Larger of the two: HBM charges
+  ``s_dev`` besides gradients and buffers; host memory charges the CPU path's weights + state + gradients + buffers
+  (so rowwise_adagrad's ``r·4`` is charged in both memories).
 * ``hbm``: the two agree.
 
 Time (:func:`shard_compute_ms`, :func:`shard_comm_ms`)
@@ -105,35 +106,39 @@ calibrated; data_parallel copies have no sort).
 
 Host shards (:func:`host_lookup_ms`)
 ------------------------------------
-shardwise's executor looks a ``host`` shard up on the CPU: its ids go to the host (a copy that waits for the device),
-the CPU gathers and pools the rows, the pooled rows go back; backward brings their gradient to the host and the CPU
-updates the rows. That is host time, not device time:
-``host_lookup = host_shard_us + n·(host_ns_per_id + c·b·host_ns_per_row_byte)`` (the profile's ``overheads``, zero until
-calibrated). A ``host`` shard's compute time is the larger of FBGEMM's (its reads over the host link, above) and this,
-and the rank's host time (below) carries it too: the host is busy with it while the device waits for its rows.
+shardwise's executor reads and writes a ``host`` shard's rows zero-copy on CUDA (``clients/host_memory.py``): the
+weights and per-weight state in pinned host memory, the lookup and the fused update GPU kernels reading and
+writing them across the host link — FBGEMM's way, the reads above. That is device time, not host time: a ``host``
+shard adds nothing to the rank's host time. ``host_lookup = host_shard_us + n·(host_ns_per_id +
+c·b·host_ns_per_row_byte)`` (the profile's ``overheads``, zero until calibrated: ``shardwise calibrate`` fits what
+host placement adds to a step) is a measured floor: the shard's compute time is the larger of the reads and it. (The
+executor's earlier CPU lookup, ``apply_plan(host_access="cpu")``, measured 4–8× slower than zero-copy on an H200 and
+is not priced.)
 
 Cache fetches (:func:`cache_fetch_ms`)
 -------------------------------------
-shardwise's executor does not read a ``uvm_cache`` miss over the host link from its kernel: before the lookup it
-fetches the batch's missing rows into the cache (``clients/row_cache.py``), synchronously — the batch's distinct
-rows found, the missing ones' ids brought to the host (a synchronisation), each evicted dirty row copied down and
-scattered into the pinned store, each missing row gathered from it by the CPU and copied up — and then gathers every
-row from HBM. Per shard and step, with ``u = touched(n, r)`` the distinct rows the shard's ids touch
-(:func:`touched_rows`) and ``m = u·(1 − h)`` those missing:
+shardwise's executor does not read a ``uvm_cache`` miss over the host link from its lookup kernel: before the
+lookup it fetches the batch's missing rows into the cache (``clients/row_cache.py``; on CUDA three Triton kernels,
+``clients/_cache_triton.py``) — the batch's distinct rows found (a synchronisation), each missing row given the least
+recently used free way of its set, each evicted dirty row written back to the pinned store and each missing row
+copied in from it, both zero-copy, the count of rows that found no way read back (a second synchronisation) — and
+then gathers every row from HBM. Per shard and step, with ``u = touched(n, r)`` the distinct rows the shard's ids
+touch (:func:`touched_rows`) and ``m = u·(1 − h)`` those missing:
 ``fetch = cache_fetch_us + 2·m·cache_fetch_ns_per_row`` (the profile's ``overheads``, zero until calibrated). ``2·m``
 rows move: each missing row copied in evicts one, and in training every row in the cache is dirty (the fused update
 marks each row it updates, and every row a training step fetches is updated), so each eviction writes one back.
 (Measured on one H200, ``docs/truth.md``: the port's cached tables moved 0.99 of their ``n·(1 − h)`` misses as
 distinct rows, a row missed twice in one batch being fetched once; ``m`` is within 1–6 % of the rows the fetch
-benchmark copied in.) The executor fetches once per cached *group* of a rank (its ``uvm_cache`` shards of one dtype,
-width and optimizer), the model once per shard: it charges ``cache_fetch_us`` once too many per extra shard of a
-group.
+benchmark copied in; the fit on the Triton fetch: 0.9–1.2 ms + 10.6–11.3 ns a row moved.) The executor fetches once
+per cached *group* of a rank (its ``uvm_cache`` shards of one dtype, width and optimizer), the model once per shard:
+it charges ``cache_fetch_us`` once too many per extra shard of a group.
 
-The host runs the fetch and the device waits for its rows, so, as for ``host`` shards: a ``uvm_cache`` shard's
-compute time is the larger of FBGEMM's (above) and shardwise's — every gather from HBM, the fill, the streams and the
-sort, plus ``fetch`` — and the rank's host time carries ``fetch`` too; a step's ``max(compute + comm, host)`` then
-overlaps the fetch with neither. With the overheads at zero, FBGEMM's time is the larger (its misses cross the
-slower host link), so an uncalibrated profile's predictions do not change.
+The host waits for the fetch (it synchronises) and the device for its rows, so a calibrated ``uvm_cache`` shard's
+compute time is shardwise's — every gather from HBM, the fill, the streams and the sort, plus ``fetch`` — and the
+rank's host time carries ``fetch`` too; a step's ``max(compute + comm, host)`` then overlaps the fetch with neither
+(the executor's overlapped prefetch, which can, is not priced: it measured slower on the host-bound steps it was
+tried on). Uncalibrated (no measurement of the executor's fetch), the shard is priced as FBGEMM runs it, its misses
+read over the host link.
 
 Host floor (:func:`host_floor_ms`)
 ----------------------------------

@@ -564,11 +564,12 @@ def test_shard_compute_host_placement_gathers_over_the_host_link(round_profile: 
     assert got == approx(expected_s * 1e3)
 
 
-def test_shard_compute_host_placement_prices_the_cpu_lookup_when_calibrated(
+def test_shard_compute_host_placement_prices_the_measured_host_term_as_device_time(
     make_profile: Callable[..., HardwareProfile],
 ) -> None:
-    # n = 80 ids of 4 fp32 columns (16 B): CPU lookup 200 µs + 80·(100 + 16·10) ns = 0.2208 ms, more than the
-    # 0.02304 ms of FBGEMM's reads over the host link: the shard costs the larger
+    # n = 80 ids of 4 fp32 columns (16 B): the measured term 200 µs + 80·(100 + 16·10) ns = 0.2208 ms, more than the
+    # 0.02304 ms of the reads over the host link: the shard costs the larger, as device time (zero-copy: the host
+    # does nothing for it)
     profile = make_profile(overheads={"host_shard_us": 200.0, "host_ns_per_id": 100.0, "host_ns_per_row_byte": 10.0})
     t = table(embedding_dim=4)
     kw: dict[str, Any] = {"sharding": ST.table_wise, "num_rows": 1000, "num_cols": 4, "batch": B, "world": W}
@@ -577,7 +578,16 @@ def test_shard_compute_host_placement_prices_the_cpu_lookup_when_calibrated(
     host = cm.shard_compute_ms(t, placement=Placement.host, cache_fraction=None, profile=profile, **kw)
     assert host == approx(lookup)
     hbm = cm.shard_compute_ms(t, placement=Placement.hbm, cache_fraction=None, profile=profile, **kw)
-    assert hbm < 0.01  # the CPU lookup is for host shards alone
+    assert hbm < 0.01  # the term is for host shards alone
+    topo = Topology(
+        FleetSpec.model_validate(
+            {"name": "one", "hosts": [{"gpu": profile.model_dump(), "count": 1, "gpus_per_host": W}]}
+        )
+    )
+    cost = shard_cost(topo, t, sharding=ST.table_wise, num_rows=1000, num_cols=4, placement=Placement.host,
+                      cache_fraction=None, cls=topo.classes[0], batch=B)  # fmt: skip
+    assert cost.compute_ms == approx(lookup)
+    assert cost.host_ms == 0.0  # read zero-copy by the device's kernels: no host time
 
 
 def test_host_lookup_is_zero_until_calibrated(round_profile: HardwareProfile) -> None:
