@@ -55,8 +55,11 @@ The forward (``_pooled_rows_kernel``) is one program per bag: it walks the bag's
 gathers their weight rows as one tile and sums them in fp32 — per id 8 B of index and ``C·b_w`` of weight row, per
 bag ``C·b_w`` written — and needs no sort.
 
-One program runs a segment's ids in sequence (``BLOCK_N`` at a time): a row hit by a large share of the batch is a
-long serial loop in one program, where FBGEMM would split it over several.
+One program runs a segment's ids in sequence: a row hit by a large share of the batch is a long serial loop in one
+program, where FBGEMM would split it over several. So a segment walks its ids ``BLOCK_L`` at a time while a whole
+tile of them remains (``BLOCK_L = clamp(4096 // BLOCK_C, BLOCK_N, 32)``: 32 ids of 128 columns, 8 of 512), then
+``BLOCK_N`` at a time: each step waits for one round of loads, so a Zipf-hot row of 90,000 ids takes about 2,800 steps
+instead of 22,500. A segment shorter than ``BLOCK_L`` sums exactly as before (the same tiles, the same order).
 """
 
 from __future__ import annotations
@@ -71,6 +74,8 @@ SGD, ADAGRAD, ROWWISE_ADAGRAD, ADAM = 0, 1, 2, 3
 
 #: widest column block held in registers; rows up to this many columns are one block
 MAX_BLOCK_C = 512
+#: a long segment's tile: up to 32 ids and about 4,096 elements (32 ids of 128 columns, 8 of 512)
+LONG_TILE_ELEMENTS = 4096
 
 
 @triton.jit
@@ -84,12 +89,20 @@ def _segment_grad(  # type: ignore[no-untyped-def]
     col_mask,
     BLOCK_N: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    BLOCK_L: tl.constexpr,
 ):
-    """fp32 sum over the segment's ids ``start:end`` of ``grad_out[sorted_bags[i], cols]``."""
+    """fp32 sum over the segment's ids ``start:end`` of ``grad_out[sorted_bags[i], cols]``: tiles of ``BLOCK_L`` ids
+    while a whole one fits (a hot row's long segment: ``BLOCK_L`` row loads in flight a step), then of
+    ``BLOCK_N``."""
     acc = tl.zeros([BLOCK_C], dtype=tl.float32)
-    # a while loop, not range(start, end, BLOCK_N): Triton 3.6's interpreter cannot take loaded scalars as range
+    # while loops, not range(start, end, BLOCK_N): Triton 3.6's interpreter cannot take loaded scalars as range
     # bounds under NumPy 2 (compiled kernels can); both compile to the same loop
     i0 = start
+    while i0 + BLOCK_L <= end:
+        bags = tl.load(sorted_bags_ptr + i0 + tl.arange(0, BLOCK_L))
+        tile = tl.load(grad_ptr + bags[:, None] * stride_g + cols[None, :], mask=col_mask[None, :], other=0.0)
+        acc += tl.sum(tile.to(tl.float32), axis=0)
+        i0 += BLOCK_L
     while i0 < end:
         offs = i0 + tl.arange(0, BLOCK_N)
         id_mask = offs < end
@@ -126,6 +139,7 @@ def _fused_rows_kernel(  # type: ignore[no-untyped-def]
     BLOCK_N: tl.constexpr,
     BLOCK_C: tl.constexpr,
     NUM_CB: tl.constexpr,
+    BLOCK_L: tl.constexpr,
 ):
     """One program per segment ``k = program_id(0)``: sum the segment's gradient rows, update its row in place.
 
@@ -143,7 +157,9 @@ def _fused_rows_kernel(  # type: ignore[no-untyped-def]
             # row-wise Adagrad: s += mean_j g[j]²; w -= lr·g / (√s + eps)
             if NUM_CB == 1:
                 col_mask = cols0 < C
-                g = _segment_grad(grad_ptr, sorted_bags_ptr, start, end, stride_g, cols0, col_mask, BLOCK_N, BLOCK_C)
+                g = _segment_grad(
+                    grad_ptr, sorted_bags_ptr, start, end, stride_g, cols0, col_mask, BLOCK_N, BLOCK_C, BLOCK_L
+                )
                 s = tl.load(state1_ptr + row) + tl.sum(g * g, axis=0) / C
                 tl.store(state1_ptr + row, s)
                 denom = tl.sqrt(s) + eps
@@ -155,7 +171,9 @@ def _fused_rows_kernel(  # type: ignore[no-untyped-def]
                 for cb in range(NUM_CB):
                     cols = cb * BLOCK_C + cols0
                     col_mask = cols < C
-                    g = _segment_grad(grad_ptr, sorted_bags_ptr, start, end, stride_g, cols, col_mask, BLOCK_N, BLOCK_C)
+                    g = _segment_grad(
+                        grad_ptr, sorted_bags_ptr, start, end, stride_g, cols, col_mask, BLOCK_N, BLOCK_C, BLOCK_L
+                    )
                     sq += g * g
                 s = tl.load(state1_ptr + row) + tl.sum(sq, axis=0) / C
                 tl.store(state1_ptr + row, s)
@@ -163,7 +181,9 @@ def _fused_rows_kernel(  # type: ignore[no-untyped-def]
                 for cb in range(NUM_CB):
                     cols = cb * BLOCK_C + cols0
                     col_mask = cols < C
-                    g = _segment_grad(grad_ptr, sorted_bags_ptr, start, end, stride_g, cols, col_mask, BLOCK_N, BLOCK_C)
+                    g = _segment_grad(
+                        grad_ptr, sorted_bags_ptr, start, end, stride_g, cols, col_mask, BLOCK_N, BLOCK_C, BLOCK_L
+                    )
                     w = tl.load(w_row_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
                     w = w - lr * (g / denom)
                     tl.store(w_row_ptr + cols, w.to(weight_ptr.dtype.element_ty), mask=col_mask)
@@ -172,7 +192,9 @@ def _fused_rows_kernel(  # type: ignore[no-untyped-def]
             for cb in range(NUM_CB):
                 cols = cb * BLOCK_C + cols0
                 col_mask = cols < C
-                g = _segment_grad(grad_ptr, sorted_bags_ptr, start, end, stride_g, cols, col_mask, BLOCK_N, BLOCK_C)
+                g = _segment_grad(
+                    grad_ptr, sorted_bags_ptr, start, end, stride_g, cols, col_mask, BLOCK_N, BLOCK_C, BLOCK_L
+                )
                 w = tl.load(w_row_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
                 if OPT == 0:
                     # SGD: w -= lr·g
@@ -228,6 +250,7 @@ def launch(
         block_n = max(1, min(4, 512 // block_c))
     if num_warps is None:
         num_warps = max(1, min(4, block_c // 128))
+    block_l = max(block_n, min(LONG_TILE_ELEMENTS // block_c, 32))
     s1 = state1 if state1 is not None else weight
     s2 = state2 if state2 is not None else weight
     stride_s = s1.stride(0) if s1.dim() == 2 else 0
@@ -252,6 +275,7 @@ def launch(
         BLOCK_N=block_n,
         BLOCK_C=block_c,
         NUM_CB=triton.cdiv(cols, block_c),
+        BLOCK_L=block_l,
         num_warps=num_warps,
     )
 

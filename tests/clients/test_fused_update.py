@@ -275,12 +275,15 @@ def test_bad_inputs_are_refused_before_any_work() -> None:
 # --- the Triton backend under the interpreter (one subprocess) ---------------------------------------------------
 
 #: (dtype, cols, max_block_c, pool, all_last_row): widths ≤ 32 and n ≤ 64 keep the interpreter to a few seconds.
-#: max_block_c 8 splits 20 columns into three blocks (row-wise Adagrad's two-pass path); the last case sends every
-#: id to the last row (one live program, the rest past the last segment) at a width with no masked column
+#: max_block_c 8 splits 20 columns into three blocks (row-wise Adagrad's two-pass path); the last two cases send every
+#: id to the last row (one live program, the rest past the last segment), one at a width with no masked column, one
+#: with more ids than several long-segment tiles. The cases run with ``LONG_TILE_ELEMENTS`` at 256 (a long tile of 8 ids
+#: at these widths), so that segments of these small batches take both loops (``BLOCK_L``, then ``BLOCK_N``)
 TRITON_CASES = [
     ("fp32", 20, 512, 6, False),
     ("bf16", 20, 8, 5, False),
     ("fp16", 32, 512, 1, True),
+    ("fp32", 20, 512, 3, True),
 ]
 
 
@@ -290,6 +293,7 @@ def _triton_cases() -> Iterator[dict[str, Any]]:
 
     assert _fused_triton.interpreting(), "run with TRITON_INTERPRET=1 set before Triton is imported"
     default_block = _fused_triton.MAX_BLOCK_C
+    _fused_triton.LONG_TILE_ELEMENTS = 256
     for opt in RowOptimizer:
         for dtype_name, cols, max_block_c, pool, all_last in TRITON_CASES:
             gen = torch.Generator().manual_seed(3)
