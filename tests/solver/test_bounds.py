@@ -3,21 +3,23 @@ and validity against real plans (a bound above some plan's step time would be a 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardwise.solver.bounds import _least_step, lower_bound_ms
+from shardwise.solver.bounds import _least_step, _least_step_by_class, lower_bound_ms
 from shardwise.solver.cpsat.candidates import Candidate, Shape, enumerate_candidates
 from shardwise.solver.greedy import plan_greedy
 from shardwise.solver.planner import make_plan
 from shardwise.solver.topology import Topology
-from shardwise.wire.spec import FleetSpec, ModelSpec, Placement, ShardingType, SolveParams
+from shardwise.wire.spec import FleetSpec, HostGroupSpec, ModelSpec, Placement, ShardingType, SolveParams
 
 
 def hand(table: int, shards: list[float], every: float = 0.0, ranks: int = 2) -> Candidate:
@@ -131,3 +133,142 @@ def test_the_bound_never_exceeds_a_real_plan(
         assert bound <= plan.predicted_step_ms + 1e-9
     assert math.isfinite(bound)
     assert bound > 0
+
+
+# Mixed fleets: the class-weighted average (solver.bounds, "Mixed fleets"). A fleet of two classes of one rank each
+# below unless a test says otherwise: RANK_CLASS[r] is rank r's class.
+RANK_CLASS = np.array([0, 1])
+
+
+def hand2(
+    table: int,
+    shards: list[tuple[float, float]],
+    every: tuple[float, float] = (0.0, 0.0),
+    sizes: tuple[int, ...] = (1, 1),
+    scope_class: int | None = None,
+) -> Candidate:
+    """A hand-priced candidate on two classes: ``shards[i]`` = shard ``i``'s time on class 0 and on class 1 (ms),
+    ``every[k]`` ms on each rank of class ``k``; ``scope_class``: its shards may only land on that class (a
+    ``group``-scope row split), else anywhere (``rank`` scope)."""
+    n = len(shards)
+    times = np.array(shards, dtype=float).reshape(n, 2)
+    if scope_class is not None:
+        times[:, 1 - scope_class] = math.inf
+    return Candidate(
+        table=table,
+        sharding=ShardingType.column_wise if scope_class is None else ShardingType.row_wise,
+        placement=Placement.hbm,
+        cache_fraction=None,
+        scope="rank" if scope_class is None else "group",
+        scope_class=scope_class,
+        shapes=tuple(Shape(0, 10, i, 1) for i in range(n)),
+        hbm=np.zeros((n, 2), dtype=np.int64),
+        host=np.zeros((n, 2), dtype=np.int64),
+        compute_ms=times,
+        comm_ms=np.zeros((n, 2)),
+        every_rank_ms=np.array(every, dtype=float),
+        every_total_ms=float(np.dot(every, sizes)),
+    )
+
+
+def test_a_slow_class_cannot_take_the_work_the_fast_one_cannot_hold() -> None:
+    # one fast GPU (class 0) and one slow (class 1, 3× the time); two 1-ms tables. Unweighted, each shard costs its
+    # fast time: (1 + 1) / 2 = 1. But the fast GPU holds x ms and the slow one 3·(2 − x) ms, both ≤ T, so
+    # T ≥ 1.5 (x = 1.5: the LP over shards shared between classes); weights λ = (3, 1) prove it:
+    # (3·min(1, 3/3)·2) / (3 + 1) = 1.5. The optimum is 2 (both on the fast GPU).
+    cands = [[hand2(0, [(1.0, 3.0)])], [hand2(1, [(1.0, 3.0)])]]
+    assert _least_step(cands, fixed=[0.0, 0.0], class_sizes=[1, 1]) == pytest.approx(1.0)
+    weighted = _least_step_by_class(cands, [0.0, 0.0], [1, 1], RANK_CLASS)
+    assert 1.49 <= weighted <= 1.5 + 1e-12  # the search over λ ends within 1/64 of an octave of (3, 1)
+
+
+def test_work_that_only_the_slow_class_can_hold_is_counted_there() -> None:
+    # a row split over class 1 only: two 2-ms shards, both on its one GPU (4 ms); a 1-ms table anywhere. Unweighted:
+    # (4 + 1) / 2 = 2.5 (the heaviest shard is 2). Weighing class 1 by λ₁ and class 0 by λ₀:
+    # (4·λ₁ + 1·min(λ₀, λ₁)) / (λ₀ + λ₁) → 4 as λ₀/λ₁ → 0; the optimum is 4
+    cands = [[hand2(0, [(0.0, 2.0), (0.0, 2.0)], scope_class=1)], [hand2(1, [(1.0, 1.0)])]]
+    assert _least_step(cands, fixed=[0.0, 0.0], class_sizes=[1, 1]) == pytest.approx(2.5)
+    assert 3.99 <= _least_step_by_class(cands, [0.0, 0.0], [1, 1], RANK_CLASS) <= 4.0
+
+
+@st.composite
+def two_class_cases(draw: st.DrawFn) -> tuple[list[list[Candidate]], list[float], list[int], npt.NDArray[np.int64]]:
+    sizes = [draw(st.integers(1, 2)), draw(st.integers(1, 2))]
+    rank_class = np.repeat([0, 1], sizes)
+    ms = st.floats(0.0, 10.0)
+    out = []
+    for t in range(draw(st.integers(1, 3))):
+        row = []
+        for _ in range(draw(st.integers(1, 2))):
+            n = draw(st.integers(1, 2))
+            shards = [(draw(ms), draw(ms)) for _ in range(n)]
+            every = (draw(st.floats(0.0, 0.5)), draw(st.floats(0.0, 0.5)))
+            row.append(hand2(t, shards, every, tuple(sizes), draw(st.sampled_from([None, None, 0, 1]))))
+        out.append(row)
+    return out, [draw(st.floats(0.0, 2.0)), draw(st.floats(0.0, 2.0))], sizes, rank_class
+
+
+def _optimum(cands: list[list[Candidate]], fixed: list[float], rank_class: npt.NDArray[np.int64]) -> float:
+    """The least step time over every choice of candidate per table and every rank for every shard (two shards of
+    a table may share a rank: a relaxation of a valid plan, so a bound below this is below every valid plan)."""
+    best = math.inf
+    for choice in itertools.product(*cands):
+        shards = [(c, s) for c in choice for s in range(len(c.time_ms))]
+        allowed = [[r for r, k in enumerate(rank_class) if math.isfinite(c.time_ms[s, k])] for c, s in shards]
+        base = [fixed[k] + sum(c.every_rank_ms[k] for c in choice) for k in rank_class]
+        for ranks in itertools.product(*allowed):
+            load = list(base)
+            for (c, s), r in zip(shards, ranks, strict=True):
+                load[r] += c.time_ms[s, rank_class[r]]
+            best = min(best, max(load))
+    return best
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(two_class_cases())
+def test_the_class_weighted_bound_holds_and_never_falls_below_the_unweighted_one(
+    case: tuple[list[list[Candidate]], list[float], list[int], npt.NDArray[np.int64]],
+) -> None:
+    cands, fixed, sizes, rank_class = case
+    weighted = _least_step_by_class(cands, fixed, sizes, rank_class)
+    assert weighted >= _least_step(cands, fixed, sizes)
+    assert weighted <= _optimum(cands, fixed, rank_class) * (1 + 1e-9) + 1e-12
+
+
+def _mixed(hosts: int, gpus: int) -> FleetSpec:
+    return FleetSpec(
+        name=f"b200-mi350x-{hosts}x{gpus}",
+        hosts=[
+            HostGroupSpec(gpu="nvidia-b200", count=hosts, gpus_per_host=gpus),
+            HostGroupSpec(gpu="amd-mi350x", count=hosts, gpus_per_host=gpus),
+        ],
+    )
+
+
+@pytest.mark.parametrize(("hosts", "gpus", "batch"), [(1, 8, 8192), (2, 4, 2048), (4, 4, 8192)])
+def test_the_class_weighted_bound_never_exceeds_a_real_plan_on_a_mixed_fleet(
+    load_model: Callable[[str], ModelSpec], hosts: int, gpus: int, batch: int
+) -> None:
+    model = load_model("dlrm_dcnv2").model_copy(update={"batch_size_per_gpu": batch})
+    fleet = _mixed(hosts, gpus)
+    topo = Topology(fleet, {})
+    cands = [enumerate_candidates(topo, model, i) for i in range(len(model.embedding_tables))]
+    bound = lower_bound_ms(topo, model, cands)
+    assert bound >= lower_bound_ms(topo, model, cands, by_class=False)
+    for solver in ("greedy", "cpsat"):
+        plan = make_plan(model, fleet, SolveParams(solver=solver, time_limit_s=5, num_workers=1))
+        assert plan.predicted_step_ms is not None
+        assert bound <= plan.predicted_step_ms + 1e-9
+        # and the plan's own bound (the least over its 1D and 2D options) is below it too
+        assert plan.lower_bound_ms is not None
+        assert plan.lower_bound_ms <= plan.predicted_step_ms
+
+
+def test_dcnv2_at_8192_per_gpu_on_4_plus_4_mixed_hosts_gets_a_higher_bound(
+    load_model: Callable[[str], ModelSpec],
+) -> None:
+    # 4 B200 and 4 MI350X hosts of 4: the unweighted bound put every shard on the B200s, which cannot hold them all
+    model = load_model("dlrm_dcnv2")
+    topo = Topology(_mixed(4, 4), {})
+    cands = [enumerate_candidates(topo, model, i) for i in range(len(model.embedding_tables))]
+    assert lower_bound_ms(topo, model, cands) > 1.003 * lower_bound_ms(topo, model, cands, by_class=False)
