@@ -47,6 +47,27 @@ its GPUs (the work assigned to a class spread over that class's GPUs), and :func
 it (a scan of each class's weight over powers of two, then halving steps around the best); whatever ``λ`` it ends on,
 the figure holds. This is done per set of collective groups, before the least over the sets is taken.
 
+Few shards per GPU: where each GPU holds one or two large shards the average is reached by no packing of them (the
+shards are lumps), and :func:`_packing_step` adds a bin-packing fact. Every rank carries at least
+``base = min_k fixed_k + Σ_t floor_t`` and, on top of it, *items*: each shard of its tables' candidates at its cheapest
+class's time, and per table one item ``e_c − floor_t ≥ 0`` (its candidate's least every-rank term, or for a fleet-wide
+candidate that plus the rank's own shard, above the table's floor). A plan of step ``T`` so packs every item of its
+candidates into ``W`` bins of capacity ``R = T − base``. A *dual feasible function* ``f: [0, 1] → [0, 1]`` is one with
+``Σ x_i ≤ 1 ⇒ Σ f(x_i) ≤ 1``, so summed over the bins ``Σ_items f(x/R) ≤ W``; the candidate each table uses is usable
+at ``T`` (and has no item above ``R``), so
+
+    ``Σ_t min_{c usable at T} Σ_{x ∈ items(c)} f(x / R) ≤ W``
+
+holds for every plan of step ``T``; where it fails, no plan has step ``T``. The functions used are Fekete and Schepers'
+``u_k(x) = (⌈(k+1)·x⌉ − 1)/k`` (at most theirs, which is ``x`` where ``(k+1)·x`` is whole: a function between 0 and a
+dual feasible one is dual feasible; ``x`` is scaled by ``1 − 10⁻¹²`` first so that rounding can only lower it) for
+``k`` in :data:`PACKING_K`, each also mixed with ``x`` (a convex combination of dual feasible functions is one). Each
+``u_k`` is nondecreasing, so as ``T`` grows ``x/R`` shrinks, the usable set grows and the left side falls: the fact
+fails on an interval ``T < T*``, and the bound is the largest ``T`` at which it was seen to fail (a doubling search
+above the bound of the facts before, then :data:`PACKING_BISECTIONS` halvings, every reported ``T`` one that failed).
+Only for catalogues of at most :data:`PACKING_MAX_CANDIDATES` candidates (the few-tables regime it is for: at 2,000
+tables it would cost more than the greedy).
+
 The CP-SAT model adds the same facts as constraints
 (:meth:`shardwise.solver.cpsat.formulation.Formulation._add_makespan`) and proves more.
 """
@@ -286,13 +307,107 @@ def _class_weighted_step(
     return best
 
 
+#: :func:`_packing_step`: the ``k`` of the dual feasible functions ``u_k``, the weights of ``x`` mixed into each, the
+#: halvings of the last bracket, and the largest catalogue it is tried on (module docstring)
+PACKING_K: tuple[int, ...] = tuple(range(1, 9))
+PACKING_MIX: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 0.9)
+PACKING_BISECTIONS = 30
+PACKING_MAX_CANDIDATES = 10_000
+
+
+class _Packing:
+    """The items of the module docstring's packing fact for one set of allowed candidates (grouped by table, every
+    table with one at least), each distinct item size once with how many times it occurs: ``fails(T)`` says whether
+    some dual feasible function shows that no plan has step ``T``."""
+
+    def __init__(self, cands: Sequence[Sequence[Candidate]], fixed: Sequence[float], world: int) -> None:
+        floors = table_floors(cands)
+        self.base = min(fixed) + sum(floors)
+        sizes: list[FloatArray] = []
+        counts: list[IntArray] = []
+        starts: list[int] = []
+        theta: list[float] = []
+        largest: list[float] = []
+        table_starts: list[int] = []
+        at = 0
+        for cs, floor in zip(cands, floors, strict=True):
+            table_starts.append(len(starts))
+            for c in cs:
+                every = float(np.minimum.reduce(c.every_rank_ms))
+                t = c.time_ms
+                if c.scope == "fleet":
+                    items = t[:, 0] + (every - floor)  # one per rank: its shard and every-rank term over the floor
+                else:
+                    cheapest = t[:, 0] if t.shape[1] == 1 else np.minimum.reduce(t, axis=1)
+                    items = np.concatenate((cheapest, np.full(world, every - floor)))
+                size, count = np.unique(np.maximum(items, 0.0), return_counts=True)
+                sizes.append(size)
+                counts.append(count)
+                starts.append(at)
+                at += len(size)
+                theta.append(self.base + max(heaviest_rank_time(c) - floor, 0.0))
+                largest.append(float(size[-1]))
+        self.sizes = np.concatenate(sizes)
+        self.counts = np.concatenate(counts).astype(np.float64)
+        self.starts = np.array(starts, dtype=np.int64)
+        self.theta = np.array(theta)
+        self.largest = np.array(largest)
+        self.table_starts = np.array(table_starts, dtype=np.int64)
+        self.world = world
+        k = np.array([k for k in PACKING_K for _ in PACKING_MIX], dtype=np.float64)[:, None]
+        mix = np.array([a for _ in PACKING_K for a in PACKING_MIX])[:, None]
+        self.k, self.mix = k, mix
+
+    def fails(self, T: float) -> bool:
+        """Whether no plan can have step ``T``: some table has no usable candidate, or some function's sum is above
+        ``W``."""
+        room = T - self.base
+        if room <= 0:
+            return True
+        usable = (self.theta <= T) & (self.largest <= room)
+        x = np.minimum(self.sizes, room) / room * (1.0 - 1e-12)  # above 1 only for unusable candidates: cut there
+        u = np.maximum(np.ceil((self.k + 1.0) * x) - 1.0, 0.0) / self.k  # [function, item]
+        f = self.mix * x + (1.0 - self.mix) * u
+        per_cand = np.add.reduceat(f * self.counts, self.starts, axis=1)  # [function, candidate]
+        per_cand = np.where(usable, per_cand, math.inf)
+        per_table = np.minimum.reduceat(per_cand, self.table_starts, axis=1)
+        return bool(np.any(per_table.sum(axis=1) > self.world * (1.0 + 1e-9)))
+
+
+def _packing_step(cands: Sequence[Sequence[Candidate]], fixed: Sequence[float], world: int, start: float) -> float:
+    """The packing bound of the module docstring over ``cands`` (every list non-empty), at least ``start`` (a bound
+    already proved for them): ``start`` itself when the fact does not fail just above it."""
+    if not start > 0.0 or math.isinf(start):
+        return start
+    packing = _Packing(cands, fixed, world)
+    lo = start
+    step = start * 2.0**-6
+    hi = start + step
+    while packing.fails(hi):  # the fact fails up to hi at least: look further
+        lo = hi
+        step *= 2.0
+        if step > 4.0 * start:
+            return lo
+        hi = lo + step
+    if lo == start and not packing.fails(start * (1.0 + 1e-9)):
+        return start
+    for _ in range(PACKING_BISECTIONS):
+        mid = 0.5 * (lo + hi)
+        if packing.fails(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 def lower_bound_ms(
-    topo: Topology, model: ModelSpec, cands: Sequence[Sequence[Candidate]], by_class: bool = True
+    topo: Topology, model: ModelSpec, cands: Sequence[Sequence[Candidate]], refine: bool = True
 ) -> float:
     """The bound of the module docstring over ``cands`` (one list per table; an empty list is left out): per set of
-    collective groups the unweighted sweep and, on a fleet of several classes, the class-weighted one — the larger
-    of the two — and the least of that over the sets. ``by_class=False``: the unweighted sweep alone (the bound as it
-    was before the class weights, which the tests compare with)."""
+    collective groups the largest of the unweighted sweep, on a fleet of several classes the class-weighted one, and
+    on a catalogue of at most :data:`PACKING_MAX_CANDIDATES` the packing fact; then the least over the sets.
+    ``refine=False``: the unweighted sweep alone (the bound as it was before the other two, which the tests compare
+    with)."""
     tables = [list(cs) for cs in cands if cs]
     dense = dense_min_per_class(topo, model)
     sizes = [len(cls.ranks) for cls in topo.classes]
@@ -312,25 +427,48 @@ def lower_bound_ms(
                 d + collective_latency_ms(cls.profile, kinds, multi) for d, cls in zip(dense, topo.classes, strict=True)
             ]
             options.append((_least_step(allowed, fixed, sizes), ok, fixed))
-    if not by_class or len(topo.classes) < 2 or not tables:
+    weigh = len(topo.classes) > 1
+    pack = sum(len(cs) for cs in tables) <= PACKING_MAX_CANDIDATES
+    if not refine or not tables or not (weigh or pack):
         return min((b for b, _, _ in options), default=math.inf)
-    # weighing classes only raises a set's figure: in increasing order of the unweighted figure, a set at or above
-    # the least so far cannot lower it, nor can any after it
-    catalogue = _WeightedCatalogue(tables, sizes, topo.rank_class)
+    # the other facts only raise a set's figure: in increasing order of the unweighted figure, a set at or above the
+    # least so far cannot lower it, nor can any after it
+    catalogue = _WeightedCatalogue(tables, sizes, topo.rank_class) if weigh else None
     best = math.inf
     for unweighted, ok, fixed in sorted(options, key=lambda o: o[0]):
         if unweighted >= best:
             break
-        mask = np.array([s in ok for s in catalogue.sharding])
-        best = min(best, max(unweighted, _class_weighted_step(catalogue, mask, fixed)))
+        allowed = [[c for c in cs if c.sharding in ok] for cs in tables]
+        mask = None if catalogue is None else np.array([s in ok for s in catalogue.sharding])
+        best = min(best, _refined(unweighted, allowed, fixed, topo.world_size, catalogue, mask, pack))
     return best
 
 
-def _least_step_by_class(
+def _refined(
+    unweighted: float,
+    cands: Sequence[Sequence[Candidate]],
+    fixed: Sequence[float],
+    world: int,
+    catalogue: _WeightedCatalogue | None,
+    mask: npt.NDArray[np.bool_] | None,
+    pack: bool,
+) -> float:
+    """One set's figure in :func:`lower_bound_ms`: its unweighted bound, raised by the class-weighted sweep (with a
+    ``catalogue`` and the set's ``mask`` of it) and then by the packing fact (``pack``) over ``cands``."""
+    figure = unweighted
+    if catalogue is not None and mask is not None:
+        figure = max(figure, _class_weighted_step(catalogue, mask, fixed))
+    if pack:
+        figure = max(figure, _packing_step(cands, fixed, world, figure))
+    return figure
+
+
+def _least_step_refined(
     cands: Sequence[Sequence[Candidate]], fixed: Sequence[float], class_sizes: Sequence[int], rank_class: IntArray
 ) -> float:
-    """What :func:`lower_bound_ms` takes for one set of collective groups on a fleet of several classes: the larger
-    of :func:`_least_step` and the class-weighted sweep over ``cands`` (every list non-empty)."""
-    catalogue = _WeightedCatalogue(cands, class_sizes, rank_class)
-    everything = np.ones(catalogue.size, dtype=bool)
-    return max(_least_step(cands, fixed, class_sizes), _class_weighted_step(catalogue, everything, fixed))
+    """What :func:`lower_bound_ms` takes for one set of collective groups (``cands``, every list non-empty, all of
+    the set's): :func:`_least_step` raised by the class-weighted sweep (several classes) and the packing fact."""
+    unweighted = _least_step(cands, fixed, class_sizes)
+    catalogue = _WeightedCatalogue(cands, class_sizes, rank_class) if len(class_sizes) > 1 else None
+    mask = None if catalogue is None else np.ones(catalogue.size, dtype=bool)
+    return _refined(unweighted, cands, fixed, sum(class_sizes), catalogue, mask, pack=True)
