@@ -41,11 +41,12 @@ at ``T``, and
 
 for *every* ``λ > 0``: the same sweep as above with weighted work and weighted ranks gives a bound ``B_λ``, and any
 ``λ`` gives a valid one. ``λ = (1, …, 1)`` is the unweighted average (``work_λ = work``, ``Σ_k λ_k n_k = W``), so the
-largest ``B_λ`` found is never below it. Raising a slow class's weight charges the shards it can hold at the cheaper
-class's time but limits what that class can take; the best ``λ`` is the LP dual of sharing each class's work over
-its GPUs (the work assigned to a class spread over that class's GPUs), and :func:`_class_weighted_step` searches for
-it (a scan of each class's weight over powers of two, then halving steps around the best); whatever ``λ`` it ends on,
-the figure holds. This is done per set of collective groups, before the least over the sets is taken.
+largest ``B_λ`` found is never below it. With a fast class weighed above a slow one (``λ = (3, 1)`` where the slow
+one takes three times as long) a shard costs the same weighted time on either, so the average can no longer put every
+shard on the fast class at no cost to it; the best ``λ`` is the dual of the LP that spreads the work assigned to each
+class over that class's GPUs, and :func:`_class_weighted_step` searches for it (a scan of each class's weight over
+powers of two, then halving steps around the best); whatever ``λ`` it ends on, the figure holds. This is done per
+set of collective groups, before the least over the sets is taken.
 
 Few shards per GPU: where each GPU holds one or two large shards the average is reached by no packing of them (the
 shards are lumps), and :func:`_packing_step` adds a bin-packing fact. Every rank carries at least
@@ -58,18 +59,19 @@ at ``T`` (and has no item above ``R``), so
 
     ``Σ_t min_{c usable at T} Σ_{x ∈ items(c)} f(x / R) ≤ W``
 
-holds for every plan of step ``T``; where it fails, no plan has step ``T``. The functions used are Fekete and Schepers'
-``u_k(x) = (⌈(k+1)·x⌉ − 1)/k`` (at most theirs, which is ``x`` where ``(k+1)·x`` is whole: a function between 0 and a
-dual feasible one is dual feasible; ``x`` is scaled by ``1 − 10⁻¹²`` first so that rounding can only lower it) for
-``k`` in :data:`PACKING_K`, each also mixed with ``x`` (a convex combination of dual feasible functions is one). Each
-``u_k`` is nondecreasing, so as ``T`` grows ``x/R`` shrinks, the usable set grows and the left side falls: the fact
-fails on an interval ``T < T*``, and the bound is the largest ``T`` at which it was seen to fail (a doubling search
-above the bound of the facts before, then :data:`PACKING_BISECTIONS` halvings, every reported ``T`` one that failed).
+holds for every plan of step ``T``; where it fails, no plan has step ``T``. The functions used are Fekete and
+Schepers' ``u_k(x) = max(⌈(k+1)·x⌉ − 1, 0)/k`` (at most theirs, which is ``x`` where ``(k+1)·x`` is whole: a function
+between 0 and a dual feasible one is dual feasible; ``x`` is scaled by ``1 − 10⁻¹²`` first so that rounding can only
+lower it) for ``k`` in :data:`PACKING_K`, each also mixed with ``x`` (a convex combination of dual feasible
+functions is one). Each ``u_k`` is nondecreasing, so as ``T`` grows ``x/R`` shrinks, the usable set grows and the left
+side falls: the fact fails on an interval ``T < T*``, and the bound is the largest ``T`` at which it was seen to fail
+(a doubling search above the bound of the facts before, then :data:`PACKING_BISECTIONS` halvings, every reported
+``T`` one that failed).
 Only for catalogues of at most :data:`PACKING_MAX_CANDIDATES` candidates (the few-tables regime it is for: at 2,000
 tables it would cost more than the greedy).
 
-The CP-SAT model adds the same facts as constraints
-(:meth:`shardwise.solver.cpsat.formulation.Formulation._add_makespan`) and proves more.
+The CP-SAT model adds the first two facts as constraints and this module's whole figure as ``T ≥ bound``
+(:meth:`shardwise.solver.cpsat.formulation.Formulation._add_makespan`), and proves more.
 """
 
 from __future__ import annotations
