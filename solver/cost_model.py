@@ -589,19 +589,14 @@ _GL = _gauss_legendre(20)
 _HEAD = 64  # rows summed term by term; the rest by quadrature in log space with Euler–Maclaurin end corrections
 
 
-def _lru_sums(n: int, s: float, a: float) -> tuple[float, float]:
-    """``(Σ_{i≤n} q_i, Σ_{i≤n} i^−s·q_i)`` with ``q_i = 1 − e^(−a·i^−s)``: the expected rows an LRU cache holds and
-    (times ``H(n, s)``) its hit rate, at ``a = T/H(n, s)``. Rows ``i < 64`` summed; the rest as
-    ``∫_64^n g dx + (g(64) + g(n))/2 + (g'(n) − g'(64))/12``, the integral over ``u = ln x`` in pieces of at most
-    2 (20-point Gauss–Legendre each)."""
-    occ = hit = 0.0
-    for i in range(1, min(n, _HEAD - 1) + 1):
-        w = i ** (-s)
-        q = -math.expm1(-a * w)
-        occ += q
-        hit += w * q
+@lru_cache(maxsize=4096)
+def _lru_terms(n: int, s: float) -> tuple[tuple[tuple[float, float, float], ...], tuple[float, float]]:
+    """:func:`_lru_sums`'s terms that do not depend on ``a``: ``(w, c, c·w)`` per summed row and quadrature node
+    (``w = x^−s``, ``c`` its weight: 1 for a row, the node's weight times the Jacobian ``x`` for the integral), in
+    the order the sums take them, and the end-correction abscissae."""
+    terms = [(i ** (-s), 1.0, i ** (-s)) for i in range(1, min(n, _HEAD - 1) + 1)]
     if n < _HEAD:
-        return occ, hit
+        return tuple(terms), ()  # type: ignore[return-value]
     lo, hi = math.log(_HEAD), math.log(n)
     pieces = max(1, math.ceil((hi - lo) / 2))
     width = (hi - lo) / pieces
@@ -610,11 +605,26 @@ def _lru_sums(n: int, s: float, a: float) -> tuple[float, float]:
         for node, weight in _GL:
             x = math.exp(mid + node * width / 2)
             w = x ** (-s)
-            q = -math.expm1(-a * w)
             jac = weight * width / 2 * x
-            occ += q * jac
-            hit += w * q * jac
-    for x, sign in ((float(_HEAD), 1.0), (float(n), -1.0)):
+            terms.append((w, jac, w * jac))
+    return tuple(terms), (float(_HEAD), float(n))
+
+
+def _lru_sums(n: int, s: float, a: float) -> tuple[float, float]:
+    """``(Σ_{i≤n} q_i, Σ_{i≤n} i^−s·q_i)`` with ``q_i = 1 − e^(−a·i^−s)``: the expected rows an LRU cache holds and
+    (times ``H(n, s)``) its hit rate, at ``a = T/H(n, s)``. Rows ``i < 64`` summed; the rest as
+    ``∫_64^n g dx + (g(64) + g(n))/2 + (g'(n) − g'(64))/12``, the integral over ``u = ln x`` in pieces of at most
+    2 (20-point Gauss–Legendre each; the terms that do not depend on ``a`` made once per ``(n, s)``,
+    :func:`_lru_terms`)."""
+    terms, ends = _lru_terms(n, s)
+    occ = hit = 0.0
+    for w, c, cw in terms:
+        q = -math.expm1(-a * w)
+        occ += c * q
+        hit += cw * q
+    if not ends:
+        return occ, hit
+    for x, sign in zip(ends, (1.0, -1.0), strict=True):
         w = x ** (-s)
         q = -math.expm1(-a * w)
         dq = -a * s * w / x * math.exp(-a * w)  # d/dx of q
@@ -623,21 +633,56 @@ def _lru_sums(n: int, s: float, a: float) -> tuple[float, float]:
     return occ, hit
 
 
+def _lru_occupancy(n: int, s: float, u: float) -> tuple[float, float]:
+    """The first of :func:`_lru_sums` at ``a = e^u`` and its slope in ``u``, ``Σ c·a·w·e^(−a·w)`` over the rows and
+    nodes (the two end corrections' share of the slope left out: the root finder only steers by it)."""
+    a = math.exp(u)
+    terms, ends = _lru_terms(n, s)
+    occ = slope = 0.0
+    for w, c, _ in terms:
+        e = math.exp(-a * w)
+        occ += c * (1.0 - e) if a * w > 1e-5 else c * -math.expm1(-a * w)
+        slope += c * a * w * e
+    if not ends:
+        return occ, slope
+    for x, sign in zip(ends, (1.0, -1.0), strict=True):
+        w = x ** (-s)
+        q = -math.expm1(-a * w)
+        dq = -a * s * w / x * math.exp(-a * w)
+        occ += q / 2 - sign * dq / 12
+    return occ, slope
+
+
 @lru_cache(maxsize=65536)
 def lru_characteristic_time(num_rows: int, cache_fraction: float | None, access_skew: float) -> float:
     """``T``: the ids after which a row not looked up again has left an LRU cache of ``k = ⌈f·r⌉`` rows under
     Zipf(``s``) accesses (Che's approximation), the root of ``Σ_{i≤r} (1 − e^(−p_i·T)) = k`` with
-    ``p_i = i^−s / H(r, s)`` (found by bisection on ``ln T``). Also how many ids a cold cache takes to fill."""
+    ``p_i = i^−s / H(r, s)``, found on ``u = ln a`` (``a = T/H``; the occupancy rises with ``u``) by Newton's method
+    kept inside a bracket (a step that leaves it bisects instead), from ``u = ln(k/H)`` — a lower end, since
+    ``1 − e^(−a·w) ≤ a·w`` makes the occupancy at most ``a·H`` — to ``|Δu| < 1e-12`` (a relative 1e-12 in ``T``):
+    about 8 evaluations where bisection took 56. Also how many ids a cold cache takes to fill."""
     k = cached_rows(num_rows, cache_fraction)
     total = generalized_harmonic(num_rows, access_skew)
-    lo, hi = -60.0, 60.0 + access_skew * math.log(num_rows)  # ln a; q_i → 1 for every row long before hi
-    for _ in range(56):  # the bracket's 120-odd units of ln a to 2e-15
-        mid = (lo + hi) / 2
-        if _lru_sums(num_rows, access_skew, math.exp(mid))[0] < k:
-            lo = mid
+    lo, hi = math.log(k / total), 60.0 + access_skew * math.log(num_rows)  # q_i → 1 for every row long before hi
+    u = lo
+    for _ in range(200):
+        occ, slope = _lru_occupancy(num_rows, access_skew, u)
+        f = occ - k
+        if f < 0:
+            lo = u
+        elif f > 0:
+            hi = u
         else:
-            hi = mid
-    return math.exp((lo + hi) / 2) * total
+            return math.exp(u) * total
+        step = -f / slope if slope > 0 else math.inf
+        nxt = u + step
+        if not lo < nxt < hi:
+            nxt = (lo + hi) / 2
+        if abs(nxt - u) < 1e-12 or hi - lo < 1e-12:
+            u = nxt
+            break
+        u = nxt
+    return math.exp(u) * total
 
 
 @lru_cache(maxsize=65536)
