@@ -660,7 +660,8 @@ def lru_characteristic_time(num_rows: int, cache_fraction: float | None, access_
     ``p_i = i^−s / H(r, s)``, found on ``u = ln a`` (``a = T/H``; the occupancy rises with ``u``) by Newton's method
     kept inside a bracket (a step that leaves it bisects instead), from ``u = ln(k/H)`` — a lower end, since
     ``1 − e^(−a·w) ≤ a·w`` makes the occupancy at most ``a·H`` — to ``|Δu| < 1e-12`` (a relative 1e-12 in ``T``):
-    about 8 evaluations where bisection took 56. Also how many ids a cold cache takes to fill."""
+    about 11 evaluations where bisection took 56. Also how many ids a cold cache takes to fill. With ``k ≥ r``
+    (every row cached) the root is at infinity and the figure is only some large ``T``: the hit rate is 1 there."""
     k = cached_rows(num_rows, cache_fraction)
     total = generalized_harmonic(num_rows, access_skew)
     lo, hi = math.log(k / total), 60.0 + access_skew * math.log(num_rows)  # q_i → 1 for every row long before hi
