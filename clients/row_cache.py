@@ -65,20 +65,20 @@ Overlapped prefetch
 -------------------
 :func:`overlapped_prefetch` runs prefetches beside the step in flight, the way FBGEMM's prefetch pipeline does
 (TorchRec's ``PrefetchTrainPipelineSparseDist``): on CUDA on a side stream, which waits only for each cache's last
-*locking* fetch (the lookup of the step in flight) — not for that step's pooling, backward or update — so the next
-batch's misses come in while the device runs the rest of the step. Two rules make that safe without waiting for
-the update: the prefetch takes as locked the slots that were locked when the last locking fetch ended (``_locked``,
-a snapshot: locks are only released after it, and a lookup adds locks only through a locking fetch, which takes a
-new snapshot), so it never evicts a row whose update may still be running, whatever the timing; and it never grows
-or releases the spill region (a row that finds no free way in its set is left for its lookup to fetch). The update
-in flight touches only its locked slots' rows, flags and lock counts, and the rows' optimizer state; the prefetch
-touches only unlocked slots, the tags, the slot map and the stamps — no element both write. The next use of the
-cache on any other stream — a fetch, ``flush``, ``invalidate``, the counters — first waits for the prefetch
-(:meth:`RowCache.join`). Inputs already on the device make the side stream wait for the current stream (the cache
-cannot know when they were written): pass the next batch on the host to overlap. On the CPU the same rules apply
-without a stream, so tests exercise them; weights are the same as without a prefetch, but where a synchronous
-prefetch would have evicted a row of the step in flight, the overlapped one evicts another, so the counters can
-differ.
+change on the step's stream (its lookup's fetch, or a flush, an invalidation, ...) — not for that step's pooling,
+backward or update — so the next batch's misses come in while the device runs the rest of the step. Two rules make
+that safe without waiting for the update: the prefetch takes as locked the slots that were locked when the last
+locking fetch ended (``_locked``, a snapshot: locks are only released after it, and a lookup adds locks only through
+a locking fetch, which takes a new snapshot), so it never evicts a row whose update may still be running, whatever
+the timing; and it never grows or releases the spill region (a row that finds no free way in its set is left for its
+lookup to fetch). The update in flight touches only its locked slots' rows, flags and lock counts, and the rows'
+optimizer state; the prefetch touches only unlocked slots, the tags, the slot map and the stamps — no element both
+write. The next use of the cache on any other stream — a fetch, ``flush``, ``invalidate``, the counters — first
+waits for the prefetch (:meth:`RowCache.join`). Inputs already on the device make the side stream wait for the
+current stream (the cache cannot know when they were written): pass the next batch on the host to overlap. On the
+CPU the same rules apply without a stream, so tests exercise them; weights are the same as without a prefetch, but
+where a synchronous prefetch would have evicted a row of the step in flight, the overlapped one evicts another, so
+the counters can differ.
 """
 
 from __future__ import annotations
@@ -232,8 +232,11 @@ class RowCache:
         # the overlapped prefetch (module docstring, "Overlapped prefetch"): set by overlapped_prefetch
         self.overlap = False
         self._locked: Tensor | None = None  # slots locked by lookups as of the last locking fetch (S bools)
-        self._lookup_done: torch.cuda.Event | None = None  # recorded after the last locking fetch (CUDA)
+        # recorded on the current stream after the cache's last change there (a fetch, a flush, ...; not the updates
+        # of lookups, which an overlapped prefetch works beside): where an overlapped prefetch may start (CUDA)
+        self._settled: torch.cuda.Event | None = None
         self._ready: torch.cuda.Event | None = None  # recorded after the last overlapped prefetch (CUDA)
+        self._settle()
 
     # -- sizes
 
@@ -265,10 +268,10 @@ class RowCache:
         else:
             slots_u = self._fetch_torch(rows_u, per_row, prefetch, overlap)
         hold = Hold(self, slots_u) if lock else None
-        if lock:  # what an overlapped prefetch may not evict, and when it may start
+        if lock:  # what an overlapped prefetch may not evict
             self._locked = self.locks[: self.slots] > 0
-            if self.device.type == "cuda":
-                self._lookup_done = torch.cuda.current_stream(self.device).record_event()
+        if not overlap:
+            self._settle()
         return Fetched(slots_u.index_select(0, inverse), rows_u, slots_u, inverse, hold)
 
     def _triton(self) -> bool:
@@ -430,6 +433,7 @@ class RowCache:
             scatter_rows(self.source, rows, self.weight[dirty])
             self.flags[dirty] &= _CLEAR_DIRTY
             self._count(_WRITE_BACKS, self._segment(rows))
+        self._settle()
 
     def invalidate(self) -> None:
         """Forget every cached row without writing it back (the store was written from outside: it is the truth)."""
@@ -441,6 +445,7 @@ class RowCache:
         self.tags.fill_(-1)
         self.stamps.zero_()
         self._release_spill(fresh_too=True)
+        self._settle()
 
     # -- counters
 
@@ -462,8 +467,14 @@ class RowCache:
     def reset_stats(self) -> None:
         self.join()
         self._counts.zero_()
+        self._settle()
 
     # -- the overlapped prefetch
+
+    def _settle(self) -> None:
+        """Record where the current stream's changes to the cache end (CUDA): an overlapped prefetch waits for it."""
+        if self.device.type == "cuda":
+            self._settled = torch.cuda.current_stream(self.device).record_event()
 
     def join(self) -> None:
         """Make the current stream wait for the last overlapped prefetch (nothing on the CPU or when none ran)."""
@@ -477,9 +488,10 @@ _STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 @contextlib.contextmanager
 def overlapped_prefetch(caches: Sequence[RowCache], device: torch.device, inputs: Sequence[Tensor]) -> Iterator[None]:
     """Run the prefetches made inside the block beside the step that is running (module docstring, "Overlapped
-    prefetch"): on CUDA on a side stream that waits for the caches' last locking fetches (and for the current
-    stream only if an input tensor is already on the device), each cache in its overlap mode; the caches' next
-    use on another stream waits for the block's work (:meth:`RowCache.join`). On the CPU: the overlap mode alone.
+    prefetch"): on CUDA on a side stream that waits for the caches' last changes on the current stream (and for all of
+    the current stream only if an input tensor is already on the device), each cache in its overlap mode; the
+    caches' next use on another stream waits for the block's work (:meth:`RowCache.join`). On the CPU: the overlap
+    mode alone.
     """
     for c in caches:
         c.join()
@@ -497,8 +509,8 @@ def overlapped_prefetch(caches: Sequence[RowCache], device: torch.device, inputs
     if stream is None:
         stream = _STREAMS[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
     for c in caches:
-        if c._lookup_done is not None:
-            stream.wait_event(c._lookup_done)
+        if c._settled is not None:
+            stream.wait_event(c._settled)
     on_device = [t for t in inputs if t.device.type == "cuda"]
     if on_device:  # made by the step's stream, at a point only that stream knows
         stream.wait_stream(torch.cuda.current_stream(device))
