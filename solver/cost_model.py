@@ -230,6 +230,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from shardwise.hwprofiles import HardwareProfile
 from shardwise.wire.spec import (
@@ -243,6 +244,12 @@ from shardwise.wire.spec import (
     SparseSync,
 )
 from shardwise.wire.spec import ShardingType as ST
+
+_np: Any
+try:  # the planner's numpy sums Che's terms in one call; without it (a base install) a Python loop does
+    import numpy as _np
+except ImportError:  # pragma: no cover - every test environment has numpy
+    _np = None
 
 ID_BYTES = 8
 WEIGHT_BYTES = 4  # a weighted table's per-id weight, fp32 (TorchRec's KJT weights)
@@ -567,8 +574,8 @@ def generalized_harmonic(n: float, s: float) -> float:
 
 
 def _gauss_legendre(n: int) -> tuple[tuple[float, float], ...]:
-    """Nodes and weights of ``n``-point Gauss–Legendre quadrature on [−1, 1] (Newton on ``P_n``; no numpy here:
-    the cost model stays importable from the base install)."""
+    """Nodes and weights of ``n``-point Gauss–Legendre quadrature on [−1, 1] (Newton on ``P_n``; no numpy needed:
+    the cost model stays importable without it)."""
     out = []
     for i in range(1, n + 1):
         x = math.cos(math.pi * (i - 0.25) / (n + 0.5))
@@ -633,16 +640,31 @@ def _lru_sums(n: int, s: float, a: float) -> tuple[float, float]:
     return occ, hit
 
 
+@lru_cache(maxsize=4096)
+def _lru_arrays(n: int, s: float) -> tuple[Any, Any]:
+    """:func:`_lru_terms`' ``w`` and ``c`` as numpy arrays (when numpy is there)."""
+    terms, _ = _lru_terms(n, s)
+    return _np.array([t[0] for t in terms]), _np.array([t[1] for t in terms])
+
+
 def _lru_occupancy(n: int, s: float, u: float) -> tuple[float, float]:
     """The first of :func:`_lru_sums` at ``a = e^u`` and its slope in ``u``, ``Σ c·a·w·e^(−a·w)`` over the rows and
-    nodes (the two end corrections' share of the slope left out: the root finder only steers by it)."""
+    nodes (the two end corrections' share of the slope left out: the root finder only steers by it); the sums over
+    the rows and nodes in one numpy call each where numpy is installed (the planner's: about 5× the loop's speed),
+    else in a loop."""
     a = math.exp(u)
     terms, ends = _lru_terms(n, s)
-    occ = slope = 0.0
-    for w, c, _ in terms:
-        e = math.exp(-a * w)
-        occ += c * (1.0 - e) if a * w > 1e-5 else c * -math.expm1(-a * w)
-        slope += c * a * w * e
+    if _np is not None:
+        w_arr, c_arr = _lru_arrays(n, s)
+        aw = a * w_arr
+        occ = float(_np.dot(c_arr, -_np.expm1(-aw)))
+        slope = float(_np.dot(c_arr, aw * _np.exp(-aw)))
+    else:
+        occ = slope = 0.0
+        for w, c, _ in terms:
+            e = math.exp(-a * w)
+            occ += c * -math.expm1(-a * w)
+            slope += c * a * w * e
     if not ends:
         return occ, slope
     for x, sign in zip(ends, (1.0, -1.0), strict=True):

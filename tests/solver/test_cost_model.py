@@ -431,6 +431,23 @@ def test_cache_hit_rate_is_che_lru_summed_row_by_row(skew: float, rows: int) -> 
         assert got <= max(f, math.fsum(weights[: math.ceil(f * rows)]) / total) + 1e-12
 
 
+def test_the_characteristic_time_is_the_same_with_and_without_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The occupancy's sums in one numpy call each, or in a loop where numpy is missing: the same root, to 1e-12, and
+    the occupancy at it is the cache's rows."""
+    cases = [(r, f, s) for r in (50, 1000, 2_000_000) for f in (0.01, 0.2, 0.6) for s in (0.6, 1.05, 1.8)]
+    with_numpy = [cm.lru_characteristic_time(*c) for c in cases]
+    monkeypatch.setattr(cm, "_np", None)
+    cm.lru_characteristic_time.cache_clear()
+    try:
+        without = [cm.lru_characteristic_time(*c) for c in cases]
+    finally:
+        cm.lru_characteristic_time.cache_clear()
+    for (rows, f, skew), a, b in zip(cases, with_numpy, without, strict=True):
+        assert a == pytest.approx(b, rel=1e-12)
+        occ, _ = cm._lru_sums(rows, skew, a / cm.generalized_harmonic(rows, skew))
+        assert occ == pytest.approx(cm.cached_rows(rows, f), rel=1e-9)
+
+
 @pytest.mark.parametrize("skew", [0.8, 1.0, 1.2])
 def test_cache_hit_rate_predicts_an_lru_cache(skew: float) -> None:
     """A fully associative LRU cache of 500 of 5,000 rows fed 200,000 Zipf ids (seeded, after a warm-up of
