@@ -126,7 +126,7 @@ class Formulation:
     """Builds the model of the module docstring over ``cands`` (one list per table, in model order).
 
     Building is Python work that grows with tables × bins (tens of seconds at 2,000 tables on 512 GPUs): with a
-    ``deadline`` it is checked between the families and table by table, and
+    ``deadline`` it is checked between the families, table by table and bin by bin, and
     :class:`~shardwise.solver.deadline.DeadlineExpired` is raised when it comes first."""
 
     def __init__(
@@ -331,6 +331,7 @@ class Formulation:
     def _add_hbm_capacity(self) -> None:
         """Family 5: per-bin HBM (usable capacity after the reserve)."""
         for b in range(self.nbins):
+            self._check()
             cap = sum(self.topo.hbm_limit(r) for r in self.bin_ranks[b])
             self.model.add(sum(c * v for v, c in self.hbm[b]) <= Scale.capacity(cap))
 
@@ -349,11 +350,13 @@ class Formulation:
         ``T ≥ heaviest(c)·x_{t,c} + dense_floor + Σ_{t'≠t} floor_{t'}``; ``T ≥ ⌊LB⌋``; in host mode the GPU cut
         of :meth:`_add_gpu_cut`."""
         for b in range(self.nbins):
+            self._check()
             self.model.add(self._bin_load(b) <= len(self.bin_ranks[b]) * self.T)
         cands = [list(cs) for cs in self.cands]
         floors = table_floors(cands)
         base = min(dense_min_per_class(self.topo, self.spec), default=0.0) + sum(floors)
         for row, f in zip(self.vars, floors, strict=True):
+            self._check()
             for cv in row:
                 heavy = heaviest_rank_time(cv.cand)
                 if heavy > f:
@@ -375,6 +378,7 @@ class Formulation:
         if room <= 0:
             return
         for b in range(self.nbins):
+            self._check()
             items = self.largest_item[b]
             g = len(self.bin_ranks[b])
             for k in range(4):
@@ -391,6 +395,7 @@ class Formulation:
         for (b, _), (v, ms) in self._gpu_share.items():
             shares[b].append((v, Scale.time(ms)))
         for b in range(self.nbins):
+            self._check()
             items = self.largest_item[b]
             top = max((c for _, c in items), default=0)
             M = self.model.new_int_var(0, top, f"M[{b}]")
