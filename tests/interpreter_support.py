@@ -1,5 +1,12 @@
 """Triton interpreter cases in a subprocess of their own, for the CPU tests of shardwise's Triton kernels.
 
+A test module gets its two fixtures from :func:`module_fixtures`::
+
+    interpreter_child, interpreter_results = interpreter_support.module_fixtures(
+        "test_interpreter", "run_interpreter_cases", "why the tests are skipped without Triton"
+    )
+
+
 ``TRITON_INTERPRET=1`` must be set before Triton is imported, so a test module's interpreter cases run in a child
 Python that imports the module and calls its entry point, which prints one JSON line per case; the child starts with
 the module's first test (:func:`child`, from an autouse module fixture) so that it runs beside the others, and
@@ -50,3 +57,19 @@ def results(proc: subprocess.Popen[str] | None, reason: str) -> list[dict[str, A
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stdout + stderr
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def module_fixtures(test_prefix: str, entry: str, reason: str) -> tuple[Any, Any]:
+    """A test module's ``interpreter_child`` (autouse: :func:`child` runs ``entry()`` when a selected test's name
+    starts with ``test_prefix``) and ``interpreter_results`` (:func:`results`, skipped with ``reason`` without
+    Triton) fixtures, module-scoped; assign them to those two names in the module."""
+
+    @pytest.fixture(scope="module", autouse=True)
+    def interpreter_child(request: pytest.FixtureRequest) -> Iterator[subprocess.Popen[str] | None]:
+        yield from child(request, test_prefix, entry)
+
+    @pytest.fixture(scope="module")
+    def interpreter_results(interpreter_child: subprocess.Popen[str] | None) -> list[dict[str, Any]]:
+        return results(interpreter_child, reason)
+
+    return interpreter_child, interpreter_results

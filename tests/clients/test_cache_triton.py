@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -110,14 +109,9 @@ def run_interpreter_cases() -> None:
         print(json.dumps(result), flush=True)  # noqa: T201
 
 
-@pytest.fixture(scope="module", autouse=True)
-def interpreter_child(request: pytest.FixtureRequest) -> Iterator[subprocess.Popen[str] | None]:
-    yield from interpreter_support.child(request, "test_interpreter", "run_interpreter_cases")
-
-
-@pytest.fixture(scope="module")
-def interpreter_results(interpreter_child: subprocess.Popen[str] | None) -> list[dict[str, Any]]:
-    return interpreter_support.results(interpreter_child, "the cache's Triton fetch needs Triton (the dev extra)")
+interpreter_child, interpreter_results = interpreter_support.module_fixtures(
+    "test_interpreter", "run_interpreter_cases", "the cache's Triton fetch needs Triton (the dev extra)"
+)
 
 
 @pytest.mark.parametrize("cols", [3, 600])

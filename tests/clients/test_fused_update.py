@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -370,28 +369,21 @@ def run_triton_cases() -> None:
         print(json.dumps(result), flush=True)  # noqa: T201
 
 
-@pytest.fixture(scope="module", autouse=True)
-def triton_child(request: pytest.FixtureRequest) -> Iterator[subprocess.Popen[str] | None]:
-    yield from interpreter_support.child(request, "test_triton_interpreter", "run_triton_cases")
-
-
-@pytest.fixture(scope="module")
-def triton_results(triton_child: subprocess.Popen[str] | None) -> list[dict[str, Any]]:
-    return interpreter_support.results(
-        triton_child, "the Triton backend's tests need Triton (the dev extra installs it)"
-    )
+interpreter_child, interpreter_results = interpreter_support.module_fixtures(
+    "test_triton_interpreter", "run_triton_cases", "the Triton backend's tests need Triton (the dev extra installs it)"
+)
 
 
 @pytest.mark.parametrize("opt", list(RowOptimizer))
-def test_triton_interpreter_matches_torch_backend(triton_results: list[dict[str, Any]], opt: RowOptimizer) -> None:
-    mine = [r for r in triton_results if r["opt"] == opt.value]
+def test_triton_interpreter_matches_torch_backend(interpreter_results: list[dict[str, Any]], opt: RowOptimizer) -> None:
+    mine = [r for r in interpreter_results if r["opt"] == opt.value]
     assert len(mine) == len(TRITON_CASES)
     failures = [f"{r['dtype']} C={r['cols']}: {e}" for r in mine for e in r["errors"]]
     assert not failures, "\n".join(failures)
 
 
-def test_triton_interpreter_pooled_rows_match_embedding_bag(triton_results: list[dict[str, Any]]) -> None:
-    mine = [r for r in triton_results if r["opt"] == "forward"]
+def test_triton_interpreter_pooled_rows_match_embedding_bag(interpreter_results: list[dict[str, Any]]) -> None:
+    mine = [r for r in interpreter_results if r["opt"] == "forward"]
     assert len(mine) == len(TRITON_CASES)
     failures = [f"{r['dtype']} C={r['cols']}: {e}" for r in mine for e in r["errors"]]
     assert not failures, "\n".join(failures)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -132,16 +131,9 @@ def run_interpreter_cases() -> None:
         print(json.dumps(result), flush=True)  # noqa: T201
 
 
-@pytest.fixture(scope="module", autouse=True)
-def interpreter_child(request: pytest.FixtureRequest) -> Iterator[subprocess.Popen[str] | None]:
-    yield from interpreter_support.child(request, "test_interpreter", "run_interpreter_cases")
-
-
-@pytest.fixture(scope="module")
-def interpreter_results(interpreter_child: subprocess.Popen[str] | None) -> list[dict[str, Any]]:
-    return interpreter_support.results(
-        interpreter_child, "the Triton matmul's tests need Triton (the dev extra installs it)"
-    )
+interpreter_child, interpreter_results = interpreter_support.module_fixtures(
+    "test_interpreter", "run_interpreter_cases", "the Triton matmul's tests need Triton (the dev extra installs it)"
+)
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))

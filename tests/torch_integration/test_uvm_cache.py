@@ -228,15 +228,29 @@ def check_against_hbm(rank: int, world: int, kind: RowOptimizer) -> tuple[list[s
     return errors, counts
 
 
-def check_prefetch_changes_nothing(rank: int, world: int) -> list[str]:
-    """The same steps with and without a prefetch before each: same weights, same counters."""
-    errors: list[str] = []
-    torch.manual_seed(1)
+def twin_caches(world: int, seed: int, config: UpdateConfig) -> tuple[nn.Module, nn.Module]:
+    """Two copies of one model placed uvm_cache: one to train plainly, one with prefetches."""
+    torch.manual_seed(seed)
     base = Tables()
-    config = UpdateConfig(RowOptimizer.adam, lr=0.05)
     plan = plan_for(world, Placement.uvm_cache)
     plain = apply_plan(copy.deepcopy(base), plan, embedding_optimizer=config, cache_ways=WAYS)
     piped = apply_plan(copy.deepcopy(base), plan, embedding_optimizer=config, cache_ways=WAYS)
+    return plain, piped
+
+
+def weight_differences(plain: nn.Module, piped: nn.Module, what: str) -> list[str]:
+    """Every table whose weights differ between the two copies (``full_tensor`` flushes the caches first)."""
+    return [
+        f"{fqn}: weights differ {what}"
+        for fqn in TABLES
+        if not torch.equal(table(plain, fqn).full_tensor(), table(piped, fqn).full_tensor())
+    ]
+
+
+def check_prefetch_changes_nothing(rank: int, world: int) -> list[str]:
+    """The same steps with and without a prefetch before each: same weights, same counters."""
+    errors: list[str] = []
+    plain, piped = twin_caches(world, 1, UpdateConfig(RowOptimizer.adam, lr=0.05))
     e_plain = ShardedEmbeddingBagCollection.from_module(plain)
     e_piped = ShardedEmbeddingBagCollection.from_module(piped)
     next_feats = batches(world, seed=500)[1][rank]
@@ -251,22 +265,14 @@ def check_prefetch_changes_nothing(rank: int, world: int) -> list[str]:
     got, want = stats_of(piped), stats_of(plain)
     if got != want:
         errors.append(f"counters differ with prefetch: {got} vs {want}")
-    for fqn in TABLES:
-        if not torch.equal(table(plain, fqn).full_tensor(), table(piped, fqn).full_tensor()):
-            errors.append(f"{fqn}: weights differ with prefetch")
-    return errors
+    return errors + weight_differences(plain, piped, "with prefetch")
 
 
 def check_overlapped_prefetch(rank: int, world: int) -> list[str]:
     """The same steps with an overlapped prefetch of each next batch (one between a forward and its backward):
     the same weights and the same lookups as without (the evictions may differ: module docstring)."""
     errors: list[str] = []
-    torch.manual_seed(3)
-    base = Tables()
-    config = UpdateConfig(RowOptimizer.rowwise_adagrad, lr=0.1)
-    plan = plan_for(world, Placement.uvm_cache)
-    plain = apply_plan(copy.deepcopy(base), plan, embedding_optimizer=config, cache_ways=WAYS)
-    piped = apply_plan(copy.deepcopy(base), plan, embedding_optimizer=config, cache_ways=WAYS)
+    plain, piped = twin_caches(world, 3, UpdateConfig(RowOptimizer.rowwise_adagrad, lr=0.1))
     e_plain = ShardedEmbeddingBagCollection.from_module(plain)
     e_piped = ShardedEmbeddingBagCollection.from_module(piped)
     feats = batches(world, seed=700)[1][rank]
@@ -283,10 +289,7 @@ def check_overlapped_prefetch(rank: int, world: int) -> list[str]:
     got, want = stats_of(piped), stats_of(plain)
     if {n: s.lookups for n, s in got.items()} != {n: s.lookups for n, s in want.items()}:
         errors.append(f"lookups differ with an overlapped prefetch: {got} vs {want}")
-    for fqn in TABLES:
-        if not torch.equal(table(plain, fqn).full_tensor(), table(piped, fqn).full_tensor()):
-            errors.append(f"{fqn}: weights differ with an overlapped prefetch")
-    return errors
+    return errors + weight_differences(plain, piped, "with an overlapped prefetch")
 
 
 def check_state_dict(rank: int, world: int) -> list[str]:
