@@ -291,8 +291,10 @@ class RowCache:
         seg_u = self._segment(rows_u)
         slots_u, keys = kernels.probe(rows_u, seg_u, per_row, self, lookup=not prefetch)
         if overlap:
-            locked = self._locked if self._locked is not None else torch.zeros(self.slots, dtype=torch.bool)
-            lockmask = locked.to(device=self.device, dtype=torch.int8)
+            locked = self._locked
+            if locked is None:  # no lookup has locked anything yet
+                locked = torch.zeros(self.slots, dtype=torch.bool, device=self.device)
+            lockmask = locked.to(torch.int8)
         else:
             lockmask = (self.locks[: self.slots] > 0).to(torch.int8)
         victims, overflow = kernels.choose(keys, self, lockmask)

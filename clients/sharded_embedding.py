@@ -376,25 +376,22 @@ class ShardedEmbeddingBag(nn.Module):
     def flush(self) -> None:
         """Write the rows the caches hold updated back to host memory, so that ``weights`` are current (done by
         :meth:`full_tensor` and ``state_dict()``); a no-op without ``uvm_cache`` shards."""
-        for g in self._caches():
-            assert g.cache is not None
-            g.cache.flush()
+        for c in self.row_caches():
+            c.flush()
 
     def _invalidate(self) -> None:
-        for g in self._caches():
-            assert g.cache is not None
-            g.cache.invalidate()
+        for c in self.row_caches():
+            c.invalidate()
 
     def cache_stats(self) -> CacheStats | None:
         """This rank's cache counters for the table (:class:`~shardwise.clients.row_cache.CacheStats`: lookups,
         hits, evictions...), or None when it holds no cached shard of it; reads the device."""
-        caches = self._caches()
+        caches = self.row_caches()
         if not caches:
             return None
         total = CacheStats()
-        for g in caches:
-            assert g.cache is not None
-            total = total + g.cache.stats().get(self.name, CacheStats())
+        for c in caches:
+            total = total + c.stats().get(self.name, CacheStats())
         return total
 
     def row_caches(self) -> list[RowCache]:
