@@ -32,6 +32,7 @@ the seconds since the start and are flushed; the JSON is rewritten after every p
     python3 benchmarks/port_measured.py report port.json                   # the tables (CPU)
     python3 benchmarks/port_measured.py report port.json --calibration CAL.yaml   # and re-predicted under CAL
     python3 benchmarks/port_measured.py plan [--small]                     # plans and port predictions only
+    python3 -u benchmarks/port_measured.py profile RUN.json --out prof.txt  # where the capped plans' time goes
 """
 
 from __future__ import annotations
@@ -920,6 +921,95 @@ def plan_only(small: bool, out: Path | None) -> None:
         out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
 
+# ------------------------------------------------------------------------------------------------ profile
+
+
+def _variant(plan_doc: dict[str, Any], placements: set[str]) -> dict[str, Any]:
+    """``plan_doc`` with every shard placed in one of ``placements`` moved to ``hbm`` (to see what they cost)."""
+    doc = json.loads(json.dumps(plan_doc))
+
+    def walk(x: Any) -> None:
+        if isinstance(x, dict):
+            if x.get("placement") in placements:
+                x["placement"], x["cache_fraction"] = "hbm", None
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+
+    walk(doc)
+    return doc
+
+
+def _zipf_draw(zipfs: dict[int, Any], i: int, rows: int, n: int, gen: Any) -> Any:
+    return zipfs[i].draw(n)
+
+
+def profile_port(run_json: Path, steps: int, models: Sequence[str]) -> str:
+    """Where the capped plans' extra step time goes (CUDA): each measured capped plan as run, without its cached
+    shards, without its host shards, and the re-plan — per variant the pipelined and host ms per step, the host
+    synchronisations of one step, and the torch profiler's operators by self CPU and by device time."""
+    import io
+
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_executor import back_to_back, count_syncs
+
+    from shardwise.clients.calibrate import ZipfIds
+    from shardwise.wire.spec import Plan
+
+    doc = json.loads(run_json.read_text(encoding="utf-8"))
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    truth._one_rank_group("nccl")
+    out = io.StringIO()
+    try:
+        for m in port_models(False):
+            if models and m.cfg.name not in models:
+                continue
+            plans = doc["port"][m.cfg.name]["prediction"]["plans"]
+            skewed = enumerate(zip(m.cfg.tables, m.skews, strict=True))
+            zipfs = {i: ZipfIds(rows, s, seed=100 + i) for i, ((rows, _), s) in skewed}
+            variants = {
+                "capped": plans["direct_port"],
+                "capped_no_cache": _variant(plans["direct_port"], {"uvm_cache"}),
+                "capped_no_host": _variant(plans["direct_port"], {"host"}),
+                "replan": plans["replan"],
+            }
+            for label, plan_doc in variants.items():
+                plan = replicated(Plan.model_validate(plan_doc))
+                n = 2 * steps + 12
+                draw = functools.partial(_zipf_draw, zipfs)
+                rig = truth.build(m.cfg, device, the_plan=plan, draw=draw, batches=n)
+                rig.fresh = True
+                for i in range(6):
+                    rig.step(i)
+                torch.cuda.synchronize()
+                pipelined, host = back_to_back(rig.step, steps, device)
+                syncs = count_syncs(functools.partial(rig.step, 0), device)
+                line = f"== {m.cfg.name} {label}: pipelined {pipelined:.3f} ms, host {host:.3f} ms, syncs/step {syncs}"
+                say(line)
+                out.write(line + "\n")
+                with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    for i in range(steps):
+                        rig.step(i)
+                    torch.cuda.synchronize()
+                ka = prof.key_averages()
+                out.write(ka.table(sort_by="self_cpu_time_total", row_limit=25) + "\n")
+                out.write(ka.table(sort_by="self_device_time_total", row_limit=25) + "\n")
+                del rig, prof, ka
+                gc.collect()
+                torch.cuda.empty_cache()
+    finally:
+        dist.destroy_process_group()
+    return out.getvalue()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -948,8 +1038,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     q = sub.add_parser("plan", help="the plans and the port's predictions only")
     q.add_argument("--small", action="store_true")
     q.add_argument("--out", type=Path, help="write the predictions and plans here (JSON)")
+    f = sub.add_parser("profile", help="where the capped plans' extra time goes (CUDA; variants and torch profiler)")
+    f.add_argument("json", type=Path, help="a run's JSON (its plans are profiled)")
+    f.add_argument("--out", type=Path, required=True)
+    f.add_argument("--steps", type=int, default=10)
+    f.add_argument("--models", default="", help="comma-separated model names (default: both)")
     args = ap.parse_args(argv)
-    if args.cmd == "run":
+    if args.cmd == "profile":
+        text = profile_port(args.json, args.steps, [x for x in args.models.split(",") if x])
+        args.out.write_text(text, encoding="utf-8")
+    elif args.cmd == "run":
         run(args)
     elif args.cmd == "plan":
         plan_only(args.small, args.out)

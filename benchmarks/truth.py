@@ -365,6 +365,7 @@ def build(cfg: Config, device: Any, *, the_plan: Plan | None = None, draw: IdDra
     model = apply_plan(
         DLRM(cfg),
         plan(cfg) if the_plan is None else the_plan,
+        model_spec=model_spec(cfg),  # checks the plan against the model, and sizes the caches' spill reserve
         device=device,
         embedding_optimizer=UpdateConfig(RowOptimizer(cfg.optimizer), lr=0.01),
     )

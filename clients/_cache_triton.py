@@ -50,7 +50,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["BIG", "apply", "choose", "probe"]
+__all__ = ["BIG", "apply", "choose", "distinct", "probe", "release", "spill"]
 
 #: the key of a cached row: past every set
 BIG = 1 << 62
@@ -71,13 +71,15 @@ def _probe_kernel(  # type: ignore[no-untyped-def]
     keys_out,
     counts,
     u,
+    count_ptr,
     clock,
     sets,
     LOOKUP: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    live = offs < u
+    lanes = offs < u
+    live = lanes & (offs < tl.load(count_ptr))
     row = tl.load(rows_u + offs, mask=live, other=0)
     slot = tl.load(slot_of + row, mask=live, other=-1).to(tl.int64)
     cached = live & (slot >= 0)
@@ -90,9 +92,9 @@ def _probe_kernel(  # type: ignore[no-untyped-def]
         tl.atomic_add(counts + seg * 6 + 1, n, mask=hit)
         tl.store(flags + slot, (f & 0xFD).to(tl.uint8), mask=cached)
     tl.store(stamps + slot, tl.zeros([BLOCK], dtype=tl.int64) + clock, mask=cached)
-    tl.store(slots_out + offs, slot, mask=live)
+    tl.store(slots_out + offs, slot, mask=lanes)
     big = tl.zeros([BLOCK], dtype=tl.int64) + (1 << 62)
-    tl.store(keys_out + offs, tl.where(cached, big, row % sets), mask=live)
+    tl.store(keys_out + offs, tl.where(cached | (live == 0), big, row % sets), mask=lanes)
 
 
 @triton.jit
@@ -184,6 +186,151 @@ def _apply_kernel(  # type: ignore[no-untyped-def]
         tl.atomic_add(counts + seg * 6 + 2, 1)
 
 
+@triton.jit
+def _release_kernel(  # type: ignore[no-untyped-def]
+    tags,
+    locks,
+    flags,
+    slot_of,
+    weight,
+    store,
+    counts,
+    starts,
+    nseg,
+    base,
+    C,
+    FRESH_TOO: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    NUM_CB: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    v = base + tl.program_id(0)
+    old = tl.load(tags + v)
+    f = tl.load(flags + v).to(tl.int32)
+    free = (tl.load(locks + v) == 0) & (FRESH_TOO | ((f & 2) == 0))
+    if (old >= 0) & free:
+        s = tl.arange(0, BLOCK_S)
+        first = tl.load(starts + s, mask=s < nseg, other=1 << 62)
+        oseg = tl.sum((first <= old).to(tl.int64), axis=0) - 1
+        if (f & 1) != 0:
+            cols = tl.arange(0, BLOCK_C)
+            for cb in tl.static_range(NUM_CB):
+                c = cb * BLOCK_C + cols
+                x = tl.load(weight + v * C + c, mask=c < C)
+                tl.store(store + old * C + c, x, mask=c < C)
+            tl.atomic_add(counts + oseg * 6 + 4, 1)
+        tl.store(slot_of + old, -1)
+        tl.store(tags + v, -1)
+        tl.store(flags + v, 0)
+        tl.atomic_add(counts + oseg * 6 + 3, 1)
+
+
+@triton.jit
+def _spill_kernel(  # type: ignore[no-untyped-def]
+    order,
+    sorted_keys,
+    free_at,
+    rows_u,
+    seg_u,
+    slots_out,
+    tags,
+    stamps,
+    flags,
+    slot_of,
+    weight,
+    store,
+    counts,
+    base,
+    clock,
+    C,
+    NEW_FLAGS: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    NUM_CB: tl.constexpr,
+):
+    j = tl.program_id(0)
+    key = tl.load(sorted_keys + j)
+    if key < (1 << 62):
+        i = tl.load(order + j)
+        v = base + tl.load(free_at + j)
+        row = tl.load(rows_u + i)
+        cols = tl.arange(0, BLOCK_C)
+        for cb in tl.static_range(NUM_CB):
+            c = cb * BLOCK_C + cols
+            x = tl.load(store + row * C + c, mask=c < C)
+            tl.store(weight + v * C + c, x, mask=c < C)
+        tl.store(tags + v, row)
+        tl.store(slot_of + row, v.to(tl.int32))
+        tl.store(stamps + v, clock)
+        tl.store(flags + v, NEW_FLAGS)
+        tl.store(slots_out + i, v)
+        seg = tl.load(seg_u + i)
+        tl.atomic_add(counts + seg * 6 + 2, 1)
+        tl.atomic_add(counts + seg * 6 + 5, 1)
+
+
+def _column_blocks(cache: Any) -> tuple[int, int, int]:
+    """``(C, BLOCK_C, NUM_CB)`` of the cache's rows."""
+    cols = int(cache.weight.shape[1])
+    block_c = min(512, triton.next_power_of_2(max(cols, 1)))
+    return cols, block_c, triton.cdiv(cols, block_c)
+
+
+def distinct(rows: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The batch's distinct rows without a host synchronisation: ``(rows_u, inverse, per_row, count, canon)``, each
+    of the batch's length ``n`` but ``count`` (a one-element device tensor, the number ``u`` of distinct rows).
+
+    Lanes ``0..u−1`` are ``torch.unique``'s (sorted rows, occurrences); the lanes past them repeat the last distinct
+    row with no occurrence, and ``canon`` maps every lane to itself, those past ``u`` to lane ``u − 1``."""
+    n = rows.numel()
+    dev = rows.device
+    sorted_rows, order = torch.sort(rows)
+    first = torch.ones(n, dtype=torch.bool, device=dev)
+    first[1:] = sorted_rows[1:] != sorted_rows[:-1]
+    group = torch.cumsum(first, 0) - 1
+    count = group[-1:] + 1
+    inverse = torch.empty_like(group).scatter_(0, order, group)
+    lanes = torch.arange(n, device=dev)
+    rows_u = torch.where(lanes < count, torch.empty_like(sorted_rows).scatter_(0, group, sorted_rows), sorted_rows[-1:])
+    per_row = torch.zeros(n, dtype=torch.int64, device=dev).index_add_(0, group, torch.ones_like(group))
+    return rows_u, inverse, per_row, count, torch.minimum(lanes, count - 1)
+
+
+def release(cache: Any, *, fresh_too: bool) -> None:
+    """Release the spill region's unlocked slots (and, unless ``fresh_too``, not those a prefetch filled for their
+    lookup): write dirty rows back, unmap them — the torch ops' ``_release_spill`` without freeing the region."""
+    extra = int(cache.weight.shape[0]) - cache.slots
+    if extra <= 0:
+        return
+    cols, block_c, num_cb = _column_blocks(cache)
+    nseg = int(cache._starts.numel())
+    _release_kernel[(extra,)](
+        cache.tags, cache.locks, cache.flags, cache.slot_of, cache.weight, cache.source, cache._counts, cache._starts,
+        nseg, cache.slots, cols,
+        FRESH_TOO=fresh_too, BLOCK_C=block_c, NUM_CB=num_cb, BLOCK_S=triton.next_power_of_2(max(nseg, 2)),
+    )  # fmt: skip
+
+
+def spill(rows_u: Tensor, seg_u: Tensor, slots_u: Tensor, count: Tensor, cache: Any, *, fresh: bool) -> None:
+    """Put the distinct rows that found no way (``slots_u`` −1 among the first ``count`` lanes) in free spill slots,
+    set by set, row by row, the lowest free slot first (the torch ops' ``_spill``); ``slots_u`` updated in place.
+    The caller made sure the spill region has a free slot for each (no synchronisation reads how many there are;
+    a device-side assertion checks it)."""
+    n = rows_u.numel()
+    dev = rows_u.device
+    lanes = torch.arange(n, device=dev)
+    over = (slots_u < 0) & (lanes < count)
+    sorted_keys, order = torch.sort(torch.where(over, rows_u % cache.sets, BIG), stable=True)
+    free = torch.cumsum(cache.tags[cache.slots :] < 0, 0)
+    torch._assert_async(over.sum() <= free[-1])
+    free_at = torch.searchsorted(free, lanes + 1)  # lane k: the k-th free spill slot (from 0)
+    cols, block_c, num_cb = _column_blocks(cache)
+    _spill_kernel[(n,)](
+        order, sorted_keys, free_at, rows_u, seg_u, slots_u, cache.tags, cache.stamps, cache.flags, cache.slot_of,
+        cache.weight, cache.source, cache._counts, cache.slots, cache.clock, cols,
+        NEW_FLAGS=_FRESH if fresh else 0, BLOCK_C=block_c, NUM_CB=num_cb,
+    )  # fmt: skip
+
+
 def probe(
     rows_u: Tensor,
     seg_u: Tensor,
@@ -191,15 +338,20 @@ def probe(
     cache: Any,
     *,
     lookup: bool,
+    count: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Step 1: ``(slots_u, keys)`` of the distinct rows (slots −1 and keys their set where missing)."""
+    """Step 1: ``(slots_u, keys)`` of the distinct rows (slots −1 and keys their set where missing); ``count``: how
+    many of the lanes hold distinct rows (a device tensor, :func:`distinct`; default all), the rest are inert (slot
+    −1, key ``BIG``)."""
     u = rows_u.numel()
+    if count is None:
+        count = torch.full((1,), u, dtype=torch.int64, device=rows_u.device)
     slots_u = torch.empty(u, dtype=torch.int64, device=rows_u.device)
     keys = torch.empty(u, dtype=torch.int64, device=rows_u.device)
     grid = (triton.cdiv(u, _BLOCK),)
     _probe_kernel[grid](
         rows_u, seg_u, per_row, cache.slot_of, cache.flags, cache.stamps, slots_u, keys, cache._counts, u,
-        cache.clock, cache.sets, LOOKUP=lookup, BLOCK=_BLOCK,
+        count, cache.clock, cache.sets, LOOKUP=lookup, BLOCK=_BLOCK,
     )  # fmt: skip
     return slots_u, keys
 
@@ -220,12 +372,11 @@ def choose(keys: Tensor, cache: Any, lockmask: Tensor) -> tuple[Tensor, Tensor]:
 
 def apply(rows_u: Tensor, seg_u: Tensor, victims: Tensor, slots_u: Tensor, cache: Any, *, fresh: bool) -> None:
     """Step 4: evict, write back, copy in and map every row that has a victim (``slots_u`` updated in place)."""
-    cols = int(cache.weight.shape[1])
-    block_c = min(512, triton.next_power_of_2(max(cols, 1)))
+    cols, block_c, num_cb = _column_blocks(cache)
     nseg = int(cache._starts.numel())
     _apply_kernel[(rows_u.numel(),)](
         rows_u, seg_u, victims, slots_u, cache.tags, cache.stamps, cache.flags, cache.slot_of, cache.weight,
         cache.source, cache._counts, cache._starts, nseg, cache.clock, cols,
-        NEW_FLAGS=_FRESH if fresh else 0, BLOCK_C=block_c, NUM_CB=triton.cdiv(cols, block_c),
+        NEW_FLAGS=_FRESH if fresh else 0, BLOCK_C=block_c, NUM_CB=num_cb,
         BLOCK_S=triton.next_power_of_2(max(nseg, 2)),
     )  # fmt: skip

@@ -383,6 +383,11 @@ def apply_plan(
     :mod:`shardwise.clients.host_memory`; the cost model's pricing) or ``"cpu"`` (the CPU gathers and updates the
     rows, the pooled rows cross to the device). Zero-copy measured 4–8× faster on an H200 (``docs/truth.md``).
 
+    ``model_spec``: checks the plan against the model, and sizes each ``uvm_cache`` group's spill reserve from the ids
+    a step may bring its shards (``world · batch_size_per_gpu · num_features · pooling_factor`` per table,
+    :func:`~shardwise.clients.row_cache.spill_slots`), with which a CUDA cache fetches without a host
+    synchronisation (:mod:`shardwise.clients.row_cache`, "No synchronisation"); without it the fetch synchronises.
+
     Raises :class:`PlanMismatchError` (a ``ValueError``) before any collective when the plan does not fit.
     """
     if not dist.is_available() or not dist.is_initialized():
@@ -422,7 +427,14 @@ def apply_plan(
                 local.append((tp.name, i, s, bag.weight.dtype, where, update))
     if cache_ways < 1:
         raise ValueError(f"cache_ways must be at least 1, got {cache_ways}")
-    storage = plan_groups(local, cache_ways=cache_ways, replicas=replicas)
+    step_ids = None
+    if model_spec is not None:  # the ids a step may bring one shard of each table: every rank's, for the cache
+        world_t = dist.get_world_size(table_group)
+        step_ids = {
+            t.name: world_t * model_spec.batch_size_per_gpu * t.num_features * t.pooling_factor
+            for t in model_spec.embedding_tables
+        }
+    storage = plan_groups(local, cache_ways=cache_ways, replicas=replicas, step_ids=step_ids)
     for tp, bag in checked.tables:
         grouped = {i: g for (name, i), g in storage.place.items() if name == tp.name}
         sharded = ShardedEmbeddingBag.from_embedding_bag(

@@ -30,8 +30,8 @@ it is dirty, and the missing row is copied in from the store. When a set has mor
 batch with more than ``A`` distinct rows of one set, or ways locked by lookups whose backward has not run), the
 rest go to **spill slots** past ``S``, outside every set: FBGEMM reads such rows straight from UVM, this cache
 copies them in like any miss and releases them (written back if dirty) at the next fetch that finds them unlocked.
-The spill region grows as needed and is freed when no spill slot is locked, so between steps the device holds
-the ``S`` slots alone.
+The spill region holds a fixed **reserve** (``spill_reserve`` slots, kept whatever happens; below) and grows past it
+only as needed, back to the reserve when no spill slot is locked.
 
 Locks keep a slot's row in place from its lookup to its update: a lookup with autograd on locks the slots of its
 rows, its backward (the fused update, which writes into the cached rows and marks them dirty) unlocks them, and so
@@ -56,10 +56,33 @@ tensors (the cache then saves nothing: it is what the tests exercise). On CUDA t
 the fetch reads and writes **zero-copy** (:mod:`shardwise.clients.host_memory`: ``source``, the store's device
 view): a missing row is gathered by a GPU kernel straight from host memory across the host link, an evicted dirty
 row scattered back the same way — no CPU gather and no staging copy (measured 4–8× faster than the CPU path on an
-H200, ``docs/truth.md``). A fetch still synchronises the host with the stream it runs on a few times: the distinct
-rows, the misses and the victims have data-dependent sizes. :meth:`RowCache.flush` writes every dirty cached row
-back (a checkpoint, or reading the table); :meth:`RowCache.invalidate` forgets every cached row (after the store was
-written from outside).
+H200, ``docs/truth.md``). :meth:`RowCache.flush` writes every dirty cached row back (a checkpoint, or reading the
+table); :meth:`RowCache.invalidate` forgets every cached row (after the store was written from outside).
+
+No synchronisation
+------------------
+The number of distinct rows in a batch and the number that found no way are data: reading either back makes the
+host wait for the device, which empties the queue the host had run ahead with, so that a step costs its host time
+*plus* much of its device time instead of the larger of the two (measured on an H200: the port's ``dcn-26`` plan
+11.2 ms a step against 6.2 ms without its cache; ``docs/truth.md``). On CUDA (the Triton kernels,
+:mod:`shardwise.clients._cache_triton`) a fetch reads neither whenever the **spill reserve** has room for the batch:
+
+* distinct rows without ``torch.unique``: the ids sorted, one **lane per id** — lanes ``0..u−1`` are the distinct
+  rows in order, the rest repeat the last one and take no part (the count ``u`` stays on the device); the kernels
+  run over every lane, inert ones returning at once;
+* rows that found no way go to free slots of the reserve found on the device (a cumulative count and a
+  ``searchsorted``), set by set and row by row, the lowest free slot first — the slots the torch ops would pick; the
+  release of the last step's spill slots is a kernel too, and the region is never freed;
+* ``Fetched.canon`` maps each lane to its distinct lane: the update works on one copy per lane, then every lane takes
+  its distinct lane's result, so that the copies written back to one slot are the same bits.
+
+The reserve has room when it is at least the batch's distinct rows at most (``min(ids, store rows)``) plus the spill
+slots a release may have to keep: rows locked by live lookups, and unless the fetch is a prefetch the last
+prefetch's rows (a host-side count of each, no data read). ``apply_plan`` sizes it from the model spec
+(:func:`spill_slots`: ``min(r, ⌈1.25·n⌉)`` per shard for the ``n`` ids a step may bring it; the cost model charges
+the same bytes, ``cache_spill_bytes``); without a spec, or for a batch larger than the reserve, the fetch
+synchronises as before (``torch.unique``, then the count of rows that found no way) and grows the region as needed.
+Either way the results are the same, field for field (the tests hold the two to each other).
 
 Overlapped prefetch
 -------------------
@@ -103,6 +126,7 @@ __all__ = [
     "gather_rows",
     "overlapped_prefetch",
     "scatter_rows",
+    "spill_slots",
 ]
 
 #: ways per set: FBGEMM's DEFAULT_ASSOC on CUDA (64 on ROCm)
@@ -115,6 +139,16 @@ _NEVER = torch.iinfo(torch.int64).max
 
 # counter columns, per segment
 _LOOKUPS, _HITS, _UNIQUE_MISSES, _EVICTIONS, _WRITE_BACKS, _SPILLS = range(6)
+
+
+#: spill slots reserved per id a step may bring a cached shard (module docstring, "No synchronisation")
+SPILL_HEADROOM = 1.25
+
+
+def spill_slots(ids_per_step: float, num_rows: int) -> int:
+    """Spill slots a cached shard reserves: ``min(r, ⌈1.25·n⌉)`` for the ``n`` ids a step may bring it (the cost
+    model's ``cache_spill_bytes``)."""
+    return min(num_rows, math.ceil(SPILL_HEADROOM * ids_per_step))
 
 
 def cache_slots(num_rows: int, cache_fraction: float, ways: int = CACHE_WAYS) -> int:
@@ -158,20 +192,30 @@ class Fetched:
     slots_u: Tensor
     inverse: Tensor
     hold: Hold | None
+    #: a synchronisation-free fetch's lanes: ``rows_u`` / ``slots_u`` then have one lane per id, the lanes past the
+    #: distinct rows repeating the last one; ``canon[k]`` is ``k``'s distinct lane (module docstring, "No
+    #: synchronisation"). None: one lane per distinct row
+    canon: Tensor | None = None
 
 
 class Hold:
     """The lock a lookup holds on its slots until its update ran (:meth:`release`, idempotent) or its graph is
     dropped (``__del__``)."""
 
-    def __init__(self, cache: RowCache, slots: Tensor) -> None:
+    def __init__(self, cache: RowCache, slots: Tensor, rows: int, amount: Tensor | None = None) -> None:
+        """Lock ``slots`` (each by ``amount``, default one); ``rows``: at most how many distinct rows they hold (the
+        cache's host-side bound on the spill slots locks keep, :meth:`RowCache.fetch`)."""
         self.cache: RowCache | None = cache
         self.slots = slots
-        cache.locks.index_add_(0, slots, torch.ones_like(slots, dtype=torch.int32))
+        self.amount = torch.ones_like(slots, dtype=torch.int32) if amount is None else amount
+        self.rows = rows
+        cache.locks.index_add_(0, slots, self.amount)
+        cache._held += rows
 
     def release(self) -> None:
         if self.cache is not None:
-            self.cache.locks.index_add_(0, self.slots, torch.full_like(self.slots, -1, dtype=torch.int32))
+            self.cache.locks.index_add_(0, self.slots, -self.amount)
+            self.cache._held -= self.rows
             self.cache = None
 
     def __del__(self) -> None:
@@ -206,7 +250,10 @@ class RowCache:
         ways: int,
         device: torch.device,
         segments: Sequence[tuple[str, int, int]],
+        spill_reserve: int = 0,
     ) -> None:
+        if spill_reserve < 0:
+            raise ValueError(f"a spill reserve cannot be negative, got {spill_reserve}")
         if ways < 1 or slots < ways or slots % ways:
             raise ValueError(f"a cache needs whole sets of at least one way: {slots} slots, {ways} ways")
         if store.dim() != 2:
@@ -218,12 +265,19 @@ class RowCache:
         self.ways = ways
         self.sets = slots // ways
         self.slots = slots
+        #: spill slots kept past the sets whatever happens (module docstring, "No synchronisation")
+        self.reserve = spill_reserve
         self.device = device
-        self.weight = torch.zeros((slots, cols), dtype=store.dtype, device=device)
-        self.tags = torch.full((slots,), -1, dtype=torch.int64, device=device)
-        self.stamps = torch.zeros(slots, dtype=torch.int64, device=device)
-        self.locks = torch.zeros(slots, dtype=torch.int32, device=device)
-        self.flags = torch.zeros(slots, dtype=torch.uint8, device=device)
+        total = slots + spill_reserve
+        self.weight = torch.zeros((total, cols), dtype=store.dtype, device=device)
+        self.tags = torch.full((total,), -1, dtype=torch.int64, device=device)
+        self.stamps = torch.zeros(total, dtype=torch.int64, device=device)
+        self.locks = torch.zeros(total, dtype=torch.int32, device=device)
+        self.flags = torch.zeros(total, dtype=torch.uint8, device=device)
+        # host-side bounds on the spill slots that a release keeps: rows locked by live holds, rows the last
+        # (synchronous) prefetch may have spilled for its lookup
+        self._held = 0
+        self._fresh = 0
         self.slot_of = torch.full((rows,), -1, dtype=torch.int32, device=device)
         self.clock = 0
         self.segments = [name for name, _, _ in segments]
@@ -260,19 +314,64 @@ class RowCache:
         if not overlap:
             self.join()
         self.clock += 1
-        if not overlap:
-            self._release_spill(fresh_too=prefetch)
-        rows_u, inverse, per_row = torch.unique(rows, sorted=True, return_inverse=True, return_counts=True)
-        if self._triton():
-            slots_u = self._fetch_triton(rows_u, per_row, prefetch, overlap)
+        bound = min(rows.numel(), self.store.shape[0])  # distinct rows of the batch, at most
+        triton = self._triton()
+        if triton and rows.numel() and (overlap or self._room(bound, prefetch)):
+            fetched = self._fetch_free(rows, bound, lock, prefetch, overlap)
         else:
-            slots_u = self._fetch_torch(rows_u, per_row, prefetch, overlap)
-        hold = Hold(self, slots_u) if lock else None
+            if not overlap:
+                self._release_spill(fresh_too=prefetch)
+            rows_u, inverse, per_row = torch.unique(rows, sorted=True, return_inverse=True, return_counts=True)
+            if triton:
+                slots_u = self._fetch_triton(rows_u, per_row, prefetch, overlap)
+            else:
+                slots_u = self._fetch_torch(rows_u, per_row, prefetch, overlap)
+            hold = Hold(self, slots_u, rows_u.numel()) if lock else None
+            fetched = Fetched(slots_u.index_select(0, inverse), rows_u, slots_u, inverse, hold)
         if lock:  # what an overlapped prefetch may not evict
             self._locked = self.locks[: self.slots] > 0
+        if prefetch and not overlap:  # its spilled rows stay for their lookup
+            self._fresh = bound
         if not overlap:
             self._settle()
-        return Fetched(slots_u.index_select(0, inverse), rows_u, slots_u, inverse, hold)
+        return fetched
+
+    def _room(self, rows: int, prefetch: bool) -> bool:
+        """Whether the spill reserve has a free slot for every one of ``rows`` distinct rows whatever the batch holds:
+        the reserve, less the spill slots live locks and the last prefetch's rows may keep (a lookup keeps a
+        prefetch's spilled rows; a prefetch releases them)."""
+        return self.reserve >= rows + self._held + (0 if prefetch else self._fresh)
+
+    def _fetch_free(self, rows: Tensor, bound: int, lock: bool, prefetch: bool, overlap: bool) -> Fetched:
+        """The fetch without a host synchronisation (module docstring, "No synchronisation"): the Triton kernels on
+        one lane per id, and spill slots from the reserve."""
+        from shardwise.clients import _cache_triton as kernels
+
+        if not overlap:
+            kernels.release(self, fresh_too=prefetch)
+        rows_u, inverse, per_row, count, canon = kernels.distinct(rows)
+        seg_u = self._segment(rows_u)
+        slots_u, keys = kernels.probe(rows_u, seg_u, per_row, self, lookup=not prefetch, count=count)
+        victims, _ = kernels.choose(keys, self, self._lockmask(overlap))
+        kernels.apply(rows_u, seg_u, victims, slots_u, self, fresh=prefetch)
+        if not overlap:  # an overlapped prefetch leaves a row that found no way for its lookup
+            kernels.spill(rows_u, seg_u, slots_u, count, self, fresh=prefetch)
+        slots_u = slots_u.index_select(0, canon)
+        hold = None
+        if lock:
+            live = (torch.arange(rows.numel(), device=rows.device) < count).to(torch.int32)
+            hold = Hold(self, slots_u, bound, live)
+        return Fetched(slots_u.index_select(0, inverse), rows_u, slots_u, inverse, hold, canon)
+
+    def _lockmask(self, overlap: bool) -> Tensor:
+        """The slots a fetch may not evict, as int8: the lock counts, or in an overlapped prefetch the snapshot
+        taken at the last locking fetch."""
+        if overlap:
+            locked = self._locked
+            if locked is None:  # no lookup has locked anything yet
+                locked = torch.zeros(self.slots, dtype=torch.bool, device=self.device)
+            return locked.to(torch.int8)
+        return (self.locks[: self.slots] > 0).to(torch.int8)
 
     def _triton(self) -> bool:
         """Whether fetches run the Triton kernels (``SHARDWISE_CACHE_BACKEND``: ``auto`` — on CUDA —, ``torch`` or
@@ -290,14 +389,7 @@ class RowCache:
             return rows_u.clone()
         seg_u = self._segment(rows_u)
         slots_u, keys = kernels.probe(rows_u, seg_u, per_row, self, lookup=not prefetch)
-        if overlap:
-            locked = self._locked
-            if locked is None:  # no lookup has locked anything yet
-                locked = torch.zeros(self.slots, dtype=torch.bool, device=self.device)
-            lockmask = locked.to(torch.int8)
-        else:
-            lockmask = (self.locks[: self.slots] > 0).to(torch.int8)
-        victims, overflow = kernels.choose(keys, self, lockmask)
+        victims, overflow = kernels.choose(keys, self, self._lockmask(overlap))
         kernels.apply(rows_u, seg_u, victims, slots_u, self, fresh=prefetch)
         if int(overflow.item()):  # rows a full set could not take: spill slots (none in an overlapped prefetch)
             over = torch.nonzero(slots_u < 0).squeeze(1)
@@ -414,12 +506,13 @@ class RowCache:
         locked = self.locks[self.slots :] > 0
         keep = locked if fresh_too else locked | ((self.flags[self.slots :] & FRESH) != 0)
         self._evict(spill[~keep & (self.tags[self.slots :] >= 0)])
-        if not bool(keep.any()):
-            self.weight = self.weight[: self.slots].clone()
-            self.tags = self.tags[: self.slots].clone()
-            self.stamps = self.stamps[: self.slots].clone()
-            self.locks = self.locks[: self.slots].clone()
-            self.flags = self.flags[: self.slots].clone()
+        end = self.slots + self.reserve  # the reserve stays
+        if total > end and not bool(keep.any()):
+            self.weight = self.weight[:end].clone()
+            self.tags = self.tags[:end].clone()
+            self.stamps = self.stamps[:end].clone()
+            self.locks = self.locks[:end].clone()
+            self.flags = self.flags[:end].clone()
 
     # -- after the update, and from outside
 
@@ -446,6 +539,7 @@ class RowCache:
         self.slot_of.fill_(-1)
         self.tags.fill_(-1)
         self.stamps.zero_()
+        self._fresh = 0
         self._release_spill(fresh_too=True)
         self._settle()
 

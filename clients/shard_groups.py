@@ -60,7 +60,15 @@ from shardwise.clients.fused_update import (
 )
 from shardwise.clients.host_memory import device_view, pinned_empty, pinned_zeros
 from shardwise.clients.replicas import Replicas
-from shardwise.clients.row_cache import CACHE_WAYS, Fetched, RowCache, cache_slots, gather_rows, scatter_rows
+from shardwise.clients.row_cache import (
+    CACHE_WAYS,
+    Fetched,
+    RowCache,
+    cache_slots,
+    gather_rows,
+    scatter_rows,
+    spill_slots,
+)
 from shardwise.wire.spec import Placement, ShardPlan
 
 __all__ = [
@@ -153,6 +161,7 @@ def plan_groups(
     *,
     cache_ways: int = CACHE_WAYS,
     replicas: Replicas | None = None,
+    step_ids: Mapping[str, float] | None = None,
 ) -> ShardStorage:
     """Lay this rank's sharded (not data_parallel) shards out in groups and allocate each group's weight once.
 
@@ -162,7 +171,9 @@ def plan_groups(
 
     ``uvm_cache`` shards form groups of their own (``GroupKey.cached``): the weight in host memory, pinned when
     ``device`` is CUDA, and a :class:`~shardwise.clients.row_cache.RowCache` on ``device`` of
-    ``Σ cache_slots(rows, cache_fraction, cache_ways)`` slots over the group's shards.
+    ``Σ cache_slots(rows, cache_fraction, cache_ways)`` slots over the group's shards, and a spill reserve of
+    ``Σ spill_slots(ids, rows)`` for the tables' ids per step in ``step_ids`` (a table left out reserves none): with
+    it the cache fetches without a host synchronisation (:mod:`shardwise.clients.row_cache`, "No synchronisation").
 
     ``host`` shards on CUDA form mapped groups (``GroupKey.mapped``): the weight in pinned host memory, held as its
     device view.
@@ -173,6 +184,7 @@ def plan_groups(
     """
     rows: dict[GroupKey, int] = {}
     slots: dict[GroupKey, int] = {}
+    reserve: dict[GroupKey, int] = {}
     segments: dict[GroupKey, list[tuple[str, int, int]]] = {}
     place: dict[tuple[str, int], tuple[GroupKey, int]] = {}
     for table, i, shard, dtype, device, config in shards:
@@ -184,9 +196,11 @@ def plan_groups(
         rows[key] = base + shard.num_rows
         if cached:
             slots[key] = slots.get(key, 0) + cache_slots(shard.num_rows, shard.cache_fraction or 0.0, cache_ways)
+            ids = (step_ids or {}).get(table)
+            reserve[key] = reserve.get(key, 0) + (spill_slots(ids, shard.num_rows) if ids else 0)
             segments.setdefault(key, []).append((table, base, shard.num_rows))
     groups = {
-        key: _cached_group(key, n, slots[key], cache_ways, segments[key])
+        key: _cached_group(key, n, slots[key], cache_ways, segments[key], reserve[key])
         if key.cached
         else _mapped_group(key, n)
         if key.mapped
@@ -223,13 +237,13 @@ def _on_device(t: Tensor, device: torch.device) -> Tensor:
 
 
 def _cached_group(
-    key: GroupKey, rows: int, slots: int, ways: int, segments: Sequence[tuple[str, int, int]]
+    key: GroupKey, rows: int, slots: int, ways: int, segments: Sequence[tuple[str, int, int]], reserve: int = 0
 ) -> ShardGroup:
     """The store and the per-weight state in host memory, the row-wise state on the device, the cache on the
     device."""
     store = pinned_empty((rows, key.num_cols), key.dtype, key.device)
     state = _host_state(key, rows)
-    cache = RowCache(store, slots=slots, ways=ways, device=key.device, segments=segments)
+    cache = RowCache(store, slots=slots, ways=ways, device=key.device, segments=segments, spill_reserve=reserve)
     views = {name: _on_device(t, key.device) for name, t in state.items()}
     trigger = torch.empty(0, device=key.device, requires_grad=True)
     return ShardGroup(key, store, state, trigger=trigger, cache=cache, views=views)
@@ -313,13 +327,15 @@ class _CachedGroupLookup(torch.autograd.Function):
         ctx.group = group  # type: ignore[attr-defined]
         ctx.tables = tables  # type: ignore[attr-defined]
         ctx.hold = fetched.hold  # type: ignore[attr-defined]
-        ctx.save_for_backward(fetched.rows_u, fetched.slots_u, fetched.inverse, bags)
+        ctx.free = fetched.canon is not None  # type: ignore[attr-defined]
+        canon = fetched.canon if fetched.canon is not None else fetched.inverse.new_zeros(0)
+        ctx.save_for_backward(fetched.rows_u, fetched.slots_u, fetched.inverse, bags, canon)
         backend = os.environ.get("SHARDWISE_FUSED_BACKEND", "auto")
         return pooled_sum(cache.weight, fetched.slots, offsets, backend=backend)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None, None]:
-        rows_u, slots_u, inverse, bags = ctx.saved_tensors
+        rows_u, slots_u, inverse, bags, canon = ctx.saved_tensors
         group: ShardGroup = ctx.group
         cache = group.cache
         assert cache is not None
@@ -332,6 +348,9 @@ class _CachedGroupLookup(torch.autograd.Function):
             state = {name: gather_rows(t, rows_u, group.device) for name, t in views.items()}
             backend = os.environ.get("SHARDWISE_FUSED_BACKEND", "auto")
             fused_backward_update(weight, state, inverse, bags, grad, group.key.config, step=step, backend=backend)
+            if ctx.free:  # lanes past the distinct rows take their row's update: every copy writes the same bits
+                weight = weight.index_select(0, canon)
+                state = {name: t.index_select(0, canon) for name, t in state.items()}
             cache.weight.index_copy_(0, slots_u, weight)
             cache.mark_dirty(slots_u)
             for name, t in views.items():

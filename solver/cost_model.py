@@ -75,8 +75,11 @@ of what the two executors keep there, so that a plan fits either — but for a f
   (pinned on CUDA), ``s_dev`` in HBM, and an LRU cache of the same ``S`` slots in sets of ``A`` ways, each slot its
   row, an int64 tag and an int64 LRU stamp, each table row an int32 slot map — :func:`cache_bytes` — plus an int32
   lock count and a flag byte per slot: 5 B a slot that the model does not charge (6 % of the cache for 64-B rows,
-  under 1 % from 512 B).  Also not charged, because they are transient: spill slots while a batch has more distinct
-  rows in one set than ``A``, and the fused update's compact copy of a batch's distinct rows and their state.
+  under 1 % from 512 B).  It also keeps a **spill reserve** past the sets, so that a fetch never reads back how
+  many rows found no way (``clients/row_cache.py``, "No synchronisation"): ``min(r, ⌈1.25·n⌉)`` slots of
+  ``c·b + 21`` B for the ``n = W·B·F·p`` ids a step may bring the shard (:func:`cache_spill_bytes`, charged in the
+  cache's HBM).  Not charged, because it is transient: the fused update's compact copy of a batch's rows and their
+  state (one lane per id).
   Without an embedding optimizer the executor keeps such a shard in CPU memory like ``host`` (below), which needs
   no more HBM than charged.  Its gradient charge (above) is the larger of the two already.
 * ``host``: on CUDA with an embedding optimizer the executor keeps FBGEMM's parts where FBGEMM keeps them
@@ -263,6 +266,9 @@ CACHE_META_BYTES_PER_SLOT = 16
 CACHE_INDEX_BYTES_PER_ROW = 4
 CACHE_WAYS_CUDA = 32
 CACHE_WAYS_ROCM = 64
+#: spill slots shardwise's executor reserves per id a step may bring a cached shard, and a slot's lock count and flags
+CACHE_SPILL_HEADROOM = 1.25
+CACHE_LOCK_FLAG_BYTES_PER_SLOT = 5
 MS = 1e3
 
 
@@ -465,6 +471,15 @@ def cache_bytes(num_rows: int, num_cols: int, dtype: Dtype, cache_fraction: floa
     return slots * (num_cols * dtype.nbytes + CACHE_META_BYTES_PER_SLOT) + num_rows * CACHE_INDEX_BYTES_PER_ROW
 
 
+def cache_spill_bytes(table: EmbeddingTableSpec, num_rows: int, num_cols: int, batch: int, world: int) -> int:
+    """HBM of the spill reserve shardwise's executor keeps beside a ``uvm_cache`` shard's cache (module docstring):
+    ``min(r, ⌈1.25·n⌉)`` slots of ``c·b + 21`` B for the ``n = W·B·F·p`` ids a step may bring it (every rank's ids
+    of the table; ``clients/row_cache.py``'s ``spill_slots``)."""
+    ids = world * batch * table.num_features * table.pooling_factor
+    slots = min(num_rows, math.ceil(CACHE_SPILL_HEADROOM * ids))
+    return slots * (num_cols * table.dtype.nbytes + CACHE_META_BYTES_PER_SLOT + CACHE_LOCK_FLAG_BYTES_PER_SLOT)
+
+
 def id_bytes(table: EmbeddingTableSpec) -> int:
     """Bytes one id occupies in the input exchange and its buffers: the int64 id, plus its fp32 weight for a
     weighted table."""
@@ -535,6 +550,7 @@ def shard_memories(
         elif placement is Placement.uvm_cache:
             # FBGEMM MANAGED_CACHING: the cache and s_dev in HBM, weights and s_uvm in UVM
             cache = cache_bytes(num_rows, num_cols, table.dtype, cache_fraction, cache_ways)
+            cache += cache_spill_bytes(table, num_rows, num_cols, batch, world)  # shardwise's executor only
             out.append(
                 ShardMemory(
                     optimizer=dev_state, gradients=grads, buffers=buffers, cache=cache, host=weights + state - dev_state

@@ -4,7 +4,9 @@ Two caches of one store take the same sequence — lookups that lock and ones th
 rows the "update" rewrote and marked dirty, prefetches, overlapped prefetches, batches that overfill a set (spill
 slots) — one fetching with the torch ops, one with the kernels, and after every fetch every field must be equal:
 the slots returned, tags, slot map, stamps, flags, locks, the cached rows (spill slots included), the store
-(written-back rows) and the counters. Widths 3 and 600 columns (one column block and two), fp32 and bf16.
+(written-back rows) and the counters. Widths 3 and 600 columns (one column block and two), fp32 and bf16; spill
+reserves of 0 (every locking or spilling fetch synchronises), 40 (some fetches have room, some do not) and 200
+(every fetch runs without a synchronisation: one lane per id, spill slots found on the device).
 """
 
 from __future__ import annotations
@@ -27,12 +29,12 @@ CPU = torch.device("cpu")
 FIELDS = ("tags", "slot_of", "stamps", "flags", "locks", "weight", "store", "_counts")
 
 
-def _pair(rows: int, cols: int, dtype: torch.dtype, slots: int, ways: int) -> dict[str, RowCache]:
+def _pair(rows: int, cols: int, dtype: torch.dtype, slots: int, ways: int, reserve: int = 0) -> dict[str, RowCache]:
     g = torch.Generator().manual_seed(rows + cols)
     store = torch.randn(rows, cols, generator=g).to(dtype)
     segments = [("a", 0, rows // 3), ("b", rows // 3, rows - rows // 3)]
     return {
-        backend: RowCache(store.clone(), slots=slots, ways=ways, device=CPU, segments=segments)
+        backend: RowCache(store.clone(), slots=slots, ways=ways, device=CPU, segments=segments, spill_reserve=reserve)
         for backend in ("torch", "triton")
     }
 
@@ -53,9 +55,11 @@ def _differences(pair: dict[str, RowCache], got: dict[str, Any]) -> list[str]:
     return out
 
 
-def _scenario(cols: int, dtype: torch.dtype) -> list[str]:
+def _scenario(cols: int, dtype: torch.dtype, reserve: int) -> tuple[list[str], int]:
+    """The differences found, and how many fetches ran without a synchronisation (one lane per id)."""
     rows, ways = 60, 4
-    pair = _pair(rows, cols, dtype, slots=16, ways=ways)  # four sets of four ways
+    pair = _pair(rows, cols, dtype, slots=16, ways=ways, reserve=reserve)  # four sets of four ways
+    free = 0
     g = torch.Generator().manual_seed(cols)
     errors: list[str] = []
     holds: dict[str, list[Any]] = {"torch": [], "triton": []}
@@ -77,6 +81,8 @@ def _scenario(cols: int, dtype: torch.dtype) -> list[str]:
                 got[backend] = _fetch(cache, backend, batch, lock=kind in (0, 3))
                 if got[backend].hold is not None:
                     holds[backend].append(got[backend].hold)
+            if backend == "triton" and got[backend].canon is not None:
+                free += 1
             if kind in (1, 4):  # the update rewrote the distinct rows and marked them dirty
                 slots = got[backend].slots_u
                 cache.weight[slots] = (cache.weight[slots].float() + 0.25 * (step + 1)).to(dtype)
@@ -93,13 +99,15 @@ def _scenario(cols: int, dtype: torch.dtype) -> list[str]:
     total = sum(s.evictions for s in stats.values()), sum(s.write_backs for s in stats.values())
     if min(total) == 0 or not sum(s.spills for s in stats.values()):
         errors.append(f"the scenario did not exercise evictions, write-backs and spills: {stats}")
-    return errors
+    return errors, free
 
 
 def _cases() -> Iterator[dict[str, Any]]:
     for cols in (3, 600):
         for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-            yield {"cols": cols, "dtype": dtype_name, "errors": _scenario(cols, dtype)}
+            for reserve in (0, 40, 200):
+                errors, free = _scenario(cols, dtype, reserve)
+                yield {"cols": cols, "dtype": dtype_name, "reserve": reserve, "errors": errors, "free": free}
 
 
 def run_interpreter_cases() -> None:
@@ -116,11 +124,14 @@ interpreter_child, interpreter_results = interpreter_support.module_fixtures(
 
 @pytest.mark.parametrize("cols", [3, 600])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("reserve", [0, 40, 200])
 def test_interpreter_fetch_matches_the_torch_ops_field_for_field(
-    interpreter_results: list[dict[str, Any]], cols: int, dtype: str
+    interpreter_results: list[dict[str, Any]], cols: int, dtype: str, reserve: int
 ) -> None:
-    (mine,) = [r for r in interpreter_results if r["cols"] == cols and r["dtype"] == dtype]
+    (mine,) = [r for r in interpreter_results if (r["cols"], r["dtype"], r["reserve"]) == (cols, dtype, reserve)]
     assert mine["errors"] == []
+    # 14 fetches: 2 overlapped prefetches (they never spill: always free of synchronisation), the rest where room
+    assert mine["free"] == {0: 2, 40: 9, 200: 14}[reserve]  # reserve 40: the room rule of RowCache._room
 
 
 def test_an_unknown_cache_backend_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

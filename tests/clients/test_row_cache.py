@@ -240,7 +240,8 @@ def test_device_and_host_bytes_are_the_cost_models_plus_five_bytes_a_slot(optimi
         )
         for k, (r, f) in enumerate(shards)
     ]
-    storage = plan_groups(local)
+    # one id per table a step (batch 1, world 1, one feature, pooling 1): the spill reserve both sides charge
+    storage = plan_groups(local, step_ids={f"t{k}": 1.0 for k in range(len(shards))})
     g = storage.place[("t0", 0)][0]
     assert storage.place[("t1", 0)][0] is g  # one group (and one cache) for both shards
     cache = g.cache

@@ -104,6 +104,8 @@ UVM_STATE = {"sgd": 0, "adagrad": 1000 * 8 * 4, "rowwise_adagrad": 0, "adam": 2 
 # lxu_cache_state and an int64 lxu_state), and an int32 cache_index_table_map entry per table row:
 # 256·48 + 1000·4 = 12288 + 4000 = 16288
 CACHE_QUARTER = 256 * 48 + 1000 * 4
+#: shardwise's executor's spill reserve: ⌈1.25·W·B·F·p⌉ = ⌈1.25·80⌉ = 100 slots of 8·4 + 16 + 5 B
+SPILL = 100 * (8 * 4 + 21)
 
 
 def uvm_cache_shard(optimizer: str = "sgd", fraction: float = 0.25, **kw: Any) -> cm.ShardMemory:
@@ -124,9 +126,10 @@ def uvm_cache_shard(optimizer: str = "sgd", fraction: float = 0.25, **kw: Any) -
 def test_shard_memory_uvm_cache_placement(optimizer: str) -> None:
     m = uvm_cache_shard(optimizer)
     assert CACHE_QUARTER == 16288
-    assert (m.weights, m.optimizer, m.cache) == (0, DEV_STATE[optimizer], CACHE_QUARTER)
+    assert SPILL == 5300
+    assert (m.weights, m.optimizer, m.cache) == (0, DEV_STATE[optimizer], CACHE_QUARTER + SPILL)
     assert (m.gradients, m.buffers) == (TW_GRADS, TW_BUFFERS)
-    assert m.hbm == CACHE_QUARTER + DEV_STATE[optimizer] + TW_GRADS + TW_BUFFERS
+    assert m.hbm == CACHE_QUARTER + SPILL + DEV_STATE[optimizer] + TW_GRADS + TW_BUFFERS
     assert m.host == WEIGHTS + UVM_STATE[optimizer]
     assert DEV_STATE[optimizer] + UVM_STATE[optimizer] == STATE[optimizer]
 
@@ -137,7 +140,7 @@ def test_shard_memory_uvm_cache_rowwise_adagrad_state_is_in_hbm() -> None:
     m = uvm_cache_shard("rowwise_adagrad")
     assert m.optimizer == 4000
     assert m.host == 32000  # the weights alone
-    assert m.hbm == 16288 + 4000 + 3840 + 3520  # cache, row-wise state, index work, buffers
+    assert m.hbm == 16288 + 5300 + 4000 + 3840 + 3520  # cache, spill reserve, row-wise state, index work, buffers
 
 
 @pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
@@ -151,11 +154,12 @@ def test_shard_memory_uvm_cache_per_weight_state_stays_in_host_memory(optimizer:
 def test_shard_memory_uvm_cache_rounds_cached_rows_up_to_whole_sets() -> None:
     # ⌈1.5⌉ = 2 rows, but FBGEMM allocates whole sets of 32 slots: S = 32, plus 4 B per table row
     m = uvm_cache_shard(fraction=0.0015)
-    assert m.cache == 32 * (8 * 4 + 16) + 1000 * 4  # 1536 + 4000 = 5536
+    assert m.cache == 32 * (8 * 4 + 16) + 1000 * 4 + SPILL  # 1536 + 4000 = 5536, and the spill reserve
 
 
 def test_shard_memory_uvm_cache_small_table_pays_a_whole_set() -> None:
-    # r = 10, f = 0.5: 5 cached rows, S = 32 slots (more slots than rows): 32·48 + 10·4 = 1576
+    # r = 10, f = 0.5: 5 cached rows, S = 32 slots (more slots than rows): 32·48 + 10·4 = 1576; the spill reserve
+    # is capped at the shard's 10 rows: 10·53 = 530
     m = cm.shard_memory(
         table(num_embeddings=10),
         sharding=ST.table_wise,
@@ -166,13 +170,13 @@ def test_shard_memory_uvm_cache_small_table_pays_a_whole_set() -> None:
         batch=B,
         world=W,
     )
-    assert m.cache == 1576
+    assert m.cache == 1576 + 530
 
 
 @pytest.mark.parametrize(("ways", "cache"), [(32, 224 * 48 + 4000), (64, 256 * 48 + 4000)])
 def test_shard_memory_uvm_cache_sets_follow_the_associativity(ways: int, cache: int) -> None:
     # f = 0.2: 200 rows → CUDA (32 ways) 32·⌈200/32⌉ = 224 slots, ROCm (64 ways) 64·⌈200/64⌉ = 256 slots
-    assert uvm_cache_shard(fraction=0.2, cache_ways=ways).cache == cache
+    assert uvm_cache_shard(fraction=0.2, cache_ways=ways).cache == cache + SPILL
 
 
 def test_cache_associativity_by_vendor(make_profile: Callable[..., HardwareProfile]) -> None:
@@ -202,7 +206,7 @@ def test_shard_cost_sizes_the_cache_for_the_gpu_vendor(
         cls=topo.classes[0],
         batch=B,
     )
-    assert cost.memory.cache == slots * 48 + 4000
+    assert cost.memory.cache == slots * 48 + 4000 + SPILL
 
 
 @pytest.mark.parametrize("optimizer", sorted(STATE))

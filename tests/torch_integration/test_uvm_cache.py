@@ -18,12 +18,17 @@ back and spills — and trained beside the same plan placed ``hbm`` and the unsh
   between a forward and its backward: the same weights, every id looked up;
 * on a GPU (skipped without one): the cache against hbm with an overlapped prefetch of every next batch (CPU
   tensors, a side stream), and ``host`` shards read and written zero-copy against hbm.
-* ``state_dict()`` equals the hbm model's; ``load_state_dict`` of another state replaces what the cache held.
+* ``state_dict()`` equals the hbm model's; ``load_state_dict`` of another state replaces what the cache held;
+* the fetch without a host synchronisation (a model spec sizes the spill reserve; the Triton kernels, under Triton's
+  interpreter on the CPU): the five steps above give the same results, bit for bit, for every optimizer, most
+  fetches taking that path; on a GPU a step makes no host synchronisation at all.
 """
 
 from __future__ import annotations
 
 import copy
+import os
+import sys
 from typing import Any
 
 import pytest
@@ -35,16 +40,19 @@ from torch import Tensor, nn  # noqa: E402
 
 from shardwise.clients.apply import apply_plan  # noqa: E402
 from shardwise.clients.fused_update import RowOptimizer, UpdateConfig  # noqa: E402
-from shardwise.clients.row_cache import CacheStats  # noqa: E402
+from shardwise.clients.row_cache import CacheStats, RowCache  # noqa: E402
 from shardwise.clients.sharded_embedding import (  # noqa: E402
     RowWiseAdagrad,
     ShardedEmbeddingBag,
     ShardedEmbeddingBagCollection,
 )
 from shardwise.wire.spec import (  # noqa: E402
+    EmbeddingTableSpec,
+    ModelSpec,
     Placement,
     Plan,
     PlanStatus,
+    Pooling,
     RankPlan,
     ShardingType,
     ShardPlan,
@@ -162,15 +170,31 @@ def stats_of(model: nn.Module) -> dict[str, CacheStats]:
 # ------------------------------------------------------------------------------------------------ checks
 
 
-def check_against_hbm(rank: int, world: int, kind: RowOptimizer) -> tuple[list[str], dict[str, list[int]]]:
-    """Five steps of uvm_cache, hbm and the unsharded model side by side (module docstring)."""
+def spec_for() -> ModelSpec:
+    """The tables' spec, bags counted at their longest (6 ids): the spill reserve then holds any batch's rows."""
+    tables = [
+        EmbeddingTableSpec(name=f, num_embeddings=r, embedding_dim=d, pooling_factor=6.0, pooling=Pooling(mode))
+        for f, (r, d, mode) in TABLES.items()
+    ]
+    return ModelSpec(name="tables", batch_size_per_gpu=LOCAL_BATCH, embedding_tables=tables)
+
+
+def check_against_hbm(
+    rank: int, world: int, kind: RowOptimizer, model_spec: ModelSpec | None = None
+) -> tuple[list[str], dict[str, list[int]]]:
+    """Five steps of uvm_cache, hbm and the unsharded model side by side (module docstring); ``model_spec`` sizes
+    the cache's spill reserve."""
     errors: list[str] = []
     torch.manual_seed(0)
     ref = Tables()
     config = UpdateConfig(kind, lr=LR[kind])
     hbm = apply_plan(copy.deepcopy(ref), plan_for(world, Placement.hbm), embedding_optimizer=config)
     uvm = apply_plan(
-        copy.deepcopy(ref), plan_for(world, Placement.uvm_cache), embedding_optimizer=config, cache_ways=WAYS
+        copy.deepcopy(ref),
+        plan_for(world, Placement.uvm_cache),
+        embedding_optimizer=config,
+        cache_ways=WAYS,
+        model_spec=model_spec,
     )
     for fqn in TABLES:
         ref.get_submodule(fqn).sparse = True
@@ -348,6 +372,28 @@ def worker(rank: int, world: int) -> dict[str, Any]:
     return results
 
 
+def free_worker(rank: int, world: int) -> dict[str, Any]:
+    """:func:`check_against_hbm` for every optimizer with the spill reserve and the Triton fetch, in Triton's
+    interpreter (asked for before anything imports Triton); also how many fetches ran without a synchronisation."""
+    if "triton" in sys.modules:
+        return {"__error__": "Triton was imported before its interpreter could be asked for"}
+    os.environ["TRITON_INTERPRET"] = "1"
+    os.environ["SHARDWISE_CACHE_BACKEND"] = "triton"
+    free = [0]
+    fetch_free = RowCache._fetch_free
+
+    def counted(self: RowCache, *args: Any, **kwargs: Any) -> Any:
+        free[0] += 1
+        return fetch_free(self, *args, **kwargs)
+
+    RowCache._fetch_free = counted  # type: ignore[method-assign]
+    guarded = Checks(lines=False)
+    for kind in RowOptimizer:
+        guarded(kind.value, lambda kind=kind: check_against_hbm(rank, world, kind, spec_for()))
+    guarded.results["free_fetches"] = free[0]
+    return guarded.results
+
+
 _RESULTS: dict[int, list[dict[str, Any]]] = {}
 
 
@@ -407,6 +453,22 @@ def test_state_dict_reads_through_the_cache_and_loading_replaces_it(world: int) 
     assert not errors, "\n".join(errors)
 
 
+@pytest.mark.slow
+def test_the_fetch_without_synchronisation_trains_like_hbm_bit_for_bit() -> None:
+    pytest.importorskip("triton", reason="the Triton fetch needs Triton (the dev extra)")
+    (res,) = run(free_worker, 1, timeout_s=600)
+    assert "__error__" not in res, res["__error__"]
+    for kind in OPTIMIZERS:
+        assert not isinstance(res[kind], str), res[kind]
+        errors, counts = res[kind]
+        assert errors == [], errors
+        spills = sum(row[5] for name, row in counts.items() if name in TABLES)
+        assert spills > 0  # the reserve took the rows that found no way
+    # four optimizers × (5 steps of the model's own lookups or the collection, plus 2 prefetches): most fetches
+    # took the path; a lookup after a prefetch of its own batch has no room left (the prefetch's rows are kept)
+    assert res["free_fetches"] >= 4 * 5
+
+
 def test_a_cache_needs_a_way() -> None:
     errors = [f"rank {r}: {e}" for r, errs in enumerate(outcome(1, "bad_ways")) for e in errs]
     assert not errors, "\n".join(errors)
@@ -450,6 +512,56 @@ def check_on_cuda(rank: int, world: int, kind: RowOptimizer) -> list[str]:
     if not any(s.evictions > 0 for s in stats.values()):
         errors.append(f"{kind.value}: no eviction on cuda: the cache was not exercised")
     return errors
+
+
+def check_no_sync_on_cuda(rank: int, world: int) -> list[str]:
+    """With a model spec (the spill reserve) a cached step on CUDA — fetch, lookup, backward and update — makes no
+    host synchronisation (torch's sync debug mode set to raise), and trains like hbm."""
+    errors: list[str] = []
+    device = torch.device("cuda", 0)
+    torch.manual_seed(0)
+    ref = Tables()
+    config = UpdateConfig(RowOptimizer.rowwise_adagrad, lr=0.1)
+    hbm = apply_plan(copy.deepcopy(ref), plan_for(world, Placement.hbm), device=device, embedding_optimizer=config)
+    uvm = apply_plan(
+        copy.deepcopy(ref),
+        plan_for(world, Placement.uvm_cache),
+        device=device,
+        embedding_optimizer=config,
+        cache_ways=WAYS,
+        model_spec=spec_for(),
+    )
+    e_hbm = ShardedEmbeddingBagCollection.from_module(hbm)
+    e_uvm = ShardedEmbeddingBagCollection.from_module(uvm)
+    for step in range(STEPS):
+        feats = {k: (i.to(device), o.to(device)) for k, (i, o) in batches(world, seed=500 + step)[1][rank].items()}
+        torch.cuda.synchronize()
+        if step:  # the first step compiles the kernels (Triton's first launch may wait for the device)
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            out_u = e_uvm(feats)
+            loss_of(out_u).backward()
+        except RuntimeError as e:
+            return [*errors, f"step {step} synchronised: {e}"]
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        out_h = e_hbm(feats)
+        loss_of(out_h).backward()
+        for fqn in TABLES:
+            if not torch.equal(out_u[fqn], out_h[fqn]):
+                errors.append(f"step {step}: {fqn} forward differs from hbm on cuda")
+    for fqn in TABLES:
+        if not torch.equal(table(uvm, fqn).full_tensor(), table(hbm, fqn).full_tensor()):
+            errors.append(f"{fqn}: weights differ from hbm on cuda")
+    if not any(s.spills > 0 for s in stats_of(uvm).values()):
+        errors.append("no spill on cuda: the reserve was not exercised")
+    return errors
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cached_step_on_cuda_makes_no_host_synchronisation() -> None:
+    (errors,) = run(check_no_sync_on_cuda, 1, backend="nccl")
+    assert errors == [], errors
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
