@@ -161,6 +161,7 @@ BEFORE = {
     "overheads.step_fixed_us": 0.0,
     "overheads.per_table_us": 0.0,
     "overheads.per_layer_us": 0.0,
+    "overheads.per_group_us": 0.0,
     "overheads.sort_ns_per_id": 0.0,
 }
 

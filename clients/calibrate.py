@@ -13,9 +13,10 @@ value is the one that makes the model reproduce the measurement. Per figure:
   over dims, dtypes, pooling, rows and optimizers: the model's ``shard_compute_ms`` is ``a + b/f`` in the gather
   fraction ``f`` (its stream part at the fitted ``memory_bound``, its sort part at the fitted ``s``), so ``f`` is fitted
   to ``t − a = b/f``;
-* ``overheads.step_fixed_us``, ``per_table_us``, ``per_layer_us`` — the host's time to enqueue one training step of
-  small models through ``apply_plan`` (world size one, the optimizer in backward, fused Adam), ``T`` tables and ``L``
-  dense layers: ``host = c0 + c1·T + c2·L`` by least squares;
+* ``overheads.step_fixed_us``, ``per_table_us``, ``per_layer_us``, ``per_group_us`` — the host's time to enqueue one
+  training step of small models through ``apply_plan`` (world size one, the optimizer in backward, fused Adam), ``T``
+  tables in ``G`` groups of shards (tables given ``G`` learning rates: groups that differ in nothing else) and ``L``
+  dense layers: ``host = c0 + c1·T + c2·L + c3·(G − 1)`` by least squares;
 * ``overheads.host_shard_us``, ``host_ns_per_id``, ``host_ns_per_row_byte`` — what ``host`` placement (zero-copy)
   adds to the step of a two-table model (its tables ``host`` against the same tables ``hbm``, steps back to back), per
   table: ``t = c0 + n·(c1 + row_bytes·c2)`` by least squares (GPU only: on a CPU executor every placement is the
@@ -416,11 +417,12 @@ def join_torchrun(device: str) -> int:
 def bench_host(
     device: torch.device,
     profile: HardwareProfile,
-    shapes: Sequence[tuple[int, int]],
+    shapes: Sequence[tuple[int, int, int]],
     steps: int,
     out: Report,
 ) -> None:
-    """Host time to enqueue one training step of ``_Tiny(T, L)`` through ``apply_plan`` (no wait between steps)."""
+    """Host time to enqueue one training step of ``_Tiny(T, L)`` with its tables in ``G`` groups (``(T, L, G)`` per
+    shape) through ``apply_plan`` (no wait between steps)."""
     from shardwise.clients.apply import apply_plan, split_parameters
     from shardwise.clients.sharded_embedding import ShardedEmbeddingBagCollection
 
@@ -431,15 +433,16 @@ def bench_host(
     else:
         created = _ensure_world_of_one(device)
     try:
-        for tables, layers in shapes:
+        for tables, layers, groups in shapes:
             torch.manual_seed(0)
             dim, batch = 16, 256
+            rates = {f"sparse.t{i}": 0.01 * (1 + i % groups) for i in range(tables)}  # one group per rate
             model = apply_plan(
                 _Tiny(tables, layers, dim),
                 _tiny_plan(tables, layers, dim, profile),
                 process_group=group,
                 device=device,
-                embedding_optimizer=UpdateConfig(RowOptimizer.rowwise_adagrad, lr=0.01),
+                embedding_optimizer={n: UpdateConfig(RowOptimizer.rowwise_adagrad, lr=r) for n, r in rates.items()},
             )
             ebc = ShardedEmbeddingBagCollection.from_module(model)
             _, dense = split_parameters(model)
@@ -468,7 +471,7 @@ def bench_host(
             host_ms = (time.perf_counter() - t) * 1e3 / steps
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            out.samples.append(Sample("host", {"tables": tables, "layers": layers}, host_ms))
+            out.samples.append(Sample("host", {"tables": tables, "layers": layers, "groups": groups}, host_ms))
             del model, ebc, opt
     finally:
         if created:
@@ -573,17 +576,21 @@ def time_cache_fetches(
     """What one :meth:`RowCache.fetch <shardwise.clients.row_cache.RowCache.fetch>` costs the executor: fetches of
     Zipf(1.0) batches of ``sizes`` ids (in turn) into a cache of 10 % of ``rows`` rows of 512 B (the store pinned on
     CUDA), the rows of every other fetch then marked dirty as the fused update marks them (so that evictions write
-    back), each fetch timed to its end on the host clock (it synchronises anyway), until ``budget_s`` (but not before
-    ``min_samples`` are kept, however slow the host: a fit needs them) or ``max_fetches``. The first two rounds of
-    sizes fill the cache and are not kept. Per fetch: ``ids``, ``ms``, ``copied_in`` (distinct rows brought in) and
-    ``written_back`` (dirty rows evicted), from the cache's counters."""
-    from shardwise.clients.row_cache import CACHE_WAYS, RowCache, cache_slots
+    back), the cache given the spill reserve ``apply_plan`` gives it from a model spec (so that it fetches without a
+    host synchronisation, as the executor does), each fetch timed to its end on the host clock, until ``budget_s``
+    (but not before ``min_samples`` are kept, however slow the host: a fit needs them) or ``max_fetches``. The
+    first two rounds of sizes fill the cache and are not kept. Per fetch: ``ids``, ``ms``, ``copied_in`` (distinct
+    rows brought in) and ``written_back`` (dirty rows evicted), from the cache's counters."""
+    from shardwise.clients.row_cache import CACHE_WAYS, RowCache, cache_slots, spill_slots
 
     cuda = device.type == "cuda"
     store = torch.empty((rows, FETCH_COLS), dtype=torch.float32, pin_memory=cuda)
     store[:, 0] = 1.0  # touched: the pages exist
     slots = cache_slots(rows, FETCH_FRACTION)
-    cache = RowCache(store, slots=slots, ways=CACHE_WAYS, device=device, segments=[("t", 0, rows)])
+    reserve = spill_slots(max(sizes), rows)
+    cache = RowCache(
+        store, slots=slots, ways=CACHE_WAYS, device=device, segments=[("t", 0, rows)], spill_reserve=reserve
+    )
     zipf = ZipfIds(rows, FETCH_SKEW, seed=seed, device=device)
     samples: list[dict[str, Any]] = []
     start = time.monotonic()
@@ -828,15 +835,19 @@ def calibrate(
     measured["kernel_launch_us"] = Measurement(
         value=round(launch_us, 3), unit="us per launch", source=f"{where}: 2,000 one-element adds"
     )
-    shapes_tl = [(1, 1), (4, 1), (16, 1), (32, 1), (1, 4), (8, 4), (16, 8), (32, 8)]
+    shapes_tl = [
+        *[(t, layers, 1) for t, layers in [(1, 1), (4, 1), (16, 1), (32, 1), (1, 4), (8, 4), (16, 8), (32, 8)]],
+        *[(4, 1, 2), (4, 1, 4), (16, 4, 2), (16, 4, 8), (32, 1, 4)],
+    ]
     if not gpu and quick:
-        shapes_tl = [(1, 1), (8, 1), (1, 3), (8, 3)]
+        shapes_tl = [(1, 1, 1), (8, 1, 1), (1, 3, 1), (8, 3, 1), (8, 1, 4)]
     bench_host(device, current, shapes_tl, 30 if gpu else 5, out)
     hosts = [s for s in out.samples if s.kind == "host"]
     coef, err = linear_fit(
-        [[1.0, float(s.params["tables"]), float(s.params["layers"])] for s in hosts], [s.measured_ms for s in hosts]
+        [[1.0, float(s.params["tables"]), float(s.params["layers"]), float(s.params["groups"]) - 1] for s in hosts],
+        [s.measured_ms for s in hosts],
     )
-    for name, value in zip(("step_fixed_us", "per_table_us", "per_layer_us"), coef, strict=True):
+    for name, value in zip(("step_fixed_us", "per_table_us", "per_layer_us", "per_group_us"), coef, strict=True):
         figures[f"overheads.{name}"] = Figure(
             value=round(value * 1e3, 3),
             source=f"{where}: host time to enqueue training steps through apply_plan (world size one)",

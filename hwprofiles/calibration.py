@@ -38,6 +38,7 @@ CALIBRATABLE: Final = (
     "overheads.step_fixed_us",
     "overheads.per_table_us",
     "overheads.per_layer_us",
+    "overheads.per_group_us",
     "overheads.sort_ns_per_id",
     "overheads.host_shard_us",
     "overheads.host_ns_per_id",

@@ -64,18 +64,21 @@ class StepOverheads(BaseModel):
     - ``step_fixed_us``: host time per step that does not grow with the model (autograd, loss, optimizer calls);
     - ``per_table_us``: host time per embedding table per step (its input prepared, its lookup and update enqueued);
     - ``per_layer_us``: host time per dense layer per step (forward, backward and optimizer kernels enqueued);
+    - ``per_group_us``: host time per step for each group of shards a rank looks up past its first (the executor
+      looks up and updates one group of shards with one dtype, width, optimizer and placement kind at a time: a
+      plan that puts some tables in host memory or behind a cache beside HBM ones runs two or three lookups);
     - ``sort_ns_per_id``: device time per looked-up id to sort the ids and find their rows before the fused update;
     - ``host_shard_us``, ``host_ns_per_id``, ``host_ns_per_row_byte``: what a ``host``-placed shard adds to a step
       on shardwise's executor, which reads and writes its rows zero-copy from GPU kernels (device time): a fixed
       part per shard plus, per looked-up id, ``host_ns_per_id + row_bytes·host_ns_per_row_byte``; a floor under the
       cost model's reads over the host link. (Calibrations made before the zero-copy executor measured its CPU
       lookup here, 4–8× slower.)
-    - ``cache_fetch_us``, ``cache_fetch_ns_per_row``: the synchronous fetch of a ``uvm_cache`` shard's missing rows
-      on shardwise's executor, per step: a fixed part per shard (finding the batch's distinct rows, the cache's
-      bookkeeping, two host synchronisations) plus, per row moved between the host store and the cache (a missing
-      row copied in, or an evicted dirty row written back, zero-copy across the host link),
-      ``cache_fetch_ns_per_row``. Measured on one row width (``shardwise calibrate``: 512-B rows); host time that
-      the device waits for (see the cost model).
+    - ``cache_fetch_us``, ``cache_fetch_ns_per_row``: the fetch of a ``uvm_cache`` shard's missing rows on
+      shardwise's executor, per step, timed to its end: a fixed part per shard (finding the batch's distinct rows, the
+      cache's bookkeeping; calibrations made before the fetch without synchronisation also two host
+      synchronisations) plus, per row moved between the host store and the cache (a missing row copied in, or an
+      evicted dirty row written back, zero-copy across the host link), ``cache_fetch_ns_per_row``. Measured on one
+      row width (``shardwise calibrate``: 512-B rows); charged as host and as device time (see the cost model).
 
     The host terms bound a step from below when the device waits for the host (small batches); see the cost model.
     """
@@ -85,6 +88,7 @@ class StepOverheads(BaseModel):
     step_fixed_us: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
     per_table_us: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
     per_layer_us: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
+    per_group_us: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
     sort_ns_per_id: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
     host_shard_us: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
     host_ns_per_id: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)

@@ -154,6 +154,10 @@ def compute_parts(
     if placement is Placement.hbm:
         fwd = fwd_gather / hbm_gather
         upd = upd_gather / hbm_gather
+    elif placement is Placement.host:  # zero-copy: the forward's rows and the update's distinct rows cross the link
+        link_bytes, device_bytes = cm.host_shard_bytes(table, num_rows, num_cols, t.ids, row, g)
+        fwd = fwd_gather / link
+        upd = (link_bytes - fwd_gather) / link + device_bytes / hbm_gather
     elif fetch:  # shardwise's executor (calibrated): the fetch, then every gather from HBM (fwd and update)
         hit = cm.cache_hit_rate(num_rows, cache_fraction, table.access_skew)
         fwd = (fwd_gather + t.ids * (1.0 - hit) * row) / hbm_gather
@@ -417,6 +421,7 @@ def grouped_breakdown(
     rank_class = topo.rank_class
     by_name = {t.name: t for t in model.embedding_tables}
     costs: list[TableCost] = []
+    shard_groups: list[set[tuple[object, ...]]] = [set() for _ in range(W)]  # the executor's lookups per rank
     for tp in tables:
         table = by_name[tp.name]
         sharding = tp.sharding_type
@@ -424,6 +429,10 @@ def grouped_breakdown(
         fleet = np.zeros(WIDTH)
         slowest, slowest_rank, slowest_ms = np.zeros(WIDTH), -1, -math.inf
         for (rows, cols, placement, fraction), shape_ranks in tp.shape_groups.items():
+            if sharding is not ST.data_parallel:
+                key = cm.shard_group_key(table, cols, placement)
+                for r in shape_ranks:
+                    shard_groups[r].add(key)
             on = np.asarray(shape_ranks, dtype=np.int64)
             for cls_index in np.unique(rank_class[on]).tolist():
                 ranks = on[rank_class[on] == cls_index] if len(topo.classes) > 1 else on
@@ -474,6 +483,9 @@ def grouped_breakdown(
         row = acc[info.rank]
         row[TERM_INDEX["latency"]] += lat
         row[link] += lat
-        host = cm.host_floor_ms(info.profile, len(model.embedding_tables), len(model.dense_layers)) + row[HOST_MS]
+        floor = cm.host_floor_ms(
+            info.profile, len(model.embedding_tables), len(model.dense_layers), len(shard_groups[info.rank])
+        )
+        host = floor + row[HOST_MS]
         row[TERM_INDEX["host_wait"]] = max(0.0, host - float(row[: TERM_INDEX["host_wait"]].sum()))
     return StepBreakdown(acc, costs)

@@ -111,7 +111,12 @@ Host shards (:func:`host_lookup_ms`)
 ------------------------------------
 shardwise's executor reads and writes a ``host`` shard's rows zero-copy on CUDA (``clients/host_memory.py``): the
 weights and per-weight state in pinned host memory, the lookup and the fused update GPU kernels reading and
-writing them across the host link — FBGEMM's way, the reads above. That is device time, not host time: a ``host``
+writing them across the host link. What crosses it (:func:`host_shard_bytes`): the forward's row for every id, and
+the update's read and write of each *distinct* row with its per-weight state — ``n·b_r + d·(2·b_r + state)`` with
+``d`` the distinct rows among the ``n`` ids under the table's ``access_skew`` (:func:`distinct_rows`; Zipf 1.1 over
+12 M rows: a quarter of 327,680 ids); rowwise_adagrad's row-wise state is on the device, read and written in HBM.
+(Charging the update per id, as the HBM formula above does, over-predicted a 12 M-row table's zero-copy step on an
+H200 by 1.6×: 9.4 ms against 5.8 measured, ``docs/truth.md``.) That is device time, not host time: a ``host``
 shard adds nothing to the rank's host time. ``host_lookup = host_shard_us + n·(host_ns_per_id +
 c·b·host_ns_per_row_byte)`` (the profile's ``overheads``, zero until calibrated: ``shardwise calibrate`` fits what
 host placement adds to a step) is a measured floor: the shard's compute time is the larger of the reads and it. (The
@@ -145,14 +150,17 @@ read over the host link.
 
 Host floor (:func:`host_floor_ms`)
 ----------------------------------
-A step cannot finish before the host has enqueued it: ``floor = step_fixed_us + per_table_us·T + per_layer_us·L``
-(``T`` the model's tables, all of which every rank prepares input for and looks up or exchanges, ``L`` its dense
-layers; the profile's ``overheads``, zero until calibrated). A rank's host time is ``floor`` plus the CPU lookups of
+A step cannot finish before the host has enqueued it: ``floor = step_fixed_us + per_table_us·T + per_layer_us·L +
+per_group_us·(G − 1)`` (``T`` the model's tables, all of which every rank prepares input for and looks up or
+exchanges, ``L`` its dense layers, ``G`` the groups of shards the rank looks up — one per dtype, width, optimizer
+and placement kind among its sharded shards, :func:`shard_group_key`: the executor runs one lookup and one update
+a group; the profile's ``overheads``, zero until calibrated). A rank's host time is ``floor`` plus the CPU lookups of
 its ``host`` shards and the cache fetches of its ``uvm_cache`` shards, and its step is ``max(compute + comm, host)``
 — the executor has no synchronisation inside a step at world size one (but for the transfers of ``host`` shards and
 the cache fetches, whose time is in both terms), so the host and the device overlap, and the slower of the two sets
-the pace. The floor does not depend on the plan, so it changes no ranking; it raises the predicted step and the bound
-alike.
+the pace. But for its groups term the floor does not depend on the plan, so it changes no ranking; it raises the
+predicted step and the bound alike. The groups term is charged where a plan is priced (evaluate, the breakdown), not
+by the searches, whose bounds stay bounds (the term is never negative).
 
 Communication is ``bytes / bandwidth`` over the link that carries it; the fixed latency of each collective is
 charged once per rank and step by :func:`collective_latency_ms` (one all-to-all carries every table).  Traffic
@@ -691,6 +699,19 @@ def _lru_occupancy(n: int, s: float, u: float) -> tuple[float, float]:
     return occ, slope
 
 
+@lru_cache(maxsize=1 << 14)
+def distinct_rows(ids: float, num_rows: int, access_skew: float | None) -> float:
+    """Expected distinct rows among ``n = ids`` independent lookups into ``r`` rows: uniform ``r·(1 − e^(−n/r))``
+    (:func:`touched_rows`); Zipf(``s``) ``Σ_i (1 − e^(−p_i·n))`` with ``p_i = i^−s / H(r, s)`` — the occupancy
+    :func:`lru_characteristic_time` solves for, at ``T = n`` — never above ``n``."""
+    if ids <= 0:
+        return 0.0
+    if not access_skew:
+        return touched_rows(ids, num_rows)
+    total = generalized_harmonic(num_rows, access_skew)
+    return min(float(ids), _lru_occupancy(num_rows, access_skew, math.log(ids / total))[0])
+
+
 @lru_cache(maxsize=65536)
 def lru_characteristic_time(num_rows: int, cache_fraction: float | None, access_skew: float) -> float:
     """``T``: the ids after which a row not looked up again has left an LRU cache of ``k = ⌈f·r⌉`` rows under
@@ -807,6 +828,9 @@ def shard_compute_times(
     for placement, cache_fraction in placements:
         if placement is Placement.hbm:
             seconds = gathers / hbm_gather + streams / hbm_stream
+        elif placement is Placement.host:  # zero-copy: what crosses the host link (module docstring, "Host shards")
+            link_bytes, device_bytes = host_shard_bytes(table, num_rows, num_cols, t.ids, row, g)
+            seconds = link_bytes / link + device_bytes / hbm_gather + streams / hbm_stream
         else:
             uvm = placement is Placement.uvm_cache
             hit = cache_hit_rate(num_rows, cache_fraction, table.access_skew) if uvm else 0.0
@@ -823,6 +847,19 @@ def shard_compute_times(
         else:
             out.append(seconds * MS + sort_ms)
     return out
+
+
+def host_shard_bytes(
+    table: EmbeddingTableSpec, num_rows: int, num_cols: int, ids: float, row: float, granularity: int
+) -> tuple[float, float]:
+    """``(host link bytes, HBM bytes)`` of a ``host`` shard's step on shardwise's executor (module docstring, "Host
+    shards"): the forward reads every id's row across the link; the fused update reads and writes each distinct row
+    once (:func:`distinct_rows`, under the table's ``access_skew``), with its per-weight state (adagrad, adam: in host
+    memory, across the link) — the row-wise state (rowwise_adagrad) is on the device."""
+    d = distinct_rows(ids, num_rows, table.access_skew)
+    state = optimizer_update_bytes(table.optimizer, num_cols, granularity)
+    on_device = table.optimizer is Optimizer.rowwise_adagrad
+    return ids * row + d * (2 * row + (0.0 if on_device else state)), d * state if on_device else 0.0
 
 
 def cache_fetch_ms(
@@ -864,10 +901,18 @@ def host_lookup_ms(
     return o.host_shard_us / 1e3 + n * per_id_ns * 1e-6
 
 
-def host_floor_ms(profile: HardwareProfile, tables: int, layers: int) -> float:
-    """The host's time to enqueue one step on a rank (module docstring, "Host floor")."""
+def host_floor_ms(profile: HardwareProfile, tables: int, layers: int, groups: int = 1) -> float:
+    """The host's time to enqueue one step on a rank that looks up ``groups`` groups of shards (module docstring,
+    "Host floor")."""
     o = profile.overheads
-    return (o.step_fixed_us + o.per_table_us * tables + o.per_layer_us * layers) / 1000.0
+    extra = o.per_group_us * max(0, groups - 1)
+    return (o.step_fixed_us + o.per_table_us * tables + o.per_layer_us * layers + extra) / 1000.0
+
+
+def shard_group_key(table: EmbeddingTableSpec, num_cols: int, placement: Placement) -> tuple[object, ...]:
+    """The group of shards shardwise's executor looks up a shard with on its rank: one dtype, width, optimizer and
+    placement kind (``hbm``, ``host``, ``uvm_cache``) a group (``clients/shard_groups.py``)."""
+    return (table.dtype, num_cols, table.optimizer, placement)
 
 
 # ----------------------------------------------------------------------------------------------- communication

@@ -274,11 +274,14 @@ def evaluate(
     acc = [_RankAcc() for _ in topo.ranks]
     per_table: dict[str, float] = defaultdict(float)
     by_name = {t.name: t for t in model.embedding_tables}
+    shard_groups: list[set[tuple[object, ...]]] = [set() for _ in topo.ranks]  # the executor's lookups per rank
     for tp in tables:
         table = by_name[tp.name]
         group = tuple(sorted({s.rank for s in tp.shards}))  # normalised once, not once per shard
         priced: dict[tuple[int, int, Placement, float | None, int], ShardCost] = {}  # a row split has 2 shapes
         for s in tp.shards:
+            if tp.sharding_type is not ShardingType.data_parallel:
+                shard_groups[s.rank].add(cm.shard_group_key(table, s.num_cols, s.placement))
             cls = topo.class_of(s.rank)
             key = (s.num_rows, s.num_cols, s.placement, s.cache_fraction, cls.index)
             c = priced.get(key)
@@ -315,7 +318,10 @@ def evaluate(
     ranks: list[RankPlan] = []
     for info, a in zip(topo.ranks, acc, strict=True):
         a.comm += cm.collective_latency_ms(info.profile, kinds, multi_host)
-        host = cm.host_floor_ms(info.profile, len(model.embedding_tables), len(model.dense_layers)) + a.host_lookups
+        floor = cm.host_floor_ms(
+            info.profile, len(model.embedding_tables), len(model.dense_layers), len(shard_groups[info.rank])
+        )
+        host = floor + a.host_lookups
         host_used[info.host] += a.host
         ranks.append(
             RankPlan(

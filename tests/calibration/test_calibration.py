@@ -225,7 +225,12 @@ def test_calibrate_runs_its_whole_pipeline_on_the_cpu(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     cal = load_calibration(out)
     assert {"achieved.memory_bound", "achieved.gemm", "achieved.embedding_gather"} <= set(cal.figures)
-    assert {"overheads.step_fixed_us", "overheads.per_table_us", "overheads.per_layer_us"} <= set(cal.figures)
+    assert {
+        "overheads.step_fixed_us",
+        "overheads.per_table_us",
+        "overheads.per_layer_us",
+        "overheads.per_group_us",
+    } <= set(cal.figures)
     assert {"overheads.cache_fetch_us", "overheads.cache_fetch_ns_per_row"} <= set(cal.figures)
     assert "RowCache.fetch" in cal.figures["overheads.cache_fetch_us"].source
     samples = json.loads((tmp_path / "cal.samples.json").read_text())

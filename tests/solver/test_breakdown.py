@@ -45,7 +45,7 @@ COMPUTE = [TERM_INDEX[k] for k, _, part in TERMS if part == "compute"]
 COMM = [TERM_INDEX[k] for k, _, part in TERMS if part == "comm"]
 CALIBRATED = {"sort_ns_per_id": 0.5, "host_shard_us": 300.0, "host_ns_per_id": 40.0, "host_ns_per_row_byte": 2.0,
               "cache_fetch_us": 3000.0, "cache_fetch_ns_per_row": 85.0}  # fmt: skip
-HOST_BOUND = CALIBRATED | {"step_fixed_us": 100_000.0}  # a host slower than any rank's device time
+HOST_BOUND = CALIBRATED | {"step_fixed_us": 100_000.0, "per_group_us": 5_000.0}  # a host slower than any device
 
 
 def fleet_of(profile: HardwareProfile, hosts: int = 2, gpus: int = 4) -> Topology:

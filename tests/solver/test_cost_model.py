@@ -347,6 +347,45 @@ def test_shard_memory_more_features_more_ids() -> None:
 # ================================================================================================ touched rows
 
 
+def test_distinct_rows_uniform_is_touched_rows_and_zipf_is_the_brute_force_sum() -> None:
+    assert cm.distinct_rows(80, 1000, None) == approx(cm.touched_rows(80, 1000))
+    assert cm.distinct_rows(0, 1000, 1.1) == 0.0
+    for rows, ids, s in ((500, 300, 0.8), (2_000, 5_000, 1.1), (50, 10_000, 1.2)):
+        p = [i**-s for i in range(1, rows + 1)]
+        total = sum(p)
+        want = sum(-math.expm1(-ids * q / total) for q in p)
+        assert cm.distinct_rows(ids, rows, s) == pytest.approx(want, rel=1e-6)
+        assert cm.distinct_rows(ids, rows, s) < cm.touched_rows(ids, rows)  # skew repeats the hot rows
+    assert cm.distinct_rows(3, 10**6, 1.0) <= 3  # never more than the ids
+
+
+@pytest.mark.parametrize(("optimizer", "link_state", "device_state"), [("sgd", 0, 0), ("rowwise_adagrad", 0, 2 * 32),
+                         ("adagrad", 2 * 32, 0), ("adam", 4 * 32, 0)])  # fmt: skip
+def test_host_shard_bytes_cross_the_link_per_id_forward_and_per_distinct_row_update(
+    optimizer: str, link_state: int, device_state: int
+) -> None:
+    # 1000 ids into 1000 rows, uniform: d = 632.12 distinct rows; rows of 8 fp32 = 32 B (granularity 32); the
+    # update reads and writes each distinct row once, with its per-weight state (host memory) — row-wise state is
+    # on the device
+    t = table(optimizer=optimizer)
+    d = cm.touched_rows(1000, 1000)
+    link, device = cm.host_shard_bytes(t, 1000, 8, 1000, 32, 32)
+    assert link == approx(1000 * 32 + d * (2 * 32 + link_state))
+    assert device == approx(d * device_state)
+
+
+def test_host_floor_charges_each_group_past_the_first(make_profile: Callable[..., HardwareProfile]) -> None:
+    p = make_profile(overheads={"step_fixed_us": 1000.0, "per_table_us": 10.0, "per_layer_us": 100.0,
+                                "per_group_us": 400.0})  # fmt: skip
+    assert cm.host_floor_ms(p, 4, 2) == approx((1000 + 40 + 200) / 1000)
+    assert cm.host_floor_ms(p, 4, 2, groups=3) == approx((1000 + 40 + 200 + 800) / 1000)
+    a, b = table(), table(optimizer="adam")
+    keys = {cm.shard_group_key(a, 8, Placement.hbm), cm.shard_group_key(a, 8, Placement.host),
+            cm.shard_group_key(a, 16, Placement.hbm), cm.shard_group_key(b, 8, Placement.hbm),
+            cm.shard_group_key(a, 8, Placement.hbm)}  # fmt: skip
+    assert len(keys) == 4  # placement kind, width and optimizer each make a group; the same shard twice does not
+
+
 def test_touched_rows_hand_values() -> None:
     assert cm.touched_rows(80, 1000) == approx(1000 * (1 - math.exp(-0.08)))
     assert cm.touched_rows(1000, 1000) == approx(1000 * (1 - 1 / math.e))  # ≈ 632.12
@@ -568,7 +607,8 @@ def test_shard_compute_granularity_comes_from_the_profile(make_profile: Callable
 
 
 def test_shard_compute_host_placement_gathers_over_the_host_link(round_profile: HardwareProfile) -> None:
-    # every gather (fwd read, bwd read + write) crosses the host link at 5e9; streams stay in HBM
+    # zero-copy: the forward reads every id's row across the host link at 5e9, the fused update reads and writes
+    # each distinct row once (80 uniform ids into 1000 rows: 76.88); sgd has no state; streams stay in HBM
     t = table(embedding_dim=4)
     got = cm.shard_compute_ms(
         t,
@@ -581,7 +621,8 @@ def test_shard_compute_host_placement_gathers_over_the_host_link(round_profile: 
         batch=B,
         world=W,
     )
-    expected_s = 80 * (32 + 2 * 32) / LINK + 2 * 40 * 4 * 4 / STREAM
+    distinct = 1000 * -math.expm1(-80 / 1000)
+    expected_s = (80 * 32 + distinct * 2 * 32) / LINK + 2 * 40 * 4 * 4 / STREAM
     assert got == approx(expected_s * 1e3)
 
 
