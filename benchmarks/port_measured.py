@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from benchmarks import truth  # noqa: E402  (build, Rig, measure_rig, model_spec, the one-rank group)
 
-CALIBRATION = ROOT / "benchmarks" / "results" / "truth" / "calibration_nvidia-h200_2026-12-01_run6.yaml"
+CALIBRATION = ROOT / "benchmarks" / "results" / "truth" / "calibration_nvidia-h200_2026-12-01_run7.yaml"
 #: ``plan --out``'s predictions of the full-size models (with their plans), made on a CPU; a run whose host cannot
 #: plan uses them
 PREDICTIONS = ROOT / "benchmarks" / "results" / "port" / "predictions_2026-12-01.json"
@@ -284,7 +284,7 @@ def fleets(cap_bytes: int, calibration: Path = CALIBRATION) -> tuple[Any, Any]:
     return one(f"one-{capped.name}", capped), one("one-h200", full)
 
 
-def port_prediction(m: PortModel) -> dict[str, Any]:
+def port_prediction(m: PortModel, calibration: Path = CALIBRATION) -> dict[str, Any]:
     from shardwise.solver.planner import make_plan
     from shardwise.solver.port import port_analysis
     from shardwise.wire.spec import SolveParams
@@ -294,9 +294,9 @@ def port_prediction(m: PortModel) -> dict[str, Any]:
     if m.cap_gib is not None:
         cap = int(m.cap_gib * GIB)
     else:
-        full = make_plan(spec, fleets(GIB)[1], SolveParams(solver="greedy"))
+        full = make_plan(spec, fleets(GIB, calibration)[1], SolveParams(solver="greedy"))
         cap = int((full.ranks[0].hbm_used_bytes - 0.4 * table_bytes) / 0.9)
-    a, b = fleets(cap)
+    a, b = fleets(cap, calibration)
     rep = port_analysis(spec, a, b, SolveParams(solver="greedy"))
 
     from shardwise.solver.planner import score_plan
@@ -426,20 +426,10 @@ def measure_plan(
     # cache warmed by prefetches would read low over the next steps.
     cached = _cached_tables(plan)
     names = {f"sparse.t{i}": i for i in range(len(m.cfg.tables))}
-    warm_ids = {}
     t = time.monotonic()
-    per_step = {n: round(m.cfg.batch * m.cfg.tables[i][1]) for n, i in names.items()}
-    for name, (rows, f) in cached.items():
-        want = 2 * cm.lru_characteristic_time(rows, f, m.skews[names[name]])
-        done = 0
-        while done < want and time.monotonic() - t < warm_budget_s:
-            ids = zipfs[names[name]].draw(per_step[name]).to(device)
-            with torch.no_grad():
-                rig.ebc.table(name)(ids, torch.zeros(1, dtype=torch.int64, device=device))
-            done += ids.numel()
-        warm_ids[name] = {"done": done, "wanted": want}
-    out["cache_warmup"] = warm_ids
+    out["cache_warmup"] = warm_caches(rig, m, cached, zipfs, device, warm_budget_s)
     out["cache_warmup_s"] = time.monotonic() - t
+    warm_ids = out["cache_warmup"]
     say(f"  caches warmed in {out['cache_warmup_s']:.1f} s: {warm_ids}")
     before = rig.ebc.cache_stats()
     out |= truth.measure_rig(rig, steps, warmup, device, base)
@@ -472,6 +462,54 @@ def measure_plan(
     return out
 
 
+def warm_caches(
+    rig: Any, m: PortModel, cached: dict[str, tuple[int, float]], zipfs: dict[int, Any], device: Any, budget_s: float
+) -> dict[str, dict[str, float]]:
+    """Warm ``cached`` tables' caches to steady state: lookups (no autograd) of fresh Zipf batches, ``2·T`` ids per
+    cached table within ``budget_s`` (``T`` the LRU characteristic time). Lookups, not prefetches: a row a prefetch
+    brought in counts as a miss for its first lookup, so a cache warmed by prefetches would read low."""
+    import torch
+
+    from shardwise.solver import cost_model as cm
+
+    names = {f"sparse.t{i}": i for i in range(len(m.cfg.tables))}
+    per_step = {n: round(m.cfg.batch * m.cfg.tables[i][1]) for n, i in names.items()}
+    warm_ids = {}
+    t = time.monotonic()
+    for name, (rows, f) in cached.items():
+        want = 2 * cm.lru_characteristic_time(rows, f, m.skews[names[name]])
+        done = 0
+        while done < want and time.monotonic() - t < budget_s:
+            ids = zipfs[names[name]].draw(per_step[name]).to(device)
+            with torch.no_grad():
+                rig.ebc.table(name)(ids, torch.zeros(1, dtype=torch.int64, device=device))
+            done += ids.numel()
+        warm_ids[name] = {"done": done, "wanted": want}
+    return warm_ids
+
+
+def split_step(rig: Any, steps: int, device: Any) -> dict[str, float]:
+    """A step's device time and host time apart (CUDA), medians over ``steps``: the device first sleeps (a spin
+    kernel of about 60 ms) while the host enqueues the step behind it, so that the host's enqueueing is not slowed
+    by a full queue and the device then runs the step's kernels back to back with no wait for the host. ``device_ms``:
+    from the sleep's end to the step's last kernel; ``host_ms``: the wall time to enqueue the step."""
+    import torch
+
+    host, dev = [], []
+    for i in range(steps):
+        torch.cuda.synchronize(device)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        torch.cuda._sleep(120_000_000)
+        a.record()
+        t = time.perf_counter()
+        rig.step(i)
+        host.append((time.perf_counter() - t) * 1e3)
+        b.record()
+        b.synchronize()
+        dev.append(float(a.elapsed_time(b)))
+    return {"device_ms": statistics.median(dev), "host_ms": statistics.median(host)}
+
+
 def port(
     device: str,
     small: bool,
@@ -480,6 +518,7 @@ def port(
     warm_budget_s: float,
     doc: dict[str, Any],
     save: Callable[[], None],
+    calibration: Path = CALIBRATION,
 ) -> None:
     import torch
     import torch.distributed as dist
@@ -494,7 +533,7 @@ def port(
             rec: dict[str, Any] = {}
             doc["port"][m.cfg.name] = rec
             say(f"port {m.cfg.name}: planning (greedy) and the port analysis")
-            pred = guarded(rec, "prediction", functools.partial(port_prediction, m))
+            pred = guarded(rec, "prediction", functools.partial(port_prediction, m, calibration))
             if (not pred or "error" in pred) and not small and PREDICTIONS.exists():
                 # the planner could not run here (a package missing on the GPU host): the committed predictions
                 say(f"  planning failed here; the predictions committed in {PREDICTIONS.name} instead")
@@ -630,7 +669,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         guarded(
             doc,
             "port_error",
-            lambda: port(args.device, args.small, args.steps, args.warmup, args.warm_budget_s, doc, save),
+            lambda: port(
+                args.device, args.small, args.steps, args.warmup, args.warm_budget_s, doc, save, args.calibration
+            ),
         )
         if doc.get("port_error") is None:
             doc.pop("port_error", None)
@@ -946,7 +987,7 @@ def _zipf_draw(zipfs: dict[int, Any], i: int, rows: int, n: int, gen: Any) -> An
     return zipfs[i].draw(n)
 
 
-def profile_port(run_json: Path, steps: int, models: Sequence[str]) -> str:
+def profile_port(run_json: Path, steps: int, models: Sequence[str], tables: bool = True) -> str:
     """Where the capped plans' extra step time goes (CUDA): each measured capped plan as run, without its cached
     shards, without its host shards, and the re-plan — per variant the pipelined and host ms per step, the host
     synchronisations of one step, and the torch profiler's operators by self CPU and by device time."""
@@ -987,14 +1028,24 @@ def profile_port(run_json: Path, steps: int, models: Sequence[str]) -> str:
                 draw = functools.partial(_zipf_draw, zipfs)
                 rig = truth.build(m.cfg, device, the_plan=plan, draw=draw, batches=n)
                 rig.fresh = True
+                warm_caches(rig, m, _cached_tables(plan), zipfs, device, 20.0)
                 for i in range(6):
                     rig.step(i)
                 torch.cuda.synchronize()
                 pipelined, host = back_to_back(rig.step, steps, device)
                 syncs = count_syncs(functools.partial(rig.step, 0), device)
-                line = f"== {m.cfg.name} {label}: pipelined {pipelined:.3f} ms, host {host:.3f} ms, syncs/step {syncs}"
+                split = split_step(rig, 5, device)
+                line = (
+                    f"== {m.cfg.name} {label}: pipelined {pipelined:.3f} ms, host {host:.3f} ms, syncs/step {syncs}; "
+                    f"apart: device {split['device_ms']:.3f} ms, host {split['host_ms']:.3f} ms"
+                )
                 say(line)
                 out.write(line + "\n")
+                if not tables:
+                    del rig
+                    gc.collect()
+                    torch.cuda.empty_cache()
+                    continue
                 with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                     for i in range(steps):
                         rig.step(i)
@@ -1023,6 +1074,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     r.add_argument("--warm-budget-s", type=float, default=20.0, help="seconds to warm one plan's caches")
     r.add_argument("--case-budget-s", type=float, default=5.0, help="seconds for one hit-rate case (20 cases)")
     r.add_argument("--cpu-hitrate", action="store_true", help="also run the hit-rate grid on the CPU (small sizes)")
+    r.add_argument("--calibration", type=Path, default=CALIBRATION, help="the calibration the port is predicted with")
     p = sub.add_parser("report", help="the tables from a run's JSON")
     p.add_argument("json", type=Path)
     p.add_argument("--verdict", type=Path, help="write the must-shows' verdicts here")
@@ -1043,9 +1095,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     f.add_argument("--out", type=Path, required=True)
     f.add_argument("--steps", type=int, default=10)
     f.add_argument("--models", default="", help="comma-separated model names (default: both)")
+    f.add_argument("--no-tables", action="store_true", help="the step times alone, no profiler tables")
     args = ap.parse_args(argv)
     if args.cmd == "profile":
-        text = profile_port(args.json, args.steps, [x for x in args.models.split(",") if x])
+        text = profile_port(args.json, args.steps, [x for x in args.models.split(",") if x], not args.no_tables)
         args.out.write_text(text, encoding="utf-8")
     elif args.cmd == "run":
         run(args)

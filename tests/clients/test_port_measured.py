@@ -189,7 +189,8 @@ OVERLAY = pm.ROOT / "benchmarks" / "results" / "port" / "calibration_nvidia-h200
 #: the calibration that run's predictions were made with (the port's before the zero-copy executor)
 RUN2 = pm.ROOT / "benchmarks" / "results" / "truth" / "calibration_nvidia-h200_2026-12-01_run2_refit.yaml"
 #: the run on the zero-copy executor with the Triton fetch, predicted with the old calibration and model
-H200_RUN3 = pm.ROOT / "benchmarks" / "results" / "port" / "port_h200_2026-12-01_run3.json"
+#: the latest run: its plans are the committed predictions' (under the port's calibration, run 7)
+H200_LATEST = pm.ROOT / "benchmarks" / "results" / "port" / "port_h200_2026-12-01_run7.json"
 
 
 def test_the_models_missing_rows_are_what_the_h200_fetches_copied_in() -> None:
@@ -220,7 +221,7 @@ def test_the_committed_fetch_overlay_is_what_the_run_gives(tmp_path: Path) -> No
 def test_repredict_rescores_the_measured_plans() -> None:
     """The first run under its own calibration: the all-cache plan's re-prediction is the recorded one; dcn-26's
     capped plan (two host tables) is predicted faster now, its host tables being read zero-copy (no host time);
-    with the fetch figures the cached plan gets slower. The zero-copy run under the port's calibration now: the
+    with the fetch figures the cached plan gets slower. The latest run under the port's calibration now: the
     committed predictions, for the plans measured."""
     doc = json.loads(H200.read_text(encoding="utf-8"))
     _, same = pm.repredict(doc, RUN2, base=RUN2)
@@ -232,9 +233,9 @@ def test_repredict_rescores_the_measured_plans() -> None:
     assert now["repredict/dlrm-4x12m"]["predicted_now"] > recorded["dlrm-4x12m"]
     assert any(line.startswith("| dlrm-4x12m |") for line in lines)
     committed = json.loads(pm.PREDICTIONS.read_text(encoding="utf-8"))
-    run3 = json.loads(H200_RUN3.read_text(encoding="utf-8"))
-    _, current = pm.repredict(run3, pm.CALIBRATION)
-    for name in run3["port"]:
+    latest = json.loads(H200_LATEST.read_text(encoding="utf-8"))
+    _, current = pm.repredict(latest, pm.CALIBRATION)
+    for name in latest["port"]:
         got = current[f"repredict/{name}"]["predicted_now"]
         assert got == pytest.approx(committed[name]["predicted_speedup"], rel=1e-5)
 
