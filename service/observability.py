@@ -294,9 +294,9 @@ class _Body:
             raise _TooSlow from None
         if message["type"] == "http.request":
             self._seen += len(message.get("body", b""))
+            self.complete = not message.get("more_body", False)  # over the cap on its last chunk: nothing to drain
             if self._seen > self._limit:
                 raise _TooLarge
-            self.complete = not message.get("more_body", False)
         return message
 
 
