@@ -179,6 +179,28 @@ def spec_for() -> ModelSpec:
     return ModelSpec(name="tables", batch_size_per_gpu=LOCAL_BATCH, embedding_tables=tables)
 
 
+def hbm_and_cached(
+    ref: nn.Module,
+    world: int,
+    config: UpdateConfig,
+    *,
+    device: torch.device | None = None,
+    model_spec: ModelSpec | None = None,
+) -> tuple[nn.Module, nn.Module]:
+    """Two copies of ``ref`` applied side by side: the plan placed ``hbm``, and placed ``uvm_cache`` with ``WAYS`` ways
+    (``model_spec``: the cache's spill reserve)."""
+    hbm = apply_plan(copy.deepcopy(ref), plan_for(world, Placement.hbm), device=device, embedding_optimizer=config)
+    uvm = apply_plan(
+        copy.deepcopy(ref),
+        plan_for(world, Placement.uvm_cache),
+        device=device,
+        embedding_optimizer=config,
+        cache_ways=WAYS,
+        model_spec=model_spec,
+    )
+    return hbm, uvm
+
+
 def check_against_hbm(
     rank: int, world: int, kind: RowOptimizer, model_spec: ModelSpec | None = None
 ) -> tuple[list[str], dict[str, list[int]]]:
@@ -188,14 +210,7 @@ def check_against_hbm(
     torch.manual_seed(0)
     ref = Tables()
     config = UpdateConfig(kind, lr=LR[kind])
-    hbm = apply_plan(copy.deepcopy(ref), plan_for(world, Placement.hbm), embedding_optimizer=config)
-    uvm = apply_plan(
-        copy.deepcopy(ref),
-        plan_for(world, Placement.uvm_cache),
-        embedding_optimizer=config,
-        cache_ways=WAYS,
-        model_spec=model_spec,
-    )
+    hbm, uvm = hbm_and_cached(ref, world, config, model_spec=model_spec)
     for fqn in TABLES:
         ref.get_submodule(fqn).sparse = True
     ref_opts = [reference_optimizer(kind, [ref.get_submodule(fqn).weight]) for fqn in TABLES]
@@ -322,10 +337,7 @@ def check_state_dict(rank: int, world: int) -> list[str]:
     base = Tables()
     other = Tables()
     config = UpdateConfig(RowOptimizer.rowwise_adagrad, lr=0.1)
-    hbm = apply_plan(copy.deepcopy(base), plan_for(world, Placement.hbm), embedding_optimizer=config)
-    uvm = apply_plan(
-        copy.deepcopy(base), plan_for(world, Placement.uvm_cache), embedding_optimizer=config, cache_ways=WAYS
-    )
+    hbm, uvm = hbm_and_cached(base, world, config)
     donor = apply_plan(copy.deepcopy(other), plan_for(world, Placement.hbm), embedding_optimizer=config)
     for step in range(2):
         feats = batches(world, seed=700 + step)[1][rank]
@@ -482,14 +494,7 @@ def check_on_cuda(rank: int, world: int, kind: RowOptimizer) -> list[str]:
     torch.manual_seed(0)
     ref = Tables()
     config = UpdateConfig(kind, lr=LR[kind])
-    hbm = apply_plan(copy.deepcopy(ref), plan_for(world, Placement.hbm), device=device, embedding_optimizer=config)
-    uvm = apply_plan(
-        copy.deepcopy(ref),
-        plan_for(world, Placement.uvm_cache),
-        device=device,
-        embedding_optimizer=config,
-        cache_ways=WAYS,
-    )
+    hbm, uvm = hbm_and_cached(ref, world, config, device=device)
     e_hbm = ShardedEmbeddingBagCollection.from_module(hbm)
     e_uvm = ShardedEmbeddingBagCollection.from_module(uvm)
     for step in range(STEPS):
@@ -522,15 +527,7 @@ def check_no_sync_on_cuda(rank: int, world: int) -> list[str]:
     torch.manual_seed(0)
     ref = Tables()
     config = UpdateConfig(RowOptimizer.rowwise_adagrad, lr=0.1)
-    hbm = apply_plan(copy.deepcopy(ref), plan_for(world, Placement.hbm), device=device, embedding_optimizer=config)
-    uvm = apply_plan(
-        copy.deepcopy(ref),
-        plan_for(world, Placement.uvm_cache),
-        device=device,
-        embedding_optimizer=config,
-        cache_ways=WAYS,
-        model_spec=spec_for(),
-    )
+    hbm, uvm = hbm_and_cached(ref, world, config, device=device, model_spec=spec_for())
     e_hbm = ShardedEmbeddingBagCollection.from_module(hbm)
     e_uvm = ShardedEmbeddingBagCollection.from_module(uvm)
     for step in range(STEPS):
