@@ -43,7 +43,9 @@ compile-time constants, so one compiled kernel per (optimizer, width class, dtyp
 Numerics: the sums are fp32 in a fixed order per segment, so the kernel is deterministic run to run (the torch
 backend's ``index_add_`` on CUDA is not); ``tl.sqrt`` and ``/`` are Triton's fast fp32 versions and multiply-adds may
 fuse, a few units in the last place from torch's arithmetic. The kernel enqueues no host work and captures into a
-CUDA graph (Adam's step size is a scalar argument: a captured graph holds the step it was captured at).
+CUDA graph. Adam's step size is a scalar argument (a graph captured with it replays the step it was captured at) or,
+with ``STEP_PTR``, a one-element fp32 tensor the kernel loads: what :class:`shardwise.clients.graphed.GraphedStep`
+passes, its step counter living on the device.
 
 Version tolerance: ``tl.load`` / ``tl.store`` with masks, ``tl.program_id``, ``tl.arange``, ``tl.zeros``, ``tl.sum``,
 ``tl.sqrt``, a scalar ``if`` and a ``while`` loop. The loop over a segment's ids is a ``while``, not a ``range`` over
@@ -135,7 +137,9 @@ def _fused_rows_kernel(  # type: ignore[no-untyped-def]
     one_minus_beta1,
     one_minus_beta2,
     step_size,
+    step_size_ptr,
     OPT: tl.constexpr,
+    STEP_PTR: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_C: tl.constexpr,
     NUM_CB: tl.constexpr,
@@ -213,7 +217,10 @@ def _fused_rows_kernel(  # type: ignore[no-untyped-def]
                     v = v + (g * g - v) * one_minus_beta2
                     tl.store(state1_ptr + s_off + cols, m, mask=col_mask)
                     tl.store(state2_ptr + s_off + cols, v, mask=col_mask)
-                    w = w - step_size * (m / (tl.sqrt(v) + eps))
+                    if STEP_PTR:  # a captured graph's step counter on the device (its step size computed there)
+                        w = w - tl.load(step_size_ptr) * (m / (tl.sqrt(v) + eps))
+                    else:
+                        w = w - step_size * (m / (tl.sqrt(v) + eps))
                 tl.store(w_row_ptr + cols, w.to(weight_ptr.dtype.element_ty), mask=col_mask)
 
 
@@ -231,7 +238,7 @@ def launch(
     eps: float,
     beta1: float,
     beta2: float,
-    step_size: float,
+    step_size: float | Tensor,
     block_n: int | None = None,
     num_warps: int | None = None,
 ) -> None:
@@ -239,6 +246,7 @@ def launch(
 
     ``weight`` (R × C) and ``grad_out`` (B × C) need unit column stride; the state tensors are contiguous fp32.
     ``block_n`` (ids gathered per loop step, a power of two) and ``num_warps`` override the tile heuristics.
+    ``step_size`` (Adam's): a float, or a one-element fp32 tensor on the device that the kernel reads.
     """
     n = sorted_ids.numel()
     cols = weight.shape[1]
@@ -270,8 +278,10 @@ def launch(
         eps,
         1.0 - beta1,
         1.0 - beta2,
-        step_size,
+        0.0 if isinstance(step_size, Tensor) else step_size,
+        step_size if isinstance(step_size, Tensor) else weight,
         OPT=opt,
+        STEP_PTR=isinstance(step_size, Tensor),
         BLOCK_N=block_n,
         BLOCK_C=block_c,
         NUM_CB=triton.cdiv(cols, block_c),

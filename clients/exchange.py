@@ -40,8 +40,8 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
 
 import torch
 import torch.distributed as dist
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AllToAll",
+    "CapturedIdCheck",
     "OneGroup",
     "PendingIdCheck",
     "check_pending_ids",
@@ -184,7 +185,10 @@ def pooled_lookup(
     for t in sorted(tables, key=lambda t: t.name):
         (local if t.data_parallel else sharded.setdefault(t.dtype, [])).append(t)
     routed = {t.name: t.route(*inputs[t.name]) for t in tables}
-    if not sharded:  # no exchange to carry the bad-id counts: check here (the only synchronising path)
+    captured = tables[0].captured_ids if tables and tables[0].device.type == "cuda" else None
+    if not sharded and captured is not None:  # a graphed step: counted on the device, read by GraphedStep
+        captured.add(tuple(t.name for t in local), torch.stack([routed[t.name].bad for t in local]))
+    elif not sharded:  # no exchange to carry the bad-id counts: check here (the only synchronising path)
         bad = [t.name for t in local if int(routed[t.name].bad) > 0]
         if bad:
             raise IndexError(f"ids outside their table's rows: {', '.join(bad)}")
@@ -194,7 +198,7 @@ def pooled_lookup(
         out.update(_exchange(group_tables, routed, extra, prefetch))
     if prefetch:
         return {}
-    deferred = any(t.pending_ids is not None for t in tables)  # this call's check was deferred: clamp
+    deferred = captured is not None or any(t.pending_ids is not None for t in tables)  # checked later: clamp
     for t in local:
         ids, lengths = inputs[t.name]
         out[t.name] = t.local_forward(ids.clamp(0, t.num_embeddings - 1) if deferred else ids, lengths)
@@ -311,6 +315,32 @@ class OneGroup:
     names: tuple[str, ...]
     lo: Tensor
     hi: Tensor
+    #: the tables' first id and first bag in a call, on the device, by the call's (ids, bags) per table: a batch
+    #: shape seen before costs no copy, and a captured call reads a tensor that outlives it (a copy from a pinned
+    #: temporary would be replayed from freed host memory)
+    starts: dict[tuple[tuple[int, ...], tuple[int, ...]], Tensor] = field(default_factory=dict)
+
+    def starts_on_device(self, counts: list[int], bag_counts: list[int], device: torch.device) -> Tensor:
+        key = (tuple(counts), tuple(bag_counts))
+        found = self.starts.get(key)
+        if found is not None:
+            return found
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"a batch shape first seen inside a CUDA graph capture (tables {', '.join(self.names)}): run the step "
+                "once outside the capture first (GraphedStep's warm-up does)"
+            )
+        firsts = [0, *itertools.accumulate(counts)][:-1]
+        bag_firsts = [0, *itertools.accumulate(bag_counts)][:-1]
+        made = torch.tensor(firsts + bag_firsts, pin_memory=device.type == "cuda").to(device, non_blocking=True)
+        if len(self.starts) >= _SHAPES_KEPT:  # batches of varying shape: keep the latest few
+            self.starts.pop(next(iter(self.starts)))
+        self.starts[key] = made
+        return made
+
+
+#: batch shapes whose first ids and bags a :class:`OneGroup` keeps on the device
+_SHAPES_KEPT: Final = 64
 
 
 def group_layouts(tables: Sequence[ShardedEmbeddingBag]) -> list[OneGroup] | None:
@@ -378,10 +408,8 @@ def one_group_lookup(
     # every table's first id and first bag in the call, one host-to-device copy; the table of every id (and of every
     # bag) by one bucketize against them — a fixed number of kernels whatever the number of tables (an add per
     # table cost 16 µs of host time each on an H200's host, 1.6 ms a step at 100 tables)
-    firsts = [0, *itertools.accumulate(counts)][:-1]
-    bag_firsts = [0, *itertools.accumulate(bag_counts)][:-1]
-    starts_dev = torch.tensor(firsts + bag_firsts, pin_memory=device.type == "cuda").to(device, non_blocking=True)
-    id_firsts, bag_firsts_dev = starts_dev[: len(firsts)], starts_dev[len(firsts) :]
+    starts_dev = layout.starts_on_device(counts, bag_counts, device)
+    id_firsts, bag_firsts_dev = starts_dev[: len(counts)], starts_dev[len(counts) :]
     bag_table = torch.bucketize(torch.arange(sum(bag_counts), device=device), bag_firsts_dev, right=True) - 1
     offsets_g = _cat(offset_parts) + id_firsts.index_select(0, bag_table)
     positions = torch.arange(n, device=device)
@@ -394,7 +422,15 @@ def one_group_lookup(
     def locate() -> list[str]:
         return [m for m, part in zip(layout.names, torch.split(flags, counts), strict=True) if bool(part.any())]
 
-    PendingIdCheck.defer(list(tables.values()), flags.sum(), locate)
+    captured = tables[layout.names[0]].captured_ids
+    if captured is not None and device.type == "cuda":
+        # per table, by differences of a running count at the tables' first ids (an index_add_ of every id into a
+        # few counters serialises on their atomics: 1.5 ms a step at 2.6 M ids on an H200)
+        running = torch.cat([flags.new_zeros(1, dtype=torch.int64), torch.cumsum(flags, 0)])
+        ends = torch.cat([id_firsts[1:], id_firsts.new_full((1,), n)])
+        captured.add(layout.names, running.index_select(0, ends) - running.index_select(0, id_firsts))
+    else:
+        PendingIdCheck.defer(list(tables.values()), flags.sum(), locate)
     if prefetch:
         group_prefetch(layout.group, ids_g)
         return {}
@@ -435,7 +471,12 @@ def _exchange_alone(
     def locate() -> list[str]:
         return [n for n, c in zip(names, bad.tolist(), strict=True) if c > 0]
 
-    clamp = PendingIdCheck.defer(tables, bad.sum(), locate)
+    captured = tables[0].captured_ids
+    if captured is not None and device.type == "cuda":
+        captured.add(names, bad)
+        clamp = True
+    else:
+        clamp = PendingIdCheck.defer(tables, bad.sum(), locate)
     ids_of_table: dict[int, Tensor] = {}
     for ti in {ti for ti, _ in plan.mine}:
         ids = rt[ti].ids
@@ -493,6 +534,38 @@ class PendingIdCheck:
                 f"ids outside their table's rows [0, num_embeddings) in the previous lookup: "
                 f"{', '.join(self.locate())} (looked up clamped into the table)"
             )
+
+
+class CapturedIdCheck:
+    """The bad-id counts of lookups that run inside a CUDA graph (:class:`~shardwise.clients.graphed.GraphedStep`).
+
+    Every call adds its per-table counts into a device tensor that only grows and copies it to pinned host memory,
+    without waiting; a replay of the captured call does the same, so no count is lost however many replays run
+    before the host reads one. The counters of a set of tables are made at its first call, which must come outside
+    a capture (the step's warm-up): made inside, they would be reset at every replay.
+    """
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, ...], tuple[Tensor, Tensor]] = {}
+
+    def add(self, names: tuple[str, ...], bad: Tensor) -> None:
+        pair = self.counts.get(names)
+        if pair is None:
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    f"tables {', '.join(names)} were first looked up together inside a CUDA graph capture: run the "
+                    "step once outside the capture first (GraphedStep's warm-up does)"
+                )
+            pair = (torch.zeros_like(bad), torch.zeros(bad.shape, dtype=bad.dtype, pin_memory=True))
+            self.counts[names] = pair
+        total, host = pair
+        total.add_(bad)
+        host.copy_(total, non_blocking=True)
+
+    def bad_tables(self) -> list[str]:
+        """The tables that had bad ids so far, by the host copies: current once the work that wrote them is done."""
+        found = {n for names, (_, host) in self.counts.items() for n, c in zip(names, host.tolist(), strict=True) if c}
+        return sorted(found)
 
 
 def check_pending_ids(tables: Sequence[ShardedEmbeddingBag]) -> None:

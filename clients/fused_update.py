@@ -45,9 +45,10 @@ of that size for the update). ``"triton"``: one Triton kernel, one program per s
 (:mod:`shardwise.clients._fused_triton` describes the grid, the blocks and the bytes moved); CUDA tensors, or CPU
 tensors under Triton's interpreter (``TRITON_INTERPRET=1`` set before Triton is imported — tests run it in a
 subprocess). ``"auto"`` takes Triton for CUDA tensors when it imports, else torch. Both capture into a CUDA graph
-(checked on an H200); Adam's step size is computed on the host from ``step``, so a captured graph replays the step
-it was captured at. The Triton backend is deterministic run to run; the torch one on CUDA is not (``index_add_``
-accumulates with atomics).
+(checked on an H200); Adam's step size is computed on the host from an int ``step``, so a graph captured with one
+replays the step it was captured at — pass ``step`` as a device tensor (a counter the graph increments) and it is
+computed on the device instead (what :class:`shardwise.clients.graphed.GraphedStep` does). The Triton backend is
+deterministic run to run; the torch one on CUDA is not (``index_add_`` accumulates with atomics).
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ def fused_backward_update(
     grad_out: Tensor,
     config: UpdateConfig,
     *,
-    step: int,
+    step: int | Tensor,
     backend: str = "auto",
 ) -> None:
     """Reduce ``grad_out`` rows by id and apply ``config``'s optimizer to the touched rows of ``weight``, in place.
@@ -203,8 +204,10 @@ def fused_backward_update(
     ``weight`` (R × C, fp32 / fp16 / bf16) and ``state`` (from :func:`init_state`) are updated in place; ``ids`` (n,)
     int64 are rows of ``weight``, ``bags`` (n,) int64 the output row each id was pooled into, ``grad_out`` (B × C,
     fp32 / fp16 / bf16) the gradient of the pooled rows; ``step`` is the 1-based optimizer step (Adam's bias
-    correction). ``backend``: ``"auto"``, ``"torch"`` or ``"triton"`` (see the module's docstring). Nothing is read
-    back to the host: the call only enqueues work on the tensors' device.
+    correction): a host int, or a one-element float64 tensor on ``weight``'s device whose value is the step (a
+    counter that lives on the device: Adam's step size is then computed there, with no host read). ``backend``:
+    ``"auto"``, ``"torch"`` or ``"triton"`` (see the module's docstring). Nothing is read back to the host: the call
+    only enqueues work on the tensors' device.
     """
     opt = config.optimizer
     _check(weight, state, ids, bags, grad_out, opt, step)
@@ -244,7 +247,7 @@ def _check(
     bags: Tensor,
     grad_out: Tensor,
     opt: RowOptimizer,
-    step: int,
+    step: int | Tensor,
 ) -> None:
     """Shapes, dtypes and devices (tensor metadata alone: no data is read)."""
     if weight.dim() != 2 or weight.dtype not in _FLOAT_DTYPES:
@@ -267,7 +270,12 @@ def _check(
         t = state[key]
         if tuple(t.shape) != shape or t.dtype != torch.float32 or t.device != weight.device or not t.is_contiguous():
             raise ValueError(f"state[{key!r}] must be a contiguous fp32 {shape} tensor on {weight.device}")
-    if opt is RowOptimizer.adam and step < 1:
+    if isinstance(step, Tensor):
+        if step.numel() != 1 or step.device != weight.device:
+            raise ValueError(
+                f"a step tensor must hold one value on {weight.device}, got {tuple(step.shape)} on {step.device}"
+            )
+    elif opt is RowOptimizer.adam and step < 1:
         raise ValueError(f"step is 1-based, got {step}")
 
 
@@ -316,7 +324,7 @@ def _torch_update(
     starts: Tensor,
     grad_out: Tensor,
     config: UpdateConfig,
-    step: int,
+    step: int | Tensor,
 ) -> None:
     """The update in torch ops, over all n possible segments.
 
@@ -360,8 +368,12 @@ def _torch_update(
     write(weight, w)
 
 
-def _adam_step_size(config: UpdateConfig, step: int) -> float:
-    """``lr·√(1−β2^t)/(1−β1^t)``, on the host (``step`` is a host int)."""
+def _adam_step_size(config: UpdateConfig, step: int | Tensor) -> float | Tensor:
+    """``lr·√(1−β2^t)/(1−β1^t)``: on the host for an int ``step``; for a device tensor, on the device in float64 and
+    returned as a one-element fp32 tensor (nothing read back)."""
+    if isinstance(step, Tensor):
+        t = step.to(torch.float64).reshape(1)
+        return (config.lr * torch.sqrt(1.0 - config.beta2**t) / (1.0 - config.beta1**t)).to(torch.float32)
     return config.lr * math.sqrt(1.0 - config.beta2**step) / (1.0 - config.beta1**step)
 
 
@@ -373,7 +385,7 @@ def _triton_update(
     starts: Tensor,
     grad_out: Tensor,
     config: UpdateConfig,
-    step: int,
+    step: int | Tensor,
 ) -> None:
     mod = _triton_module()
     assert mod is not None  # _choose_backend checked

@@ -114,6 +114,10 @@ class ShardGroup:
     #: updates so far, per table: Adam's bias correction counts a table's own steps (SparseAdam's per-parameter
     #: step), whether the table is looked up alone (the model's own forward) or with others (the collection)
     steps: dict[str, int] = field(default_factory=dict)
+    #: Adam's step counters on the device (float64, one value each), per set of tables looked up together: a dict
+    #: once :class:`~shardwise.clients.graphed.GraphedStep` takes the group, so that a captured step counts its own
+    #: steps (a host int would replay the step it was captured at); None: the host ints of ``steps`` alone
+    device_steps: dict[tuple[str, ...], Tensor] | None = None
     #: a zero-size tensor that needs a gradient: it makes autograd call the group lookup's backward (the update)
     trigger: Tensor = field(default_factory=lambda: torch.empty(0, requires_grad=True))
     cache: RowCache | None = None
@@ -286,17 +290,16 @@ class _GroupLookup(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None, None]:
         ids, bags = ctx.saved_tensors
         group: ShardGroup = ctx.group
-        step = 1 + max(group.steps.get(t, 0) for t in ctx.tables)  # equal unless tables were looked up unevenly
-        for t in ctx.tables:
-            group.steps[t] = step
+        step = next_step(group, ctx.tables)
         replicas = group.replicas
         with torch.no_grad():
             backend = os.environ.get("SHARDWISE_FUSED_BACKEND", "auto")
             if replicas is not None and replicas.sums_rows:
                 ids, grad = replicas.gather_rows(ids, grad.index_select(0, bags))
                 bags = torch.arange(ids.numel(), dtype=torch.int64, device=ids.device)
+            at = update_step(group, ctx.tables, step)
             fused_backward_update(
-                group.weight, group.state, ids, bags, grad, group.key.config, step=step, backend=backend
+                group.weight, group.state, ids, bags, grad, group.key.config, step=at, backend=backend
             )
             if replicas is not None and replicas.averages_at(step):
                 replicas.average([group.weight, *group.state.values()])
@@ -339,9 +342,7 @@ class _CachedGroupLookup(torch.autograd.Function):
         group: ShardGroup = ctx.group
         cache = group.cache
         assert cache is not None
-        step = 1 + max(group.steps.get(t, 0) for t in ctx.tables)
-        for t in ctx.tables:
-            group.steps[t] = step
+        step = update_step(group, ctx.tables, next_step(group, ctx.tables))
         with torch.no_grad():
             weight = cache.weight.index_select(0, slots_u)
             views = group.views or group.state
@@ -358,6 +359,35 @@ class _CachedGroupLookup(torch.autograd.Function):
         if ctx.hold is not None:
             ctx.hold.release()
         return group.trigger.new_zeros(0), None, None, None, None, None
+
+
+def next_step(group: ShardGroup, tables: tuple[str, ...]) -> int:
+    """The 1-based update count of ``tables`` after this update, on the host (counted per table: equal unless the
+    tables were looked up unevenly)."""
+    step = 1 + max(group.steps.get(t, 0) for t in tables)
+    for t in tables:
+        group.steps[t] = step
+    return step
+
+
+def update_step(group: ShardGroup, tables: tuple[str, ...], step: int) -> int | Tensor:
+    """The step the fused update is given: ``step`` itself, or — for Adam once the group counts on the device
+    (``device_steps``) — its device counter for ``tables``, incremented in the stream. The counter is created from
+    the host count outside a capture (a :class:`~shardwise.clients.graphed.GraphedStep` warms up first); inside one,
+    a missing counter is an error: a tensor created there would be reset at every replay."""
+    if group.device_steps is None or group.key.config.optimizer is not RowOptimizer.adam:
+        return step
+    counter = group.device_steps.get(tables)
+    if counter is None:
+        if group.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"tables {', '.join(tables)} were first looked up together inside a CUDA graph capture: run the step "
+                "once outside the capture first (GraphedStep's warm-up does)"
+            )
+        counter = torch.full((1,), float(step - 1), dtype=torch.float64, device=group.device)
+        group.device_steps[tables] = counter
+    counter.add_(1.0)
+    return counter
 
 
 def group_lookup(group: ShardGroup, tables: tuple[str, ...], ids: Tensor, offsets: Tensor, bags: Tensor) -> Tensor:

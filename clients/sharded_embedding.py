@@ -159,6 +159,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from shardwise.clients.exchange import (
+    CapturedIdCheck,
     PendingIdCheck,
     _ShardLookup,
     check_pending_ids,
@@ -354,6 +355,7 @@ class ShardedEmbeddingBag(nn.Module):
         self._boundaries: dict[tuple[tuple[int, ...], str], tuple[Tensor, Tensor, Tensor]] = {}
         self.exchange_plans: dict[Any, Any] = {}  # the exchange's per-table-set plans (clients.exchange)
         self.pending_ids: PendingIdCheck | None = None  # a deferred bad-id check (world size one on CUDA)
+        self.captured_ids: CapturedIdCheck | None = None  # the bad-id counts of a graphed step (GraphedStep sets it)
         if self._caches():  # the weights are the caches' stores: write the caches back before reading or loading
             self.register_state_dict_pre_hook(lambda *_: self.flush())  # type: ignore[no-untyped-call]
             self.register_load_state_dict_pre_hook(lambda *_: self.flush())  # type: ignore[no-untyped-call]

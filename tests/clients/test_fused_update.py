@@ -212,6 +212,38 @@ def test_no_ids_changes_nothing(opt: RowOptimizer, backend: str) -> None:
     assert all(torch.equal(state[k], before[1][k]) for k in state)
 
 
+@pytest.mark.parametrize("dtype_name", ["fp32", "bf16"])
+@pytest.mark.parametrize("opt", list(RowOptimizer))
+def test_a_step_tensor_updates_as_the_host_step(opt: RowOptimizer, dtype_name: str) -> None:
+    """A step given as a device counter (what a graphed step passes: Adam's step size then computed from it in
+    float64 on the device) updates bit for bit as the same step given as a host int, over steps 1-4."""
+    gen = torch.Generator().manual_seed(21)
+    rows, cols = 30, 12
+    weight = torch.randn(rows, cols, generator=gen).to(DTYPES[dtype_name])
+    by_int, by_tensor = weight.clone(), weight.clone()
+    s_int, s_tensor = init_state(opt, rows, cols), init_state(opt, rows, cols)
+    config = UpdateConfig(opt, lr=LR[opt])
+    counter = torch.zeros(1, dtype=torch.float64)
+    for step in range(1, 5):
+        b = make_batch(gen, rows, cols, bags=10, dtype=DTYPES[dtype_name])
+        fused_backward_update(by_int, s_int, b.ids, b.bags, b.grad_out, config, step=step, backend="torch")
+        counter.add_(1.0)
+        fused_backward_update(by_tensor, s_tensor, b.ids, b.bags, b.grad_out, config, step=counter, backend="torch")
+        assert torch.equal(by_tensor.view(torch.uint8), by_int.view(torch.uint8)), f"step {step}"
+        assert all(torch.equal(s_tensor[k], s_int[k]) for k in s_int)
+    assert not torch.equal(by_int, weight)
+
+
+def test_a_step_tensor_must_be_one_value_on_the_weights_device() -> None:
+    config = UpdateConfig(RowOptimizer.adam, lr=0.1)
+    ids = torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(ValueError, match="one value"):
+        fused_backward_update(
+            torch.randn(4, 3), init_state(RowOptimizer.adam, 4, 3), ids, ids, torch.randn(1, 3), config,
+            step=torch.ones(2, dtype=torch.float64),
+        )  # fmt: skip
+
+
 def test_state_layout_and_bytes() -> None:
     rows, cols = 7, 5
     expected = {
@@ -300,6 +332,7 @@ def _triton_cases() -> Iterator[dict[str, Any]]:
             weight = torch.randn(rows, cols, generator=gen).to(dtype)
             initial = weight.clone()
             tri_w, tri_state = weight.clone(), init_state(opt, rows, cols)
+            ptr_w, ptr_state = weight.clone(), init_state(opt, rows, cols)
             ref_w, ref_state = weight.clone(), init_state(opt, rows, cols)
             config = UpdateConfig(opt, lr=LR[opt])
             touched = torch.zeros(rows, dtype=torch.bool)
@@ -315,6 +348,11 @@ def _triton_cases() -> Iterator[dict[str, Any]]:
                     args = (batch.ids, batch.bags, batch.grad_out, config)
                     fused_backward_update(tri_w, tri_state, *args, step=step, backend="triton")
                     fused_backward_update(ref_w, ref_state, *args, step=step, backend="torch")
+                    # the step as a device counter (the kernel loads Adam's step size): the same bits
+                    counter = torch.full((1,), float(step), dtype=torch.float64)
+                    fused_backward_update(ptr_w, ptr_state, *args, step=counter, backend="triton")
+                    if not torch.equal(ptr_w.view(torch.uint8), tri_w.view(torch.uint8)):
+                        result["errors"].append(f"step {step}: a step tensor updated otherwise than a host step")
                     # the interpreter truncates when it stores bf16 (a GPU rounds to nearest): one bf16 unit apart
                     tol = WEIGHT_TOL[dtype_name]
                     checks = [("weight", tri_w.float(), ref_w.float(), tol)]
