@@ -62,6 +62,7 @@ from shardwise.hwprofiles import Calibration, HardwareProfile
 from shardwise.hwprofiles.calibration import Figure, Measurement, with_figures
 from shardwise.solver import cost_model as cm
 from shardwise.wire.spec import (
+    DenseLayerSpec,
     DensePlan,
     DenseStyle,
     Dtype,
@@ -242,6 +243,82 @@ def bench_gemm(
             del x, w, g
 
 
+#: (rows, in, out) of the linear layers timed as the executor runs them: DLRM-like MLP shapes (none is a layer of
+#: ``benchmarks/truth.py``'s configurations, which are held out from the calibration)
+DENSE_LAYER_SHAPES: Final = (
+    (4096, 13, 512),
+    (4096, 512, 256),
+    (8192, 1024, 512),
+    (16384, 256, 64),
+    (16384, 832, 512),
+    (32768, 512, 512),
+    (32768, 256, 1),
+    (65536, 128, 256),
+)
+
+
+def bench_dense_layers(
+    clock: Clock, profile: HardwareProfile, shapes: Sequence[tuple[int, int, int]], dtypes: Sequence[str], out: Report
+) -> None:
+    """Linear layers as ``apply_plan`` runs them on CUDA (:class:`~shardwise.clients.kernel_linear.KernelLinear`):
+    each of the three GEMMs through the Triton configuration the kernel model chooses for it on ``profile``, the
+    bias added and its gradient summed; the device time of a forward and a backward per layer (rows × in → out).
+    Each sample carries the layer so that :func:`fit_gemm_through_kernels` can price it again at another
+    ``achieved.gemm``."""
+    from shardwise.clients.kernel_linear import KernelLinear
+    from shardwise.solver import kernels
+
+    for dtype in dtypes:
+        td = TORCH_DTYPES[dtype]
+        for rows, k, n in shapes:
+            layer = DenseLayerSpec(name="l", in_features=k, out_features=n, dtype=Dtype(dtype), optimizer=Optimizer.sgd)
+            configs = {
+                p: kernels.choose(g, profile)[0] for p, g in kernels.gemms_of(layer, DenseStyle.replicate, rows, 1)
+            }
+            linear = KernelLinear.from_linear(nn.Linear(k, n, device=clock.device, dtype=td), configs)
+            x = torch.randn(rows, k, device=clock.device, dtype=td, requires_grad=True)
+            dy = torch.randn(rows, n, device=clock.device, dtype=td)
+
+            def step(linear: nn.Module = linear, x: Tensor = x, dy: Tensor = dy) -> None:
+                x.grad = None
+                for p in linear.parameters():
+                    p.grad = None  # assigned, not accumulated: no add kernel
+                linear(x).backward(dy)
+
+            t = clock.ms(step)
+            out.samples.append(Sample("dense_layer", {"dtype": dtype, "rows": rows, "in": k, "out": n}, t))
+            del linear, x, dy
+
+
+def fit_gemm_through_kernels(samples: Sequence[Sample], profile: HardwareProfile) -> tuple[float, float]:
+    """``achieved.gemm`` that makes the cost model's price of each timed layer (:func:`dense_kernel_s`: the kernel
+    model's three GEMMs and the bias) best match its measured time, by a search over 0.20–1.00 in steps of 0.005
+    (the kernel model is not linear in the figure: only its math term scales with it); returns the figure and
+    the fit's RMS relative error."""
+    best = (math.inf, profile.achieved.gemm)
+    for step in range(40, 201):
+        g = step / 200
+        at = with_figures(profile, {"achieved.gemm": g})
+        errs = []
+        for s in samples:
+            layer = DenseLayerSpec(
+                name="l",
+                in_features=s.params["in"],
+                out_features=s.params["out"],
+                dtype=Dtype(s.params["dtype"]),
+                optimizer=Optimizer.sgd,
+            )
+            seconds = cm.dense_kernel_s(layer, DenseStyle.replicate, at, s.params["rows"], 1)
+            if seconds is None:
+                break
+            errs.append((seconds * 1e3 - s.measured_ms) / s.measured_ms)
+        else:
+            rms = math.sqrt(sum(e * e for e in errs) / len(errs))
+            if rms < best[0]:
+                best = (rms, g)
+    return best[1], best[0]
+
+
 def bench_sort(clock: Clock, sizes: Sequence[int], out: Report) -> None:
     """The fused update's id sort and segment search alone (its first pass)."""
     from shardwise.clients.fused_update import _segments
@@ -363,8 +440,26 @@ class _Tiny(nn.Module):
 
 
 def _tiny_plan(
-    tables: int, layers: int, dim: int, profile: HardwareProfile, rows: int = 1000, placement: str = "hbm"
+    tables: int,
+    layers: int,
+    dim: int,
+    profile: HardwareProfile,
+    rows: int = 1000,
+    placement: str = "hbm",
+    batch: int = 256,
+    width: int = 64,
 ) -> Plan:
+    """``_Tiny``'s plan: its tables table_wise, its layers replicated with the kernels the kernel model chooses on
+    ``profile`` — what a plan from the planner carries, so that the executor runs the dense layers as it runs a real
+    plan's (the Triton matmul on CUDA; its launches cost the host more than cuBLAS's)."""
+    from shardwise.solver.kernels import kernel_choices
+
+    sizes = [dim * tables, *([width] * layers)]
+    specs = [
+        DenseLayerSpec(name=f"dense.{j}", in_features=a, out_features=b, optimizer=Optimizer.adam)
+        for j, (a, b) in enumerate(itertools.pairwise(sizes))
+    ]
+    targets = [(profile, 1)]
     return Plan(
         status=PlanStatus.feasible,
         predicted_step_ms=1.0,
@@ -381,7 +476,15 @@ def _tiny_plan(
             )
             for i in range(tables)
         ],
-        dense=[DensePlan(name=f"dense.{j}", style=DenseStyle.replicate, ranks=[0]) for j in range(layers)],
+        dense=[
+            DensePlan(
+                name=spec.name,
+                style=DenseStyle.replicate,
+                ranks=[0],
+                kernels=kernel_choices(spec, DenseStyle.replicate, batch, targets),
+            )
+            for spec in specs
+        ],
     )
 
 
@@ -420,9 +523,14 @@ def bench_host(
     shapes: Sequence[tuple[int, int, int]],
     steps: int,
     out: Report,
+    *,
+    graphed: bool = False,
 ) -> None:
     """Host time to enqueue one training step of ``_Tiny(T, L)`` with its tables in ``G`` groups (``(T, L, G)`` per
-    shape) through ``apply_plan`` (no wait between steps)."""
+    shape) through ``apply_plan`` (no wait between steps). ``graphed``: the step captured as a CUDA graph
+    (:class:`~shardwise.clients.graphed.GraphedStep`) and the time per step of replays back to back, waited for at
+    the end — the host enqueues a replay in microseconds, so what is timed is the device's pace through the step's
+    small kernels, the floor a graphed step cannot go below."""
     from shardwise.clients.apply import apply_plan, split_parameters
     from shardwise.clients.sharded_embedding import ShardedEmbeddingBagCollection
 
@@ -446,7 +554,7 @@ def bench_host(
             )
             ebc = ShardedEmbeddingBagCollection.from_module(model)
             _, dense = split_parameters(model)
-            opt = torch.optim.Adam(dense, lr=1e-3, fused=device.type == "cuda")
+            opt = torch.optim.Adam(dense, lr=1e-3, fused=device.type == "cuda", capturable=graphed)
             feats = {
                 f"sparse.t{i}": (
                     torch.randint(0, 1000, (batch * 2,), device=device),
@@ -455,23 +563,32 @@ def bench_host(
                 for i in range(tables)
             }
 
-            def step(model: Any = model, ebc: Any = ebc, opt: Any = opt, feats: Any = feats) -> None:
+            def train(feats: Any, model: Any = model, ebc: Any = ebc, opt: Any = opt) -> None:
                 loss = model.head(ebc(feats)).square().mean()
                 loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
 
+            if graphed:
+                from shardwise.clients.graphed import GraphedStep
+
+                step: Callable[[Any], Any] = GraphedStep(train, feats, modules=[model])
+            else:
+                step = train
             for _ in range(5):
-                step()
+                step(feats)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t = time.perf_counter()
             for _ in range(steps):
-                step()
+                step(feats)
+            if graphed:
+                torch.cuda.synchronize(device)
             host_ms = (time.perf_counter() - t) * 1e3 / steps
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            out.samples.append(Sample("host", {"tables": tables, "layers": layers, "groups": groups}, host_ms))
+            params = {"tables": tables, "layers": layers, "groups": groups, "graphed": graphed}
+            out.samples.append(Sample("host", params, host_ms))
             del model, ebc, opt
     finally:
         if created:
@@ -499,7 +616,7 @@ def bench_host_shards(
                 torch.manual_seed(0)
                 model = apply_plan(
                     _Tiny(tables, 1, dim, rows=rows),
-                    _tiny_plan(tables, 1, dim, profile, rows=rows, placement=placement),
+                    _tiny_plan(tables, 1, dim, profile, rows=rows, placement=placement, batch=batch),
                     device=device,
                     embedding_optimizer=UpdateConfig(RowOptimizer.rowwise_adagrad, lr=0.01),
                 )
@@ -724,6 +841,12 @@ def machine(device: torch.device) -> dict[str, str | None]:
     return info
 
 
+def _triton_matmul_runs() -> bool:
+    from shardwise.clients.kernel_linear import triton_matmul_available
+
+    return triton_matmul_available()
+
+
 def _compute_bound(s: Sample, profile: HardwareProfile) -> bool:
     """Whether a matmul's FLOPs at peak outlast moving its operands at the streaming rate (the model's roofline
     prices the others by bytes, so they say nothing about the GEMM fraction)."""
@@ -734,10 +857,20 @@ def _compute_bound(s: Sample, profile: HardwareProfile) -> bool:
 
 
 def calibrate(
-    profile: HardwareProfile, device: torch.device, *, quick: bool = False, reps: int = 10, log: Callable[[str], None]
+    profile: HardwareProfile,
+    device: torch.device,
+    *,
+    quick: bool = False,
+    reps: int = 10,
+    graphed: bool = False,
+    log: Callable[[str], None],
 ) -> tuple[Calibration, Report]:
-    """Measure, fit, and return the calibration (and every sample behind it)."""
+    """Measure, fit, and return the calibration (and every sample behind it). ``graphed``: the step overheads are
+    fitted to training steps captured as CUDA graphs and replayed (:func:`bench_host`), for plans run that way; the
+    calibration says so (``executor: graphed``)."""
     gpu = device.type == "cuda"
+    if graphed and not gpu:
+        raise ValueError("graphed steps need a CUDA device")
     clock = Clock(device, reps)
     out = Report()
     info = machine(device)
@@ -784,9 +917,31 @@ def calibrate(
     bench_gemm(clock, current, shapes, dtypes, out)
     gemms = [s for s in out.samples if s.kind == "gemm"]
     bound = [s for s in gemms if _compute_bound(s, current)]
-    gemm = fraction(
-        "achieved.gemm", f"compute-bound matmuls, forward and both gradients, {'/'.join(dtypes)}", bound or gemms
-    )
+    if gpu and profile.microarch is not None and _triton_matmul_runs():
+        # the kernel model prices linear layers: fit the figure through it, on the executor's own Triton kernels
+        # (the flat formula's fit on cuBLAS timings double counts what the kernel model adds per tile and wave)
+        log("linear layers as the executor runs them …")
+        flat, flat_err = fit_scale(bound or gemms)
+        measured["gemm_fraction_flat_cublas"] = Measurement(
+            value=round(1 / flat, 4),
+            unit=f"of peak (RMS error {flat_err:.1%})",
+            source=f"{where}: cuBLAS matmuls fitted to the flat formula (reported, not applied)",
+        )
+        bench_dense_layers(clock, current, DENSE_LAYER_SHAPES, ("fp32", "bf16"), out)
+        layers = [s for s in out.samples if s.kind == "dense_layer"]
+        gemm, err = fit_gemm_through_kernels(layers, current)
+        figures["achieved.gemm"] = Figure(
+            value=gemm,
+            source=f"{where}: linear layers forward and backward through the kernel model's chosen Triton kernels "
+            "(fp32/bf16), fitted through the kernel model",
+            samples=len(layers),
+            fit_error=float(f"{err:.4g}"),
+        )
+        log(f"{'achieved.gemm':<28} {gemm:8.4f}   {len(layers):3d} samples, RMS error {err:6.1%}")
+    else:
+        gemm = fraction(
+            "achieved.gemm", f"compute-bound matmuls, forward and both gradients, {'/'.join(dtypes)}", bound or gemms
+        )
     current = with_figures(current, {"achieved.gemm": gemm})
     for dtype in dtypes:
         k, err = fit_scale([s for s in gemms if s.params["dtype"] == dtype])
@@ -841,8 +996,13 @@ def calibrate(
     ]
     if not gpu and quick:
         shapes_tl = [(1, 1, 1), (8, 1, 1), (1, 3, 1), (8, 3, 1), (8, 1, 4)]
-    bench_host(device, current, shapes_tl, 30 if gpu else 5, out)
+    bench_host(device, current, shapes_tl, 30 if gpu else 5, out, graphed=graphed)
     hosts = [s for s in out.samples if s.kind == "host"]
+    timed_what = (
+        "time per training step captured as a CUDA graph and replayed back to back, through apply_plan"
+        if graphed
+        else "host time to enqueue training steps through apply_plan"
+    )
     coef, err = linear_fit(
         [[1.0, float(s.params["tables"]), float(s.params["layers"]), float(s.params["groups"]) - 1] for s in hosts],
         [s.measured_ms for s in hosts],
@@ -850,7 +1010,7 @@ def calibrate(
     for name, value in zip(("step_fixed_us", "per_table_us", "per_layer_us", "per_group_us"), coef, strict=True):
         figures[f"overheads.{name}"] = Figure(
             value=round(value * 1e3, 3),
-            source=f"{where}: host time to enqueue training steps through apply_plan (world size one)",
+            source=f"{where}: {timed_what} (world size one)",
             samples=len(hosts),
             fit_error=round(err, 4),
         )
@@ -932,6 +1092,7 @@ def calibrate(
         date=datetime.now(UTC).date().isoformat(),
         figures=figures,
         measurements=measured,
+        executor="graphed" if graphed else "eager",
     )
     cal.apply(profile)  # the calibrated profile must be valid
     return cal, out

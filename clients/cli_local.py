@@ -273,6 +273,9 @@ def calibrate(
     device: Annotated[str, typer.Option(help="cuda (a calibration) or cpu (a smoke test of the pipeline)")] = "cuda",
     quick: Annotated[bool, typer.Option(help="fewer sizes and cases: about a minute on a GPU")] = False,
     reps: Annotated[int, typer.Option(help="timed calls per measurement", min=1)] = 10,
+    graphed: Annotated[
+        bool, typer.Option(help="fit the step overheads to steps captured as CUDA graphs (clients.graphed)")
+    ] = False,
 ) -> None:
     """Time the executor's kernels, GEMMs, copies and host work on this GPU; fit the profile's figures to them.
 
@@ -293,10 +296,12 @@ def calibrate(
         fail(f"--device must be cuda or cpu, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
         fail("no CUDA device here: calibrate on the GPU machine (or --device cpu for a smoke test)")
+    if graphed and device != "cuda":
+        fail("--graphed captures CUDA graphs: it needs --device cuda")
     rank = cal_mod.join_torchrun(device)  # several GPUs under torchrun: collectives too; rank 0 writes
     dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     log = typer.echo if rank == 0 else (lambda _line: None)
-    cal, report = cal_mod.calibrate(known[profile], dev, quick=quick, reps=reps, log=log)
+    cal, report = cal_mod.calibrate(known[profile], dev, quick=quick, reps=reps, graphed=graphed, log=log)
     if rank != 0:
         return
     try:

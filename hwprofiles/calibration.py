@@ -87,6 +87,11 @@ class Calibration(BaseModel):
     # FailFast: the first bad entry ends validation (a huge body of bad entries is a cheap 422)
     figures: Annotated[dict[str, Figure], FailFast()] = Field(min_length=1)
     measurements: Annotated[dict[str, Measurement], FailFast()] = Field(default_factory=dict)
+    executor: Literal["eager", "graphed"] = Field(
+        default="eager",
+        description="how the timed training steps ran: eager (each kernel enqueued from Python) or graphed "
+        "(each step captured once as a CUDA graph and replayed); the step overheads hold for plans run that way",
+    )
 
     @field_validator("figures")
     @classmethod
@@ -98,12 +103,15 @@ class Calibration(BaseModel):
 
     def digest(self) -> str:
         """sha256 of the canonical JSON: names the calibration in plans and request hashes."""
-        text = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        # an eager calibration digests without the field, as every calibration did before graphed steps existed
+        data = self.model_dump(mode="json", exclude={"executor"} if self.executor == "eager" else None)
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 
     def label(self) -> str:
-        """One line naming it: ``<profile> calibration <date> on <device> (<digest prefix>)``."""
-        return f"{self.profile} calibration {self.date} on {self.device} ({self.digest()[:12]})"
+        """One line naming it: ``<profile> calibration <date> on <device>[, graphed steps] (<digest prefix>)``."""
+        graphed = ", graphed steps" if self.executor == "graphed" else ""
+        return f"{self.profile} calibration {self.date} on {self.device}{graphed} ({self.digest()[:12]})"
 
     def apply(self, profile: HardwareProfile) -> HardwareProfile:
         """``profile`` with the calibrated figures and their sources (a ValueError if it is another profile, or if
@@ -114,13 +122,14 @@ class Calibration(BaseModel):
         for path, fig in self.figures.items():
             error = f", fit error {fig.fit_error:.1%}" if fig.fit_error is not None else ""
             sources[path] = f"{fig.source} ({fig.samples} samples{error}; {self.label()})"
-        values = {path: fig.value for path, fig in self.figures.items()}
+        values: dict[str, float | bool] = {path: fig.value for path, fig in self.figures.items()}
+        values["overheads.graphed_steps"] = self.executor == "graphed"
         return with_figures(profile, values, sources=sources, calibration=self.label())
 
 
 def with_figures(
     profile: HardwareProfile,
-    values: dict[str, float],
+    values: dict[str, float] | dict[str, float | bool],
     *,
     sources: dict[str, str] | None = None,
     calibration: str | None = None,

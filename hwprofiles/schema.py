@@ -81,6 +81,12 @@ class StepOverheads(BaseModel):
       row width (``shardwise calibrate``: 512-B rows); charged as host and as device time (see the cost model).
 
     The host terms bound a step from below when the device waits for the host (small batches); see the cost model.
+
+    - ``graphed_steps``: the figures were measured on training steps captured as CUDA graphs and replayed
+      (``shardwise calibrate --graphed``, ``clients/graphed.py``): the host enqueues a step in microseconds, and the
+      floor the terms above describe is device time — the small kernels every step runs, each a few microseconds
+      however little it does — which adds to the step's compute instead of overlapping with it (cost model, "Host
+      floor").
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -95,6 +101,7 @@ class StepOverheads(BaseModel):
     host_ns_per_row_byte: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
     cache_fetch_us: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
     cache_fetch_ns_per_row: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
+    graphed_steps: bool = False
 
 
 class Microarchitecture(BaseModel):

@@ -78,6 +78,20 @@ def test_digest_names_the_content() -> None:
     assert a.digest() != b.digest()
 
 
+def test_a_graphed_calibration_says_so_and_an_eager_one_keeps_its_digest() -> None:
+    eager = Calibration.model_validate(cal_doc())
+    assert eager.executor == "eager"
+    # digested without the field, as before it existed: stored calibrations and request hashes keep their names
+    assert eager.digest() == Calibration.model_validate({**cal_doc(), "executor": "eager"}).digest()
+    assert "graphed" not in eager.label()
+    graphed = Calibration.model_validate({**cal_doc(), "executor": "graphed"})
+    assert graphed.digest() != eager.digest()
+    assert "graphed steps" in graphed.label()
+    assert "graphed steps" in graphed.apply(get_profile("nvidia-h200")).calibration
+    with pytest.raises(ValidationError, match="executor"):
+        Calibration.model_validate({**cal_doc(), "executor": "compiled"})
+
+
 def test_calibrate_fleet_inlines_the_profile_and_refuses_a_fleet_without_the_gpu() -> None:
     cal = Calibration.model_validate(cal_doc())
     got = calibrate_fleet(fleet(), cal)
@@ -108,6 +122,44 @@ def test_fit_scale_recovers_a_known_fraction() -> None:
     k, err = fit_scale(samples)
     assert math.isclose(1 / k, f, rel_tol=1e-9)
     assert err < 1e-12
+
+
+def test_the_gemm_fraction_is_fitted_through_the_kernel_model() -> None:
+    """Layers priced by the cost model at a known achieved.gemm come back with that figure (the search's step is
+    0.005), and a 10 % slower set of layers with a lower one."""
+    pytest.importorskip("numpy")
+    from shardwise.clients.calibrate import DENSE_LAYER_SHAPES, Sample, fit_gemm_through_kernels
+    from shardwise.hwprofiles.calibration import with_figures
+    from shardwise.solver import cost_model as cm
+    from shardwise.wire.spec import DenseLayerSpec, DenseStyle, Dtype, Optimizer
+
+    base = get_profile("nvidia-h200")
+    truth = with_figures(base, {"achieved.gemm": 0.62})
+    samples = []
+    for dtype in ("fp32", "bf16"):
+        for rows, k, n in DENSE_LAYER_SHAPES:
+            layer = DenseLayerSpec(name="l", in_features=k, out_features=n, dtype=Dtype(dtype), optimizer=Optimizer.sgd)
+            seconds = cm.dense_kernel_s(layer, DenseStyle.replicate, truth, rows, 1)
+            assert seconds is not None
+            samples.append(Sample("dense_layer", {"dtype": dtype, "rows": rows, "in": k, "out": n}, seconds * 1e3))
+    g, err = fit_gemm_through_kernels(samples, base)
+    assert g == pytest.approx(0.62, abs=0.0051)
+    assert err < 0.01
+    slower = [Sample(s.kind, s.params, s.measured_ms * 1.1) for s in samples]
+    g_slow, _ = fit_gemm_through_kernels(slower, base)
+    assert g_slow < g
+
+
+def test_calibrate_graphed_needs_a_cuda_device(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    out = tmp_path / "cal.yaml"
+    res = CliRunner().invoke(
+        app, ["calibrate", "--profile", "nvidia-h200", "--device", "cpu", "--graphed", "-o", str(out)]
+    )
+    assert res.exit_code != 0
+    assert "--graphed" in res.output
+    assert "Traceback" not in res.output
+    assert not out.exists()
 
 
 def test_linear_fit_recovers_coefficients_and_drops_a_negative_one() -> None:
@@ -197,6 +249,46 @@ def test_plan_with_a_calibration_says_so_and_prices_with_it(tmp_path: Path) -> N
     assert a["calibrations"] == []
     assert a["request_hash"] != b["request_hash"]
     assert b["predicted_step_ms"] >= 5.0 > a["predicted_step_ms"]  # the host floor of 5 ms priced in
+
+
+def test_a_graphed_calibration_adds_the_floor_to_each_rank_where_an_eager_one_overlaps_it(tmp_path: Path) -> None:
+    """The same plan scored under the same figures: eager, a rank's step is the larger of its device and host time;
+    graphed (the floor is device time then), their sum."""
+    pytest.importorskip("numpy")
+    from shardwise.solver.planner import score_plan
+    from shardwise.wire.spec import ModelSpec, Plan
+
+    runner = CliRunner()
+    model = write(tmp_path / "model.json", model_doc())
+    fl = write(tmp_path / "fleet.json", fleet().model_dump(mode="json"))
+    res = runner.invoke(app, ["plan", str(model), str(fl), "--solver", "greedy", "-o", str(tmp_path / "p.json")])
+    assert res.exit_code == 0, res.output
+    plan = Plan.model_validate_json((tmp_path / "p.json").read_text())
+    spec = ModelSpec.model_validate(model_doc())
+    figures = {"overheads.step_fixed_us": 300.0, "overheads.per_layer_us": 20.0}
+    totals = {}
+    for executor in ("eager", "graphed"):
+        cal = Calibration.model_validate({**cal_doc(**figures), "executor": executor})
+        problems, scored = score_plan(spec, calibrate_fleet(fleet(), cal), plan)
+        assert problems == []
+        totals[executor] = [(r.predicted_ms.compute + r.predicted_ms.comm, r.predicted_ms.host) for r in scored.ranks]
+        for (device, host), r in zip(totals[executor], scored.ranks, strict=True):
+            want = device + host if executor == "graphed" else max(device, host)
+            assert r.predicted_ms.total == pytest.approx(want, abs=2e-6)
+    assert totals["eager"] == totals["graphed"]  # the same parts, composed otherwise
+    assert any(host > 0 for _, host in totals["graphed"])
+    bounds = {}
+    for executor in ("eager", "graphed"):
+        cal_path = write(tmp_path / f"{executor}.json", {**cal_doc(**figures), "executor": executor})
+        out = tmp_path / f"{executor}-plan.json"
+        res = runner.invoke(
+            app, ["plan", str(model), str(fl), "--solver", "greedy", "--calibration", str(cal_path), "-o", str(out)]
+        )
+        assert res.exit_code == 0, res.output
+        planned = json.loads(out.read_text())
+        assert planned["lower_bound_ms"] <= planned["predicted_step_ms"] + 1e-6
+        bounds[executor] = planned["lower_bound_ms"]
+    assert bounds["graphed"] > bounds["eager"]  # the least floor added to the bound on the ranks' work
 
 
 def test_a_calibration_for_another_gpu_is_one_line_and_exit_2(tmp_path: Path) -> None:
