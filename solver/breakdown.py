@@ -487,5 +487,6 @@ def grouped_breakdown(
             info.profile, len(model.embedding_tables), len(model.dense_layers), len(shard_groups[info.rank])
         )
         host = floor + row[HOST_MS]
-        row[TERM_INDEX["host_wait"]] = max(0.0, host - float(row[: TERM_INDEX["host_wait"]].sum()))
+        device = float(row[: TERM_INDEX["host_wait"]].sum())
+        row[TERM_INDEX["host_wait"]] = cm.rank_step_ms(info.profile, device, host) - device
     return StepBreakdown(acc, costs)

@@ -158,8 +158,14 @@ a group; the profile's ``overheads``, zero until calibrated). A rank's host time
 its ``host`` shards and the cache fetches of its ``uvm_cache`` shards, and its step is ``max(compute + comm, host)``
 — the executor has no synchronisation inside a step at world size one (but for the transfers of ``host`` shards and
 the cache fetches, whose time is in both terms), so the host and the device overlap, and the slower of the two sets
-the pace. But for its groups term the floor does not depend on the plan, so it changes no ranking; it raises the
-predicted step and the bound alike. The groups term is charged where a plan is priced (evaluate, the breakdown), not
+the pace. A profile calibrated on graphed steps (``overheads.graphed_steps``, ``shardwise calibrate --graphed``:
+each step captured once as a CUDA graph and replayed, ``clients/graphed.py``) has no such overlap to price: the host
+enqueues a replay in microseconds, and the floor, fitted on small models' replays, is the device time of the small
+kernels a step runs (a few microseconds each however little each does), which adds to the work — the step is
+``compute + comm + host`` (:func:`rank_step_ms`; on one H200, graphed, the sum fitted the fit half of
+``benchmarks/truth.py`` at a median 4.3 % where the larger of the two gave 6.1 %, ``docs/truth.md``). But for its
+groups term the floor does not depend on the plan, so it changes no ranking; it raises the predicted step and the
+bound alike. The groups term is charged where a plan is priced (evaluate, the breakdown), not
 by the searches, whose bounds stay bounds (the term is never negative).
 
 Communication is ``bytes / bandwidth`` over the link that carries it; the fixed latency of each collective is
@@ -899,6 +905,13 @@ def host_lookup_ms(
     n = shard_traffic(table, sharding, num_rows, batch, world).ids
     per_id_ns = o.host_ns_per_id + num_cols * table.dtype.nbytes * o.host_ns_per_row_byte
     return o.host_shard_us / 1e3 + n * per_id_ns * 1e-6
+
+
+def rank_step_ms(profile: HardwareProfile, device_ms: float, host_ms: float) -> float:
+    """A rank's step from its device time (compute + communication) and its host time (module docstring, "Host
+    floor"): the larger where the host enqueues every kernel (the two overlap), their sum where the profile's step
+    overheads were measured on graphed steps (``overheads.graphed_steps``: the floor is then device time)."""
+    return device_ms + host_ms if profile.overheads.graphed_steps else max(device_ms, host_ms)
 
 
 def host_floor_ms(profile: HardwareProfile, tables: int, layers: int, groups: int = 1) -> float:

@@ -343,7 +343,7 @@ def evaluate(
                     compute=round(a.compute, 6),
                     comm=round(a.comm, 6),
                     host=round(host, 6),
-                    total=round(max(a.compute + a.comm, host), 6),
+                    total=round(cm.rank_step_ms(info.profile, a.compute + a.comm, host), 6),
                 ),
             )
         )

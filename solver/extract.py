@@ -122,11 +122,15 @@ def build_plan(
     dense = with_kernels(topo, model, dense)
     ev = evaluate(topo, model, ordered, dense, sparse_groups)
     step = round(ev.step_ms, 6)
-    # the host floor bounds every plan's step alike (it does not depend on the plan): the bound may rise to it
-    floor = max(
-        (cm.host_floor_ms(c.profile, len(model.embedding_tables), len(model.dense_layers)) for c in topo.classes),
-        default=0.0,
-    )
+    # the host floor bounds every plan's step alike (it does not depend on the plan): the bound may rise to it, or,
+    # where the floor adds to a rank's device time (graphed steps), by the least floor of any rank
+    floors = [
+        (cm.host_floor_ms(c.profile, len(model.embedding_tables), len(model.dense_layers)), c.profile)
+        for c in topo.classes
+    ]
+    floor = max((f for f, _ in floors), default=0.0)
+    if bound_ms is not None and floors and all(p.overheads.graphed_steps for _, p in floors):
+        bound_ms += min(f for f, _ in floors)
     bound = None if bound_ms is None else round(min(max(bound_ms, floor), step), 6)
     gap = _gap(step, bound)
     # what holds for every plan holds over the searched space too: the searched bound is at least the bound
