@@ -20,6 +20,10 @@ these configurations: both halves are held out from it. The report gives both ha
     python benchmarks/truth.py predict --calibration refit.yaml -o predicted.json
     # 3. the table, the statistics and (with matplotlib) the log-log plot
     python benchmarks/truth.py report predicted.json measured.json --plot truth.png
+
+Graphed steps (``measure --graphed``): each configuration's step and embedding part captured as CUDA graphs
+(``clients/graphed.py``) and replayed, its batches of one shape, predicted with a calibration made of graphed steps
+(``shardwise calibrate --graphed``), nothing refitted: ``docs/truth.md``'s verdict.
 """
 
 from __future__ import annotations
@@ -178,7 +182,14 @@ def uncalibrated_fleet() -> FleetSpec:
 
 
 def plan(cfg: Config) -> Plan:
+    """Every table table_wise on the one GPU, every linear layer replicated with the kernels the kernel model chooses
+    for it on the catalogue's H200 (what a plan from the planner carries, and what ``apply_plan`` then runs)."""
+    from shardwise.hwprofiles import get_profile
+    from shardwise.solver.kernels import kernel_choices
+
     placement = Placement(cfg.placement)
+    layers = {layer.name: layer for layer in model_spec(cfg).dense_layers}
+    targets = [(get_profile(GPU), 1)]
     return Plan(
         status=PlanStatus.feasible,
         predicted_step_ms=1.0,
@@ -193,7 +204,15 @@ def plan(cfg: Config) -> Plan:
             )
             for i, (rows, _) in enumerate(cfg.tables)
         ],
-        dense=[DensePlan(name=n, style=DenseStyle.replicate, ranks=[0]) for n, _, _ in _layers(cfg)],
+        dense=[
+            DensePlan(
+                name=n,
+                style=DenseStyle.replicate,
+                ranks=[0],
+                kernels=kernel_choices(layers[n], DenseStyle.replicate, cfg.batch, targets),
+            )
+            for n, _, _ in _layers(cfg)
+        ],
     )
 
 
@@ -270,6 +289,25 @@ class Rig:
     fresh: bool = False
     prefetch: bool = False
     _next: int = 0
+    #: the step and the embedding part captured as CUDA graphs (``clients/graphed.py``), once :meth:`capture` ran
+    graph: Any = None
+    emb_graph: Any = None
+
+    def capture(self) -> None:
+        """Capture the step and the embedding part as CUDA graphs (each warmed up on batch 0 first): from now on
+        :meth:`step` and :meth:`emb` replay them. The batches must share one shape (``build(..., graphed=True)``)."""
+        from shardwise.clients.graphed import GraphedStep
+
+        if self.prefetch or self.fresh:
+            raise ValueError("a graphed step replays its batches: no prefetch, no stream of fresh batches")
+        self.graph = GraphedStep(self.train, self.batches[0], modules=[self.model])
+        self.emb_graph = GraphedStep(self.embedding_part, self.batches[0][1], modules=[self.model])
+
+    def check_ids(self) -> None:
+        for g in (self.graph, self.emb_graph):
+            if g is not None:
+                g.check_ids()
+        self.ebc.check_ids()
 
     def _batch(self, i: int) -> Any:
         if self.fresh:
@@ -284,21 +322,34 @@ class Rig:
 
     def step(self, i: int) -> None:
         """One training step: forward, loss, backward (the tables update in it), the dense optimizer."""
+        if self.graph is not None:
+            self.graph(self._batch(i))
+            return
+        self.train(self._batch(i), upcoming=self._upcoming(i) if self.prefetch else None)
+
+    def train(self, batch: Any, upcoming: Any = None) -> None:
+        """The step on ``batch`` (``upcoming``: the next batch's features to prefetch, after the backward)."""
         import torch
 
-        d, f, y = self._batch(i)
+        d, f, y = batch
         loss = torch.nn.functional.binary_cross_entropy_with_logits(self.model.head(d, self.ebc(f)), y)
         loss.backward()
-        if self.prefetch:
-            self.ebc.prefetch(self._upcoming(i))
+        if upcoming is not None:
+            self.ebc.prefetch(upcoming)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
 
     def emb(self, i: int) -> None:
         """The embedding part alone: lookup forward, backward and the fused update of every table."""
+        if self.emb_graph is not None:
+            self.emb_graph(self._batch(i)[1])
+            return
+        self.embedding_part(self._batch(i)[1])
+
+    def embedding_part(self, features: Any) -> None:
         import torch
 
-        pooled = self.ebc(self._batch(i)[1])
+        pooled = self.ebc(features)
         names_ = sorted(pooled)
         torch.autograd.backward([pooled[n] for n in names_], [self.grads[n].to(pooled[n].dtype) for n in names_])
 
@@ -307,9 +358,19 @@ class Rig:
 IdDraw = Any
 
 
-def build(cfg: Config, device: Any, *, the_plan: Plan | None = None, draw: IdDraw = None, batches: int = 4) -> Rig:
+def build(
+    cfg: Config,
+    device: Any,
+    *,
+    the_plan: Plan | None = None,
+    draw: IdDraw = None,
+    batches: int = 4,
+    graphed: bool = False,
+) -> Rig:
     """The configuration's DLRM applied to ``device`` with ``the_plan`` (default :func:`plan`; a process group of one
-    must exist), trained on ``batches`` batches whose ids ``draw`` draws (default uniform over the table's rows)."""
+    must exist), trained on ``batches`` batches whose ids ``draw`` draws (default uniform over the table's rows).
+    ``graphed``: the step and the embedding part captured as CUDA graphs (:meth:`Rig.capture`), the batches of one
+    shape (each table's bag lengths drawn once, its ids per batch), the dense Adam capturable."""
     import torch
     from torch import nn
 
@@ -346,6 +407,10 @@ def build(cfg: Config, device: Any, *, the_plan: Plan | None = None, draw: IdDra
 
     pin = device.type == "cuda"
     host_features: list[Any] = []
+    shape_gen = torch.Generator().manual_seed(2)
+    fixed = [
+        torch.randint(1, max(1, round(2 * pool - 1)) + 1, (cfg.batch,), generator=shape_gen) for _, pool in cfg.tables
+    ]
 
     def batch_of(gen: torch.Generator) -> Any:
         dense = torch.randn(cfg.batch, cfg.dense_features, generator=gen).to(device)
@@ -353,7 +418,7 @@ def build(cfg: Config, device: Any, *, the_plan: Plan | None = None, draw: IdDra
         feats, on_host = {}, {}
         for i, (rows, pool) in enumerate(cfg.tables):
             hi = max(1, round(2 * pool - 1))
-            lengths = torch.randint(1, hi + 1, (cfg.batch,), generator=gen)
+            lengths = fixed[i] if graphed else torch.randint(1, hi + 1, (cfg.batch,), generator=gen)
             n = int(lengths.sum())
             ids = torch.randint(0, rows, (n,), generator=gen) if draw is None else draw(i, rows, n, gen)
             offsets = torch.cumsum(lengths, 0) - lengths
@@ -373,14 +438,17 @@ def build(cfg: Config, device: Any, *, the_plan: Plan | None = None, draw: IdDra
     _, dense = split_parameters(model)
     fused = device.type == "cuda"
     gen = torch.Generator().manual_seed(1)
-    return Rig(
+    rig = Rig(
         model=model,
         ebc=ShardedEmbeddingBagCollection.from_module(model),
-        opt=torch.optim.Adam(dense, lr=1e-3, fused=fused),
+        opt=torch.optim.Adam(dense, lr=1e-3, fused=fused, capturable=graphed),
         batches=[batch_of(gen) for _ in range(batches)],
         grads={f"sparse.t{i}": torch.randn(cfg.batch, cfg.dim, device=device) for i in range(len(cfg.tables))},
         host_features=host_features,
     )
+    if graphed:
+        rig.capture()
+    return rig
 
 
 def _one_rank_group(backend: str) -> None:
@@ -395,7 +463,7 @@ def _one_rank_group(backend: str) -> None:
                             timeout=timedelta(minutes=5))  # fmt: skip
 
 
-def measure(names: Sequence[str], steps: int, warmup: int) -> dict[str, Any]:
+def measure(names: Sequence[str], steps: int, warmup: int, graphed: bool = False) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
@@ -412,13 +480,14 @@ def measure(names: Sequence[str], steps: int, warmup: int) -> dict[str, Any]:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats(device)
             base = torch.cuda.memory_allocated(device)
-            rig = build(cfg, device)
+            rig = build(cfg, device, graphed=graphed)
             results[cfg.name] = {"split": cfg.split, **measure_rig(rig, steps, warmup, device, base)}
             print(f"{cfg.name:<16} {results[cfg.name]}", flush=True)
             del rig
     finally:
         dist.destroy_process_group()
-    return {"machine": {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__}, "configs": results}
+    machine = {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__}
+    return {"machine": machine, "executor": "graphed" if graphed else "eager", "configs": results}
 
 
 def measure_rig(rig: Rig, steps: int, warmup: int, device: Any, base: int) -> dict[str, Any]:
@@ -438,7 +507,7 @@ def measure_rig(rig: Rig, steps: int, warmup: int, device: Any, base: int) -> di
     runs = [back_to_back(rig.step, steps, device) for _ in range(3)]  # three runs: their spread is the noise
     pipelined, host = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
     emb_ms = timed(rig.emb, steps, device)
-    rig.ebc.check_ids()
+    rig.check_ids()
     return {
         "step_ms": statistics.median(waited),
         "pipelined_ms": pipelined,
@@ -644,6 +713,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     m.add_argument("--only", default="", help="comma-separated configuration names")
     m.add_argument("--steps", type=int, default=20)
     m.add_argument("--warmup", type=int, default=5)
+    m.add_argument("--graphed", action="store_true", help="capture each step as a CUDA graph and replay it")
     p = sub.add_parser("predict")
     p.add_argument("--calibration", type=Path)
     p.add_argument("-o", "--output", type=Path, required=True)
@@ -663,7 +733,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     r.add_argument("--json", type=Path, help="write the statistics here")
     args = ap.parse_args(argv)
     if args.cmd == "measure":
-        doc = measure([n for n in args.only.split(",") if n], args.steps, args.warmup)
+        doc = measure([n for n in args.only.split(",") if n], args.steps, args.warmup, args.graphed)
         args.output.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     elif args.cmd == "profile":
         print(profile([n for n in args.only.split(",") if n], args.steps, args.device))
