@@ -115,9 +115,9 @@ zero-copy way measured 4–8× faster than the CPU's gather and copy on an H200 
   (:mod:`shardwise.clients.row_cache`, "Overlapped prefetch"). ``prefetch(..., overlap=False)`` runs it in order
   on the current stream. Weights do not depend on prefetches: the same steps with or without them give the same
   weights; an in-order prefetch also gives the same counters, an overlapped one can evict other rows (it keeps the
-  rows of the step in flight whether or not their update has finished) and so count differently. A fetch
-  synchronises the host with its stream (its sizes depend on the data), so a step that looks up cached shards
-  cannot be captured into a CUDA graph;
+  rows of the step in flight whether or not their update has finished) and so count differently. A step that
+  looks up cached shards cannot be captured into a CUDA graph: the cache's bookkeeping keeps host state that each
+  fetch updates (:class:`~shardwise.clients.graphed.GraphedStep` refuses it);
 * **counters**: :meth:`ShardedEmbeddingBagCollection.cache_stats` gives this rank's
   :class:`~shardwise.clients.row_cache.CacheStats` per table — ``lookups``, ``hits``, ``unique_misses``,
   ``evictions``, ``write_backs``, ``spills``; ``hit_rate = hits / lookups`` is what the cost model's
