@@ -654,11 +654,16 @@ def _lru_sums(n: int, s: float, a: float) -> tuple[float, float]:
     2 (20-point Gauss–Legendre each; the terms that do not depend on ``a`` made once per ``(n, s)``,
     :func:`_lru_terms`)."""
     terms, ends = _lru_terms(n, s)
-    occ = hit = 0.0
-    for w, c, cw in terms:
-        q = -math.expm1(-a * w)
-        occ += c * q
-        hit += cw * q
+    if _np is not None:  # the sums in one numpy call each (the loop below otherwise)
+        w_arr, c_arr, cw_arr, _ = _lru_arrays(n, s)
+        q_arr = _np.expm1(w_arr * -a)  # −q
+        occ, hit = -float(_np.dot(c_arr, q_arr)), -float(_np.dot(cw_arr, q_arr))
+    else:
+        occ = hit = 0.0
+        for w, c, cw in terms:
+            q = -math.expm1(-a * w)
+            occ += c * q
+            hit += cw * q
     if not ends:
         return occ, hit
     for x, sign in zip(ends, (1.0, -1.0), strict=True):
@@ -671,10 +676,12 @@ def _lru_sums(n: int, s: float, a: float) -> tuple[float, float]:
 
 
 @lru_cache(maxsize=4096)
-def _lru_arrays(n: int, s: float) -> tuple[Any, Any]:
-    """:func:`_lru_terms`' ``w`` and ``c`` as numpy arrays (when numpy is there)."""
+def _lru_arrays(n: int, s: float) -> tuple[Any, Any, Any, float]:
+    """:func:`_lru_terms`' ``w``, ``c`` and ``c·w`` as numpy arrays (when numpy is there), and ``Σ c·w``."""
     terms, _ = _lru_terms(n, s)
-    return _np.array([t[0] for t in terms]), _np.array([t[1] for t in terms])
+    table = _np.array(terms)
+    cw = _np.ascontiguousarray(table[:, 2])
+    return _np.ascontiguousarray(table[:, 0]), _np.ascontiguousarray(table[:, 1]), cw, float(cw.sum())
 
 
 def _lru_occupancy(n: int, s: float, u: float) -> tuple[float, float]:
@@ -684,11 +691,11 @@ def _lru_occupancy(n: int, s: float, u: float) -> tuple[float, float]:
     else in a loop."""
     a = math.exp(u)
     terms, ends = _lru_terms(n, s)
-    if _np is not None:
-        w_arr, c_arr = _lru_arrays(n, s)
-        aw = a * w_arr
-        occ = float(_np.dot(c_arr, -_np.expm1(-aw)))
-        slope = float(_np.dot(c_arr, aw * _np.exp(-aw)))
+    if _np is not None:  # four numpy calls: Σ c·a·w·e^(−a·w) = a·(Σ c·w − Σ c·w·q)
+        w_arr, c_arr, cw_arr, cw_sum = _lru_arrays(n, s)
+        q_arr = _np.expm1(w_arr * -a)  # −q
+        occ = -float(_np.dot(c_arr, q_arr))
+        slope = a * (cw_sum + float(_np.dot(cw_arr, q_arr)))
     else:
         occ = slope = 0.0
         for w, c, _ in terms:
@@ -725,30 +732,39 @@ def lru_characteristic_time(num_rows: int, cache_fraction: float | None, access_
     ``p_i = i^−s / H(r, s)``, found on ``u = ln a`` (``a = T/H``; the occupancy rises with ``u``) by Newton's method
     kept inside a bracket (a step that leaves it bisects instead), from ``u = ln(k/H)`` — a lower end, since
     ``1 − e^(−a·w) ≤ a·w`` makes the occupancy at most ``a·H`` — to ``|Δu| < 1e-12`` (a relative 1e-12 in ``T``):
-    about 11 evaluations where bisection took 56. Also how many ids a cold cache takes to fill. With ``k ≥ r``
-    (every row cached) the root is at infinity and the figure is only some large ``T``: the hit rate is 1 there."""
+    on ``ln`` of the occupancy (linear in ``u`` while few rows are cached, and flattening as the rows fill, where the
+    occupancy itself grows exponentially first): about 6 evaluations on the planner's tables, where Newton on the
+    occupancy took 11 and bisection 56. Also how many ids a cold cache takes to fill. With ``k ≥ r`` (every row
+    cached) the root is at infinity and the figure is only some large ``T``: the hit rate is 1 there."""
     k = cached_rows(num_rows, cache_fraction)
     total = generalized_harmonic(num_rows, access_skew)
     lo, hi = math.log(k / total), 60.0 + access_skew * math.log(num_rows)  # q_i → 1 for every row long before hi
-    u = lo
+    return math.exp(_lru_root(num_rows, access_skew, k, lo, lo, hi)) * total
+
+
+def _lru_root(num_rows: int, access_skew: float, k: int, u: float, lo: float, hi: float) -> float:
+    """Newton on ``occupancy(u) = k`` from ``u`` inside ``[lo, hi]`` (a step that leaves it bisects instead)."""
+    log_k = math.log(k)
     for _ in range(200):
         occ, slope = _lru_occupancy(num_rows, access_skew, u)
-        f = occ - k
+        if occ <= 0:  # far below: exp(u) underflows the sums
+            lo, u = u, (u + hi) / 2
+            continue
+        f = math.log(occ) - log_k  # ln occupancy: linear in u while few rows are cached
         if f < 0:
             lo = u
         elif f > 0:
             hi = u
         else:
-            return math.exp(u) * total
-        step = -f / slope if slope > 0 else math.inf
+            return u
+        step = -f * occ / slope if slope > 0 else math.inf
         nxt = u + step
         if not lo < nxt < hi:
             nxt = (lo + hi) / 2
         if abs(nxt - u) < 1e-12 or hi - lo < 1e-12:
-            u = nxt
-            break
+            return nxt
         u = nxt
-    return math.exp(u) * total
+    return u
 
 
 @lru_cache(maxsize=65536)
