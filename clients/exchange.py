@@ -319,13 +319,20 @@ class OneGroup:
     #: shape seen before costs no copy, and a captured call reads a tensor that outlives it (a copy from a pinned
     #: temporary would be replayed from freed host memory)
     starts: dict[tuple[tuple[int, ...], tuple[int, ...]], Tensor] = field(default_factory=dict)
+    #: the entries a CUDA graph captured: never evicted (the graph reads their memory at every replay)
+    captured: dict[tuple[tuple[int, ...], tuple[int, ...]], Tensor] = field(default_factory=dict)
 
     def starts_on_device(self, counts: list[int], bag_counts: list[int], device: torch.device) -> Tensor:
         key = (tuple(counts), tuple(bag_counts))
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         found = self.starts.get(key)
+        if found is None:
+            found = self.captured.get(key)
         if found is not None:
+            if capturing:
+                self.captured[key] = found
             return found
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        if capturing:
             raise RuntimeError(
                 f"a batch shape first seen inside a CUDA graph capture (tables {', '.join(self.names)}): run the step "
                 "once outside the capture first (GraphedStep's warm-up does)"
