@@ -574,6 +574,13 @@ class CapturedIdCheck:
         found = {n for names, (_, host) in self.counts.items() for n, c in zip(names, host.tolist(), strict=True) if c}
         return sorted(found)
 
+    def reset(self) -> None:
+        """Zero the counts (once reported), on the device in stream order and on the host: call it when no work that
+        adds to them is in flight."""
+        for total, host in self.counts.values():
+            total.zero_()
+            host.zero_()
+
 
 def check_pending_ids(tables: Sequence[ShardedEmbeddingBag]) -> None:
     """Raise now for bad ids of an earlier call whose check was deferred (world size one on a CUDA device)."""

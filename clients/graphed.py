@@ -42,7 +42,8 @@ What taking the step changes in the modules: a group with the ``adam`` row optim
 device (``ShardGroup.device_steps``: a captured host int would replay the step it was captured at), and bad ids are
 counted on the device (:class:`~shardwise.clients.exchange.CapturedIdCheck`) instead of checked one call later:
 each call raises ``IndexError`` for bad ids of the replays that have finished, without waiting for the others;
-:meth:`check_ids` waits for all. Bad ids are clamped into their own table meanwhile, as on CUDA without a graph.
+:meth:`check_ids` waits for all. Each bad id is reported once (the counts restart after a report); bad ids are
+clamped into their own table meanwhile, as on CUDA without a graph.
 Eager calls of the modules after the capture keep both, so their state stays the graph's.
 
 The warm-up: ``warmup`` steps (default 3) on the example batch run eagerly on a side stream before the capture —
@@ -192,7 +193,9 @@ class GraphedStep:
         if self._last is not None and self._last.query():  # type: ignore[no-untyped-call]
             self._raise_bad_ids()
         pairs = [(b, x) for x, b in zip(leaves, self._leaves, strict=True) if isinstance(b, Tensor) and x is not b]
-        if all(x.device == b.device for b, x in pairs):  # one call for all (a copy_ each: ~10 µs of host time)
+        if not pairs:  # the graph's own input tensors, filled by the caller
+            pass
+        elif all(x.device == b.device for b, x in pairs):  # one call for all (a copy_ each: ~10 µs of host time)
             torch._foreach_copy_([b for b, _ in pairs], [x for _, x in pairs], non_blocking=True)
         else:  # some on the host (pinned: without waiting)
             for b, x in pairs:
@@ -210,8 +213,10 @@ class GraphedStep:
         self._raise_bad_ids()
 
     def _raise_bad_ids(self) -> None:
+        """Raise for the bad ids counted so far (no replay is in flight when this runs), each reported once."""
         bad = self.ids.bad_tables()
         if bad:
+            self.ids.reset()
             raise IndexError(
                 f"ids outside their table's rows [0, num_embeddings) in a graphed step: {', '.join(bad)} "
                 "(looked up clamped into the table)"

@@ -220,6 +220,22 @@ def test_a_batch_shapes_first_ids_and_bags_stay_on_the_device() -> None:
     assert 1 <= got["kept"] <= 64
 
 
+def test_captured_id_counts_name_their_tables_and_restart_once_reported() -> None:
+    """The counts' host side (what GraphedStep reads once the replays are done): the tables with a nonzero count,
+    sorted and without repeats over several calls' sets of tables; after a reset, none."""
+    from shardwise.clients.exchange import CapturedIdCheck
+
+    check = CapturedIdCheck()
+    check.counts[("a", "b")] = (torch.tensor([0, 3]), torch.tensor([0, 3]))
+    check.counts[("b", "c")] = (torch.tensor([1, 0]), torch.tensor([1, 0]))
+    assert check.bad_tables() == ["b"]
+    check.counts[("d",)] = (torch.tensor([2]), torch.tensor([2]))
+    assert check.bad_tables() == ["b", "d"]
+    check.reset()
+    assert check.bad_tables() == []
+    assert all(int(total.sum()) == 0 for total, _ in check.counts.values())
+
+
 # ------------------------------------------------------------------------------------------------ CUDA
 
 
