@@ -65,7 +65,6 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from shardwise.clients.exchange import CapturedIdCheck
 from shardwise.clients.fused_update import RowOptimizer
-from shardwise.clients.shard_groups import ShardGroup
 from shardwise.clients.sharded_embedding import ShardedEmbeddingBag
 from shardwise.wire.spec import Placement
 
@@ -94,16 +93,6 @@ def capture_problems(tables: Sequence[ShardedEmbeddingBag]) -> list[str]:
             why.append("its host shards are looked up by the CPU (host_access='zero_copy' reads them from the GPU)")
         problems += [f"table {t.name}: {w}" for w in why]
     return problems
-
-
-def _groups(tables: Sequence[ShardedEmbeddingBag]) -> list[ShardGroup]:
-    found: dict[int, ShardGroup] = {}
-    for t in tables:
-        for i in t.local_shards:
-            placed = t.group_of(i)
-            if placed is not None:
-                found[id(placed[0])] = placed[0]
-    return list(found.values())
 
 
 #: one side stream per device for every warm-up and capture: torch keeps a cuBLAS workspace per stream for the
@@ -158,7 +147,7 @@ class GraphedStep:
         self.ids = CapturedIdCheck()
         for t in tables:
             t.captured_ids = self.ids
-        for g in _groups(tables):
+        for g in {id(g): g for t in tables for g in t.shard_groups()}.values():
             if g.device_steps is None:
                 g.device_steps = {}
         self._leaves = [x.clone() if isinstance(x, Tensor) else x for x in leaves]  # the graph's inputs

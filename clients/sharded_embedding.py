@@ -361,6 +361,10 @@ class ShardedEmbeddingBag(nn.Module):
             self.register_load_state_dict_pre_hook(lambda *_: self.flush())  # type: ignore[no-untyped-call]
             self.register_load_state_dict_post_hook(lambda *_: self._invalidate())  # type: ignore[no-untyped-call]
 
+    def shard_groups(self) -> list[ShardGroup]:
+        """The groups holding this rank's grouped shards of the table, each once (several shards may share one)."""
+        return list({id(g): g for g, _ in self._groups.values()}.values())
+
     def group_of(self, i: int) -> tuple[ShardGroup, int] | None:
         """``(group, first row)`` of shard ``i`` (index into ``self.shards``) when it is grouped, else None."""
         return self._groups.get(i)
@@ -369,11 +373,7 @@ class ShardedEmbeddingBag(nn.Module):
 
     def _caches(self) -> list[ShardGroup]:
         """The cached groups holding this rank's shards of the table (uvm_cache with an embedding optimizer)."""
-        found: dict[int, ShardGroup] = {}
-        for g, _ in self._groups.values():
-            if g.cache is not None:
-                found[id(g)] = g
-        return list(found.values())
+        return [g for g in self.shard_groups() if g.cache is not None]
 
     def flush(self) -> None:
         """Write the rows the caches hold updated back to host memory, so that ``weights`` are current (done by

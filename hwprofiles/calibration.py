@@ -122,14 +122,14 @@ class Calibration(BaseModel):
         for path, fig in self.figures.items():
             error = f", fit error {fig.fit_error:.1%}" if fig.fit_error is not None else ""
             sources[path] = f"{fig.source} ({fig.samples} samples{error}; {self.label()})"
-        values: dict[str, float | bool] = {path: fig.value for path, fig in self.figures.items()}
+        values = {path: fig.value for path, fig in self.figures.items()}
         values["overheads.graphed_steps"] = self.executor == "graphed"
         return with_figures(profile, values, sources=sources, calibration=self.label())
 
 
 def with_figures(
     profile: HardwareProfile,
-    values: dict[str, float] | dict[str, float | bool],
+    values: dict[str, float],
     *,
     sources: dict[str, str] | None = None,
     calibration: str | None = None,

@@ -739,11 +739,7 @@ def lru_characteristic_time(num_rows: int, cache_fraction: float | None, access_
     k = cached_rows(num_rows, cache_fraction)
     total = generalized_harmonic(num_rows, access_skew)
     lo, hi = math.log(k / total), 60.0 + access_skew * math.log(num_rows)  # q_i → 1 for every row long before hi
-    return math.exp(_lru_root(num_rows, access_skew, k, lo, lo, hi)) * total
-
-
-def _lru_root(num_rows: int, access_skew: float, k: int, u: float, lo: float, hi: float) -> float:
-    """Newton on ``occupancy(u) = k`` from ``u`` inside ``[lo, hi]`` (a step that leaves it bisects instead)."""
+    u = lo
     log_k = math.log(k)
     for _ in range(200):
         occ, slope = _lru_occupancy(num_rows, access_skew, u)
@@ -756,15 +752,15 @@ def _lru_root(num_rows: int, access_skew: float, k: int, u: float, lo: float, hi
         elif f > 0:
             hi = u
         else:
-            return u
+            return math.exp(u) * total
         step = -f * occ / slope if slope > 0 else math.inf
         nxt = u + step
         if not lo < nxt < hi:
             nxt = (lo + hi) / 2
         if abs(nxt - u) < 1e-12 or hi - lo < 1e-12:
-            return nxt
+            return math.exp(nxt) * total
         u = nxt
-    return u
+    return math.exp(u) * total
 
 
 @lru_cache(maxsize=65536)

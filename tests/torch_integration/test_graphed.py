@@ -122,13 +122,7 @@ def tables_of(model: nn.Module) -> list[ShardedEmbeddingBag]:
 
 
 def groups_of(model: nn.Module) -> list[ShardGroup]:
-    found: dict[int, ShardGroup] = {}
-    for t in tables_of(model):
-        for i in t.local_shards:
-            placed = t.group_of(i)
-            if placed is not None:
-                found[id(placed[0])] = placed[0]
-    return list(found.values())
+    return list({id(g): g for t in tables_of(model) for g in t.shard_groups()}.values())
 
 
 def differences(a: nn.Module, b: nn.Module, what: str, tol: float) -> list[str]:
