@@ -78,7 +78,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -381,9 +381,11 @@ def _packing_step(cands: Sequence[Sequence[Candidate]], fixed: Sequence[float], 
     already proved for them): ``start`` itself when the fact does not fail just above it."""
     if not start > 0.0 or math.isinf(start):
         return start
-    packing = _Packing(cands, fixed, world)
     lo = start
     step = start * 2.0**-6
+    if not step > 0.0:  # a subnormal start: its steps would underflow to nothing and the search never end
+        return start
+    packing = _Packing(cands, fixed, world)
     hi = start + step
     while packing.fails(hi):  # the fact fails up to hi at least: look further
         lo = hi
@@ -403,13 +405,18 @@ def _packing_step(cands: Sequence[Sequence[Candidate]], fixed: Sequence[float], 
 
 
 def lower_bound_ms(
-    topo: Topology, model: ModelSpec, cands: Sequence[Sequence[Candidate]], refine: bool = True
+    topo: Topology,
+    model: ModelSpec,
+    cands: Sequence[Sequence[Candidate]],
+    refine: bool = True,
+    then: Callable[[float, list[list[Candidate]], list[float]], float] | None = None,
 ) -> float:
     """The bound of the module docstring over ``cands`` (one list per table; an empty list is left out): per set of
     collective groups the largest of the unweighted sweep, on a fleet of several classes the class-weighted one, and
     on a catalogue of at most :data:`PACKING_MAX_CANDIDATES` the packing fact; then the least over the sets.
     ``refine=False``: the unweighted sweep alone (the bound as it was before the other two, which the tests compare
-    with)."""
+    with). ``then(figure, allowed, fixed)``: a further fact raising a set's figure, given the set's candidates and
+    what every GPU of each class runs (:func:`shardwise.solver.configurations.configuration_bound_ms`)."""
     tables = [list(cs) for cs in cands if cs]
     dense = dense_min_per_class(topo, model)
     sizes = [len(cls.ranks) for cls in topo.classes]
@@ -431,18 +438,19 @@ def lower_bound_ms(
             options.append((_least_step(allowed, fixed, sizes), ok, fixed))
     weigh = len(topo.classes) > 1
     pack = sum(len(cs) for cs in tables) <= PACKING_MAX_CANDIDATES
-    if not refine or not tables or not (weigh or pack):
+    if not tables or (then is None and not (refine and (weigh or pack))):
         return min((b for b, _, _ in options), default=math.inf)
     # the other facts only raise a set's figure: in increasing order of the unweighted figure, a set at or above the
     # least so far cannot lower it, nor can any after it
-    catalogue = _WeightedCatalogue(tables, sizes, topo.rank_class) if weigh else None
+    catalogue = _WeightedCatalogue(tables, sizes, topo.rank_class) if weigh and refine else None
     best = math.inf
     for unweighted, ok, fixed in sorted(options, key=lambda o: o[0]):
         if unweighted >= best:
             break
         allowed = [[c for c in cs if c.sharding in ok] for cs in tables]
         mask = None if catalogue is None else np.array([s in ok for s in catalogue.sharding])
-        best = min(best, _refined(unweighted, allowed, fixed, topo.world_size, catalogue, mask, pack))
+        figure = _refined(unweighted, allowed, fixed, topo.world_size, catalogue, mask, pack) if refine else unweighted
+        best = min(best, figure if then is None else then(figure, allowed, fixed))
     return best
 
 

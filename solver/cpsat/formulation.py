@@ -54,7 +54,9 @@ Constraints (and the method that adds each family)
 7. makespan: for every bin ``load_b + Σ_q λ_{b,q}·u_q ≤ T·n_b`` (``n_b`` = GPUs in the bin) where
    ``load_b = Σ τ·a + Σ τ·y + Σ τ·x (fixed-rank shards) + Σ ε·x (every rank) + Σ δ·d``; and the cuts of
    :mod:`shardwise.solver.bounds`: the GPU holding a candidate's slowest shard also carries every other table's floor
-   (``T ≥ heaviest(c)·x_{t,c} + dense_floor + Σ_{t'≠t} floor_{t'}``), and ``T ≥ LB`` —
+   (``T ≥ heaviest(c)·x_{t,c} + dense_floor + Σ_{t'≠t} floor_{t'}``), and ``T ≥ LB`` (the module's bound, or
+   the one the caller proved, such as the configuration bound of :mod:`shardwise.solver.configurations`, if higher;
+   less a few units of the scaling, since the model's loads are floored term by term) —
    :meth:`Formulation._add_makespan`;
 8. symmetry: bins that are interchangeable (same class, same host in rank mode, the same fixed-rank shard
    shapes; in host mode no two hosts once a candidate spans a block of several) carry non-increasing loads in index
@@ -138,8 +140,10 @@ class Formulation:
         horizon_ms: float,
         incumbent_ms: float | None = None,
         deadline: Deadline | None = None,
+        bound_ms: float | None = None,
     ) -> None:
         self.topo, self.spec, self.cands, self.mode = topo, model, cands, mode
+        self.bound_ms = bound_ms  # proved over ``cands`` already (None: lower_bound_ms over them is added)
         self.deadline = deadline
         self.incumbent_ms = incumbent_ms
         self.model = cp_model.CpModel()
@@ -361,7 +365,10 @@ class Formulation:
                 heavy = heaviest_rank_time(cv.cand)
                 if heavy > f:
                     self.model.add(Scale.time(heavy + base - f) <= self.T).only_enforce_if(cv.x)
-        self.model.add(Scale.time(lower_bound_ms(self.topo, self.spec, cands)) <= self.T)
+        bound = max(lower_bound_ms(self.topo, self.spec, cands), self.bound_ms or 0.0)
+        # less one unit per term a bin's load sums (each floored), so that the cut never removes a plan whose floored
+        # load falls just under the bound its true load meets
+        self.model.add(Scale.time(bound) - len(cands) - len(self.spec.dense_layers) - 4 <= self.T)
         if self.mode == "host":
             self._add_gpu_cut()
         if self.incumbent_ms is not None:

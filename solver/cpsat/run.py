@@ -66,6 +66,7 @@ from collections.abc import Callable, Sequence
 
 from ortools.sat.python import cp_model
 
+from shardwise.solver.configurations import configuration_bound_ms
 from shardwise.solver.cpsat.candidates import Candidate, spread_out
 from shardwise.solver.cpsat.formulation import RANK_BINS_MAX, Assignment, Formulation, Mode
 from shardwise.solver.cpsat.lns import lns_fleet
@@ -103,6 +104,8 @@ FINISH_FACTOR = 2.5  # or this many times what pricing the greedy plan took, if 
 LEVEL1_SHARE = 0.7  # of the budget left once level one is built, for it in host mode (level two and the LNS: the rest)
 CATALOGUE_MAX_BOOLEANS = 200_000  # few tables on many GPUs: level one gets every candidate up to this size
 TARGET_SHARE = 0.1  # of the run's budget, at most, for target packing (shardwise.solver.target)
+CONFIGURATION_SHARE = 0.25  # of the run's budget, at most, for the configuration bound (few tables on many GPUs)
+CONFIGURATION_MAX_CANDIDATES = 2_000  # catalogues it is tried on (beyond, its column generation converges too slowly)
 
 #: CP-SAT's status → the name the plan reports in ``solver.status``
 STATUS: dict[cp_model.CpSolverStatus, SolverStatus] = {
@@ -315,6 +318,22 @@ def plan_cpsat(
             start_phase = "target packing"
             if on_progress:
                 on_progress(start_ms, greedy.lower_bound_ms or 0.0)
+    # the bound over the whole catalogue: the greedy's, raised by the configuration bound where few tables sit on
+    # many GPUs (there the shards are lumps the greedy's facts cannot see)
+    catalogue_ms = greedy.lower_bound_ms
+    if (
+        catalogue_ms is not None
+        and spread_out(topo, n)
+        and sum(len(cs) for cs in all_cands) <= CONFIGURATION_MAX_CANDIDATES
+    ):
+        raised = configuration_bound_ms(
+            topo, model, all_cands, work if det else work.within(CONFIGURATION_SHARE * budget_s), placed
+        )
+        log.info("configuration bound %.4f ms (greedy's bound %.4f ms)", raised, catalogue_ms)
+        if raised > catalogue_ms:
+            catalogue_ms = raised
+            if on_progress:
+                on_progress(start_ms, catalogue_ms)
     chosen: list[Placed | None] = list(placed)
     fill = max((r.hbm_used_bytes / topo.hbm_limit(r.rank) for r in greedy.ranks), default=1.0)
     mode: Mode = "rank" if topo.world_size <= RANK_BINS_MAX else "host"
@@ -332,13 +351,22 @@ def plan_cpsat(
             weights=[t.weight_bytes for t in model.embedding_tables],
         )
     # what is reported when CP-SAT has no answer (or never ran: the deadline came while the model was built)
-    bound_ms: float | None = greedy.lower_bound_ms
+    bound_ms: float | None = catalogue_ms
     status_name: SolverStatus = "UNKNOWN"
     tables: list[TablePlan] | None = None
     dense_styles: list[DenseStyle] = [s for _, s in dense_choice]
     try:
         built = time.perf_counter()
-        form = Formulation(topo, model, cands, mode, horizon_ms=start_ms * 4 + 1, incumbent_ms=start_ms, deadline=work)
+        form = Formulation(
+            topo,
+            model,
+            cands,
+            mode,
+            horizon_ms=start_ms * 4 + 1,
+            incumbent_ms=start_ms,
+            deadline=work,
+            bound_ms=catalogue_ms,
+        )
         work.check()
         hint = to_assignment(form, cands, placed)
         hint.dense = dense_styles
@@ -369,7 +397,8 @@ def plan_cpsat(
             Scale.ms(solver.objective_value) if status_name in ("OPTIMAL", "FEASIBLE") else math.nan,
             Scale.ms(solver.best_objective_bound),
         )
-        # the model's bound, or the greedy's (valid over every candidate, so over this space too), whichever is higher
+        # the model's bound, or the catalogue's (valid over every candidate, so over this space too), whichever is
+        # higher
         if status_name != "MODEL_INVALID":
             bound_ms = max(bound_ms or 0.0, Scale.ms(solver.best_objective_bound))
         if status_name in ("OPTIMAL", "FEASIBLE"):
@@ -418,7 +447,7 @@ def plan_cpsat(
         solver_status=status_name,  # CP-SAT's own word, even where the plan kept is the start
         seconds=time.perf_counter() - start,
         proved_optimal=proved,
-        bound_ms=bound_ms if whole else greedy.lower_bound_ms,
+        bound_ms=bound_ms if whole else catalogue_ms,
         searched_bound_ms=bound_ms,
     )
     final = final.model_copy(update={"solver": final.solver.model_copy(update={"phase": phase})})

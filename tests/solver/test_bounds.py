@@ -11,11 +11,12 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import pytest
+from bound_support import priced, small_cases
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardwise.solver.bounds import _least_step, _least_step_refined, lower_bound_ms
-from shardwise.solver.cpsat.candidates import Candidate, Scope, Shape, enumerate_candidates
+from shardwise.solver.cpsat.candidates import Candidate, Shape, enumerate_candidates
 from shardwise.solver.greedy import plan_greedy
 from shardwise.solver.planner import make_plan
 from shardwise.solver.topology import Topology
@@ -141,42 +142,6 @@ def test_the_bound_never_exceeds_a_real_plan(
 RANK_CLASS = np.array([0, 1])
 
 
-def priced(
-    table: int,
-    shards: list[tuple[float, ...]],
-    every: tuple[float, ...] = (0.0, 0.0),
-    sizes: tuple[int, ...] = (1, 1),
-    scope_class: int | None = None,
-    fleet: bool = False,
-) -> Candidate:
-    """A hand-priced candidate on ``len(sizes)`` classes (``sizes[k]`` ranks of class ``k``): ``shards[i]`` = shard
-    ``i``'s time on each class (ms), ``every[k]`` ms on each rank of class ``k``. ``scope_class``: its shards may only
-    land on that class (a ``group``-scope row split), else anywhere (``rank`` scope); ``fleet``: shard ``r`` on rank
-    ``r`` at ``shards[r][0]`` (a fleet-wide row split: one entry per rank)."""
-    n, k = len(shards), len(sizes)
-    times = np.array(shards, dtype=float).reshape(n, -1)
-    if fleet:
-        times = times[:, :1]
-    elif scope_class is not None:
-        times[:, [c for c in range(k) if c != scope_class]] = math.inf
-    scope: Scope = "fleet" if fleet else "rank" if scope_class is None else "group"
-    return Candidate(
-        table=table,
-        sharding=ShardingType.column_wise if scope == "rank" else ShardingType.row_wise,
-        placement=Placement.hbm,
-        cache_fraction=None,
-        scope=scope,
-        scope_class=scope_class,
-        shapes=tuple(Shape(0, 10, i, 1) for i in range(n)),
-        hbm=np.zeros(times.shape, dtype=np.int64),
-        host=np.zeros(times.shape, dtype=np.int64),
-        compute_ms=times,
-        comm_ms=np.zeros(times.shape),
-        every_rank_ms=np.array(every, dtype=float),
-        every_total_ms=float(np.dot(every, sizes)),
-    )
-
-
 def test_a_slow_class_cannot_take_the_work_the_fast_one_cannot_hold() -> None:
     # one fast GPU (class 0) and one slow (class 1, 3× the time); two 1-ms tables. Unweighted, each shard costs its
     # fast time: (1 + 1) / 2 = 1. But the fast GPU holds x ms and the slow one 3·(2 − x) ms, both ≤ T, so
@@ -203,29 +168,6 @@ def test_three_lumps_on_two_gpus_need_two_on_one() -> None:
     cands = [[priced(t, [(1.0,)], every=(0.0,), sizes=(2,))] for t in range(3)]
     assert _least_step(cands, fixed=[0.0], class_sizes=[2]) == pytest.approx(1.5)
     assert 2.0 * (1 - 1e-6) <= _least_step_refined(cands, [0.0], [2], np.array([0, 0])) <= 2.0
-
-
-@st.composite
-def small_cases(draw: st.DrawFn) -> tuple[list[list[Candidate]], list[float], list[int], npt.NDArray[np.int64]]:
-    """One or two classes of 1–2 ranks (at most 3 in all), 1–3 tables of 1–2 candidates each: rank-scope ones of
-    1–2 shards, sometimes one class's only, sometimes fleet-wide."""
-    sizes = [draw(st.integers(1, 2))] if draw(st.booleans()) else [draw(st.integers(1, 2)), 1]
-    k, world = len(sizes), sum(sizes)
-    rank_class = np.repeat(np.arange(k), sizes)
-    ms = st.floats(0.0, 10.0)
-    out = []
-    for t in range(draw(st.integers(1, 3))):
-        row = []
-        for _ in range(draw(st.integers(1, 2))):
-            every = tuple(draw(st.floats(0.0, 0.5)) for _ in range(k))
-            if draw(st.integers(0, 4)) == 0:
-                row.append(priced(t, [(draw(ms),) for _ in range(world)], every, tuple(sizes), fleet=True))
-                continue
-            shards = [tuple(draw(ms) for _ in range(k)) for _ in range(draw(st.integers(1, 2)))]
-            scope = draw(st.sampled_from([None, None, *range(k)])) if k > 1 else None
-            row.append(priced(t, shards, every, tuple(sizes), scope))
-        out.append(row)
-    return out, [draw(st.floats(0.0, 2.0)) for _ in range(k)], sizes, rank_class
 
 
 def _optimum(cands: list[list[Candidate]], fixed: list[float], rank_class: npt.NDArray[np.int64]) -> float:
