@@ -49,17 +49,16 @@ Order of work:
 
 Status: the bound CP-SAT proves holds over the candidate space of step 2 only, so it is the plan's
 ``solver.searched_bound_ms``; ``lower_bound_ms`` is the bound over the whole catalogue (:mod:`shardwise.solver.bounds`,
-the greedy's, or step 1's configuration bound where it ran), raised to CP-SAT's only when step 2 kept every candidate (then the searched space is the catalogue;
-in host mode level one relaxes each GPU to its host's average and adds only cuts every plan meets, so its bound
-holds for every plan too). ``optimal`` when the returned plan's predicted step time meets ``lower_bound_ms`` (within
-:data:`OPTIMAL_GAP` or :data:`OPTIMAL_ABS_MS`, the resolution of the integer scaling); meeting only the searched
-bound, it is ``feasible`` and ``solver.searched_optimal`` (optimal among the layouts searched); the plan's
-``solver.status`` is level one's CP-SAT status (:data:`STATUS`). Same input + same ``SolveParams`` (seed,
-workers, ``max_deterministic_time``) → the same plan: with ``max_deterministic_time`` set, target packing, the
+the greedy's, or step 1's configuration bound where it ran), raised to CP-SAT's only when step 2 kept every candidate
+(then the searched space is the catalogue; in host mode level one relaxes each GPU to its host's average and adds only
+cuts every plan meets, so its bound holds for every plan too). ``optimal`` when the returned plan's predicted step time
+meets ``lower_bound_ms`` (within :data:`OPTIMAL_GAP` or :data:`OPTIMAL_ABS_MS`, the resolution of the integer scaling);
+meeting only the searched bound, it is ``feasible`` and ``solver.searched_optimal`` (optimal among the layouts
+searched); the plan's ``solver.status`` is level one's CP-SAT status (:data:`STATUS`). Same input + same ``SolveParams``
+(seed, workers, ``max_deterministic_time``) → the same plan: with ``max_deterministic_time`` set, target packing, the
 configuration bound (its rounds are capped: :data:`~shardwise.solver.configurations.ROUNDS_IN_ALL`) and every host's
-packing run until the deadline, every CP-SAT call stops on deterministic time (the LNS rounds share
-one such budget) and the wall clock only ends the whole solve (a run cut off by ``time_limit_s`` depends on the
-machine).
+packing run until the deadline, every CP-SAT call stops on deterministic time (the LNS rounds share one such budget) and
+the wall clock only ends the whole solve (a run cut off by ``time_limit_s`` depends on the machine).
 """
 
 from __future__ import annotations
