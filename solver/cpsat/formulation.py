@@ -365,10 +365,15 @@ class Formulation:
                 heavy = heaviest_rank_time(cv.cand)
                 if heavy > f:
                     self.model.add(Scale.time(heavy + base - f) <= self.T).only_enforce_if(cv.x)
-        bound = max(lower_bound_ms(self.topo, self.spec, cands), self.bound_ms or 0.0)
-        # less one unit per term a bin's load sums (each floored), so that the cut never removes a plan whose floored
-        # load falls just under the bound its true load meets
-        self.model.add(Scale.time(bound) - len(cands) - len(self.spec.dense_layers) - 4 <= self.T)
+        own = lower_bound_ms(self.topo, self.spec, cands)
+        if self.bound_ms is not None and self.bound_ms > own:
+            # the caller's bound (the configuration bound) can sit within a hair of the optimum: less one unit per
+            # term a bin's load sums, each floored, so that the cut never removes a plan whose floored load falls
+            # just under the bound its true load meets
+            terms = 2 * len(cands) + len(self.spec.dense_layers) + 4
+            self.model.add(Scale.time(self.bound_ms) - terms <= self.T)
+        else:
+            self.model.add(Scale.time(own) <= self.T)
         if self.mode == "host":
             self._add_gpu_cut()
         if self.incumbent_ms is not None:

@@ -325,6 +325,7 @@ def plan_cpsat(
     # the bound over the whole catalogue: the greedy's, raised by the configuration bound where few tables sit on
     # many GPUs (there the shards are lumps the greedy's facts cannot see)
     catalogue_ms = greedy.lower_bound_ms
+    configured: float | None = None  # the configuration bound, where it raised the greedy's
     if (
         catalogue_ms is not None
         and spread_out(topo, n)
@@ -335,7 +336,7 @@ def plan_cpsat(
         )
         log.info("configuration bound %.4f ms (greedy's bound %.4f ms)", raised, catalogue_ms)
         if raised > catalogue_ms:
-            catalogue_ms = raised
+            catalogue_ms = configured = raised
             if on_progress:
                 on_progress(start_ms, catalogue_ms)
     chosen: list[Placed | None] = list(placed)
@@ -369,7 +370,7 @@ def plan_cpsat(
             horizon_ms=start_ms * 4 + 1,
             incumbent_ms=start_ms,
             deadline=work,
-            bound_ms=catalogue_ms,
+            bound_ms=configured,
         )
         work.check()
         hint = to_assignment(form, cands, placed)
