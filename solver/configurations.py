@@ -366,7 +366,8 @@ class _Search:
             added = 0
             for trial in (duals,) if center is None else (SMOOTHING * center + (1.0 - SMOOTHING) * duals, duals):
                 supply, configs = self._price(trial, room, usable)
-                ratio = it.demand(trial, usable) / supply if supply > 0.0 else math.inf
+                demand = it.demand(trial, usable)
+                ratio = demand / supply if supply > 0.0 else (math.inf if demand > 0.0 else 0.0)
                 if ratio > best:
                     best, center = ratio, trial / supply if supply > 0.0 else trial
                 if best > 1.0 + SLACK:
