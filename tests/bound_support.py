@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -69,3 +70,32 @@ def small_cases(draw: st.DrawFn) -> tuple[list[list[Candidate]], list[float], li
             row.append(priced(t, shards, every, tuple(sizes), scope))
         out.append(row)
     return out, [draw(st.floats(0.0, 2.0)) for _ in range(k)], sizes, rank_class
+
+
+def optimum(
+    cands: list[list[Candidate]], fixed: list[float], rank_class: npt.NDArray[np.int64], distinct: bool = False
+) -> float:
+    """The least step time over every choice of candidate per table and every rank for every shard where it may land
+    (a fleet-wide candidate's shard ``r`` stays on rank ``r``). ``distinct``: no two shards of one candidate on one
+    rank, as in every valid plan; without it two may share a rank (a relaxation of a valid plan, so a bound below
+    that figure is below every valid plan)."""
+    best = math.inf
+    ranks = range(len(rank_class))
+    for choice in itertools.product(*cands):
+        base = [fixed[k] + sum(c.every_rank_ms[k] for c in choice) for k in rank_class]
+        for c in choice:
+            if c.scope == "fleet":
+                for r in ranks:
+                    base[r] += c.time_ms[r, 0]
+        shards = [(i, c, s) for i, c in enumerate(choice) if c.scope != "fleet" for s in range(len(c.time_ms))]
+        allowed = [[r for r in ranks if math.isfinite(c.time_ms[s, rank_class[r]])] for _, c, s in shards]
+        for where in itertools.product(*allowed):
+            if distinct:
+                held = [(i, r) for (i, _, _), r in zip(shards, where, strict=True)]
+                if len(set(held)) < len(held):
+                    continue  # two shards of one candidate on one rank
+            load = list(base)
+            for (_, c, s), r in zip(shards, where, strict=True):
+                load[r] += c.time_ms[s, rank_class[r]]
+            best = min(best, max(load))
+    return best

@@ -3,7 +3,6 @@ and validity against real plans (a bound above some plan's step time would be a 
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import pytest
-from bound_support import priced, small_cases
+from bound_support import optimum, priced, small_cases
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -170,28 +169,6 @@ def test_three_lumps_on_two_gpus_need_two_on_one() -> None:
     assert 2.0 * (1 - 1e-6) <= _least_step_refined(cands, [0.0], [2], np.array([0, 0])) <= 2.0
 
 
-def _optimum(cands: list[list[Candidate]], fixed: list[float], rank_class: npt.NDArray[np.int64]) -> float:
-    """The least step time over every choice of candidate per table and every rank for every shard (two shards of
-    a table may share a rank: a relaxation of a valid plan, so a bound below this is below every valid plan);
-    a fleet-wide candidate's shard ``r`` stays on rank ``r``."""
-    best = math.inf
-    ranks = range(len(rank_class))
-    for choice in itertools.product(*cands):
-        base = [fixed[k] + sum(c.every_rank_ms[k] for c in choice) for k in rank_class]
-        for c in choice:
-            if c.scope == "fleet":
-                for r in ranks:
-                    base[r] += c.time_ms[r, 0]
-        shards = [(c, s) for c in choice if c.scope != "fleet" for s in range(len(c.time_ms))]
-        allowed = [[r for r in ranks if math.isfinite(c.time_ms[s, rank_class[r]])] for c, s in shards]
-        for where in itertools.product(*allowed):
-            load = list(base)
-            for (c, s), r in zip(shards, where, strict=True):
-                load[r] += c.time_ms[s, rank_class[r]]
-            best = min(best, max(load))
-    return best
-
-
 @settings(max_examples=300, deadline=None, derandomize=True, database=None)
 @given(small_cases())
 def test_the_refined_bound_holds_and_never_falls_below_the_unweighted_one(
@@ -200,7 +177,7 @@ def test_the_refined_bound_holds_and_never_falls_below_the_unweighted_one(
     cands, fixed, sizes, rank_class = case
     refined = _least_step_refined(cands, fixed, sizes, rank_class)
     assert refined >= _least_step(cands, fixed, sizes)
-    assert refined <= _optimum(cands, fixed, rank_class) * (1 + 1e-9) + 1e-12
+    assert refined <= optimum(cands, fixed, rank_class) * (1 + 1e-9) + 1e-12
 
 
 def _mixed(hosts: int, gpus: int) -> FleetSpec:

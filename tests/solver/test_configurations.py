@@ -3,14 +3,12 @@
 
 from __future__ import annotations
 
-import itertools
-import math
 import time
 
 import numpy as np
 import numpy.typing as npt
 import pytest
-from bound_support import priced, small_cases
+from bound_support import optimum, priced, small_cases
 from hypothesis import given, settings
 
 from benchmarks.instances import get
@@ -27,30 +25,6 @@ from shardwise.wire.spec import SolveParams
 Case = tuple[list[list[Candidate]], list[float], list[int], npt.NDArray[np.int64]]
 
 
-def _valid_optimum(cands: list[list[Candidate]], fixed: list[float], rank_class: npt.NDArray[np.int64]) -> float:
-    """The least step time over every valid plan: a candidate per table, each of its shards on a rank where it may
-    land, no two shards of one candidate on one rank (a fleet-wide candidate's shard ``r`` on rank ``r``)."""
-    best = math.inf
-    ranks = range(len(rank_class))
-    for choice in itertools.product(*cands):
-        base = [fixed[k] + sum(c.every_rank_ms[k] for c in choice) for k in rank_class]
-        for c in choice:
-            if c.scope == "fleet":
-                for r in ranks:
-                    base[r] += c.time_ms[r, 0]
-        shards = [(i, c, s) for i, c in enumerate(choice) if c.scope != "fleet" for s in range(len(c.time_ms))]
-        allowed = [[r for r in ranks if math.isfinite(c.time_ms[s, rank_class[r]])] for _, c, s in shards]
-        for where in itertools.product(*allowed):
-            held = [(i, r) for (i, _, _), r in zip(shards, where, strict=True)]
-            if len(set(held)) < len(held):
-                continue  # two shards of one candidate on one rank
-            load = list(base)
-            for (_, c, s), r in zip(shards, where, strict=True):
-                load[r] += c.time_ms[s, rank_class[r]]
-            best = min(best, max(load))
-    return best
-
-
 @settings(max_examples=300, deadline=None, derandomize=True, database=None)
 @given(small_cases())
 def test_the_configuration_bound_never_exceeds_a_valid_plan(case: Case) -> None:
@@ -58,7 +32,7 @@ def test_the_configuration_bound_never_exceeds_a_valid_plan(case: Case) -> None:
     start = _least_step_refined(cands, fixed, sizes, rank_class)
     raised = raise_by_configurations(cands, fixed, sizes, rank_class, start, Deadline.never())
     assert raised >= start
-    assert raised <= _valid_optimum(cands, fixed, rank_class) * (1 + 1e-9) + 1e-12
+    assert raised <= optimum(cands, fixed, rank_class, distinct=True) * (1 + 1e-9) + 1e-12
 
 
 def test_three_lumps_of_two_sizes_on_two_gpus() -> None:
