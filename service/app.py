@@ -30,7 +30,7 @@ from shardwise.service.plan_cache import PlanCache
 from shardwise.service.routers import calibrations, docs, health, hwprofiles, jobs, plans, port, specs, ui
 from shardwise.service.routers.common import BODY_MODELS, no_control_characters
 from shardwise.service.settings import Settings
-from shardwise.solver.extract import solver_version
+from shardwise.solver.version import solver_version
 from shardwise.wire.spec import Plan
 
 log = logging.getLogger(__name__)

@@ -23,9 +23,7 @@ from shardwise.service.errors import InvalidInput, LimitExceeded, NotFound, desc
 from shardwise.service.jobs import JobRunner, reap
 from shardwise.service.models import FleetVersionRow, JobRow, ModelVersionRow, PlanRow
 from shardwise.service.settings import Settings
-from shardwise.solver.extract import solver_version
-from shardwise.solver.size import MAX_CANDIDATE_BYTES, problem_size, refusal
-from shardwise.solver.topology import Topology
+from shardwise.solver.version import solver_version
 from shardwise.wire.calibration import calibrate_fleet
 from shardwise.wire.hashing import request_hash, request_key
 from shardwise.wire.resources import JobState, PlanOptions
@@ -202,6 +200,10 @@ def check_caps(settings: Settings, model: ModelSpec, fleet: FleetSpec, params: S
             f"time_limit_s {params.time_limit_s:g} is over this service's cap of {settings.max_time_limit_s:g} s"
         )
     if params is not None:  # a solve: its work grows with tables × ranks, which the caps above bound only apart
+        # the candidates' count needs the topology (numpy): loaded by the first solve, not at the service's start
+        from shardwise.solver.size import MAX_CANDIDATE_BYTES, problem_size, refusal
+        from shardwise.solver.topology import Topology
+
         size = problem_size(Topology(fleet), model)
         why = refusal(size, params.time_limit_s)
         if why is not None:

@@ -29,7 +29,7 @@ from shardwise.service.models import (
     ProfileRow,
     utcnow,
 )
-from shardwise.solver.extract import canonical_json
+from shardwise.wire.hashing import canonical_json
 from shardwise.wire.resources import Job, JobProgress, JobState, Pagination, PlanSummary, StoredPlan
 from shardwise.wire.spec import FleetSpec, Plan, PlanStatus, verdict_words
 

@@ -36,11 +36,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardwise.solver.bounds import candidate_work, every_rank_floor, lower_bound_ms
+from shardwise.solver.build import build_plan, placed_to_table
 from shardwise.solver.cpsat.candidates import Candidate, enumerate_candidates, spread_out
 from shardwise.solver.deadline import Deadline
 from shardwise.solver.evaluate import dense_cost, dense_styles, evaluate
 from shardwise.solver.explain import explain_infeasible
-from shardwise.solver.extract import build_plan, placed_to_table
 from shardwise.solver.load import LoadState, Placed, initial_state
 from shardwise.solver.target import target_packing
 from shardwise.solver.topology import Topology

@@ -403,9 +403,8 @@ def choose(gemm: Gemm, profile: HardwareProfile) -> tuple[KernelConfig, float]:
 
 
 def config_label(config: KernelConfig) -> str:
-    """``128x128x64 w8 s3 g8 sk1``: tile M×N×K, warps, stages, group size, split-K."""
-    c = config
-    return f"{c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages} g{c.group_m} sk{c.split_k}"
+    """``128x128x64 w8 s3 g8 sk1`` (:attr:`KernelConfig.label <shardwise.wire.spec.KernelConfig.label>`)."""
+    return config.label
 
 
 # --------------------------------------------------------------------------------------------- a layer's GEMMs

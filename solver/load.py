@@ -2,7 +2,7 @@
 
 Shared by the greedy planner (:mod:`shardwise.solver.greedy`), target packing (:mod:`shardwise.solver.target`),
 the infeasibility explanation (:mod:`shardwise.solver.explain`) and CP-SAT's start (:mod:`shardwise.solver.cpsat.run`);
-it imports none of them. :func:`shardwise.solver.extract.placed_to_table` turns a :class:`Placed` into the wire's
+it imports none of them. :func:`shardwise.solver.build.placed_to_table` turns a :class:`Placed` into the wire's
 table plan.
 """
 

@@ -34,9 +34,10 @@ from dataclasses import dataclass
 from shardwise.solver import two_d
 from shardwise.solver.bounds import lower_bound_ms
 from shardwise.solver.breakdown import TERM_INDEX, step_breakdown
+from shardwise.solver.build import build_plan
 from shardwise.solver.deadline import Deadline
-from shardwise.solver.extract import build_plan, meets_bound
 from shardwise.solver.greedy import Progress, enumerate_all, run_greedy
+from shardwise.solver.status import meets_bound
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import DensePlan, ModelSpec, Plan, PlanStatus, SolveParams, SparseGroups, SparseSync
 

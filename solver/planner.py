@@ -8,8 +8,8 @@ from collections.abc import Mapping
 
 from shardwise.hwprofiles import HardwareProfile
 from shardwise.solver import plan2d
+from shardwise.solver.build import build_plan
 from shardwise.solver.deadline import Deadline
-from shardwise.solver.extract import build_plan
 from shardwise.solver.greedy import Progress, plan_greedy
 from shardwise.solver.size import ProblemTooLargeError, check_memory
 from shardwise.solver.topology import Topology

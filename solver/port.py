@@ -35,8 +35,8 @@ from shardwise.hwprofiles import HardwareProfile
 from shardwise.solver import cost_model as cm
 from shardwise.solver import port_words as words
 from shardwise.solver import two_d
+from shardwise.solver.build import build_plan
 from shardwise.solver.evaluate import ShardCost, data_side_ms, evaluate, shard_cost
-from shardwise.solver.extract import build_plan
 from shardwise.solver.greedy import Progress
 from shardwise.solver.planner import make_plan, score_plan
 from shardwise.solver.port_direct import Carried, carry_over, direct_port, direct_port_in_hbm_ms

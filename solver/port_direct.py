@@ -11,10 +11,12 @@ import hashlib
 from dataclasses import dataclass
 
 from shardwise.solver import port_words as words
+from shardwise.solver.build import build_plan
 from shardwise.solver.evaluate import Evaluation, evaluate
-from shardwise.solver.extract import build_plan, canonical_json, solver_version
 from shardwise.solver.topology import Topology
 from shardwise.solver.validate import check_structure, group_alignment
+from shardwise.solver.version import solver_version
+from shardwise.wire.hashing import canonical_json
 from shardwise.wire.port_spec import DirectPort, MissingShard, ShortHost, ShortRank
 from shardwise.wire.spec import DensePlan, FleetSpec, ModelSpec, Placement, Plan, PlanStatus, ShardingType, TablePlan
 

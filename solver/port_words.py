@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shardwise.solver.extract import summarize
 from shardwise.solver.port_findings import Fallback, PortFindings, StillOffloaded, TableShift, offloaded
+from shardwise.solver.summary import summarize
 from shardwise.wire.port_spec import MissingShard, ShortHost, ShortRank, TableChange, TableLayout
 from shardwise.wire.spec import Plan, PlanStatus, ShardingType, TablePlan
 from shardwise.wire.units import fmt_bytes

@@ -518,6 +518,14 @@ class KernelConfig(_Frozen):
             raise ValueError("must be a power of two")
         return v
 
+    @property
+    def label(self) -> str:
+        """``128x128x64 w8 s3 g8 sk1``: tile M×N×K, warps, stages, group size, split-K."""
+        return (
+            f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages} g{self.group_m} "
+            f"sk{self.split_k}"
+        )
+
 
 class KernelChoice(_Frozen):
     """The kernel shardwise's kernel model chose for one GEMM of a dense layer on one GPU type, and its predicted

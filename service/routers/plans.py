@@ -44,8 +44,8 @@ from shardwise.service.planning import (
 )
 from shardwise.service.routers.common import JsonBody, MetricsDep, PageDep, RunnerDep, SettingsDep, body_schema, parse
 from shardwise.service.settings import Settings
-from shardwise.solver.extract import solver_version
 from shardwise.solver.torchrec.exporter import DEFAULT_MODULE_FQN, TorchRecExportError, to_torchrec_dict
+from shardwise.solver.version import solver_version
 from shardwise.wire.hashing import DIGEST_PATTERN, request_hash
 from shardwise.wire.resources import EvaluateRequest, Evaluation, Job, Page, PlanRequest, PlanSummary, StoredPlan
 from shardwise.wire.spec import ModelSpec, Plan, PlanStatus

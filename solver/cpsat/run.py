@@ -70,6 +70,7 @@ from collections.abc import Callable, Sequence
 
 from ortools.sat.python import cp_model
 
+from shardwise.solver.build import build_plan, placed_to_table
 from shardwise.solver.configurations import configuration_bound_ms
 from shardwise.solver.cpsat.candidates import Candidate, spread_out
 from shardwise.solver.cpsat.formulation import RANK_BINS_MAX, Assignment, Formulation, Mode
@@ -79,9 +80,9 @@ from shardwise.solver.cpsat.params import cp_solver
 from shardwise.solver.cpsat.scale import Scale
 from shardwise.solver.deadline import Deadline, DeadlineExpired
 from shardwise.solver.evaluate import evaluate
-from shardwise.solver.extract import OPTIMAL_ABS_MS, OPTIMAL_GAP, SolverStatus, build_plan, placed_to_table
 from shardwise.solver.greedy import FINISH_SHARE, Progress, enumerate_all, out_of_time, run_greedy
 from shardwise.solver.load import Placed
+from shardwise.solver.status import OPTIMAL_ABS_MS, OPTIMAL_GAP, SolverStatus
 from shardwise.solver.target import target_packing
 from shardwise.solver.topology import Topology
 from shardwise.solver.validate import assert_valid_plan

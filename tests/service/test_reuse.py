@@ -31,7 +31,7 @@ from shardwise.service.db import session_factory
 from shardwise.service.devserver import running_server
 from shardwise.service.jobs import LocalRunner, Reaper
 from shardwise.service.models import JobRow, PlanRow, utcnow
-from shardwise.solver.extract import solver_version
+from shardwise.solver.version import solver_version
 from shardwise.wire.hashing import DIGEST_PATTERN, canonical_json, request_hash, request_key
 from shardwise.wire.resources import PlanOptions, StoredPlan
 from shardwise.wire.spec import FleetSpec, ModelSpec

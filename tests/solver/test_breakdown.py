@@ -22,8 +22,8 @@ from shardwise.solver.breakdown import (
     data_side_parts,
     step_breakdown,
 )
+from shardwise.solver.build import with_kernels
 from shardwise.solver.evaluate import evaluate
-from shardwise.solver.extract import with_kernels
 from shardwise.solver.kernels import KERNEL_LAUNCH_S
 from shardwise.solver.planner import make_plan
 from shardwise.solver.topology import Topology

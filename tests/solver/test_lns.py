@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from shardwise.solver.build import build_plan
 from shardwise.solver.cpsat.candidates import enumerate_candidates
 from shardwise.solver.cpsat.formulation import Formulation
 from shardwise.solver.cpsat.run import host_mode_tables, model_candidates, to_assignment
 from shardwise.solver.deadline import Deadline
-from shardwise.solver.extract import build_plan
 from shardwise.solver.greedy import plan_greedy, run_greedy
 from shardwise.solver.planner import make_plan
 from shardwise.solver.topology import Topology

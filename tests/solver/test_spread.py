@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from shardwise.solver.build import placed_to_table
 from shardwise.solver.cpsat.candidates import (
     SPREAD_COLUMN_SPLITS,
     Candidate,
@@ -19,7 +20,6 @@ from shardwise.solver.cpsat.candidates import (
 )
 from shardwise.solver.deadline import Deadline
 from shardwise.solver.evaluate import evaluate
-from shardwise.solver.extract import placed_to_table
 from shardwise.solver.greedy import _try, best_of_passes, choose_dense, run_greedy
 from shardwise.solver.load import Placed, initial_state
 from shardwise.solver.planner import make_plan

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from shardwise.solver.extract import SolverStatus, build_plan
+from shardwise.solver.build import build_plan
 from shardwise.solver.planner import make_plan, score_plan
 from shardwise.solver.port import port_analysis
+from shardwise.solver.status import SolverStatus
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams
 

@@ -7,10 +7,10 @@ import pytest
 from test_cpsat import table_wise, toy_fleet, toy_model
 
 from benchmarks.instances import get
+from shardwise.solver.build import build_plan, placed_to_table
 from shardwise.solver.cpsat.candidates import enumerate_candidates
 from shardwise.solver.deadline import Deadline
 from shardwise.solver.evaluate import evaluate
-from shardwise.solver.extract import build_plan, placed_to_table
 from shardwise.solver.greedy import run_greedy
 from shardwise.solver.load import Placed
 from shardwise.solver.target import target_packing

@@ -9,8 +9,8 @@ import pytest
 from shardwise.hwprofiles import HardwareProfile
 from shardwise.solver import plan2d, two_d
 from shardwise.solver.breakdown import INTER, TERM_INDEX, step_breakdown
+from shardwise.solver.build import build_plan
 from shardwise.solver.evaluate import Evaluation, evaluate
-from shardwise.solver.extract import build_plan
 from shardwise.solver.planner import make_plan
 from shardwise.solver.port import direct_port, port_analysis
 from shardwise.solver.topology import Topology

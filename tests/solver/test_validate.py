@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from shardwise.solver.extract import build_plan
+from shardwise.solver.build import build_plan
 from shardwise.solver.planner import make_plan, score_plan
 from shardwise.solver.topology import Topology
 from shardwise.solver.validate import PlanValidationError, assert_valid_plan, check_plan

@@ -28,7 +28,7 @@ from shardwise.service.jobs import LocalRunner
 from shardwise.service.routers.ui.formatting import rate
 from shardwise.service.routers.ui.plan import kernels_view
 from shardwise.service.settings import Settings
-from shardwise.solver.extract import build_plan
+from shardwise.solver.build import build_plan
 from shardwise.solver.planner import make_plan
 from shardwise.solver.port import port_analysis
 from shardwise.solver.topology import Topology

@@ -24,7 +24,7 @@ from shardwise.service.routers.ui.fleet import METRICS, fleet_view, metric_of
 from shardwise.service.routers.ui.formatting import rank_ranges
 from shardwise.service.routers.ui.rendering import page, plan_not_found, timed
 from shardwise.service.routers.ui.snippet import snippet
-from shardwise.service.routers.ui.timing import convergence_view, throughput, time_view
+from shardwise.service.routers.ui.timing import convergence_view, throughput
 from shardwise.service.routers.ui.views import (
     HBM_PARTS,
     HEATMAP_ABOVE,
@@ -34,7 +34,6 @@ from shardwise.service.routers.ui.views import (
     rank_views,
     reserve_of,
 )
-from shardwise.solver.kernels import config_label
 from shardwise.wire.spec import DensePlan, ModelSpec
 
 router = APIRouter()
@@ -90,7 +89,7 @@ class KernelView:
     gpu: str
     shape: str  # "8192 × 1024 × 3456" (M × N × K)
     dtype: str
-    config: str  # kernels.config_label: "128x256x64 w8 s3 g8 sk1"
+    config: str  # KernelConfig.label: "128x256x64 w8 s3 g8 sk1"
     predicted_us: float
     tflops: float
 
@@ -121,7 +120,7 @@ def kernels_view(dense: list[DensePlan]) -> KernelsView | None:
                     gpu=k.gpu,
                     shape=f"{k.m} × {k.n} × {k.k}",
                     dtype=k.dtype.value,
-                    config=config_label(k.config),
+                    config=k.config.label,
                     predicted_us=k.predicted_us,
                     tflops=2.0 * k.m * k.n * k.k / (k.predicted_us * 1e6) if k.predicted_us > 0 else 0.0,
                 )
@@ -138,6 +137,8 @@ def kernels_view(dense: list[DensePlan]) -> KernelsView | None:
 
 @router.get("/ui/plans/{plan_id}", response_class=HTMLResponse)
 def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLResponse:
+    from shardwise.service.routers.ui import breakdown  # prices the plan again: numpy and the cost model, loaded here
+
     started = time.perf_counter()
     loaded = load_plan(session, plan_id)
     if loaded is None:
@@ -167,7 +168,7 @@ def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLRespon
         "snippet": snippet(base, plan),
         "throughput": throughput(plan.predicted_step_ms, loaded.batch, len(plan.ranks)),
         "batch": loaded.batch,
-        "time": time_view(loaded, views),
+        "time": breakdown.time_view(loaded, views),
         "convergence": convergence_view(plan.solver),
         "solver": plan.solver,
         "side": "",

@@ -19,7 +19,7 @@ from fastapi.templating import Jinja2Templates
 from shardwise.service import sessions
 from shardwise.service.errors import shown
 from shardwise.service.routers.ui.formatting import HOT_FILL, STATUS_LABELS, gb, ms, pct, rate, when
-from shardwise.solver.extract import solver_version
+from shardwise.solver.version import solver_version
 
 # the service package's folder (this file is service/routers/ui/rendering.py), resolved through the checkout's
 # shardwise/service link; in an installed wheel the files are shardwise/service/{templates,static}

@@ -4,18 +4,16 @@ candidate into the wire's :class:`TablePlan`."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cache
-from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from shardwise.solver import cost_model as cm
 from shardwise.solver.evaluate import evaluate
+from shardwise.solver.status import SolverStatus, meets_bound
+from shardwise.solver.summary import summarize
 from shardwise.solver.topology import Topology
-from shardwise.wire import hashing
-from shardwise.wire.hashing import canonical_json as canonical_json
+from shardwise.solver.version import request_hash, solver_version
 from shardwise.wire.spec import (
     DensePlan,
-    FleetSpec,
     ModelSpec,
     Plan,
     PlanStatus,
@@ -26,45 +24,8 @@ from shardwise.wire.spec import (
     TablePlan,
 )
 
-if TYPE_CHECKING:  # the service imports this module at start-up (request_hash); candidates bring numpy
+if TYPE_CHECKING:  # candidates bring numpy
     from shardwise.solver.load import Placed
-
-#: 2: sparse-gradient row indices and int64 bag lengths, as the executor does; 3: plans carry each linear layer's
-#: kernel choices (``DensePlan.kernels``), which a plan stored before does not hold; 4: 2D plans (replica groups:
-#: the all-to-alls inside a group, the replicas' sync), which the planner now weighs against 1D ones; 5: a linear
-#: layer's dense compute is its chosen kernels' predicted time (``cost_model.dense_kernel_s``), not the flat roofline
-COST_MODEL_VERSION = "5"
-#: what a plan's ``status`` and ``lower_bound_ms`` mean. 2: ``lower_bound_ms`` holds over the whole candidate
-#: catalogue and ``optimal`` meets it; what a search proved over its own space is ``solver.searched_*``. It is in the
-#: solver version, so a request answered under 1 (optimal over the searched space only) is solved again.
-BOUND_VERSION = "2"
-
-OPTIMAL_GAP = 1e-5  # what the integer time scale can resolve: closer than this to the bound counts as proved,
-OPTIMAL_ABS_MS = 1e-4  # or closer than 0.1 µs (floored 0.1-ns terms add up to that on sub-millisecond steps)
-
-#: :attr:`SolverInfo.status <shardwise.wire.spec.SolverInfo.status>`: what a solver reported about the plan
-#: (CP-SAT's verdicts), or HEURISTIC where no solver's verdict stands behind it. Never the plan's own status.
-SolverStatus = Literal["OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN", "MODEL_INVALID", "HEURISTIC"]
-
-
-@cache  # read once per process: it is in every request hash
-def solver_version() -> str:
-    try:
-        pkg = version("shardwise")
-    except PackageNotFoundError:  # running from a source tree
-        pkg = "0+unknown"
-    return f"shardwise-{pkg}/cost-model-{COST_MODEL_VERSION}/bound-{BOUND_VERSION}"
-
-
-def meets_bound(step_ms: float, bound_ms: float | None) -> bool:
-    """Whether ``step_ms`` meets ``bound_ms`` within what the solver's integer time scale resolves."""
-    return bound_ms is not None and step_ms - bound_ms <= max(OPTIMAL_GAP * step_ms, OPTIMAL_ABS_MS)
-
-
-def request_hash(model: ModelSpec, fleet: FleetSpec, params: SolveParams) -> str:
-    """The hash a plan for (model, fleet, options) is stored under by this solver: the wire's rule
-    (``shardwise.wire.hashing``) over the request key and ``solver_version()``."""
-    return hashing.request_hash(hashing.request_key(model, fleet, params), solver_version())
 
 
 def build_plan(
@@ -196,34 +157,3 @@ def placed_to_table(model: ModelSpec, p: Placed) -> TablePlan:
         for r, s in zip(p.ranks, c.shapes, strict=True)
     ]
     return TablePlan(name=model.embedding_tables[c.table].name, sharding_type=c.sharding, shards=shards)
-
-
-def summarize(
-    tables: Sequence[TablePlan],
-    step_ms: float,
-    bound: float | None,
-    searched: float | None = None,
-    status: PlanStatus = PlanStatus.feasible,
-) -> list[str]:
-    """Human-readable one-liners for a feasible plan. ``bound`` holds for every plan (the plan's
-    ``lower_bound_ms``), ``searched`` only over the layouts a search looked at."""
-    counts: dict[str, int] = {}
-    offloaded = 0
-    for t in tables:
-        counts[t.sharding_type.value] = counts.get(t.sharding_type.value, 0) + 1
-        offloaded += any(s.placement.value != "hbm" for s in t.shards)
-    kinds = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-    lines = [f"{len(tables)} tables: {kinds}" if tables else "no embedding tables"]
-    if offloaded:
-        lines.append(f"{offloaded} table(s) keep their weights in host memory (uvm_cache or host)")
-    if bound is not None and step_ms > 0:
-        lines.append(
-            f"predicted {step_ms:.3f} ms per step; no plan can beat {bound:.3f} ms "
-            f"(gap {(step_ms - bound) / step_ms:.1%})"
-        )
-    if searched is not None and step_ms > 0 and status is not PlanStatus.optimal and not meets_bound(searched, bound):
-        lines.append(
-            f"no layout the search looked at beats {searched:.3f} ms (gap {(step_ms - searched) / step_ms:.1%}); "
-            "it searched a pruned candidate space, so this is not a bound on every plan"
-        )
-    return lines

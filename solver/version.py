@@ -1,0 +1,39 @@
+"""The solver's version: what every request hash is salted with, so that a plan made under an older cost model or
+bound is solved again rather than reused.
+
+Light on purpose: the service imports it at start-up (the hash of every request, the version its pages and probes
+show), and it loads nothing of the solver's numerics.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib.metadata import PackageNotFoundError, version
+
+from shardwise.wire import hashing
+from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams
+
+#: 2: sparse-gradient row indices and int64 bag lengths, as the executor does; 3: plans carry each linear layer's
+#: kernel choices (``DensePlan.kernels``), which a plan stored before does not hold; 4: 2D plans (replica groups:
+#: the all-to-alls inside a group, the replicas' sync), which the planner now weighs against 1D ones; 5: a linear
+#: layer's dense compute is its chosen kernels' predicted time (``cost_model.dense_kernel_s``), not the flat roofline
+COST_MODEL_VERSION = "5"
+#: what a plan's ``status`` and ``lower_bound_ms`` mean. 2: ``lower_bound_ms`` holds over the whole candidate
+#: catalogue and ``optimal`` meets it; what a search proved over its own space is ``solver.searched_*``. It is in the
+#: solver version, so a request answered under 1 (optimal over the searched space only) is solved again.
+BOUND_VERSION = "2"
+
+
+@cache  # read once per process: it is in every request hash
+def solver_version() -> str:
+    try:
+        pkg = version("shardwise")
+    except PackageNotFoundError:  # running from a source tree
+        pkg = "0+unknown"
+    return f"shardwise-{pkg}/cost-model-{COST_MODEL_VERSION}/bound-{BOUND_VERSION}"
+
+
+def request_hash(model: ModelSpec, fleet: FleetSpec, params: SolveParams) -> str:
+    """The hash a plan for (model, fleet, options) is stored under by this solver: the wire's rule
+    (``shardwise.wire.hashing``) over the request key and ``solver_version()``."""
+    return hashing.request_hash(hashing.request_key(model, fleet, params), solver_version())
