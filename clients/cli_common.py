@@ -32,6 +32,12 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def invalid_plan_line(violations: list[str]) -> str:
+    """One line for a plan the planner's gate refused (``PlanValidationError``): a bug in shardwise, not the input."""
+    more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
+    return f"the planner made a plan that breaks the plan contract, a bug in shardwise: {violations[0]}{more}"
+
+
 def install_hint(extra: str) -> str:
     """How to add an extra: shardwise installs from its checkout or from the wheel ``make dist`` builds (README,
     "Installing"), not from a package index."""

@@ -22,6 +22,7 @@ from shardwise.clients.cli_common import (
     fail,
     gb,
     install_hint,
+    invalid_plan_line,
     load_spec,
     print_plan,
     read_document,
@@ -89,6 +90,8 @@ def plan(
         result: Plan = planner.make_plan(model, fleet, params)
     except planner.ProblemTooLargeError as exc:  # more work than the solver's memory: the figures, in one line
         fail(str(exc))
+    except planner.PlanValidationError as exc:  # the gate refused the planner's own plan
+        fail(invalid_plan_line(exc.violations), code=3)
     print_plan(result)
     write_plan(result, output)
     if result.status is PlanStatus.infeasible:
@@ -259,6 +262,8 @@ def port(
         fail(f"{plan_path}: {exc}")
     except _solver_modules().ProblemTooLargeError as exc:
         fail(str(exc))
+    except _solver_modules().PlanValidationError as exc:  # the gate refused a plan the port made
+        fail(invalid_plan_line(exc.violations), code=3)
     if as_json:
         typer.echo(report.model_dump_json(indent=2))
     else:

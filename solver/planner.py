@@ -13,13 +13,26 @@ from shardwise.solver.deadline import Deadline
 from shardwise.solver.greedy import Progress, plan_greedy
 from shardwise.solver.size import ProblemTooLargeError, check_memory
 from shardwise.solver.topology import Topology
-from shardwise.solver.validate import check_plan, check_structure, stacked_shards
+from shardwise.solver.validate import (
+    PlanValidationError,
+    assert_valid_plan,
+    check_plan,
+    check_structure,
+    stacked_shards,
+)
 from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams
 from shardwise.wire.units import fmt_bytes
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ProblemTooLargeError", "fmt_peak_memory", "make_plan", "peak_rss_bytes", "score_plan"]
+__all__ = [
+    "PlanValidationError",
+    "ProblemTooLargeError",
+    "fmt_peak_memory",
+    "make_plan",
+    "peak_rss_bytes",
+    "score_plan",
+]
 
 
 def make_plan(
@@ -51,6 +64,10 @@ def make_plan(
     starts here and every phase checks it; the answer comes within the limit plus a little (the benchmark
     ``benchmarks/time_limit.py`` measures it) — a valid plan, or an infeasible one that says no plan was found in
     time and how far the solve got.
+
+    Every plan it returns, whichever solver made it, has passed the one gate
+    (:func:`~shardwise.solver.validate.assert_valid_plan`): a layout that breaks the contract raises
+    :class:`~shardwise.solver.validate.PlanValidationError` with the violations instead of leaving the planner.
     """
     params = params or SolveParams()
     deadline = Deadline(params.time_limit_s)
@@ -66,6 +83,7 @@ def make_plan(
         from shardwise.solver.cpsat.run import plan_cpsat  # OR-Tools only when asked for
 
         plan = plan_cpsat(topo, model, params, on_progress, deadline)
+    assert_valid_plan(topo, model, plan)  # the one gate: no solver's plan leaves unchecked
     log.info(
         "planned %s on %s: %s %.3f ms in %.1f s; peak memory of this process %s",
         model.name,

@@ -42,6 +42,7 @@ from shardwise.solver.planner import make_plan, score_plan
 from shardwise.solver.port_direct import Carried, carry_over, direct_port, direct_port_in_hbm_ms
 from shardwise.solver.port_findings import Fallback, PortFindings, StillOffloaded, TableShift, offloaded
 from shardwise.solver.topology import Topology
+from shardwise.solver.validate import assert_valid_plan
 from shardwise.wire.port_spec import DirectPort, PortReport, RankFill, TableChange, TableLayout
 from shardwise.wire.spec import (
     FleetSpec,
@@ -268,6 +269,7 @@ def port_analysis(
                 explanation=words.fallback_explanation(fallback, direct.plan.tables),
                 sparse_groups=direct.plan.sparse_groups,
             )
+            assert_valid_plan(topo, model, replan)  # the gate a make_plan answer passed, for the layout kept instead
             replan_from = "direct_port"
 
     runs = replan.status is not PlanStatus.infeasible

@@ -1,7 +1,10 @@
 """Solver-agnostic plan checks: every invariant of the wire contract, on any plan.
 
 :func:`check_plan` returns one message per violation (empty = valid); :func:`assert_valid_plan` raises
-:class:`PlanValidationError` carrying them. Checks:
+:class:`PlanValidationError` carrying them. It is the one gate every plan passes: each plan that leaves
+:func:`~shardwise.solver.planner.make_plan` (greedy, CP-SAT, 2D), the port's re-plan (``shardwise.solver.port``), and
+each plan the service stores (``shardwise.service.plan_store``) — a valid plan, or an infeasible one that says why.
+Checks:
 
 * ranks: one entry per rank of the fleet, numbered in order, on the right host and GPU;
 * tables: every model table exactly once, no unknown names; shards on existing ranks, inside the table's
@@ -33,6 +36,8 @@ from shardwise.wire.units import fmt_bytes
 
 
 class PlanValidationError(ValueError):
+    """A plan that breaks the contract's invariants: a planner's bug, never the request's fault."""
+
     def __init__(self, violations: list[str]) -> None:
         self.violations = violations
         super().__init__("; ".join(violations))
@@ -278,6 +283,7 @@ def check_plan(topo: Topology, model: ModelSpec, plan: Plan, *, allow_stacked: b
 
 
 def assert_valid_plan(topo: Topology, model: ModelSpec, plan: Plan) -> None:
+    """The gate (module docstring): raise :class:`PlanValidationError` with every violation of ``plan``."""
     problems = check_plan(topo, model, plan)
     if problems:
         raise PlanValidationError(problems)

@@ -228,6 +228,29 @@ def test_a_problem_beyond_the_solvers_memory_exits_2_with_the_figures(runner: Cl
     assert result.stdout == ""
 
 
+def test_a_plan_the_gate_refuses_exits_3_in_one_line(
+    runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A planner's bug (its plan breaks the contract, here on purpose: a shard one row short) is one line that says
+    it is a bug, exit code 3; nothing is written."""
+    from shardwise.solver import build
+
+    real = build.placed_to_table
+
+    def short(*args: Any, **kwargs: Any) -> Any:
+        tp = real(*args, **kwargs)
+        first = tp.shards[0]
+        shorter = first.model_copy(update={"num_rows": first.num_rows - 1})
+        return tp.model_copy(update={"shards": [shorter, *tp.shards[1:]]})
+
+    monkeypatch.setattr("shardwise.solver.greedy.placed_to_table", short)
+    out = tmp_path / "plan.json"
+    result = runner.invoke(app, ["plan", DLRM, H100, "-o", str(out), *GREEDY])
+    assert result.exit_code == 3, result.output
+    assert_one_error_line(result.stderr, "breaks the plan contract, a bug in shardwise", "(gap)", "more)")
+    assert not out.exists()
+
+
 def test_yaml_model_is_accepted(runner: CliRunner, tmp_path: Path) -> None:
     model = tmp_path / "m.yaml"
     model.write_text(

@@ -1,0 +1,138 @@
+"""One gate for every plan: a layout broken inside a solver on purpose never leaves ``make_plan`` (greedy, CP-SAT, 2D)
+or the port analysis' re-plan (the direct port's layout kept included); each is refused with its violations.
+
+The layouts are broken where each solver builds them — a shard one row short as a placed candidate becomes a table
+plan, a replica group missing a shard — so the plan the solver returns is the broken one, priced as it stands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from shardwise.solver import build, plan2d, port
+from shardwise.solver.planner import PlanValidationError, make_plan
+from shardwise.wire.spec import (
+    EmbeddingTableSpec,
+    FleetSpec,
+    HostGroupSpec,
+    ModelSpec,
+    Plan,
+    SolveParams,
+    TablePlan,
+)
+
+GREEDY = SolveParams(solver="greedy")
+CPSAT = SolveParams(solver="cpsat", time_limit_s=10, max_deterministic_time=0.5, num_workers=1)
+
+
+def model(name: str = "gate", tables: int = 4, batch: int = 1024, pooling: float = 2.0) -> ModelSpec:
+    specs = [
+        EmbeddingTableSpec(name=f"t{i}", num_embeddings=100_000 * (i + 1), embedding_dim=64, pooling_factor=pooling)
+        for i in range(tables)
+    ]
+    return ModelSpec(name=name, batch_size_per_gpu=batch, embedding_tables=specs)
+
+
+def h100(hosts: int = 1, gpus: int = 4) -> FleetSpec:
+    return FleetSpec(
+        name=f"h100-{hosts}x{gpus}", hosts=[HostGroupSpec(gpu="nvidia-h100-sxm", count=hosts, gpus_per_host=gpus)]
+    )
+
+
+def short_first_shard(tp: TablePlan) -> TablePlan:
+    """``tp`` with its first shard one row short: a gap the wire's own fields accept and the validator does not."""
+    first = tp.shards[0]
+    if first.num_rows < 2:
+        return tp
+    broken = first.model_copy(update={"num_rows": first.num_rows - 1})
+    return tp.model_copy(update={"shards": [broken, *tp.shards[1:]]})
+
+
+def breaking(real: Callable[..., TablePlan]) -> Callable[..., TablePlan]:
+    def placed(*args: Any, **kwargs: Any) -> TablePlan:
+        return short_first_shard(real(*args, **kwargs))
+
+    return placed
+
+
+def assert_refused(call: Callable[[], Plan], says: str) -> None:
+    """``call`` raises the gate's error, and one of its violations says ``says``."""
+    with pytest.raises(PlanValidationError) as info:
+        call()
+    assert any(says in v for v in info.value.violations), info.value.violations
+
+
+def replan_of(m: ModelSpec, source: FleetSpec, target: FleetSpec, given: Plan) -> Plan:
+    return port.port_analysis(m, source, target, GREEDY, source_plan=given).replan
+
+
+def test_a_greedy_plan_broken_inside_the_greedy_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    m, f = model(), h100()
+    assert make_plan(m, f, GREEDY).tables  # the unbroken solve passes the same gate
+    monkeypatch.setattr("shardwise.solver.greedy.placed_to_table", breaking(build.placed_to_table))
+    assert_refused(lambda: make_plan(m, f, GREEDY), "belong to no shard (gap)")
+
+
+def test_a_cpsat_plan_broken_inside_cpsat_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    m, f = model(), h100()
+    assert make_plan(m, f, CPSAT).tables
+    broken = breaking(build.placed_to_table)
+    monkeypatch.setattr("shardwise.solver.cpsat.run.placed_to_table", broken)
+    monkeypatch.setattr("shardwise.solver.greedy.placed_to_table", broken)  # its start plan, too
+    assert_refused(lambda: make_plan(m, f, CPSAT), "belong to no shard (gap)")
+
+
+def hot_tables() -> ModelSpec:
+    """Small hot tables on 8 hosts of 8 GPUs: replica groups win (``tests/solver/test_two_d.py``)."""
+    return model("hot", tables=4, batch=8192, pooling=20.0)
+
+
+def test_a_two_d_plan_whose_groups_differ_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    m, f = hot_tables(), h100(hosts=8, gpus=8)
+    assert make_plan(m, f, GREEDY).sparse_groups is not None  # the unbroken answer is a 2D plan, and valid
+    real = plan2d.two_d.replicate_tables
+
+    def replicate(group_tables: list[TablePlan], groups: list[list[int]]) -> list[TablePlan]:
+        tables = real(group_tables, groups)
+        last = set(groups[-1])
+        first = tables[0]
+        dropped = next(i for i, s in enumerate(first.shards) if s.rank in last)  # the last group loses a shard
+        return [first.model_copy(update={"shards": first.shards[:dropped] + first.shards[dropped + 1 :]}), *tables[1:]]
+
+    monkeypatch.setattr(plan2d.two_d, "replicate_tables", replicate)
+    assert_refused(lambda: make_plan(m, f, GREEDY), "group 1 lays it out differently from group 0")
+
+
+def test_a_port_re_plan_broken_inside_the_solver_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    m = model()
+    source, target = (
+        h100(gpus=4),
+        FleetSpec(name="b200-1x4", hosts=[HostGroupSpec(gpu="nvidia-b200", count=1, gpus_per_host=4)]),
+    )
+    given = make_plan(m, source, GREEDY)  # a valid source plan: only the re-plan is solved below
+    assert port.port_analysis(m, source, target, GREEDY, source_plan=given).replan.tables
+    monkeypatch.setattr("shardwise.solver.greedy.placed_to_table", breaking(build.placed_to_table))
+    assert_refused(lambda: replan_of(m, source, target, given), "belong to no shard (gap)")
+
+
+def test_a_port_that_keeps_the_direct_ports_layout_passes_the_gate_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the solver's re-plan is no faster than the direct port, the analysis keeps the direct port's layout as
+    its re-plan (a plan made here, not by ``make_plan``): broken, it is refused the same way."""
+    m = model()
+    source, target = h100(gpus=4), h100(gpus=4)
+    given = make_plan(m, source, GREEDY)
+    real_build = port.build_plan
+
+    def no_solver_plan(*args: Any, **kwargs: Any) -> Plan:  # the solver's re-plan loses to the direct port
+        return given.model_copy(update={"predicted_step_ms": (given.predicted_step_ms or 0.0) * 10})
+
+    def kept_broken(*args: Any, **kwargs: Any) -> Plan:  # the direct port's layout, broken as it is kept
+        tables = [short_first_shard(t) for t in args[2]]
+        return real_build(args[0], args[1], tables, *args[3:], **kwargs)
+
+    monkeypatch.setattr(port, "make_plan", no_solver_plan)
+    monkeypatch.setattr(port, "build_plan", kept_broken)
+    assert_refused(lambda: replan_of(m, source, target, given), "belong to no shard (gap)")
