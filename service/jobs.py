@@ -52,6 +52,7 @@ from typing import Any, Protocol
 from sqlalchemy import Engine, or_, update
 from sqlalchemy.orm import Session
 
+from shardwise.service import plan_store
 from shardwise.service import repository as repo
 from shardwise.service.db import first_line, make_engine, retry_unavailable, session_factory
 from shardwise.service.errors import problem_body
@@ -134,6 +135,8 @@ def _run(sessions: Callable[[], Session], job: JobRow) -> str:
     ended = retry_unavailable(reuse, f"{what}: looking for a stored plan", STORE_RETRY_S)
     if ended is not None:
         return ended
+    from shardwise.solver.planner import PlanValidationError, make_plan  # the solver process's own imports
+
     try:
         model = ModelSpec.model_validate(job.request["model"])
         fleet = FleetSpec.model_validate(job.request["fleet"])
@@ -141,27 +144,28 @@ def _run(sessions: Callable[[], Session], job: JobRow) -> str:
         trace: list[ProgressPoint] = []
         report = _progress_reporter(sessions, job.id, trace)
         _fault_hang(model.name)
-        from shardwise.solver.planner import make_plan
-
         plan = make_plan(model, fleet, params, on_progress=report)
         plan = plan.model_copy(update={"solver": plan.solver.model_copy(update={"progress": trace})})
+    except PlanValidationError as exc:  # the planner's gate refused its own plan: nothing to store
+        log.error("job %s: the planner made a plan that breaks the contract: %s", job.id, exc)
+        return _record_end(sessions, job, JobState.failed, error=plan_store.invalid_problem(exc.violations))
     except Exception as exc:
         log.exception("job %s failed", job.id)
         error = problem_body(500, "solve-failed", "The solve failed", f"{type(exc).__name__}: {exc}")
         return _record_end(sessions, job, JobState.failed, error=error)
-    why = repo.unstorable(plan.model_dump(mode="json"))
-    if why is not None:  # stored, it would answer every later read with an error: refuse it instead
-        error = problem_body(
-            422, "validation", "The request is not valid", f"the plan for this request cannot be stored: {why}"
-        )
-        return _record_end(sessions, job, JobState.failed, error=error)
 
     def store() -> str:  # idempotent: a plan stored by an earlier try (or anyone) is found by its request hash
         with sessions() as session:
-            row = repo.store_plan(session, plan, fleet, job.request, model_ref=job.model_ref, fleet_ref=job.fleet_ref)
+            row = plan_store.store_plan(
+                session, plan, model, fleet, job.request, model_ref=job.model_ref, fleet_ref=job.fleet_ref
+            )
             return _end_with_plan(session, job, row)
 
-    return retry_unavailable(store, f"{what}: storing its plan", STORE_RETRY_S)
+    try:
+        return retry_unavailable(store, f"{what}: storing its plan", STORE_RETRY_S)
+    except plan_store.PlanRefused as refused:  # it would answer every later read of the request: not stored
+        log.error("job %s: its plan was refused by the store: %s", job.id, refused)
+        return _record_end(sessions, job, JobState.failed, error=refused.problem)
 
 
 def _record_end(

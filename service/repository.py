@@ -1,4 +1,4 @@
-"""Queries, one function per question; rules (what to reuse, when to solve) live in ``shardwise.service.planning``.
+"""Queries, one function per question; rules (what to reuse, when to solve) live in ``shardwise.service.plan_service``.
 
 Every write that races across replicas leans on a unique constraint, not on a read-then-write: plans on
 ``request_hash``, live jobs on ``active_hash``, spec versions on ``(name, version)``, custom profiles on ``name``,
@@ -71,7 +71,7 @@ def plan_by_hash(session: Session, request_hash: str) -> PlanRow | None:
     return session.scalars(select(PlanRow).where(PlanRow.request_hash == request_hash)).first()
 
 
-def store_plan(
+def insert_plan(
     session: Session,
     plan: Plan,
     fleet: FleetSpec,
@@ -80,7 +80,8 @@ def store_plan(
     model_ref: str | None,
     fleet_ref: str | None,
 ) -> PlanRow:
-    """Insert ``plan`` (committing); when another process stored this request hash first, return theirs."""
+    """Insert ``plan`` (committing); when another process stored this request hash first, return theirs. Unchecked:
+    the service stores plans through ``plan_store.store_plan``, which checks them first."""
     plan_id = uuid.uuid4()
     counts: dict[str, int] = {}
     for group in fleet.hosts:

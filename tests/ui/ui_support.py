@@ -53,8 +53,8 @@ def post_plan(client: Any, model: dict[str, Any], fleet_: dict[str, Any]) -> dic
 
 
 def store_plan_directly(database_url: str, model: dict[str, Any], fleet_: dict[str, Any], /, **changes: Any) -> str:
-    """Plan with the solver and store the result through the repository, with ``changes`` applied to the plan
-    (what the API would refuse, e.g. a model name holding markup). Returns the plan id."""
+    """Plan with the solver and insert the result through the repository, unchecked, with ``changes`` applied to the
+    plan (what the API would refuse, e.g. a model name holding markup). Returns the plan id."""
     spec, fl = ModelSpec.model_validate(model), FleetSpec.model_validate(fleet_)
     params = SolveParams(solver="greedy")
     plan: Plan = make_plan(spec, fl, params).model_copy(update=changes)
@@ -66,7 +66,7 @@ def store_plan_directly(database_url: str, model: dict[str, Any], fleet_: dict[s
     engine = create_engine(database_url)
     try:
         with Session(engine) as session:
-            row: PlanRow = repo.store_plan(session, plan, fl, request, model_ref=None, fleet_ref=None)
+            row: PlanRow = repo.insert_plan(session, plan, fl, request, model_ref=None, fleet_ref=None)
             return str(row.id)
     finally:
         engine.dispose()
