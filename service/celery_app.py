@@ -285,7 +285,8 @@ class CeleryRunner:
     def wait(self, job_id: str, timeout_s: float) -> None:
         if timeout_s <= 0:
             return
-        # one request thread waits on one job at a time (``planning.wait_for``): its wait started when the job changed
+        # one request thread waits on one job at a time (``plan_service.wait_for``): its wait started when the job
+        # changed
         now = time.monotonic()
         if getattr(self._waits, "job_id", None) != job_id:
             self._waits.job_id, self._waits.since = job_id, now

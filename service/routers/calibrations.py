@@ -20,7 +20,7 @@ from shardwise.service.auth import ReadAccess, WriteAccess
 from shardwise.service.db import SessionDep
 from shardwise.service.errors import InvalidInput, NotFound, Unauthorized, field_errors, problem_responses, shown
 from shardwise.service.models import CalibrationRow
-from shardwise.service.planning import one_line
+from shardwise.service.resolve import one_line
 from shardwise.service.routers.common import JsonBody, PageDep, body_schema, parse
 from shardwise.wire.resources import CalibrationRecord, Page
 

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
+from shardwise.service import plan_service
 from shardwise.service import repository as repo
 from shardwise.service.auth import ReadAccess, WriteAccess
 from shardwise.service.db import SessionDep
@@ -28,22 +29,10 @@ from shardwise.service.errors import (
 )
 from shardwise.service.jobs import infeasible_problem
 from shardwise.service.models import PlanRow
-from shardwise.service.plan_cache import PlanCache, ReadyPlan
-from shardwise.service.planning import (
-    Outcome,
-    Resolved,
-    calibrate,
-    check_caps,
-    finished,
-    profiles_context,
-    resolve_calibrations,
-    resolve_fleet,
-    resolve_model,
-    solve_params,
-    start,
-)
+from shardwise.service.plan_cache import ReadyPlan
+from shardwise.service.plan_service import Begun, Outcome, finished
+from shardwise.service.resolve import profiles_context
 from shardwise.service.routers.common import JsonBody, MetricsDep, PageDep, RunnerDep, SettingsDep, body_schema, parse
-from shardwise.service.settings import Settings
 from shardwise.solver.torchrec.exporter import DEFAULT_MODULE_FQN, TorchRecExportError, to_torchrec_dict
 from shardwise.solver.version import solver_version
 from shardwise.wire.hashing import DIGEST_PATTERN, request_hash
@@ -73,41 +62,30 @@ def _row(session: SessionDep, plan_id: str) -> PlanRow:
 
 @dataclass(frozen=True)
 class _Started:
-    """What the threadpool part of ``POST /plans`` found: the answer, or the live job to wait for."""
+    """What the threadpool part of ``POST /plans`` found: the plans service's ``Begun``, with its answer rendered,
+    or the live job to wait for."""
 
-    key: str
+    begun: Begun
     answer: Response | None = None
     job_id: str | None = None
-    started: bool = False  # this request started the solve
-    reused: bool = False  # answered from the store
-    wait_s: float = 0.0
 
 
 def _start(app_state: Any, raw: Any, path: str) -> _Started:
-    """In a worker thread: parse and validate the body, resolve it, hash it; answer from the ready plans of this
-    process, else from the store, else start (or join) the one live job for the request. Nothing here waits for a
-    solve; every answer is rendered here, off the event loop."""
-    settings: Settings = app_state.settings
-    cache: PlanCache = app_state.plan_cache
+    """In a worker thread: parse the body, then the plans service's ``begin_plan`` (resolve, hash, reuse or start);
+    its answer is rendered here, off the event loop. Nothing here waits for a solve."""
     with app_state.sessions() as session:
         custom = profiles_context(session)
         body = parse(PlanRequest, raw, {"profiles": custom})
-        model, model_ref = resolve_model(session, body.model)
-        fleet, fleet_ref = resolve_fleet(session, body.fleet, custom)
-        [fleet] = calibrate([fleet], resolve_calibrations(session, body.calibrations), custom)
-        params, wait_s = solve_params(settings, body.options)
-        check_caps(settings, model, fleet, params)
-        resolved = Resolved(model, fleet, params, model_ref, fleet_ref)
-        key = resolved.key
-        ready = cache.get(resolved.hash)
-        if ready is not None and not ready.infeasible:
-            return _Started(key, _ready_response(ready, key), reused=True)
-        outcome = start(session, app_state.runner, resolved)
-        if outcome.plan is not None and outcome.plan.status != PlanStatus.infeasible.value:
-            return _Started(key, _ready_response(cache.put(ReadyPlan.render(outcome.plan)), key), reused=True)
-        answer = _answer(outcome, key, path)
+        begun = plan_service.begin_plan(
+            session, app_state.settings, app_state.runner, app_state.plan_cache, body, custom
+        )
+        if begun.ready is not None:
+            return _Started(begun, _ready_response(begun.ready, begun.key))
+        outcome = begun.outcome
+        assert outcome is not None
+        answer = _answer(outcome, begun.key, path)
         job_id = str(outcome.job.id) if answer is None and outcome.job is not None else None
-        return _Started(key, answer, job_id, outcome.started, outcome.reused, wait_s)
+        return _Started(begun, answer, job_id)
 
 
 def _finished(app_state: Any, job_id: str, key: str, path: str) -> Response:
@@ -175,16 +153,17 @@ async def create_plan(raw: JsonBody, request: Request, runner: RunnerDep, metric
     for on the event loop (``service.job_watch``): a waiting request holds no thread and no database connection."""
     state = request.app.state
     path = request.url.path
-    begun = await anyio.to_thread.run_sync(_start, state, raw, path, limiter=state.plan_limiter)
+    started = await anyio.to_thread.run_sync(_start, state, raw, path, limiter=state.plan_limiter)
+    begun = started.begun
     if begun.started:
         metrics.solves.labels(runner.name).inc()
     if begun.reused:
         metrics.reuse_hits.inc()
-    if begun.answer is not None:
-        return begun.answer
-    assert begun.job_id is not None
-    await state.job_watcher.wait(begun.job_id, begun.wait_s)
-    return await anyio.to_thread.run_sync(_finished, state, begun.job_id, begun.key, path, limiter=state.plan_limiter)
+    if started.answer is not None:
+        return started.answer
+    assert started.job_id is not None
+    await state.job_watcher.wait(started.job_id, begun.wait_s)
+    return await anyio.to_thread.run_sync(_finished, state, started.job_id, begun.key, path, limiter=state.plan_limiter)
 
 
 async def _read_ready(app_state: Any, request_hash: str) -> ReadyPlan | None:
@@ -312,25 +291,6 @@ def delete_plan(plan_id: str, session: SessionDep, request: Request) -> Response
     responses=problem_responses(NotFound, InvalidInput, LimitExceeded, Unauthorized),
 )
 def evaluate_plan(plan_id: str, raw: JsonBody, session: SessionDep, settings: SettingsDep) -> Evaluation:
-    from shardwise.solver.planner import score_plan
-
     row = _row(session, plan_id)
     custom = profiles_context(session)
-    body = parse(EvaluateRequest, raw, {"profiles": custom})
-    fleet, _ = resolve_fleet(session, body.fleet, custom)
-    [fleet] = calibrate([fleet], resolve_calibrations(session, body.calibrations), custom)
-    if body.model is None:
-        model = ModelSpec.model_validate(row.request["model"])
-    else:
-        model, _ = resolve_model(session, body.model)
-    check_caps(settings, model, fleet, None)
-    problems, rescored = score_plan(model, fleet, Plan.model_validate(row.body))
-    feasible = not problems
-    return Evaluation(
-        plan_id=str(row.id),
-        fleet=fleet.name,
-        feasible=feasible,
-        problems=problems,
-        predicted_step_ms=rescored.predicted_step_ms if feasible else None,
-        plan=rescored if feasible else None,
-    )
+    return plan_service.evaluate_plan(session, settings, row, parse(EvaluateRequest, raw, {"profiles": custom}), custom)

@@ -19,7 +19,7 @@ from shardwise.service.auth import ReadAccess, WriteAccess
 from shardwise.service.db import SessionDep
 from shardwise.service.errors import InvalidInput, NotFound, Unauthorized, problem_responses, shown
 from shardwise.service.models import FleetVersionRow, ModelVersionRow
-from shardwise.service.planning import profiles_context
+from shardwise.service.resolve import profiles_context
 from shardwise.service.routers.common import JsonBody, PageDep, body_schema, parse
 from shardwise.wire.resources import FleetRecord, ModelRecord, Page, Pagination
 from shardwise.wire.spec import FleetSpec, ModelSpec

@@ -562,7 +562,7 @@ def db(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 def new_job(url: str, body: dict[str, Any]) -> str:
-    from shardwise.service.planning import Resolved
+    from shardwise.service.plan_service import Resolved
     from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams
 
     resolved = Resolved(

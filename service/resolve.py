@@ -1,15 +1,14 @@
-"""The rules of ``POST /plans``: resolve names, refuse what is over the caps, reuse a stored plan, else solve once.
-
-A request becomes (model, fleet, options) with every reference resolved — named specs by version, custom
-hardware profiles inlined into the fleet, stored calibrations applied to the fleet's profiles (the calibrated profile
-inline) — so its hash covers everything the answer depends on, and a job can be run by any process from the request
-stored on it.
+"""Resolving a request: what ``POST /plans``, ``POST /plans/{id}/evaluate`` and ``POST /port`` each turn their body
+into before anything is priced or solved, in one sequence (:func:`resolve_request`): the model and every fleet with
+their references resolved (named specs by version, custom hardware profiles inlined), the stored calibrations applied
+to the fleets' profiles (the calibrated profile inline), the solve options and the wait budget, and the caps checked
+for every fleet. What comes out covers everything an answer depends on, so its hash is the request's and a job can be
+run by any process from the request stored on it.
 """
 
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -20,41 +19,46 @@ from sqlalchemy.orm import Session
 from shardwise.hwprofiles import Calibration, HardwareProfile, catalogue
 from shardwise.service import repository as repo
 from shardwise.service.errors import InvalidInput, LimitExceeded, NotFound, describe_errors, shown, validation_problem
-from shardwise.service.jobs import JobRunner, reap
-from shardwise.service.models import FleetVersionRow, JobRow, ModelVersionRow, PlanRow
+from shardwise.service.models import FleetVersionRow, ModelVersionRow
 from shardwise.service.settings import Settings
-from shardwise.solver.version import solver_version
 from shardwise.wire.calibration import calibrate_fleet
-from shardwise.wire.hashing import request_hash, request_key
-from shardwise.wire.resources import JobState, PlanOptions
+from shardwise.wire.resources import PlanOptions
 from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams
 
 
 @dataclass(frozen=True)
-class Resolved:
+class ResolvedRequest:
+    """A body resolved (:func:`resolve_request`): the model, each fleet with the reference it was named by (None
+    inline), the solve options (None where nothing is solved: an evaluation) and the wait budget."""
+
     model: ModelSpec
-    fleet: FleetSpec
-    params: SolveParams
     model_ref: str | None
-    fleet_ref: str | None
+    fleets: list[tuple[FleetSpec, str | None]]
+    params: SolveParams | None
+    wait_s: float
 
-    @property
-    def request(self) -> dict[str, Any]:
-        return {
-            "model": self.model.model_dump(mode="json"),
-            "fleet": self.fleet.model_dump(mode="json"),
-            "options": self.params.model_dump(mode="json"),
-        }
 
-    @property
-    def key(self) -> str:
-        """The request key (``wire.hashing``): what a client computes for the same resolved request."""
-        return request_key(self.model, self.fleet, self.params)
-
-    @property
-    def hash(self) -> str:
-        """The request hash this solver stores the plan under: the key and the solver version."""
-        return request_hash(self.key, solver_version())
+def resolve_request(
+    session: Session,
+    settings: Settings,
+    custom: dict[str, HardwareProfile],
+    *,
+    model: ModelSpec | str,
+    fleets: Sequence[FleetSpec | str],
+    calibrations: Sequence[str],
+    options: PlanOptions | None,
+) -> ResolvedRequest:
+    """Resolve → calibrate → options → caps, the one sequence every planning route runs (module docstring).
+    ``custom``: the store's custom profiles (:func:`profiles_context`), which the body was validated with."""
+    resolved_model, model_ref = resolve_model(session, model)
+    named = [resolve_fleet(session, fleet, custom) for fleet in fleets]
+    calibrated = calibrate([f for f, _ in named], resolve_calibrations(session, calibrations), custom)
+    params, wait_s = solve_params(settings, options) if options is not None else (None, settings.wait_s)
+    for fleet in calibrated:
+        check_caps(settings, resolved_model, fleet, params)
+    return ResolvedRequest(
+        resolved_model, model_ref, [(f, ref) for f, (_, ref) in zip(calibrated, named, strict=True)], params, wait_s
+    )
 
 
 def split_ref(ref: str) -> tuple[str, int | None]:
@@ -222,80 +226,3 @@ def solve_params(settings: Settings, options: PlanOptions) -> tuple[SolveParams,
     if "time_limit_s" not in options.model_fields_set and params.time_limit_s > settings.max_time_limit_s:
         params = params.model_copy(update={"time_limit_s": settings.max_time_limit_s})
     return params, settings.wait_s if options.wait_s is None else options.wait_s
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What ``submit`` found: a stored plan (reused or just solved), or a job still running."""
-
-    plan: PlanRow | None
-    job: JobRow | None
-    reused: bool
-    started: bool = False  # this request started the solve
-
-
-def start(session: Session, runner: JobRunner, resolved: Resolved) -> Outcome:
-    """The stored plan for this request, or the one live job for it: started now (``Outcome.started``) or joined.
-
-    A running job whose holder stopped beating (``runner.lease_s``) is not joined: it is reaped (``jobs.reap``) and,
-    when that failed it, a new job starts."""
-    why = repo.unstorable(resolved.request)
-    if why is not None:  # the job and its plan store the request: it must read back
-        raise InvalidInput(f"this request cannot be stored: {why}")
-    rhash = resolved.hash
-    for _ in range(3):
-        stored = repo.plan_by_hash(session, rhash)
-        if stored is not None:
-            return Outcome(stored, None, reused=True)
-        job, created = repo.create_job(
-            session,
-            rhash,
-            resolved.request,
-            runner=runner.name,
-            model_ref=resolved.model_ref,
-            fleet_ref=resolved.fleet_ref,
-        )
-        if job is None:
-            continue
-        # a live job's holder beats; one that stopped is not joined: it is ended (or queued again) first
-        if created or reap(session, job, runner.lease_s, runner) in (None, JobState.queued.value):
-            break
-    else:  # pragma: no cover - a job finished three times between our insert and our read
-        raise RuntimeError("the job for this request kept finishing under us")
-    if created:
-        runner.submit(str(job.id))
-    return Outcome(None, job, reused=False, started=created)
-
-
-def finished(session: Session, job_id: str, *, started: bool) -> Outcome:
-    """What became of the job ``job_id`` now: its plan when it ended with one, else the job (live, or failed)."""
-    session.expire_all()
-    job = repo.job_by_id(session, job_id)
-    assert job is not None
-    if job.state in repo.ACTIVE or job.plan_id is None:
-        return Outcome(None, job, reused=False, started=started)
-    return Outcome(repo.plan_by_id(session, str(job.plan_id)), job, reused=False, started=started)
-
-
-def submit(session: Session, runner: JobRunner, resolved: Resolved, wait_s: float) -> Outcome:
-    """``start``, then wait up to ``wait_s`` for the job in this thread (``POST /port``; ``POST /plans`` waits on the
-    event loop instead: ``service.job_watch``)."""
-    outcome = start(session, runner, resolved)
-    if outcome.job is None:
-        return outcome
-    job_id = str(outcome.job.id)
-    wait_for(session, runner, job_id, wait_s)
-    return finished(session, job_id, started=outcome.started)
-
-
-def wait_for(session: Session, runner: JobRunner, job_id: str, wait_s: float) -> JobRow:
-    deadline = time.monotonic() + wait_s
-    while True:
-        session.expire_all()
-        job = repo.job_by_id(session, job_id)
-        assert job is not None
-        remaining = deadline - time.monotonic()
-        if job.state not in repo.ACTIVE or remaining <= 0:
-            return job
-        session.close()  # give the connection back while waiting: waiters must not drain the pool
-        runner.wait(job_id, remaining)
