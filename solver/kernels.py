@@ -24,8 +24,8 @@ Everything the tile, the warps, the stages and the shape cost comes on top, from
 * **Math** ``t_math = T_SM · 2·bm·bn·K' / (R·η·β)``; ``β = min(S / min(T, S), f_max / f)`` the power-limited boost:
   ``R`` is what all S SMs sustain within the board's power; a GEMM of fewer tiles than SMs leaves SMs idle and the
   busy ones clock up in proportion, at most to the maximum boost clock ``f_max`` (``vector_clock_hz``; none where
-  the profile has no such figure, and none for fp32). On the H200 sweep a single 128×256 tile per SM on 112 of 132
-  SMs ran at 0.89 of the SM's quoted peak, above the 0.80 sustained with every SM busy. ``η`` is the operand-feed
+  the profile has no such figure, and none for fp32; the measurement behind it: ``docs/kernels.md``, "Power-limited
+  boost"). ``η`` is the operand-feed
   efficiency: the program's warps form ``G = max(1, warps/4)`` MMA groups of :data:`WARPS_PER_MMA_GROUP` (a Hopper
   warpgroup; an SM's four sub-partitions or SIMDs), laid ``g_m = min(G, max(1, bm/64))`` along M
   (:data:`ROWS_PER_MMA_GROUP`) by ``g_n = G/g_m`` along N; each K step every group reads its A rows and B columns
@@ -152,14 +152,12 @@ ROWS_PER_MMA_GROUP: Final = 64
 REGS_OVERHEAD: Final = 32
 #: one global load's round trip when the pipeline waits for it, under load: unloaded HBM latency is ≈0.5–0.7 µs by
 #: pointer chasing on A100/H100, and 132 SMs streaming at once queue behind each other in L2 and HBM; fitted on the
-#: H200 sweep's fit half (benchmarks/results/kernels/kernels_h200_2026-12-01_*.json: 0.6 µs left the small-tile,
-#: long-K weight gradients predicted ≈25% slow and the 1.0 µs fit the chosen configurations' times best)
+#: H200 sweep's fit half (``docs/kernels.md``, "What the sweep taught the model")
 MEMORY_LATENCY_S: Final = 1.0e-6
 #: clocks per K step that a program's MMAs do not hide: the wait for the previous step's asynchronous MMAs, the
 #: stage's barrier, and the issue of the next stage's copies and address updates on the same warps (Triton's matmul
 #: is neither persistent nor warp-specialised, so nothing overlaps them); fitted on the H200 sweep's fit half
-#: (benchmarks/results/kernels/kernels_h200_2026-12-01_*.json: large bf16 GEMMs ran at ≈0.65 of peak where 32
-#: clocks predicted 0.78)
+#: (``docs/kernels.md``, "What the sweep taught the model")
 STEP_OVERHEAD_CLOCKS: Final = 256
 #: where the matrix unit takes 8-bit operands K-major only (``microarch.k_major_8bit``: Hopper's wgmma) and one is
 #: not, a tile of fewer than :data:`ROWS_PER_MMA_GROUP` rows (no wgmma: its M is 64 per warpgroup) runs the
@@ -175,8 +173,7 @@ TRANSPOSE_BYTES_PER_CLOCK: Final = 24
 RELAYOUT_SMEM_BYTES_PER_CLOCK: Final = 3
 #: a kernel's launch and drain as back-to-back CUDA-event timing sees it: a few µs on current GPUs; the same for
 #: every configuration, so it changes predicted times, never the choice — except against a split-K configuration's
-#: second kernel; fitted on the H200 sweep's fit half (benchmarks/results/kernels/kernels_h200_2026-12-01_*.json:
-#: the smallest GEMMs' best times are 2.8–3.5 µs)
+#: second kernel; fitted on the H200 sweep's fit half (``docs/kernels.md``, "What the sweep taught the model")
 KERNEL_LAUNCH_S: Final = 3e-6
 #: seconds → microseconds
 US: Final = 1e6

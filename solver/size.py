@@ -12,10 +12,9 @@ a few hundred milliseconds at the largest sizes):
   (one per shard and device class, one per rank for a fleet-wide one);
 * memory: :data:`BASE_BYTES` + :data:`CELL_BYTES` per cell + :data:`CANDIDATE_BYTES` per candidate — five
   8-byte arrays per cell (HBM, host memory, compute, communication, their sum) and a candidate's objects, fitted
-  to the peak RSS of the greedy planner (2,000 tables × 512 mixed GPUs: 10.1 M cells, 0.59 GB measured, 0.65 GB
-  estimated; 5,000 × 512: 25.7 M cells, 1.43 GB measured, 1.49 GB estimated);
+  to the peak RSS of the greedy planner (the fit's figures: ``docs/benchmarks.md``, "What a problem's size costs");
 * time: :data:`SECONDS_PER_CANDIDATE` per candidate + :data:`SECONDS_PER_CELL` per cell for the greedy planner
-  — enumerating, placing, pricing the plan and its bound — on the 2-core development VM (2,000 × 512: ~6 s).
+  — enumerating, placing, pricing the plan and its bound — on the 2-core development VM (the same section).
   CP-SAT runs the greedy first, so this is the least any solve needs.
 
 :func:`refusal` says why a problem cannot be planned — its candidates would take more than
