@@ -59,9 +59,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gpu_step_time as gst
 
-from shardwise.clients.apply import apply_plan, split_parameters
-from shardwise.clients.fused_update import RowOptimizer, UpdateConfig
-from shardwise.clients.sharded_embedding import RowWiseAdagrad, ShardedEmbeddingBagCollection
+from shardwise.runtime.apply import apply_plan, split_parameters
+from shardwise.runtime.embedding.bag import RowWiseAdagrad, ShardedEmbeddingBagCollection
+from shardwise.runtime.embedding.update import RowOptimizer, UpdateConfig
 from shardwise.wire.spec import ModelSpec, Plan
 
 ex = gst.ex
@@ -294,8 +294,8 @@ def kernel_sweep(config: str, batch: int, device: torch.device, reps: int = 10) 
     time per tile (ids per loop step × warps), against the byte floor of the update and the forward lookup."""
     import torch.nn.functional as F
 
-    from shardwise.clients import _fused_triton as kern
-    from shardwise.clients.fused_update import _segments
+    from shardwise.runtime.embedding.update import _segments
+    from shardwise.runtime.kernels import fused_update as kern
 
     cfg, _ = gst.CONFIGS[config]
     gen = torch.Generator().manual_seed(1234)

@@ -1,4 +1,4 @@
-"""The row cache's Triton fetch (``clients/_cache_triton.py``) against its torch ops, under Triton's interpreter.
+"""The row cache's Triton fetch (``runtime/kernels/cache.py``) against its torch ops, under Triton's interpreter.
 
 Two caches of one store take the same sequence — lookups that lock and ones that do not, locks released later,
 rows the "update" rewrote and marked dirty, prefetches, overlapped prefetches, batches that overfill a set (spill
@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 import interpreter_support  # noqa: E402  (after the importorskip)
 from torch import Tensor  # noqa: E402
 
-from shardwise.clients.row_cache import RowCache, overlapped_prefetch  # noqa: E402
+from shardwise.runtime.embedding.row_cache import RowCache, overlapped_prefetch  # noqa: E402
 
 CPU = torch.device("cpu")
 FIELDS = ("tags", "slot_of", "stamps", "flags", "locks", "weight", "store", "_counts")

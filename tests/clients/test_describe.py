@@ -1,4 +1,4 @@
-"""shardwise.clients.describe: a real nn.Module (on the meta device) → ModelSpec, without allocating its weights."""
+"""shardwise.runtime.describe: a real nn.Module (on the meta device) → ModelSpec, without allocating its weights."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402  (after the importorskip)
 
-from shardwise.clients.describe import describe  # noqa: E402
+from shardwise.runtime.describe import describe  # noqa: E402
 from shardwise.wire.spec import DenseLayerSpec, EmbeddingTableSpec, ModelSpec  # noqa: E402
 
 

@@ -14,8 +14,8 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402  (after the importorskip)
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from shardwise.clients.describe import describe, zipf_exponent  # noqa: E402
-from shardwise.clients.plan_check import check_plan  # noqa: E402
+from shardwise.runtime.describe import describe, zipf_exponent  # noqa: E402
+from shardwise.runtime.plan_check import check_plan  # noqa: E402
 from shardwise.wire.spec import DenseStyle, FleetSpec, ModelSpec, SolveParams  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

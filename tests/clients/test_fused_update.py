@@ -31,7 +31,7 @@ torch = pytest.importorskip("torch")
 
 import torch.nn.functional as F  # noqa: E402  (after the importorskip)
 
-from shardwise.clients.fused_update import (  # noqa: E402
+from shardwise.runtime.embedding.update import (  # noqa: E402
     RowOptimizer,
     UpdateConfig,
     fused_backward_update,
@@ -320,11 +320,11 @@ TRITON_CASES = [
 
 def _triton_cases() -> Iterator[dict[str, Any]]:
     """Triton (interpreted, CPU) against torch on the same inputs: every optimizer × TRITON_CASES, 2 steps."""
-    from shardwise.clients import _fused_triton
+    from shardwise.runtime.kernels import fused_update as fused_kernel
 
-    assert _fused_triton.interpreting(), "run with TRITON_INTERPRET=1 set before Triton is imported"
-    default_block = _fused_triton.MAX_BLOCK_C
-    _fused_triton.LONG_TILE_ELEMENTS = 256
+    assert fused_kernel.interpreting(), "run with TRITON_INTERPRET=1 set before Triton is imported"
+    default_block = fused_kernel.MAX_BLOCK_C
+    fused_kernel.LONG_TILE_ELEMENTS = 256
     for opt in RowOptimizer:
         for dtype_name, cols, max_block_c, pool, all_last in TRITON_CASES:
             gen = torch.Generator().manual_seed(3)
@@ -337,7 +337,7 @@ def _triton_cases() -> Iterator[dict[str, Any]]:
             config = UpdateConfig(opt, lr=LR[opt])
             touched = torch.zeros(rows, dtype=torch.bool)
             result: dict[str, Any] = {"opt": opt.value, "dtype": dtype_name, "cols": cols, "errors": []}
-            _fused_triton.MAX_BLOCK_C = max_block_c
+            fused_kernel.MAX_BLOCK_C = max_block_c
             try:
                 for step in (1, 2):
                     batch = make_batch(gen, rows, cols, bags=16, dtype=dtype, pool=pool)
@@ -367,16 +367,16 @@ def _triton_cases() -> Iterator[dict[str, Any]]:
                     if any(v[~touched].any() for v in tri_state.values()):
                         result["errors"].append(f"step {step}: an untouched row's state changed")
             finally:
-                _fused_triton.MAX_BLOCK_C = default_block
+                fused_kernel.MAX_BLOCK_C = default_block
             yield result
 
 
 def _pooled_cases() -> Iterator[dict[str, Any]]:
     """The Triton forward (interpreted, CPU) against ``embedding_bag``: every dtype and width of TRITON_CASES,
     bags of 0–4 ids (empty ones first, inside and last), several column blocks when ``max_block_c`` is small."""
-    from shardwise.clients import _fused_triton
+    from shardwise.runtime.kernels import fused_update as fused_kernel
 
-    default_block = _fused_triton.MAX_BLOCK_C
+    default_block = fused_kernel.MAX_BLOCK_C
     for dtype_name, cols, max_block_c, _, _ in TRITON_CASES:
         gen = torch.Generator().manual_seed(4)
         dtype = DTYPES[dtype_name]
@@ -386,11 +386,11 @@ def _pooled_cases() -> Iterator[dict[str, Any]]:
         ids = torch.randint(0, 24, (int(lengths.sum()),), generator=gen)
         offsets = torch.cumsum(lengths, 0) - lengths
         result: dict[str, Any] = {"opt": "forward", "dtype": dtype_name, "cols": cols, "errors": []}
-        _fused_triton.MAX_BLOCK_C = max_block_c
+        fused_kernel.MAX_BLOCK_C = max_block_c
         try:
             got = pooled_sum(weight, ids, offsets, backend="triton")
         finally:
-            _fused_triton.MAX_BLOCK_C = default_block
+            fused_kernel.MAX_BLOCK_C = default_block
         want = torch.nn.functional.embedding_bag(ids, weight.float(), offsets, mode="sum").to(dtype)
         tol = WEIGHT_TOL[dtype_name]
         try:

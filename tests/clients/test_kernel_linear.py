@@ -32,8 +32,8 @@ import torch.distributed as dist  # noqa: E402  (after the importorskip)
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from shardwise.clients.apply import apply_plan  # noqa: E402
-from shardwise.clients.kernel_linear import (  # noqa: E402
+from shardwise.runtime.apply import apply_plan  # noqa: E402
+from shardwise.runtime.kernels.linear import (  # noqa: E402
     KernelLinear,
     KernelLinearFunction,
     layer_configs,
@@ -83,9 +83,9 @@ def _check(errors: list[str], where: str, got: Any, want: Any, dtype_name: str) 
 
 
 def _matmul_cases() -> Iterator[dict[str, Any]]:
-    from shardwise.clients import _triton_matmul
+    from shardwise.runtime.kernels import matmul as triton_matmul
 
-    assert _triton_matmul.interpreting(), "run with TRITON_INTERPRET=1 set before Triton is imported"
+    assert triton_matmul.interpreting(), "run with TRITON_INTERPRET=1 set before Triton is imported"
     for dtype_name, dtype in DTYPES.items():
         for m, n, k, layout in SHAPES:
             for cfg in (SMALL, SPLIT4):
@@ -93,9 +93,9 @@ def _matmul_cases() -> Iterator[dict[str, Any]]:
                 assert (layout == "tn") == (a.stride(0) == 1 and m > 1)
                 assert (layout == "nt") == (b.stride(0) == 1)
                 errors: list[str] = []
-                got = _triton_matmul.matmul(a, b, cfg)
+                got = triton_matmul.matmul(a, b, cfg)
                 _check(errors, "matmul", got, torch.matmul(a, b), dtype_name)
-                if cfg.split_k > 1 and not torch.equal(got, _triton_matmul.matmul(a, b, cfg)):
+                if cfg.split_k > 1 and not torch.equal(got, triton_matmul.matmul(a, b, cfg)):
                     errors.append("split-K: a second run gave other bits")
                 yield {"case": "matmul", "dtype": dtype_name, "shape": [m, n, k, layout], "split": cfg.split_k,
                        "errors": errors}  # fmt: skip
@@ -176,13 +176,13 @@ def _choices(gpu: str, dtype: Dtype, configs: dict[GemmPhase, KernelConfig]) -> 
 def test_matmul_refuses_cpu_tensors_without_the_interpreter() -> None:
     if not triton_matmul_available():
         pytest.skip("Triton does not import here")
-    from shardwise.clients import _triton_matmul
+    from shardwise.runtime.kernels import matmul as triton_matmul
 
-    assert not _triton_matmul.interpreting()
+    assert not triton_matmul.interpreting()
     with pytest.raises(ValueError, match="TRITON_INTERPRET"):
-        _triton_matmul.matmul(torch.ones(4, 4), torch.ones(4, 4), SMALL)
+        triton_matmul.matmul(torch.ones(4, 4), torch.ones(4, 4), SMALL)
     with pytest.raises(ValueError, match="M × K and K × N"):
-        _triton_matmul.matmul(torch.ones(4, 4), torch.ones(5, 4), SMALL)
+        triton_matmul.matmul(torch.ones(4, 4), torch.ones(5, 4), SMALL)
 
 
 def test_kernel_linear_keeps_parameters_and_runs_linear_on_the_cpu() -> None:

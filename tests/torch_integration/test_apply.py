@@ -32,10 +32,10 @@ from _dist import Checks, run  # noqa: E402
 from _fleets import tiny_fleet  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
-from shardwise.clients import apply as apply_mod  # noqa: E402
-from shardwise.clients.apply import PlanMismatchError, apply_plan, param_groups, split_parameters  # noqa: E402
-from shardwise.clients.fused_update import RowOptimizer, UpdateConfig  # noqa: E402
-from shardwise.clients.sharded_embedding import RowWiseAdagrad, ShardedEmbeddingBag, ShardedEmbeddingBagCollection  # noqa: E402
+from shardwise.runtime import apply as apply_mod  # noqa: E402
+from shardwise.runtime.apply import PlanMismatchError, apply_plan, param_groups, split_parameters  # noqa: E402
+from shardwise.runtime.embedding.bag import RowWiseAdagrad, ShardedEmbeddingBag, ShardedEmbeddingBagCollection  # noqa: E402
+from shardwise.runtime.embedding.update import RowOptimizer, UpdateConfig  # noqa: E402
 from shardwise.wire.spec import (  # noqa: E402
     DensePlan,
     DenseStyle,
@@ -217,7 +217,7 @@ def planner_plan(world: int) -> Plan:
     """shardwise's own plan for this model: ``describe()`` on the meta device, the greedy planner on 100-kB GPUs
     (two to a host, as :func:`hosts_of` has it), so small that the plan mixes sharding types (data_parallel
     beside table_wise today)."""
-    from shardwise.clients.describe import describe
+    from shardwise.runtime.describe import describe
     from shardwise.solver.planner import make_plan as plan_with_shardwise
 
     with torch.device("meta"):

@@ -44,9 +44,9 @@ from test_apply import (  # noqa: E402
 )
 from torch import nn  # noqa: E402
 
-from shardwise.clients.apply import PlanMismatchError, apply_plan  # noqa: E402
-from shardwise.clients.fused_update import RowOptimizer, UpdateConfig  # noqa: E402
-from shardwise.clients.sharded_embedding import ShardedEmbeddingBag, ShardedEmbeddingBagCollection  # noqa: E402
+from shardwise.runtime.apply import PlanMismatchError, apply_plan  # noqa: E402
+from shardwise.runtime.embedding.bag import ShardedEmbeddingBag, ShardedEmbeddingBagCollection  # noqa: E402
+from shardwise.runtime.embedding.update import RowOptimizer, UpdateConfig  # noqa: E402
 from shardwise.solver.two_d import replicate_tables  # noqa: E402
 from shardwise.wire.spec import (  # noqa: E402
     DenseStyle,
@@ -107,7 +107,7 @@ def planner_plan_2d() -> Plan:
     search (two groups of one host each, allreduce_rows) planned by the greedy on 100-kB GPUs, two to a host."""
     from _fleets import tiny_fleet
 
-    from shardwise.clients.describe import describe
+    from shardwise.runtime.describe import describe
     from shardwise.solver import plan2d, two_d
     from shardwise.solver.topology import Topology
 

@@ -38,14 +38,14 @@ torch = pytest.importorskip("torch")
 from _dist import Checks, run  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
-from shardwise.clients.apply import apply_plan  # noqa: E402
-from shardwise.clients.fused_update import RowOptimizer, UpdateConfig  # noqa: E402
-from shardwise.clients.row_cache import CacheStats, RowCache  # noqa: E402
-from shardwise.clients.sharded_embedding import (  # noqa: E402
+from shardwise.runtime.apply import apply_plan  # noqa: E402
+from shardwise.runtime.embedding.bag import (  # noqa: E402
     RowWiseAdagrad,
     ShardedEmbeddingBag,
     ShardedEmbeddingBagCollection,
 )
+from shardwise.runtime.embedding.row_cache import CacheStats, RowCache  # noqa: E402
+from shardwise.runtime.embedding.update import RowOptimizer, UpdateConfig  # noqa: E402
 from shardwise.wire.spec import (  # noqa: E402
     EmbeddingTableSpec,
     ModelSpec,
@@ -571,7 +571,7 @@ def test_a_tiny_cache_on_cuda_trains_like_hbm(optimizer: str) -> None:
 def check_host_on_cuda(rank: int, world: int, kind: RowOptimizer) -> list[str]:
     """``host`` shards on a GPU: weights (and per-weight state) in pinned host memory that the lookup and the
     update reach zero-copy, against ``hbm`` on the same device; the GPU's allocator holds none of their weights."""
-    from shardwise.clients.host_memory import is_mapped
+    from shardwise.runtime.embedding.host_memory import is_mapped
 
     errors: list[str] = []
     device = torch.device("cuda", 0)

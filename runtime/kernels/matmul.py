@@ -1,7 +1,7 @@
 """shardwise's Triton matmul: ``C = A · B`` with one :class:`~shardwise.wire.spec.KernelConfig`, the kernel the
 kernel model (``shardwise.solver.kernels``) chooses configurations for and ``benchmarks/kernels.py`` times.
 
-Imported only where a layer runs through it (:mod:`shardwise.clients.kernel_linear`), so that the rest of the client
+Imported only where a layer runs through it (:mod:`shardwise.runtime.kernels.linear`), so that the rest of the client
 side loads without Triton. On CPU tensors the kernel runs under Triton's interpreter, which must be switched on
 (``TRITON_INTERPRET=1``) before this module is first imported.
 

@@ -1,7 +1,7 @@
 """The ``uvm_cache`` placement's cache: embedding rows in host memory, a set-associative LRU cache of them on the
 device (FBGEMM's ``MANAGED_CACHING`` with its default LRU policy, in torch ops).
 
-A :class:`RowCache` serves one group of shards (:mod:`shardwise.clients.shard_groups`): the group's ``(R, C)``
+A :class:`RowCache` serves one group of shards (:mod:`shardwise.runtime.embedding.groups`): the group's ``(R, C)``
 weight is the **store**, in host memory (pinned on CUDA), and the cache keeps ``S`` of its rows on the device::
 
     cache = RowCache(store, slots=64, ways=32, device=device, segments=[("t", 0, store.shape[0])])
@@ -53,7 +53,7 @@ Device and host
 ---------------
 Everything above runs in torch ops on the cache's device. On a CPU executor the store and the cache are both CPU
 tensors (the cache then saves nothing: it is what the tests exercise). On CUDA the store is pinned host memory that
-the fetch reads and writes **zero-copy** (:mod:`shardwise.clients.host_memory`: ``source``, the store's device
+the fetch reads and writes **zero-copy** (:mod:`shardwise.runtime.embedding.host_memory`: ``source``, the store's device
 view): a missing row is gathered by a GPU kernel straight from host memory across the host link, an evicted dirty
 row scattered back the same way — no CPU gather and no staging copy (measured 4–8× faster than the CPU path on an
 H200, ``docs/truth.md``). :meth:`RowCache.flush` writes every dirty cached row back (a checkpoint, or reading the
@@ -65,7 +65,7 @@ The number of distinct rows in a batch and the number that found no way are data
 host wait for the device, which empties the queue the host had run ahead with, so that a step costs its host time
 *plus* much of its device time instead of the larger of the two (measured on an H200: the port's ``dcn-26`` plan
 11.2 ms a step against 6.2 ms without its cache; ``docs/truth.md``). On CUDA (the Triton kernels,
-:mod:`shardwise.clients._cache_triton`) a fetch reads neither whenever the **spill reserve** has room for the batch:
+:mod:`shardwise.runtime.kernels.cache`) a fetch reads neither whenever the **spill reserve** has room for the batch:
 
 * distinct rows without ``torch.unique``: the ids sorted, one **lane per id** — lanes ``0..u−1`` are the distinct
   rows in order, the rest repeat the last one and take no part (the count ``u`` stays on the device); the kernels
@@ -115,7 +115,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
-from shardwise.clients.host_memory import device_view
+from shardwise.runtime.embedding.host_memory import device_view
 
 __all__ = [
     "CACHE_WAYS",
@@ -345,7 +345,7 @@ class RowCache:
     def _fetch_free(self, rows: Tensor, bound: int, lock: bool, prefetch: bool, overlap: bool) -> Fetched:
         """The fetch without a host synchronisation (module docstring, "No synchronisation"): the Triton kernels on
         one lane per id, and spill slots from the reserve."""
-        from shardwise.clients import _cache_triton as kernels
+        from shardwise.runtime.kernels import cache as kernels
 
         if not overlap:
             kernels.release(self, fresh_too=prefetch)
@@ -382,8 +382,8 @@ class RowCache:
         return backend == "triton" or (backend == "auto" and self.device.type == "cuda")
 
     def _fetch_triton(self, rows_u: Tensor, per_row: Tensor, prefetch: bool, overlap: bool) -> Tensor:
-        """The fetch in three kernels (:mod:`shardwise.clients._cache_triton`); the slots of ``rows_u``."""
-        from shardwise.clients import _cache_triton as kernels
+        """The fetch in three kernels (:mod:`shardwise.runtime.kernels.cache`); the slots of ``rows_u``."""
+        from shardwise.runtime.kernels import cache as kernels
 
         if not rows_u.numel():
             return rows_u.clone()

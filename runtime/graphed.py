@@ -5,7 +5,7 @@ but every kernel of the step is still enqueued from Python: on the H200 of ``doc
 2.9–3.7 ms a step for small DLRMs, longer than their device time, so the host sets the pace. A CUDA graph replays the
 whole step — forward, backward with the tables' fused update, the dense optimizer — with one launch::
 
-    from shardwise.clients.graphed import GraphedStep
+    from shardwise.runtime.graphed import GraphedStep
 
     def train_step(batch):
         dense, features, labels = batch
@@ -26,11 +26,11 @@ state: the graph replays the kernels the capture recorded, not the Python code.
 What can be captured — checked when the step is built, each refusal a ``ValueError`` that says why:
 
 * CUDA tensors and a world of one: the exchange at world size > 1 reads its split sizes on the host every step
-  (``clients/exchange.py``), and a 2D plan's replica group scales its gradients through it;
+  (``runtime/embedding/exchange.py``), and a 2D plan's replica group scales its gradients through it;
 * tables with an embedding optimizer (``apply_plan(..., embedding_optimizer=...)``): row-sparse gradients take
   ``torch.unique``, whose size the host must know;
 * no ``uvm_cache`` shard: the cache's bookkeeping keeps host state that each fetch updates
-  (``clients/row_cache.py``); ``host`` shards read zero-copy (the default on CUDA), not by the CPU;
+  (``runtime/embedding/row_cache.py``); ``host`` shards read zero-copy (the default on CUDA), not by the CPU;
 * no data_parallel table with the ``adam`` row optimizer (its bias correction counts steps on the host);
 * a dense optimizer that captures: torch's with ``capturable=True`` (torch refuses the capture otherwise, and the
   error says so);
@@ -40,8 +40,8 @@ What can be captured — checked when the step is built, each refusal a ``ValueE
 
 What taking the step changes in the modules: a group with the ``adam`` row optimizer counts its steps on the
 device (``ShardGroup.device_steps``: a captured host int would replay the step it was captured at), and bad ids are
-counted on the device (:class:`~shardwise.clients.exchange.CapturedIdCheck`) instead of checked one call later:
-each call raises ``IndexError`` for bad ids of the replays that have finished, without waiting for the others;
+counted on the device (:class:`~shardwise.runtime.embedding.exchange.CapturedIdCheck`) instead of checked one call
+later: each call raises ``IndexError`` for bad ids of the replays that have finished, without waiting for the others;
 :meth:`check_ids` waits for all. Each bad id is reported once (the counts restart after a report); bad ids are
 clamped into their own table meanwhile, as on CUDA without a graph.
 Eager calls of the modules after the capture keep both, so their state stays the graph's.
@@ -63,9 +63,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from shardwise.clients.exchange import CapturedIdCheck
-from shardwise.clients.fused_update import RowOptimizer
-from shardwise.clients.sharded_embedding import ShardedEmbeddingBag
+from shardwise.runtime.embedding.bag import ShardedEmbeddingBag
+from shardwise.runtime.embedding.exchange import CapturedIdCheck
+from shardwise.runtime.embedding.update import RowOptimizer
 from shardwise.wire.spec import Placement
 
 __all__ = ["GraphedStep", "capture_problems"]

@@ -1,7 +1,7 @@
-"""The Triton kernels behind :func:`shardwise.clients.fused_update.fused_backward_update` and
-:func:`~shardwise.clients.fused_update.pooled_sum` (``backend="triton"``): the fused update, and the forward lookup.
+"""The Triton kernels behind :func:`shardwise.runtime.embedding.update.fused_backward_update` and
+:func:`~shardwise.runtime.embedding.update.pooled_sum` (``backend="triton"``): the fused update, and the forward lookup.
 
-Imported only by that function's Triton backend, so that ``shardwise.clients.fused_update`` loads without Triton.
+Imported only by that function's Triton backend, so that ``shardwise.runtime.embedding.update`` loads without Triton.
 The GPU path uses the Triton that ships with CUDA builds of torch; on CPU tensors the kernel runs under Triton's
 interpreter, which must be switched on (``TRITON_INTERPRET=1``) before this module is first imported.
 
@@ -44,7 +44,7 @@ Numerics: the sums are fp32 in a fixed order per segment, so the kernel is deter
 backend's ``index_add_`` on CUDA is not); ``tl.sqrt`` and ``/`` are Triton's fast fp32 versions and multiply-adds may
 fuse, a few units in the last place from torch's arithmetic. The kernel enqueues no host work and captures into a
 CUDA graph. Adam's step size is a scalar argument (a graph captured with it replays the step it was captured at) or,
-with ``STEP_PTR``, a one-element fp32 tensor the kernel loads: what :class:`shardwise.clients.graphed.GraphedStep`
+with ``STEP_PTR``, a one-element fp32 tensor the kernel loads: what :class:`shardwise.runtime.graphed.GraphedStep`
 passes, its step counter living on the device.
 
 Version tolerance: ``tl.load`` / ``tl.store`` with masks, ``tl.program_id``, ``tl.arange``, ``tl.zeros``, ``tl.sum``,

@@ -3,7 +3,7 @@
 ``Y = X·Wᵀ + b`` takes three GEMMs a training step (:class:`~shardwise.wire.spec.GemmPhase`): ``forward``
 (``X·Wᵀ``: M = rows, N = out, K = in), ``input_grad`` (``dX = dY·W``: M = rows, N = in, K = out) and
 ``weight_grad`` (``dW = dYᵀ·X``: M = out, N = in, K = rows); ``db = Σ_rows dY`` is a sum (fp32, cast to the bias's
-dtype). :class:`KernelLinearFunction` runs each GEMM through :func:`shardwise.clients._triton_matmul.matmul` with its
+dtype). :class:`KernelLinearFunction` runs each GEMM through :func:`shardwise.runtime.kernels.matmul.matmul` with its
 phase's :class:`~shardwise.wire.spec.KernelConfig` — transposed operands are strided views, never copies — and a
 phase without a configuration through ``torch.matmul``. Rows are every leading dimension of ``X`` flattened.
 
@@ -42,10 +42,10 @@ WIRE_DTYPES: dict[torch.dtype, Dtype] = {
 def _kernel_module() -> ModuleType | None:
     """The Triton matmul module, or None when Triton does not import."""
     try:
-        from shardwise.clients import _triton_matmul
+        from shardwise.runtime.kernels import matmul as triton_matmul
     except ImportError:
         return None
-    return _triton_matmul
+    return triton_matmul
 
 
 def triton_matmul_available() -> bool:

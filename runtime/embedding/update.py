@@ -19,7 +19,7 @@ then, once per touched row (weights fp32 / fp16 / bf16, read into fp32 and round
 * ``sgd``: ``w_r -= lr·g_r``
 * ``adagrad`` (``torch.optim.Adagrad`` on sparse gradients, no lr decay or weight decay):
   ``s_r += g_r²`` (elementwise), ``w_r -= lr·g_r / (√s_r + eps)``
-* ``rowwise_adagrad`` (one fp32 per row, as FBGEMM's and :class:`~shardwise.clients.sharded_embedding.RowWiseAdagrad`):
+* ``rowwise_adagrad`` (one fp32 per row, as FBGEMM's and :class:`~shardwise.runtime.embedding.bag.RowWiseAdagrad`):
   ``s_r += mean_j g_r[j]²``, ``w_r -= lr·g_r / (√s_r + eps)``
 * ``adam`` (``torch.optim.SparseAdam``: lazy, only touched rows' moments move; bias correction by the global step t):
   ``m_r = β1·m_r + (1−β1)·g_r``, ``v_r = β2·v_r + (1−β2)·g_r²``,
@@ -42,12 +42,12 @@ Backends (same semantics)
 -------------------------
 ``"torch"``: torch ops alone, on any device; it holds an ``n × C`` fp32 buffer of per-segment sums (and a few more
 of that size for the update). ``"triton"``: one Triton kernel, one program per segment
-(:mod:`shardwise.clients._fused_triton` describes the grid, the blocks and the bytes moved); CUDA tensors, or CPU
+(:mod:`shardwise.runtime.kernels.fused_update` describes the grid, the blocks and the bytes moved); CUDA tensors, or CPU
 tensors under Triton's interpreter (``TRITON_INTERPRET=1`` set before Triton is imported — tests run it in a
 subprocess). ``"auto"`` takes Triton for CUDA tensors when it imports, else torch. Both capture into a CUDA graph
 (checked on an H200); Adam's step size is computed on the host from an int ``step``, so a graph captured with one
 replays the step it was captured at — pass ``step`` as a device tensor (a counter the graph increments) and it is
-computed on the device instead (what :class:`shardwise.clients.graphed.GraphedStep` does). The Triton backend is
+computed on the device instead (what :class:`shardwise.runtime.graphed.GraphedStep` does). The Triton backend is
 deterministic run to run; the torch one on CUDA is not (``index_add_`` accumulates with atomics).
 """
 
@@ -177,10 +177,10 @@ _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def _triton_module() -> ModuleType | None:
     """The kernel module, or None when Triton does not import."""
     try:
-        from shardwise.clients import _fused_triton
+        from shardwise.runtime.kernels import fused_update as fused_kernel
     except ImportError:
         return None
-    return _fused_triton
+    return fused_kernel
 
 
 def triton_available() -> bool:

@@ -1,4 +1,4 @@
-"""Is this plan executable on this module and process group? Every check :func:`~shardwise.clients.apply.apply_plan`
+"""Is this plan executable on this module and process group? Every check :func:`~shardwise.runtime.apply.apply_plan`
 runs before its first collective, so a bad plan fails the same way on every rank instead of hanging one of them.
 
 :func:`check_plan` lists every problem (names, shapes, tiling, world size, dtypes, data_parallel ranks, dense styles);
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from shardwise.clients.replicas import group_view, layout_key
+from shardwise.runtime.replicas import group_view, layout_key
 from shardwise.wire.spec import (
     DensePlan,
     DenseStyle,
@@ -225,7 +225,7 @@ def _check_two_d(
     group tile it as group 0's do, rank for rank (the ``j``-th rank of every group holds the same shards); group 0's
     view passes the 1D checks on its ``G`` ranks; and what the executor does not run in 2D is refused.
     ``checked.tables`` gets group 0's views (group ranks; every group's view is the same, see
-    :func:`~shardwise.clients.replicas.group_view`)."""
+    :func:`~shardwise.runtime.replicas.group_view`)."""
     sg = plan.sparse_groups
     assert sg is not None
     problems = checked.problems

@@ -1,7 +1,7 @@
 """Row-wise Adagrad as a torch optimizer, for the tables' row-sparse gradients (the executor's compatible mode).
 
 With the optimizer in backward (``apply_plan(..., embedding_optimizer=...)``) the same update runs fused into
-backward instead (:mod:`shardwise.clients.fused_update`).
+backward instead (:mod:`shardwise.runtime.embedding.update`).
 """
 
 from __future__ import annotations

@@ -9,10 +9,10 @@ value is the one that makes the model reproduce the measurement. Per figure:
   dtype: ``t = 2·M·N·K / (peak(dtype) · f)`` (the per-dtype fractions are reported as measurements);
 * ``overheads.sort_ns_per_id`` — the fused update's sort and segment search alone: ``t = n · s``;
 * ``achieved.embedding_gather`` — the grouped lookup forward plus the fused backward and update
-  (:func:`~shardwise.clients.fused_update.pooled_sum`, :func:`~shardwise.clients.fused_update.fused_backward_update`)
-  over dims, dtypes, pooling, rows and optimizers: the model's ``shard_compute_ms`` is ``a + b/f`` in the gather
-  fraction ``f`` (its stream part at the fitted ``memory_bound``, its sort part at the fitted ``s``), so ``f`` is fitted
-  to ``t − a = b/f``;
+  (:func:`~shardwise.runtime.embedding.update.pooled_sum`,
+  :func:`~shardwise.runtime.embedding.update.fused_backward_update`) over dims, dtypes, pooling, rows and optimizers:
+  the model's ``shard_compute_ms`` is ``a + b/f`` in the gather fraction ``f`` (its stream part at the fitted
+  ``memory_bound``, its sort part at the fitted ``s``), so ``f`` is fitted to ``t − a = b/f``;
 * ``overheads.step_fixed_us``, ``per_table_us``, ``per_layer_us``, ``per_group_us`` — the host's time to enqueue one
   training step of small models through ``apply_plan`` (world size one, the optimizer in backward, fused Adam), ``T``
   tables in ``G`` groups of shards (tables given ``G`` learning rates: groups that differ in nothing else) and ``L``
@@ -23,8 +23,8 @@ value is the one that makes the model reproduce the measurement. Per figure:
   same). Where the steps are host-bound the device time zero-copy adds is hidden and the fit comes out near zero:
   the cost model's reads over the host link then price the shard;
 * ``overheads.cache_fetch_us``, ``cache_fetch_ns_per_row`` — the ``uvm_cache`` executor's synchronous fetch
-  (:func:`time_cache_fetches`: the executor's :class:`~shardwise.clients.row_cache.RowCache` over a table of 512-B
-  rows with a 10 % cache, fed Zipf(1.0) batches of four sizes, every other batch's rows then marked dirty as the
+  (:func:`time_cache_fetches`: the executor's :class:`~shardwise.runtime.embedding.row_cache.RowCache` over a table of
+  512-B rows with a 10 % cache, fed Zipf(1.0) batches of four sizes, every other batch's rows then marked dirty as the
   fused update marks them, each fetch timed to its end on the host clock): ``t = c0 + c1·(rows copied in + rows
   written back)`` by least squares (:func:`fit_cache_fetch`). In and back are fitted as one count of rows moved: at
   steady state the rows written back are a near-constant share of those copied in, so a fit of one figure each
@@ -57,9 +57,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from shardwise.clients.fused_update import RowOptimizer, UpdateConfig, fused_backward_update, init_state, pooled_sum
 from shardwise.hwprofiles import Calibration, HardwareProfile
 from shardwise.hwprofiles.calibration import Figure, Measurement, with_figures
+from shardwise.runtime.embedding.update import RowOptimizer, UpdateConfig, fused_backward_update, init_state, pooled_sum
 from shardwise.solver import cost_model as cm
 from shardwise.wire.spec import (
     DenseLayerSpec,
@@ -260,12 +260,12 @@ DENSE_LAYER_SHAPES: Final = (
 def bench_dense_layers(
     clock: Clock, profile: HardwareProfile, shapes: Sequence[tuple[int, int, int]], dtypes: Sequence[str], out: Report
 ) -> None:
-    """Linear layers as ``apply_plan`` runs them on CUDA (:class:`~shardwise.clients.kernel_linear.KernelLinear`):
+    """Linear layers as ``apply_plan`` runs them on CUDA (:class:`~shardwise.runtime.kernels.linear.KernelLinear`):
     each of the three GEMMs through the Triton configuration the kernel model chooses for it on ``profile``, the
     bias added and its gradient summed; the device time of a forward and a backward per layer (rows × in → out).
     Each sample carries the layer so that :func:`fit_gemm_through_kernels` can price it again at another
     ``achieved.gemm``."""
-    from shardwise.clients.kernel_linear import KernelLinear
+    from shardwise.runtime.kernels.linear import KernelLinear
     from shardwise.solver import kernels
 
     for dtype in dtypes:
@@ -321,7 +321,7 @@ def fit_gemm_through_kernels(samples: Sequence[Sample], profile: HardwareProfile
 
 def bench_sort(clock: Clock, sizes: Sequence[int], out: Report) -> None:
     """The fused update's id sort and segment search alone (its first pass)."""
-    from shardwise.clients.fused_update import _segments
+    from shardwise.runtime.embedding.update import _segments
 
     for n in sizes:
         ids = torch.randint(0, 50 * n, (n,), device=clock.device)
@@ -528,11 +528,11 @@ def bench_host(
 ) -> None:
     """Host time to enqueue one training step of ``_Tiny(T, L)`` with its tables in ``G`` groups (``(T, L, G)`` per
     shape) through ``apply_plan`` (no wait between steps). ``graphed``: the step captured as a CUDA graph
-    (:class:`~shardwise.clients.graphed.GraphedStep`) and the time per step of replays back to back, waited for at
+    (:class:`~shardwise.runtime.graphed.GraphedStep`) and the time per step of replays back to back, waited for at
     the end — the host enqueues a replay in microseconds, so what is timed is the device's pace through the step's
     small kernels, the floor a graphed step cannot go below."""
-    from shardwise.clients.apply import apply_plan, split_parameters
-    from shardwise.clients.sharded_embedding import ShardedEmbeddingBagCollection
+    from shardwise.runtime.apply import apply_plan, split_parameters
+    from shardwise.runtime.embedding.bag import ShardedEmbeddingBagCollection
 
     group: dist.ProcessGroup | None = None
     created = False
@@ -570,7 +570,7 @@ def bench_host(
                 opt.zero_grad(set_to_none=True)
 
             if graphed:
-                from shardwise.clients.graphed import GraphedStep
+                from shardwise.runtime.graphed import GraphedStep
 
                 step: Callable[[Any], Any] = GraphedStep(train, feats, modules=[model])
             else:
@@ -604,8 +604,8 @@ def bench_host_shards(
 ) -> None:
     """What ``host`` placement adds to a step: the same two-table model with its tables ``host`` and ``hbm``, steps
     back to back; the difference per table is a sample of ``host_shard + n·(per_id + row_bytes·per_byte)``."""
-    from shardwise.clients.apply import apply_plan, split_parameters
-    from shardwise.clients.sharded_embedding import ShardedEmbeddingBagCollection
+    from shardwise.runtime.apply import apply_plan, split_parameters
+    from shardwise.runtime.embedding.bag import ShardedEmbeddingBagCollection
 
     created = _ensure_world_of_one(device)
     tables, rows = 2, 200_000
@@ -690,15 +690,15 @@ def time_cache_fetches(
     min_samples: int = 10,
     seed: int = 11,
 ) -> list[dict[str, Any]]:
-    """What one :meth:`RowCache.fetch <shardwise.clients.row_cache.RowCache.fetch>` costs the executor: fetches of
-    Zipf(1.0) batches of ``sizes`` ids (in turn) into a cache of 10 % of ``rows`` rows of 512 B (the store pinned on
-    CUDA), the rows of every other fetch then marked dirty as the fused update marks them (so that evictions write
-    back), the cache given the spill reserve ``apply_plan`` gives it from a model spec (so that it fetches without a
-    host synchronisation, as the executor does), each fetch timed to its end on the host clock, until ``budget_s``
+    """What one :meth:`RowCache.fetch <shardwise.runtime.embedding.row_cache.RowCache.fetch>` costs the executor:
+    fetches of Zipf(1.0) batches of ``sizes`` ids (in turn) into a cache of 10 % of ``rows`` rows of 512 B (the store
+    pinned on CUDA), the rows of every other fetch then marked dirty as the fused update marks them (so that evictions
+    write back), the cache given the spill reserve ``apply_plan`` gives it from a model spec (so that it fetches without
+    a host synchronisation, as the executor does), each fetch timed to its end on the host clock, until ``budget_s``
     (but not before ``min_samples`` are kept, however slow the host: a fit needs them) or ``max_fetches``. The
     first two rounds of sizes fill the cache and are not kept. Per fetch: ``ids``, ``ms``, ``copied_in`` (distinct
     rows brought in) and ``written_back`` (dirty rows evicted), from the cache's counters."""
-    from shardwise.clients.row_cache import CACHE_WAYS, RowCache, cache_slots, spill_slots
+    from shardwise.runtime.embedding.row_cache import CACHE_WAYS, RowCache, cache_slots, spill_slots
 
     cuda = device.type == "cuda"
     store = torch.empty((rows, FETCH_COLS), dtype=torch.float32, pin_memory=cuda)
@@ -842,7 +842,7 @@ def machine(device: torch.device) -> dict[str, str | None]:
 
 
 def _triton_matmul_runs() -> bool:
-    from shardwise.clients.kernel_linear import triton_matmul_available
+    from shardwise.runtime.kernels.linear import triton_matmul_available
 
     return triton_matmul_available()
 

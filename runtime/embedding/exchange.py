@@ -1,6 +1,6 @@
 """One exchange per step for every sharded table of a call, with one host synchronisation: the split sizes.
 
-:func:`pooled_lookup` is what :class:`~shardwise.clients.sharded_embedding.ShardedEmbeddingBag` and its collection
+:func:`pooled_lookup` is what :class:`~shardwise.runtime.embedding.bag.ShardedEmbeddingBag` and its collection
 call. For the tables of one dtype it runs (see the sharded_embedding module docstring for the layout):
 
 1. **route** — every table sends each id to the shard holding its row (on the device: bucketize, a stable sort
@@ -12,17 +12,17 @@ call. For the tables of one dtype it runs (see the sharded_embedding module docs
    any rank raise ``IndexError`` on every rank (nobody is left waiting in a collective);
 3. **ids** — ``all_to_all_single`` of the bag lengths and shard-local ids, split on the host sizes;
 4. **lookup** — grouped: with an embedding optimizer, the shards of a group (same device, dtype, width and
-   optimizer; :mod:`shardwise.clients.shard_groups`) are looked up by one ``embedding_bag`` over the group's weight,
+   optimizer; :mod:`shardwise.runtime.embedding.groups`) are looked up by one ``embedding_bag`` over the group's weight,
    whose backward is the fused reduce-by-id + optimizer update; without one, each shard is looked up alone and its
    backward is a coalesced row-sparse gradient (:class:`_ShardLookup`, the compatible mode: it synchronises in
    backward, for ``unique``);
 5. **pooled rows** — ``all_to_all_single`` (differentiable) back to the bags' ranks, row blocks summed, bands
    concatenated, ``mean`` divided by the bag length. Its backward scales the gradient by the tables'
    ``grad_scale``: ``1/W`` (the mean over ranks), in a 2D plan ``1/fleet`` or ``1/G``
-   (:mod:`shardwise.clients.replicas`).
+   (:mod:`shardwise.runtime.replicas`).
 
 At world size one there is nothing to exchange (:func:`_exchange_alone`; not for a group of one rank in a 2D plan,
-whose gradients the exchange scales, see :mod:`shardwise.clients.replicas`): no collective runs and no split sizes
+whose gradients the exchange scales, see :mod:`shardwise.runtime.replicas`): no collective runs and no split sizes
 are read, so a step makes no host synchronisation. Bad ids then raise at once on the CPU; on a CUDA device their
 count is copied to pinned memory and checked at the start of the next call (or by
 ``ShardedEmbeddingBagCollection.check_ids()``), the ids clamped into their own table meanwhile, so that a bad id
@@ -49,10 +49,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import FunctionCtx
 
-from shardwise.clients.shard_groups import ShardGroup, group_lookup, group_prefetch
+from shardwise.runtime.embedding.groups import ShardGroup, group_lookup, group_prefetch
 
 if TYPE_CHECKING:
-    from shardwise.clients.sharded_embedding import Routed, ShardedEmbeddingBag
+    from shardwise.runtime.embedding.bag import Routed, ShardedEmbeddingBag
 
 __all__ = [
     "AllToAll",
@@ -544,7 +544,7 @@ class PendingIdCheck:
 
 
 class CapturedIdCheck:
-    """The bad-id counts of lookups that run inside a CUDA graph (:class:`~shardwise.clients.graphed.GraphedStep`).
+    """The bad-id counts of lookups that run inside a CUDA graph (:class:`~shardwise.runtime.graphed.GraphedStep`).
 
     Every call adds its per-table counts into a device tensor that only grows and copies it to pinned host memory,
     without waiting; a replay of the captured call does the same, so no count is lost however many replays run

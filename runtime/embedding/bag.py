@@ -1,4 +1,4 @@
-"""Sharded embedding bags for :func:`shardwise.clients.apply.apply_plan`: the five sharding types on torch.distributed
+"""Sharded embedding bags for :func:`shardwise.runtime.apply.apply_plan`: the five sharding types on torch.distributed
 alone.
 
 :class:`ShardedEmbeddingBag` replaces one ``nn.EmbeddingBag`` and holds this rank's shards of it; called like the
@@ -12,7 +12,7 @@ Input is data parallel: every rank passes its own batch (per table a 1-D int64 `
 starts, as ``nn.EmbeddingBag`` takes them; a 2-D ``(bags, ids_per_bag)`` tensor without offsets works too) and gets
 the pooled rows of its own bags back.
 
-The exchange (one per call, carrying every sharded table of the call; :mod:`shardwise.clients.exchange`)
+The exchange (one per call, carrying every sharded table of the call; :mod:`shardwise.runtime.embedding.exchange`)
 --------------------------------------------------------------------------------------------------------
 A table's shards are column bands (``col_offset``, ``num_cols``), each cut into row blocks; table_wise is one band of
 one block, column_wise several bands of one block, row_wise / table_row_wise one band of several blocks (a grid of
@@ -24,7 +24,7 @@ both works too). For each band, every id goes to the one block holding its row.
 3. **lookup** — every shard sums its rows per bag (``embedding_bag`` mode ``sum``) for every rank's bags:
    a row block produces *partial* sums, a whole-row band full ones; with an embedding optimizer the shards of
    one group (same device, dtype, width and optimizer) are one weight and one lookup
-   (:mod:`shardwise.clients.shard_groups`);
+   (:mod:`shardwise.runtime.embedding.groups`);
 4. **pooled outputs** — ``all_to_all_single`` (differentiable) sends each rank the rows of its own bags;
    the owner adds the row blocks of a band (**all-to-all + local sum**, not a reduce-scatter: every shard sends
    its partial sums for every bag once, ``o·c`` values, and the exchange fuses with the other tables' outputs into
@@ -33,16 +33,16 @@ both works too). For each band, every id goes to the one block holding its row.
    as ``nn.EmbeddingBag`` does).
 
 Backward runs step 4 in reverse (one ``all_to_all_single`` of the output gradient) and then the local lookup's
-backward. At world size one nothing is exchanged and nothing synchronises (see :mod:`shardwise.clients.exchange`:
-bad ids are then reported at the next call on CUDA). data_parallel tables never communicate in forward: a full
-copy on every rank, looked up locally.
+backward. At world size one nothing is exchanged and nothing synchronises (see
+:mod:`shardwise.runtime.embedding.exchange`: bad ids are then reported at the next call on CUDA). data_parallel tables
+never communicate in forward: a full copy on every rank, looked up locally.
 
 The update rule: the optimizer in backward, or row-sparse gradients
 ------------------------------------------------------------------
 With ``apply_plan(..., embedding_optimizer=UpdateConfig(...))`` (the fast path) the tables are updated inside
 ``loss.backward()`` by a fused reduce-by-id + optimizer pass over each group's touched rows
-(:mod:`shardwise.clients.shard_groups`, :mod:`shardwise.clients.fused_update`): tables get no ``.grad``, the user's
-optimizer steps the dense parameters only. Without it (the compatible mode, described next) the tables get
+(:mod:`shardwise.runtime.embedding.groups`, :mod:`shardwise.runtime.embedding.update`): tables get no ``.grad``, the
+user's optimizer steps the dense parameters only. Without it (the compatible mode, described next) the tables get
 row-sparse gradients for an optimizer of the user's choice.
 A sharded table never materialises a dense gradient. The shard lookup's backward returns a *coalesced* sparse COO
 gradient: the ``u`` distinct rows the step touched and their summed gradients, ``u × num_cols`` values plus ``u``
@@ -54,7 +54,7 @@ index work is a few int64 per id (ids and offsets saved from forward, ``unique``
 optimizer that accepts sparse gradients: :class:`RowWiseAdagrad` (here; state ``r·4`` B, the wire's
 ``rowwise_adagrad``), ``torch.optim.SGD`` (state 0), ``torch.optim.Adagrad`` (state ``r·c·4``) or
 ``torch.optim.SparseAdam`` (``2·r·c·4``, lazy Adam) — all checked on CPU. ``torch.optim.Adam`` refuses sparse
-gradients: use :func:`shardwise.clients.apply.split_parameters` to give the dense parameters their own optimizer.
+gradients: use :func:`shardwise.runtime.apply.split_parameters` to give the dense parameters their own optimizer.
 data_parallel tables keep a dense gradient (``r·c·b``) that a gradient hook all-reduces (average) as soon as it is
 accumulated — what the cost model charges for them.
 
@@ -65,26 +65,26 @@ those losses. Sharded tables get it by scaling the output gradient by ``1/world_
 data_parallel copies by the averaging all-reduce. With equal local batches and a mean-reduced loss this equals the
 gradient of the unsharded model on the global batch. In a 2D plan the exchange runs inside the rank's group and
 scales by ``grad_scale`` instead (``1/fleet`` then a sum over the replica set, or ``1/G`` then weight averaging;
-:mod:`shardwise.clients.replicas`), and data_parallel copies average over ``fleet_group``.
+:mod:`shardwise.runtime.replicas`), and data_parallel copies average over ``fleet_group``.
 
 Placements
 ----------
 ``hbm`` shards live on the executor's device. ``host`` shards with an embedding optimizer on a CUDA executor live in
 pinned host memory that the device's kernels read and write in place (zero-copy,
-:mod:`shardwise.clients.host_memory`): they form *mapped groups* (:mod:`shardwise.clients.shard_groups`), looked up
-and updated as hbm groups are, every row access crossing the host link; row-wise optimizer state (rowwise_adagrad's)
-on the device, per-weight state in host memory too — FBGEMM's rules for a managed table, the cost model's. The
-tables' ``weights[j]`` are then CUDA tensors over host memory (``torch.cuda.memory_allocated`` does not count them).
-Otherwise — ``apply_plan(host_access="cpu")``, no embedding optimizer, or data_parallel — ``host`` shards stay in
-CPU memory: their lookups run on the CPU and only the pooled rows (and their gradients) cross to the device. The
+:mod:`shardwise.runtime.embedding.host_memory`): they form *mapped groups* (:mod:`shardwise.runtime.embedding.groups`),
+looked up and updated as hbm groups are, every row access crossing the host link; row-wise optimizer state
+(rowwise_adagrad's) on the device, per-weight state in host memory too — FBGEMM's rules for a managed table, the cost
+model's. The tables' ``weights[j]`` are then CUDA tensors over host memory (``torch.cuda.memory_allocated`` does not
+count them). Otherwise — ``apply_plan(host_access="cpu")``, no embedding optimizer, or data_parallel — ``host`` shards
+stay in CPU memory: their lookups run on the CPU and only the pooled rows (and their gradients) cross to the device. The
 zero-copy way measured 4–8× faster than the CPU's gather and copy on an H200 (``docs/truth.md``).
 
 ``uvm_cache`` shards with an embedding optimizer keep their weights in host memory behind a cache on the device
-(:mod:`shardwise.clients.row_cache`; FBGEMM's ``MANAGED_CACHING``, which TorchRec runs through
+(:mod:`shardwise.runtime.embedding.row_cache`; FBGEMM's ``MANAGED_CACHING``, which TorchRec runs through
 :mod:`shardwise.solver.torchrec.exporter`):
 
 * this rank's ``uvm_cache`` shards of one dtype, width and optimizer form one *cached group*, apart from the hbm
-  groups (:mod:`shardwise.clients.shard_groups`). Its weight — the **store** — and its per-weight optimizer state
+  groups (:mod:`shardwise.runtime.embedding.groups`). Its weight — the **store** — and its per-weight optimizer state
   (adagrad's sums, adam's moments) live in host memory, pinned on CUDA; row-wise state (rowwise_adagrad's fp32 per
   row) lives on the device, in full: FBGEMM's rules, the cost model's ``s_uvm`` / ``s_dev``. The cache holds
   ``S = Σ A·⌈⌈f·r⌉/A⌉`` rows over the group's shards (``f`` each shard's ``cache_fraction``, ``r`` its rows), ``A``
@@ -112,14 +112,14 @@ zero-copy way measured 4–8× faster than the CPU's gather and copy on an H200 
   that waits for the step's lookup but not for its backward and update, so the next batch's misses come in (read
   from host memory zero-copy) while the device finishes the step — call it after ``loss.backward()`` with the next
   batch as CPU tensors (device tensors make it wait for everything queued before it); the next call waits for it
-  (:mod:`shardwise.clients.row_cache`, "Overlapped prefetch"). ``prefetch(..., overlap=False)`` runs it in order
-  on the current stream. Weights do not depend on prefetches: the same steps with or without them give the same
+  (:mod:`shardwise.runtime.embedding.row_cache`, "Overlapped prefetch"). ``prefetch(..., overlap=False)`` runs it in
+  order on the current stream. Weights do not depend on prefetches: the same steps with or without them give the same
   weights; an in-order prefetch also gives the same counters, an overlapped one can evict other rows (it keeps the
   rows of the step in flight whether or not their update has finished) and so count differently. A step that
   looks up cached shards cannot be captured into a CUDA graph: the cache's bookkeeping keeps host state that each
-  fetch updates (:class:`~shardwise.clients.graphed.GraphedStep` refuses it);
+  fetch updates (:class:`~shardwise.runtime.graphed.GraphedStep` refuses it);
 * **counters**: :meth:`ShardedEmbeddingBagCollection.cache_stats` gives this rank's
-  :class:`~shardwise.clients.row_cache.CacheStats` per table — ``lookups``, ``hits``, ``unique_misses``,
+  :class:`~shardwise.runtime.embedding.row_cache.CacheStats` per table — ``lookups``, ``hits``, ``unique_misses``,
   ``evictions``, ``write_backs``, ``spills``; ``hit_rate = hits / lookups`` is what the cost model's
   ``cache_hit_rate(rows, cache_fraction, access_skew)`` predicts;
 * **memory**: on the device the cache's ``S·(c·b + 21) + 4·R`` bytes — the cost model's ``cache_bytes``
@@ -158,7 +158,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from shardwise.clients.exchange import (
+from shardwise.runtime.embedding.exchange import (
     CapturedIdCheck,
     PendingIdCheck,
     _ShardLookup,
@@ -167,11 +167,11 @@ from shardwise.clients.exchange import (
     one_group_lookup,
     pooled_lookup,
 )
-from shardwise.clients.fused_update import UpdateConfig, init_state
-from shardwise.clients.optim import RowWiseAdagrad
-from shardwise.clients.replicas import Replicas
-from shardwise.clients.row_cache import CacheStats, RowCache, overlapped_prefetch
-from shardwise.clients.shard_groups import ShardGroup, fused_data_parallel_hook
+from shardwise.runtime.embedding.groups import ShardGroup, fused_data_parallel_hook
+from shardwise.runtime.embedding.optim import RowWiseAdagrad
+from shardwise.runtime.embedding.row_cache import CacheStats, RowCache, overlapped_prefetch
+from shardwise.runtime.embedding.update import UpdateConfig, init_state
+from shardwise.runtime.replicas import Replicas
 from shardwise.wire.spec import Placement, ShardingType, ShardPlan
 
 __all__ = [
@@ -260,7 +260,7 @@ class ShardedEmbeddingBag(nn.Module):
 
     ``weights[j]`` is the ``j``-th of this rank's shards, ``local_shards[j]`` its place in the table
     (for data_parallel: one full copy). Parameters are named ``<table fqn>.weights.<j>``. With ``allocate`` (from
-    :func:`shardwise.clients.shard_groups.plan_groups`) the shards are views into their groups' weights and need no
+    :func:`shardwise.runtime.embedding.groups.plan_groups`) the shards are views into their groups' weights and need no
     gradient; ``update`` is the table's optimizer in backward (data_parallel copies apply it in their hook).
     """
 
@@ -353,7 +353,7 @@ class ShardedEmbeddingBag(nn.Module):
                 if p.requires_grad:  # row-sparse gradients (no optimizer in backward): summed over the replicas
                     p.register_post_accumulate_grad_hook(_replica_sum_hook(replicas))
         self._boundaries: dict[tuple[tuple[int, ...], str], tuple[Tensor, Tensor, Tensor]] = {}
-        self.exchange_plans: dict[Any, Any] = {}  # the exchange's per-table-set plans (clients.exchange)
+        self.exchange_plans: dict[Any, Any] = {}  # the exchange's per-table-set plans (runtime.embedding.exchange)
         self.pending_ids: PendingIdCheck | None = None  # a deferred bad-id check (world size one on CUDA)
         self.captured_ids: CapturedIdCheck | None = None  # the bad-id counts of a graphed step (GraphedStep sets it)
         if self._caches():  # the weights are the caches' stores: write the caches back before reading or loading
@@ -386,8 +386,8 @@ class ShardedEmbeddingBag(nn.Module):
             c.invalidate()
 
     def cache_stats(self) -> CacheStats | None:
-        """This rank's cache counters for the table (:class:`~shardwise.clients.row_cache.CacheStats`: lookups,
-        hits, evictions...), or None when it holds no cached shard of it; reads the device."""
+        """This rank's cache counters for the table (:class:`~shardwise.runtime.embedding.row_cache.CacheStats`:
+        lookups, hits, evictions...), or None when it holds no cached shard of it; reads the device."""
         caches = self.row_caches()
         if not caches:
             return None
@@ -628,7 +628,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
     """Every :class:`ShardedEmbeddingBag` of a model, looked up with one exchange per call.
 
     Not a submodule of the model (it would register the tables twice): build it with :meth:`from_module` after
-    :func:`shardwise.clients.apply.apply_plan` and call it with ``{table name: (ids, offsets)}``.
+    :func:`shardwise.runtime.apply.apply_plan` and call it with ``{table name: (ids, offsets)}``.
     """
 
     def __init__(self, tables: Sequence[ShardedEmbeddingBag]) -> None:
@@ -641,7 +641,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self.names = [t.name for t in tables]
         self.tables = nn.ModuleList(tables)
         self._by_name = dict(zip(self.names, tables, strict=True))
-        # world size one with every table one whole shard of a group: a call is one lookup per group (clients.exchange)
+        # world size one with every table one whole shard of a group: a call is one lookup per group
+        # (runtime.embedding.exchange)
         self._layouts = group_layouts(tables)
 
     @classmethod
@@ -671,8 +672,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         at world size > 1: the ids are exchanged as the call itself will exchange them). Nothing is returned.
 
         ``overlap`` (default: on CUDA): run it beside the step in flight, on a side stream that does not wait for
-        that step's backward (:func:`~shardwise.clients.row_cache.overlapped_prefetch`); pass ``features`` as CPU
-        tensors for it to overlap (device tensors make it wait for the current stream). False: on the current
+        that step's backward (:func:`~shardwise.runtime.embedding.row_cache.overlapped_prefetch`); pass ``features`` as
+        CPU tensors for it to overlap (device tensors make it wait for the current stream). False: on the current
         stream, in order."""
         unknown = sorted(set(features) - set(self._by_name))
         if unknown:
@@ -722,8 +723,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
 def _prefetching(
     caches: Sequence[RowCache], device: torch.device, inputs: Sequence[Tensor], overlap: bool | None
 ) -> Iterator[None]:
-    """A prefetch's context: overlapped (:func:`~shardwise.clients.row_cache.overlapped_prefetch`) when ``overlap``
-    is True, or None on CUDA; else in order on the current stream."""
+    """A prefetch's context: overlapped (:func:`~shardwise.runtime.embedding.row_cache.overlapped_prefetch`) when
+    ``overlap`` is True, or None on CUDA; else in order on the current stream."""
     if overlap is None:
         overlap = device.type == "cuda"
     if not overlap or not caches:

@@ -5,14 +5,14 @@ that share a device, a dtype, a width (``num_cols``) and an optimizer configurat
 the group's ``weight``: each shard is a row range of it (``ShardGroup.base`` of the shard), and each table's
 ``weights[j]`` is a view of that range (a parameter that needs no gradient). A step looks the whole group up with one
 ``embedding_bag`` over ids offset by their shard's base, the way table-batched embedding kernels do, and its
-backward runs :func:`~shardwise.clients.fused_update.fused_backward_update` once for the group: the output gradient's
-rows are reduced by id and the optimizer is applied to the touched rows in place. No sparse COO tensor, no dense
-table gradient, and no host synchronisation.
+backward runs :func:`~shardwise.runtime.embedding.update.fused_backward_update` once for the group: the output
+gradient's rows are reduced by id and the optimizer is applied to the touched rows in place. No sparse COO tensor, no
+dense table gradient, and no host synchronisation.
 
 The contract this gives the training loop (the optimizer in backward):
 
 * tables get no ``.grad`` — their update happens inside ``loss.backward()``, with the table's optimizer and
-  learning rate from the :class:`~shardwise.clients.fused_update.UpdateConfig` given to ``apply_plan``;
+  learning rate from the :class:`~shardwise.runtime.embedding.update.UpdateConfig` given to ``apply_plan``;
 * the user's optimizer steps the dense parameters only (``split_parameters(model)[1]``), as before;
 * one update per lookup call: a table looked up twice in a step is updated twice (each call's backward), and
   Adam's bias correction counts each table's own updates;
@@ -20,15 +20,15 @@ The contract this gives the training loop (the optimizer in backward):
   ``adagrad`` one per element, ``adam`` two per element, ``sgd`` none — what the cost model charges.
 
 ``uvm_cache`` shards form **cached groups** of their own (``GroupKey.cached``): the weight and the per-weight state
-in host memory, row-wise state on the device, and a :class:`~shardwise.clients.row_cache.RowCache` of the rows on
-the device. Their lookup fetches the batch's rows into the cache and pools the cached rows; their backward runs the
+in host memory, row-wise state on the device, and a :class:`~shardwise.runtime.embedding.row_cache.RowCache` of the rows
+on the device. Their lookup fetches the batch's rows into the cache and pools the cached rows; their backward runs the
 same fused update on a compact copy of the batch's distinct rows and their state (ids renumbered in row order, so
 the arithmetic is the uncached group's) and writes it back, the rows into the cache (marked dirty).
 
 ``host`` shards on CUDA form **mapped groups** (``GroupKey.mapped``): the weight and the per-weight state in pinned
 host memory, the row-wise state on the device, and the group holds the host memory's device views
-(:mod:`shardwise.clients.host_memory`): its lookup and fused update are an hbm group's, their kernels reading and
-writing the rows in host memory across the host link (zero-copy) — FBGEMM's ``UVM`` / ``HOST_MAPPED`` tables.
+(:mod:`shardwise.runtime.embedding.host_memory`): its lookup and fused update are an hbm group's, their kernels reading
+and writing the rows in host memory across the host link (zero-copy) — FBGEMM's ``UVM`` / ``HOST_MAPPED`` tables.
 
 ``SHARDWISE_FUSED_BACKEND`` (``auto``, ``torch`` or ``triton``; default ``auto``: Triton on CUDA tensors) picks the
 update's backend, read at each backward: the pure-torch one is the reference the Triton kernel is checked against.
@@ -51,16 +51,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.autograd.function import FunctionCtx
 
-from shardwise.clients.fused_update import (
-    RowOptimizer,
-    UpdateConfig,
-    fused_backward_update,
-    init_state,
-    pooled_sum,
-)
-from shardwise.clients.host_memory import device_view, pinned_empty, pinned_zeros
-from shardwise.clients.replicas import Replicas
-from shardwise.clients.row_cache import (
+from shardwise.runtime.embedding.host_memory import device_view, pinned_empty, pinned_zeros
+from shardwise.runtime.embedding.row_cache import (
     CACHE_WAYS,
     Fetched,
     RowCache,
@@ -69,6 +61,14 @@ from shardwise.clients.row_cache import (
     scatter_rows,
     spill_slots,
 )
+from shardwise.runtime.embedding.update import (
+    RowOptimizer,
+    UpdateConfig,
+    fused_backward_update,
+    init_state,
+    pooled_sum,
+)
+from shardwise.runtime.replicas import Replicas
 from shardwise.wire.spec import Placement, ShardPlan
 
 __all__ = [
@@ -90,10 +90,11 @@ class GroupKey:
     dtype: torch.dtype
     num_cols: int
     config: UpdateConfig
-    #: uvm_cache shards: weights in host memory, an LRU cache of them on ``device`` (:mod:`shardwise.clients.row_cache`)
+    #: uvm_cache shards: weights in host memory, an LRU cache of them on ``device``
+    # (:mod:`shardwise.runtime.embedding.row_cache`)
     cached: bool = False
     #: host shards on CUDA: weights in pinned host memory that the lookup and the update read and write zero-copy
-    #: (:mod:`shardwise.clients.host_memory`)
+    #: (:mod:`shardwise.runtime.embedding.host_memory`)
     mapped: bool = False
 
 
@@ -115,7 +116,7 @@ class ShardGroup:
     #: step), whether the table is looked up alone (the model's own forward) or with others (the collection)
     steps: dict[str, int] = field(default_factory=dict)
     #: Adam's step counters on the device (float64, one value each), per set of tables looked up together: a dict
-    #: once :class:`~shardwise.clients.graphed.GraphedStep` takes the group, so that a captured step counts its own
+    #: once :class:`~shardwise.runtime.graphed.GraphedStep` takes the group, so that a captured step counts its own
     #: steps (a host int would replay the step it was captured at); None: the host ints of ``steps`` alone
     device_steps: dict[tuple[str, ...], Tensor] | None = None
     #: a zero-size tensor that needs a gradient: it makes autograd call the group lookup's backward (the update)
@@ -124,7 +125,7 @@ class ShardGroup:
     #: a cached group's state as the update reaches it: device views of the host-memory state on CUDA
     views: dict[str, Tensor] = field(default_factory=dict)
     #: 2D plans: the replica set that holds the same group on the other replica groups, and how it syncs
-    #: (:mod:`shardwise.clients.replicas`); None for a 1D plan
+    #: (:mod:`shardwise.runtime.replicas`); None for a 1D plan
     replicas: Replicas | None = None
 
     @property
@@ -144,7 +145,7 @@ class ShardStorage:
     place: dict[tuple[str, int], tuple[ShardGroup, int]]
 
     def allocator(self, table: str) -> Callable[[int, ShardPlan, torch.dtype, torch.device], Tensor | None]:
-        """For :class:`~shardwise.clients.sharded_embedding.ShardedEmbeddingBag`: shard ``i`` → its view, or
+        """For :class:`~shardwise.runtime.embedding.bag.ShardedEmbeddingBag`: shard ``i`` → its view, or
         None where the shard is not grouped (data_parallel copies)."""
 
         def allocate(i: int, shard: ShardPlan, dtype: torch.dtype, device: torch.device) -> Tensor | None:
@@ -174,10 +175,11 @@ def plan_groups(
     is the shards' sum, never a second copy); its rows are left uninitialised for the tables to fill.
 
     ``uvm_cache`` shards form groups of their own (``GroupKey.cached``): the weight in host memory, pinned when
-    ``device`` is CUDA, and a :class:`~shardwise.clients.row_cache.RowCache` on ``device`` of
+    ``device`` is CUDA, and a :class:`~shardwise.runtime.embedding.row_cache.RowCache` on ``device`` of
     ``Σ cache_slots(rows, cache_fraction, cache_ways)`` slots over the group's shards, and a spill reserve of
     ``Σ spill_slots(ids, rows)`` for the tables' ids per step in ``step_ids`` (a table left out reserves none): with
-    it the cache fetches without a host synchronisation (:mod:`shardwise.clients.row_cache`, "No synchronisation").
+    it the cache fetches without a host synchronisation (:mod:`shardwise.runtime.embedding.row_cache`, "No
+    synchronisation").
 
     ``host`` shards on CUDA form mapped groups (``GroupKey.mapped``): the weight in pinned host memory, held as its
     device view.
@@ -266,7 +268,7 @@ class _GroupLookup(torch.autograd.Function):
     """Sum-pooled lookup of a whole group; backward is the fused reduce-by-id + optimizer update, in place.
 
     In a 2D plan (``group.replicas``): with ``allreduce_rows`` the update runs on every replica's touched rows and
-    their gradients (:meth:`~shardwise.clients.replicas.Replicas.gather_rows`: the fused update's reduce-by-id sums
+    their gradients (:meth:`~shardwise.runtime.replicas.Replicas.gather_rows`: the fused update's reduce-by-id sums
     them), so all replicas make the same update; with ``average_weights`` the replicas average the group's weight
     and state after every ``every_k_steps``-th update.
     """
@@ -373,7 +375,7 @@ def next_step(group: ShardGroup, tables: tuple[str, ...]) -> int:
 def update_step(group: ShardGroup, tables: tuple[str, ...], step: int) -> int | Tensor:
     """The step the fused update is given: ``step`` itself, or — for Adam once the group counts on the device
     (``device_steps``) — its device counter for ``tables``, incremented in the stream. The counter is created from
-    the host count outside a capture (a :class:`~shardwise.clients.graphed.GraphedStep` warms up first); inside one,
+    the host count outside a capture (a :class:`~shardwise.runtime.graphed.GraphedStep` warms up first); inside one,
     a missing counter is an error: a tensor created there would be reset at every replay."""
     if group.device_steps is None or group.key.config.optimizer is not RowOptimizer.adam:
         return step
@@ -395,7 +397,8 @@ def group_lookup(group: ShardGroup, tables: tuple[str, ...], ids: Tensor, offset
 
     ``bags[i]`` is the bag (output row) of ``ids[i]``: given by the caller, which knows the number of ids on the host,
     so that no step needs a synchronising ``repeat_interleave``. A cached group first fetches the batch's rows into
-    its cache (:meth:`~shardwise.clients.row_cache.RowCache.fetch`, locked until the update when autograd records).
+    its cache (:meth:`~shardwise.runtime.embedding.row_cache.RowCache.fetch`, locked until the update when autograd
+    records).
     """
     if group.cache is not None:
         fetched = group.cache.fetch(ids, lock=torch.is_grad_enabled())

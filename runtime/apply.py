@@ -12,9 +12,9 @@ dtypes; every problem listed in one :class:`PlanMismatchError`, a ``ValueError``
 plan fails the same way on every rank instead of hanging one of them. Then, in place:
 
 * **embedding tables** — every ``nn.EmbeddingBag`` the plan names (by FQN) is replaced by a
-  :class:`~shardwise.clients.sharded_embedding.ShardedEmbeddingBag` holding this rank's shards (table_wise, row_wise,
+  :class:`~shardwise.runtime.embedding.bag.ShardedEmbeddingBag` holding this rank's shards (table_wise, row_wise,
   column_wise, table_row_wise, data_parallel; ids and pooled rows exchanged with all-to-all, row-sparse gradients —
-  see :mod:`shardwise.clients.sharded_embedding`). The model's own code keeps working (``self.t(ids, offsets)``); one
+  see :mod:`shardwise.runtime.embedding.bag`). The model's own code keeps working (``self.t(ids, offsets)``); one
   exchange for all tables: ``ShardedEmbeddingBagCollection.from_module(model)(features)``. Only this rank's shards
   are copied to the device, never the whole table; a table on the meta device gets N(0, 1) shards
   (data_parallel copies broadcast from the group's first rank).
@@ -37,13 +37,13 @@ plan fails the same way on every rank instead of hanging one of them. Then, in p
   - parameters no plan entry covers (norms, unplanned layers, embedding bags left out) are replicated: their
     largest fully uncovered submodules are wrapped in DDP; parameters owned directly by a module that also holds
     planned children get an averaging all-reduce hook;
-  - a dense entry that holds no parameters (compute :func:`~shardwise.clients.describe.describe` counted outside
+  - a dense entry that holds no parameters (compute :func:`~shardwise.runtime.describe.describe` counted outside
     every layer, such as DLRM's feature interaction) places nothing; an entry naming a parameter (describe()'s layer
     for a parameter held beside tables, always ``replicate``) leaves it to the all-reduce hook above; an
     ``unclassified`` layer (any module with parameters) runs ``replicate`` or ``fsdp`` like a linear one.
 * **dense kernels** — on a CUDA device with Triton importable, every ``nn.Linear`` whose dense entry is
   ``replicate`` or ``fsdp`` and whose ``kernels`` hold choices for this rank's GPU type (``plan.ranks[rank].gpu``)
-  becomes a :class:`~shardwise.clients.kernel_linear.KernelLinear` around the same ``weight`` and ``bias``
+  becomes a :class:`~shardwise.runtime.kernels.linear.KernelLinear` around the same ``weight`` and ``bias``
   Parameters (state_dict keys, optimizers and checkpoints unchanged): forward, input gradient and weight gradient
   run through shardwise's Triton matmul with the plan's configuration for each phase (the layer's dtype preferred
   when the plan chose for several), the bias gradient by a sum. On the CPU, without Triton, for tensor-parallel
@@ -52,7 +52,7 @@ plan fails the same way on every rank instead of hanging one of them. Then, in p
 
 Gradient convention: every parameter receives the gradient of the **mean over ranks** of the local losses (DDP's),
 so with equal local batches and a mean-reduced loss the sharded model's gradients equal the unsharded model's on
-the global batch. Placements (see :mod:`shardwise.clients.sharded_embedding`, "Placements"): ``hbm`` weights live on
+the global batch. Placements (see :mod:`shardwise.runtime.embedding.bag`, "Placements"): ``hbm`` weights live on
 the device; ``host`` shards keep their weights in host memory, read and written by the device's kernels zero-copy
 (with an embedding optimizer on CUDA; otherwise, or with ``host_access="cpu"``, looked up by the CPU); ``uvm_cache``
 shards keep their weights in host memory behind an LRU row cache on the device (with an embedding optimizer;
@@ -63,7 +63,7 @@ groups. :func:`apply_plan` builds a 2-D ``DeviceMesh`` ``("replica", "shard")`` 
 the tables' exchanges over the rank's group, and keeps the replicas equal by the plan's sync (``allreduce_rows``:
 the touched rows' gradients summed over the replica set before every update; ``average_weights``: weights and
 optimizer state averaged every ``k`` updates). data_parallel tables and dense layers stay fleet-wide. See
-:mod:`shardwise.clients.replicas`, which also says what a 2D plan refuses.
+:mod:`shardwise.runtime.replicas`, which also says what a 2D plan refuses.
 
 Composition order (torchtitan's): tables, then TP, then FSDP, then DDP. Requirements: an initialised process group
 whose size is the plan's world size (``len(plan.ranks)`` when the plan lists its ranks), dense layers materialised
@@ -87,13 +87,13 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 from torch.nn.parallel import DistributedDataParallel
 
-from shardwise.clients.fused_update import UpdateConfig
-from shardwise.clients.kernel_linear import WIRE_DTYPES, KernelLinear, layer_configs, triton_matmul_available
-from shardwise.clients.plan_check import TP_STYLES, Checked, PlanMismatchError, ancestors, check, check_plan, under
-from shardwise.clients.replicas import build_layout
-from shardwise.clients.row_cache import CACHE_WAYS
-from shardwise.clients.shard_groups import plan_groups
-from shardwise.clients.sharded_embedding import HOST_ACCESS, ShardedEmbeddingBag, average_grad_hook
+from shardwise.runtime.embedding.bag import HOST_ACCESS, ShardedEmbeddingBag, average_grad_hook
+from shardwise.runtime.embedding.groups import plan_groups
+from shardwise.runtime.embedding.row_cache import CACHE_WAYS
+from shardwise.runtime.embedding.update import UpdateConfig
+from shardwise.runtime.kernels.linear import WIRE_DTYPES, KernelLinear, layer_configs, triton_matmul_available
+from shardwise.runtime.plan_check import TP_STYLES, Checked, PlanMismatchError, ancestors, check, check_plan, under
+from shardwise.runtime.replicas import build_layout
 from shardwise.wire.spec import (
     DensePlan,
     DenseStyle,
@@ -371,22 +371,23 @@ def apply_plan(
 
     ``embedding_optimizer``: the tables' optimizer in backward (one :class:`UpdateConfig` for every table, or one per
     table FQN; a table left out keeps row-sparse gradients). Tables so configured are grouped, looked up together
-    and updated inside ``loss.backward()``; they get no ``.grad`` (see :mod:`shardwise.clients.shard_groups`).
+    and updated inside ``loss.backward()``; they get no ``.grad`` (see :mod:`shardwise.runtime.embedding.groups`).
     Their ``uvm_cache`` shards keep their weights in host memory behind a device cache of ``cache_ways`` ways per set
-    (32, FBGEMM's on CUDA; the cost model takes 64 on ROCm): :mod:`shardwise.clients.row_cache`.
+    (32, FBGEMM's on CUDA; the cost model takes 64 on ROCm): :mod:`shardwise.runtime.embedding.row_cache`.
     ``dense_kernels``: run the plan's dense kernel choices on CUDA (:func:`swap_kernel_layers`), the kernels the
     cost model priced; False keeps every ``nn.Linear`` on ``torch.matmul``. Measured on one H200
     (``docs/kernels.md``), cuBLAS ran the same GEMMs in 0.78 of the chosen Triton configuration's time (bf16/fp16;
     0.40 in fp8): False is faster there, and the plan's dense figures then run high by about that much.
     ``host_access``: how a CUDA executor reaches the rows of ``host`` shards with an embedding optimizer —
     ``"zero_copy"`` (the device's kernels read and write pinned host memory in place,
-    :mod:`shardwise.clients.host_memory`; the cost model's pricing) or ``"cpu"`` (the CPU gathers and updates the
-    rows, the pooled rows cross to the device). Zero-copy measured 4–8× faster on an H200 (``docs/truth.md``).
+    :mod:`shardwise.runtime.embedding.host_memory`; the cost model's pricing) or ``"cpu"`` (the CPU gathers and updates
+    the rows, the pooled rows cross to the device). Zero-copy measured 4–8× faster on an H200 (``docs/truth.md``).
 
     ``model_spec``: checks the plan against the model, and sizes each ``uvm_cache`` group's spill reserve from the ids
     a step may bring its shards (``world · batch_size_per_gpu · num_features · pooling_factor`` per table,
-    :func:`~shardwise.clients.row_cache.spill_slots`), with which a CUDA cache fetches without a host
-    synchronisation (:mod:`shardwise.clients.row_cache`, "No synchronisation"); without it the fetch synchronises.
+    :func:`~shardwise.runtime.embedding.row_cache.spill_slots`), with which a CUDA cache fetches without a host
+    synchronisation (:mod:`shardwise.runtime.embedding.row_cache`, "No synchronisation"); without it the fetch
+    synchronises.
 
     Raises :class:`PlanMismatchError` (a ``ValueError``) before any collective when the plan does not fit.
     """

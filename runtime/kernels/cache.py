@@ -1,8 +1,8 @@
-"""The Triton kernels behind :meth:`shardwise.clients.row_cache.RowCache.fetch` on CUDA: a fetch in three kernels
-and two host synchronisations, where the torch ops took about 160 kernels and 20 synchronisations (2.1 ms of host
-time a fetch measured on an H200's host, whatever its size: ``benchmarks/port_measured.py``, "fetch").
+"""The Triton kernels behind :meth:`shardwise.runtime.embedding.row_cache.RowCache.fetch` on CUDA: a fetch in three
+kernels and two host synchronisations, where the torch ops took about 160 kernels and 20 synchronisations (2.1 ms of
+host time a fetch measured on an H200's host, whatever its size: ``benchmarks/port_measured.py``, "fetch").
 
-Imported only by the cache's Triton path, so that ``shardwise.clients.row_cache`` loads without Triton. On CPU
+Imported only by the cache's Triton path, so that ``shardwise.runtime.embedding.row_cache`` loads without Triton. On CPU
 tensors the kernels run under Triton's interpreter (``TRITON_INTERPRET=1`` before the first import), which is how
 the tests check them against the torch ops, field for field.
 
