@@ -71,7 +71,7 @@ whose size is the plan's world size (``len(plan.ranks)`` when the plan lists its
 size. Pass the device to :func:`apply_plan` rather than calling ``.to()`` on the sharded model afterwards (that
 would pull ``host`` shards onto the accelerator).
 
-Checked on CPU with gloo at world sizes 2 and 4 (``tests/torch_integration/test_apply.py``: every sharding type, a
+Checked on CPU with gloo at world sizes 2 and 4 (``tests/runtime/multiprocess/test_apply.py``: every sharding type, a
 mixed plan with every dense style, TP over one and over two "hosts") and on two H200s with NCCL (torch 2.11).
 """
 

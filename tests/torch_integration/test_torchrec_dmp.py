@@ -17,8 +17,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from _fleets import tiny_fleet
 
+from fleet_support import tiny_fleet
 from shardwise.solver.planner import make_plan, score_plan
 from shardwise.solver.torchrec.exporter import TorchRecExportError, to_torchrec, to_torchrec_dict
 from shardwise.solver.torchrec.importer import from_torchrec

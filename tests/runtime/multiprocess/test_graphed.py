@@ -17,9 +17,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from _dist import run  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
+from dist_support import run  # noqa: E402
 from shardwise.runtime.apply import apply_plan, split_parameters  # noqa: E402
 from shardwise.runtime.embedding.bag import ShardedEmbeddingBag, ShardedEmbeddingBagCollection  # noqa: E402
 from shardwise.runtime.embedding.exchange import OneGroup, group_layouts  # noqa: E402

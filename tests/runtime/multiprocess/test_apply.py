@@ -28,10 +28,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch.distributed as dist  # noqa: E402  (after the importorskip)
-from _dist import Checks, run  # noqa: E402
-from _fleets import tiny_fleet  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
+from dist_support import Checks, run  # noqa: E402
+from fleet_support import tiny_fleet  # noqa: E402
 from shardwise.runtime import apply as apply_mod  # noqa: E402
 from shardwise.runtime.apply import PlanMismatchError, apply_plan, param_groups, split_parameters  # noqa: E402
 from shardwise.runtime.embedding.bag import RowWiseAdagrad, ShardedEmbeddingBag, ShardedEmbeddingBagCollection  # noqa: E402

@@ -27,7 +27,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch.distributed as dist  # noqa: E402
-from _dist import Checks, run  # noqa: E402
 from test_apply import (  # noqa: E402
     DENSE,
     DLRM,
@@ -44,6 +43,7 @@ from test_apply import (  # noqa: E402
 )
 from torch import nn  # noqa: E402
 
+from dist_support import Checks, run  # noqa: E402
 from shardwise.runtime.apply import PlanMismatchError, apply_plan  # noqa: E402
 from shardwise.runtime.embedding.bag import ShardedEmbeddingBag, ShardedEmbeddingBagCollection  # noqa: E402
 from shardwise.runtime.embedding.update import RowOptimizer, UpdateConfig  # noqa: E402
@@ -105,8 +105,7 @@ MIXED_DENSE = {  # every dense style, over the whole fleet as in a 1D plan
 def planner_plan_2d() -> Plan:
     """shardwise's own 2D plan for the model: ``describe()`` on the meta device, one option of the solver's 2D
     search (two groups of one host each, allreduce_rows) planned by the greedy on 100-kB GPUs, two to a host."""
-    from _fleets import tiny_fleet
-
+    from fleet_support import tiny_fleet
     from shardwise.runtime.describe import describe
     from shardwise.solver import plan2d, two_d
     from shardwise.solver.topology import Topology

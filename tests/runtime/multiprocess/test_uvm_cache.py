@@ -35,9 +35,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from _dist import Checks, run  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
+from dist_support import Checks, run  # noqa: E402
 from shardwise.runtime.apply import apply_plan  # noqa: E402
 from shardwise.runtime.embedding.bag import (  # noqa: E402
     RowWiseAdagrad,
