@@ -22,7 +22,8 @@ plan fails the same way on every rank instead of hanging one of them. Then, in p
 
   - ``replicate`` → ``DistributedDataParallel`` around the layer, or around the largest module all of whose
     parameters are replicated (one DDP for an MLP of replicated layers: ``bottom.0.weight`` becomes
-    ``bottom.module.0.weight``; :func:`replica_roots`); on a world of one rank, nothing (no replica to sync);
+    ``bottom.module.0.weight``; :func:`~shardwise.runtime.parallel.ddp.replica_roots`); on a world of one rank, nothing
+    (no replica to sync);
   - ``fsdp`` → FSDP2 ``fully_shard(layer, mesh=<all ranks>)`` (each layer its own unit, parameters become
     ``DTensor`` ``Shard(0)``, gradients reduce-scattered and averaged);
   - ``colwise`` / ``rowwise`` → ``parallelize_module(layer, mesh["tp"], ColwiseParallel | RowwiseParallel)``,
@@ -77,200 +78,35 @@ mixed plan with every dense style, TP over one and over two "hosts") and on two 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Shard
-from torch.nn.parallel import DistributedDataParallel
+from torch.distributed.tensor import DTensor
 
-from shardwise.runtime.embedding.bag import HOST_ACCESS, ShardedEmbeddingBag, average_grad_hook
-from shardwise.runtime.embedding.groups import plan_groups
+from shardwise.runtime.embedding.bag import HOST_ACCESS, ShardedEmbeddingBag
 from shardwise.runtime.embedding.row_cache import CACHE_WAYS
 from shardwise.runtime.embedding.update import UpdateConfig
-from shardwise.runtime.kernels.linear import WIRE_DTYPES, KernelLinear, layer_configs, triton_matmul_available
-from shardwise.runtime.plan_check import TP_STYLES, Checked, PlanMismatchError, ancestors, check, check_plan, under
-from shardwise.runtime.replicas import build_layout
-from shardwise.wire.spec import (
-    DensePlan,
-    DenseStyle,
-    ModelSpec,
-    Placement,
-    Plan,
-    ShardingType,
-    ShardPlan,
-    SparseSync,
+from shardwise.runtime.parallel import (
+    apply_fsdp,
+    apply_replicate,
+    apply_tensor_parallel,
+    average_loose_gradients,
+    build_mesh,
+    data_parallel_mesh,
+    default_device,
+    shard_tables,
+    swap_kernel_layers,
+    table_updates,
+    two_d_problems,
+    uncovered,
 )
+from shardwise.runtime.plan_check import TP_STYLES, PlanMismatchError, check, check_plan
+from shardwise.wire.spec import DenseStyle, ModelSpec, Plan
 
-__all__ = [
-    "PlanMismatchError",
-    "apply_fsdp",
-    "apply_plan",
-    "apply_replicate",
-    "apply_tensor_parallel",
-    "build_mesh",
-    "check_plan",
-    "param_groups",
-    "replica_roots",
-    "split_parameters",
-    "swap_kernel_layers",
-]
-
-# ------------------------------------------------------------------------------------------------ helpers
-
-
-def _set_submodule(root: nn.Module, name: str, new: nn.Module) -> None:
-    parent_name, _, attr = name.rpartition(".")
-    parent = root.get_submodule(parent_name) if parent_name else root
-    setattr(parent, attr, new)
-
-
-def _default_device(group: dist.ProcessGroup) -> torch.device:
-    if "nccl" in str(dist.get_backend(group)) and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _tp_grad_hook(dp_group: dist.ProcessGroup | None, world_size: int) -> Any:
-    """All-reduce a TP gradient across hosts (its data-parallel replicas) and divide by the world size."""
-
-    def hook(param: torch.Tensor) -> None:
-        grad = param.grad
-        if grad is None:
-            return
-        local = grad.to_local() if isinstance(grad, DTensor) else grad
-        if dp_group is not None:
-            dist.all_reduce(local, group=dp_group)
-        local.div_(world_size)
-
-    return hook
-
-
-# ------------------------------------------------------------------------------------------------ dense styles
-
-
-def build_mesh(plan: Plan, device_type: str, *, process_group: dist.ProcessGroup | None = None) -> DeviceMesh:
-    """The tensor-parallel mesh of ``plan``: 1-D ``("tp",)`` over one host, 2-D ``("dp", "tp")`` over several.
-
-    Hosts come from ``plan.ranks`` (none listed: one host). A collective (it creates the sub-groups).
-    """
-    group = process_group if process_group is not None else dist.group.WORLD
-    assert group is not None
-    world = dist.get_world_size(group)
-    hosts = [r.host for r in sorted(plan.ranks, key=lambda r: r.rank)] or [0] * world
-    num_hosts = len(set(hosts))
-    if num_hosts == 1:
-        if group is dist.group.WORLD:
-            return init_device_mesh(device_type, (world,), mesh_dim_names=("tp",))
-        return DeviceMesh.from_group(group, device_type, mesh_dim_names=("tp",))
-    return init_device_mesh(device_type, (num_hosts, world // num_hosts), mesh_dim_names=("dp", "tp"))
-
-
-def apply_tensor_parallel(module: nn.Module, styles: Mapping[str, DenseStyle], mesh: DeviceMesh) -> None:
-    """ColwiseParallel / RowwiseParallel on each named ``nn.Linear`` over ``mesh["tp"]`` (data-parallel rows in and
-    out, see the module docstring), with gradient hooks for the DDP convention across ``mesh["dp"]``."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    tp_mesh = mesh["tp"]
-    dp_group = mesh.get_group("dp") if mesh.mesh_dim_names and "dp" in mesh.mesh_dim_names else None
-    world = mesh.size()
-    for name, style in styles.items():
-        if style is DenseStyle.colwise:
-            parallel: Any = ColwiseParallel(input_layouts=Shard(0), output_layouts=Shard(0))
-        elif style is DenseStyle.rowwise:
-            parallel = RowwiseParallel(input_layouts=Shard(0), output_layouts=Shard(0))
-        else:
-            raise ValueError(f"dense layer {name}: {style.value} is not a tensor-parallel style")
-        layer = module.get_submodule(name)
-        parallelize_module(layer, tp_mesh, parallel)  # per layer: plan names are not fnmatch patterns
-        for p in layer.parameters():
-            p.register_post_accumulate_grad_hook(_tp_grad_hook(dp_group, world))  # type: ignore[no-untyped-call]
-
-
-def apply_fsdp(module: nn.Module, names: Iterable[str], mesh: DeviceMesh) -> None:
-    """FSDP2 ``fully_shard`` on each named layer over ``mesh`` (each layer its own unit)."""
-    from torch.distributed.fsdp import fully_shard
-
-    for name in names:
-        fully_shard(module.get_submodule(name), mesh=mesh)
-
-
-def replica_roots(module: nn.Module, names: Iterable[str]) -> list[str]:
-    """The submodules to wrap in DDP so that every named one is replicated: each name's highest ancestor (below the
-    root) whose parameters all lie under ``names`` and that holds no sharded table, else the name itself.
-
-    One DDP per MLP rather than one per layer: one set of gradient buckets and one forward hook instead of several,
-    the same gradients (DDP's bucketed all-reduce overlaps backward either way).
-    """
-    wanted = set(names)
-    roots: set[str] = set()
-    for name in sorted(wanted, key=lambda n: n.count(".")):
-        if under(name, roots):
-            continue
-        best = name
-        for a in ancestors(name):  # highest first
-            sub = module.get_submodule(a)
-            params = [f"{a}.{n}" for n, _ in sub.named_parameters()]
-            if (
-                params
-                and all(under(n, wanted) for n in params)
-                and not any(isinstance(m, ShardedEmbeddingBag) for m in sub.modules())
-            ):
-                best = a
-                break
-        roots.add(best)
-    return sorted(r for r in roots if not any(a in roots for a in ancestors(r)))
-
-
-def apply_replicate(
-    module: nn.Module, names: Iterable[str], process_group: dist.ProcessGroup, device: torch.device
-) -> None:
-    """Wrap the named submodules in ``DistributedDataParallel``, merged into their largest wholly replicated
-    ancestors (:func:`replica_roots`; in place: the wrapped module's FQN gains ``.module``).
-
-    On a process group of one rank nothing is wrapped: there is no replica to synchronise with (torchtitan applies
-    DDP only when its data-parallel degree is above one, for the same reason), and DDP's hooks would only cost time.
-    """
-    if dist.get_world_size(process_group) == 1:
-        return
-    device_ids = [device.index] if device.type == "cuda" and device.index is not None else None
-    for name in replica_roots(module, names):
-        sub = module.get_submodule(name)
-        if not any(p.requires_grad for p in sub.parameters()):
-            continue
-        _set_submodule(module, name, DistributedDataParallel(sub, device_ids=device_ids, process_group=process_group))
-
-
-def swap_kernel_layers(
-    module: nn.Module,
-    plan: Plan,
-    dense: Iterable[tuple[DensePlan, nn.Module]],
-    rank: int,
-    device: torch.device,
-) -> list[str]:
-    """Replace each planned ``nn.Linear`` that has kernel choices for rank ``rank``'s GPU type by a
-    :class:`KernelLinear` around the same Parameters (see the module docstring, "dense kernels"); the names swapped.
-
-    Nothing on a non-CUDA ``device``, without Triton, or when ``plan.ranks`` does not list ``rank``; tensor-parallel
-    entries are left to DTensor's ``F.linear``.
-    """
-    if device.type != "cuda" or not triton_matmul_available():
-        return []
-    gpu = next((r.gpu for r in plan.ranks if r.rank == rank), None)
-    if gpu is None:
-        return []
-    swapped: list[str] = []
-    for dp, mod in dense:
-        if dp.style in TP_STYLES or not dp.kernels or type(mod) is not nn.Linear:
-            continue
-        configs = layer_configs(dp.kernels, gpu, WIRE_DTYPES.get(mod.weight.dtype))
-        if configs:
-            _set_submodule(module, dp.name, KernelLinear.from_linear(mod, configs))
-            swapped.append(dp.name)
-    return swapped
+__all__ = ["PlanMismatchError", "apply_plan", "check_plan", "param_groups", "split_parameters"]
 
 
 def split_parameters(module: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
@@ -299,62 +135,6 @@ def param_groups(params: Iterable[nn.Parameter]) -> list[dict[str, Any]]:
     return [{"params": g} for g in (plain, distributed) if g]
 
 
-def _uncovered(module: nn.Module, planned: Sequence[str]) -> tuple[list[str], list[tuple[nn.Module, str]]]:
-    """Trainable parameters no plan entry covers: the largest uncovered submodules (for DDP), and the loose
-    ``(module, parameter name)`` pairs owned by modules that also hold planned children (for hooks)."""
-    entries = set(planned)
-    above = {a for q in planned for a in ancestors(q)}  # modules holding a plan entry
-    loose_names = {n for n, p in module.named_parameters() if p.requires_grad and not under(n, entries)}
-    wrapped: set[str] = set()
-    for name, sub in module.named_modules():
-        if not name or name in above or under(name, entries) or under(name, wrapped):
-            continue
-        own = [f"{name}.{n}" for n, p in sub.named_parameters() if p.requires_grad]
-        if own and all(n in loose_names for n in own):
-            wrapped.add(name)
-    loose: list[tuple[nn.Module, str]] = []
-    for n in sorted(loose_names):
-        if under(n, wrapped):
-            continue
-        owner, _, attr = n.rpartition(".")
-        loose.append((module.get_submodule(owner) if owner else module, attr))
-    return sorted(wrapped), loose
-
-
-def _two_d_problems(plan: Plan, checked: Checked, updates: Mapping[str, UpdateConfig]) -> list[str]:
-    """What a 2D plan needs of the call beyond the plan check: average_weights averages the optimizer state too,
-    which only the optimizer in backward keeps here (a user's optimizer's state the executor cannot see)."""
-    sg = plan.sparse_groups
-    if sg is None or sg.sync is not SparseSync.average_weights or sg.num_groups == 1:
-        return []
-    missing = [
-        tp.name
-        for tp, _ in checked.tables
-        if tp.sharding_type is not ShardingType.data_parallel and tp.name not in updates
-    ]
-    if not missing:
-        return []
-    return [
-        f"sparse_groups: average_weights averages the tables' optimizer state, which the executor keeps only with "
-        f"embedding_optimizer; none is given for {', '.join(missing)}"
-    ]
-
-
-def _updates(given: UpdateConfig | Mapping[str, UpdateConfig] | None, tables: Sequence[str]) -> dict[str, UpdateConfig]:
-    """Table FQN → its optimizer in backward (none: row-sparse gradients)."""
-    if given is None:
-        return {}
-    if isinstance(given, UpdateConfig):
-        return dict.fromkeys(tables, given)
-    unknown = sorted(set(given) - set(tables))
-    if unknown:
-        raise PlanMismatchError([f"embedding_optimizer names tables the plan does not: {', '.join(unknown)}"])
-    return dict(given)
-
-
-# ------------------------------------------------------------------------------------------------ entry point
-
-
 def apply_plan(
     module: nn.Module,
     plan: Plan,
@@ -374,14 +154,15 @@ def apply_plan(
     and updated inside ``loss.backward()``; they get no ``.grad`` (see :mod:`shardwise.runtime.embedding.groups`).
     Their ``uvm_cache`` shards keep their weights in host memory behind a device cache of ``cache_ways`` ways per set
     (32, FBGEMM's on CUDA; the cost model takes 64 on ROCm): :mod:`shardwise.runtime.embedding.row_cache`.
-    ``dense_kernels``: run the plan's dense kernel choices on CUDA (:func:`swap_kernel_layers`), the kernels the
-    cost model priced; False keeps every ``nn.Linear`` on ``torch.matmul``. Measured on one H200
-    (``docs/kernels.md``), cuBLAS ran the same GEMMs in 0.78 of the chosen Triton configuration's time (bf16/fp16;
-    0.40 in fp8): False is faster there, and the plan's dense figures then run high by about that much.
+    ``dense_kernels``: run the plan's dense kernel choices on CUDA
+    (:func:`~shardwise.runtime.parallel.kernels.swap_kernel_layers`), the kernels the cost model priced; False keeps
+    every ``nn.Linear`` on ``torch.matmul``, which can be the faster of the two (``docs/kernels.md``, "Against the
+    targets", measures it), and the plan's dense figures then run high by the difference.
     ``host_access``: how a CUDA executor reaches the rows of ``host`` shards with an embedding optimizer —
     ``"zero_copy"`` (the device's kernels read and write pinned host memory in place,
     :mod:`shardwise.runtime.embedding.host_memory`; the cost model's pricing) or ``"cpu"`` (the CPU gathers and updates
-    the rows, the pooled rows cross to the device). Zero-copy measured 4–8× faster on an H200 (``docs/truth.md``).
+    the rows, the pooled rows cross to the device: slower, by how much in ``docs/truth.md``, "Host rows read from the
+    GPU").
 
     ``model_spec``: checks the plan against the model, and sizes each ``uvm_cache`` group's spill reserve from the ids
     a step may bring its shards (``world · batch_size_per_gpu · num_features · pooling_factor`` per table,
@@ -399,70 +180,33 @@ def apply_plan(
     checked = check(module, plan, world, model_spec, default_group=group is dist.group.WORLD)
     if checked.problems:
         raise PlanMismatchError(checked.problems)
-    updates = _updates(embedding_optimizer, [tp.name for tp, _ in checked.tables])
-    two_d = _two_d_problems(plan, checked, updates)
+    updates = table_updates(embedding_optimizer, [tp.name for tp, _ in checked.tables])
+    two_d = two_d_problems(plan, checked, updates)
     if two_d:
         raise PlanMismatchError(two_d)
-    dev = torch.device(device) if device is not None else _default_device(group)
+    dev = torch.device(device) if device is not None else default_device(group)
     if host_access not in HOST_ACCESS:
         raise ValueError(f"host_access must be one of {', '.join(HOST_ACCESS)}, got {host_access!r}")
-
-    planned = [t.name for t in plan.tables] + [d.name for d, _ in checked.dense]  # less compute-only entries
-    wrapped, loose = _uncovered(module, planned)
-
-    # 1. embedding tables: only this rank's shards reach the device; with an embedding optimizer, into their groups.
-    # A 2D plan: checked.tables are one group's view (group ranks), exchanged over this rank's group
-    layout = build_layout(plan, group, dev.type) if plan.sparse_groups is not None else None
-    table_group = layout.shard_group if layout is not None else group
-    replicas = layout.replicas if layout is not None else None
-    rank = dist.get_rank(table_group)
-    local: list[tuple[str, int, ShardPlan, torch.dtype, torch.device, UpdateConfig]] = []
-    for tp, bag in checked.tables:
-        update = updates.get(tp.name)
-        if update is None or tp.sharding_type is ShardingType.data_parallel:
-            continue
-        for i, s in enumerate(tp.shards):
-            if s.rank == rank:
-                on_cpu = s.placement is Placement.host and dev.type != "cpu" and host_access == "cpu"
-                where = torch.device("cpu") if on_cpu else dev
-                local.append((tp.name, i, s, bag.weight.dtype, where, update))
     if cache_ways < 1:
         raise ValueError(f"cache_ways must be at least 1, got {cache_ways}")
-    step_ids = None
-    if model_spec is not None:  # the ids a step may bring one shard of each table: every rank's, for the cache
-        world_t = dist.get_world_size(table_group)
-        step_ids = {
-            t.name: world_t * model_spec.batch_size_per_gpu * t.num_features * t.pooling_factor
-            for t in model_spec.embedding_tables
-        }
-    storage = plan_groups(local, cache_ways=cache_ways, replicas=replicas, step_ids=step_ids)
-    for tp, bag in checked.tables:
-        grouped = {i: g for (name, i), g in storage.place.items() if name == tp.name}
-        sharded = ShardedEmbeddingBag.from_embedding_bag(
-            tp.name,
-            bag,
-            tp.sharding_type,
-            tp.shards,
-            device=dev,
-            process_group=table_group,
-            allocate=storage.allocator(tp.name) if grouped else None,
-            groups=grouped,
-            update=updates.get(tp.name),
-            fleet_group=group if layout is not None else None,
-            replicas=replicas,
-            grad_scale=layout.grad_scale() if layout is not None else None,
-            host_access=host_access,
-        )
-        if sharded.data_parallel and bag.weight.is_meta:
-            with torch.no_grad():
-                dist.broadcast(sharded.weights[0], src=dist.get_global_rank(group, 0), group=group)
-        elif replicas is not None and replicas.size > 1 and bag.weight.is_meta:
-            with torch.no_grad():  # N(0, 1) drawn on each rank: the replicas start from group 0's draw
-                for w in sharded.weights:
-                    dist.broadcast(w, src=dist.get_global_rank(replicas.group, 0), group=replicas.group)
-        _set_submodule(module, tp.name, sharded)
 
-    # 2. dense layers and uncovered parameters on the device
+    planned = [t.name for t in plan.tables] + [d.name for d, _ in checked.dense]  # less compute-only entries
+    wrapped, loose = uncovered(module, planned)
+
+    # 1. embedding tables: only this rank's shards reach the device; with an embedding optimizer, into their groups
+    table_group = shard_tables(
+        module,
+        plan,
+        checked,
+        group,
+        dev,
+        updates=updates,
+        cache_ways=cache_ways,
+        model_spec=model_spec,
+        host_access=host_access,
+    )
+
+    # 2. dense layers and uncovered parameters on the device, then the plan's dense kernels
     for _, mod in checked.dense:
         mod.to(dev)
     for name in wrapped:
@@ -470,9 +214,8 @@ def apply_plan(
     for owner, attr in loose:
         p = getattr(owner, attr)
         p.data = p.data.to(dev)
-
     if dense_kernels:
-        swap_kernel_layers(module, plan, checked.dense, rank, dev)
+        swap_kernel_layers(module, plan, checked.dense, dist.get_rank(table_group), dev)
 
     # 3. TP, then FSDP, then DDP
     styles = {d.name: d.style for d, _ in checked.dense}
@@ -481,13 +224,8 @@ def apply_plan(
         apply_tensor_parallel(module, tp_styles, build_mesh(plan, dev.type, process_group=group))
     fsdp = [n for n, s in styles.items() if s is DenseStyle.fsdp]
     if fsdp:
-        if group is dist.group.WORLD:
-            mesh = init_device_mesh(dev.type, (world,), mesh_dim_names=("dp",))
-        else:
-            mesh = DeviceMesh.from_group(group, dev.type, mesh_dim_names=("dp",))
-        apply_fsdp(module, fsdp, mesh)
+        apply_fsdp(module, fsdp, data_parallel_mesh(group, dev.type))
     replicate = [n for n, s in styles.items() if s is DenseStyle.replicate]
     apply_replicate(module, replicate + wrapped, group, dev)
-    for owner, attr in loose if world > 1 else ():
-        getattr(owner, attr).register_post_accumulate_grad_hook(average_grad_hook(group, world))
+    average_loose_gradients(loose, group)
     return module

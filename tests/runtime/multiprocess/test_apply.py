@@ -32,10 +32,10 @@ from torch import Tensor, nn  # noqa: E402
 
 from dist_support import Checks, run  # noqa: E402
 from fleet_support import tiny_fleet  # noqa: E402
-from shardwise.runtime import apply as apply_mod  # noqa: E402
 from shardwise.runtime.apply import PlanMismatchError, apply_plan, param_groups, split_parameters  # noqa: E402
 from shardwise.runtime.embedding.bag import RowWiseAdagrad, ShardedEmbeddingBag, ShardedEmbeddingBagCollection  # noqa: E402
 from shardwise.runtime.embedding.update import RowOptimizer, UpdateConfig  # noqa: E402
+from shardwise.runtime.parallel import ddp, mesh  # noqa: E402
 from shardwise.wire.spec import (  # noqa: E402
     DensePlan,
     DenseStyle,
@@ -468,16 +468,16 @@ def no_collectives() -> Iterator[None]:
         raise AssertionError("a collective ran before validation failed")
 
     saved = {n: getattr(dist, n) for n in _COLLECTIVES}
-    saved_mesh = apply_mod.init_device_mesh
+    saved_mesh = mesh.init_device_mesh
     try:
         for n in _COLLECTIVES:
             setattr(dist, n, refuse)
-        apply_mod.init_device_mesh = refuse  # type: ignore[assignment]
+        mesh.init_device_mesh = refuse  # type: ignore[assignment]
         yield
     finally:
         for n, f in saved.items():
             setattr(dist, n, f)
-        apply_mod.init_device_mesh = saved_mesh
+        mesh.init_device_mesh = saved_mesh
 
 
 def bad_plans(world: int) -> dict[str, tuple[Plan, ModelSpec | None, str]]:
@@ -780,10 +780,10 @@ def test_every_plan_on_gpus_with_nccl() -> None:
 def test_replicated_layers_share_one_ddp_per_wholly_replicated_module() -> None:
     model = DLRM()
     every = [*DENSE, "norm"]
-    assert apply_mod.replica_roots(model, every) == ["bottom", "norm", "top"]
+    assert ddp.replica_roots(model, every) == ["bottom", "norm", "top"]
     # bottom.0 is FSDP in the mixed plan: bottom.2 stays on its own; a table under the root keeps the root out
-    assert apply_mod.replica_roots(model, ["bottom.2", "top.0", "top.2", "norm"]) == ["bottom.2", "norm", "top"]
-    assert apply_mod.replica_roots(model, ["top.0"]) == ["top.0"]
+    assert ddp.replica_roots(model, ["bottom.2", "top.0", "top.2", "norm"]) == ["bottom.2", "norm", "top"]
+    assert ddp.replica_roots(model, ["top.0"]) == ["top.0"]
 
 
 def check_deferred_bad_ids_on_cuda(rank: int, world: int) -> list[str]:
