@@ -60,7 +60,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_step_time as gst
 
 from shardwise.runtime.apply import apply_plan, split_parameters
-from shardwise.runtime.embedding.bag import RowWiseAdagrad, ShardedEmbeddingBagCollection
+from shardwise.runtime.embedding.collection import ShardedEmbeddingBagCollection
+from shardwise.runtime.embedding.optim import RowWiseAdagrad
 from shardwise.runtime.embedding.update import RowOptimizer, UpdateConfig
 from shardwise.wire.spec import ModelSpec, Plan
 

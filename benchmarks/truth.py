@@ -375,7 +375,7 @@ def build(
     from torch import nn
 
     from shardwise.runtime.apply import apply_plan, split_parameters
-    from shardwise.runtime.embedding.bag import ShardedEmbeddingBagCollection
+    from shardwise.runtime.embedding.collection import ShardedEmbeddingBagCollection
     from shardwise.runtime.embedding.update import RowOptimizer, UpdateConfig
 
     dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

@@ -532,7 +532,7 @@ def bench_host(
     the end — the host enqueues a replay in microseconds, so what is timed is the device's pace through the step's
     small kernels, the floor a graphed step cannot go below."""
     from shardwise.runtime.apply import apply_plan, split_parameters
-    from shardwise.runtime.embedding.bag import ShardedEmbeddingBagCollection
+    from shardwise.runtime.embedding.collection import ShardedEmbeddingBagCollection
 
     group: dist.ProcessGroup | None = None
     created = False
@@ -605,7 +605,7 @@ def bench_host_shards(
     """What ``host`` placement adds to a step: the same two-table model with its tables ``host`` and ``hbm``, steps
     back to back; the difference per table is a sample of ``host_shard + n·(per_id + row_bytes·per_byte)``."""
     from shardwise.runtime.apply import apply_plan, split_parameters
-    from shardwise.runtime.embedding.bag import ShardedEmbeddingBagCollection
+    from shardwise.runtime.embedding.collection import ShardedEmbeddingBagCollection
 
     created = _ensure_world_of_one(device)
     tables, rows = 2, 200_000

@@ -54,7 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from shardwise.clients.client import ShardwiseClient
 from shardwise.runtime.apply import apply_plan, param_groups, split_parameters
 from shardwise.runtime.describe import describe
-from shardwise.runtime.embedding.bag import RowWiseAdagrad, ShardedEmbeddingBagCollection
+from shardwise.runtime.embedding.collection import ShardedEmbeddingBagCollection
+from shardwise.runtime.embedding.optim import RowWiseAdagrad
 from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, SolveParams
 
 # ------------------------------------------------------------------------------------------------ the model

@@ -40,7 +40,7 @@ What can be captured — checked when the step is built, each refusal a ``ValueE
 
 What taking the step changes in the modules: a group with the ``adam`` row optimizer counts its steps on the
 device (``ShardGroup.device_steps``: a captured host int would replay the step it was captured at), and bad ids are
-counted on the device (:class:`~shardwise.runtime.embedding.exchange.CapturedIdCheck`) instead of checked one call
+counted on the device (:class:`~shardwise.runtime.embedding.id_checks.CapturedIdCheck`) instead of checked one call
 later: each call raises ``IndexError`` for bad ids of the replays that have finished, without waiting for the others;
 :meth:`check_ids` waits for all. Each bad id is reported once (the counts restart after a report); bad ids are
 clamped into their own table meanwhile, as on CUDA without a graph.
@@ -64,7 +64,7 @@ from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from shardwise.runtime.embedding.bag import ShardedEmbeddingBag
-from shardwise.runtime.embedding.exchange import CapturedIdCheck
+from shardwise.runtime.embedding.id_checks import CapturedIdCheck
 from shardwise.runtime.embedding.update import RowOptimizer
 from shardwise.wire.spec import Placement
 

@@ -12,30 +12,20 @@ Input is data parallel: every rank passes its own batch (per table a 1-D int64 `
 starts, as ``nn.EmbeddingBag`` takes them; a 2-D ``(bags, ids_per_bag)`` tensor without offsets works too) and gets
 the pooled rows of its own bags back.
 
-The exchange (one per call, carrying every sharded table of the call; :mod:`shardwise.runtime.embedding.exchange`)
---------------------------------------------------------------------------------------------------------
-A table's shards are column bands (``col_offset``, ``num_cols``), each cut into row blocks; table_wise is one band of
-one block, column_wise several bands of one block, row_wise / table_row_wise one band of several blocks (a grid of
-both works too). For each band, every id goes to the one block holding its row.
-
-1. **splits** — ``all_to_all_single`` of two integers per (shard, destination): bags and ids that rank will get,
-   and one ``.tolist()``: the step's only host synchronisation (routing runs on the device, sync-free);
-2. **ids** — ``all_to_all_single`` of the bag lengths and the shard-local ids (row − row_offset), variable splits;
-3. **lookup** — every shard sums its rows per bag (``embedding_bag`` mode ``sum``) for every rank's bags:
-   a row block produces *partial* sums, a whole-row band full ones; with an embedding optimizer the shards of
-   one group (same device, dtype, width and optimizer) are one weight and one lookup
-   (:mod:`shardwise.runtime.embedding.groups`);
-4. **pooled outputs** — ``all_to_all_single`` (differentiable) sends each rank the rows of its own bags;
-   the owner adds the row blocks of a band (**all-to-all + local sum**, not a reduce-scatter: every shard sends
-   its partial sums for every bag once, ``o·c`` values, and the exchange fuses with the other tables' outputs into
-   one collective; there is no hierarchical intra-/inter-host stage),
-   concatenates the bands in column order, and for ``mean`` divides by the bag length (empty bags give zeros,
-   as ``nn.EmbeddingBag`` does).
-
-Backward runs step 4 in reverse (one ``all_to_all_single`` of the output gradient) and then the local lookup's
-backward. At world size one nothing is exchanged and nothing synchronises (see
-:mod:`shardwise.runtime.embedding.exchange`: bad ids are then reported at the next call on CUDA). data_parallel tables
-never communicate in forward: a full copy on every rank, looked up locally.
+The exchange (one per call, carrying every sharded table of the call)
+--------------------------------------------------------------------
+Its steps are :mod:`shardwise.runtime.embedding.exchange`'s; what it computes is this. A table's shards are column bands
+(``col_offset``, ``num_cols``), each cut into row blocks; table_wise is one band of one block, column_wise several bands
+of one block, row_wise / table_row_wise one band of several blocks (a grid of both works too). For each band, every id
+goes to the one block holding its row; every shard sums its rows per bag (``embedding_bag`` mode ``sum``) for every
+rank's bags — a row block *partial* sums, a whole-row band full ones; with an embedding optimizer the shards of one
+group (same device, dtype, width and optimizer) are one weight and one lookup
+(:mod:`shardwise.runtime.embedding.groups`) — and the rank that owns a bag adds the row blocks of each band,
+concatenates the bands in column order, and for ``mean`` divides by the bag length (empty bags give zeros, as
+``nn.EmbeddingBag`` does). A step synchronises the host once, for the split sizes; backward sends the output gradient
+back the way the pooled rows came, then runs the local lookup's backward. At world size one nothing is exchanged and
+nothing synchronises (bad ids are then reported at the next call on CUDA). data_parallel tables never communicate in
+forward: a full copy on every rank, looked up locally.
 
 The update rule: the optimizer in backward, or row-sparse gradients
 ------------------------------------------------------------------
@@ -112,7 +102,7 @@ zero-copy way measured 4–8× faster than the CPU's gather and copy on an H200 
   that waits for the step's lookup but not for its backward and update, so the next batch's misses come in (read
   from host memory zero-copy) while the device finishes the step — call it after ``loss.backward()`` with the next
   batch as CPU tensors (device tensors make it wait for everything queued before it); the next call waits for it
-  (:mod:`shardwise.runtime.embedding.row_cache`, "Overlapped prefetch"). ``prefetch(..., overlap=False)`` runs it in
+  (:mod:`shardwise.runtime.embedding.cache_prefetch`). ``prefetch(..., overlap=False)`` runs it in
   order on the current stream. Weights do not depend on prefetches: the same steps with or without them give the same
   weights; an in-order prefetch also gives the same counters, an overlapped one can evict other rows (it keeps the
   rows of the step in flight whether or not their update has finished) and so count differently. A step that
@@ -158,31 +148,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from shardwise.runtime.embedding.exchange import (
-    CapturedIdCheck,
-    PendingIdCheck,
-    _ShardLookup,
-    check_pending_ids,
-    group_layouts,
-    one_group_lookup,
-    pooled_lookup,
-)
+from shardwise.runtime.embedding.cache_prefetch import overlapped_prefetch
+from shardwise.runtime.embedding.exchange import Routed, _ShardLookup, pooled_lookup
 from shardwise.runtime.embedding.groups import ShardGroup, fused_data_parallel_hook
-from shardwise.runtime.embedding.optim import RowWiseAdagrad
-from shardwise.runtime.embedding.row_cache import CacheStats, RowCache, overlapped_prefetch
+from shardwise.runtime.embedding.id_checks import CapturedIdCheck, PendingIdCheck
+from shardwise.runtime.embedding.row_cache import CacheStats, RowCache
 from shardwise.runtime.embedding.update import UpdateConfig, init_state
 from shardwise.runtime.replicas import Replicas
 from shardwise.wire.spec import Placement, ShardingType, ShardPlan
 
-__all__ = [
-    "HOST_ACCESS",
-    "CacheStats",
-    "Routed",
-    "RowWiseAdagrad",
-    "ShardedEmbeddingBag",
-    "ShardedEmbeddingBagCollection",
-    "pooled_lookup",
-]
+__all__ = ["HOST_ACCESS", "Features", "ShardedEmbeddingBag", "average_grad_hook", "prefetching"]
 
 Features = Mapping[str, tuple[Tensor, Tensor | None] | Tensor]
 #: where a shard's weight comes from: (shard index, shard, dtype, device) → a view into a group, or None (allocate)
@@ -234,25 +209,6 @@ def _bands(shards: Sequence[ShardPlan]) -> list[_Band]:
         idx.sort(key=lambda i: shards[i].row_offset)
         out.append(_Band(c0, nc, tuple(idx), tuple(shards[i].row_offset for i in idx)))
     return out
-
-
-@dataclass
-class Routed:
-    """One table's ids routed to its shards, all on the device; sizes the host learns at the split exchange.
-
-    ``sizes[i]``: ids for shard ``i`` (None when every shard takes every id: ``ids.numel()`` each); ``blocks[b]``
-    for a band of several row blocks: the per-(block, bag) counts ``(blocks, bags)`` and the shard-local ids sorted
-    by block (None for a whole-row band: every id as is);
-    ``bad``: ids outside ``[0, num_embeddings)`` (a 0-d tensor, checked by everyone after the split exchange).
-    """
-
-    table: str
-    ids: Tensor
-    lengths: Tensor
-    bags: int
-    sizes: Tensor | None
-    blocks: list[tuple[Tensor, Tensor] | None]
-    bad: Tensor
 
 
 class ShardedEmbeddingBag(nn.Module):
@@ -405,7 +361,7 @@ class ShardedEmbeddingBag(nn.Module):
         "Placements"; ``overlap`` as :meth:`ShardedEmbeddingBagCollection.prefetch`); a collective at world size
         > 1, like the call it prepares."""
         inputs = [ids] if offsets is None else [ids, offsets]
-        with torch.no_grad(), _prefetching(self.row_caches(), self.device, inputs, overlap):
+        with torch.no_grad(), prefetching(self.row_caches(), self.device, inputs, overlap):
             pooled_lookup([self], {self.name: self.normalise(ids, offsets)}, prefetch=True)
 
     @classmethod
@@ -621,109 +577,11 @@ class ShardedEmbeddingBag(nn.Module):
         return full
 
 
-# ------------------------------------------------------------------------------------------------ the collection
-
-
-class ShardedEmbeddingBagCollection(nn.Module):
-    """Every :class:`ShardedEmbeddingBag` of a model, looked up with one exchange per call.
-
-    Not a submodule of the model (it would register the tables twice): build it with :meth:`from_module` after
-    :func:`shardwise.runtime.apply.apply_plan` and call it with ``{table name: (ids, offsets)}``.
-    """
-
-    def __init__(self, tables: Sequence[ShardedEmbeddingBag]) -> None:
-        super().__init__()
-        if not tables:
-            raise ValueError("a collection needs at least one sharded table")
-        groups = {id(t.group) for t in tables}
-        if len(groups) > 1:
-            raise ValueError("the tables of a collection must share one process group")
-        self.names = [t.name for t in tables]
-        self.tables = nn.ModuleList(tables)
-        self._by_name = dict(zip(self.names, tables, strict=True))
-        # world size one with every table one whole shard of a group: a call is one lookup per group
-        # (runtime.embedding.exchange)
-        self._layouts = group_layouts(tables)
-
-    @classmethod
-    def from_module(cls, module: nn.Module) -> ShardedEmbeddingBagCollection:
-        return cls([m for _, m in module.named_modules() if isinstance(m, ShardedEmbeddingBag)])
-
-    def table(self, name: str) -> ShardedEmbeddingBag:
-        return self._by_name[name]
-
-    def flush(self) -> None:
-        """Write every cached, updated row back to host memory (:meth:`ShardedEmbeddingBag.flush`)."""
-        for t in self.tables:
-            t.flush()  # type: ignore[operator]
-
-    def cache_stats(self) -> dict[str, CacheStats]:
-        """This rank's cache counters per table that has a cached shard here (uvm_cache); reads the device."""
-        out: dict[str, CacheStats] = {}
-        for name in self.names:
-            found = self._by_name[name].cache_stats()
-            if found is not None:
-                out[name] = found
-        return out
-
-    def prefetch(self, features: Features, *, overlap: bool | None = None) -> None:
-        """Bring the rows ``features`` will look up into the caches of the uvm_cache shards, ahead of the call
-        that looks them up (module docstring, "Placements"): every rank calls it with its next batch (a collective
-        at world size > 1: the ids are exchanged as the call itself will exchange them). Nothing is returned.
-
-        ``overlap`` (default: on CUDA): run it beside the step in flight, on a side stream that does not wait for
-        that step's backward (:func:`~shardwise.runtime.embedding.row_cache.overlapped_prefetch`); pass ``features`` as
-        CPU tensors for it to overlap (device tensors make it wait for the current stream). False: on the current
-        stream, in order."""
-        unknown = sorted(set(features) - set(self._by_name))
-        if unknown:
-            raise KeyError(f"no sharded table named {', '.join(unknown)}")
-        caches = [c for name in features for c in self._by_name[name].row_caches()]
-        given = [t for v in features.values() for t in (v if isinstance(v, tuple) else (v,)) if t is not None]
-        device = self._by_name[self.names[0]].device
-        with torch.no_grad(), _prefetching(caches, device, given, overlap):
-            if self._layouts is not None and len(features) == len(self._by_name):
-                for layout in self._layouts:
-                    if layout.group.cache is None:  # nothing to bring in: no routing either
-                        continue
-                    mine = {n: self._by_name[n] for n in layout.names}
-                    one_group_lookup(layout, mine, features, prefetch=True)
-                return
-            inputs: dict[str, tuple[Tensor, Tensor]] = {}
-            for name, value in features.items():
-                ids, offsets = value if isinstance(value, tuple) else (value, None)
-                inputs[name] = self._by_name[name].normalise(ids, offsets)
-            pooled_lookup([self._by_name[n] for n in inputs], inputs, prefetch=True)
-
-    def check_ids(self) -> None:
-        """Raise ``IndexError`` now for bad ids of the last call whose check was deferred (world size one on a CUDA
-        device checks a call's ids at the start of the next one): call it after the last step."""
-        check_pending_ids(list(self.tables))  # type: ignore[arg-type]
-
-    def forward(self, features: Features) -> dict[str, Tensor]:
-        unknown = sorted(set(features) - set(self._by_name))
-        if unknown:
-            raise KeyError(f"no sharded table named {', '.join(unknown)}")
-        for name in features:  # what an overlapped prefetch made (routing included) is ready
-            for c in self._by_name[name].row_caches():
-                c.join()
-        if self._layouts is not None and len(features) == len(self._by_name):
-            out: dict[str, Tensor] = {}
-            for layout in self._layouts:
-                out |= one_group_lookup(layout, {n: self._by_name[n] for n in layout.names}, features)
-            return out
-        inputs: dict[str, tuple[Tensor, Tensor]] = {}
-        for name, value in features.items():
-            ids, offsets = value if isinstance(value, tuple) else (value, None)
-            inputs[name] = self._by_name[name].normalise(ids, offsets)
-        return pooled_lookup([self._by_name[n] for n in inputs], inputs)
-
-
 @contextlib.contextmanager
-def _prefetching(
+def prefetching(
     caches: Sequence[RowCache], device: torch.device, inputs: Sequence[Tensor], overlap: bool | None
 ) -> Iterator[None]:
-    """A prefetch's context: overlapped (:func:`~shardwise.runtime.embedding.row_cache.overlapped_prefetch`) when
+    """A prefetch's context: overlapped (:func:`~shardwise.runtime.embedding.cache_prefetch.overlapped_prefetch`) when
     ``overlap`` is True, or None on CUDA; else in order on the current stream."""
     if overlap is None:
         overlap = device.type == "cuda"

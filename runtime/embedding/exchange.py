@@ -1,7 +1,7 @@
 """One exchange per step for every sharded table of a call, with one host synchronisation: the split sizes.
 
 :func:`pooled_lookup` is what :class:`~shardwise.runtime.embedding.bag.ShardedEmbeddingBag` and its collection
-call. For the tables of one dtype it runs (see the sharded_embedding module docstring for the layout):
+call. For the tables of one dtype it runs (the layout of bands and blocks: :mod:`shardwise.runtime.embedding.bag`):
 
 1. **route** — every table sends each id to the shard holding its row (on the device: bucketize, a stable sort
    by block, per-(block, bag) counts by ``scatter_add``; no ``bincount``, no ``unique``, no ``nonzero``, nothing
@@ -17,20 +17,18 @@ call. For the tables of one dtype it runs (see the sharded_embedding module docs
    backward is a coalesced row-sparse gradient (:class:`_ShardLookup`, the compatible mode: it synchronises in
    backward, for ``unique``);
 5. **pooled rows** — ``all_to_all_single`` (differentiable) back to the bags' ranks, row blocks summed, bands
-   concatenated, ``mean`` divided by the bag length. Its backward scales the gradient by the tables'
-   ``grad_scale``: ``1/W`` (the mean over ranks), in a 2D plan ``1/fleet`` or ``1/G``
+   concatenated, ``mean`` divided by the bag length: an **all-to-all + local sum**, not a reduce-scatter (every
+   shard sends its partial sums for every bag once, ``o·c`` values, and the exchange fuses with the other tables'
+   outputs into one collective; there is no hierarchical intra-/inter-host stage). Its backward scales the gradient
+   by the tables' ``grad_scale``: ``1/W`` (the mean over ranks), in a 2D plan ``1/fleet`` or ``1/G``
    (:mod:`shardwise.runtime.replicas`).
 
 At world size one there is nothing to exchange (:func:`_exchange_alone`; not for a group of one rank in a 2D plan,
 whose gradients the exchange scales, see :mod:`shardwise.runtime.replicas`): no collective runs and no split sizes
-are read, so a step makes no host synchronisation. Bad ids then raise at once on the CPU; on a CUDA device their
-count is copied to pinned memory and checked at the start of the next call (or by
-``ShardedEmbeddingBagCollection.check_ids()``), the ids clamped into their own table meanwhile, so that a bad id
-never touches another table's rows. A collection whose tables are each one whole shard of a group (:class:`OneGroup`
-per group, :func:`group_layouts`) is looked up with one call per group (:func:`one_group_lookup`): one offset add per
-table, one range check and one ``bucketize`` for all of a group's tables, one lookup — a fixed number of kernels per
-group whatever the number of tables, where the general path launches about ten per table (a plan with ``host`` or
-``uvm_cache`` tables beside ``hbm`` ones has two or three groups on one GPU).
+are read, so a step makes no host synchronisation. Bad ids then raise at once on the CPU; on a CUDA device they are
+checked one call later, the ids clamped into their own table meanwhile (:mod:`shardwise.runtime.embedding.id_checks`).
+A collection whose tables are each one whole shard of a group is looked up with one call per group instead
+(:mod:`shardwise.runtime.embedding.one_group`).
 
 Device tensors that do not change between steps (block boundaries, the permutation of the split table) are made on
 the first call and cached, so the first step synchronises more than the later ones.
@@ -38,10 +36,9 @@ the first call and cached, so the first step synchronises more than the later on
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -50,20 +47,12 @@ from torch import Tensor
 from torch.autograd.function import FunctionCtx
 
 from shardwise.runtime.embedding.groups import ShardGroup, group_lookup, group_prefetch
+from shardwise.runtime.embedding.id_checks import PendingIdCheck, check_pending_ids
 
 if TYPE_CHECKING:
-    from shardwise.runtime.embedding.bag import Routed, ShardedEmbeddingBag
+    from shardwise.runtime.embedding.bag import ShardedEmbeddingBag
 
-__all__ = [
-    "AllToAll",
-    "CapturedIdCheck",
-    "OneGroup",
-    "PendingIdCheck",
-    "check_pending_ids",
-    "group_layouts",
-    "one_group_lookup",
-    "pooled_lookup",
-]
+__all__ = ["AllToAll", "Routed", "cat", "pooled_lookup"]
 
 
 class AllToAll(torch.autograd.Function):
@@ -131,6 +120,25 @@ class _ShardLookup(torch.autograd.Function):
             values = torch.sparse.mm(incidence, grad.contiguous())
         sparse = torch.sparse_coo_tensor(rows.unsqueeze(0), values, shape, is_coalesced=True, check_invariants=False)
         return sparse, None, None
+
+
+@dataclass
+class Routed:
+    """One table's ids routed to its shards, all on the device; sizes the host learns at the split exchange.
+
+    ``sizes[i]``: ids for shard ``i`` (None when every shard takes every id: ``ids.numel()`` each); ``blocks[b]``
+    for a band of several row blocks: the per-(block, bag) counts ``(blocks, bags)`` and the shard-local ids sorted
+    by block (None for a whole-row band: every id as is);
+    ``bad``: ids outside ``[0, num_embeddings)`` (a 0-d tensor, checked by everyone after the split exchange).
+    """
+
+    table: str
+    ids: Tensor
+    lengths: Tensor
+    bags: int
+    sizes: Tensor | None
+    blocks: list[tuple[Tensor, Tensor] | None]
+    bad: Tensor
 
 
 # ------------------------------------------------------------------------------------------------ the plan
@@ -304,156 +312,6 @@ def _exchange(
     return {t.name: t.combine(per_table[t.name], routed[t.name].lengths) for t in tables}
 
 
-@dataclass
-class OneGroup:
-    """World size one, every table of a collection one whole shard of the same group: a call is one lookup.
-
-    ``lo[k]`` / ``hi[k]``: the first and last group row of the ``k``-th table (tables sorted by name), on the device.
-    """
-
-    group: ShardGroup
-    names: tuple[str, ...]
-    lo: Tensor
-    hi: Tensor
-    #: the tables' first id and first bag in a call, on the device, by the call's (ids, bags) per table: a batch
-    #: shape seen before costs no copy, and a captured call reads a tensor that outlives it (a copy from a pinned
-    #: temporary would be replayed from freed host memory)
-    starts: dict[tuple[tuple[int, ...], tuple[int, ...]], Tensor] = field(default_factory=dict)
-    #: the entries a CUDA graph captured: never evicted (the graph reads their memory at every replay)
-    captured: dict[tuple[tuple[int, ...], tuple[int, ...]], Tensor] = field(default_factory=dict)
-
-    def starts_on_device(self, counts: list[int], bag_counts: list[int], device: torch.device) -> Tensor:
-        key = (tuple(counts), tuple(bag_counts))
-        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        found = self.starts.get(key)
-        if found is None:
-            found = self.captured.get(key)
-        if found is not None:
-            if capturing:
-                self.captured[key] = found
-            return found
-        if capturing:
-            raise RuntimeError(
-                f"a batch shape first seen inside a CUDA graph capture (tables {', '.join(self.names)}): run the step "
-                "once outside the capture first (GraphedStep's warm-up does)"
-            )
-        firsts = [0, *itertools.accumulate(counts)][:-1]
-        bag_firsts = [0, *itertools.accumulate(bag_counts)][:-1]
-        made = torch.tensor(firsts + bag_firsts, pin_memory=device.type == "cuda").to(device, non_blocking=True)
-        if len(self.starts) >= _SHAPES_KEPT:  # batches of varying shape: keep the latest few
-            self.starts.pop(next(iter(self.starts)))
-        self.starts[key] = made
-        return made
-
-
-#: batch shapes whose first ids and bags a :class:`OneGroup` keeps on the device
-_SHAPES_KEPT: Final = 64
-
-
-def group_layouts(tables: Sequence[ShardedEmbeddingBag]) -> list[OneGroup] | None:
-    """One :class:`OneGroup` per group when every table of ``tables`` is one whole shard of a group at world size one
-    (the groups in the order of their first table by name), else None."""
-    if not tables or tables[0].world_size != 1 or tables[0].grad_scale != 1.0:
-        return None  # a 2D plan's group of one rank still scales its gradients: the general path does
-    members: dict[int, tuple[ShardGroup, list[tuple[ShardedEmbeddingBag, int]]]] = {}
-    for t in sorted(tables, key=lambda t: t.name):
-        found = t.group_of(0) if len(t.shards) == 1 and not t.data_parallel else None
-        if found is None:
-            return None
-        members.setdefault(id(found[0]), (found[0], []))[1].append((t, found[1]))
-    layouts = []
-    for group, placed in members.values():
-        lo = torch.tensor([b for _, b in placed], dtype=torch.int64, device=group.device)
-        hi = torch.tensor([b + t.num_embeddings - 1 for t, b in placed], dtype=torch.int64, device=group.device)
-        layouts.append(OneGroup(group, tuple(t.name for t, _ in placed), lo, hi))
-    return layouts
-
-
-def one_group_lookup(
-    layout: OneGroup, tables: Mapping[str, ShardedEmbeddingBag], features: Mapping[str, Any], *, prefetch: bool = False
-) -> dict[str, Tensor]:
-    """Every table of ``layout`` looked up with one ``embedding_bag`` over the group, its update in backward.
-
-    ``tables``: the layout's tables by name (their pending id checks are this call's to run and to set).
-    The per-table work is one offset add; ids are range-checked for all tables at once (clamped into their table,
-    counted per table, checked as :func:`_exchange_alone` says), bags found by one ``bucketize``. ``prefetch``: bring
-    the rows into a cached group's cache instead, and return ``{}``.
-    """
-    check_pending_ids(list(tables.values()))
-    device = layout.group.device
-    ids_parts: list[Tensor] = []
-    offset_parts: list[Tensor] = []
-    counts: list[int] = []
-    bag_counts: list[int] = []
-    at = 0
-    for name in layout.names:
-        t = tables[name]
-        value = features[name]
-        ids, offsets = value if isinstance(value, tuple) else (value, None)
-        if ids.dim() == 2:
-            if offsets is not None:
-                raise ValueError(f"table {name}: offsets must be None when ids are 2-D")
-            bags, per_bag = ids.shape
-            flat = ids.reshape(-1)
-            starts = torch.arange(0, flat.numel(), max(per_bag, 1), device=device)[:bags]
-        elif ids.dim() == 1:
-            if offsets is None:
-                raise ValueError(f"table {name}: 1-D ids need offsets")
-            flat = ids
-            starts = offsets[:-1] if t.include_last_offset else offsets
-            bags = starts.numel()
-            starts = starts.to(device=device, dtype=torch.int64)
-        else:
-            raise ValueError(f"table {name}: ids must be 1-D (with offsets) or 2-D, got {ids.dim()}-D")
-        ids_parts.append(flat.to(device=device, dtype=torch.int64))
-        offset_parts.append(starts)
-        counts.append(flat.numel())
-        bag_counts.append(bags)
-        at += flat.numel()
-    n = at
-    raw = _cat(ids_parts)
-    # every table's first id and first bag in the call, one host-to-device copy; the table of every id (and of every
-    # bag) by one bucketize against them — a fixed number of kernels whatever the number of tables (an add per
-    # table cost 16 µs of host time each on an H200's host, 1.6 ms a step at 100 tables)
-    starts_dev = layout.starts_on_device(counts, bag_counts, device)
-    id_firsts, bag_firsts_dev = starts_dev[: len(counts)], starts_dev[len(counts) :]
-    bag_table = torch.bucketize(torch.arange(sum(bag_counts), device=device), bag_firsts_dev, right=True) - 1
-    offsets_g = _cat(offset_parts) + id_firsts.index_select(0, bag_table)
-    positions = torch.arange(n, device=device)
-    table_of = torch.bucketize(positions, id_firsts, right=True) - 1
-    lo = layout.lo.index_select(0, table_of)
-    shifted = raw + lo
-    ids_g = torch.clamp(shifted, lo, layout.hi.index_select(0, table_of))
-    flags = ids_g != shifted
-
-    def locate() -> list[str]:
-        return [m for m, part in zip(layout.names, torch.split(flags, counts), strict=True) if bool(part.any())]
-
-    captured = tables[layout.names[0]].captured_ids
-    if captured is not None and device.type == "cuda":
-        # per table, by differences of a running count at the tables' first ids (an index_add_ of every id into a
-        # few counters serialises on their atomics: 1.5 ms a step at 2.6 M ids on an H200)
-        running = torch.cat([flags.new_zeros(1, dtype=torch.int64), torch.cumsum(flags, 0)])
-        ends = torch.cat([id_firsts[1:], id_firsts.new_full((1,), n)])
-        captured.add(layout.names, running.index_select(0, ends) - running.index_select(0, id_firsts))
-    else:
-        PendingIdCheck.defer(list(tables.values()), flags.sum(), locate)
-    if prefetch:
-        group_prefetch(layout.group, ids_g)
-        return {}
-    bag_ids = torch.bucketize(positions, offsets_g, right=True) - 1
-    rows = group_lookup(layout.group, layout.names, ids_g, offsets_g, bag_ids)
-    out: dict[str, Tensor] = {}
-    for k, (name, block) in enumerate(zip(layout.names, torch.split(rows, bag_counts), strict=True)):
-        t = tables[name]
-        if t.mode == "mean":
-            starts = offset_parts[k]
-            lengths = torch.diff(starts, append=starts.new_full((1,), counts[k]))
-            block = block / lengths.clamp(min=1).to(block.dtype).unsqueeze(1)
-        out[name] = block.to(t.device)
-    return out
-
-
 def _split_rows(table: ShardedEmbeddingBag, r: Routed) -> Tensor:
     """``(shards, 2)``: per shard of ``table`` the bags and ids this rank sends it."""
     if r.sizes is None:  # every shard takes every id
@@ -506,96 +364,6 @@ def _exchange_alone(
     return {t.name: t.combine(per_table[ti], rt[ti].lengths) for ti, t in enumerate(tables)}
 
 
-class PendingIdCheck:
-    """The bad-id count of one call at world size one on a CUDA device, copied to pinned host memory without
-    waiting; checked (``IndexError``) at the start of the next call of any of its tables, or by :meth:`check`.
-
-    ``locate`` names the tables that had bad ids (called on the error path only: it may read the device).
-    """
-
-    def __init__(self, total: Tensor, locate: Callable[[], list[str]]) -> None:
-        self.host = torch.empty(1, dtype=total.dtype, pin_memory=True)
-        self.host.copy_(total.reshape(1), non_blocking=True)
-        self.event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        self.event.record()
-        self.locate = locate
-
-    @staticmethod
-    def defer(tables: Sequence[ShardedEmbeddingBag], total: Tensor, locate: Callable[[], list[str]]) -> bool:
-        """Check ``total`` now (CPU and other devices: a host read) or one call later (CUDA): True when later."""
-        if total.device.type != "cuda":
-            if int(total) > 0:
-                raise IndexError(f"ids outside their table's rows [0, num_embeddings): {', '.join(locate())}")
-            return False
-        pending = PendingIdCheck(total, locate)
-        for t in tables:
-            t.pending_ids = pending
-        return True
-
-    def check(self) -> None:
-        """Wait for the count (their call's routing, long done when the next call starts) and raise on bad ids."""
-        if not self.event.query():  # type: ignore[no-untyped-call]  # done already (the usual case): no wait, nothing a sync check would flag
-            self.event.synchronize()
-        if int(self.host[0]) > 0:
-            raise IndexError(
-                f"ids outside their table's rows [0, num_embeddings) in the previous lookup: "
-                f"{', '.join(self.locate())} (looked up clamped into the table)"
-            )
-
-
-class CapturedIdCheck:
-    """The bad-id counts of lookups that run inside a CUDA graph (:class:`~shardwise.runtime.graphed.GraphedStep`).
-
-    Every call adds its per-table counts into a device tensor that only grows and copies it to pinned host memory,
-    without waiting; a replay of the captured call does the same, so no count is lost however many replays run
-    before the host reads one. The counters of a set of tables are made at its first call, which must come outside
-    a capture (the step's warm-up): made inside, they would be reset at every replay.
-    """
-
-    def __init__(self) -> None:
-        self.counts: dict[tuple[str, ...], tuple[Tensor, Tensor]] = {}
-
-    def add(self, names: tuple[str, ...], bad: Tensor) -> None:
-        pair = self.counts.get(names)
-        if pair is None:
-            if torch.cuda.is_current_stream_capturing():
-                raise RuntimeError(
-                    f"tables {', '.join(names)} were first looked up together inside a CUDA graph capture: run the "
-                    "step once outside the capture first (GraphedStep's warm-up does)"
-                )
-            pair = (torch.zeros_like(bad), torch.zeros(bad.shape, dtype=bad.dtype, pin_memory=True))
-            self.counts[names] = pair
-        total, host = pair
-        total.add_(bad)
-        host.copy_(total, non_blocking=True)
-
-    def bad_tables(self) -> list[str]:
-        """The tables that had bad ids so far, by the host copies: current once the work that wrote them is done."""
-        found = {n for names, (_, host) in self.counts.items() for n, c in zip(names, host.tolist(), strict=True) if c}
-        return sorted(found)
-
-    def reset(self) -> None:
-        """Zero the counts (once reported), on the device in stream order and on the host: call it when no work that
-        adds to them is in flight."""
-        for total, host in self.counts.values():
-            total.zero_()
-            host.zero_()
-
-
-def check_pending_ids(tables: Sequence[ShardedEmbeddingBag]) -> None:
-    """Raise now for bad ids of an earlier call whose check was deferred (world size one on a CUDA device)."""
-    seen: set[int] = set()
-    for t in tables:
-        pending = t.pending_ids
-        if pending is None or id(pending) in seen:
-            continue
-        seen.add(id(pending))
-        for u in tables:
-            if u.pending_ids is pending:
-                u.pending_ids = None
-        pending.check()
-
-
 def _look_up(
     tables: Sequence[ShardedEmbeddingBag],
     mine: Sequence[tuple[int, int]],
@@ -619,9 +387,9 @@ def _look_up(
             if prefetch:
                 continue
             t = tables[ti]
-            lengths_all = _cat(lengths_by[k])
+            lengths_all = cat(lengths_by[k])
             offsets = torch.cumsum(lengths_all, 0) - lengths_all
-            pooled[k] = t.lookup(t.local_shards.index(i), _cat(ids_by[k]), offsets)
+            pooled[k] = t.lookup(t.local_shards.index(i), cat(ids_by[k]), offsets)
         else:
             by_group.setdefault(id(found[0]), []).append(k)
             groups[id(found[0])] = found[0]
@@ -632,18 +400,18 @@ def _look_up(
         length_parts: list[Tensor] = []
         for k in ks:
             base = base_of[k]
-            ids_k = _cat(ids_by[k])
+            ids_k = cat(ids_by[k])
             ids_parts.append(ids_k + base if base else ids_k)
             length_parts += lengths_by[k]
         where = g.device
         if prefetch:
             if g.cache is not None:
-                group_prefetch(g, _cat(ids_parts).to(where))
+                group_prefetch(g, cat(ids_parts).to(where))
             continue
         n_g = sum(ids_of[k] for k in ks)
         b_g = sum(sum(bags_of[k]) for k in ks)
-        ids_g = _cat(ids_parts).to(where)
-        lengths_g = _cat(length_parts).to(where)
+        ids_g = cat(ids_parts).to(where)
+        lengths_g = cat(length_parts).to(where)
         offsets_g = torch.cumsum(lengths_g, 0) - lengths_g
         bag_ids = torch.repeat_interleave(torch.arange(b_g, device=where), lengths_g, output_size=n_g)
         names = tuple(sorted({tables[mine[k][0]].name for k in ks}))
@@ -655,7 +423,7 @@ def _look_up(
     return out
 
 
-def _cat(parts: Sequence[Tensor]) -> Tensor:
+def cat(parts: Sequence[Tensor]) -> Tensor:
     """``torch.cat`` that returns a single part as is (no copy, no kernel)."""
     return parts[0] if len(parts) == 1 else torch.cat(list(parts))
 

@@ -84,24 +84,8 @@ the same bytes, ``cache_spill_bytes``); without a spec, or for a batch larger th
 synchronises as before (``torch.unique``, then the count of rows that found no way) and grows the region as needed.
 Either way the results are the same, field for field (the tests hold the two to each other).
 
-Overlapped prefetch
--------------------
-:func:`overlapped_prefetch` runs prefetches beside the step in flight, the way FBGEMM's prefetch pipeline does
-(TorchRec's ``PrefetchTrainPipelineSparseDist``): on CUDA on a side stream, which waits only for each cache's last
-change on the step's stream (its lookup's fetch, or a flush, an invalidation, ...) — not for that step's pooling,
-backward or update — so the next batch's misses come in while the device runs the rest of the step. Two rules make
-that safe without waiting for the update: the prefetch takes as locked the slots that were locked when the last
-locking fetch ended (``_locked``, a snapshot: locks are only released after it, and a lookup adds locks only through
-a locking fetch, which takes a new snapshot), so it never evicts a row whose update may still be running, whatever
-the timing; and it never grows or releases the spill region (a row that finds no free way in its set is left for its
-lookup to fetch). The update in flight touches only its locked slots' rows, flags and lock counts, and the rows'
-optimizer state; the prefetch touches only unlocked slots, the tags, the slot map and the stamps — no element both
-write. The next use of the cache on any other stream — a fetch, ``flush``, ``invalidate``, the counters — first
-waits for the prefetch (:meth:`RowCache.join`). Inputs already on the device make the side stream wait for the
-current stream (the cache cannot know when they were written): pass the next batch on the host to overlap. On the
-CPU the same rules apply without a stream, so tests exercise them; weights are the same as without a prefetch, but
-where a synchronous prefetch would have evicted a row of the step in flight, the overlapped one evicts another, so
-the counters can differ.
+Prefetches run beside the step in flight by :mod:`shardwise.runtime.embedding.cache_prefetch` (its rules: what
+they may evict, and when the cache's next use waits for them).
 """
 
 from __future__ import annotations
@@ -109,7 +93,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 import torch
@@ -124,7 +108,6 @@ __all__ = [
     "RowCache",
     "cache_slots",
     "gather_rows",
-    "overlapped_prefetch",
     "scatter_rows",
     "spill_slots",
 ]
@@ -283,13 +266,13 @@ class RowCache:
         self.segments = [name for name, _, _ in segments]
         self._starts = torch.tensor([start for _, start, _ in segments], dtype=torch.int64, device=device)
         self._counts = torch.zeros((len(segments), 6), dtype=torch.int64, device=device)
-        # the overlapped prefetch (module docstring, "Overlapped prefetch"): set by overlapped_prefetch
+        # the overlapped prefetch (shardwise.runtime.embedding.cache_prefetch): set by overlapped_prefetch
         self.overlap = False
         self._locked: Tensor | None = None  # slots locked by lookups as of the last locking fetch (S bools)
         # recorded on the current stream after the cache's last change there (a fetch, a flush, ...; not the updates
         # of lookups, which an overlapped prefetch works beside): where an overlapped prefetch may start (CUDA)
-        self._settled: torch.cuda.Event | None = None
-        self._ready: torch.cuda.Event | None = None  # recorded after the last overlapped prefetch (CUDA)
+        self.settled: torch.cuda.Event | None = None
+        self.ready: torch.cuda.Event | None = None  # recorded after the last overlapped prefetch (CUDA)
         self._settle()
 
     # -- sizes
@@ -307,8 +290,9 @@ class RowCache:
 
         ``lock``: keep the slots until the returned ``hold`` is released (a lookup whose update will run);
         ``prefetch``: a prefetch, which counts no lookup and marks what it brings in ``FRESH``; while
-        :attr:`overlap` is set (:func:`overlapped_prefetch`) it treats the slots locked at the last locking fetch as
-        locked, and leaves rows it cannot place in their set for their lookup (no spill slots).
+        :attr:`overlap` is set (:func:`~shardwise.runtime.embedding.cache_prefetch.overlapped_prefetch`) it treats
+        the slots locked at the last locking fetch as locked, and leaves rows it cannot place in their set for their
+        lookup (no spill slots).
         """
         overlap = prefetch and self.overlap
         if not overlap:
@@ -570,55 +554,9 @@ class RowCache:
     def _settle(self) -> None:
         """Record where the current stream's changes to the cache end (CUDA): an overlapped prefetch waits for it."""
         if self.device.type == "cuda":
-            self._settled = torch.cuda.current_stream(self.device).record_event()
+            self.settled = torch.cuda.current_stream(self.device).record_event()
 
     def join(self) -> None:
         """Make the current stream wait for the last overlapped prefetch (nothing on the CPU or when none ran)."""
-        if self._ready is not None:
-            torch.cuda.current_stream(self.device).wait_event(self._ready)
-
-
-_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
-
-
-@contextlib.contextmanager
-def overlapped_prefetch(caches: Sequence[RowCache], device: torch.device, inputs: Sequence[Tensor]) -> Iterator[None]:
-    """Run the prefetches made inside the block beside the step that is running (module docstring, "Overlapped
-    prefetch"): on CUDA on a side stream that waits for the caches' last changes on the current stream (and for all of
-    the current stream only if an input tensor is already on the device), each cache in its overlap mode; the
-    caches' next use on another stream waits for the block's work (:meth:`RowCache.join`). On the CPU: the overlap
-    mode alone.
-    """
-    for c in caches:
-        c.join()
-    if device.type != "cuda":
-        for c in caches:
-            c.overlap = True
-        try:
-            yield
-        finally:
-            for c in caches:
-                c.overlap = False
-        return
-    device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
-    stream = _STREAMS.get(device)
-    if stream is None:
-        stream = _STREAMS[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-    for c in caches:
-        if c._settled is not None:
-            stream.wait_event(c._settled)
-    on_device = [t for t in inputs if t.device.type == "cuda"]
-    if on_device:  # made by the step's stream, at a point only that stream knows
-        stream.wait_stream(torch.cuda.current_stream(device))
-        for t in on_device:
-            t.record_stream(stream)
-    for c in caches:
-        c.overlap = True
-    try:
-        with torch.cuda.stream(stream):
-            yield
-    finally:
-        done = stream.record_event()
-        for c in caches:
-            c.overlap = False
-            c._ready = done
+        if self.ready is not None:
+            torch.cuda.current_stream(self.device).wait_event(self.ready)

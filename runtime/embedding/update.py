@@ -19,7 +19,7 @@ then, once per touched row (weights fp32 / fp16 / bf16, read into fp32 and round
 * ``sgd``: ``w_r -= lr·g_r``
 * ``adagrad`` (``torch.optim.Adagrad`` on sparse gradients, no lr decay or weight decay):
   ``s_r += g_r²`` (elementwise), ``w_r -= lr·g_r / (√s_r + eps)``
-* ``rowwise_adagrad`` (one fp32 per row, as FBGEMM's and :class:`~shardwise.runtime.embedding.bag.RowWiseAdagrad`):
+* ``rowwise_adagrad`` (one fp32 per row, as FBGEMM's and :class:`~shardwise.runtime.embedding.optim.RowWiseAdagrad`):
   ``s_r += mean_j g_r[j]²``, ``w_r -= lr·g_r / (√s_r + eps)``
 * ``adam`` (``torch.optim.SparseAdam``: lazy, only touched rows' moments move; bias correction by the global step t):
   ``m_r = β1·m_r + (1−β1)·g_r``, ``v_r = β2·v_r + (1−β2)·g_r²``,

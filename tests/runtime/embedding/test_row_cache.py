@@ -13,13 +13,13 @@ torch = pytest.importorskip("torch")
 
 from torch import Tensor  # noqa: E402  (after the importorskip)
 
+from shardwise.runtime.embedding.cache_prefetch import overlapped_prefetch  # noqa: E402
 from shardwise.runtime.embedding.groups import plan_groups  # noqa: E402
 from shardwise.runtime.embedding.row_cache import (  # noqa: E402
     CACHE_WAYS,
     CacheStats,
     RowCache,
     cache_slots,
-    overlapped_prefetch,
 )
 from shardwise.runtime.embedding.update import RowOptimizer, UpdateConfig  # noqa: E402
 from shardwise.solver import cost_model  # noqa: E402

@@ -23,7 +23,8 @@ torch = pytest.importorskip("torch")
 import interpreter_support  # noqa: E402  (after the importorskip)
 from torch import Tensor  # noqa: E402
 
-from shardwise.runtime.embedding.row_cache import RowCache, overlapped_prefetch  # noqa: E402
+from shardwise.runtime.embedding.cache_prefetch import overlapped_prefetch  # noqa: E402
+from shardwise.runtime.embedding.row_cache import RowCache  # noqa: E402
 
 CPU = torch.device("cpu")
 FIELDS = ("tags", "slot_of", "stamps", "flags", "locks", "weight", "store", "_counts")

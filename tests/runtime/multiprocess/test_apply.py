@@ -33,7 +33,9 @@ from torch import Tensor, nn  # noqa: E402
 from dist_support import Checks, run  # noqa: E402
 from fleet_support import tiny_fleet  # noqa: E402
 from shardwise.runtime.apply import PlanMismatchError, apply_plan, param_groups, split_parameters  # noqa: E402
-from shardwise.runtime.embedding.bag import RowWiseAdagrad, ShardedEmbeddingBag, ShardedEmbeddingBagCollection  # noqa: E402
+from shardwise.runtime.embedding.bag import ShardedEmbeddingBag  # noqa: E402
+from shardwise.runtime.embedding.collection import ShardedEmbeddingBagCollection  # noqa: E402
+from shardwise.runtime.embedding.optim import RowWiseAdagrad  # noqa: E402
 from shardwise.runtime.embedding.update import RowOptimizer, UpdateConfig  # noqa: E402
 from shardwise.runtime.parallel import ddp, mesh  # noqa: E402
 from shardwise.wire.spec import (  # noqa: E402

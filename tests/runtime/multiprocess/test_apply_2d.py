@@ -45,7 +45,8 @@ from torch import nn  # noqa: E402
 
 from dist_support import Checks, run  # noqa: E402
 from shardwise.runtime.apply import PlanMismatchError, apply_plan  # noqa: E402
-from shardwise.runtime.embedding.bag import ShardedEmbeddingBag, ShardedEmbeddingBagCollection  # noqa: E402
+from shardwise.runtime.embedding.bag import ShardedEmbeddingBag  # noqa: E402
+from shardwise.runtime.embedding.collection import ShardedEmbeddingBagCollection  # noqa: E402
 from shardwise.runtime.embedding.update import RowOptimizer, UpdateConfig  # noqa: E402
 from shardwise.solver.two_d import replicate_tables  # noqa: E402
 from shardwise.wire.spec import (  # noqa: E402

@@ -21,9 +21,10 @@ from torch import Tensor, nn  # noqa: E402
 
 from dist_support import run  # noqa: E402
 from shardwise.runtime.apply import apply_plan, split_parameters  # noqa: E402
-from shardwise.runtime.embedding.bag import ShardedEmbeddingBag, ShardedEmbeddingBagCollection  # noqa: E402
-from shardwise.runtime.embedding.exchange import OneGroup, group_layouts  # noqa: E402
+from shardwise.runtime.embedding.bag import ShardedEmbeddingBag  # noqa: E402
+from shardwise.runtime.embedding.collection import ShardedEmbeddingBagCollection  # noqa: E402
 from shardwise.runtime.embedding.groups import ShardGroup  # noqa: E402
+from shardwise.runtime.embedding.one_group import OneGroup, group_layouts  # noqa: E402
 from shardwise.runtime.embedding.update import RowOptimizer, UpdateConfig  # noqa: E402
 from shardwise.runtime.graphed import GraphedStep, capture_problems  # noqa: E402
 from shardwise.wire.spec import (  # noqa: E402
@@ -217,7 +218,7 @@ def test_a_batch_shapes_first_ids_and_bags_stay_on_the_device() -> None:
 def test_captured_id_counts_name_their_tables_and_restart_once_reported() -> None:
     """The counts' host side (what GraphedStep reads once the replays are done): the tables with a nonzero count,
     sorted and without repeats over several calls' sets of tables; after a reset, none."""
-    from shardwise.runtime.embedding.exchange import CapturedIdCheck
+    from shardwise.runtime.embedding.id_checks import CapturedIdCheck
 
     check = CapturedIdCheck()
     check.counts[("a", "b")] = (torch.tensor([0, 3]), torch.tensor([0, 3]))

@@ -39,11 +39,9 @@ from torch import Tensor, nn  # noqa: E402
 
 from dist_support import Checks, run  # noqa: E402
 from shardwise.runtime.apply import apply_plan  # noqa: E402
-from shardwise.runtime.embedding.bag import (  # noqa: E402
-    RowWiseAdagrad,
-    ShardedEmbeddingBag,
-    ShardedEmbeddingBagCollection,
-)
+from shardwise.runtime.embedding.bag import ShardedEmbeddingBag  # noqa: E402
+from shardwise.runtime.embedding.collection import ShardedEmbeddingBagCollection  # noqa: E402
+from shardwise.runtime.embedding.optim import RowWiseAdagrad  # noqa: E402
 from shardwise.runtime.embedding.row_cache import CacheStats, RowCache  # noqa: E402
 from shardwise.runtime.embedding.update import RowOptimizer, UpdateConfig  # noqa: E402
 from shardwise.wire.spec import (  # noqa: E402
