@@ -24,7 +24,7 @@ SIZES = (1_024, 4_096, 65_536, 262_144)
 def main() -> None:
     import torch
 
-    from shardwise.calibrate.run import ZipfIds
+    from shardwise.calibrate.cache_fetch import ZipfIds
     from shardwise.runtime.embedding.row_cache import CACHE_WAYS, RowCache, cache_slots
 
     dev = torch.device("cuda", 0)

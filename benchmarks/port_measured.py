@@ -123,10 +123,10 @@ def machine(device: str) -> dict[str, Any]:
 
 
 def __getattr__(name: str) -> Any:
-    """``Zipf``: the sampler of ``shardwise.calibrate.run`` (``ZipfIds``), imported when first asked for (it
+    """``Zipf``: the sampler of ``shardwise.calibrate.cache_fetch`` (``ZipfIds``), imported when first asked for (it
     brings torch; ``report`` and ``plan`` do not need it)."""
     if name == "Zipf":
-        from shardwise.calibrate.run import ZipfIds
+        from shardwise.calibrate.cache_fetch import ZipfIds
 
         return ZipfIds
     raise AttributeError(name)
@@ -150,7 +150,7 @@ def hit_rate_case(
     ``2·T`` ids and at least ``batches`` fetches)."""
     import torch
 
-    from shardwise.calibrate.run import ZipfIds
+    from shardwise.calibrate.cache_fetch import ZipfIds
     from shardwise.runtime.embedding.row_cache import CACHE_WAYS, RowCache, cache_slots
     from shardwise.solver import cost_model as cm
 
@@ -523,7 +523,7 @@ def port(
     import torch
     import torch.distributed as dist
 
-    from shardwise.calibrate.run import ZipfIds
+    from shardwise.calibrate.cache_fetch import ZipfIds
 
     if device == "cuda":
         torch.cuda.set_device(0)
@@ -590,13 +590,14 @@ def port(
 
 def fetch_cost(device: str, small: bool, budget_s: float = 20.0) -> dict[str, Any]:
     """What a cache fetch costs the executor: ``shardwise calibrate``'s fetch benchmark
-    (:func:`shardwise.calibrate.run.time_cache_fetches`: ``RowCache.fetch`` of Zipf(1.0) batches over a table of
+    (:func:`shardwise.calibrate.cache_fetch.time_cache_fetches`: ``RowCache.fetch`` of Zipf(1.0) batches over a table of
     512-B rows, fp32 × 128 as the port's tables, with a 10 % cache, every other fetch's rows marked dirty) and its fit
-    ``ms = fixed + per_row·(rows copied in + rows written back)`` (:func:`shardwise.calibrate.run.fit_cache_fetch`):
+    ``ms = fixed + per_row·(rows copied in + rows written back)`` (:func:`shardwise.calibrate.fit.fit_cache_fetch`):
     the figures of the cost model's ``cache_fetch_us`` and ``cache_fetch_ns_per_row``."""
     import torch
 
-    from shardwise.calibrate.run import FETCH_COLS, FETCH_FRACTION, fit_cache_fetch, time_cache_fetches
+    from shardwise.calibrate.cache_fetch import FETCH_COLS, FETCH_FRACTION, time_cache_fetches
+    from shardwise.calibrate.fit import fit_cache_fetch
 
     rows = 200_000 if small else 2_000_000
     sizes = (1_024, 4_096, 16_384) if small else (4_096, 16_384, 65_536, 262_144)
@@ -807,7 +808,7 @@ def report(doc: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
         lines.append("")
     fetch = doc.get("fetch")
     if isinstance(fetch, dict) and fetch.get("samples"):
-        from shardwise.calibrate.run import fit_cache_fetch
+        from shardwise.calibrate.fit import fit_cache_fetch
 
         f = fit_cache_fetch(fetch["samples"])  # refitted from the raw samples: the form calibrate fits
         if f is not None:
@@ -912,7 +913,7 @@ def fetch_overlay(doc: dict[str, Any], run: Path, base: Path, out: Path) -> Any:
     sources. The other figures are ``base``'s, unchanged."""
     import yaml
 
-    from shardwise.calibrate.run import fit_cache_fetch
+    from shardwise.calibrate.fit import fit_cache_fetch
     from shardwise.hwprofiles import load_calibration
     from shardwise.hwprofiles.calibration import Calibration, Figure
 
@@ -1001,7 +1002,7 @@ def profile_port(run_json: Path, steps: int, models: Sequence[str], tables: bool
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from gpu_executor import back_to_back, count_syncs
 
-    from shardwise.calibrate.run import ZipfIds
+    from shardwise.calibrate.cache_fetch import ZipfIds
     from shardwise.wire.spec import Plan
 
     doc = json.loads(run_json.read_text(encoding="utf-8"))

@@ -581,7 +581,7 @@ def refit(calibration: Path, measured: dict[str, Any], output: Path) -> None:
     lookups of ``host`` shards, which have figures of their own, are taken off the measured host time first."""
     import yaml
 
-    from shardwise.calibrate.run import linear_fit
+    from shardwise.calibrate.fit import linear_fit
     from shardwise.hwprofiles import get_profile, load_calibration
     from shardwise.hwprofiles.calibration import Figure
     from shardwise.solver import cost_model as cm

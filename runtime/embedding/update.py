@@ -69,6 +69,7 @@ __all__ = [
     "fused_backward_update",
     "init_state",
     "pooled_sum",
+    "segments",
     "state_bytes",
     "triton_available",
 ]
@@ -216,7 +217,7 @@ def fused_backward_update(
     if n == 0:
         return
     with torch.no_grad():
-        sorted_ids, sorted_bags, seg, starts = _segments(ids, bags)
+        sorted_ids, sorted_bags, seg, starts = segments(ids, bags)
         if chosen == "triton":
             _triton_update(weight, state, sorted_ids, sorted_bags, starts, grad_out, config, step)
         else:
@@ -296,7 +297,7 @@ def _choose_backend(backend: str, weight: Tensor) -> str:
     return "triton"
 
 
-def _segments(ids: Tensor, bags: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def segments(ids: Tensor, bags: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Sort the ids and find the segments of equal ids, with sizes static in n (n ≥ 1).
 
     Returns ``sorted_ids`` (n,), ``sorted_bags`` (n,), ``seg`` (n,) — the segment of each sorted position, 0-based —

@@ -11,7 +11,7 @@ from shardwise.hwprofiles import get_profile
 
 
 def test_fit_scale_recovers_a_known_fraction() -> None:
-    from shardwise.calibrate.run import Sample, fit_scale
+    from shardwise.calibrate.fit import Sample, fit_scale
 
     f = 0.37
     samples = [Sample("x", {}, measured_ms=a + b / f, a_ms=a, b_ms=b) for a, b in [(0.1, 1.0), (0.0, 2.0), (0.3, 5.0)]]
@@ -24,7 +24,8 @@ def test_the_gemm_fraction_is_fitted_through_the_kernel_model() -> None:
     """Layers priced by the cost model at a known achieved.gemm come back with that figure (the search's step is
     0.005), and a 10 % slower set of layers with a lower one."""
     pytest.importorskip("numpy")
-    from shardwise.calibrate.run import DENSE_LAYER_SHAPES, Sample, fit_gemm_through_kernels
+    from shardwise.calibrate.device import DENSE_LAYER_SHAPES
+    from shardwise.calibrate.fit import Sample, fit_gemm_through_kernels
     from shardwise.hwprofiles.calibration import with_figures
     from shardwise.solver import cost_model as cm
     from shardwise.wire.spec import DenseLayerSpec, DenseStyle, Dtype, Optimizer
@@ -47,7 +48,7 @@ def test_the_gemm_fraction_is_fitted_through_the_kernel_model() -> None:
 
 
 def test_linear_fit_recovers_coefficients_and_drops_a_negative_one() -> None:
-    from shardwise.calibrate.run import linear_fit
+    from shardwise.calibrate.fit import linear_fit
 
     rows = [[1.0, t, layer] for t in (1, 4, 16) for layer in (1, 3)]
     ys = [2.0 + 0.05 * t + 0.3 * layer for _, t, layer in rows]
@@ -65,7 +66,8 @@ def test_cache_fetches_on_the_cpu_move_rows_and_fit_a_cost() -> None:
     the dirtied half is written back when evicted, and the fit's line follows the samples."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("numpy")
-    from shardwise.calibrate.run import fit_cache_fetch, time_cache_fetches
+    from shardwise.calibrate.cache_fetch import time_cache_fetches
+    from shardwise.calibrate.fit import fit_cache_fetch
 
     sizes = (64, 256, 1024)
     samples = time_cache_fetches(torch.device("cpu"), rows=20_000, sizes=sizes, budget_s=30.0, max_fetches=30)

@@ -169,7 +169,7 @@ def test_committed_predictions_are_what_the_planner_says_now() -> None:
 
 def test_fetch_cost_fit_recovers_its_coefficients() -> None:
     """ms = 0.5 + 0.002·(in + back), exactly: the fit gives the two figures back (µs per fetch, ns per row moved)."""
-    from shardwise.calibrate.run import fit_cache_fetch
+    from shardwise.calibrate.fit import fit_cache_fetch
 
     samples = [
         {"ms": 0.5 + 0.002 * (a + b), "copied_in": a, "written_back": b}
