@@ -29,8 +29,8 @@ value is the one that makes the model reproduce the measurement. Per figure:
   its end on the host clock): ``t = c0 + c1·(rows copied in + rows written back)`` by least squares
   (:func:`~shardwise.calibrate.fit.fit_cache_fetch`). In and back are fitted as one count of rows moved: at steady state
   the rows written back are a near-constant share of those copied in, so a fit of one figure each cannot tell them apart
-  (on one H200 it gave the write-back a negative cost); both are a GPU gather or scatter of the pinned store, zero-copy
-  across the host link (on CUDA the fetch is the cache's Triton kernels).
+  (``docs/truth.md`` shows such a fit giving the write-back a negative cost); both are a GPU gather or scatter of the
+  pinned store, zero-copy across the host link (on CUDA the fetch is the cache's Triton kernels).
 
 A fit minimises the relative error ``Σ ((model_i − t_i) / t_i)²``; its RMS relative error and sample count are
 written beside the value. Fractions come out in ``(0, 1]``: a fit above 1 (a kernel beating the model's peak, e.g.

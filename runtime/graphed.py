@@ -1,8 +1,8 @@
 """A training step captured once as a CUDA graph and replayed: the executor's step at the device's pace.
 
 At world size one the executor makes no host synchronisation inside a step, so the host runs ahead of the device,
-but every kernel of the step is still enqueued from Python: on the H200 of ``docs/truth.md`` that host time is
-2.9–3.7 ms a step for small DLRMs, longer than their device time, so the host sets the pace. A CUDA graph replays the
+but every kernel of the step is still enqueued from Python: for small DLRMs that host time is longer than their device
+time (``docs/truth.md`` measures both), so the host sets the pace. A CUDA graph replays the
 whole step — forward, backward with the tables' fused update, the dense optimizer — with one launch::
 
     from shardwise.runtime.graphed import GraphedStep
@@ -96,7 +96,7 @@ def capture_problems(tables: Sequence[ShardedEmbeddingBag]) -> list[str]:
 
 
 #: one side stream per device for every warm-up and capture: torch keeps a cuBLAS workspace per stream for the
-#: life of the process (32 MiB on an H200), so a stream per step would leave one behind each time
+#: life of the process, so a stream per step would leave one behind each time (``docs/truth.md``, runs 8–10)
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
@@ -184,7 +184,7 @@ class GraphedStep:
         pairs = [(b, x) for x, b in zip(leaves, self._leaves, strict=True) if isinstance(b, Tensor) and x is not b]
         if not pairs:  # the graph's own input tensors, filled by the caller
             pass
-        elif all(x.device == b.device for b, x in pairs):  # one call for all (a copy_ each: ~10 µs of host time)
+        elif all(x.device == b.device for b, x in pairs):  # one call for all (not a copy_ each: host time per tensor)
             torch._foreach_copy_([b for b, _ in pairs], [x for _, x in pairs], non_blocking=True)
         else:  # some on the host (pinned: without waiting)
             for b, x in pairs:

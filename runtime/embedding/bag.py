@@ -67,7 +67,7 @@ looked up and updated as hbm groups are, every row access crossing the host link
 model's. The tables' ``weights[j]`` are then CUDA tensors over host memory (``torch.cuda.memory_allocated`` does not
 count them). Otherwise — ``apply_plan(host_access="cpu")``, no embedding optimizer, or data_parallel — ``host`` shards
 stay in CPU memory: their lookups run on the CPU and only the pooled rows (and their gradients) cross to the device. The
-zero-copy way measured 4–8× faster than the CPU's gather and copy on an H200 (``docs/truth.md``).
+zero-copy way is the faster of the two (``docs/truth.md``, "Host rows read from the GPU", measures both).
 
 ``uvm_cache`` shards with an embedding optimizer keep their weights in host memory behind a cache on the device
 (:mod:`shardwise.runtime.embedding.row_cache`; FBGEMM's ``MANAGED_CACHING``, which TorchRec runs through

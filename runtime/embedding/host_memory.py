@@ -15,11 +15,10 @@ torch's own pinned allocator (``pin_memory=True``, ``cudaHostAlloc``) and its ``
 constructor, so the memory stays torch's: freed when the host tensor and every view of it are gone.
 
 Why not the CPU: a ``host`` shard's rows were first gathered by the CPU (its ids copied to the host, a CPU
-``index_select``, the rows copied up). Measured on one H200 (``benchmarks/port_measured.py``, ``docs/truth.md``,
-"Host rows read from the GPU"): reading 1,000 to 1,000,000 random rows of 512 B through the mapping took 0.037 to
-17.7 ms, the CPU gather and copy 0.158 to 135.3 ms — zero-copy was 4–8× faster at every size, and it needs no host
-synchronisation. So on CUDA the executor reads host rows zero-copy, and ``apply_plan(host_access="cpu")`` keeps the
-CPU gather for comparison.
+``index_select``, the rows copied up). Reading the rows through the mapping is faster at every size measured, and
+it needs no host synchronisation (``docs/truth.md``, "Host rows read from the GPU", holds the times, from
+``benchmarks/port_measured.py``). So on CUDA the executor reads host rows zero-copy, and
+``apply_plan(host_access="cpu")`` keeps the CPU gather for comparison.
 
 The device pointer is asked of the CUDA runtime (``cudaHostGetDevicePointer`` from the ``libcudart`` torch loads);
 where no runtime library can be found, the host pointer itself is used: under unified virtual addressing (every

@@ -137,7 +137,7 @@ def one_group_lookup(
     raw = cat(ids_parts)
     # every table's first id and first bag in the call, one host-to-device copy; the table of every id (and of every
     # bag) by one bucketize against them — a fixed number of kernels whatever the number of tables (an add per
-    # table cost 16 µs of host time each on an H200's host, 1.6 ms a step at 100 tables)
+    # table cost host time a table: docs/truth.md, "The executor changed on the way")
     starts_dev = layout.starts_on_device(counts, bag_counts, device)
     id_firsts, bag_firsts_dev = starts_dev[: len(counts)], starts_dev[len(counts) :]
     bag_table = torch.bucketize(torch.arange(sum(bag_counts), device=device), bag_firsts_dev, right=True) - 1
@@ -155,7 +155,7 @@ def one_group_lookup(
     captured = tables[layout.names[0]].captured_ids
     if captured is not None and device.type == "cuda":
         # per table, by differences of a running count at the tables' first ids (an index_add_ of every id into a
-        # few counters serialises on their atomics: 1.5 ms a step at 2.6 M ids on an H200)
+        # few counters serialises on their atomics: docs/truth.md, runs 8-10)
         running = torch.cat([flags.new_zeros(1, dtype=torch.int64), torch.cumsum(flags, 0)])
         ends = torch.cat([id_firsts[1:], id_firsts.new_full((1,), n)])
         captured.add(layout.names, running.index_select(0, ends) - running.index_select(0, id_firsts))

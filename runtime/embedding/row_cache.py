@@ -55,16 +55,16 @@ Everything above runs in torch ops on the cache's device. On a CPU executor the 
 tensors (the cache then saves nothing: it is what the tests exercise). On CUDA the store is pinned host memory that
 the fetch reads and writes **zero-copy** (:mod:`shardwise.runtime.embedding.host_memory`: ``source``, the store's device
 view): a missing row is gathered by a GPU kernel straight from host memory across the host link, an evicted dirty
-row scattered back the same way — no CPU gather and no staging copy (measured 4–8× faster than the CPU path on an
-H200, ``docs/truth.md``). :meth:`RowCache.flush` writes every dirty cached row back (a checkpoint, or reading the
+row scattered back the same way — no CPU gather and no staging copy (the faster way: ``docs/truth.md``, "Host rows
+read from the GPU"). :meth:`RowCache.flush` writes every dirty cached row back (a checkpoint, or reading the
 table); :meth:`RowCache.invalidate` forgets every cached row (after the store was written from outside).
 
 No synchronisation
 ------------------
 The number of distinct rows in a batch and the number that found no way are data: reading either back makes the
 host wait for the device, which empties the queue the host had run ahead with, so that a step costs its host time
-*plus* much of its device time instead of the larger of the two (measured on an H200: the port's ``dcn-26`` plan
-11.2 ms a step against 6.2 ms without its cache; ``docs/truth.md``). On CUDA (the Triton kernels,
+*plus* much of its device time instead of the larger of the two (``docs/truth.md``, part 6, run 5: the port's
+``dcn-26`` plan, its cache included, against its re-plan). On CUDA (the Triton kernels,
 :mod:`shardwise.runtime.kernels.cache`) a fetch reads neither whenever the **spill reserve** has room for the batch:
 
 * distinct rows without ``torch.unique``: the ids sorted, one **lane per id** — lanes ``0..u−1`` are the distinct

@@ -1,6 +1,6 @@
 """The Triton kernels behind :meth:`shardwise.runtime.embedding.row_cache.RowCache.fetch` on CUDA: a fetch in three
-kernels and two host synchronisations, where the torch ops took about 160 kernels and 20 synchronisations (2.1 ms of
-host time a fetch measured on an H200's host, whatever its size: ``benchmarks/port_measured.py``, "fetch").
+kernels and two host synchronisations, where the torch ops take about 160 kernels and 20 synchronisations (the two
+timed per fetch size: ``docs/truth.md``, part 6, "The fetch in three Triton kernels").
 
 Imported only by the cache's Triton path, so that ``shardwise.runtime.embedding.row_cache`` loads without Triton. On CPU
 tensors the kernels run under Triton's interpreter (``TRITON_INTERPRET=1`` before the first import), which is how
