@@ -12,7 +12,9 @@ light and the base install — no torch, no solver stack — imports what it can
 
 The subpackages are the floors of docs/architecture.md: ``shardwise.hwprofiles`` (accelerator profiles) under
 ``shardwise.wire`` (the contract) under ``shardwise.solver`` (planning) under ``shardwise.service`` (the HTTP service);
-``shardwise.clients`` (client, CLI, torch side) stands on the wire alone.
+``shardwise.clients`` (the HTTP client and the CLI) stands on the wire alone, ``shardwise.runtime`` (the torch executor:
+describe, apply_plan) on the wire and torch, and ``shardwise.calibrate`` (``shardwise calibrate``) over the executor
+and the solver.
 """
 
 from __future__ import annotations
