@@ -84,38 +84,45 @@ def test_the_client_importing_the_solver_at_module_level_breaks_its_rule(tree: P
     assert "shardwise.clients.client -> shardwise.solver.bounds" in report
 
 
-def test_the_client_side_importing_torch_breaks_its_rule(tree: Path) -> None:
-    add_import(tree, "clients.cli_common", "import torch")
+#: (module, the import added to it, the contract it breaks, the import the report names): the executor's rooms
+ROOM_BREAKS = {
+    "the client side importing torch": (
+        "clients.cli_common",
+        "import torch",
+        "The client side imports neither torch nor Triton nor TorchRec, not even lazily",
+        "shardwise.clients.cli_common -> torch",
+    ),
+    "the executor importing the solver": (
+        "runtime.embedding.row_cache",
+        "from shardwise.solver import cost_model",
+        "The executor stands on the wire: never the solver, the service or the client side",
+        "shardwise.runtime.embedding.row_cache -> shardwise.solver.cost_model",
+    ),
+    "the solver importing the executor": (
+        "solver.two_d",
+        "from shardwise.runtime import replicas",
+        "Nothing beside the executor imports it or the calibration: the calibration is a leaf",
+        "shardwise.solver.two_d -> shardwise.runtime.replicas",
+    ),
+    "the executor importing the calibration": (
+        "runtime.graphed",
+        "from shardwise.calibrate import fit",
+        "The executor's floors: calibrate over runtime over wire over hwprofiles",
+        "shardwise.runtime.graphed -> shardwise.calibrate.fit",
+    ),
+    "the calibration importing the client side": (
+        "calibrate.fit",
+        "from shardwise.clients import errors",
+        "The calibration stands on the executor and the solver: never the service or the client side",
+        "shardwise.calibrate.fit -> shardwise.clients.errors",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ROOM_BREAKS))
+def test_a_forbidden_import_between_the_rooms_breaks_its_contract(tree: Path, case: str) -> None:
+    module, line, contract, named = ROOM_BREAKS[case]
+    add_import(tree, module, line)
     report = broken(lint(tree))
-    assert "The client side imports neither torch nor Triton nor TorchRec, not even lazily BROKEN" in report
-    assert "shardwise.clients.cli_common -> torch" in report
-
-
-def test_the_executor_importing_the_solver_breaks_its_rule(tree: Path) -> None:
-    add_import(tree, "runtime.embedding.row_cache", "from shardwise.solver import cost_model")
-    report = broken(lint(tree))
-    assert "The executor stands on the wire: never the solver, the service or the client side BROKEN" in report
-    assert "shardwise.runtime.embedding.row_cache -> shardwise.solver.cost_model" in report
-
-
-def test_the_solver_importing_the_executor_breaks_the_leaf_rule(tree: Path) -> None:
-    add_import(tree, "solver.two_d", "from shardwise.runtime import replicas")
-    report = broken(lint(tree))
-    assert "Nothing beside the executor imports it or the calibration: the calibration is a leaf BROKEN" in report
-    assert "shardwise.solver.two_d -> shardwise.runtime.replicas" in report
-
-
-def test_the_executor_importing_the_calibration_breaks_its_floors(tree: Path) -> None:
-    add_import(tree, "runtime.graphed", "from shardwise.calibrate import fit")
-    report = broken(lint(tree))
-    assert "The executor's floors: calibrate over runtime over wire over hwprofiles BROKEN" in report
-    assert "shardwise.runtime.graphed -> shardwise.calibrate.fit" in report
-
-
-def test_the_calibration_importing_the_client_side_breaks_its_rule(tree: Path) -> None:
-    add_import(tree, "calibrate.fit", "from shardwise.clients import errors")
-    report = broken(lint(tree))
-    assert (
-        "The calibration stands on the executor and the solver: never the service or the client side BROKEN" in report
-    )
-    assert "shardwise.calibrate.fit -> shardwise.clients.errors" in report
+    assert f"{contract} BROKEN" in report
+    assert named in report
