@@ -8,6 +8,10 @@ COPY wire wire
 COPY solver solver
 COPY hwprofiles hwprofiles
 COPY clients clients
+# the executor and the calibration: not run by the server, but the package holds them (the CLI loads the calibrate
+# command through its entry point; shardwise/ links to both folders)
+COPY runtime runtime
+COPY calibrate calibrate
 COPY service service
 COPY migrations migrations
 RUN pip install '.[server]'

@@ -52,7 +52,7 @@ lint: install-torch ## ruff lint + format check, and the layer contracts (import
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 
-typecheck: install-torch ## mypy --strict on the packages (torch installed so that clients/ is checked against it)
+typecheck: install-torch ## mypy --strict on the packages (torch installed so that runtime/ and calibrate/ are checked against it)
 	$(VENV)/bin/mypy
 
 test: lint typecheck install-browser ## lint, typecheck, then the whole test suite (what CI runs)

@@ -1,7 +1,7 @@
-"""What one ``uvm_cache`` fetch costs, torch ops against the Triton kernels (``clients/_cache_triton.py``).
+"""What one ``uvm_cache`` fetch costs, torch ops against the Triton kernels (``runtime/kernels/cache.py``).
 
-The executor's :class:`~shardwise.clients.row_cache.RowCache` over a pinned 2 M-row table of 512-B rows with a 10 %
-cache (the port's row width, ``shardwise calibrate``'s fetch benchmark), warmed with 40 fetches of 16,384 Zipf(1.0)
+The executor's :class:`~shardwise.runtime.embedding.row_cache.RowCache` over a pinned 2 M-row table of 512-B rows with a
+10 % cache (the port's row width, ``shardwise calibrate``'s fetch benchmark), warmed with 40 fetches of 16,384 Zipf(1.0)
 ids, then 20 fetches of each size timed back to back (the rows of every fetch marked dirty, as the fused update
 marks them), once per backend (``SHARDWISE_CACHE_BACKEND``). Prints a table and both caches' counters, which must
 agree row for row (the same ids, drawn from the same seeds)::
@@ -24,8 +24,8 @@ SIZES = (1_024, 4_096, 65_536, 262_144)
 def main() -> None:
     import torch
 
-    from shardwise.clients.calibrate import ZipfIds
-    from shardwise.clients.row_cache import CACHE_WAYS, RowCache, cache_slots
+    from shardwise.calibrate.cache_fetch import ZipfIds
+    from shardwise.runtime.embedding.row_cache import CACHE_WAYS, RowCache, cache_slots
 
     dev = torch.device("cuda", 0)
     rows = 2_000_000

@@ -59,9 +59,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gpu_step_time as gst
 
-from shardwise.clients.apply import apply_plan, split_parameters
-from shardwise.clients.fused_update import RowOptimizer, UpdateConfig
-from shardwise.clients.sharded_embedding import RowWiseAdagrad, ShardedEmbeddingBagCollection
+from shardwise.runtime.apply import apply_plan, split_parameters
+from shardwise.runtime.embedding.collection import ShardedEmbeddingBagCollection
+from shardwise.runtime.embedding.optim import RowWiseAdagrad
+from shardwise.runtime.embedding.update import RowOptimizer, UpdateConfig
 from shardwise.wire.spec import ModelSpec, Plan
 
 ex = gst.ex
@@ -294,8 +295,8 @@ def kernel_sweep(config: str, batch: int, device: torch.device, reps: int = 10) 
     time per tile (ids per loop step × warps), against the byte floor of the update and the forward lookup."""
     import torch.nn.functional as F
 
-    from shardwise.clients import _fused_triton as kern
-    from shardwise.clients.fused_update import _segments
+    from shardwise.runtime.embedding.update import segments
+    from shardwise.runtime.kernels import fused_update as kern
 
     cfg, _ = gst.CONFIGS[config]
     gen = torch.Generator().manual_seed(1234)
@@ -315,7 +316,7 @@ def kernel_sweep(config: str, batch: int, device: torch.device, reps: int = 10) 
     state = torch.zeros(sum(rows), device=device)
     grad = torch.randn(bags_n, cfg.dim, device=device)
     unique = int(torch.unique(ids_g).numel())
-    sorted_ids, sorted_bags, _, starts = _segments(ids_g, bags)
+    sorted_ids, sorted_bags, _, starts = segments(ids_g, bags)
     row_bytes = cfg.dim * 4
     floor_bytes = n * (row_bytes + 16) + unique * (2 * row_bytes + 8)  # grad rows + ids; weight rows r/w + state
 
@@ -346,7 +347,7 @@ def kernel_sweep(config: str, batch: int, device: torch.device, reps: int = 10) 
         "unique_rows": unique,
         "floor_bytes": floor_bytes,
         "default_ms": ms(lambda: run(None, None)),
-        "segments_ms": ms(lambda: _segments(ids_g, bags)),
+        "segments_ms": ms(lambda: segments(ids_g, bags)),
         "forward_ms": ms(lambda: F.embedding_bag(ids_g, weight, offsets, mode="sum")),
         "forward_triton_ms": ms(lambda: kern.pooled_rows(weight, ids_g, offsets)),
         "forward_floor_bytes": n * (row_bytes + 8) + bags_n * row_bytes,

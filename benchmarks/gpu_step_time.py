@@ -55,7 +55,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from shardwise.clients.sharded_embedding import ShardedEmbeddingBagCollection
+from shardwise.runtime.embedding.collection import ShardedEmbeddingBagCollection
 from shardwise.wire.spec import (
     DensePlan,
     DenseStyle,

@@ -268,11 +268,11 @@ def _short(err: BaseException) -> str:
 
 
 def _compile_worker(task: tuple[str, tuple[int, int, int, bool, bool], list[int]]) -> dict[int, str]:
-    """Compile configurations ``indices`` for one dtype and specialisation (``_triton_matmul.warmup`` on tiny
+    """Compile configurations ``indices`` for one dtype and specialisation (``triton_matmul.warmup`` on tiny
     operands of the same class: no launch, so the GPU stays free for the timing); the failures by index."""
     import torch
 
-    from shardwise.clients import _triton_matmul
+    from shardwise.runtime.kernels import matmul as triton_matmul
 
     dtype, (m, n, k, a_t, b_t), indices = task
     dt = _torch_dtype(dtype)
@@ -282,7 +282,7 @@ def _compile_worker(task: tuple[str, tuple[int, int, int, bool, bool], list[int]
     failures: dict[int, str] = {}
     for index in indices:
         try:
-            _triton_matmul.warmup(a, b, config_space()[index])
+            triton_matmul.warmup(a, b, config_space()[index])
         except Exception as e:
             failures[index] = _short(e)
     return failures
@@ -471,9 +471,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="shardwise-triton-"))
     import torch
 
-    from shardwise.clients import _triton_matmul
+    from shardwise.runtime.kernels import matmul as triton_matmul
 
-    if cpu and not _triton_matmul.interpreting():
+    if cpu and not triton_matmul.interpreting():
         raise SystemExit(
             "benchmarks/kernels.py: --device cpu runs the kernel in Triton's interpreter: set TRITON_INTERPRET=1"
         )
@@ -520,7 +520,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     return doc
                 failures = compiler.wait(dtype, spec_key(s))
                 rec, slow = _measure_one(
-                    s, dtype, si, indices, failures, timer, _triton_matmul.matmul, torch, args.device
+                    s, dtype, si, indices, failures, timer, triton_matmul.matmul, torch, args.device
                 )
                 slow_first += slow
                 doc["results"].append(rec)

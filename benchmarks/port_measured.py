@@ -2,8 +2,8 @@
 
 Four parts, each recorded in one JSON file beside the machine that ran it (GPU, torch, CUDA, driver, Triton):
 
-1. **hitrate** — the executor's cache (:class:`shardwise.clients.row_cache.RowCache`, the code ``apply_plan`` runs
-   for ``uvm_cache`` shards; on CUDA its store pinned in host memory, as the executor keeps it) fed ids drawn the
+1. **hitrate** — the executor's cache (:class:`shardwise.runtime.embedding.row_cache.RowCache`, the code ``apply_plan``
+   runs for ``uvm_cache`` shards; on CUDA its store pinned in host memory, as the executor keeps it) fed ids drawn the
    way the cost model assumes: Zipf(``s``) over the table's rows (``P(rank i) ∝ i^−s``, the spec's ``access_skew``),
    the ranks scattered over the rows by a seeded permutation, each id drawn independently from a seeded generator.
    A warm-up of ``2·T`` ids (``T`` the model's LRU characteristic time: the ids a cold cache takes to fill) and a
@@ -123,10 +123,10 @@ def machine(device: str) -> dict[str, Any]:
 
 
 def __getattr__(name: str) -> Any:
-    """``Zipf``: the sampler of ``shardwise.clients.calibrate`` (``ZipfIds``), imported when first asked for (it
+    """``Zipf``: the sampler of ``shardwise.calibrate.cache_fetch`` (``ZipfIds``), imported when first asked for (it
     brings torch; ``report`` and ``plan`` do not need it)."""
     if name == "Zipf":
-        from shardwise.clients.calibrate import ZipfIds
+        from shardwise.calibrate.cache_fetch import ZipfIds
 
         return ZipfIds
     raise AttributeError(name)
@@ -150,8 +150,8 @@ def hit_rate_case(
     ``2·T`` ids and at least ``batches`` fetches)."""
     import torch
 
-    from shardwise.clients.calibrate import ZipfIds
-    from shardwise.clients.row_cache import CACHE_WAYS, RowCache, cache_slots
+    from shardwise.calibrate.cache_fetch import ZipfIds
+    from shardwise.runtime.embedding.row_cache import CACHE_WAYS, RowCache, cache_slots
     from shardwise.solver import cost_model as cm
 
     dev = torch.device(device)
@@ -523,7 +523,7 @@ def port(
     import torch
     import torch.distributed as dist
 
-    from shardwise.clients.calibrate import ZipfIds
+    from shardwise.calibrate.cache_fetch import ZipfIds
 
     if device == "cuda":
         torch.cuda.set_device(0)
@@ -590,13 +590,14 @@ def port(
 
 def fetch_cost(device: str, small: bool, budget_s: float = 20.0) -> dict[str, Any]:
     """What a cache fetch costs the executor: ``shardwise calibrate``'s fetch benchmark
-    (:func:`shardwise.clients.calibrate.time_cache_fetches`: ``RowCache.fetch`` of Zipf(1.0) batches over a table of
+    (:func:`shardwise.calibrate.cache_fetch.time_cache_fetches`: ``RowCache.fetch`` of Zipf(1.0) batches over a table of
     512-B rows, fp32 × 128 as the port's tables, with a 10 % cache, every other fetch's rows marked dirty) and its fit
-    ``ms = fixed + per_row·(rows copied in + rows written back)`` (:func:`shardwise.clients.calibrate.fit_cache_fetch`):
+    ``ms = fixed + per_row·(rows copied in + rows written back)`` (:func:`shardwise.calibrate.fit.fit_cache_fetch`):
     the figures of the cost model's ``cache_fetch_us`` and ``cache_fetch_ns_per_row``."""
     import torch
 
-    from shardwise.clients.calibrate import FETCH_COLS, FETCH_FRACTION, fit_cache_fetch, time_cache_fetches
+    from shardwise.calibrate.cache_fetch import FETCH_COLS, FETCH_FRACTION, time_cache_fetches
+    from shardwise.calibrate.fit import fit_cache_fetch
 
     rows = 200_000 if small else 2_000_000
     sizes = (1_024, 4_096, 16_384) if small else (4_096, 16_384, 65_536, 262_144)
@@ -615,8 +616,8 @@ def host_access(device: str, small: bool) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from gpu_executor import timed  # type: ignore[import-not-found]  # benchmarks/, put on the path above
 
-    from shardwise.clients.host_memory import device_view
-    from shardwise.clients.row_cache import gather_rows
+    from shardwise.runtime.embedding.host_memory import device_view
+    from shardwise.runtime.embedding.row_cache import gather_rows
 
     if device != "cuda":
         return {"skipped": "zero-copy needs a GPU"}
@@ -807,7 +808,7 @@ def report(doc: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
         lines.append("")
     fetch = doc.get("fetch")
     if isinstance(fetch, dict) and fetch.get("samples"):
-        from shardwise.clients.calibrate import fit_cache_fetch
+        from shardwise.calibrate.fit import fit_cache_fetch
 
         f = fit_cache_fetch(fetch["samples"])  # refitted from the raw samples: the form calibrate fits
         if f is not None:
@@ -912,7 +913,7 @@ def fetch_overlay(doc: dict[str, Any], run: Path, base: Path, out: Path) -> Any:
     sources. The other figures are ``base``'s, unchanged."""
     import yaml
 
-    from shardwise.clients.calibrate import fit_cache_fetch
+    from shardwise.calibrate.fit import fit_cache_fetch
     from shardwise.hwprofiles import load_calibration
     from shardwise.hwprofiles.calibration import Calibration, Figure
 
@@ -1001,7 +1002,7 @@ def profile_port(run_json: Path, steps: int, models: Sequence[str], tables: bool
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from gpu_executor import back_to_back, count_syncs
 
-    from shardwise.clients.calibrate import ZipfIds
+    from shardwise.calibrate.cache_fetch import ZipfIds
     from shardwise.wire.spec import Plan
 
     doc = json.loads(run_json.read_text(encoding="utf-8"))

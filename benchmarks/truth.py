@@ -22,7 +22,7 @@ these configurations: both halves are held out from it. The report gives both ha
     python benchmarks/truth.py report predicted.json measured.json --plot truth.png
 
 Graphed steps (``measure --graphed``): each configuration's step and embedding part captured as CUDA graphs
-(``clients/graphed.py``) and replayed, its batches of one shape, predicted with a calibration made of graphed steps
+(``runtime/graphed.py``) and replayed, its batches of one shape, predicted with a calibration made of graphed steps
 (``shardwise calibrate --graphed``), nothing refitted: ``docs/truth.md``'s verdict.
 """
 
@@ -277,7 +277,7 @@ class Rig:
     ``fresh`` set, every call on the next batch whatever ``i``: a stream that repeats no batch while they last, for
     caches whose hit rate a repeated batch would inflate). With ``prefetch`` set, each step ends with the
     overlapped prefetch of the next batch's rows (``ebc.prefetch`` of its features as pinned CPU tensors, after the
-    backward: the pipeline ``clients/sharded_embedding.py`` describes)."""
+    backward: the pipeline ``runtime/embedding/bag.py`` describes)."""
 
     model: Any
     ebc: Any
@@ -289,14 +289,14 @@ class Rig:
     fresh: bool = False
     prefetch: bool = False
     _next: int = 0
-    #: the step and the embedding part captured as CUDA graphs (``clients/graphed.py``), once :meth:`capture` ran
+    #: the step and the embedding part captured as CUDA graphs (``runtime/graphed.py``), once :meth:`capture` ran
     graph: Any = None
     emb_graph: Any = None
 
     def capture(self) -> None:
         """Capture the step and the embedding part as CUDA graphs (each warmed up on batch 0 first): from now on
         :meth:`step` and :meth:`emb` replay them. The batches must share one shape (``build(..., graphed=True)``)."""
-        from shardwise.clients.graphed import GraphedStep
+        from shardwise.runtime.graphed import GraphedStep
 
         if self.prefetch or self.fresh:
             raise ValueError("a graphed step replays its batches: no prefetch, no stream of fresh batches")
@@ -374,9 +374,9 @@ def build(
     import torch
     from torch import nn
 
-    from shardwise.clients.apply import apply_plan, split_parameters
-    from shardwise.clients.fused_update import RowOptimizer, UpdateConfig
-    from shardwise.clients.sharded_embedding import ShardedEmbeddingBagCollection
+    from shardwise.runtime.apply import apply_plan, split_parameters
+    from shardwise.runtime.embedding.collection import ShardedEmbeddingBagCollection
+    from shardwise.runtime.embedding.update import RowOptimizer, UpdateConfig
 
     dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -581,7 +581,7 @@ def refit(calibration: Path, measured: dict[str, Any], output: Path) -> None:
     lookups of ``host`` shards, which have figures of their own, are taken off the measured host time first."""
     import yaml
 
-    from shardwise.clients.calibrate import linear_fit
+    from shardwise.calibrate.fit import linear_fit
     from shardwise.hwprofiles import get_profile, load_calibration
     from shardwise.hwprofiles.calibration import Figure
     from shardwise.solver import cost_model as cm

@@ -1,6 +1,7 @@
 """The ``shardwise`` command line: the app, its commands gathered, and the console entry point (``main``).
 
-Local commands (no server needed, ``shardwise.clients.cli_local``): ``plan``, ``evaluate``, ``port``, ``profiles``.
+Local commands (no server needed, ``shardwise.clients.cli_local``): ``plan``, ``evaluate``, ``port``, ``kernels``,
+``profiles``.
 They load the solver lazily, so the base install can show ``--help`` and says in one line which extra to add when the
 solver's dependencies are missing. Remote commands (``shardwise.clients.cli_remote``) talk to a server through
 ``ShardwiseClient``: ``submit`` (with a progress bar of the solver's best and bound), ``show``, ``show-job``,
@@ -9,7 +10,9 @@ each with ``register``, ``list`` and ``show``. What they share (reading specs, p
 ``shardwise.clients.cli_common``. The names this module held before the commands moved out (the commands,
 ``make_client``, ``remote``, ``load_spec``, ``print_plan``...) are importable from here still; a test that replaces
 ``make_client`` replaces it in ``cli_remote``, where ``remote`` looks it up. ``serve`` (the server itself) and
-``worker`` (a Celery solver worker) are the service's commands, added through its ``shardwise.commands`` entry point.
+``worker`` (a Celery solver worker) are the service's commands, and ``calibrate`` (time this GPU, fit its profile)
+is ``shardwise.calibrate``'s: each added through the ``shardwise.commands`` entry point, so that this package never
+imports the service, torch or the calibration machinery.
 Bad input is one line on stderr and exit code 2; an infeasible plan is an answer (its explanation) and exit code 1.
 """
 
@@ -80,18 +83,19 @@ cli_remote.register(app)  # submit, show-job, show, list, export
 cli_specs.register(app)  # models and fleets: register, list, show
 
 
-def _add_service_commands(target: typer.Typer) -> None:
-    """``serve`` and ``worker`` belong to the service; its ``shardwise.commands`` entry point adds them here.
+def _add_entry_point_commands(target: typer.Typer) -> None:
+    """The commands other packages of shardwise register through the ``shardwise.commands`` entry point: ``serve``
+    and ``worker`` (the service's), ``calibrate`` (``shardwise.calibrate``'s).
 
-    The service's command module imports typer only, so the base install lists them too and they say which extra
-    is missing when run; the client side never imports service code.
+    Each command module imports typer only, so the base install lists them too and they say which extra is missing
+    when run; the client side never imports service code, torch or the calibration machinery.
     """
     for ep in entry_points(group="shardwise.commands"):
         register = ep.load()
         register(target)
 
 
-_add_service_commands(app)
+_add_entry_point_commands(app)
 
 
 def main() -> None:

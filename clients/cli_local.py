@@ -272,52 +272,6 @@ def port(
         raise typer.Exit(1)
 
 
-def calibrate(
-    profile: Annotated[str, typer.Option("--profile", help="the catalogue profile of this GPU, e.g. nvidia-h200")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="write the calibration YAML here")],
-    device: Annotated[str, typer.Option(help="cuda (a calibration) or cpu (a smoke test of the pipeline)")] = "cuda",
-    quick: Annotated[bool, typer.Option(help="fewer sizes and cases: about a minute on a GPU")] = False,
-    reps: Annotated[int, typer.Option(help="timed calls per measurement", min=1)] = 10,
-    graphed: Annotated[
-        bool, typer.Option(help="fit the step overheads to steps captured as CUDA graphs (clients.graphed)")
-    ] = False,
-) -> None:
-    """Time the executor's kernels, GEMMs, copies and host work on this GPU; fit the profile's figures to them.
-
-    Under ``torchrun`` on several GPUs of one host it times the collectives too (every rank runs; rank 0 writes).
-    """
-    from shardwise.hwprofiles import catalogue
-
-    known = catalogue()
-    if profile not in known:
-        fail(f"unknown profile {profile!r}; known: {', '.join(sorted(known))}")
-    try:
-        import torch
-
-        from shardwise.clients import calibrate as cal_mod
-    except ImportError as exc:
-        fail(f"calibrate needs torch and numpy ({exc.name} is missing): {install_hint('torch,planner')}")
-    if device not in ("cuda", "cpu"):
-        fail(f"--device must be cuda or cpu, got {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        fail("no CUDA device here: calibrate on the GPU machine (or --device cpu for a smoke test)")
-    if graphed and device != "cuda":
-        fail("--graphed captures CUDA graphs: it needs --device cuda")
-    rank = cal_mod.join_torchrun(device)  # several GPUs under torchrun: collectives too; rank 0 writes
-    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
-    log = typer.echo if rank == 0 else (lambda _line: None)
-    cal, report = cal_mod.calibrate(known[profile], dev, quick=quick, reps=reps, graphed=graphed, log=log)
-    if rank != 0:
-        return
-    try:
-        samples = cal_mod.write(cal, report, output)
-    except OSError as exc:
-        fail(f"{output}: {exc.strerror or exc}")
-    for note in report.notes:
-        typer.echo(f"note: {note}")
-    typer.echo(f"calibration written to {output} ({cal.label()}); samples in {samples}")
-
-
 def kernels(
     model_path: Annotated[Path, typer.Argument(metavar="MODEL", help="ModelSpec JSON/YAML")],
     fleet_path: Annotated[Path, typer.Argument(metavar="FLEET", help="FleetSpec JSON/YAML")],
@@ -403,4 +357,3 @@ def register(target: typer.Typer) -> None:
     target.command()(port)
     target.command()(kernels)
     target.command()(profiles)
-    target.command()(calibrate)

@@ -51,10 +51,11 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from shardwise.clients.apply import apply_plan, param_groups, split_parameters
 from shardwise.clients.client import ShardwiseClient
-from shardwise.clients.describe import describe
-from shardwise.clients.sharded_embedding import RowWiseAdagrad, ShardedEmbeddingBagCollection
+from shardwise.runtime.apply import apply_plan, param_groups, split_parameters
+from shardwise.runtime.describe import describe
+from shardwise.runtime.embedding.collection import ShardedEmbeddingBagCollection
+from shardwise.runtime.embedding.optim import RowWiseAdagrad
 from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, SolveParams
 
 # ------------------------------------------------------------------------------------------------ the model

@@ -83,7 +83,7 @@ class StepOverheads(BaseModel):
     The host terms bound a step from below when the device waits for the host (small batches); see the cost model.
 
     - ``graphed_steps``: the figures were measured on training steps captured as CUDA graphs and replayed
-      (``shardwise calibrate --graphed``, ``clients/graphed.py``): the host enqueues a step in microseconds, and the
+      (``shardwise calibrate --graphed``, ``runtime/graphed.py``): the host enqueues a step in microseconds, and the
       floor the terms above describe is device time — the small kernels every step runs, each a few microseconds
       however little it does — which adds to the step's compute instead of overlapping with it (cost model, "Host
       floor").

@@ -12,7 +12,9 @@ light and the base install — no torch, no solver stack — imports what it can
 
 The subpackages are the floors of docs/architecture.md: ``shardwise.hwprofiles`` (accelerator profiles) under
 ``shardwise.wire`` (the contract) under ``shardwise.solver`` (planning) under ``shardwise.service`` (the HTTP service);
-``shardwise.clients`` (client, CLI, torch side) stands on the wire alone.
+``shardwise.clients`` (the HTTP client and the CLI) stands on the wire alone, ``shardwise.runtime`` (the torch executor:
+describe, apply_plan) on the wire and torch, and ``shardwise.calibrate`` (``shardwise calibrate``) over the executor
+and the solver.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from shardwise.clients.apply import apply_plan, split_parameters
     from shardwise.clients.client import ShardwiseClient
-    from shardwise.clients.describe import describe
+    from shardwise.runtime.apply import apply_plan, split_parameters
+    from shardwise.runtime.describe import describe
     from shardwise.solver.planner import make_plan
     from shardwise.solver.torchrec import from_torchrec, to_torchrec, to_torchrec_dict
     from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, SolveParams
@@ -45,9 +47,9 @@ _PUBLIC: dict[str, str] = {
     "to_torchrec": "shardwise.solver.torchrec",
     "to_torchrec_dict": "shardwise.solver.torchrec",
     "make_plan": "shardwise.solver.planner",
-    "describe": "shardwise.clients.describe",
-    "apply_plan": "shardwise.clients.apply",
-    "split_parameters": "shardwise.clients.apply",
+    "describe": "shardwise.runtime.describe",
+    "apply_plan": "shardwise.runtime.apply",
+    "split_parameters": "shardwise.runtime.apply",
 }
 
 #: the names that need an extra on top of the base install → that extra

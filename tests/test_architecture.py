@@ -82,3 +82,47 @@ def test_the_client_importing_the_solver_at_module_level_breaks_its_rule(tree: P
     report = broken(lint(tree))
     assert "The client side stands on the wire: never the service, the solver only lazily BROKEN" in report
     assert "shardwise.clients.client -> shardwise.solver.bounds" in report
+
+
+#: (module, the import added to it, the contract it breaks, the import the report names): the executor's rooms
+ROOM_BREAKS = {
+    "the client side importing torch": (
+        "clients.cli_common",
+        "import torch",
+        "The client side imports neither torch nor Triton nor TorchRec, not even lazily",
+        "shardwise.clients.cli_common -> torch",
+    ),
+    "the executor importing the solver": (
+        "runtime.embedding.row_cache",
+        "from shardwise.solver import cost_model",
+        "The executor stands on the wire: never the solver, the service or the client side",
+        "shardwise.runtime.embedding.row_cache -> shardwise.solver.cost_model",
+    ),
+    "the solver importing the executor": (
+        "solver.two_d",
+        "from shardwise.runtime import replicas",
+        "Nothing beside the executor imports it or the calibration: the calibration is a leaf",
+        "shardwise.solver.two_d -> shardwise.runtime.replicas",
+    ),
+    "the executor importing the calibration": (
+        "runtime.graphed",
+        "from shardwise.calibrate import fit",
+        "The executor's floors: calibrate over runtime over wire over hwprofiles",
+        "shardwise.runtime.graphed -> shardwise.calibrate.fit",
+    ),
+    "the calibration importing the client side": (
+        "calibrate.fit",
+        "from shardwise.clients import errors",
+        "The calibration stands on the executor and the solver: never the service or the client side",
+        "shardwise.calibrate.fit -> shardwise.clients.errors",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ROOM_BREAKS))
+def test_a_forbidden_import_between_the_rooms_breaks_its_contract(tree: Path, case: str) -> None:
+    module, line, contract, named = ROOM_BREAKS[case]
+    add_import(tree, module, line)
+    report = broken(lint(tree))
+    assert f"{contract} BROKEN" in report
+    assert named in report

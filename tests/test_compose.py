@@ -48,5 +48,5 @@ def test_worker_scales_and_settings_are_required() -> None:
 def test_the_image_installs_the_server_extra() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "pip install '.[server]'" in dockerfile
-    for path in ("alembic.ini", "migrations", "service", "solver", "hwprofiles", "clients"):
+    for path in ("alembic.ini", "migrations", "service", "solver", "hwprofiles", "clients", "runtime", "calibrate"):
         assert path in dockerfile

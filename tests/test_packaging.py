@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 #: what the wheel is built from: the project file, the README it embeds, and the package with its folders
 SOURCES = ("pyproject.toml", "README.md", "shardwise")
-SOURCES += ("wire", "solver", "service", "clients", "hwprofiles", "migrations")
+SOURCES += ("wire", "solver", "service", "clients", "runtime", "calibrate", "hwprofiles", "migrations")
 
 pytestmark = pytest.mark.slow
 
@@ -77,6 +77,10 @@ def test_the_wheel_holds_one_top_level_package(wheel: Path) -> None:
         "solver/planner.py",
         "service/app.py",
         "clients/cli.py",
+        "runtime/apply.py",
+        "runtime/embedding/bag.py",
+        "runtime/kernels/matmul.py",
+        "calibrate/command.py",
     ):
         assert f"shardwise/{part}" in names, part
     assert any(n.startswith("shardwise/hwprofiles/profiles/") and n.endswith(".yaml") for n in names)
@@ -85,6 +89,7 @@ def test_the_wheel_holds_one_top_level_package(wheel: Path) -> None:
     entry_points = zipfile.ZipFile(wheel).read(wheel.name.split("-py3")[0] + ".dist-info/entry_points.txt").decode()
     assert "shardwise = shardwise.clients.cli:main" in entry_points
     assert "service = shardwise.service.cli:register" in entry_points
+    assert "calibrate = shardwise.calibrate.command:register" in entry_points
 
 
 def test_the_base_install_has_no_server_stack(base_env: Path) -> None:
@@ -140,7 +145,9 @@ def test_commands_that_need_an_extra_say_so_in_one_line(base_env: Path) -> None:
         check=False,
     )
     served = run(base_env, "shardwise", "serve", check=False)
-    for out, extra in ((planned, "planner"), (served, "server")):
+    # registered by shardwise.calibrate through the entry point: listed on the base install, torch loaded when it runs
+    calibrated = run(base_env, "shardwise", "calibrate", "--profile", "nvidia-h200", "-o", "cal.yaml", check=False)
+    for out, extra in ((planned, "planner"), (served, "server"), (calibrated, "torch,planner")):
         assert out.returncode == 2, out.stdout + out.stderr
         lines = [line for line in out.stderr.splitlines() if line.strip()]
         assert len(lines) == 1, out.stderr

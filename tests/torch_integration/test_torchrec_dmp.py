@@ -17,8 +17,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from _fleets import tiny_fleet
 
+from fleet_support import tiny_fleet
 from shardwise.solver.planner import make_plan, score_plan
 from shardwise.solver.torchrec.exporter import TorchRecExportError, to_torchrec, to_torchrec_dict
 from shardwise.solver.torchrec.importer import from_torchrec
@@ -504,7 +504,7 @@ def test_dmp_on_gloo_matches_the_unsharded_model() -> None:
     pytest.importorskip("torchrec", exc_type=ImportError)
     import torch.multiprocessing as mp
 
-    from shardwise.clients.describe import describe
+    from shardwise.runtime.describe import describe
 
     spec = describe(
         build_model(device="meta"), batch_size_per_gpu=256, name="dmp-small", pooling_factors=POOLING_FACTORS

@@ -1,0 +1,56 @@
+"""Describe a real ``nn.Module`` as a shardwise :class:`~shardwise.wire.spec.ModelSpec`, without allocating its weights.
+
+Build the model on the meta device (``with torch.device("meta"): model = MyModel()``) and call
+:func:`describe`; nothing is materialised, so a model with a 1 TB table is described in milliseconds. What becomes
+what, walking the module tree from the root:
+
+* ``nn.EmbeddingBag`` → a table named by its FQN: rows, dim, dtype of the weight, pooling ``sum`` / ``mean`` from
+  its mode (mode ``max`` is refused: shardwise's cost model and executors know sum and mean pooling only);
+* ``nn.Embedding`` → a table with pooling ``none`` (one output row per id);
+* TorchRec's ``EmbeddingBagCollection`` / ``EmbeddingCollection`` (and any module implementing their interfaces),
+  when TorchRec is in use → one table per config, named by the config (TorchRec plans key tables by that name),
+  ``num_features`` = the config's feature count (a feature several tables share counts in each), pooling from the
+  config (``none`` for an EmbeddingCollection), ``weighted`` when the collection is (per-id weights travel with the
+  ids); the collection's own ``nn.EmbeddingBag`` / ``nn.Embedding`` are those tables, and anything else in it that
+  holds parameters (a feature processor) is described by the next two rules;
+* ``nn.Linear`` → a ``linear`` dense layer with its forward FLOPs per sample counted by
+  ``torch.utils.flop_counter`` on meta tensors (a meta copy of the parameters when the layer has real ones, so no
+  real compute runs);
+* any other module that holds parameters of its own (``nn.Parameter`` attributes, or an ``nn.ParameterList`` /
+  ``nn.ParameterDict`` child — DLRM_DCN's cross network, a norm, ``nn.MultiheadAttention``) → one ``unclassified``
+  dense layer named by its FQN, covering the whole subtree (so the layers of a plan never nest): its parameter
+  count, its activation bytes (input and output per sample) and its forward FLOPs (FlopCounterMode on meta). It
+  runs ``replicate`` or ``fsdp`` (``dense_styles`` pins one). A module that holds parameters of its own *and*
+  embedding tables below it cannot be one layer (a layer holds no table): each of its own parameters becomes an
+  unclassified layer named by the parameter's FQN, pinned to ``replicate`` (``apply_plan`` all-reduces the gradient
+  of such a parameter), and its children are described by these rules.
+
+**Every parameter is accounted for.** After the walk, the described parameters must equal the module's — count and
+bytes, each parameter covered once — or :func:`describe` raises ``ValueError`` naming the modules left out (or the
+layers that share a parameter). Nothing is dropped silently.
+
+**FLOPs.** Without ``example_inputs``, each layer is counted alone: an ``nn.Linear`` on ``(in_features,)`` (or its
+``input_shapes`` entry), an unclassified layer on its ``input_shapes`` entry (a norm's input shape is known from the
+norm); one whose input cannot be known is an error that names it. With ``example_inputs`` (the arguments of
+``module.forward``: tensors and TorchRec ``KeyedJaggedTensor`` s, copied to the meta device), :func:`describe` runs
+the real forward once on meta under ``FlopCounterMode`` and gives each layer the FLOPs of its subtree; FLOPs spent
+outside every layer (DLRM's feature interaction, attention in a parameterless block) become a parameterless
+unclassified layer named by the module that spends them, so the spec's FLOPs are the forward's.
+
+**Statistics from a real batch.** ``sample_batch`` — a ``KeyedJaggedTensor``, or a mapping feature → ``(ids,
+offsets)`` with ``offsets`` of ``batch + 1`` entries (the bag starts and the end) — measures each table's pooling
+factor (ids per sample per feature, over the features that feed it) and its access skew (the Zipf exponent of its
+row accesses, for the cache; :func:`zipf_exponent`). For TorchRec collections the features are the configs'
+``feature_names``; for ``nn.EmbeddingBag`` / ``nn.Embedding`` the feature is the table's FQN. Values passed
+explicitly (``pooling_factors``, ``access_skew``) win over the measured ones.
+
+The walk is ``walk``, the FLOPs ``flops``, the batch statistics ``batch`` and the entry point ``spec``. torch is
+imported lazily; these modules otherwise import the wire models only.
+"""
+
+from __future__ import annotations
+
+from shardwise.runtime.describe.batch import zipf_exponent
+from shardwise.runtime.describe.spec import describe
+
+__all__ = ["describe", "zipf_exponent"]

@@ -1,0 +1,116 @@
+"""Every sharded table of a model looked up with one exchange per call: :class:`ShardedEmbeddingBagCollection`
+(:mod:`shardwise.runtime.embedding.bag` says what one table is and the contract both keep)::
+
+    ebc = ShardedEmbeddingBagCollection.from_module(model)
+    pooled = ebc({"sparse.t_user": (ids, offsets), "sparse.t_item": (ids2, offsets2)})  # name → (local_batch, dim)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from shardwise.runtime.embedding.bag import Features, ShardedEmbeddingBag, prefetching
+from shardwise.runtime.embedding.exchange import pooled_lookup
+from shardwise.runtime.embedding.id_checks import check_pending_ids
+from shardwise.runtime.embedding.one_group import group_layouts, one_group_lookup
+from shardwise.runtime.embedding.row_cache import CacheStats
+
+__all__ = ["ShardedEmbeddingBagCollection"]
+
+
+class ShardedEmbeddingBagCollection(nn.Module):
+    """Every :class:`ShardedEmbeddingBag` of a model, looked up with one exchange per call.
+
+    Not a submodule of the model (it would register the tables twice): build it with :meth:`from_module` after
+    :func:`shardwise.runtime.apply.apply_plan` and call it with ``{table name: (ids, offsets)}``.
+    """
+
+    def __init__(self, tables: Sequence[ShardedEmbeddingBag]) -> None:
+        super().__init__()
+        if not tables:
+            raise ValueError("a collection needs at least one sharded table")
+        groups = {id(t.group) for t in tables}
+        if len(groups) > 1:
+            raise ValueError("the tables of a collection must share one process group")
+        self.names = [t.name for t in tables]
+        self.tables = nn.ModuleList(tables)
+        self._by_name = dict(zip(self.names, tables, strict=True))
+        # world size one with every table one whole shard of a group: a call is one lookup per group
+        # (runtime.embedding.exchange)
+        self._layouts = group_layouts(tables)
+
+    @classmethod
+    def from_module(cls, module: nn.Module) -> ShardedEmbeddingBagCollection:
+        return cls([m for _, m in module.named_modules() if isinstance(m, ShardedEmbeddingBag)])
+
+    def table(self, name: str) -> ShardedEmbeddingBag:
+        return self._by_name[name]
+
+    def flush(self) -> None:
+        """Write every cached, updated row back to host memory (:meth:`ShardedEmbeddingBag.flush`)."""
+        for t in self.tables:
+            t.flush()  # type: ignore[operator]
+
+    def cache_stats(self) -> dict[str, CacheStats]:
+        """This rank's cache counters per table that has a cached shard here (uvm_cache); reads the device."""
+        out: dict[str, CacheStats] = {}
+        for name in self.names:
+            found = self._by_name[name].cache_stats()
+            if found is not None:
+                out[name] = found
+        return out
+
+    def prefetch(self, features: Features, *, overlap: bool | None = None) -> None:
+        """Bring the rows ``features`` will look up into the caches of the uvm_cache shards, ahead of the call
+        that looks them up (module docstring, "Placements"): every rank calls it with its next batch (a collective
+        at world size > 1: the ids are exchanged as the call itself will exchange them). Nothing is returned.
+
+        ``overlap`` (default: on CUDA): run it beside the step in flight, on a side stream that does not wait for
+        that step's backward (:func:`~shardwise.runtime.embedding.cache_prefetch.overlapped_prefetch`); pass
+        ``features`` as CPU tensors for it to overlap (device tensors make it wait for the current stream). False: on
+        the current stream, in order."""
+        unknown = sorted(set(features) - set(self._by_name))
+        if unknown:
+            raise KeyError(f"no sharded table named {', '.join(unknown)}")
+        caches = [c for name in features for c in self._by_name[name].row_caches()]
+        given = [t for v in features.values() for t in (v if isinstance(v, tuple) else (v,)) if t is not None]
+        device = self._by_name[self.names[0]].device
+        with torch.no_grad(), prefetching(caches, device, given, overlap):
+            if self._layouts is not None and len(features) == len(self._by_name):
+                for layout in self._layouts:
+                    if layout.group.cache is None:  # nothing to bring in: no routing either
+                        continue
+                    mine = {n: self._by_name[n] for n in layout.names}
+                    one_group_lookup(layout, mine, features, prefetch=True)
+                return
+            inputs: dict[str, tuple[Tensor, Tensor]] = {}
+            for name, value in features.items():
+                ids, offsets = value if isinstance(value, tuple) else (value, None)
+                inputs[name] = self._by_name[name].normalise(ids, offsets)
+            pooled_lookup([self._by_name[n] for n in inputs], inputs, prefetch=True)
+
+    def check_ids(self) -> None:
+        """Raise ``IndexError`` now for bad ids of the last call whose check was deferred (world size one on a CUDA
+        device checks a call's ids at the start of the next one): call it after the last step."""
+        check_pending_ids(list(self.tables))  # type: ignore[arg-type]
+
+    def forward(self, features: Features) -> dict[str, Tensor]:
+        unknown = sorted(set(features) - set(self._by_name))
+        if unknown:
+            raise KeyError(f"no sharded table named {', '.join(unknown)}")
+        for name in features:  # what an overlapped prefetch made (routing included) is ready
+            for c in self._by_name[name].row_caches():
+                c.join()
+        if self._layouts is not None and len(features) == len(self._by_name):
+            out: dict[str, Tensor] = {}
+            for layout in self._layouts:
+                out |= one_group_lookup(layout, {n: self._by_name[n] for n in layout.names}, features)
+            return out
+        inputs: dict[str, tuple[Tensor, Tensor]] = {}
+        for name, value in features.items():
+            ids, offsets = value if isinstance(value, tuple) else (value, None)
+            inputs[name] = self._by_name[name].normalise(ids, offsets)
+        return pooled_lookup([self._by_name[n] for n in inputs], inputs)

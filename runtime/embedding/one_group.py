@@ -1,0 +1,177 @@
+"""One lookup per group: a collection at world size one whose tables are each one whole shard of a group
+(:class:`OneGroup` per group, :func:`group_layouts`) is looked up with one call per group (:func:`one_group_lookup`)
+instead of the exchange's general path (:mod:`shardwise.runtime.embedding.exchange`).
+
+It costs one offset add per table, one range check and one ``bucketize`` for all of a group's tables, one lookup —
+a fixed number of kernels per group whatever the number of tables, where the general path launches about ten per
+table (a plan with ``host`` or ``uvm_cache`` tables beside ``hbm`` ones has two or three groups on one GPU).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import torch
+from torch import Tensor
+
+from shardwise.runtime.embedding.exchange import cat
+from shardwise.runtime.embedding.groups import ShardGroup, group_lookup, group_prefetch
+from shardwise.runtime.embedding.id_checks import PendingIdCheck, check_pending_ids
+
+if TYPE_CHECKING:
+    from shardwise.runtime.embedding.bag import ShardedEmbeddingBag
+
+__all__ = ["OneGroup", "group_layouts", "one_group_lookup"]
+
+
+@dataclass
+class OneGroup:
+    """World size one, every table of a collection one whole shard of the same group: a call is one lookup.
+
+    ``lo[k]`` / ``hi[k]``: the first and last group row of the ``k``-th table (tables sorted by name), on the device.
+    """
+
+    group: ShardGroup
+    names: tuple[str, ...]
+    lo: Tensor
+    hi: Tensor
+    #: the tables' first id and first bag in a call, on the device, by the call's (ids, bags) per table: a batch
+    #: shape seen before costs no copy, and a captured call reads a tensor that outlives it (a copy from a pinned
+    #: temporary would be replayed from freed host memory)
+    starts: dict[tuple[tuple[int, ...], tuple[int, ...]], Tensor] = field(default_factory=dict)
+    #: the entries a CUDA graph captured: never evicted (the graph reads their memory at every replay)
+    captured: dict[tuple[tuple[int, ...], tuple[int, ...]], Tensor] = field(default_factory=dict)
+
+    def starts_on_device(self, counts: list[int], bag_counts: list[int], device: torch.device) -> Tensor:
+        key = (tuple(counts), tuple(bag_counts))
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        found = self.starts.get(key)
+        if found is None:
+            found = self.captured.get(key)
+        if found is not None:
+            if capturing:
+                self.captured[key] = found
+            return found
+        if capturing:
+            raise RuntimeError(
+                f"a batch shape first seen inside a CUDA graph capture (tables {', '.join(self.names)}): run the step "
+                "once outside the capture first (GraphedStep's warm-up does)"
+            )
+        firsts = [0, *itertools.accumulate(counts)][:-1]
+        bag_firsts = [0, *itertools.accumulate(bag_counts)][:-1]
+        made = torch.tensor(firsts + bag_firsts, pin_memory=device.type == "cuda").to(device, non_blocking=True)
+        if len(self.starts) >= _SHAPES_KEPT:  # batches of varying shape: keep the latest few
+            self.starts.pop(next(iter(self.starts)))
+        self.starts[key] = made
+        return made
+
+
+#: batch shapes whose first ids and bags a :class:`OneGroup` keeps on the device
+_SHAPES_KEPT: Final = 64
+
+
+def group_layouts(tables: Sequence[ShardedEmbeddingBag]) -> list[OneGroup] | None:
+    """One :class:`OneGroup` per group when every table of ``tables`` is one whole shard of a group at world size one
+    (the groups in the order of their first table by name), else None."""
+    if not tables or tables[0].world_size != 1 or tables[0].grad_scale != 1.0:
+        return None  # a 2D plan's group of one rank still scales its gradients: the general path does
+    members: dict[int, tuple[ShardGroup, list[tuple[ShardedEmbeddingBag, int]]]] = {}
+    for t in sorted(tables, key=lambda t: t.name):
+        found = t.group_of(0) if len(t.shards) == 1 and not t.data_parallel else None
+        if found is None:
+            return None
+        members.setdefault(id(found[0]), (found[0], []))[1].append((t, found[1]))
+    layouts = []
+    for group, placed in members.values():
+        lo = torch.tensor([b for _, b in placed], dtype=torch.int64, device=group.device)
+        hi = torch.tensor([b + t.num_embeddings - 1 for t, b in placed], dtype=torch.int64, device=group.device)
+        layouts.append(OneGroup(group, tuple(t.name for t, _ in placed), lo, hi))
+    return layouts
+
+
+def one_group_lookup(
+    layout: OneGroup, tables: Mapping[str, ShardedEmbeddingBag], features: Mapping[str, Any], *, prefetch: bool = False
+) -> dict[str, Tensor]:
+    """Every table of ``layout`` looked up with one ``embedding_bag`` over the group, its update in backward.
+
+    ``tables``: the layout's tables by name (their pending id checks are this call's to run and to set).
+    The per-table work is one offset add; ids are range-checked for all tables at once (clamped into their table,
+    counted per table, checked as :mod:`shardwise.runtime.embedding.id_checks` says), bags found by one
+    ``bucketize``. ``prefetch``: bring the rows into a cached group's cache instead, and return ``{}``.
+    """
+    check_pending_ids(list(tables.values()))
+    device = layout.group.device
+    ids_parts: list[Tensor] = []
+    offset_parts: list[Tensor] = []
+    counts: list[int] = []
+    bag_counts: list[int] = []
+    at = 0
+    for name in layout.names:
+        t = tables[name]
+        value = features[name]
+        ids, offsets = value if isinstance(value, tuple) else (value, None)
+        if ids.dim() == 2:
+            if offsets is not None:
+                raise ValueError(f"table {name}: offsets must be None when ids are 2-D")
+            bags, per_bag = ids.shape
+            flat = ids.reshape(-1)
+            starts = torch.arange(0, flat.numel(), max(per_bag, 1), device=device)[:bags]
+        elif ids.dim() == 1:
+            if offsets is None:
+                raise ValueError(f"table {name}: 1-D ids need offsets")
+            flat = ids
+            starts = offsets[:-1] if t.include_last_offset else offsets
+            bags = starts.numel()
+            starts = starts.to(device=device, dtype=torch.int64)
+        else:
+            raise ValueError(f"table {name}: ids must be 1-D (with offsets) or 2-D, got {ids.dim()}-D")
+        ids_parts.append(flat.to(device=device, dtype=torch.int64))
+        offset_parts.append(starts)
+        counts.append(flat.numel())
+        bag_counts.append(bags)
+        at += flat.numel()
+    n = at
+    raw = cat(ids_parts)
+    # every table's first id and first bag in the call, one host-to-device copy; the table of every id (and of every
+    # bag) by one bucketize against them — a fixed number of kernels whatever the number of tables (an add per
+    # table cost host time a table: docs/truth.md, "The executor changed on the way")
+    starts_dev = layout.starts_on_device(counts, bag_counts, device)
+    id_firsts, bag_firsts_dev = starts_dev[: len(counts)], starts_dev[len(counts) :]
+    bag_table = torch.bucketize(torch.arange(sum(bag_counts), device=device), bag_firsts_dev, right=True) - 1
+    offsets_g = cat(offset_parts) + id_firsts.index_select(0, bag_table)
+    positions = torch.arange(n, device=device)
+    table_of = torch.bucketize(positions, id_firsts, right=True) - 1
+    lo = layout.lo.index_select(0, table_of)
+    shifted = raw + lo
+    ids_g = torch.clamp(shifted, lo, layout.hi.index_select(0, table_of))
+    flags = ids_g != shifted
+
+    def locate() -> list[str]:
+        return [m for m, part in zip(layout.names, torch.split(flags, counts), strict=True) if bool(part.any())]
+
+    captured = tables[layout.names[0]].captured_ids
+    if captured is not None and device.type == "cuda":
+        # per table, by differences of a running count at the tables' first ids (an index_add_ of every id into a
+        # few counters serialises on their atomics: docs/truth.md, runs 8-10)
+        running = torch.cat([flags.new_zeros(1, dtype=torch.int64), torch.cumsum(flags, 0)])
+        ends = torch.cat([id_firsts[1:], id_firsts.new_full((1,), n)])
+        captured.add(layout.names, running.index_select(0, ends) - running.index_select(0, id_firsts))
+    else:
+        PendingIdCheck.defer(list(tables.values()), flags.sum(), locate)
+    if prefetch:
+        group_prefetch(layout.group, ids_g)
+        return {}
+    bag_ids = torch.bucketize(positions, offsets_g, right=True) - 1
+    rows = group_lookup(layout.group, layout.names, ids_g, offsets_g, bag_ids)
+    out: dict[str, Tensor] = {}
+    for k, (name, block) in enumerate(zip(layout.names, torch.split(rows, bag_counts), strict=True)):
+        t = tables[name]
+        if t.mode == "mean":
+            starts = offset_parts[k]
+            lengths = torch.diff(starts, append=starts.new_full((1,), counts[k]))
+            block = block / lengths.clamp(min=1).to(block.dtype).unsqueeze(1)
+        out[name] = block.to(t.device)
+    return out

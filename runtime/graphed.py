@@ -1,0 +1,212 @@
+"""A training step captured once as a CUDA graph and replayed: the executor's step at the device's pace.
+
+At world size one the executor makes no host synchronisation inside a step, so the host runs ahead of the device,
+but every kernel of the step is still enqueued from Python: for small DLRMs that host time is longer than their device
+time (``docs/truth.md`` measures both), so the host sets the pace. A CUDA graph replays the
+whole step — forward, backward with the tables' fused update, the dense optimizer — with one launch::
+
+    from shardwise.runtime.graphed import GraphedStep
+
+    def train_step(batch):
+        dense, features, labels = batch
+        loss = F.binary_cross_entropy_with_logits(model.head(dense, ebc(features)), labels)
+        loss.backward()                      # the tables update inside it (apply_plan's embedding_optimizer)
+        dense_opt.step()                     # a capturable optimizer: torch.optim.Adam(..., capturable=True)
+        dense_opt.zero_grad(set_to_none=True)
+        return loss
+
+    step = GraphedStep(train_step, example_batch, modules=[model])
+    for batch in loader:
+        loss = step(batch)                   # the batch copied into the graph's inputs, the step replayed
+
+``train_step(batch)`` is the user's step; whatever it returns (a tensor, a tuple or dict of tensors, or None) is the
+graph's output, overwritten by the next call. Everything it computes must come from ``batch`` and the modules'
+state: the graph replays the kernels the capture recorded, not the Python code.
+
+What can be captured — checked when the step is built, each refusal a ``ValueError`` that says why:
+
+* CUDA tensors and a world of one: the exchange at world size > 1 reads its split sizes on the host every step
+  (``runtime/embedding/exchange.py``), and a 2D plan's replica group scales its gradients through it;
+* tables with an embedding optimizer (``apply_plan(..., embedding_optimizer=...)``): row-sparse gradients take
+  ``torch.unique``, whose size the host must know;
+* no ``uvm_cache`` shard: the cache's bookkeeping keeps host state that each fetch updates
+  (``runtime/embedding/row_cache.py``); ``host`` shards read zero-copy (the default on CUDA), not by the CPU;
+* no data_parallel table with the ``adam`` row optimizer (its bias correction counts steps on the host);
+* a dense optimizer that captures: torch's with ``capturable=True`` (torch refuses the capture otherwise, and the
+  error says so);
+* **batches of one shape**: every call's tensors must have the example's shapes and dtypes — fixed pooling per
+  table, as in MLPerf's multi-hot DLRM; another shape is a ``ValueError`` naming it (bucket or pad your batches
+  and keep one ``GraphedStep`` per shape).
+
+What taking the step changes in the modules: a group with the ``adam`` row optimizer counts its steps on the
+device (``ShardGroup.device_steps``: a captured host int would replay the step it was captured at), and bad ids are
+counted on the device (:class:`~shardwise.runtime.embedding.id_checks.CapturedIdCheck`) instead of checked one call
+later: each call raises ``IndexError`` for bad ids of the replays that have finished, without waiting for the others;
+:meth:`check_ids` waits for all. Each bad id is reported once (the counts restart after a report); bad ids are
+clamped into their own table meanwhile, as on CUDA without a graph.
+Eager calls of the modules after the capture keep both, so their state stays the graph's.
+
+The warm-up: ``warmup`` steps (default 3) on the example batch run eagerly on a side stream before the capture —
+PyTorch's rule: lazy initialisation (optimizer state, cuBLAS workspaces, Triton compilation) must not happen in a
+capture — and they train the model like any step. The capture itself runs nothing on the device.
+
+The cost model prices a graphed step with a calibration made of graphed steps (``shardwise calibrate --graphed``):
+its host floor is then the replay's cost (``docs/truth.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from shardwise.runtime.embedding.bag import ShardedEmbeddingBag
+from shardwise.runtime.embedding.id_checks import CapturedIdCheck
+from shardwise.runtime.embedding.update import RowOptimizer
+from shardwise.wire.spec import Placement
+
+__all__ = ["GraphedStep", "capture_problems"]
+
+
+def capture_problems(tables: Sequence[ShardedEmbeddingBag]) -> list[str]:
+    """Why a step looking up ``tables`` cannot be captured into a CUDA graph (empty when it can)."""
+    problems: list[str] = []
+    for t in tables:
+        why: list[str] = []
+        if t.device.type != "cuda":
+            why.append(f"it lives on {t.device}, not a CUDA device")
+        if t.world_size > 1:
+            why.append(f"world size {t.world_size}: the exchange reads its split sizes on the host every step")
+        elif t.grad_scale != 1.0:
+            why.append("it is in a 2D plan's replica group, whose exchange runs the general path")
+        if t.update is None:
+            why.append("it has no embedding optimizer: row-sparse gradients need their size on the host")
+        elif t.data_parallel and t.update.optimizer is RowOptimizer.adam:
+            why.append("data_parallel with the adam row optimizer counts its steps on the host")
+        if t.row_caches():
+            why.append("it holds uvm_cache shards, whose cache keeps host state that each fetch updates")
+        placements = {t.shards[i].placement for i in t.local_shards}
+        if Placement.host in placements and (t.host_access != "zero_copy" or t.data_parallel):
+            why.append("its host shards are looked up by the CPU (host_access='zero_copy' reads them from the GPU)")
+        problems += [f"table {t.name}: {w}" for w in why]
+    return problems
+
+
+#: one side stream per device for every warm-up and capture: torch keeps a cuBLAS workspace per stream for the
+#: life of the process, so a stream per step would leave one behind each time (``docs/truth.md``, runs 8–10)
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    if device not in _SIDE_STREAMS:
+        _SIDE_STREAMS[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+    return _SIDE_STREAMS[device]
+
+
+def _signature(leaves: Sequence[Any]) -> list[tuple[tuple[int, ...], torch.dtype] | None]:
+    return [(tuple(x.shape), x.dtype) if isinstance(x, Tensor) else None for x in leaves]
+
+
+class GraphedStep:
+    """``step(batch)`` captured as a CUDA graph after ``warmup`` eager steps on ``example``; calling the object copies
+    a batch of the example's structure and shapes into the graph's inputs and replays it (module docstring).
+
+    ``modules``: the modules whose sharded tables the step looks up (the model ``apply_plan`` returned): they are
+    checked for what a capture cannot hold and prepared for it (device step counters, device id checks).
+    """
+
+    def __init__(
+        self,
+        step: Callable[[Any], Any],
+        example: Any,
+        *,
+        modules: Sequence[nn.Module] = (),
+        warmup: int = 3,
+    ) -> None:
+        if warmup < 1:
+            raise ValueError(
+                f"warmup must be at least 1 (lazy initialisation must not happen in a capture), got {warmup}"
+            )
+        leaves, self._spec = tree_flatten(example)
+        tensors = [x for x in leaves if isinstance(x, Tensor)]
+        if not tensors:
+            raise ValueError("the example batch holds no tensor")
+        devices = {x.device for x in tensors}
+        if len(devices) != 1 or next(iter(devices)).type != "cuda":
+            raise ValueError(f"a graphed step takes the batch on one CUDA device, got {sorted(map(str, devices))}")
+        self.device: torch.device = next(iter(devices))
+        tables = list(
+            {id(m): m for mod in modules for m in mod.modules() if isinstance(m, ShardedEmbeddingBag)}.values()
+        )
+        problems = capture_problems(tables)
+        if problems:
+            raise ValueError("this step cannot be captured into a CUDA graph: " + "; ".join(problems))
+        self.ids = CapturedIdCheck()
+        for t in tables:
+            t.captured_ids = self.ids
+        for g in {id(g): g for t in tables for g in t.shard_groups()}.values():
+            if g.device_steps is None:
+                g.device_steps = {}
+        self._leaves = [x.clone() if isinstance(x, Tensor) else x for x in leaves]  # the graph's inputs
+        self._shapes = _signature(leaves)
+        batch = tree_unflatten(self._leaves, self._spec)
+        side = _side_stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                step(batch)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(self.graph, stream=side):
+                self._out = step(batch)
+        except RuntimeError as e:
+            raise RuntimeError(f"capturing the step into a CUDA graph failed: {e}") from e
+        self._last: torch.cuda.Event | None = None
+        #: replays so far
+        self.replays = 0
+
+    def __call__(self, batch: Any) -> Any:
+        """Copy ``batch`` into the graph's inputs and replay the step; returns the step's output (the graph's tensors,
+        overwritten by the next call). The batch's tensors may sit on the host (pinned: copied without waiting) or on
+        the step's device. Raises ``IndexError`` for bad ids of replays that have finished."""
+        leaves, spec = tree_flatten(batch)
+        if spec != self._spec:
+            raise ValueError(f"the batch's structure differs from the example's: {spec} against {self._spec}")
+        for k, (given, kept) in enumerate(zip(_signature(leaves), self._shapes, strict=True)):
+            if given != kept:
+                raise ValueError(f"batch leaf {k}: (shape, dtype) {given} where the graph was captured with {kept}")
+        if self._last is not None and self._last.query():  # type: ignore[no-untyped-call]
+            self._raise_bad_ids()
+        pairs = [(b, x) for x, b in zip(leaves, self._leaves, strict=True) if isinstance(b, Tensor) and x is not b]
+        if not pairs:  # the graph's own input tensors, filled by the caller
+            pass
+        elif all(x.device == b.device for b, x in pairs):  # one call for all (not a copy_ each: host time per tensor)
+            torch._foreach_copy_([b for b, _ in pairs], [x for _, x in pairs], non_blocking=True)
+        else:  # some on the host (pinned: without waiting)
+            for b, x in pairs:
+                b.copy_(x, non_blocking=True)
+        self.graph.replay()
+        self._last = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        self._last.record()
+        self.replays += 1
+        return self._out
+
+    def check_ids(self) -> None:
+        """Wait for the replays so far and raise ``IndexError`` if any looked up ids outside their table's rows."""
+        if self._last is not None:
+            self._last.synchronize()
+        self._raise_bad_ids()
+
+    def _raise_bad_ids(self) -> None:
+        """Raise for the bad ids counted so far (no replay is in flight when this runs), each reported once."""
+        bad = self.ids.bad_tables()
+        if bad:
+            self.ids.reset()
+            raise IndexError(
+                f"ids outside their table's rows [0, num_embeddings) in a graphed step: {', '.join(bad)} "
+                "(looked up clamped into the table)"
+            )
