@@ -250,6 +250,8 @@ from functools import lru_cache
 from typing import Any
 
 from shardwise.hwprofiles import HardwareProfile
+from shardwise.wire import executor
+from shardwise.wire.executor import CACHE_WAYS_CUDA, cached_rows
 from shardwise.wire.spec import (
     DenseLayerSpec,
     DenseStyle,
@@ -275,14 +277,11 @@ ROW_INDEX_BYTES = 8  # the int64 row index of each row in a sparse gradient (the
 FUSED_INDEX_BYTES_PER_ID = 6 * 8  # the fused update's index work per id: a saved bag, the sort's five int64 arrays
 GRAD_BYTES = 4  # gradients and optimizer state are fp32
 # FBGEMM's UVM cache (module docstring): per cache slot an int64 lxu_cache_state and an int64 lxu_state (LRU);
-# per cached table row an int32 of cache_index_table_map. Slots come in sets of DEFAULT_ASSOC ways.
-CACHE_META_BYTES_PER_SLOT = 16
-CACHE_INDEX_BYTES_PER_ROW = 4
-CACHE_WAYS_CUDA = 32
-CACHE_WAYS_ROCM = 64
-#: spill slots shardwise's executor reserves per id a step may bring a cached shard, and a slot's lock count and flags
-CACHE_SPILL_HEADROOM = 1.25
-CACHE_LOCK_FLAG_BYTES_PER_SLOT = 5
+# per cached table row an int32 of cache_index_table_map; shardwise's executor adds a lock count and flags per slot.
+# The executor's figures, from the wire both sides import (shardwise.wire.executor).
+CACHE_META_BYTES_PER_SLOT = executor.CACHE_TAG_BYTES + executor.CACHE_STAMP_BYTES
+CACHE_INDEX_BYTES_PER_ROW = executor.CACHE_SLOT_MAP_BYTES
+CACHE_LOCK_FLAG_BYTES_PER_SLOT = executor.CACHE_LOCK_BYTES + executor.CACHE_FLAG_BYTES
 MS = 1e3
 
 
@@ -459,21 +458,16 @@ class ShardMemory:
         return self.weights + self.optimizer + self.gradients + self.buffers + self.cache
 
 
-def cached_rows(num_rows: int, cache_fraction: float | None) -> int:
-    return min(num_rows, math.ceil((cache_fraction or 0.0) * num_rows))
-
-
 def cache_associativity(profile: HardwareProfile) -> int:
-    """``A``: ways per set of FBGEMM's UVM cache (``DEFAULT_ASSOC``): 64 on ROCm (AMD), 32 on CUDA."""
-    return CACHE_WAYS_ROCM if profile.vendor == "amd" else CACHE_WAYS_CUDA
+    """``A``: ways per set of FBGEMM's UVM cache (``DEFAULT_ASSOC``) and of shardwise's row cache: 64 on ROCm (AMD),
+    32 on CUDA (:func:`shardwise.wire.executor.cache_ways`)."""
+    return executor.cache_ways(profile.vendor)
 
 
 def cache_slots(num_rows: int, cache_fraction: float | None, ways: int = CACHE_WAYS_CUDA) -> int:
-    """``S = A·⌈⌈f·r⌉ / A⌉``, at least one set of ``A`` slots (FBGEMM sizes a cache of at least one set); 0 without
-    a cache fraction."""
-    if not cache_fraction:
-        return 0
-    return ways * max(1, math.ceil(cached_rows(num_rows, cache_fraction) / ways))
+    """``S = A·⌈⌈f·r⌉ / A⌉``, at least one set of ``A`` slots (:func:`shardwise.wire.executor.cache_slots`, the
+    executor's own sizing); 0 without a cache fraction."""
+    return executor.cache_slots(num_rows, cache_fraction, ways) if cache_fraction else 0
 
 
 def cache_bytes(num_rows: int, num_cols: int, dtype: Dtype, cache_fraction: float | None, ways: int) -> int:
@@ -488,9 +482,9 @@ def cache_bytes(num_rows: int, num_cols: int, dtype: Dtype, cache_fraction: floa
 def cache_spill_bytes(table: EmbeddingTableSpec, num_rows: int, num_cols: int, batch: int, world: int) -> int:
     """HBM of the spill reserve shardwise's executor keeps beside a ``uvm_cache`` shard's cache (module docstring):
     ``min(r, ⌈1.25·n⌉)`` slots of ``c·b + 21`` B for the ``n = W·B·F·p`` ids a step may bring it (every rank's ids
-    of the table; ``clients/row_cache.py``'s ``spill_slots``)."""
+    of the table; :func:`shardwise.wire.executor.spill_slots`, the executor's own reserve)."""
     ids = world * batch * table.num_features * table.pooling_factor
-    slots = min(num_rows, math.ceil(CACHE_SPILL_HEADROOM * ids))
+    slots = executor.spill_slots(ids, num_rows)
     return slots * (num_cols * table.dtype.nbytes + CACHE_META_BYTES_PER_SLOT + CACHE_LOCK_FLAG_BYTES_PER_SLOT)
 
 

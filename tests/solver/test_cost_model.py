@@ -23,6 +23,7 @@ from shardwise.solver import cost_model as cm
 from shardwise.solver.evaluate import shard_cost
 from shardwise.solver.kernels import KERNEL_LAUNCH_S, Gemm, choose
 from shardwise.solver.topology import Topology
+from shardwise.wire import executor
 from shardwise.wire.spec import DenseLayerSpec, DenseStyle, Dtype, EmbeddingTableSpec, FleetSpec, Placement
 from shardwise.wire.spec import ShardingType as ST
 
@@ -184,6 +185,29 @@ def test_cache_associativity_by_vendor(make_profile: Callable[..., HardwareProfi
     assert cm.cache_associativity(make_profile(vendor="amd")) == 64
     assert cm.cache_associativity(make_profile(vendor="nvidia")) == 32
     assert cm.cache_associativity(make_profile(vendor="other")) == 32
+
+
+def test_the_executors_cache_figures_are_the_wires() -> None:
+    """The row cache's geometry lives once, in ``wire/executor.py``, which the executor and the cost model both
+    import: the model's slots, slot bytes and spill reserve are the wire's (hand values: FBGEMM's two int64 per slot,
+    int32 per row; the executor's int32 lock and uint8 flags)."""
+    assert (executor.CACHE_WAYS_CUDA, executor.CACHE_WAYS_ROCM) == (32, 64)
+    assert cm.CACHE_META_BYTES_PER_SLOT == 16
+    assert cm.CACHE_INDEX_BYTES_PER_ROW == 4
+    assert cm.CACHE_LOCK_FLAG_BYTES_PER_SLOT == 5
+    assert executor.cache_ways("amd") == 64
+    assert executor.cache_ways("nvidia") == 32
+    # ⌈0.1·1000⌉ = 100 rows: 32·⌈100/32⌉ = 128 slots; at least one set; the model alone says 0 without a fraction
+    assert executor.cache_slots(1000, 0.1) == cm.cache_slots(1000, 0.1) == 128
+    assert executor.cache_slots(1000, 0.1, 64) == cm.cache_slots(1000, 0.1, 64) == 128
+    assert executor.cache_slots(10, 0.5) == cm.cache_slots(10, 0.5) == 32
+    assert executor.cache_slots(1000, 0.0) == 32
+    assert cm.cache_slots(1000, 0.0) == cm.cache_slots(1000, None) == 0
+    assert executor.cached_rows(1000, 0.0015) == 2
+    # spill reserve: min(r, ⌈1.25·n⌉)
+    assert executor.spill_slots(80.0, 1000) == 100
+    assert executor.spill_slots(80.0, 10) == 10
+    assert executor.spill_slots(0.5, 1000) == 1
 
 
 @pytest.mark.parametrize(("vendor", "slots"), [("amd", 256), ("nvidia", 224)])
