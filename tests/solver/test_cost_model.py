@@ -1,6 +1,6 @@
 """The cost model against hand arithmetic.
 
-Each expected value is worked out here from the formulas of ``solver/cost_model.py``'s module docstring, on small
+Each expected value is worked out here from the formulas in the docstrings of ``solver/cost_model/``, on small
 round numbers (the ``round_profile`` fixture: HBM 1e12 B/s, granularity 32 B, gathers at 0.5 = 5e11 B/s, streams at
 0.25 = 2.5e11 B/s, host link 1e10·0.5 = 5e9 B/s, scale-up 1e11·0.5 = 5e10 B/s, NIC 1e10·0.25 = 2.5e9 B/s, fp32 GEMM
 1e12·0.5 = 5e11 FLOP/s). The functions under test are never used to compute an expected value.
@@ -20,6 +20,7 @@ import pytest
 
 from shardwise.hwprofiles import HardwareProfile, get_profile
 from shardwise.solver import cost_model as cm
+from shardwise.solver.cost_model import hitrate
 from shardwise.solver.evaluate import shard_cost
 from shardwise.solver.kernels import KERNEL_LAUNCH_S, Gemm, choose
 from shardwise.solver.topology import Topology
@@ -503,7 +504,7 @@ def test_the_characteristic_time_is_the_same_with_and_without_numpy(monkeypatch:
     the occupancy at it is the cache's rows."""
     cases = [(r, f, s) for r in (50, 1000, 2_000_000) for f in (0.01, 0.2, 0.6) for s in (0.6, 1.05, 1.8)]
     with_numpy = [cm.lru_characteristic_time(*c) for c in cases]
-    monkeypatch.setattr(cm, "_np", None)
+    monkeypatch.setattr(hitrate, "_np", None)  # the module that sums Che's terms
     cm.lru_characteristic_time.cache_clear()
     try:
         without = [cm.lru_characteristic_time(*c) for c in cases]

@@ -1,0 +1,156 @@
+r"""The analytical cost model: bytes stored and milliseconds spent, from the profile alone.
+
+Every function is pure (numbers in, numbers out); each formula sits in the docstring of the module that computes
+it, next to its code; every hardware constant comes from a :class:`~shardwise.hwprofiles.HardwareProfile`, every
+figure of shardwise's executor from :mod:`shardwise.wire.executor`. Callers import the package
+(``from shardwise.solver import cost_model as cm``; ``cm.shard_memory``, ``cm.cache_hit_rate``, …), which re-exports
+every module's names.
+
+Notation (per training step)
+----------------------------
+``B`` batch per GPU, ``W`` world size, ``g`` GPUs in the owner's host, ``H`` hosts in the fleet;
+a table has ``R`` rows, ``D`` columns, ``b`` bytes per weight, ``F`` features, ``L`` ids per sample per feature;
+a shard holds ``r`` rows × ``c`` columns; it serves ``n`` ids and writes ``o`` output rows a step
+(:mod:`~shardwise.solver.cost_model.traffic`).
+
+The modules
+-----------
+* :mod:`~shardwise.solver.cost_model.traffic` — the ids a shard serves, the rows it writes, byte sizes;
+* :mod:`~shardwise.solver.cost_model.links` — the links, and how long bytes take over them;
+* :mod:`~shardwise.solver.cost_model.memory` — a shard's bytes per memory and placement (FBGEMM's and shardwise's
+  executors);
+* :mod:`~shardwise.solver.cost_model.hitrate` — the cache's hit rate and a batch's distinct rows (Che's LRU);
+* :mod:`~shardwise.solver.cost_model.compute` — a shard's device time: lookups, update, host shards, cache fetches;
+* :mod:`~shardwise.solver.cost_model.comm` — a shard's collectives, every rank's data side, latency, 2D plans;
+* :mod:`~shardwise.solver.cost_model.dense` — dense layers: memory, the kernel model's compute, collectives;
+* :mod:`~shardwise.solver.cost_model.host` — the host floor, and how host and device time make a rank's step.
+"""
+
+from __future__ import annotations
+
+from shardwise.solver.cost_model.comm import (
+    collective_latency_ms,
+    replica_sync_bytes,
+    replica_sync_s,
+    shard_comm_ms,
+    sync_collectives,
+    table_data_side_ms,
+)
+from shardwise.solver.cost_model.compute import (
+    cache_fetch_ms,
+    host_lookup_ms,
+    host_shard_bytes,
+    optimizer_update_bytes,
+    shard_compute_ms,
+    shard_compute_times,
+)
+from shardwise.solver.cost_model.dense import DenseCost, dense_cost, dense_kernel_s, dense_state_bytes
+from shardwise.solver.cost_model.hitrate import (
+    _lru_sums,
+    cache_hit_rate,
+    distinct_rows,
+    generalized_harmonic,
+    lru_characteristic_time,
+)
+from shardwise.solver.cost_model.host import host_floor_ms, rank_step_ms, shard_group_key
+from shardwise.solver.cost_model.links import (
+    CommContext,
+    hierarchical_s,
+    inter_host_bw,
+    intra_host_bw,
+    split_transfer_s,
+)
+from shardwise.solver.cost_model.memory import (
+    CACHE_INDEX_BYTES_PER_ROW,
+    CACHE_LOCK_FLAG_BYTES_PER_SLOT,
+    CACHE_META_BYTES_PER_SLOT,
+    PlacementChoice,
+    ShardMemory,
+    cache_associativity,
+    cache_bytes,
+    cache_slots,
+    cache_spill_bytes,
+    device_state_bytes,
+    optimizer_state_bytes,
+    replica_sync_buffer_bytes,
+    shard_memories,
+    shard_memory,
+)
+from shardwise.solver.cost_model.traffic import (
+    FUSED_INDEX_BYTES_PER_ID,
+    GRAD_BYTES,
+    ID_BYTES,
+    LENGTH_BYTES,
+    MS,
+    ROW_INDEX_BYTES,
+    WEIGHT_BYTES,
+    ShardTraffic,
+    id_bytes,
+    out_bytes,
+    round_up,
+    shard_traffic,
+    touched_rows,
+)
+from shardwise.wire.executor import CACHE_WAYS_CUDA, CACHE_WAYS_ROCM, cached_rows
+
+__all__ = [
+    "CACHE_INDEX_BYTES_PER_ROW",
+    "CACHE_LOCK_FLAG_BYTES_PER_SLOT",
+    "CACHE_META_BYTES_PER_SLOT",
+    "CACHE_WAYS_CUDA",
+    "CACHE_WAYS_ROCM",
+    "FUSED_INDEX_BYTES_PER_ID",
+    "GRAD_BYTES",
+    "ID_BYTES",
+    "LENGTH_BYTES",
+    "MS",
+    "ROW_INDEX_BYTES",
+    "WEIGHT_BYTES",
+    "CommContext",
+    "DenseCost",
+    "PlacementChoice",
+    "ShardMemory",
+    "ShardTraffic",
+    "_lru_sums",
+    "cache_associativity",
+    "cache_bytes",
+    "cache_fetch_ms",
+    "cache_hit_rate",
+    "cache_slots",
+    "cache_spill_bytes",
+    "cached_rows",
+    "collective_latency_ms",
+    "dense_cost",
+    "dense_kernel_s",
+    "dense_state_bytes",
+    "device_state_bytes",
+    "distinct_rows",
+    "generalized_harmonic",
+    "hierarchical_s",
+    "host_floor_ms",
+    "host_lookup_ms",
+    "host_shard_bytes",
+    "id_bytes",
+    "inter_host_bw",
+    "intra_host_bw",
+    "lru_characteristic_time",
+    "optimizer_state_bytes",
+    "optimizer_update_bytes",
+    "out_bytes",
+    "rank_step_ms",
+    "replica_sync_buffer_bytes",
+    "replica_sync_bytes",
+    "replica_sync_s",
+    "round_up",
+    "shard_comm_ms",
+    "shard_compute_ms",
+    "shard_compute_times",
+    "shard_group_key",
+    "shard_memories",
+    "shard_memory",
+    "shard_traffic",
+    "split_transfer_s",
+    "sync_collectives",
+    "table_data_side_ms",
+    "touched_rows",
+]
