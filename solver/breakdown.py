@@ -488,5 +488,6 @@ def grouped_breakdown(
         )
         host = floor + row[HOST_MS]
         device = float(row[: TERM_INDEX["host_wait"]].sum())
-        row[TERM_INDEX["host_wait"]] = cm.rank_step_ms(info.profile, device, host) - device
+        step = cm.RankStep(device, 0.0, 0.0, host, 0.0, info.profile.overheads.graphed_steps)
+        row[TERM_INDEX["host_wait"]] = step.host_wait_ms
     return StepBreakdown(acc, costs)

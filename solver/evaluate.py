@@ -31,12 +31,27 @@ from shardwise.wire.spec import (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ShardCost:
+    """One shard on its rank: its memory, and its device time by phase and collective (the cost model's parts)."""
+
     memory: cm.ShardMemory
-    compute_ms: float
-    comm_ms: float
-    host_ms: float = 0.0  # host CPU time (a host shard's lookup, a uvm_cache shard's fetch), also in compute_ms
+    compute: cm.ShardCompute
+    comm: cm.ShardComm
+
+    @property
+    def compute_ms(self) -> float:
+        return self.compute.total
+
+    @property
+    def comm_ms(self) -> float:
+        return self.comm.total
+
+    @property
+    def host_ms(self) -> float:
+        """Host time, also in ``compute_ms``: a uvm_cache shard's fetch (it synchronises); a host shard is read
+        zero-copy, by the device."""
+        return self.compute.cache_fetch
 
     @property
     def total_ms(self) -> float:
@@ -103,7 +118,7 @@ def shard_costs(
         cache_ways=cm.cache_associativity(cls.profile),
         sync_replicas=sync_replicas,
     )
-    times = cm.shard_compute_times(
+    computes = cm.shard_computes(
         table,
         sharding=sharding,
         num_rows=num_rows,
@@ -113,20 +128,9 @@ def shard_costs(
         batch=batch,
         world=W,
     )
-    comm = shard_comm_ms(
-        topo, table, sharding=sharding, num_rows=num_rows, num_cols=num_cols, cls=cls, batch=batch, group=group
-    )
-
-    def host_ms(placement: Placement, cache_fraction: float | None) -> float:
-        """Host time: a uvm_cache shard's fetch (it synchronises); a host shard is read zero-copy (device time)."""
-        if placement is Placement.uvm_cache:
-            return cm.cache_fetch_ms(table, sharding, num_rows, cache_fraction, cls.profile, batch, W)
-        return 0.0
-
-    return [
-        ShardCost(memory=m, compute_ms=t, comm_ms=comm, host_ms=host_ms(p, f))
-        for m, t, (p, f) in zip(memories, times, placements, strict=True)
-    ]
+    ctx = topo.context(cls, batch, group if sharding in (ShardingType.row_wise, ShardingType.table_row_wise) else None)
+    comm = cm.shard_comm(table, sharding, num_rows, num_cols, ctx)
+    return [ShardCost(memory=m, compute=c, comm=comm) for m, c in zip(memories, computes, strict=True)]
 
 
 def shard_comm_ms(
@@ -343,7 +347,9 @@ def evaluate(
                     compute=round(a.compute, 6),
                     comm=round(a.comm, 6),
                     host=round(host, 6),
-                    total=round(cm.rank_step_ms(info.profile, a.compute + a.comm, host), 6),
+                    total=round(
+                        cm.RankStep(a.compute, a.comm, 0.0, host, 0.0, info.profile.overheads.graphed_steps).total, 6
+                    ),
                 ),
             )
         )

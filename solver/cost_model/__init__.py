@@ -29,20 +29,27 @@ The modules
 from __future__ import annotations
 
 from shardwise.solver.cost_model.comm import (
+    DataSide,
+    ShardComm,
     collective_latency_ms,
     replica_sync_bytes,
     replica_sync_s,
+    shard_comm,
     shard_comm_ms,
     sync_collectives,
+    table_data_side,
     table_data_side_ms,
 )
 from shardwise.solver.cost_model.compute import (
+    ShardCompute,
     cache_fetch_ms,
     host_lookup_ms,
     host_shard_bytes,
+    host_update_bytes,
     optimizer_update_bytes,
+    shard_compute,
     shard_compute_ms,
-    shard_compute_times,
+    shard_computes,
 )
 from shardwise.solver.cost_model.dense import DenseCost, dense_cost, dense_kernel_s, dense_state_bytes
 from shardwise.solver.cost_model.hitrate import (
@@ -52,12 +59,16 @@ from shardwise.solver.cost_model.hitrate import (
     generalized_harmonic,
     lru_characteristic_time,
 )
-from shardwise.solver.cost_model.host import host_floor_ms, rank_step_ms, shard_group_key
+from shardwise.solver.cost_model.host import RankStep, host_floor_ms, shard_group_key
 from shardwise.solver.cost_model.links import (
+    NO_LINK,
     CommContext,
+    Link,
+    hierarchical,
     hierarchical_s,
     inter_host_bw,
     intra_host_bw,
+    split_transfer,
     split_transfer_s,
 )
 from shardwise.solver.cost_model.memory import (
@@ -104,11 +115,17 @@ __all__ = [
     "ID_BYTES",
     "LENGTH_BYTES",
     "MS",
+    "NO_LINK",
     "ROW_INDEX_BYTES",
     "WEIGHT_BYTES",
     "CommContext",
+    "DataSide",
     "DenseCost",
+    "Link",
     "PlacementChoice",
+    "RankStep",
+    "ShardComm",
+    "ShardCompute",
     "ShardMemory",
     "ShardTraffic",
     "_lru_sums",
@@ -126,10 +143,12 @@ __all__ = [
     "device_state_bytes",
     "distinct_rows",
     "generalized_harmonic",
+    "hierarchical",
     "hierarchical_s",
     "host_floor_ms",
     "host_lookup_ms",
     "host_shard_bytes",
+    "host_update_bytes",
     "id_bytes",
     "inter_host_bw",
     "intra_host_bw",
@@ -137,20 +156,23 @@ __all__ = [
     "optimizer_state_bytes",
     "optimizer_update_bytes",
     "out_bytes",
-    "rank_step_ms",
     "replica_sync_buffer_bytes",
     "replica_sync_bytes",
     "replica_sync_s",
     "round_up",
+    "shard_comm",
     "shard_comm_ms",
+    "shard_compute",
     "shard_compute_ms",
-    "shard_compute_times",
+    "shard_computes",
     "shard_group_key",
     "shard_memories",
     "shard_memory",
     "shard_traffic",
+    "split_transfer",
     "split_transfer_s",
     "sync_collectives",
+    "table_data_side",
     "table_data_side_ms",
     "touched_rows",
 ]

@@ -1,7 +1,7 @@
 r"""Communication per step: each shard's collectives (owner side), every rank's own ids and pooled rows, latency.
 
 The links and how bytes cross them: :mod:`shardwise.solver.cost_model.links`. Per shard (owner side,
-:func:`shard_comm_ms`):
+:func:`shard_comm`, each term by link: :class:`ShardComm`):
 
 * table_wise / column_wise: input-id all-to-all ``(n·8 + Nb·8)·(W−1)/W``; pooled-output all-to-all forward and its
   gradient backward ``2·o·c·ob·(W−1)/W``.
@@ -13,7 +13,7 @@ The links and how bytes cross them: :mod:`shardwise.solver.cost_model.links`. Pe
   ``2·((g−1)/g·S / intra + (H−1)/H·S/g / inter)``.
 
 Every rank also sends its own batch's ids and receives its own pooled outputs for every sharded table
-(:func:`table_data_side_ms`): ``(B·F·L·8 + B·F·8 + 2·B·F·D·ob)·(W−1)/W`` over the same intra/inter split.
+(:func:`table_data_side`): ``(B·F·L·8 + B·F·8 + 2·B·F·D·ob)·(W−1)/W`` over the same intra/inter split.
 
 The fixed latency of each collective is charged once per rank and step by :func:`collective_latency_ms` (one
 all-to-all carries every table).
@@ -41,10 +41,11 @@ on ``R`` different hosts) keep each shard in sync over the NIC, ``replica_bw`` =
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 from shardwise.hwprofiles import HardwareProfile
-from shardwise.solver.cost_model.links import CommContext, hierarchical_s, split_transfer_s
+from shardwise.solver.cost_model.links import NO_LINK, CommContext, Link, hierarchical, split_transfer
 from shardwise.solver.cost_model.memory import optimizer_state_bytes
 from shardwise.solver.cost_model.traffic import (
     GRAD_BYTES,
@@ -64,35 +65,66 @@ from shardwise.wire.spec import (
 from shardwise.wire.spec import ShardingType as ST
 
 
+@dataclass(frozen=True, slots=True)
+class ShardComm:
+    """Owner-side communication of one shard per step, ms by collective and link (module docstring): the ids'
+    all-to-all, the pooled rows' all-to-all (forward, and its gradient backward), the row shards' reduce-scatter
+    (forward) and all-gather (backward), a data-parallel copy's all-reduce, a 2D plan's replica sync (over the NIC)."""
+
+    input_a2a: Link = NO_LINK
+    output_a2a: Link = NO_LINK
+    reduce_scatter: Link = NO_LINK
+    all_reduce: Link = NO_LINK
+    replica_sync: Link = NO_LINK
+
+    @property
+    def total(self) -> float:
+        return (
+            self.input_a2a.total
+            + self.output_a2a.total
+            + self.reduce_scatter.total
+            + self.all_reduce.total
+            + self.replica_sync.total
+        )
+
+
 @lru_cache(maxsize=1 << 16)
-def shard_comm_ms(table: EmbeddingTableSpec, sharding: ST, num_rows: int, num_cols: int, ctx: CommContext) -> float:
-    """Owner-side communication of one shard per step (module docstring)."""
+def shard_comm(table: EmbeddingTableSpec, sharding: ST, num_rows: int, num_cols: int, ctx: CommContext) -> ShardComm:
+    """Owner-side communication of one shard per step, by collective and link (module docstring)."""
     W = ctx.world_size
-    if W <= 1:
-        if sharding is ST.data_parallel or ctx.replicas <= 1:
-            return 0.0
-        t = shard_traffic(table, sharding, num_rows, ctx.batch_size, W)  # one-rank groups: the sync alone
-        return replica_sync_s(table, t.ids, num_rows, num_cols, ctx) * MS
     t = shard_traffic(table, sharding, num_rows, ctx.batch_size, W)
+    sync = NO_LINK
+    if sharding is not ST.data_parallel and ctx.replicas > 1:  # one-rank groups too: the sync alone
+        sync = Link(inter=replica_sync_s(table, t.ids, num_rows, num_cols, ctx) * MS)
+    if W <= 1:
+        return ShardComm(replica_sync=sync)
     ob = out_bytes(table.dtype)
     moved = (W - 1) / W
     if sharding is ST.data_parallel:  # over the whole fleet: H·R hosts
         grad = num_rows * num_cols * table.dtype.nbytes
         hosts = ctx.num_hosts * ctx.replicas
-        return 2 * hierarchical_s(grad, ctx.gpus_per_host, hosts, ctx.intra_bw, ctx.inter_bw) * MS
-    ids_s = split_transfer_s((t.ids * id_bytes(table) + t.bags * LENGTH_BYTES) * moved, ctx)
+        return ShardComm(
+            all_reduce=hierarchical(grad, ctx.gpus_per_host, hosts, ctx.intra_bw, ctx.inter_bw).scaled(2 * MS)
+        )
+    ids = split_transfer((t.ids * id_bytes(table) + t.bags * LENGTH_BYTES) * moved, ctx).scaled(MS)
     partial = t.out_rows * num_cols * ob
-    sync_s = replica_sync_s(table, t.ids, num_rows, num_cols, ctx)
     if sharding in (ST.table_wise, ST.column_wise) or table.pooling is Pooling.none:
-        return (ids_s + 2 * split_transfer_s(partial * moved, ctx) + sync_s) * MS
+        out = split_transfer(partial * moved, ctx).scaled(2 * MS)
+        return ShardComm(input_a2a=ids, output_a2a=out, replica_sync=sync)
     k = max(ctx.group_size, 1)
     h = max(ctx.group_hosts, 1)
     per_host = max(k // h, 1)
-    rs = hierarchical_s(partial, per_host, h, ctx.group_intra_bw, ctx.group_inter_bw)
-    seconds = ids_s + 2 * rs + sync_s
+    rs = hierarchical(partial, per_host, h, ctx.group_intra_bw, ctx.group_inter_bw).scaled(2 * MS)
+    out = NO_LINK
     if k < W:  # the group's pooled rows still have to reach every rank
-        seconds += 2 * split_transfer_s(partial / k * moved, ctx)
-    return seconds * MS
+        out = split_transfer(partial / k * moved, ctx).scaled(2 * MS)
+    return ShardComm(input_a2a=ids, output_a2a=out, reduce_scatter=rs, replica_sync=sync)
+
+
+@lru_cache(maxsize=1 << 16)
+def shard_comm_ms(table: EmbeddingTableSpec, sharding: ST, num_rows: int, num_cols: int, ctx: CommContext) -> float:
+    """:func:`shard_comm`'s total."""
+    return shard_comm(table, sharding, num_rows, num_cols, ctx).total
 
 
 def replica_sync_bytes(table: EmbeddingTableSpec, ids: float, num_rows: int, num_cols: int, ctx: CommContext) -> float:
@@ -126,18 +158,45 @@ def sync_collectives(replicas: int, sync: SparseSync, every_k_steps: int) -> flo
     return 2.0 if sync is SparseSync.allreduce_rows else 1.0 / every_k_steps
 
 
-def table_data_side_ms(table: EmbeddingTableSpec, ctx: CommContext) -> float:
-    """What every rank sends and receives for a sharded (not data_parallel) table (module docstring)."""
+@dataclass(frozen=True, slots=True)
+class DataSide:
+    """What every rank sends and receives for a sharded table per step (module docstring): one all-to-all (ms, on
+    the link of its slower part) of which ``input_share`` of the bytes are the rank's ids and bag lengths, the rest
+    its pooled rows and their gradients."""
+
+    transfer: Link = NO_LINK
+    input_share: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.transfer.total
+
+    @property
+    def input_a2a(self) -> Link:
+        return self.transfer.scaled(self.input_share)
+
+    @property
+    def output_a2a(self) -> Link:
+        return self.transfer.scaled(1.0 - self.input_share)
+
+
+def table_data_side(table: EmbeddingTableSpec, ctx: CommContext) -> DataSide:
+    """What every rank sends and receives for a sharded (not data_parallel) table (module docstring):
+    ``(B·F·L·8 + B·F·8 + 2·B·F·D·ob)·(W−1)/W``."""
     W = ctx.world_size
     if W <= 1:
-        return 0.0
+        return DataSide()
     B, F = ctx.batch_size, table.num_features
     ob = out_bytes(table.dtype)
     rows_out = B * F * (table.pooling_factor if table.pooling is Pooling.none else 1.0)
-    nbytes = (
-        B * F * table.pooling_factor * id_bytes(table) + B * F * LENGTH_BYTES + 2 * rows_out * table.embedding_dim * ob
-    )
-    return split_transfer_s(nbytes * (W - 1) / W, ctx) * MS
+    inputs = B * F * table.pooling_factor * id_bytes(table) + B * F * LENGTH_BYTES
+    nbytes = inputs + 2 * rows_out * table.embedding_dim * ob
+    return DataSide(split_transfer(nbytes * (W - 1) / W, ctx).scaled(MS), inputs / nbytes if nbytes > 0 else 0.0)
+
+
+def table_data_side_ms(table: EmbeddingTableSpec, ctx: CommContext) -> float:
+    """:func:`table_data_side`'s total."""
+    return table_data_side(table, ctx).total
 
 
 def collective_latency_ms(profile: HardwareProfile, kinds: float, multi_host: bool) -> float:

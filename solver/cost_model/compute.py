@@ -61,6 +61,7 @@ read over the host link.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from shardwise.hwprofiles import HardwareProfile
 from shardwise.solver.cost_model.hitrate import cache_hit_rate, distinct_rows
@@ -84,6 +85,51 @@ def optimizer_update_bytes(optimizer: Optimizer, cols: int, granularity: int) ->
     return (2.0 if optimizer is Optimizer.adagrad else 4.0) * per
 
 
+@dataclass(frozen=True, slots=True)
+class ShardCompute:
+    """Device time of one shard per step, ms by phase (module docstring): ``lookup_fwd`` gathers its rows and writes
+    the pooled outputs (a ``uvm_cache`` shard's misses written into its cache too); ``lookup_bwd`` reads the output
+    gradient and sorts the ids (a data-parallel copy writes its dense gradient); ``update`` reads and writes each
+    id's row and optimizer state (a data-parallel copy streams its weights and state); ``host_lookup`` what a
+    ``host`` shard's measured host term takes beyond those; ``cache_fetch`` a ``uvm_cache`` shard's synchronous
+    fetch on shardwise's executor (also host time)."""
+
+    lookup_fwd: float = 0.0
+    lookup_bwd: float = 0.0
+    update: float = 0.0
+    host_lookup: float = 0.0
+    cache_fetch: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.lookup_fwd + self.lookup_bwd + self.update + self.host_lookup + self.cache_fetch
+
+
+def shard_compute(
+    table: EmbeddingTableSpec,
+    *,
+    sharding: ST,
+    num_rows: int,
+    num_cols: int,
+    placement: Placement,
+    cache_fraction: float | None,
+    profile: HardwareProfile,
+    batch: int,
+    world: int,
+) -> ShardCompute:
+    """Forward + backward lookup and update time of one shard on ``profile``, by phase (module docstring)."""
+    return shard_computes(
+        table,
+        sharding=sharding,
+        num_rows=num_rows,
+        num_cols=num_cols,
+        placements=((placement, cache_fraction),),
+        profile=profile,
+        batch=batch,
+        world=world,
+    )[0]
+
+
 def shard_compute_ms(
     table: EmbeddingTableSpec,
     *,
@@ -96,20 +142,21 @@ def shard_compute_ms(
     batch: int,
     world: int,
 ) -> float:
-    """Forward + backward lookup and update time of one shard on ``profile`` (module docstring)."""
-    return shard_compute_times(
+    """:func:`shard_compute`'s total."""
+    return shard_compute(
         table,
         sharding=sharding,
         num_rows=num_rows,
         num_cols=num_cols,
-        placements=((placement, cache_fraction),),
+        placement=placement,
+        cache_fraction=cache_fraction,
         profile=profile,
         batch=batch,
         world=world,
-    )[0]
+    ).total
 
 
-def shard_compute_times(
+def shard_computes(
     table: EmbeddingTableSpec,
     *,
     sharding: ST,
@@ -119,60 +166,76 @@ def shard_compute_times(
     profile: HardwareProfile,
     batch: int,
     world: int,
-) -> list[float]:
-    """:func:`shard_compute_ms` of one shard under each of ``placements``: the bytes it gathers and streams are
-    worked out once."""
+) -> list[ShardCompute]:
+    """:func:`shard_compute` of one shard under each of ``placements``: the bytes it gathers and streams are worked
+    out once."""
     t = shard_traffic(table, sharding, num_rows, batch, world)
     g = profile.memory_access_granularity_bytes
     row = round_up(num_cols * table.dtype.nbytes, g)
-    ob = out_bytes(table.dtype)
-    gathers = t.ids * (row + 2 * row + optimizer_update_bytes(table.optimizer, num_cols, g))  # fwd read, bwd r+w
-    streams = 2.0 * t.out_rows * num_cols * ob  # pooled output written, its gradient read
-    if sharding is ST.data_parallel:
-        gathers = t.ids * row
+    out_stream = t.out_rows * num_cols * out_bytes(table.dtype)  # pooled output written; its gradient read
+    fwd_gather = t.ids * row  # forward reads each id's row
+    upd_gather = t.ids * (2 * row + optimizer_update_bytes(table.optimizer, num_cols, g))  # the update's r + w
+    bwd_stream, upd_stream = out_stream, 0.0
+    if sharding is ST.data_parallel:  # its dense gradient written; weights, gradient and state streamed once
+        upd_gather = 0.0
         state = optimizer_state_bytes(table.optimizer, num_rows, num_cols)
-        streams += num_rows * num_cols * (GRAD_BYTES + 2 * table.dtype.nbytes) + 2 * state
+        bwd_stream += num_rows * num_cols * GRAD_BYTES
+        upd_stream = num_rows * num_cols * 2 * table.dtype.nbytes + 2 * state
     sort_ms = 0.0 if sharding is ST.data_parallel else t.ids * profile.overheads.sort_ns_per_id * 1e-6
     hbm_gather = profile.hbm_bandwidth_bytes_per_s * profile.achieved.embedding_gather
     hbm_stream = profile.hbm_bandwidth_bytes_per_s * profile.achieved.memory_bound
     link = profile.host_link_bytes_per_s * profile.achieved.host_link
-    lookup_ms = host_lookup_ms(table, sharding, num_rows, num_cols, profile, batch, world)
+    fwd_streams, upd_streams = out_stream / hbm_stream, upd_stream / hbm_stream
+    bwd_ms = bwd_stream / hbm_stream * MS + sort_ms
     out = []
     for placement, cache_fraction in placements:
+        fetch = 0.0
+        if placement is Placement.uvm_cache:
+            fetch = cache_fetch_ms(table, sharding, num_rows, cache_fraction, profile, batch, world)
         if placement is Placement.hbm:
-            seconds = gathers / hbm_gather + streams / hbm_stream
+            fwd, upd = fwd_gather / hbm_gather, upd_gather / hbm_gather
         elif placement is Placement.host:  # zero-copy: what crosses the host link (module docstring, "Host shards")
-            link_bytes, device_bytes = host_shard_bytes(table, num_rows, num_cols, t.ids, row, g)
-            seconds = link_bytes / link + device_bytes / hbm_gather + streams / hbm_stream
-        else:
-            uvm = placement is Placement.uvm_cache
-            hit = cache_hit_rate(num_rows, cache_fraction, table.access_skew) if uvm else 0.0
+            link_bytes, device_bytes = host_update_bytes(table, num_rows, num_cols, t.ids, row, g)
+            fwd, upd = fwd_gather / link, link_bytes / link + device_bytes / hbm_gather
+        elif fetch:  # shardwise's executor, calibrated: its fetch, then every gather from HBM (misses filled first)
+            hit = cache_hit_rate(num_rows, cache_fraction, table.access_skew)
+            fwd, upd = (fwd_gather + t.ids * (1.0 - hit) * row) / hbm_gather, upd_gather / hbm_gather
+        else:  # uvm_cache as FBGEMM runs it: hits from HBM, misses over the host link and written into the cache
+            hit = cache_hit_rate(num_rows, cache_fraction, table.access_skew)
             miss = 1.0 - hit
-            fill = t.ids * miss * row if uvm else 0.0  # misses written into the cache
-            seconds = (gathers * hit + fill) / hbm_gather + gathers * miss / link + streams / hbm_stream
+            fwd = fwd_gather * hit / hbm_gather + fwd_gather * miss / link + t.ids * miss * row / hbm_gather
+            upd = upd_gather * hit / hbm_gather + upd_gather * miss / link
+        parts = ShardCompute(
+            lookup_fwd=(fwd + fwd_streams) * MS, lookup_bwd=bwd_ms, update=(upd + upd_streams) * MS, cache_fetch=fetch
+        )
         if placement is Placement.host:  # the larger of the reads over the host link and the measured host term
-            out.append(max(seconds * MS + sort_ms, lookup_ms))
-        elif placement is Placement.uvm_cache and (
-            fetch_ms := cache_fetch_ms(table, sharding, num_rows, cache_fraction, profile, batch, world)
-        ):  # shardwise's executor, calibrated: its fetch, then every gather from HBM
-            own_ms = ((gathers + fill) / hbm_gather + streams / hbm_stream) * MS + fetch_ms
-            out.append(own_ms + sort_ms)
-        else:
-            out.append(seconds * MS + sort_ms)
+            lookup = host_lookup_ms(table, sharding, num_rows, num_cols, profile, batch, world)
+            if lookup > (device := parts.total):
+                parts = replace(parts, host_lookup=lookup - device)
+        out.append(parts)
     return out
+
+
+def host_update_bytes(
+    table: EmbeddingTableSpec, num_rows: int, num_cols: int, ids: float, row: float, granularity: int
+) -> tuple[float, float]:
+    """``(host link bytes, HBM bytes)`` of a ``host`` shard's update on shardwise's executor (module docstring,
+    "Host shards"): the fused update reads and writes each distinct row once (:func:`distinct_rows`, under the
+    table's ``access_skew``), with its per-weight state (adagrad, adam: in host memory, across the link) — the
+    row-wise state (rowwise_adagrad) is on the device."""
+    d = distinct_rows(ids, num_rows, table.access_skew)
+    state = optimizer_update_bytes(table.optimizer, num_cols, granularity)
+    on_device = table.optimizer is Optimizer.rowwise_adagrad
+    return d * (2 * row + (0.0 if on_device else state)), d * state if on_device else 0.0
 
 
 def host_shard_bytes(
     table: EmbeddingTableSpec, num_rows: int, num_cols: int, ids: float, row: float, granularity: int
 ) -> tuple[float, float]:
     """``(host link bytes, HBM bytes)`` of a ``host`` shard's step on shardwise's executor (module docstring, "Host
-    shards"): the forward reads every id's row across the link; the fused update reads and writes each distinct row
-    once (:func:`distinct_rows`, under the table's ``access_skew``), with its per-weight state (adagrad, adam: in host
-    memory, across the link) — the row-wise state (rowwise_adagrad) is on the device."""
-    d = distinct_rows(ids, num_rows, table.access_skew)
-    state = optimizer_update_bytes(table.optimizer, num_cols, granularity)
-    on_device = table.optimizer is Optimizer.rowwise_adagrad
-    return ids * row + d * (2 * row + (0.0 if on_device else state)), d * state if on_device else 0.0
+    shards"): the forward reads every id's row across the link, then the update (:func:`host_update_bytes`)."""
+    link_bytes, device_bytes = host_update_bytes(table, num_rows, num_cols, ids, row, granularity)
+    return ids * row + link_bytes, device_bytes
 
 
 def cache_fetch_ms(

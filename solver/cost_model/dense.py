@@ -39,7 +39,7 @@ import math
 from dataclasses import dataclass
 
 from shardwise.hwprofiles import HardwareProfile
-from shardwise.solver.cost_model.links import CommContext, hierarchical_s
+from shardwise.solver.cost_model.links import NO_LINK, CommContext, Link, hierarchical
 from shardwise.solver.cost_model.traffic import MS
 from shardwise.wire.spec import (
     DenseLayerSpec,
@@ -49,11 +49,18 @@ from shardwise.wire.spec import (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DenseCost:
+    """One dense layer on one rank per step (module docstring): its HBM, its compute (ms) and its collectives (ms,
+    by link)."""
+
     hbm_bytes: int
     compute_ms: float
-    comm_ms: float
+    comm: Link
+
+    @property
+    def comm_ms(self) -> float:
+        return self.comm.total
 
 
 def dense_state_bytes(layer: DenseLayerSpec) -> int:
@@ -142,17 +149,15 @@ def dense_cost(layer: DenseLayerSpec, style: DenseStyle, profile: HardwareProfil
     state = dense_state_bytes(layer)
     if style is DenseStyle.replicate:
         hbm = state + act
-        comm_s = 2 * hierarchical_s(w, g, H, ctx.intra_bw, ctx.inter_bw) if W > 1 else 0.0
+        comm = hierarchical(w, g, H, ctx.intra_bw, ctx.inter_bw).scaled(2 * MS) if W > 1 else NO_LINK
     elif style is DenseStyle.fsdp:
         hbm = math.ceil(state / W) + w + act
-        comm_s = 3 * hierarchical_s(w, g, H, ctx.intra_bw, ctx.inter_bw) if W > 1 else 0.0
+        comm = hierarchical(w, g, H, ctx.intra_bw, ctx.inter_bw).scaled(3 * MS) if W > 1 else NO_LINK
     else:  # colwise / rowwise: tensor parallel over the host, data parallel across hosts
         if style not in layer.kind_styles:
             raise ValueError(f"dense layer {layer.name}: style {style.value} needs a linear layer")
         hbm = math.ceil(state / g) + act
-        comm_s = 0.0
-        if g > 1:
-            comm_s += 2 * (g - 1) * act / ctx.intra_bw
-        if H > 1:
-            comm_s += 2 * (H - 1) / H * (w / g) / ctx.inter_bw
-    return DenseCost(hbm_bytes=hbm, compute_ms=compute_s * MS, comm_ms=comm_s * MS)
+        intra = 2 * (g - 1) * act / ctx.intra_bw if g > 1 else 0.0
+        inter = 2 * (H - 1) / H * (w / g) / ctx.inter_bw if H > 1 else 0.0
+        comm = Link(intra, inter).scaled(MS)
+    return DenseCost(hbm_bytes=hbm, compute_ms=compute_s * MS, comm=comm)

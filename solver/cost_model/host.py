@@ -14,7 +14,7 @@ the pace. A profile calibrated on graphed steps (``overheads.graphed_steps``, ``
 each step captured once as a CUDA graph and replayed, ``clients/graphed.py``) has no such overlap to price: the host
 enqueues a replay in microseconds, and the floor, fitted on small models' replays, is the device time of the small
 kernels a step runs (a few microseconds each however little each does), which adds to the work — the step is
-``compute + comm + host`` (:func:`rank_step_ms`; on one H200, graphed, the sum fitted the fit half of
+``compute + comm + host`` (:class:`RankStep`; on one H200, graphed, the sum fitted the fit half of
 ``benchmarks/truth.py`` at a median 4.3 % where the larger of the two gave 6.1 %, ``docs/truth.md``). But for its
 groups term the floor does not depend on the plan, so it changes no ranking; it raises the predicted step and the
 bound alike. The groups term is charged where a plan is priced (evaluate, the breakdown), not
@@ -25,6 +25,8 @@ Nothing overlaps on the device in this model: a rank's device time is its comput
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from shardwise.hwprofiles import HardwareProfile
 from shardwise.wire.spec import (
     EmbeddingTableSpec,
@@ -32,11 +34,42 @@ from shardwise.wire.spec import (
 )
 
 
-def rank_step_ms(profile: HardwareProfile, device_ms: float, host_ms: float) -> float:
-    """A rank's step from its device time (compute + communication) and its host time (module docstring, "Host
-    floor"): the larger where the host enqueues every kernel (the two overlap), their sum where the profile's step
-    overheads were measured on graphed steps (``overheads.graphed_steps``: the floor is then device time)."""
-    return device_ms + host_ms if profile.overheads.graphed_steps else max(device_ms, host_ms)
+@dataclass(frozen=True, slots=True)
+class RankStep:
+    """A rank's step from its parts, ms (module docstring, "Host floor"): its device time — the compute and the
+    communication of its shards, its data side and the dense layers, and each collective's fixed ``latency`` — and
+    its host time, the ``floor`` plus what the host runs for its shards (``host_work``: the cache fetches). The step
+    is the larger of the two where the host enqueues every kernel (they overlap), their sum where the profile's step
+    overheads were measured on graphed steps (``graphed``: the floor is then device time)."""
+
+    compute_ms: float
+    comm_ms: float  # without the latency
+    latency_ms: float
+    floor_ms: float
+    host_work_ms: float
+    graphed: bool
+
+    @property
+    def comm_with_latency_ms(self) -> float:
+        return self.comm_ms + self.latency_ms
+
+    @property
+    def device_ms(self) -> float:
+        return self.compute_ms + self.comm_with_latency_ms
+
+    @property
+    def host_ms(self) -> float:
+        return self.floor_ms + self.host_work_ms
+
+    @property
+    def total(self) -> float:
+        device, host = self.device_ms, self.host_ms
+        return device + host if self.graphed else max(device, host)
+
+    @property
+    def host_wait_ms(self) -> float:
+        """What the step lasts beyond the device's time: the host's share of it."""
+        return self.total - self.device_ms
 
 
 def host_floor_ms(profile: HardwareProfile, tables: int, layers: int, groups: int = 1) -> float:

@@ -73,25 +73,56 @@ class CommContext:
         return (self.world_size - self.gpus_per_host) / (self.world_size - 1)
 
 
-def split_transfer_s(nbytes: float, ctx: CommContext) -> float:
-    """Seconds to move ``nbytes`` between one rank and all others: local and remote parts in parallel."""
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A time by the link that carries it: ``intra`` over the host's scale-up fabric, ``inter`` over the NIC (in the
+    unit of what made it: seconds from :func:`split_transfer` and :func:`hierarchical`, ms in the cost model's
+    parts). A hierarchical collective's two stages add up; a split transfer's parts run in parallel, so it lasts as
+    long as the slower one and sits on that one's link alone."""
+
+    intra: float = 0.0
+    inter: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.intra + self.inter
+
+    def scaled(self, k: float) -> Link:
+        """Both links times ``k`` (a collective run ``k`` times; seconds to ms)."""
+        return Link(self.intra * k, self.inter * k)
+
+
+#: nothing on either link
+NO_LINK = Link()
+
+
+def split_transfer(nbytes: float, ctx: CommContext) -> Link:
+    """Seconds to move ``nbytes`` between one rank and all others: the local and the remote part in parallel, so the
+    larger of the two, on its link."""
     if nbytes <= 0 or ctx.world_size <= 1:
-        return 0.0
+        return NO_LINK
     remote = nbytes * ctx.remote_fraction
     local = nbytes - remote
-    return max(local / ctx.intra_bw, remote / ctx.inter_bw if remote > 0 else 0.0)
+    intra = local / ctx.intra_bw
+    inter = remote / ctx.inter_bw if remote > 0 else 0.0
+    return Link(intra=intra) if intra >= inter else Link(inter=inter)
+
+
+def split_transfer_s(nbytes: float, ctx: CommContext) -> float:
+    """:func:`split_transfer` in seconds, whatever the link."""
+    return split_transfer(nbytes, ctx).total
+
+
+def hierarchical(nbytes: float, ranks_per_host: int, hosts: int, intra: float, inter: float) -> Link:
+    """Seconds for one reduce-scatter (or all-gather) of ``nbytes`` over ``hosts`` × ``ranks_per_host`` ranks, by
+    stage: ``(k_h−1)/k_h · S / intra`` inside each host, then ``(h−1)/h · S/k_h / inter`` across hosts."""
+    if nbytes <= 0:
+        return NO_LINK
+    a = (ranks_per_host - 1) / ranks_per_host * nbytes / intra if ranks_per_host > 1 else 0.0
+    b = (hosts - 1) / hosts * nbytes / max(ranks_per_host, 1) / inter if hosts > 1 else 0.0
+    return Link(a, b)
 
 
 def hierarchical_s(nbytes: float, ranks_per_host: int, hosts: int, intra: float, inter: float) -> float:
-    """Seconds for one reduce-scatter (or all-gather) of ``nbytes`` over ``hosts`` × ``ranks_per_host`` ranks.
-
-    ``(k_h−1)/k_h · S / intra  +  (h−1)/h · S/k_h / inter``.
-    """
-    if nbytes <= 0:
-        return 0.0
-    t = 0.0
-    if ranks_per_host > 1:
-        t += (ranks_per_host - 1) / ranks_per_host * nbytes / intra
-    if hosts > 1:
-        t += (hosts - 1) / hosts * nbytes / max(ranks_per_host, 1) / inter
-    return t
+    """:func:`hierarchical`, both stages: ``(k_h−1)/k_h · S / intra  +  (h−1)/h · S/k_h / inter``."""
+    return hierarchical(nbytes, ranks_per_host, hosts, intra, inter).total
