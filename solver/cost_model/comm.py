@@ -69,23 +69,36 @@ from shardwise.wire.spec import ShardingType as ST
 class ShardComm:
     """Owner-side communication of one shard per step, ms by collective and link (module docstring): the ids'
     all-to-all, the pooled rows' all-to-all (forward, and its gradient backward), the row shards' reduce-scatter
-    (forward) and all-gather (backward), a data-parallel copy's all-reduce, a 2D plan's replica sync (over the NIC)."""
+    (forward) and all-gather (backward), a data-parallel copy's all-reduce, a 2D plan's replica sync (over the NIC).
 
+    ``total`` is the collectives' seconds summed in the order the formula adds them, then in ms: the arithmetic every
+    solver has priced a shard with (the parts add up to it but for the rounding of the float sums)."""
+
+    total: float = 0.0
     input_a2a: Link = NO_LINK
     output_a2a: Link = NO_LINK
     reduce_scatter: Link = NO_LINK
     all_reduce: Link = NO_LINK
     replica_sync: Link = NO_LINK
 
-    @property
-    def total(self) -> float:
-        return (
-            self.input_a2a.total
-            + self.output_a2a.total
-            + self.reduce_scatter.total
-            + self.all_reduce.total
-            + self.replica_sync.total
-        )
+
+def _in_ms(
+    seconds: float,
+    input_a2a: Link = NO_LINK,
+    output_a2a: Link = NO_LINK,
+    reduce_scatter: Link = NO_LINK,
+    all_reduce: Link = NO_LINK,
+    replica_sync: Link = NO_LINK,
+) -> ShardComm:
+    """A :class:`ShardComm` from its total and its parts in seconds."""
+    return ShardComm(
+        seconds * MS,
+        input_a2a.scaled(MS),
+        output_a2a.scaled(MS),
+        reduce_scatter.scaled(MS),
+        all_reduce.scaled(MS),
+        replica_sync.scaled(MS),
+    )
 
 
 @lru_cache(maxsize=1 << 16)
@@ -95,30 +108,31 @@ def shard_comm(table: EmbeddingTableSpec, sharding: ST, num_rows: int, num_cols:
     t = shard_traffic(table, sharding, num_rows, ctx.batch_size, W)
     sync = NO_LINK
     if sharding is not ST.data_parallel and ctx.replicas > 1:  # one-rank groups too: the sync alone
-        sync = Link(inter=replica_sync_s(table, t.ids, num_rows, num_cols, ctx) * MS)
+        sync = Link(inter=replica_sync_s(table, t.ids, num_rows, num_cols, ctx))
     if W <= 1:
-        return ShardComm(replica_sync=sync)
+        return _in_ms(sync.total, replica_sync=sync)
     ob = out_bytes(table.dtype)
     moved = (W - 1) / W
     if sharding is ST.data_parallel:  # over the whole fleet: H·R hosts
         grad = num_rows * num_cols * table.dtype.nbytes
         hosts = ctx.num_hosts * ctx.replicas
-        return ShardComm(
-            all_reduce=hierarchical(grad, ctx.gpus_per_host, hosts, ctx.intra_bw, ctx.inter_bw).scaled(2 * MS)
-        )
-    ids = split_transfer((t.ids * id_bytes(table) + t.bags * LENGTH_BYTES) * moved, ctx).scaled(MS)
+        ar = hierarchical(grad, ctx.gpus_per_host, hosts, ctx.intra_bw, ctx.inter_bw).scaled(2)
+        return _in_ms(ar.total, all_reduce=ar)
+    ids = split_transfer((t.ids * id_bytes(table) + t.bags * LENGTH_BYTES) * moved, ctx)
     partial = t.out_rows * num_cols * ob
     if sharding in (ST.table_wise, ST.column_wise) or table.pooling is Pooling.none:
-        out = split_transfer(partial * moved, ctx).scaled(2 * MS)
-        return ShardComm(input_a2a=ids, output_a2a=out, replica_sync=sync)
+        out = split_transfer(partial * moved, ctx).scaled(2)
+        return _in_ms(ids.total + out.total + sync.total, input_a2a=ids, output_a2a=out, replica_sync=sync)
     k = max(ctx.group_size, 1)
     h = max(ctx.group_hosts, 1)
     per_host = max(k // h, 1)
-    rs = hierarchical(partial, per_host, h, ctx.group_intra_bw, ctx.group_inter_bw).scaled(2 * MS)
+    rs = hierarchical(partial, per_host, h, ctx.group_intra_bw, ctx.group_inter_bw).scaled(2)
+    seconds = ids.total + rs.total + sync.total
     out = NO_LINK
     if k < W:  # the group's pooled rows still have to reach every rank
-        out = split_transfer(partial / k * moved, ctx).scaled(2 * MS)
-    return ShardComm(input_a2a=ids, output_a2a=out, reduce_scatter=rs, replica_sync=sync)
+        out = split_transfer(partial / k * moved, ctx).scaled(2)
+        seconds += out.total
+    return _in_ms(seconds, input_a2a=ids, output_a2a=out, reduce_scatter=rs, replica_sync=sync)
 
 
 @lru_cache(maxsize=1 << 16)

@@ -61,7 +61,7 @@ read over the host link.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from shardwise.hwprofiles import HardwareProfile
 from shardwise.solver.cost_model.hitrate import cache_hit_rate, distinct_rows
@@ -92,17 +92,20 @@ class ShardCompute:
     gradient and sorts the ids (a data-parallel copy writes its dense gradient); ``update`` reads and writes each
     id's row and optimizer state (a data-parallel copy streams its weights and state); ``host_lookup`` what a
     ``host`` shard's measured host term takes beyond those; ``cache_fetch`` a ``uvm_cache`` shard's synchronous
-    fetch on shardwise's executor (also host time)."""
+    fetch on shardwise's executor (also host time).
 
-    lookup_fwd: float = 0.0
-    lookup_bwd: float = 0.0
-    update: float = 0.0
-    host_lookup: float = 0.0
-    cache_fetch: float = 0.0
+    ``total`` is the shard's whole traffic timed at once — its gathers, reads over the host link and streams each
+    summed over the phases, then divided by their bandwidths — which the phases split: they add up to it but for
+    the rounding of the float sums (within 1e-9). Timing the whole is the arithmetic every solver has priced a
+    shard with; summing the phases' times instead moves a total by an ulp, which the solvers' integer scaling can
+    turn into another plan."""
 
-    @property
-    def total(self) -> float:
-        return self.lookup_fwd + self.lookup_bwd + self.update + self.host_lookup + self.cache_fetch
+    lookup_fwd: float
+    lookup_bwd: float
+    update: float
+    host_lookup: float
+    cache_fetch: float
+    total: float
 
 
 def shard_compute(
@@ -171,48 +174,58 @@ def shard_computes(
     out once."""
     t = shard_traffic(table, sharding, num_rows, batch, world)
     g = profile.memory_access_granularity_bytes
-    row = round_up(num_cols * table.dtype.nbytes, g)
-    out_stream = t.out_rows * num_cols * out_bytes(table.dtype)  # pooled output written; its gradient read
-    fwd_gather = t.ids * row  # forward reads each id's row
-    upd_gather = t.ids * (2 * row + optimizer_update_bytes(table.optimizer, num_cols, g))  # the update's r + w
-    bwd_stream, upd_stream = out_stream, 0.0
-    if sharding is ST.data_parallel:  # its dense gradient written; weights, gradient and state streamed once
-        upd_gather = 0.0
-        state = optimizer_state_bytes(table.optimizer, num_rows, num_cols)
-        bwd_stream += num_rows * num_cols * GRAD_BYTES
-        upd_stream = num_rows * num_cols * 2 * table.dtype.nbytes + 2 * state
-    sort_ms = 0.0 if sharding is ST.data_parallel else t.ids * profile.overheads.sort_ns_per_id * 1e-6
+    row = round_up(num_cols * table.dtype.nbytes, g)  # forward reads each id's row
+    out_stream = t.out_rows * num_cols * out_bytes(table.dtype)  # pooled output written; its gradient read back
+    if sharding is ST.data_parallel:  # its dense gradient written; its weights, gradient and state streamed once
+        upd_row = 0.0
+        bwd_extra = num_rows * num_cols * GRAD_BYTES
+        upd_stream = num_rows * num_cols * 2 * table.dtype.nbytes + 2 * optimizer_state_bytes(
+            table.optimizer, num_rows, num_cols
+        )
+        sort_ms = 0.0
+    else:  # the update reads and writes each id's row and its state
+        upd_row = 2 * row + optimizer_update_bytes(table.optimizer, num_cols, g)
+        bwd_extra = upd_stream = 0
+        sort_ms = t.ids * profile.overheads.sort_ns_per_id * 1e-6
+    per_id = row + upd_row  # integers: every association of the phases' bytes is exact
+    streams = 2 * out_stream + (bwd_extra + upd_stream)
     hbm_gather = profile.hbm_bandwidth_bytes_per_s * profile.achieved.embedding_gather
     hbm_stream = profile.hbm_bandwidth_bytes_per_s * profile.achieved.memory_bound
     link = profile.host_link_bytes_per_s * profile.achieved.host_link
-    fwd_streams, upd_streams = out_stream / hbm_stream, upd_stream / hbm_stream
-    bwd_ms = bwd_stream / hbm_stream * MS + sort_ms
+
+    def ms(hbm: float, host_link: float, stream: float) -> float:
+        """Gathers from HBM, reads over the host link, streams through HBM: milliseconds."""
+        return (hbm / hbm_gather + (host_link / link if host_link else 0.0) + stream / hbm_stream) * MS
+
+    bwd_ms = ms(0.0, 0.0, out_stream + bwd_extra) + sort_ms
     out = []
     for placement, cache_fraction in placements:
-        fetch = 0.0
-        if placement is Placement.uvm_cache:
-            fetch = cache_fetch_ms(table, sharding, num_rows, cache_fraction, profile, batch, world)
-        if placement is Placement.hbm:
-            fwd, upd = fwd_gather / hbm_gather, upd_gather / hbm_gather
+        fetch = host_ms = 0.0
+        if placement is Placement.hbm:  # (hbm bytes, host link bytes) of the forward, the update, the whole shard
+            fwd, upd, whole = (t.ids * row, 0.0), (t.ids * upd_row, 0.0), (t.ids * per_id, 0.0)
         elif placement is Placement.host:  # zero-copy: what crosses the host link (module docstring, "Host shards")
             link_bytes, device_bytes = host_update_bytes(table, num_rows, num_cols, t.ids, row, g)
-            fwd, upd = fwd_gather / link, link_bytes / link + device_bytes / hbm_gather
-        elif fetch:  # shardwise's executor, calibrated: its fetch, then every gather from HBM (misses filled first)
-            hit = cache_hit_rate(num_rows, cache_fraction, table.access_skew)
-            fwd, upd = (fwd_gather + t.ids * (1.0 - hit) * row) / hbm_gather, upd_gather / hbm_gather
-        else:  # uvm_cache as FBGEMM runs it: hits from HBM, misses over the host link and written into the cache
+            fwd, upd = (0.0, t.ids * row), (device_bytes, link_bytes)
+            whole = (device_bytes, t.ids * row + link_bytes)
+            host_ms = host_lookup_ms(table, sharding, num_rows, num_cols, profile, batch, world)
+        else:
+            fetch = cache_fetch_ms(table, sharding, num_rows, cache_fraction, profile, batch, world)
             hit = cache_hit_rate(num_rows, cache_fraction, table.access_skew)
             miss = 1.0 - hit
-            fwd = fwd_gather * hit / hbm_gather + fwd_gather * miss / link + t.ids * miss * row / hbm_gather
-            upd = upd_gather * hit / hbm_gather + upd_gather * miss / link
-        parts = ShardCompute(
-            lookup_fwd=(fwd + fwd_streams) * MS, lookup_bwd=bwd_ms, update=(upd + upd_streams) * MS, cache_fetch=fetch
-        )
-        if placement is Placement.host:  # the larger of the reads over the host link and the measured host term
-            lookup = host_lookup_ms(table, sharding, num_rows, num_cols, profile, batch, world)
-            if lookup > (device := parts.total):
-                parts = replace(parts, host_lookup=lookup - device)
-        out.append(parts)
+            fill = t.ids * miss * row  # misses written into the cache
+            if fetch:  # shardwise's executor, calibrated: its fetch, then every gather from HBM
+                fwd, upd, whole = (t.ids * row + fill, 0.0), (t.ids * upd_row, 0.0), (t.ids * per_id + fill, 0.0)
+            else:  # as FBGEMM runs it: hits from HBM, misses over the host link
+                fwd = (t.ids * row * hit + fill, t.ids * row * miss)
+                upd = (t.ids * upd_row * hit, t.ids * upd_row * miss)
+                whole = (t.ids * per_id * hit + fill, t.ids * per_id * miss)
+        total = ms(*whole, streams) + fetch + sort_ms
+        phases = ms(*fwd, out_stream), bwd_ms, ms(*upd, upd_stream)
+        lookup = 0.0
+        if host_ms > total:  # a host shard: the larger of its reads and the measured host term
+            total = host_ms
+            lookup = host_ms - sum(phases)
+        out.append(ShardCompute(*phases, host_lookup=lookup, cache_fetch=fetch, total=total))
     return out
 
 

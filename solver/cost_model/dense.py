@@ -52,15 +52,12 @@ from shardwise.wire.spec import (
 @dataclass(frozen=True, slots=True)
 class DenseCost:
     """One dense layer on one rank per step (module docstring): its HBM, its compute (ms) and its collectives (ms,
-    by link)."""
+    by link; ``comm_ms`` their seconds summed, then in ms: the arithmetic every solver has priced a layer with)."""
 
     hbm_bytes: int
     compute_ms: float
-    comm: Link
-
-    @property
-    def comm_ms(self) -> float:
-        return self.comm.total
+    comm_ms: float
+    comm: Link = NO_LINK
 
 
 def dense_state_bytes(layer: DenseLayerSpec) -> int:
@@ -147,17 +144,16 @@ def dense_cost(layer: DenseLayerSpec, style: DenseStyle, profile: HardwareProfil
             3.0 * (w + act) / (profile.hbm_bandwidth_bytes_per_s * profile.achieved.memory_bound),
         )
     state = dense_state_bytes(layer)
-    if style is DenseStyle.replicate:
-        hbm = state + act
-        comm = hierarchical(w, g, H, ctx.intra_bw, ctx.inter_bw).scaled(2 * MS) if W > 1 else NO_LINK
-    elif style is DenseStyle.fsdp:
-        hbm = math.ceil(state / W) + w + act
-        comm = hierarchical(w, g, H, ctx.intra_bw, ctx.inter_bw).scaled(3 * MS) if W > 1 else NO_LINK
+    if style in (DenseStyle.replicate, DenseStyle.fsdp):  # all-reduce; fsdp: two all-gathers, a reduce-scatter
+        hbm = state + act if style is DenseStyle.replicate else math.ceil(state / W) + w + act
+        times = 2 if style is DenseStyle.replicate else 3
+        stages = hierarchical(w, g, H, ctx.intra_bw, ctx.inter_bw) if W > 1 else NO_LINK
+        comm_s, comm = times * stages.total, stages.scaled(times * MS)
     else:  # colwise / rowwise: tensor parallel over the host, data parallel across hosts
         if style not in layer.kind_styles:
             raise ValueError(f"dense layer {layer.name}: style {style.value} needs a linear layer")
         hbm = math.ceil(state / g) + act
         intra = 2 * (g - 1) * act / ctx.intra_bw if g > 1 else 0.0
         inter = 2 * (H - 1) / H * (w / g) / ctx.inter_bw if H > 1 else 0.0
-        comm = Link(intra, inter).scaled(MS)
-    return DenseCost(hbm_bytes=hbm, compute_ms=compute_s * MS, comm=comm)
+        comm_s, comm = intra + inter, Link(intra, inter).scaled(MS)
+    return DenseCost(hbm_bytes=hbm, compute_ms=compute_s * MS, comm_ms=comm_s * MS, comm=comm)
