@@ -26,7 +26,7 @@ Compute, per rank and step:
 measured ``activation_bytes_per_sample`` of an unclassified one (``describe()``: its input and output; such a layer
 runs replicate or fsdp only); activations kept ``B·a`` per layer
 (in a chain a layer's output is the next one's input, but backward's gradients of the same sizes live beside them:
-measured on an H200, charging only the inputs fell 3–8 % short of the peak at batch 32K–64K, ``docs/truth.md``);
+charging only the inputs fell short of the measured peak, ``docs/truth.md``, "Result of runs 1–7");
 memory and collectives per style — replicate (all-reduce of the gradient), fsdp (two all-gathers and a reduce-scatter
 of the parameters, 1/W of the state per rank plus one unsharded copy), colwise / rowwise (tensor parallel inside the
 host: 1/g of the state, activations exchanged inside the host, the gradient of the 1/g slice all-reduced across

@@ -128,8 +128,8 @@ def _lru_arrays(n: int, s: float) -> tuple[Any, Any, Any, float]:
 def _lru_occupancy(n: int, s: float, u: float) -> tuple[float, float]:
     """The first of :func:`_lru_sums` at ``a = e^u`` and its slope in ``u``, ``Σ c·a·w·e^(−a·w)`` over the rows and
     nodes (the two end corrections' share of the slope left out: the root finder only steers by it); the sums over
-    the rows and nodes in one numpy call each where numpy is installed (the planner's: about 5× the loop's speed),
-    else in a loop."""
+    the rows and nodes in one numpy call each where numpy is installed (the planner's; how much faster:
+    ``docs/benchmarks.md``, "Time limit"), else in a loop."""
     a = math.exp(u)
     terms, ends = _lru_terms(n, s)
     if _np is not None:  # four numpy calls: Σ c·a·w·e^(−a·w) = a·(Σ c·w − Σ c·w·q)
@@ -174,8 +174,8 @@ def lru_characteristic_time(num_rows: int, cache_fraction: float | None, access_
     kept inside a bracket (a step that leaves it bisects instead), from ``u = ln(k/H)`` — a lower end, since
     ``1 − e^(−a·w) ≤ a·w`` makes the occupancy at most ``a·H`` — to ``|Δu| < 1e-12`` (a relative 1e-12 in ``T``):
     on ``ln`` of the occupancy (linear in ``u`` while few rows are cached, and flattening as the rows fill, where the
-    occupancy itself grows exponentially first): about 6 evaluations on the planner's tables, where Newton on the
-    occupancy took 11 and bisection 56. Also how many ids a cold cache takes to fill. With ``k ≥ r`` (every row
+    occupancy itself grows exponentially first): fewer evaluations than Newton on the occupancy or bisection took
+    (``docs/benchmarks.md``, "Time limit"). Also how many ids a cold cache takes to fill. With ``k ≥ r`` (every row
     cached) the root is at infinity and the figure is only some large ``T``: the hit rate is 1 there."""
     k = cached_rows(num_rows, cache_fraction)
     total = generalized_harmonic(num_rows, access_skew)
@@ -212,10 +212,9 @@ def cache_hit_rate(num_rows: int, cache_fraction: float | None, access_skew: flo
     Che's approximation of LRU, ``h = Σ_i p_i·(1 − e^(−p_i·T))`` with ``T`` from ``Σ_i (1 − e^(−p_i·T)) = k``
     (:func:`lru_characteristic_time`: a row is cached if it was looked up in the last ``T`` ids), at least ``f``.
     It is below the head mass ``H(k, s) / H(r, s)`` of a cache that would keep the ``k`` hottest rows (LFU with
-    perfect counts): LRU also keeps cold rows looked up lately. Measured with the executor's 32-way set-associative
-    LRU cache (``clients/row_cache.py``; ``benchmarks/port_measured.py run --parts hitrate``) over Zipf 0.8–1.2 and
-    caches of 5–20 % of 2·10⁴–10⁵ rows, it is within 0.3 points of this; the head mass over-predicted by up to 14
-    points (at Zipf 0.8).
+    perfect counts): LRU also keeps cold rows looked up lately. Against the executor's 32-way set-associative LRU
+    cache (``clients/row_cache.py``; ``benchmarks/port_measured.py run --parts hitrate``) this is the closer of the
+    two: ``docs/truth.md``, "The cache's hit rate".
     """
     f = cache_fraction or 0.0
     if f <= 0:

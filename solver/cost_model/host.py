@@ -14,8 +14,8 @@ the pace. A profile calibrated on graphed steps (``overheads.graphed_steps``, ``
 each step captured once as a CUDA graph and replayed, ``clients/graphed.py``) has no such overlap to price: the host
 enqueues a replay in microseconds, and the floor, fitted on small models' replays, is the device time of the small
 kernels a step runs (a few microseconds each however little each does), which adds to the work — the step is
-``compute + comm + host`` (:class:`RankStep`; on one H200, graphed, the sum fitted the fit half of
-``benchmarks/truth.py`` at a median 4.3 % where the larger of the two gave 6.1 %, ``docs/truth.md``). But for its
+``compute + comm + host`` (:class:`RankStep`; on graphed steps the sum fitted ``benchmarks/truth.py``'s
+measurements better than the larger of the two: ``docs/truth.md``, "The verdict"). But for its
 groups term the floor does not depend on the plan, so it changes no ranking; it raises the predicted step and the
 bound alike. The groups term is charged where a plan is priced (evaluate, the breakdown), not
 by the searches, whose bounds stay bounds (the term is never negative).

@@ -8,8 +8,8 @@ what it holds while the update runs is index work: the bag of each id (saved fro
 data_parallel copy keeps a dense gradient ``r·c·b`` (all-reduced). The executor's compatible mode (no embedding
 optimizer: row-sparse gradients for an optimizer of the user's choice) keeps ``u·(c·4 + 8)`` more per shard, fp32
 values and an int64 index for each touched row, ``u = r·(1 − e^(−n/r))`` (:func:`touched_rows`): not charged
-(measured on an H200, the fast path's peak is within 10 % of this prediction, ``docs/truth.md``; the row-sparse
-gradient was up to 31 % of it);
+(how close the fast path's measured peak comes to this prediction, and what the row-sparse gradient added:
+``docs/truth.md``, "The cost model's measured figures");
 buffers ``n·8 + (bags)·8 + 2·o·c·ob`` (int64 ids and bag lengths in, pooled output out, output gradient back).
 
 Where each part lives depends on the placement and on the executor that runs the plan.  TorchRec runs it through
