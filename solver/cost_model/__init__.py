@@ -47,7 +47,6 @@ from shardwise.solver.cost_model.compute import (
     host_shard_bytes,
     host_update_bytes,
     optimizer_update_bytes,
-    shard_compute,
     shard_compute_ms,
     shard_computes,
 )
@@ -162,7 +161,6 @@ __all__ = [
     "round_up",
     "shard_comm",
     "shard_comm_ms",
-    "shard_compute",
     "shard_compute_ms",
     "shard_computes",
     "shard_group_key",

@@ -24,13 +24,13 @@ writing them across the host link. What crosses it (:func:`host_shard_bytes`): t
 the update's read and write of each *distinct* row with its per-weight state — ``n·b_r + d·(2·b_r + state)`` with
 ``d`` the distinct rows among the ``n`` ids under the table's ``access_skew`` (:func:`distinct_rows`; Zipf 1.1 over
 12 M rows: a quarter of 327,680 ids); rowwise_adagrad's row-wise state is on the device, read and written in HBM.
-(Charging the update per id, as the HBM formula above does, over-predicted a 12 M-row table's zero-copy step on an
-H200 by 1.6×: 9.4 ms against 5.8 measured, ``docs/truth.md``.) That is device time, not host time: a ``host``
+(Charging the update per id, as the HBM formula above does, over-predicted a large table's measured zero-copy step:
+``docs/truth.md``, "The cost model's measured figures".) That is device time, not host time: a ``host``
 shard adds nothing to the rank's host time. ``host_lookup = host_shard_us + n·(host_ns_per_id +
 c·b·host_ns_per_row_byte)`` (the profile's ``overheads``, zero until calibrated: ``shardwise calibrate`` fits what
 host placement adds to a step) is a measured floor: the shard's compute time is the larger of the reads and it. (The
-executor's earlier CPU lookup, ``apply_plan(host_access="cpu")``, measured 4–8× slower than zero-copy on an H200 and
-is not priced.)
+executor's earlier CPU lookup, ``apply_plan(host_access="cpu")``, measured slower than zero-copy — ``docs/truth.md``,
+"Host rows read from the GPU" — and is not priced.)
 
 Cache fetches (:func:`cache_fetch_ms`)
 -------------------------------------
@@ -44,18 +44,17 @@ touch (:func:`touched_rows`) and ``m = u·(1 − h)`` those missing:
 ``fetch = cache_fetch_us + 2·m·cache_fetch_ns_per_row`` (the profile's ``overheads``, zero until calibrated). ``2·m``
 rows move: each missing row copied in evicts one, and in training every row in the cache is dirty (the fused update
 marks each row it updates, and every row a training step fetches is updated), so each eviction writes one back.
-(Measured on one H200, ``docs/truth.md``: the port's cached tables moved 0.99 of their ``n·(1 − h)`` misses as
-distinct rows, a row missed twice in one batch being fetched once; ``m`` is within 1–6 % of the rows the fetch
-benchmark copied in; the fit on the Triton fetch: 0.9–1.2 ms + 10.6–11.3 ns a row moved.) The executor fetches once
-per cached *group* of a rank (its ``uvm_cache`` shards of one dtype, width and optimizer), the model once per shard:
-it charges ``cache_fetch_us`` once too many per extra shard of a group.
+(How ``m`` compares with the rows the executor fetched, a row missed twice in one batch being fetched once, and
+the figures fitted on its Triton fetch: ``docs/truth.md``, "The cost model's measured figures".) The executor
+fetches once per cached *group* of a rank (its ``uvm_cache`` shards of one dtype, width and optimizer), the model
+once per shard: it charges ``cache_fetch_us`` once too many per extra shard of a group.
 
 The host waits for the fetch (it synchronises) and the device for its rows, so a calibrated ``uvm_cache`` shard's
 compute time is shardwise's — every gather from HBM, the fill, the streams and the sort, plus ``fetch`` — and the
 rank's host time carries ``fetch`` too; a step's ``max(compute + comm, host)`` then overlaps the fetch with neither
 (the executor's overlapped prefetch, which can, is not priced: it measured slower on the host-bound steps it was
-tried on). Uncalibrated (no measurement of the executor's fetch), the shard is priced as FBGEMM runs it, its misses
-read over the host link.
+tried on, ``docs/truth.md``, "The executor made to run the plan as priced"). Uncalibrated (no measurement of the
+executor's fetch), the shard is priced as FBGEMM runs it, its misses read over the host link.
 """
 
 from __future__ import annotations
@@ -108,31 +107,6 @@ class ShardCompute:
     total: float
 
 
-def shard_compute(
-    table: EmbeddingTableSpec,
-    *,
-    sharding: ST,
-    num_rows: int,
-    num_cols: int,
-    placement: Placement,
-    cache_fraction: float | None,
-    profile: HardwareProfile,
-    batch: int,
-    world: int,
-) -> ShardCompute:
-    """Forward + backward lookup and update time of one shard on ``profile``, by phase (module docstring)."""
-    return shard_computes(
-        table,
-        sharding=sharding,
-        num_rows=num_rows,
-        num_cols=num_cols,
-        placements=((placement, cache_fraction),),
-        profile=profile,
-        batch=batch,
-        world=world,
-    )[0]
-
-
 def shard_compute_ms(
     table: EmbeddingTableSpec,
     *,
@@ -145,18 +119,18 @@ def shard_compute_ms(
     batch: int,
     world: int,
 ) -> float:
-    """:func:`shard_compute`'s total."""
-    return shard_compute(
+    """Forward + backward lookup and update time of one shard on ``profile`` (module docstring): the total of its
+    :class:`ShardCompute` (:func:`shard_computes`)."""
+    return shard_computes(
         table,
         sharding=sharding,
         num_rows=num_rows,
         num_cols=num_cols,
-        placement=placement,
-        cache_fraction=cache_fraction,
+        placements=((placement, cache_fraction),),
         profile=profile,
         batch=batch,
         world=world,
-    ).total
+    )[0].total
 
 
 def shard_computes(
@@ -170,8 +144,8 @@ def shard_computes(
     batch: int,
     world: int,
 ) -> list[ShardCompute]:
-    """:func:`shard_compute` of one shard under each of ``placements``: the bytes it gathers and streams are worked
-    out once."""
+    """A shard's :class:`ShardCompute` under each of ``placements`` (module docstring): the bytes it gathers and
+    streams are worked out once."""
     t = shard_traffic(table, sharding, num_rows, batch, world)
     g = profile.memory_access_granularity_bytes
     row = round_up(num_cols * table.dtype.nbytes, g)  # forward reads each id's row

@@ -21,8 +21,8 @@ import pytest
 from shardwise.hwprofiles import HardwareProfile, get_profile
 from shardwise.solver import cost_model as cm
 from shardwise.solver.cost_model import hitrate
-from shardwise.solver.evaluate import shard_cost
 from shardwise.solver.kernels import KERNEL_LAUNCH_S, Gemm, choose
+from shardwise.solver.pricing import shard_cost
 from shardwise.solver.topology import Topology
 from shardwise.wire import executor
 from shardwise.wire.spec import DenseLayerSpec, DenseStyle, Dtype, EmbeddingTableSpec, FleetSpec, Placement
