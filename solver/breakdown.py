@@ -67,12 +67,15 @@ Part = tuple[str, str, float]  # (term, link "intra" | "inter", ms)
 
 
 def compute_parts(c: cm.ShardCompute) -> dict[str, float]:
-    """A shard's compute as terms (ms; they sum to its total)."""
+    """A shard's compute as terms (ms; they sum to its total). It must have been priced with its phases."""
+    p = c.phases
+    if p is None:
+        raise ValueError("a shard priced without its phases has no compute terms")
     return {
-        "lookup_fwd": c.lookup_fwd,
-        "lookup_bwd": c.lookup_bwd,
-        "update": c.update,
-        "host_lookup": c.host_lookup,
+        "lookup_fwd": p.lookup_fwd,
+        "lookup_bwd": p.lookup_bwd,
+        "update": p.update,
+        "host_lookup": p.host_lookup,
         "cache_fetch": c.cache_fetch,
     }
 
@@ -109,7 +112,9 @@ def _vector(compute: dict[str, float], comm: Sequence[Part], host_ms: float = 0.
 
 
 def shard_vector(c: ShardCost) -> Vector:
-    """One shard's row: its terms, its links, its host work."""
+    """One shard's row: its terms, its links, its host work (a shard priced with its phases)."""
+    if c.comm is None:
+        raise ValueError("a shard priced without its phases has no communication terms")
     return _vector(compute_parts(c.compute), comm_parts(c.comm), c.host_ms)
 
 

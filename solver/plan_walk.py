@@ -242,6 +242,7 @@ def _walk(
                     cls=topo.classes[ci],
                     batch=B,
                     group=group,
+                    phases=sink is not None,
                 )
                 _add_shard(ranks, members, c)
                 if (total := c.total_ms) > slowest_ms:

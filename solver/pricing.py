@@ -27,19 +27,17 @@ from shardwise.wire.spec import (
 
 @dataclass(frozen=True, slots=True)
 class ShardCost:
-    """One shard on its rank: its memory, and its device time by phase and collective (the cost model's parts)."""
+    """One shard on its rank: its memory, its compute and its communication — by phase and collective (the cost
+    model's parts) where priced with ``phases``, else their totals alone."""
 
     memory: cm.ShardMemory
     compute: cm.ShardCompute
-    comm: cm.ShardComm
+    comm_ms: float
+    comm: cm.ShardComm | None = None  # with phases
 
     @property
     def compute_ms(self) -> float:
         return self.compute.total
-
-    @property
-    def comm_ms(self) -> float:
-        return self.comm.total
 
     @property
     def host_ms(self) -> float:
@@ -64,9 +62,11 @@ def shard_cost(
     cls: DeviceClass,
     batch: int,
     group: Iterable[int] | None = None,
+    phases: bool = False,
 ) -> ShardCost:
     """Memory and time of one shard of ``table`` on a GPU of class ``cls`` with ``batch`` samples per GPU;
-    ``group`` = ranks sharing the table's rows.
+    ``group`` = ranks sharing the table's rows; ``phases``: its compute by phase too (what the breakdown reads; the
+    solvers read totals alone).
 
     Everything after the table is keyword-only: a shard's shape is five values of which three are numbers or None,
     and a positional call that swaps two of them still type-checks and prices the wrong shard.
@@ -81,6 +81,7 @@ def shard_cost(
         cls=cls,
         batch=batch,
         group=group,
+        phases=phases,
     )[0]
 
 
@@ -95,6 +96,7 @@ def shard_costs(
     cls: DeviceClass,
     batch: int,
     group: Iterable[int] | None = None,
+    phases: bool = False,
 ) -> list[ShardCost]:
     """:func:`shard_cost` of one shard under each of ``placements`` (a placement with its cache fraction): what does
     not depend on the placement — the communication, the bytes the shard moves — is worked out once. The candidate
@@ -121,10 +123,12 @@ def shard_costs(
         profile=cls.profile,
         batch=batch,
         world=W,
+        phases=phases,
     )
     ctx = topo.context(cls, batch, group if sharding in (ShardingType.row_wise, ShardingType.table_row_wise) else None)
-    comm = cm.shard_comm(table, sharding, num_rows, num_cols, ctx)
-    return [ShardCost(memory=m, compute=c, comm=comm) for m, c in zip(memories, computes, strict=True)]
+    comm_ms = cm.shard_comm_ms(table, sharding, num_rows, num_cols, ctx)
+    comm = cm.shard_comm(table, sharding, num_rows, num_cols, ctx) if phases else None
+    return [ShardCost(m, c, comm_ms, comm) for m, c in zip(memories, computes, strict=True)]
 
 
 def data_side(topo: Topology, batch: int, table: EmbeddingTableSpec, cls: DeviceClass) -> cm.DataSide:

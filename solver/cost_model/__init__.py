@@ -41,6 +41,7 @@ from shardwise.solver.cost_model.comm import (
     table_data_side_ms,
 )
 from shardwise.solver.cost_model.compute import (
+    ComputePhases,
     ShardCompute,
     cache_fetch_ms,
     host_lookup_ms,
@@ -118,6 +119,7 @@ __all__ = [
     "ROW_INDEX_BYTES",
     "WEIGHT_BYTES",
     "CommContext",
+    "ComputePhases",
     "DataSide",
     "DenseCost",
     "Link",

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 from shardwise.hwprofiles import HardwareProfile
 from shardwise.solver.cost_model.links import NO_LINK, CommContext, Link, hierarchical, split_transfer
@@ -65,64 +66,68 @@ from shardwise.wire.spec import (
 from shardwise.wire.spec import ShardingType as ST
 
 
-@dataclass(frozen=True, slots=True)
-class ShardComm:
-    """Owner-side communication of one shard per step, ms by collective and link (module docstring): the ids'
+class ShardComm(NamedTuple):
+    """Owner-side communication of one shard per step by collective and link (module docstring): the ids'
     all-to-all, the pooled rows' all-to-all (forward, and its gradient backward), the row shards' reduce-scatter
-    (forward) and all-gather (backward), a data-parallel copy's all-reduce, a 2D plan's replica sync (over the NIC).
+    (forward) and all-gather (backward), a data-parallel copy's all-reduce, a 2D plan's replica sync (over the NIC);
+    each in ms as a property, kept in seconds (``*_s``) as the formula computes them.
 
-    ``total`` is the collectives' seconds summed in the order the formula adds them, then in ms: the arithmetic every
-    solver has priced a shard with (the parts add up to it but for the rounding of the float sums)."""
+    ``total`` (ms) is the collectives' seconds summed in the order the formula adds them, then in ms: the arithmetic
+    every solver has priced a shard with (the parts add up to it but for the rounding of the float sums). A named
+    tuple, as :class:`~shardwise.solver.cost_model.links.Link` is."""
 
     total: float = 0.0
-    input_a2a: Link = NO_LINK
-    output_a2a: Link = NO_LINK
-    reduce_scatter: Link = NO_LINK
-    all_reduce: Link = NO_LINK
-    replica_sync: Link = NO_LINK
+    input_a2a_s: Link = NO_LINK
+    output_a2a_s: Link = NO_LINK
+    reduce_scatter_s: Link = NO_LINK
+    all_reduce_s: Link = NO_LINK
+    replica_sync_s: Link = NO_LINK
+
+    @property
+    def input_a2a(self) -> Link:
+        return self.input_a2a_s.scaled(MS)
+
+    @property
+    def output_a2a(self) -> Link:
+        return self.output_a2a_s.scaled(MS)
+
+    @property
+    def reduce_scatter(self) -> Link:
+        return self.reduce_scatter_s.scaled(MS)
+
+    @property
+    def all_reduce(self) -> Link:
+        return self.all_reduce_s.scaled(MS)
+
+    @property
+    def replica_sync(self) -> Link:
+        return self.replica_sync_s.scaled(MS)
 
 
-def _in_ms(
-    seconds: float,
-    input_a2a: Link = NO_LINK,
-    output_a2a: Link = NO_LINK,
-    reduce_scatter: Link = NO_LINK,
-    all_reduce: Link = NO_LINK,
-    replica_sync: Link = NO_LINK,
-) -> ShardComm:
-    """A :class:`ShardComm` from its total and its parts in seconds."""
-    return ShardComm(
-        seconds * MS,
-        input_a2a.scaled(MS),
-        output_a2a.scaled(MS),
-        reduce_scatter.scaled(MS),
-        all_reduce.scaled(MS),
-        replica_sync.scaled(MS),
-    )
-
-
-@lru_cache(maxsize=1 << 16)
 def shard_comm(table: EmbeddingTableSpec, sharding: ST, num_rows: int, num_cols: int, ctx: CommContext) -> ShardComm:
-    """Owner-side communication of one shard per step, by collective and link (module docstring)."""
+    """Owner-side communication of one shard per step, by collective and link (module docstring). Not cached: the
+    solvers read :func:`shard_comm_ms`, whose cache keeps floats (the garbage collector does not walk them; some
+    20,000 cached parts did, and cost the greedy at 1,000 × 512 a tenth of a second)."""
     W = ctx.world_size
     t = shard_traffic(table, sharding, num_rows, ctx.batch_size, W)
     sync = NO_LINK
     if sharding is not ST.data_parallel and ctx.replicas > 1:  # one-rank groups too: the sync alone
         sync = Link(inter=replica_sync_s(table, t.ids, num_rows, num_cols, ctx))
     if W <= 1:
-        return _in_ms(sync.total, replica_sync=sync)
+        return ShardComm(sync.total * MS, replica_sync_s=sync)
     ob = out_bytes(table.dtype)
     moved = (W - 1) / W
     if sharding is ST.data_parallel:  # over the whole fleet: H·R hosts
         grad = num_rows * num_cols * table.dtype.nbytes
         hosts = ctx.num_hosts * ctx.replicas
         ar = hierarchical(grad, ctx.gpus_per_host, hosts, ctx.intra_bw, ctx.inter_bw).scaled(2)
-        return _in_ms(ar.total, all_reduce=ar)
+        return ShardComm(ar.total * MS, all_reduce_s=ar)
     ids = split_transfer((t.ids * id_bytes(table) + t.bags * LENGTH_BYTES) * moved, ctx)
     partial = t.out_rows * num_cols * ob
     if sharding in (ST.table_wise, ST.column_wise) or table.pooling is Pooling.none:
         out = split_transfer(partial * moved, ctx).scaled(2)
-        return _in_ms(ids.total + out.total + sync.total, input_a2a=ids, output_a2a=out, replica_sync=sync)
+        seconds = ids.total + out.total + sync.total
+        return ShardComm(seconds * MS, input_a2a_s=ids, output_a2a_s=out, replica_sync_s=sync)
     k = max(ctx.group_size, 1)
     h = max(ctx.group_hosts, 1)
     per_host = max(k // h, 1)
@@ -132,12 +137,12 @@ def shard_comm(table: EmbeddingTableSpec, sharding: ST, num_rows: int, num_cols:
     if k < W:  # the group's pooled rows still have to reach every rank
         out = split_transfer(partial / k * moved, ctx).scaled(2)
         seconds += out.total
-    return _in_ms(seconds, input_a2a=ids, output_a2a=out, reduce_scatter=rs, replica_sync=sync)
+    return ShardComm(seconds * MS, ids, out, rs, replica_sync_s=sync)
 
 
 @lru_cache(maxsize=1 << 16)
 def shard_comm_ms(table: EmbeddingTableSpec, sharding: ST, num_rows: int, num_cols: int, ctx: CommContext) -> float:
-    """:func:`shard_comm`'s total."""
+    """:func:`shard_comm`'s total, cached (the candidates of one table share their shapes' communication)."""
     return shard_comm(table, sharding, num_rows, num_cols, ctx).total
 
 

@@ -60,7 +60,7 @@ executor's fetch), the shard is priced as FBGEMM runs it, its misses read over t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from shardwise.hwprofiles import HardwareProfile
 from shardwise.solver.cost_model.hitrate import cache_hit_rate, distinct_rows
@@ -84,27 +84,34 @@ def optimizer_update_bytes(optimizer: Optimizer, cols: int, granularity: int) ->
     return (2.0 if optimizer is Optimizer.adagrad else 4.0) * per
 
 
-@dataclass(frozen=True, slots=True)
-class ShardCompute:
-    """Device time of one shard per step, ms by phase (module docstring): ``lookup_fwd`` gathers its rows and writes
-    the pooled outputs (a ``uvm_cache`` shard's misses written into its cache too); ``lookup_bwd`` reads the output
-    gradient and sorts the ids (a data-parallel copy writes its dense gradient); ``update`` reads and writes each
-    id's row and optimizer state (a data-parallel copy streams its weights and state); ``host_lookup`` what a
-    ``host`` shard's measured host term takes beyond those; ``cache_fetch`` a ``uvm_cache`` shard's synchronous
-    fetch on shardwise's executor (also host time).
-
-    ``total`` is the shard's whole traffic timed at once — its gathers, reads over the host link and streams each
-    summed over the phases, then divided by their bandwidths — which the phases split: they add up to it but for
-    the rounding of the float sums (within 1e-9). Timing the whole is the arithmetic every solver has priced a
-    shard with; summing the phases' times instead moves a total by an ulp, which the solvers' integer scaling can
-    turn into another plan."""
+class ComputePhases(NamedTuple):
+    """A shard's device time by phase, ms (module docstring): ``lookup_fwd`` gathers its rows and writes the pooled
+    outputs (a ``uvm_cache`` shard's misses written into its cache too); ``lookup_bwd`` reads the output gradient and
+    sorts the ids (a data-parallel copy writes its dense gradient); ``update`` reads and writes each id's row and
+    optimizer state (a data-parallel copy streams its weights and state); ``host_lookup`` what a ``host`` shard's
+    measured host term takes beyond those."""
 
     lookup_fwd: float
     lookup_bwd: float
     update: float
     host_lookup: float
-    cache_fetch: float
+
+
+class ShardCompute(NamedTuple):
+    """Device time of one shard per step, ms: its ``total``, a ``uvm_cache`` shard's synchronous fetch on shardwise's
+    executor (``cache_fetch``, also host time) and, where asked for, its :class:`ComputePhases`.
+
+    ``total`` is the shard's whole traffic timed at once — its gathers, reads over the host link and streams each
+    summed over the phases, then divided by their bandwidths — which the phases and the fetch split: they add up to
+    it but for the rounding of the float sums (within 1e-9). Timing the whole is the arithmetic every solver has
+    priced a shard with; summing the phases' times instead moves a total by an ulp, which the solvers' integer
+    scaling can turn into another plan. The phases are worked out only where they are read (the breakdown): the
+    solvers price some 50,000 candidates a plan and read totals alone — hence also a named tuple, which costs half a
+    frozen dataclass to build."""
+
     total: float
+    cache_fetch: float = 0.0
+    phases: ComputePhases | None = None
 
 
 def shard_compute_ms(
@@ -130,6 +137,7 @@ def shard_compute_ms(
         profile=profile,
         batch=batch,
         world=world,
+        phases=False,
     )[0].total
 
 
@@ -143,9 +151,10 @@ def shard_computes(
     profile: HardwareProfile,
     batch: int,
     world: int,
+    phases: bool = True,
 ) -> list[ShardCompute]:
-    """A shard's :class:`ShardCompute` under each of ``placements`` (module docstring): the bytes it gathers and
-    streams are worked out once."""
+    """A shard's :class:`ShardCompute` under each of ``placements`` (module docstring), with its phases unless
+    ``phases`` is false: the bytes it gathers and streams are worked out once."""
     t = shard_traffic(table, sharding, num_rows, batch, world)
     g = profile.memory_access_granularity_bytes
     row = round_up(num_cols * table.dtype.nbytes, g)  # forward reads each id's row
@@ -162,44 +171,47 @@ def shard_computes(
         bwd_extra = upd_stream = 0
         sort_ms = t.ids * profile.overheads.sort_ns_per_id * 1e-6
     per_id = row + upd_row  # integers: every association of the phases' bytes is exact
-    streams = 2 * out_stream + (bwd_extra + upd_stream)
+    fwd_g, upd_g, all_g = t.ids * row, t.ids * upd_row, t.ids * per_id  # gathered bytes: forward, update, both
     hbm_gather = profile.hbm_bandwidth_bytes_per_s * profile.achieved.embedding_gather
     hbm_stream = profile.hbm_bandwidth_bytes_per_s * profile.achieved.memory_bound
     link = profile.host_link_bytes_per_s * profile.achieved.host_link
-
-    def ms(hbm: float, host_link: float, stream: float) -> float:
-        """Gathers from HBM, reads over the host link, streams through HBM: milliseconds."""
-        return (hbm / hbm_gather + (host_link / link if host_link else 0.0) + stream / hbm_stream) * MS
-
-    bwd_ms = ms(0.0, 0.0, out_stream + bwd_extra) + sort_ms
+    fwd_stream_s, upd_stream_s = out_stream / hbm_stream, upd_stream / hbm_stream
+    streams_s = (2 * out_stream + (bwd_extra + upd_stream)) / hbm_stream  # every phase's streams
+    bwd = (out_stream + bwd_extra) / hbm_stream * MS + sort_ms
     out = []
     for placement, cache_fraction in placements:
-        fetch = host_ms = 0.0
-        if placement is Placement.hbm:  # (hbm bytes, host link bytes) of the forward, the update, the whole shard
-            fwd, upd, whole = (t.ids * row, 0.0), (t.ids * upd_row, 0.0), (t.ids * per_id, 0.0)
+        # per placement: the forward's and the update's seconds, and the whole shard's (its bytes summed, then timed)
+        fetch = 0.0
+        if placement is Placement.hbm:
+            fwd_s, upd_s = fwd_g / hbm_gather, upd_g / hbm_gather
+            whole_s = all_g / hbm_gather
         elif placement is Placement.host:  # zero-copy: what crosses the host link (module docstring, "Host shards")
             link_bytes, device_bytes = host_update_bytes(table, num_rows, num_cols, t.ids, row, g)
-            fwd, upd = (0.0, t.ids * row), (device_bytes, link_bytes)
-            whole = (device_bytes, t.ids * row + link_bytes)
-            host_ms = host_lookup_ms(table, sharding, num_rows, num_cols, profile, batch, world)
+            fwd_s, upd_s = fwd_g / link, device_bytes / hbm_gather + link_bytes / link
+            whole_s = device_bytes / hbm_gather + (fwd_g + link_bytes) / link
         else:
             fetch = cache_fetch_ms(table, sharding, num_rows, cache_fraction, profile, batch, world)
             hit = cache_hit_rate(num_rows, cache_fraction, table.access_skew)
             miss = 1.0 - hit
             fill = t.ids * miss * row  # misses written into the cache
             if fetch:  # shardwise's executor, calibrated: its fetch, then every gather from HBM
-                fwd, upd, whole = (t.ids * row + fill, 0.0), (t.ids * upd_row, 0.0), (t.ids * per_id + fill, 0.0)
+                fwd_s, upd_s = (fwd_g + fill) / hbm_gather, upd_g / hbm_gather
+                whole_s = (all_g + fill) / hbm_gather
             else:  # as FBGEMM runs it: hits from HBM, misses over the host link
-                fwd = (t.ids * row * hit + fill, t.ids * row * miss)
-                upd = (t.ids * upd_row * hit, t.ids * upd_row * miss)
-                whole = (t.ids * per_id * hit + fill, t.ids * per_id * miss)
-        total = ms(*whole, streams) + fetch + sort_ms
-        phases = ms(*fwd, out_stream), bwd_ms, ms(*upd, upd_stream)
+                fwd_s = (fwd_g * hit + fill) / hbm_gather + fwd_g * miss / link
+                upd_s = upd_g * hit / hbm_gather + upd_g * miss / link
+                whole_s = (all_g * hit + fill) / hbm_gather + all_g * miss / link
+        total = reads = (whole_s + streams_s) * MS + fetch + sort_ms
         lookup = 0.0
-        if host_ms > total:  # a host shard: the larger of its reads and the measured host term
-            total = host_ms
-            lookup = host_ms - sum(phases)
-        out.append(ShardCompute(*phases, host_lookup=lookup, cache_fetch=fetch, total=total))
+        if placement is Placement.host:  # the larger of its reads and the measured host term
+            lookup = host_lookup_ms(table, sharding, num_rows, num_cols, profile, batch, world)
+            total = max(reads, lookup)
+        split = None
+        if phases:
+            fwd, upd = (fwd_s + fwd_stream_s) * MS, (upd_s + upd_stream_s) * MS
+            beyond = max(0.0, lookup - (fwd + bwd + upd)) if lookup > reads else 0.0
+            split = ComputePhases(fwd, bwd, upd, beyond)
+        out.append(ShardCompute(total, fetch, split))
     return out
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from shardwise.hwprofiles import HardwareProfile
 from shardwise.wire.spec import SparseSync
@@ -73,12 +74,11 @@ class CommContext:
         return (self.world_size - self.gpus_per_host) / (self.world_size - 1)
 
 
-@dataclass(frozen=True, slots=True)
-class Link:
+class Link(NamedTuple):
     """A time by the link that carries it: ``intra`` over the host's scale-up fabric, ``inter`` over the NIC (in the
     unit of what made it: seconds from :func:`split_transfer` and :func:`hierarchical`, ms in the cost model's
     parts). A hierarchical collective's two stages add up; a split transfer's parts run in parallel, so it lasts as
-    long as the slower one and sits on that one's link alone."""
+    long as the slower one and sits on that one's link alone. (A named tuple: the cheapest frozen value to build.)"""
 
     intra: float = 0.0
     inter: float = 0.0
