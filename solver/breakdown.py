@@ -86,13 +86,7 @@ def _links(term: str, link: cm.Link) -> list[Part]:
 
 def comm_parts(c: cm.ShardComm) -> list[Part]:
     """A shard's communication as terms by link (ms; they sum to its total)."""
-    return [
-        *_links("input_a2a", c.input_a2a),
-        *_links("output_a2a", c.output_a2a),
-        *_links("reduce_scatter", c.reduce_scatter),
-        *_links("all_reduce", c.all_reduce),
-        *_links("replica_sync", c.replica_sync),
-    ]
+    return [part for term, link in c.collectives_ms() for part in _links(term, link)]
 
 
 def data_side_parts(side: cm.DataSide) -> list[Part]:

@@ -2,8 +2,8 @@
 
 :func:`~shardwise.solver.evaluate.evaluate` takes the totals (memory, compute, communication, host time, the step
 of each rank) and :func:`~shardwise.solver.breakdown.step_breakdown` the parts, through a :class:`PartsSink` that
-receives each priced piece with the ranks it lands on; without one the walk keeps no parts (the solvers evaluate
-often). The walk (:func:`walk`):
+receives each priced piece with the ranks it lands on; without one the shards are priced without their phases and
+the walk keeps no parts (the solvers evaluate often). The walk (:func:`walk`):
 
 * each table's shards by shape — rows, columns, placement and cache fraction — and by the device class of their
   ranks: one shape on one class is priced once (:func:`~shardwise.solver.pricing.shard_costs`), a row-sharded

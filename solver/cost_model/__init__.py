@@ -13,6 +13,19 @@ a table has ``R`` rows, ``D`` columns, ``b`` bytes per weight, ``F`` features, `
 a shard holds ``r`` rows × ``c`` columns; it serves ``n`` ids and writes ``o`` output rows a step
 (:mod:`~shardwise.solver.cost_model.traffic`).
 
+Parts and totals
+----------------
+The cost model returns what it prices as small frozen values with a total, as TorchRec's planner ``Perf`` does: a
+shard's compute (:class:`ShardCompute`: the total, the cache fetch, and where asked for its
+:class:`ComputePhases` — lookup forward, lookup backward, update, host lookup), its communication
+(:class:`ShardComm`: input and output all-to-all, reduce-scatter, all-reduce, replica sync, each a :class:`Link`,
+intra- and inter-host), a rank's own ids and pooled rows of a sharded table (:class:`DataSide`), a dense layer
+(:class:`DenseCost`: memory, compute, collectives by link), a rank's step (:class:`RankStep`: compute,
+communication, latency, host floor, host work). The scalar functions (``shard_compute_ms``, ``shard_comm_ms``,
+``table_data_side_ms``, …) are their totals. Each total is computed as the formula always computed it, which the
+parts split: they add up to it but for the rounding of float sums — the solvers scale times to integers, and an ulp
+there can move a plan.
+
 The modules
 -----------
 * :mod:`~shardwise.solver.cost_model.traffic` — the ids a shard serves, the rows it writes, byte sizes;

@@ -70,7 +70,7 @@ class ShardComm(NamedTuple):
     """Owner-side communication of one shard per step by collective and link (module docstring): the ids'
     all-to-all, the pooled rows' all-to-all (forward, and its gradient backward), the row shards' reduce-scatter
     (forward) and all-gather (backward), a data-parallel copy's all-reduce, a 2D plan's replica sync (over the NIC);
-    each in ms as a property, kept in seconds (``*_s``) as the formula computes them.
+    each kept in seconds (``*_s``) as the formula computes them, in ms by :meth:`collectives_ms`.
 
     ``total`` (ms) is the collectives' seconds summed in the order the formula adds them, then in ms: the arithmetic
     every solver has priced a shard with (the parts add up to it but for the rounding of the float sums). A named
@@ -83,25 +83,12 @@ class ShardComm(NamedTuple):
     all_reduce_s: Link = NO_LINK
     replica_sync_s: Link = NO_LINK
 
-    @property
-    def input_a2a(self) -> Link:
-        return self.input_a2a_s.scaled(MS)
-
-    @property
-    def output_a2a(self) -> Link:
-        return self.output_a2a_s.scaled(MS)
-
-    @property
-    def reduce_scatter(self) -> Link:
-        return self.reduce_scatter_s.scaled(MS)
-
-    @property
-    def all_reduce(self) -> Link:
-        return self.all_reduce_s.scaled(MS)
-
-    @property
-    def replica_sync(self) -> Link:
-        return self.replica_sync_s.scaled(MS)
+    def collectives_ms(self) -> list[tuple[str, Link]]:
+        """Each collective — ``input_a2a``, ``output_a2a``, ``reduce_scatter``, ``all_reduce``, ``replica_sync`` —
+        with its ms by link."""
+        return [
+            (name.removesuffix("_s"), link.scaled(MS)) for name, link in zip(self._fields[1:], self[1:], strict=True)
+        ]
 
 
 def shard_comm(table: EmbeddingTableSpec, sharding: ST, num_rows: int, num_cols: int, ctx: CommContext) -> ShardComm:
