@@ -112,6 +112,13 @@ def shard_vector(c: ShardCost) -> Vector:
     return _vector(compute_parts(c.compute), comm_parts(c.comm), c.host_ms)
 
 
+def _rows(ranks: Sequence[int]) -> slice | list[int]:
+    """``ranks`` as an index of rows: a slice where they are consecutive (a device class's ranks always are)."""
+    if ranks and ranks[-1] - ranks[0] + 1 == len(ranks):
+        return slice(ranks[0], ranks[-1] + 1)
+    return list(ranks)
+
+
 class _Terms:
     """The walk's :class:`~shardwise.solver.plan_walk.PartsSink`: every rank's row of terms, every table's terms
     summed over the ranks it costs."""
@@ -127,12 +134,12 @@ class _Terms:
 
     def data_side(self, table: int, ranks: Sequence[int], side: cm.DataSide) -> None:
         v = _vector({}, data_side_parts(side))
-        self.ranks[list(ranks)] += v
+        self.ranks[_rows(ranks)] += v
         self.fleet[table] += v * len(ranks)
 
     def dense(self, ranks: Sequence[int], cost: cm.DenseCost) -> None:
         comm = _links("dense_comm", cost.comm)
-        self.ranks[list(ranks)] += _vector({"dense_compute": cost.compute_ms}, comm)
+        self.ranks[_rows(ranks)] += _vector({"dense_compute": cost.compute_ms}, comm)
 
     def rank(self, rank: int, step: cm.RankStep, multi_host: bool) -> None:
         row = self.ranks[rank]

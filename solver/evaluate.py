@@ -57,27 +57,31 @@ def evaluate(
     (``sparse_groups`` of more than one group) is priced on group 0, every rank at its position's figures, its host
     memory added up per host of the fleet (:func:`~shardwise.solver.plan_walk.walk`)."""
     w = walk(topo, model, grouped(tables), dense, sparse_groups)
+    t = w.totals
+    hbm, host = t.hbm.tolist(), t.host.tolist()
+    weights, optimizer, gradients = t.weights.tolist(), t.optimizer.tolist(), t.gradients.tolist()
+    buffers, cache, dense_bytes = t.buffers.tolist(), t.cache.tolist(), t.dense.tolist()
     host_used = [0] * topo.num_hosts
     ranks: list[RankPlan] = []
-    for info, a in zip(topo.ranks, w.ranks, strict=True):
-        host_used[info.host] += a.host
-        step = a.the_step()
-        profile = a.info.profile  # a 2D plan's: the rank of group 0 at this position, the same GPU type
+    for info, p in zip(topo.ranks, w.positions, strict=True):
+        host_used[info.host] += host[p]
+        step = t.steps[p]
+        profile = t.info[p].profile  # a 2D plan's: the rank of group 0 at this position, the same GPU type
         ranks.append(
             RankPlan(
                 rank=info.rank,
                 host=info.host,
                 gpu=profile.name,
                 hbm_capacity_bytes=profile.hbm_bytes,
-                hbm_used_bytes=a.hbm,
-                host_memory_used_bytes=a.host,
+                hbm_used_bytes=hbm[p],
+                host_memory_used_bytes=host[p],
                 hbm_breakdown=HbmBreakdown(
-                    weights=a.weights,
-                    optimizer=a.optimizer,
-                    gradients=a.gradients,
-                    buffers=a.buffers,
-                    cache=a.cache,
-                    dense=a.dense,
+                    weights=weights[p],
+                    optimizer=optimizer[p],
+                    gradients=gradients[p],
+                    buffers=buffers[p],
+                    cache=cache[p],
+                    dense=dense_bytes[p],
                 ),
                 predicted_ms=RankTime(
                     compute=round(step.compute_ms, 6),

@@ -29,8 +29,11 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Protocol
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
 
 from shardwise.solver import cost_model as cm
 from shardwise.solver import two_d
@@ -114,33 +117,60 @@ class PartsSink(Protocol):
     def rank(self, rank: int, step: cm.RankStep, multi_host: bool) -> None: ...
 
 
-@dataclass
-class RankWalk:
-    """One rank's totals: its memory by part (bytes), its compute, communication (without the collectives' latency)
-    and host work (ms), its groups of shards, and at the end of the walk its step."""
+class RankTotals:
+    """Every rank's totals, an array per figure indexed by the rank of the priced topology: its memory by part
+    (bytes, int64), its compute, communication (without the collectives' latency) and host work (ms, float64), its
+    groups of shards, and at the end of the walk its step. Arrays, so that what every rank of a class adds (the data
+    side, the dense layers, a copy on each) is one operation: element by element the same additions in the same
+    order as a sum a rank, so the same figures to the bit."""
 
-    info: RankInfo  # of the priced topology (a 2D plan: the rank of group 0 at this position)
-    weights: int = 0
-    optimizer: int = 0
-    gradients: int = 0
-    buffers: int = 0
-    cache: int = 0
-    dense: int = 0
-    host: int = 0  # host memory
-    compute: float = 0.0
-    comm: float = 0.0
-    host_work: float = 0.0  # host time beyond the floor: the cache fetches
-    groups: set[tuple[object, ...]] = field(default_factory=set)
-    step: cm.RankStep | None = None
+    def __init__(self, ranks: Sequence[RankInfo]) -> None:
+        n = len(ranks)
+        self.info = list(ranks)
+        self.weights, self.optimizer, self.gradients = _ints(n), _ints(n), _ints(n)
+        self.buffers, self.cache, self.dense, self.host = _ints(n), _ints(n), _ints(n), _ints(n)  # host: its memory
+        self.compute, self.comm, self.host_work = _floats(n), _floats(n), _floats(n)  # host_work: the cache fetches
+        self.groups: list[set[tuple[object, ...]]] = [set() for _ in range(n)]
+        self.steps: list[cm.RankStep] = []
 
     @property
-    def hbm(self) -> int:
-        return self.weights + self.optimizer + self.gradients + self.buffers + self.cache + self.dense
+    def hbm(self) -> npt.NDArray[np.int64]:
+        out: npt.NDArray[np.int64] = self.weights + self.optimizer + self.gradients + self.buffers + self.cache
+        return out + self.dense
 
-    def the_step(self) -> cm.RankStep:
-        if self.step is None:
-            raise ValueError(f"rank {self.info.rank}: the walk has not reached its step")
-        return self.step
+    def add_shard(self, members: Sequence[int], c: ShardCost) -> None:
+        m = c.memory
+        at: int | slice | list[int] = members[0] if len(members) == 1 else list(members)
+        lo, hi = members[0], members[-1] + 1
+        if len(members) > 1 and hi - lo == len(members) and at == list(range(lo, hi)):
+            at = slice(lo, hi)  # consecutive ranks (a copy on every rank of a class)
+        if isinstance(at, list):  # add.at: a rank listed twice (two shards of one shape) adds twice, as it holds both
+            for arr, value in self._figures(m, c):
+                np.add.at(arr, at, value)
+        else:
+            for arr, value in self._figures(m, c):
+                arr[at] += value
+
+    def _figures(self, m: cm.ShardMemory, c: ShardCost) -> tuple[tuple[npt.NDArray[Any], float], ...]:
+        return (
+            (self.weights, m.weights),
+            (self.optimizer, m.optimizer),
+            (self.gradients, m.gradients),
+            (self.buffers, m.buffers),
+            (self.cache, m.cache),
+            (self.host, m.host),
+            (self.compute, c.compute_ms),
+            (self.comm, c.comm_ms),
+            (self.host_work, c.host_ms),
+        )
+
+
+def _ints(n: int) -> npt.NDArray[np.int64]:
+    return np.zeros(n, dtype=np.int64)
+
+
+def _floats(n: int) -> npt.NDArray[np.float64]:
+    return np.zeros(n, dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -155,12 +185,13 @@ class TableWalk:
 
 @dataclass(frozen=True)
 class PlanWalk:
-    """A walked plan: per fleet rank its :class:`RankWalk` (a 2D plan: its position's, shared with the ranks at the
-    same position; ``positions`` names it), per table its :class:`TableWalk`, in the plan's order."""
+    """A walked plan: the priced topology's :class:`RankTotals` (a 2D plan's: group 0's), per fleet rank the rank of
+    the priced topology whose figures it takes (``positions``: a 2D plan's ranks take their position's), per table
+    its :class:`TableWalk`, in the plan's order."""
 
-    ranks: list[RankWalk]
+    totals: RankTotals
     tables: list[TableWalk]
-    positions: list[int]  # per fleet rank, its rank in the priced topology
+    positions: list[int]
     replicas: int = 1
 
 
@@ -174,8 +205,8 @@ def walk(
 ) -> PlanWalk:
     """Price every piece of the plan on ``topo`` once and every rank's step from them (module docstring)."""
     if sparse_groups is None or sparse_groups.num_groups <= 1:
-        ranks, walked = _walk(topo, model, tables, dense, sink)
-        return PlanWalk(ranks, walked, list(range(topo.world_size)))
+        totals, walked = _walk(topo, model, tables, dense, sink)
+        return PlanWalk(totals, walked, list(range(topo.world_size)))
     zero = sorted(sparse_groups.groups[0])
     sub_of = {r: m for m, r in enumerate(zero)}
     in_zero = [
@@ -186,11 +217,11 @@ def walk(
         )
         for t in tables
     ]
-    ranks, walked = _walk(two_d.group_topology(topo, sparse_groups), model, in_zero, dense, sink)
+    totals, walked = _walk(two_d.group_topology(topo, sparse_groups), model, in_zero, dense, sink)
     to_sub = two_d.fleet_to_group_rank(sparse_groups)
     positions = [to_sub[info.rank] for info in topo.ranks]
     walked = [replace(t, slowest_rank=zero[t.slowest_rank]) if t.slowest is not None else t for t in walked]
-    return PlanWalk([ranks[p] for p in positions], walked, positions, sparse_groups.num_groups)
+    return PlanWalk(totals, walked, positions, sparse_groups.num_groups)
 
 
 def _by_class(ranks: Sequence[int], class_of: Sequence[int] | None) -> Iterator[tuple[int, Sequence[int]]]:
@@ -210,9 +241,10 @@ def _walk(
     tables: Sequence[GroupedTable],
     dense: Sequence[DenseLike],
     sink: PartsSink | None,
-) -> tuple[list[RankWalk], list[TableWalk]]:
+) -> tuple[RankTotals, list[TableWalk]]:
     B = model.batch_size_per_gpu
-    ranks = [RankWalk(info) for info in topo.ranks]
+    totals = RankTotals(topo.ranks)
+    groups, comm = totals.groups, totals.comm
     class_of = topo.rank_class.tolist() if len(topo.classes) > 1 else None
     by_name = {t.name: t for t in model.embedding_tables}
     walked: list[TableWalk] = []
@@ -229,7 +261,7 @@ def _walk(
             if sharded:
                 key = cm.shard_group_key(table, cols, placement)
                 for r in on:
-                    ranks[r].groups.add(key)
+                    groups[r].add(key)
             for ci, members in _by_class(on, class_of):
                 c = shard_cost(
                     topo,
@@ -244,7 +276,7 @@ def _walk(
                     group=group,
                     phases=sink is not None,
                 )
-                _add_shard(ranks, members, c)
+                totals.add_shard(members, c)
                 if (total := c.total_ms) > slowest_ms:
                     slowest, slowest_rank, slowest_ms = c, min(members), total
                 if sink is not None:
@@ -252,51 +284,34 @@ def _walk(
         if sharded:
             for cls in topo.classes:
                 side = data_side(topo, B, table, cls)
-                side_ms = side.total
-                for r in cls.ranks:
-                    ranks[r].comm += side_ms
+                comm[cls.ranks[0] : cls.ranks[-1] + 1] += side.total  # a class's ranks are consecutive
                 if sink is not None:
                     sink.data_side(ti, cls.ranks, side)
         walked.append(TableWalk(tp.name, slowest, slowest_rank))
     for dp in dense:
         for cls in topo.classes:
             dc = dense_cost(topo, B, model, dp.name, dp.style, cls)
-            for r in cls.ranks:
-                a = ranks[r]
-                a.dense += dc.hbm_bytes
-                a.compute += dc.compute_ms
-                a.comm += dc.comm_ms
+            ranks = slice(cls.ranks[0], cls.ranks[-1] + 1)
+            totals.dense[ranks] += dc.hbm_bytes
+            totals.compute[ranks] += dc.compute_ms
+            comm[ranks] += dc.comm_ms
             if sink is not None:
                 sink.dense(cls.ranks, dc)
     kinds = latency_kinds(tables, topo.sync_kinds) + (1 if dense else 0)
     multi_host = topo.multi_host
     num_tables, num_layers = len(model.embedding_tables), len(model.dense_layers)
-    for a in ranks:
-        p = a.info.profile
-        a.step = cm.RankStep(
-            compute_ms=a.compute,
-            comm_ms=a.comm,
+    compute, comm_ms, host_work = totals.compute.tolist(), comm.tolist(), totals.host_work.tolist()
+    for info in topo.ranks:
+        r, p = info.rank, info.profile
+        step = cm.RankStep(
+            compute_ms=compute[r],
+            comm_ms=comm_ms[r],
             latency_ms=cm.collective_latency_ms(p, kinds, multi_host),
-            floor_ms=cm.host_floor_ms(p, num_tables, num_layers, len(a.groups)),
-            host_work_ms=a.host_work,
+            floor_ms=cm.host_floor_ms(p, num_tables, num_layers, len(groups[r])),
+            host_work_ms=host_work[r],
             graphed=p.overheads.graphed_steps,
         )
+        totals.steps.append(step)
         if sink is not None:
-            sink.rank(a.info.rank, a.step, multi_host)
-    return ranks, walked
-
-
-def _add_shard(ranks: list[RankWalk], members: Sequence[int], c: ShardCost) -> None:
-    m = c.memory
-    compute, comm, host = c.compute_ms, c.comm_ms, c.host_ms
-    for r in members:
-        a = ranks[r]
-        a.weights += m.weights
-        a.optimizer += m.optimizer
-        a.gradients += m.gradients
-        a.buffers += m.buffers
-        a.cache += m.cache
-        a.host += m.host
-        a.compute += compute
-        a.comm += comm
-        a.host_work += host
+            sink.rank(r, step, multi_host)
+    return totals, walked
