@@ -18,7 +18,7 @@ meets both: between two consecutive thresholds ``θ`` the average is constant, a
 sorted thresholds once — exact, no bisection tolerance.
 
 Collective latencies: a plan pays the latency of each collective group it uses
-(:data:`shardwise.solver.evaluate.COLLECTIVES`: all-to-all if anything is sharded, reduce-scatter / all-gather if
+(:data:`shardwise.solver.pricing.COLLECTIVES`: all-to-all if anything is sharded, reduce-scatter / all-gather if
 anything is row-sharded, all-reduce if anything is data-parallel; the dense layers' all-reduce always). The bound is
 the least, over the sets of groups a plan may use, of the bound computed with only the candidates those groups allow
 and their latency in ``fixed_k``; a set that leaves some table without a candidate is impossible and skipped.
@@ -85,7 +85,7 @@ import numpy.typing as npt
 
 from shardwise.solver.cost_model import collective_latency_ms
 from shardwise.solver.cpsat.candidates import Candidate, FloatArray, IntArray
-from shardwise.solver.evaluate import COLLECTIVES, collective_groups, dense_cost, dense_styles, group_kinds
+from shardwise.solver.pricing import COLLECTIVES, collective_groups, dense_cost, dense_styles, group_kinds
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import ModelSpec, ShardingType
 

@@ -4,7 +4,7 @@ It always answers — a valid plan, or an infeasible one whose explanation names
 where. It is CP-SAT's hint and fallback and the baseline in benchmarks.
 
 1. Dense layers first (they sit on every rank): per layer, among the styles it allows on the fleet
-   (:func:`~shardwise.solver.evaluate.dense_styles`), the fastest style whose state keeps all dense layers under
+   (:func:`~shardwise.solver.pricing.dense_styles`), the fastest style whose state keeps all dense layers under
    :data:`DENSE_SHARE` of the smallest GPU's usable HBM, else the style that needs the least memory.
 2. Tables by descending cost (their cheapest candidate's summed shard time, then bytes).
 3. For each table, every candidate is tried: each ``rank``-scope shard goes to the rank with the lowest load that
@@ -39,9 +39,10 @@ from shardwise.solver.bounds import candidate_work, every_rank_floor, lower_boun
 from shardwise.solver.build import build_plan, placed_to_table
 from shardwise.solver.cpsat.candidates import Candidate, enumerate_candidates, spread_out
 from shardwise.solver.deadline import Deadline
-from shardwise.solver.evaluate import dense_cost, dense_styles, evaluate
+from shardwise.solver.evaluate import evaluate
 from shardwise.solver.explain import explain_infeasible
 from shardwise.solver.load import LoadState, Placed, initial_state
+from shardwise.solver.pricing import dense_cost, dense_styles
 from shardwise.solver.target import target_packing
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import DensePlan, DenseStyle, ModelSpec, Placement, Plan, SolveParams

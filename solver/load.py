@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardwise.solver.cpsat.candidates import Candidate
-from shardwise.solver.evaluate import dense_cost
+from shardwise.solver.pricing import dense_cost
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import DenseStyle, ModelSpec
 

@@ -23,7 +23,7 @@ step time (:data:`TOLERANCE`, at most :data:`PASSES` passes, or until the deadli
 packed.
 
 A collective costs its latency on every GPU as soon as one table uses it
-(:data:`shardwise.solver.evaluate.COLLECTIVES`), so one table_row_wise table turns on the reduce-scatter and all-gather
+(:data:`shardwise.solver.pricing.COLLECTIVES`), so one table_row_wise table turns on the reduce-scatter and all-gather
 for everyone. The bisection therefore runs once per set of collective groups (all of them first), with only the
 candidates that set allows and exactly its latency in every GPU's starting load, and the lowest target over the sets
 wins. Deterministic: no randomness, ties go to the lowest index.
@@ -40,8 +40,8 @@ import numpy.typing as npt
 from shardwise.solver.cost_model import collective_latency_ms
 from shardwise.solver.cpsat.candidates import Candidate, block_ranks, host_blocks
 from shardwise.solver.deadline import Deadline
-from shardwise.solver.evaluate import COLLECTIVES, collective_groups, group_kinds
 from shardwise.solver.load import LoadState, Placed, initial_state
+from shardwise.solver.pricing import COLLECTIVES, collective_groups, group_kinds
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import DenseStyle, ModelSpec
 

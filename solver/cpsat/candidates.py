@@ -33,8 +33,8 @@ No shape is empty: a split is enumerated only when every part gets at least one 
 :data:`MIN_COLUMN_WIDTH` columns), and the wire refuses ``num_rows`` or ``num_cols`` of 0 anyway.
 
 Placements: ``hbm``, ``uvm_cache`` at :data:`CACHE_FRACTIONS`, ``host`` — the latter two only for tables large enough
-for host memory to matter (:data:`OFFLOAD_MIN_BYTES`). Costs come from :func:`shardwise.solver.evaluate.shard_costs`
-(:func:`~shardwise.solver.evaluate.shard_cost` for several placements at once), so a candidate's price is exactly
+for host memory to matter (:data:`OFFLOAD_MIN_BYTES`). Costs come from :func:`shardwise.solver.pricing.shard_costs`
+(:func:`~shardwise.solver.pricing.shard_cost` for several placements at once), so a candidate's price is exactly
 what the evaluator later charges its plan.
 
 Size: a table has a few dozen candidates, and a fleet-wide one a cost cell per rank; :mod:`shardwise.solver.size`
@@ -51,7 +51,7 @@ from typing import Literal, NamedTuple, TypeVar, overload
 import numpy as np
 import numpy.typing as npt
 
-from shardwise.solver.evaluate import ShardCost, data_side_ms, shard_costs
+from shardwise.solver.pricing import ShardCost, data_side_ms, shard_costs
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import EmbeddingTableSpec, ModelSpec, Placement, ShardingType
 
@@ -333,7 +333,7 @@ def enumerate_candidates(topo: Topology, model: ModelSpec, index: int) -> list[C
     """Every candidate for table ``index`` of ``model`` on ``topo`` (:func:`candidate_specs`, priced).
 
     Each distinct shard shape is priced once per device class it may land on, for all the placements of the table
-    at once (:func:`~shardwise.solver.evaluate.shard_costs`: the communication and the bytes moved are worked out
+    at once (:func:`~shardwise.solver.pricing.shard_costs`: the communication and the bytes moved are worked out
     once).
     """
     table = model.embedding_tables[index]

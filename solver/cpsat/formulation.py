@@ -29,7 +29,7 @@ Variables
 * ``y_{t,c,h} ∈ {0,1}`` — a host-scope candidate (table_row_wise on a host, row_wise over a block of hosts) uses
   the host (block) starting at host ``h`` (its shard ``i`` on the block's ``i``-th GPU);
 * ``d_{l,s} ∈ {0,1}`` — dense layer ``l`` uses style ``s``, one of the styles the layer allows on this fleet
-  (:func:`~shardwise.solver.evaluate.dense_styles`: its pinned style, else every style of its kind — replicate and
+  (:func:`~shardwise.solver.pricing.dense_styles`: its pinned style, else every style of its kind — replicate and
   fsdp for an unclassified layer — less a tensor-parallel split that would leave a GPU of a host without a slice);
 * ``u_q ∈ {0,1}`` — collective kind ``q`` (all-to-all, reduce-scatter/all-gather, all-reduce) is used;
 * ``T ≥ 0`` — the step time of the slowest GPU (the objective).
@@ -88,7 +88,7 @@ from shardwise.solver.cost_model import collective_latency_ms
 from shardwise.solver.cpsat.candidates import Candidate, block_ranks, host_blocks
 from shardwise.solver.cpsat.scale import Scale
 from shardwise.solver.deadline import Deadline
-from shardwise.solver.evaluate import COLLECTIVES, collective_groups, dense_cost, dense_styles, group_kinds
+from shardwise.solver.pricing import COLLECTIVES, collective_groups, dense_cost, dense_styles, group_kinds
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import DenseStyle, ModelSpec
 

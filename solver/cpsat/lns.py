@@ -62,7 +62,7 @@ from shardwise.solver.cpsat.formulation import Assignment, Formulation
 from shardwise.solver.cpsat.params import cp_solver
 from shardwise.solver.cpsat.scale import Scale
 from shardwise.solver.deadline import Deadline
-from shardwise.solver.evaluate import collective_groups
+from shardwise.solver.pricing import collective_groups
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import SolveParams
 

@@ -62,8 +62,8 @@ from shardwise.solver.cpsat.formulation import Assignment, Formulation
 from shardwise.solver.cpsat.params import cp_solver
 from shardwise.solver.cpsat.scale import Scale
 from shardwise.solver.deadline import Deadline
-from shardwise.solver.evaluate import dense_cost
 from shardwise.solver.load import Placed
+from shardwise.solver.pricing import dense_cost
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import SolveParams
 

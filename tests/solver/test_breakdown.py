@@ -88,7 +88,8 @@ def test_shard_parts_sum_to_the_cost_model(
     for placement, fraction in placements:
         kw: dict[str, Any] = {"sharding": sharding, "num_rows": rows, "num_cols": cols, "batch": 512, "world": 8}
         whole = cm.shard_compute_ms(table, placement=placement, cache_fraction=fraction, profile=profile, **kw)
-        parts = compute_parts(table, placement=placement, cache_fraction=fraction, profile=profile, **kw)
+        (one,) = cm.shard_computes(table, placements=[(placement, fraction)], profile=profile, **kw)
+        parts = compute_parts(one)
         assert sum(parts.values()) == pytest.approx(whole, rel=1e-9)
         assert all(v >= 0 for v in parts.values())
         assert parts["lookup_fwd"] > 0
@@ -96,11 +97,11 @@ def test_shard_parts_sum_to_the_cost_model(
         if group is None or sharding in (ST.row_wise, ST.table_row_wise):
             ctx = topo.context(cls, 512, group)
             whole = cm.shard_comm_ms(table, sharding, rows, cols, ctx)
-            split = comm_parts(table, sharding, rows, cols, ctx)
+            split = comm_parts(cm.shard_comm(table, sharding, rows, cols, ctx))
             assert sum(ms for _, _, ms in split) == pytest.approx(whole, rel=1e-9)
             assert {link for _, link, _ in split} <= {"intra", "inter"}
     ctx = topo.context(cls, 512)
-    side = data_side_parts(table, ctx)
+    side = data_side_parts(cm.table_data_side(table, ctx))
     assert sum(ms for _, _, ms in side) == pytest.approx(cm.table_data_side_ms(table, ctx), rel=1e-9)
 
 
@@ -110,7 +111,8 @@ def test_a_host_shard_whose_measured_term_outlasts_its_reads_counts_the_differen
     profile = make_profile(overheads=CALIBRATED)
     t = TABLES[0]
     kw: dict[str, Any] = {"sharding": ST.table_wise, "num_rows": t.num_embeddings, "num_cols": 64}
-    parts = compute_parts(t, placement=Placement.host, cache_fraction=None, profile=profile, batch=512, world=8, **kw)
+    (one,) = cm.shard_computes(t, placements=[(Placement.host, None)], profile=profile, batch=512, world=8, **kw)
+    parts = compute_parts(one)
     lookup = cm.host_lookup_ms(t, ST.table_wise, t.num_embeddings, 64, profile, 512, 8)
     device = parts["lookup_fwd"] + parts["lookup_bwd"] + parts["update"]
     assert lookup > device  # the measured term is the larger: the shard costs it
@@ -124,7 +126,7 @@ def test_a_calibrated_cached_shard_counts_its_fetch_as_cache_fetch(
     t = TABLES[0]
     kw: dict[str, Any] = {"sharding": ST.table_wise, "num_rows": t.num_embeddings, "num_cols": 64}
     kw |= {"profile": profile, "batch": 512, "world": 8}
-    parts = compute_parts(t, placement=Placement.uvm_cache, cache_fraction=0.2, **kw)
+    parts = compute_parts(cm.shard_computes(t, placements=[(Placement.uvm_cache, 0.2)], **kw)[0])
     fetch = cm.cache_fetch_ms(t, ST.table_wise, t.num_embeddings, 0.2, profile, 512, 8)
     total = cm.shard_compute_ms(t, placement=Placement.uvm_cache, cache_fraction=0.2, **kw)
     assert fetch > 0

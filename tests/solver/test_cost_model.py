@@ -1,6 +1,6 @@
 """The cost model against hand arithmetic.
 
-Each expected value is worked out here from the formulas of ``solver/cost_model.py``'s module docstring, on small
+Each expected value is worked out here from the formulas in the docstrings of ``solver/cost_model/``, on small
 round numbers (the ``round_profile`` fixture: HBM 1e12 B/s, granularity 32 B, gathers at 0.5 = 5e11 B/s, streams at
 0.25 = 2.5e11 B/s, host link 1e10·0.5 = 5e9 B/s, scale-up 1e11·0.5 = 5e10 B/s, NIC 1e10·0.25 = 2.5e9 B/s, fp32 GEMM
 1e12·0.5 = 5e11 FLOP/s). The functions under test are never used to compute an expected value.
@@ -20,9 +20,11 @@ import pytest
 
 from shardwise.hwprofiles import HardwareProfile, get_profile
 from shardwise.solver import cost_model as cm
-from shardwise.solver.evaluate import shard_cost
+from shardwise.solver.cost_model import hitrate
 from shardwise.solver.kernels import KERNEL_LAUNCH_S, Gemm, choose
+from shardwise.solver.pricing import shard_cost
 from shardwise.solver.topology import Topology
+from shardwise.wire import executor
 from shardwise.wire.spec import DenseLayerSpec, DenseStyle, Dtype, EmbeddingTableSpec, FleetSpec, Placement
 from shardwise.wire.spec import ShardingType as ST
 
@@ -184,6 +186,29 @@ def test_cache_associativity_by_vendor(make_profile: Callable[..., HardwareProfi
     assert cm.cache_associativity(make_profile(vendor="amd")) == 64
     assert cm.cache_associativity(make_profile(vendor="nvidia")) == 32
     assert cm.cache_associativity(make_profile(vendor="other")) == 32
+
+
+def test_the_executors_cache_figures_are_the_wires() -> None:
+    """The row cache's geometry lives once, in ``wire/executor.py``, which the executor and the cost model both
+    import: the model's slots, slot bytes and spill reserve are the wire's (hand values: FBGEMM's two int64 per slot,
+    int32 per row; the executor's int32 lock and uint8 flags)."""
+    assert (executor.CACHE_WAYS_CUDA, executor.CACHE_WAYS_ROCM) == (32, 64)
+    assert cm.CACHE_META_BYTES_PER_SLOT == 16
+    assert cm.CACHE_INDEX_BYTES_PER_ROW == 4
+    assert cm.CACHE_LOCK_FLAG_BYTES_PER_SLOT == 5
+    assert executor.cache_ways("amd") == 64
+    assert executor.cache_ways("nvidia") == 32
+    # ⌈0.1·1000⌉ = 100 rows: 32·⌈100/32⌉ = 128 slots; at least one set; the model alone says 0 without a fraction
+    assert executor.cache_slots(1000, 0.1) == cm.cache_slots(1000, 0.1) == 128
+    assert executor.cache_slots(1000, 0.1, 64) == cm.cache_slots(1000, 0.1, 64) == 128
+    assert executor.cache_slots(10, 0.5) == cm.cache_slots(10, 0.5) == 32
+    assert executor.cache_slots(1000, 0.0) == 32
+    assert cm.cache_slots(1000, 0.0) == cm.cache_slots(1000, None) == 0
+    assert executor.cached_rows(1000, 0.0015) == 2
+    # spill reserve: min(r, ⌈1.25·n⌉)
+    assert executor.spill_slots(80.0, 1000) == 100
+    assert executor.spill_slots(80.0, 10) == 10
+    assert executor.spill_slots(0.5, 1000) == 1
 
 
 @pytest.mark.parametrize(("vendor", "slots"), [("amd", 256), ("nvidia", 224)])
@@ -479,7 +504,7 @@ def test_the_characteristic_time_is_the_same_with_and_without_numpy(monkeypatch:
     the occupancy at it is the cache's rows."""
     cases = [(r, f, s) for r in (50, 1000, 2_000_000) for f in (0.01, 0.2, 0.6) for s in (0.6, 1.05, 1.8)]
     with_numpy = [cm.lru_characteristic_time(*c) for c in cases]
-    monkeypatch.setattr(cm, "_np", None)
+    monkeypatch.setattr(hitrate, "_np", None)  # the module that sums Che's terms
     cm.lru_characteristic_time.cache_clear()
     try:
         without = [cm.lru_characteristic_time(*c) for c in cases]

@@ -7,9 +7,10 @@ from collections.abc import Callable
 import pytest
 
 from shardwise.hwprofiles import get_profile
-from shardwise.solver.evaluate import dense_styles, evaluate
+from shardwise.solver.evaluate import evaluate
 from shardwise.solver.greedy import plan_greedy
 from shardwise.solver.planner import make_plan
+from shardwise.solver.pricing import dense_styles
 from shardwise.solver.topology import Topology
 from shardwise.solver.validate import check_plan
 from shardwise.wire.spec import (

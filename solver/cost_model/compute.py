@@ -1,0 +1,276 @@
+r"""Time one shard spends on its rank's device: lookups, the fused update, host shards and cache fetches.
+
+Lookups (:func:`shard_compute_ms`)
+----------------------------------
+Lookups are memory traffic.  A gathered row costs ``⌈c·b / G⌉·G`` bytes (``G`` = the device's access granularity:
+narrow rows waste most of each transaction — the dimension-dependent efficiency).  Forward reads ``n`` rows and
+streams out ``o·c·ob``; backward streams the output gradient in and, per id, reads and writes its row and its
+optimizer state (sgd 0, adagrad ``2·⌈4c/G⌉G``, rowwise ``2·G``, adam ``4·⌈4c/G⌉G``; the fused update reads and
+writes each distinct row once, so duplicate ids cost less than charged).  A data_parallel copy instead
+streams its whole dense gradient, weights and state once (``r·(4c + 2cb + state)``).
+Gathers run at ``hbm_bw·achieved.embedding_gather``, streams at ``hbm_bw·achieved.memory_bound``; for
+``uvm_cache`` a fraction ``h`` of gathers hit HBM (see :func:`cache_hit_rate`) and the misses cross the host link at
+``host_link·achieved.host_link`` (and are written into the cache); ``host`` sends every gather over the host link.
+(FBGEMM's way; shardwise's executor fetches differently: "Cache fetches" below.)
+
+The fused update first sorts a shard's ids to find their rows: ``n · overheads.sort_ns_per_id`` more (0 until
+calibrated; data_parallel copies have no sort).
+
+Host shards (:func:`host_lookup_ms`)
+------------------------------------
+shardwise's executor reads and writes a ``host`` shard's rows zero-copy on CUDA (``clients/host_memory.py``): the
+weights and per-weight state in pinned host memory, the lookup and the fused update GPU kernels reading and
+writing them across the host link. What crosses it (:func:`host_shard_bytes`): the forward's row for every id, and
+the update's read and write of each *distinct* row with its per-weight state — ``n·b_r + d·(2·b_r + state)`` with
+``d`` the distinct rows among the ``n`` ids under the table's ``access_skew`` (:func:`distinct_rows`; Zipf 1.1 over
+12 M rows: a quarter of 327,680 ids); rowwise_adagrad's row-wise state is on the device, read and written in HBM.
+(Charging the update per id, as the HBM formula above does, over-predicted a large table's measured zero-copy step:
+``docs/truth.md``, "The cost model's measured figures".) That is device time, not host time: a ``host``
+shard adds nothing to the rank's host time. ``host_lookup = host_shard_us + n·(host_ns_per_id +
+c·b·host_ns_per_row_byte)`` (the profile's ``overheads``, zero until calibrated: ``shardwise calibrate`` fits what
+host placement adds to a step) is a measured floor: the shard's compute time is the larger of the reads and it. (The
+executor's earlier CPU lookup, ``apply_plan(host_access="cpu")``, measured slower than zero-copy — ``docs/truth.md``,
+"Host rows read from the GPU" — and is not priced.)
+
+Cache fetches (:func:`cache_fetch_ms`)
+-------------------------------------
+shardwise's executor does not read a ``uvm_cache`` miss over the host link from its lookup kernel: before the
+lookup it fetches the batch's missing rows into the cache (``clients/row_cache.py``; on CUDA three Triton kernels,
+``clients/_cache_triton.py``) — the batch's distinct rows found (a synchronisation), each missing row given the least
+recently used free way of its set, each evicted dirty row written back to the pinned store and each missing row
+copied in from it, both zero-copy, the count of rows that found no way read back (a second synchronisation) — and
+then gathers every row from HBM. Per shard and step, with ``u = touched(n, r)`` the distinct rows the shard's ids
+touch (:func:`touched_rows`) and ``m = u·(1 − h)`` those missing:
+``fetch = cache_fetch_us + 2·m·cache_fetch_ns_per_row`` (the profile's ``overheads``, zero until calibrated). ``2·m``
+rows move: each missing row copied in evicts one, and in training every row in the cache is dirty (the fused update
+marks each row it updates, and every row a training step fetches is updated), so each eviction writes one back.
+(How ``m`` compares with the rows the executor fetched, a row missed twice in one batch being fetched once, and
+the figures fitted on its Triton fetch: ``docs/truth.md``, "The cost model's measured figures".) The executor
+fetches once per cached *group* of a rank (its ``uvm_cache`` shards of one dtype, width and optimizer), the model
+once per shard: it charges ``cache_fetch_us`` once too many per extra shard of a group.
+
+The host waits for the fetch (it synchronises) and the device for its rows, so a calibrated ``uvm_cache`` shard's
+compute time is shardwise's — every gather from HBM, the fill, the streams and the sort, plus ``fetch`` — and the
+rank's host time carries ``fetch`` too; a step's ``max(compute + comm, host)`` then overlaps the fetch with neither
+(the executor's overlapped prefetch, which can, is not priced: it measured slower on the host-bound steps it was
+tried on, ``docs/truth.md``, "The executor made to run the plan as priced"). Uncalibrated (no measurement of the
+executor's fetch), the shard is priced as FBGEMM runs it, its misses read over the host link.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from shardwise.hwprofiles import HardwareProfile
+from shardwise.solver.cost_model.hitrate import cache_hit_rate, distinct_rows
+from shardwise.solver.cost_model.memory import PlacementChoice, optimizer_state_bytes
+from shardwise.solver.cost_model.traffic import GRAD_BYTES, MS, out_bytes, round_up, shard_traffic, touched_rows
+from shardwise.wire.spec import (
+    EmbeddingTableSpec,
+    Optimizer,
+    Placement,
+)
+from shardwise.wire.spec import ShardingType as ST
+
+
+def optimizer_update_bytes(optimizer: Optimizer, cols: int, granularity: int) -> float:
+    """Bytes of optimizer state read + written per updated row."""
+    if optimizer is Optimizer.sgd:
+        return 0.0
+    if optimizer is Optimizer.rowwise_adagrad:
+        return 2.0 * granularity
+    per = round_up(cols * GRAD_BYTES, granularity)
+    return (2.0 if optimizer is Optimizer.adagrad else 4.0) * per
+
+
+class ComputePhases(NamedTuple):
+    """A shard's device time by phase, ms (module docstring): ``lookup_fwd`` gathers its rows and writes the pooled
+    outputs (a ``uvm_cache`` shard's misses written into its cache too); ``lookup_bwd`` reads the output gradient and
+    sorts the ids (a data-parallel copy writes its dense gradient); ``update`` reads and writes each id's row and
+    optimizer state (a data-parallel copy streams its weights and state); ``host_lookup`` what a ``host`` shard's
+    measured host term takes beyond those."""
+
+    lookup_fwd: float
+    lookup_bwd: float
+    update: float
+    host_lookup: float
+
+
+class ShardCompute(NamedTuple):
+    """Device time of one shard per step, ms: its ``total``, a ``uvm_cache`` shard's synchronous fetch on shardwise's
+    executor (``cache_fetch``, also host time) and, where asked for, its :class:`ComputePhases`.
+
+    ``total`` is the shard's whole traffic timed at once — its gathers, reads over the host link and streams each
+    summed over the phases, then divided by their bandwidths — which the phases and the fetch split: they add up to
+    it but for the rounding of the float sums (within 1e-9). Timing the whole is the arithmetic every solver has
+    priced a shard with; summing the phases' times instead moves a total by an ulp, which the solvers' integer
+    scaling can turn into another plan. The phases are worked out only where they are read (the breakdown): the
+    solvers price some 50,000 candidates a plan and read totals alone — hence also a named tuple, which costs half a
+    frozen dataclass to build."""
+
+    total: float
+    cache_fetch: float = 0.0
+    phases: ComputePhases | None = None
+
+
+def shard_compute_ms(
+    table: EmbeddingTableSpec,
+    *,
+    sharding: ST,
+    num_rows: int,
+    num_cols: int,
+    placement: Placement,
+    cache_fraction: float | None,
+    profile: HardwareProfile,
+    batch: int,
+    world: int,
+) -> float:
+    """Forward + backward lookup and update time of one shard on ``profile`` (module docstring): the total of its
+    :class:`ShardCompute` (:func:`shard_computes`)."""
+    return shard_computes(
+        table,
+        sharding=sharding,
+        num_rows=num_rows,
+        num_cols=num_cols,
+        placements=((placement, cache_fraction),),
+        profile=profile,
+        batch=batch,
+        world=world,
+        phases=False,
+    )[0].total
+
+
+def shard_computes(
+    table: EmbeddingTableSpec,
+    *,
+    sharding: ST,
+    num_rows: int,
+    num_cols: int,
+    placements: Sequence[PlacementChoice],
+    profile: HardwareProfile,
+    batch: int,
+    world: int,
+    phases: bool = True,
+) -> list[ShardCompute]:
+    """A shard's :class:`ShardCompute` under each of ``placements`` (module docstring), with its phases unless
+    ``phases`` is false: the bytes it gathers and streams are worked out once."""
+    t = shard_traffic(table, sharding, num_rows, batch, world)
+    g = profile.memory_access_granularity_bytes
+    row = round_up(num_cols * table.dtype.nbytes, g)  # forward reads each id's row
+    out_stream = t.out_rows * num_cols * out_bytes(table.dtype)  # pooled output written; its gradient read back
+    if sharding is ST.data_parallel:  # its dense gradient written; its weights, gradient and state streamed once
+        upd_row = 0.0
+        bwd_extra = num_rows * num_cols * GRAD_BYTES
+        upd_stream = num_rows * num_cols * 2 * table.dtype.nbytes + 2 * optimizer_state_bytes(
+            table.optimizer, num_rows, num_cols
+        )
+        sort_ms = 0.0
+    else:  # the update reads and writes each id's row and its state
+        upd_row = 2 * row + optimizer_update_bytes(table.optimizer, num_cols, g)
+        bwd_extra = upd_stream = 0
+        sort_ms = t.ids * profile.overheads.sort_ns_per_id * 1e-6
+    per_id = row + upd_row  # integers: every association of the phases' bytes is exact
+    fwd_g, upd_g, all_g = t.ids * row, t.ids * upd_row, t.ids * per_id  # gathered bytes: forward, update, both
+    hbm_gather = profile.hbm_bandwidth_bytes_per_s * profile.achieved.embedding_gather
+    hbm_stream = profile.hbm_bandwidth_bytes_per_s * profile.achieved.memory_bound
+    link = profile.host_link_bytes_per_s * profile.achieved.host_link
+    fwd_stream_s, upd_stream_s = out_stream / hbm_stream, upd_stream / hbm_stream
+    streams_s = (2 * out_stream + (bwd_extra + upd_stream)) / hbm_stream  # every phase's streams
+    bwd = (out_stream + bwd_extra) / hbm_stream * MS + sort_ms
+    out = []
+    for placement, cache_fraction in placements:
+        # per placement: the forward's and the update's seconds, and the whole shard's (its bytes summed, then timed)
+        fetch = 0.0
+        if placement is Placement.hbm:
+            fwd_s, upd_s = fwd_g / hbm_gather, upd_g / hbm_gather
+            whole_s = all_g / hbm_gather
+        elif placement is Placement.host:  # zero-copy: what crosses the host link (module docstring, "Host shards")
+            link_bytes, device_bytes = host_update_bytes(table, num_rows, num_cols, t.ids, row, g)
+            fwd_s, upd_s = fwd_g / link, device_bytes / hbm_gather + link_bytes / link
+            whole_s = device_bytes / hbm_gather + (fwd_g + link_bytes) / link
+        else:
+            fetch = cache_fetch_ms(table, sharding, num_rows, cache_fraction, profile, batch, world)
+            hit = cache_hit_rate(num_rows, cache_fraction, table.access_skew)
+            miss = 1.0 - hit
+            fill = t.ids * miss * row  # misses written into the cache
+            if fetch:  # shardwise's executor, calibrated: its fetch, then every gather from HBM
+                fwd_s, upd_s = (fwd_g + fill) / hbm_gather, upd_g / hbm_gather
+                whole_s = (all_g + fill) / hbm_gather
+            else:  # as FBGEMM runs it: hits from HBM, misses over the host link
+                fwd_s = (fwd_g * hit + fill) / hbm_gather + fwd_g * miss / link
+                upd_s = upd_g * hit / hbm_gather + upd_g * miss / link
+                whole_s = (all_g * hit + fill) / hbm_gather + all_g * miss / link
+        total = reads = (whole_s + streams_s) * MS + fetch + sort_ms
+        lookup = 0.0
+        if placement is Placement.host:  # the larger of its reads and the measured host term
+            lookup = host_lookup_ms(table, sharding, num_rows, num_cols, profile, batch, world)
+            total = max(reads, lookup)
+        split = None
+        if phases:
+            fwd, upd = (fwd_s + fwd_stream_s) * MS, (upd_s + upd_stream_s) * MS
+            beyond = max(0.0, lookup - (fwd + bwd + upd)) if lookup > reads else 0.0
+            split = ComputePhases(fwd, bwd, upd, beyond)
+        out.append(ShardCompute(total, fetch, split))
+    return out
+
+
+def host_update_bytes(
+    table: EmbeddingTableSpec, num_rows: int, num_cols: int, ids: float, row: float, granularity: int
+) -> tuple[float, float]:
+    """``(host link bytes, HBM bytes)`` of a ``host`` shard's update on shardwise's executor (module docstring,
+    "Host shards"): the fused update reads and writes each distinct row once (:func:`distinct_rows`, under the
+    table's ``access_skew``), with its per-weight state (adagrad, adam: in host memory, across the link) — the
+    row-wise state (rowwise_adagrad) is on the device."""
+    d = distinct_rows(ids, num_rows, table.access_skew)
+    state = optimizer_update_bytes(table.optimizer, num_cols, granularity)
+    on_device = table.optimizer is Optimizer.rowwise_adagrad
+    return d * (2 * row + (0.0 if on_device else state)), d * state if on_device else 0.0
+
+
+def host_shard_bytes(
+    table: EmbeddingTableSpec, num_rows: int, num_cols: int, ids: float, row: float, granularity: int
+) -> tuple[float, float]:
+    """``(host link bytes, HBM bytes)`` of a ``host`` shard's step on shardwise's executor (module docstring, "Host
+    shards"): the forward reads every id's row across the link, then the update (:func:`host_update_bytes`)."""
+    link_bytes, device_bytes = host_update_bytes(table, num_rows, num_cols, ids, row, granularity)
+    return ids * row + link_bytes, device_bytes
+
+
+def cache_fetch_ms(
+    table: EmbeddingTableSpec,
+    sharding: ST,
+    num_rows: int,
+    cache_fraction: float | None,
+    profile: HardwareProfile,
+    batch: int,
+    world: int,
+) -> float:
+    """Host time per step of a ``uvm_cache`` shard's synchronous fetch on shardwise's executor (module docstring,
+    "Cache fetches"): ``cache_fetch_us + 2·m·cache_fetch_ns_per_row`` with ``m = touched(n, r)·(1 − h)`` the
+    distinct rows missing; 0 until calibrated."""
+    o = profile.overheads
+    if not (o.cache_fetch_us or o.cache_fetch_ns_per_row):
+        return 0.0
+    n = shard_traffic(table, sharding, num_rows, batch, world).ids
+    missing = touched_rows(n, num_rows) * (1.0 - cache_hit_rate(num_rows, cache_fraction, table.access_skew))
+    return o.cache_fetch_us / 1e3 + 2.0 * missing * o.cache_fetch_ns_per_row * 1e-6
+
+
+def host_lookup_ms(
+    table: EmbeddingTableSpec,
+    sharding: ST,
+    num_rows: int,
+    num_cols: int,
+    profile: HardwareProfile,
+    batch: int,
+    world: int,
+) -> float:
+    """Host CPU time per step of a ``host``-placed shard on shardwise's executor (module docstring, "Host shards"):
+    ``host_shard_us + n·(host_ns_per_id + c·b·host_ns_per_row_byte)``; 0 until calibrated."""
+    o = profile.overheads
+    if not (o.host_shard_us or o.host_ns_per_id or o.host_ns_per_row_byte):
+        return 0.0
+    n = shard_traffic(table, sharding, num_rows, batch, world).ids
+    per_id_ns = o.host_ns_per_id + num_cols * table.dtype.nbytes * o.host_ns_per_row_byte
+    return o.host_shard_us / 1e3 + n * per_id_ns * 1e-6
