@@ -25,7 +25,8 @@ def main() -> None:
     import torch
 
     from shardwise.calibrate.cache_fetch import ZipfIds
-    from shardwise.runtime.embedding.row_cache import CACHE_WAYS, RowCache, cache_slots
+    from shardwise.runtime.embedding.row_cache import RowCache
+    from shardwise.wire.executor import CACHE_WAYS_CUDA, cache_slots
 
     dev = torch.device("cuda", 0)
     rows = 2_000_000
@@ -34,7 +35,9 @@ def main() -> None:
     per_fetch: dict[str, dict[int, float]] = {}
     for backend in ("torch", "triton"):
         os.environ["SHARDWISE_CACHE_BACKEND"] = backend
-        cache = RowCache(store, slots=cache_slots(rows, 0.1), ways=CACHE_WAYS, device=dev, segments=[("t", 0, rows)])
+        cache = RowCache(
+            store, slots=cache_slots(rows, 0.1), ways=CACHE_WAYS_CUDA, device=dev, segments=[("t", 0, rows)]
+        )
         zipf = ZipfIds(rows, 1.0, seed=3, device=dev)
         for _ in range(40):
             got = cache.fetch(zipf.draw(16_384), lock=False)

@@ -151,8 +151,9 @@ def hit_rate_case(
     import torch
 
     from shardwise.calibrate.cache_fetch import ZipfIds
-    from shardwise.runtime.embedding.row_cache import CACHE_WAYS, RowCache, cache_slots
+    from shardwise.runtime.embedding.row_cache import RowCache
     from shardwise.solver import cost_model as cm
+    from shardwise.wire.executor import CACHE_WAYS_CUDA, cache_slots
 
     dev = torch.device(device)
     slots = cache_slots(rows, fraction)
@@ -162,7 +163,7 @@ def hit_rate_case(
     window = max(math.ceil(2 * t_ids), batches * batch)
     zipf = ZipfIds(rows, skew, seed, device=dev)
     store = torch.zeros((rows, 4), dtype=torch.float32, pin_memory=dev.type == "cuda")
-    cache = RowCache(store, slots=slots, ways=CACHE_WAYS, device=dev, segments=[("t", 0, rows)])
+    cache = RowCache(store, slots=slots, ways=CACHE_WAYS_CUDA, device=dev, segments=[("t", 0, rows)])
     start = time.monotonic()
     done = 0
     while done < warm and time.monotonic() - start < budget_s / 2:
@@ -182,7 +183,7 @@ def hit_rate_case(
         "skew": skew,
         "device": device,
         "slots": slots,
-        "ways": CACHE_WAYS,
+        "ways": CACHE_WAYS_CUDA,
         "batch": batch,
         "characteristic_ids": t_ids,
         "warmup_ids": warm_done,

@@ -64,7 +64,8 @@ def time_cache_fetches(
     (but not before ``min_samples`` are kept, however slow the host: a fit needs them) or ``max_fetches``. The
     first two rounds of sizes fill the cache and are not kept. Per fetch: ``ids``, ``ms``, ``copied_in`` (distinct
     rows brought in) and ``written_back`` (dirty rows evicted), from the cache's counters."""
-    from shardwise.runtime.embedding.row_cache import CACHE_WAYS, RowCache, cache_slots, spill_slots
+    from shardwise.runtime.embedding.row_cache import RowCache
+    from shardwise.wire.executor import CACHE_WAYS_CUDA, cache_slots, spill_slots
 
     cuda = device.type == "cuda"
     store = torch.empty((rows, FETCH_COLS), dtype=torch.float32, pin_memory=cuda)
@@ -72,7 +73,7 @@ def time_cache_fetches(
     slots = cache_slots(rows, FETCH_FRACTION)
     reserve = spill_slots(max(sizes), rows)
     cache = RowCache(
-        store, slots=slots, ways=CACHE_WAYS, device=device, segments=[("t", 0, rows)], spill_reserve=reserve
+        store, slots=slots, ways=CACHE_WAYS_CUDA, device=device, segments=[("t", 0, rows)], spill_reserve=reserve
     )
     zipf = ZipfIds(rows, FETCH_SKEW, seed=seed, device=device)
     samples: list[dict[str, Any]] = []

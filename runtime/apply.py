@@ -87,7 +87,6 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from shardwise.runtime.embedding.bag import HOST_ACCESS, ShardedEmbeddingBag
-from shardwise.runtime.embedding.row_cache import CACHE_WAYS
 from shardwise.runtime.embedding.update import UpdateConfig
 from shardwise.runtime.parallel import (
     apply_fsdp,
@@ -104,6 +103,7 @@ from shardwise.runtime.parallel import (
     uncovered,
 )
 from shardwise.runtime.plan_check import TP_STYLES, PlanMismatchError, check, check_plan
+from shardwise.wire.executor import CACHE_WAYS_CUDA
 from shardwise.wire.spec import DenseStyle, ModelSpec, Plan
 
 __all__ = ["PlanMismatchError", "apply_plan", "check_plan", "param_groups", "split_parameters"]
@@ -143,7 +143,7 @@ def apply_plan(
     process_group: dist.ProcessGroup | None = None,
     device: torch.device | str | None = None,
     embedding_optimizer: UpdateConfig | Mapping[str, UpdateConfig] | None = None,
-    cache_ways: int = CACHE_WAYS,
+    cache_ways: int = CACHE_WAYS_CUDA,
     dense_kernels: bool = True,
     host_access: str = "zero_copy",
 ) -> nn.Module:

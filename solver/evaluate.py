@@ -12,11 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from shardwise.solver.plan_walk import grouped, walk
-from shardwise.solver.pricing import ShardCost, data_side_ms, shard_cost
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import DensePlan, HbmBreakdown, ModelSpec, RankPlan, RankTime, SparseGroups, TablePlan
-
-__all__ = ["Evaluation", "ShardCost", "data_side_ms", "evaluate", "shard_cost"]  # the pricing names: port.py's
 
 
 @dataclass

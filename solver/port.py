@@ -36,11 +36,12 @@ from shardwise.solver import cost_model as cm
 from shardwise.solver import port_words as words
 from shardwise.solver import two_d
 from shardwise.solver.build import build_plan
-from shardwise.solver.evaluate import ShardCost, data_side_ms, evaluate, shard_cost
+from shardwise.solver.evaluate import evaluate
 from shardwise.solver.greedy import Progress
 from shardwise.solver.planner import make_plan, score_plan
 from shardwise.solver.port_direct import Carried, carry_over, direct_port, direct_port_in_hbm_ms
 from shardwise.solver.port_findings import Fallback, PortFindings, StillOffloaded, TableShift, offloaded
+from shardwise.solver.pricing import ShardCost, data_side_ms, shard_cost
 from shardwise.solver.topology import Topology
 from shardwise.solver.validate import assert_valid_plan
 from shardwise.wire.port_spec import DirectPort, PortReport, RankFill, TableChange, TableLayout
@@ -89,7 +90,7 @@ def _placement_label(tp: TablePlan) -> str:
 
 def _price(topo: Topology, model: ModelSpec, tp: TablePlan, sparse_groups: SparseGroups | None = None) -> _Priced:
     """Each shard priced exactly as :func:`shardwise.solver.evaluate.evaluate` prices it (a 2D plan's on its group's
-    topology, at its position: :func:`~shardwise.solver.evaluate.evaluate_groups`)."""
+    topology, at its position, as :func:`shardwise.solver.plan_walk.walk` walks a 2D plan)."""
     table = model.table(tp.name)
     group = [s.rank for s in tp.shards]
     on, rank_of = topo, {r: r for r in group}

@@ -52,15 +52,7 @@ from torch import Tensor
 from torch.autograd.function import FunctionCtx
 
 from shardwise.runtime.embedding.host_memory import device_view, pinned_empty, pinned_zeros
-from shardwise.runtime.embedding.row_cache import (
-    CACHE_WAYS,
-    Fetched,
-    RowCache,
-    cache_slots,
-    gather_rows,
-    scatter_rows,
-    spill_slots,
-)
+from shardwise.runtime.embedding.row_cache import Fetched, RowCache, gather_rows, scatter_rows
 from shardwise.runtime.embedding.update import (
     RowOptimizer,
     UpdateConfig,
@@ -69,6 +61,7 @@ from shardwise.runtime.embedding.update import (
     pooled_sum,
 )
 from shardwise.runtime.replicas import Replicas
+from shardwise.wire.executor import CACHE_WAYS_CUDA, cache_slots, spill_slots
 from shardwise.wire.spec import Placement, ShardPlan
 
 __all__ = [
@@ -164,7 +157,7 @@ class ShardStorage:
 def plan_groups(
     shards: Sequence[tuple[str, int, ShardPlan, torch.dtype, torch.device, UpdateConfig]],
     *,
-    cache_ways: int = CACHE_WAYS,
+    cache_ways: int = CACHE_WAYS_CUDA,
     replicas: Replicas | None = None,
     step_ids: Mapping[str, float] | None = None,
 ) -> ShardStorage:

@@ -91,7 +91,6 @@ they may evict, and when the cache's next use waits for them).
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -100,9 +99,9 @@ import torch
 from torch import Tensor
 
 from shardwise.runtime.embedding.host_memory import device_view
+from shardwise.wire.executor import cache_slots, spill_slots
 
 __all__ = [
-    "CACHE_WAYS",
     "CacheStats",
     "Fetched",
     "RowCache",
@@ -112,8 +111,6 @@ __all__ = [
     "spill_slots",
 ]
 
-#: ways per set: FBGEMM's DEFAULT_ASSOC on CUDA (64 on ROCm)
-CACHE_WAYS = 32
 DIRTY = 1
 FRESH = 2
 _CLEAR_DIRTY = 0xFF ^ DIRTY  # flag masks on uint8
@@ -124,20 +121,8 @@ _NEVER = torch.iinfo(torch.int64).max
 _LOOKUPS, _HITS, _UNIQUE_MISSES, _EVICTIONS, _WRITE_BACKS, _SPILLS = range(6)
 
 
-#: spill slots reserved per id a step may bring a cached shard (module docstring, "No synchronisation")
-SPILL_HEADROOM = 1.25
-
-
-def spill_slots(ids_per_step: float, num_rows: int) -> int:
-    """Spill slots a cached shard reserves: ``min(r, ⌈1.25·n⌉)`` for the ``n`` ids a step may bring it (the cost
-    model's ``cache_spill_bytes``)."""
-    return min(num_rows, math.ceil(SPILL_HEADROOM * ids_per_step))
-
-
-def cache_slots(num_rows: int, cache_fraction: float, ways: int = CACHE_WAYS) -> int:
-    """Slots of one shard's cache: ``A·⌈min(r, ⌈f·r⌉) / A⌉``, at least one set (the cost model's ``cache_slots``)."""
-    cached = min(num_rows, math.ceil(cache_fraction * num_rows))
-    return ways * max(1, math.ceil(cached / ways))
+# The cache's geometry — ways per set, the spill reserve (module docstring, "No synchronisation"), slots per shard —
+# and its bytes a slot are the wire's (``shardwise.wire.executor``), where the cost model reads them too.
 
 
 @dataclass(frozen=True)

@@ -18,36 +18,35 @@ calibrated; data_parallel copies have no sort).
 
 Host shards (:func:`host_lookup_ms`)
 ------------------------------------
-shardwise's executor reads and writes a ``host`` shard's rows zero-copy on CUDA (``clients/host_memory.py``): the
-weights and per-weight state in pinned host memory, the lookup and the fused update GPU kernels reading and
-writing them across the host link. What crosses it (:func:`host_shard_bytes`): the forward's row for every id, and
-the update's read and write of each *distinct* row with its per-weight state — ``n·b_r + d·(2·b_r + state)`` with
-``d`` the distinct rows among the ``n`` ids under the table's ``access_skew`` (:func:`distinct_rows`; Zipf 1.1 over
-12 M rows: a quarter of 327,680 ids); rowwise_adagrad's row-wise state is on the device, read and written in HBM.
-(Charging the update per id, as the HBM formula above does, over-predicted a large table's measured zero-copy step:
-``docs/truth.md``, "The cost model's measured figures".) That is device time, not host time: a ``host``
-shard adds nothing to the rank's host time. ``host_lookup = host_shard_us + n·(host_ns_per_id +
-c·b·host_ns_per_row_byte)`` (the profile's ``overheads``, zero until calibrated: ``shardwise calibrate`` fits what
-host placement adds to a step) is a measured floor: the shard's compute time is the larger of the reads and it. (The
-executor's earlier CPU lookup, ``apply_plan(host_access="cpu")``, measured slower than zero-copy — ``docs/truth.md``,
-"Host rows read from the GPU" — and is not priced.)
+shardwise's executor reads and writes a ``host`` shard's rows zero-copy on CUDA (``runtime/embedding/host_memory.py``):
+the weights and per-weight state in pinned host memory, the lookup and the fused update GPU kernels reading and writing
+them across the host link. What crosses it (:func:`host_shard_bytes`): the forward's row for every id, and the update's
+read and write of each *distinct* row with its per-weight state — ``n·b_r + d·(2·b_r + state)`` with ``d`` the distinct
+rows among the ``n`` ids under the table's ``access_skew`` (:func:`distinct_rows`; Zipf 1.1 over 12 M rows: a quarter of
+327,680 ids); rowwise_adagrad's row-wise state is on the device, read and written in HBM. (Charging the update per id,
+as the HBM formula above does, over-predicted a large table's measured zero-copy step: ``docs/truth.md``, "The cost
+model's measured figures".) That is device time, not host time: a ``host`` shard adds nothing to the rank's host time.
+``host_lookup = host_shard_us + n·(host_ns_per_id + c·b·host_ns_per_row_byte)`` (the profile's ``overheads``, zero until
+calibrated: ``shardwise calibrate`` fits what host placement adds to a step) is a measured floor: the shard's compute
+time is the larger of the reads and it. (The executor's earlier CPU lookup, ``apply_plan(host_access="cpu")``, measured
+slower than zero-copy — ``docs/truth.md``, "Host rows read from the GPU" — and is not priced.)
 
 Cache fetches (:func:`cache_fetch_ms`)
 -------------------------------------
-shardwise's executor does not read a ``uvm_cache`` miss over the host link from its lookup kernel: before the
-lookup it fetches the batch's missing rows into the cache (``clients/row_cache.py``; on CUDA three Triton kernels,
-``clients/_cache_triton.py``) — the batch's distinct rows found (a synchronisation), each missing row given the least
-recently used free way of its set, each evicted dirty row written back to the pinned store and each missing row
-copied in from it, both zero-copy, the count of rows that found no way read back (a second synchronisation) — and
-then gathers every row from HBM. Per shard and step, with ``u = touched(n, r)`` the distinct rows the shard's ids
-touch (:func:`touched_rows`) and ``m = u·(1 − h)`` those missing:
-``fetch = cache_fetch_us + 2·m·cache_fetch_ns_per_row`` (the profile's ``overheads``, zero until calibrated). ``2·m``
-rows move: each missing row copied in evicts one, and in training every row in the cache is dirty (the fused update
-marks each row it updates, and every row a training step fetches is updated), so each eviction writes one back.
-(How ``m`` compares with the rows the executor fetched, a row missed twice in one batch being fetched once, and
-the figures fitted on its Triton fetch: ``docs/truth.md``, "The cost model's measured figures".) The executor
-fetches once per cached *group* of a rank (its ``uvm_cache`` shards of one dtype, width and optimizer), the model
-once per shard: it charges ``cache_fetch_us`` once too many per extra shard of a group.
+shardwise's executor does not read a ``uvm_cache`` miss over the host link from its lookup kernel: before the lookup it
+fetches the batch's missing rows into the cache (``runtime/embedding/row_cache.py``; on CUDA three Triton kernels,
+``runtime/kernels/cache.py``) — the batch's distinct rows found (a synchronisation), each missing row given the least
+recently used free way of its set, each evicted dirty row written back to the pinned store and each missing row copied
+in from it, both zero-copy, the count of rows that found no way read back (a second synchronisation) — and then gathers
+every row from HBM. Per shard and step, with ``u = touched(n, r)`` the distinct rows the shard's ids touch
+(:func:`touched_rows`) and ``m = u·(1 − h)`` those missing: ``fetch = cache_fetch_us + 2·m·cache_fetch_ns_per_row`` (the
+profile's ``overheads``, zero until calibrated). ``2·m`` rows move: each missing row copied in evicts one, and in
+training every row in the cache is dirty (the fused update marks each row it updates, and every row a training step
+fetches is updated), so each eviction writes one back. (How ``m`` compares with the rows the executor fetched, a row
+missed twice in one batch being fetched once, and the figures fitted on its Triton fetch: ``docs/truth.md``, "The cost
+model's measured figures".) The executor fetches once per cached *group* of a rank (its ``uvm_cache`` shards of one
+dtype, width and optimizer), the model once per shard: it charges ``cache_fetch_us`` once too many per extra shard of a
+group.
 
 The host waits for the fetch (it synchronises) and the device for its rows, so a calibrated ``uvm_cache`` shard's
 compute time is shardwise's — every gather from HBM, the fill, the streams and the sort, plus ``fetch`` — and the

@@ -213,8 +213,8 @@ def cache_hit_rate(num_rows: int, cache_fraction: float | None, access_skew: flo
     (:func:`lru_characteristic_time`: a row is cached if it was looked up in the last ``T`` ids), at least ``f``.
     It is below the head mass ``H(k, s) / H(r, s)`` of a cache that would keep the ``k`` hottest rows (LFU with
     perfect counts): LRU also keeps cold rows looked up lately. Against the executor's 32-way set-associative LRU
-    cache (``clients/row_cache.py``; ``benchmarks/port_measured.py run --parts hitrate``) this is the closer of the
-    two: ``docs/truth.md``, "The cache's hit rate".
+    cache (``runtime/embedding/row_cache.py``; ``benchmarks/port_measured.py run --parts hitrate``) this is the
+    closer of the two: ``docs/truth.md``, "The cache's hit rate".
     """
     f = cache_fraction or 0.0
     if f <= 0:

@@ -11,7 +11,7 @@ its ``host`` shards and the cache fetches of its ``uvm_cache`` shards, and its s
 — the executor has no synchronisation inside a step at world size one (but for the transfers of ``host`` shards and
 the cache fetches, whose time is in both terms), so the host and the device overlap, and the slower of the two sets
 the pace. A profile calibrated on graphed steps (``overheads.graphed_steps``, ``shardwise calibrate --graphed``:
-each step captured once as a CUDA graph and replayed, ``clients/graphed.py``) has no such overlap to price: the host
+each step captured once as a CUDA graph and replayed, ``runtime/graphed.py``) has no such overlap to price: the host
 enqueues a replay in microseconds, and the floor, fitted on small models' replays, is the device time of the small
 kernels a step runs (a few microseconds each however little each does), which adds to the work — the step is
 ``compute + comm + host`` (:class:`RankStep`; on graphed steps the sum fitted ``benchmarks/truth.py``'s
@@ -82,5 +82,5 @@ def host_floor_ms(profile: HardwareProfile, tables: int, layers: int, groups: in
 
 def shard_group_key(table: EmbeddingTableSpec, num_cols: int, placement: Placement) -> tuple[object, ...]:
     """The group of shards shardwise's executor looks up a shard with on its rank: one dtype, width, optimizer and
-    placement kind (``hbm``, ``host``, ``uvm_cache``) a group (``clients/shard_groups.py``)."""
+    placement kind (``hbm``, ``host``, ``uvm_cache``) a group (``runtime/embedding/groups.py``)."""
     return (table.dtype, num_cols, table.optimizer, placement)

@@ -52,24 +52,24 @@ shardwise's own executor (``shardwise.clients``) differs, and where it does the 
 of what the two executors keep there, so that a plan fits either — but for a few bytes per cache slot:
 
 * ``uvm_cache``: with an embedding optimizer the executor keeps FBGEMM's parts where FBGEMM keeps them
-  (``clients/row_cache.py``; ``clients/sharded_embedding.py``, "Placements"): weights and ``s_uvm`` in host memory
+  (``runtime/embedding/row_cache.py``; ``runtime/embedding/bag.py``, "Placements"): weights and ``s_uvm`` in host memory
   (pinned on CUDA), ``s_dev`` in HBM, and an LRU cache of the same ``S`` slots in sets of ``A`` ways, each slot its
   row, an int64 tag and an int64 LRU stamp, each table row an int32 slot map — :func:`cache_bytes` — plus an int32
   lock count and a flag byte per slot: 5 B a slot that the model does not charge (6 % of the cache for 64-B rows,
   under 1 % from 512 B).  It also keeps a **spill reserve** past the sets, so that a fetch never reads back how
-  many rows found no way (``clients/row_cache.py``, "No synchronisation"): ``min(r, ⌈1.25·n⌉)`` slots of
+  many rows found no way (``runtime/embedding/row_cache.py``, "No synchronisation"): ``min(r, ⌈1.25·n⌉)`` slots of
   ``c·b + 21`` B for the ``n = W·B·F·p`` ids a step may bring the shard (:func:`cache_spill_bytes`, charged in the
   cache's HBM).  Not charged, because it is transient: the fused update's compact copy of a batch's rows and their
   state (one lane per id).
   Without an embedding optimizer the executor keeps such a shard in CPU memory like ``host`` (below), which needs
   no more HBM than charged.  Its gradient charge (above) is the larger of the two already.
-* ``host``: on CUDA with an embedding optimizer the executor keeps FBGEMM's parts where FBGEMM keeps them
-  (zero-copy, ``clients/host_memory.py``): weights and ``s_uvm`` in pinned host memory, ``s_dev``, the gradients'
-  index work and the buffers on the GPU.  Its CPU path (``apply_plan(host_access="cpu")``, and a table without an
-  embedding optimizer) keeps the shard on the CPU — weights, every state (rowwise_adagrad's too), the sparse
-  gradient, and CPU copies of the ids, bag offsets, pooled rows and their gradient.  Larger of the two: HBM charges
-  ``s_dev`` besides gradients and buffers; host memory charges the CPU path's weights + state + gradients + buffers
-  (so rowwise_adagrad's ``r·4`` is charged in both memories).
+* ``host``: on CUDA with an embedding optimizer the executor keeps FBGEMM's parts where FBGEMM keeps them (zero-copy,
+  ``runtime/embedding/host_memory.py``): weights and ``s_uvm`` in pinned host memory, ``s_dev``, the gradients' index
+  work and the buffers on the GPU.  Its CPU path (``apply_plan(host_access="cpu")``, and a table without an embedding
+  optimizer) keeps the shard on the CPU — weights, every state (rowwise_adagrad's too), the sparse gradient, and CPU
+  copies of the ids, bag offsets, pooled rows and their gradient.  Larger of the two: HBM charges ``s_dev`` besides
+  gradients and buffers; host memory charges the CPU path's weights + state + gradients + buffers (so rowwise_adagrad's
+  ``r·4`` is charged in both memories).
 * ``hbm``: the two agree.
 
 In a 2D plan (:mod:`shardwise.solver.cost_model.comm`, "2D plans") an ``allreduce_rows`` shard keeps the row-sparse

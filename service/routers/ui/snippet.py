@@ -1,6 +1,6 @@
 """The plan page's "Apply it" snippet: the few lines of a training script that fetch this plan and shard a model
 with it, written against the package's public API (``from shardwise import ...``; a name ``shardwise/__init__.py``
-does not export would come from its module path, e.g. ``shardwise.clients.apply``).
+does not export would come from its module path, e.g. ``shardwise.runtime.apply``).
 
 Only text: the service never imports the client side (``shardwise.clients``); tests/ui parses the snippet and checks
 its imports against ``shardwise.__all__`` and its call against the real ``apply_plan``.

@@ -15,14 +15,11 @@ from torch import Tensor  # noqa: E402  (after the importorskip)
 
 from shardwise.runtime.embedding.cache_prefetch import overlapped_prefetch  # noqa: E402
 from shardwise.runtime.embedding.groups import plan_groups  # noqa: E402
-from shardwise.runtime.embedding.row_cache import (  # noqa: E402
-    CACHE_WAYS,
-    CacheStats,
-    RowCache,
-    cache_slots,
-)
+from shardwise.runtime.embedding.row_cache import CacheStats, RowCache  # noqa: E402
 from shardwise.runtime.embedding.update import RowOptimizer, UpdateConfig  # noqa: E402
 from shardwise.solver import cost_model  # noqa: E402
+from shardwise.wire import executor  # noqa: E402
+from shardwise.wire.executor import CACHE_WAYS_CUDA, cache_slots  # noqa: E402
 from shardwise.wire.spec import (  # noqa: E402
     Dtype,
     EmbeddingTableSpec,
@@ -216,6 +213,23 @@ def test_slots_agree_with_the_cost_model(rows: int, fraction: float, ways: int) 
     assert cache_slots(rows, fraction, ways) == cost_model.cache_slots(rows, fraction, ways)
 
 
+def test_a_slot_holds_the_wires_bytes() -> None:
+    """The tensors a cache keeps per slot and per row are as wide as the wire says (``shardwise.wire.executor``),
+    which is what the cost model charges: a wider tag or lock here would be memory no plan accounts for."""
+    cache = make()
+    assert cache.tags.element_size() == executor.CACHE_TAG_BYTES
+    assert cache.stamps.element_size() == executor.CACHE_STAMP_BYTES
+    assert cache.locks.element_size() == executor.CACHE_LOCK_BYTES
+    assert cache.flags.element_size() == executor.CACHE_FLAG_BYTES
+    assert cache.slot_of.element_size() == executor.CACHE_SLOT_MAP_BYTES
+    per_slot = sum(
+        getattr(executor, n) for n in ("CACHE_TAG_BYTES", "CACHE_STAMP_BYTES", "CACHE_LOCK_BYTES", "CACHE_FLAG_BYTES")
+    )
+    row = cache.weight.shape[1] * cache.weight.element_size()
+    slot_map = cache.slot_of.numel() * executor.CACHE_SLOT_MAP_BYTES
+    assert cache.device_bytes() == cache.tags.numel() * (row + per_slot) + slot_map
+
+
 @pytest.mark.parametrize("optimizer", list(RowOptimizer))
 def test_device_and_host_bytes_are_the_cost_models_plus_five_bytes_a_slot(optimizer: RowOptimizer) -> None:
     """Two uvm_cache shards in one group: device bytes = Σ cost model (cache + s_dev) + 5·S (lock and flags);
@@ -267,7 +281,7 @@ def test_device_and_host_bytes_are_the_cost_models_plus_five_bytes_a_slot(optimi
     # on a CPU executor both memories are the CPU's: FBGEMM's rule says which state is the device's
     rowwise = optimizer is RowOptimizer.rowwise_adagrad
     state_device = sum(t.numel() * t.element_size() for t in g.state.values()) if rowwise else 0
-    assert cache.slots == sum(cache_slots(r, f, CACHE_WAYS) for r, f in shards)
+    assert cache.slots == sum(cache_slots(r, f, CACHE_WAYS_CUDA) for r, f in shards)
     assert cache.device_bytes() + state_device == model_device + 5 * cache.slots
     host = g.weight.numel() * g.weight.element_size()
     host += 0 if rowwise else sum(t.numel() * t.element_size() for t in g.state.values())
