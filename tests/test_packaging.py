@@ -18,8 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
-from shardwise.service.devserver import running_server
+from server_support import running_server
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

@@ -30,8 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from shardwise.service.devserver import free_port, stop, wait_ready
+from server_support import free_port, stop, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from server_support import python_path
 from sqlalchemy import create_engine, select, text, update
 from sqlalchemy.orm import Session
 
@@ -121,7 +122,7 @@ class Worker:
         env = {
             **os.environ,
             **(extra_env or {}),
-            "PYTHONPATH": str(ROOT),
+            "PYTHONPATH": python_path(),  # the checkout, and the fault drills (tests/drills)
             "SHARDWISE_BROKER_URL": broker_url,
             "SHARDWISE_DATABASE_URL": database_url,
             "SHARDWISE_CELERY_QUEUE": queue,

@@ -7,7 +7,7 @@
   job's plan is stored once the database is back, every row reads back;
 * a read-only SQLite file: ``/readyz`` says so, writes answer 503.
 
-The solves are made slow with the fault drill ``SHARDWISE_FAULT_HANG`` (``shardwise.service.jobs``).
+The solves are made slow with the fault drill ``SHARDWISE_FAULT_HANG`` (``tests/drills/sitecustomize.py``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from conftest import assert_problem, fleet, make_settings, small_model
-from fault_support import TcpProxy, alive, cmdline, descendants, server_process, wait_until
+from fault_support import TcpProxy, alive, cmdline, descendants, fault_hang, server_process, wait_until
 from shardwise.service.app import create_app
 from shardwise.service.db import upgrade
 from shardwise.service.jobs import LocalRunner
@@ -129,7 +129,7 @@ def test_kill_9_of_the_api_leaves_no_solver_and_the_restart_ends_the_job(clean_d
 @pytest.fixture
 def frozen_runner(clean_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalRunner]:
     """A runner of its own (two processes, a 2 s lease) whose processes hang 3 s on the model ``frozen``."""
-    monkeypatch.setenv("SHARDWISE_FAULT_HANG", "frozen:3")
+    fault_hang(monkeypatch, "frozen:3")
     runner = LocalRunner(clean_db, workers=2, lease_s=2.0)
     runner.start()
     yield runner
@@ -208,7 +208,7 @@ def test_postgres_cut_for_10_s_mid_solve(
     clean_db: str, proxied_postgres: tuple[str, TcpProxy], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url, proxy = proxied_postgres
-    monkeypatch.setenv("SHARDWISE_FAULT_HANG", "outage:2")
+    fault_hang(monkeypatch, "outage:2")
     runner = LocalRunner(url, workers=1)
     runner.start()
     try:

@@ -21,6 +21,7 @@ from fastapi.testclient import TestClient
 from hostile_cases import BASE, BASE_PROFILE, LONG_PROFILES, Case, all_cases, calibration
 from hostile_cases import custom_profile as catalogue_profile
 from hostile_cases import plan_request as hostile_plan_request
+from server_support import running_server
 from sqlalchemy import Engine, create_engine
 from sqlalchemy import text as sql_text
 
@@ -34,7 +35,6 @@ from conftest import (
     small_model,
 )
 from shardwise.hwprofiles import get_profile
-from shardwise.service.devserver import running_server
 from shardwise.service.models import (
     Base,
     CalibrationRow,

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from server_support import running_server
 
 from conftest import assert_problem, count, fleet, small_model
-from shardwise.service.devserver import running_server
 from shardwise.service.models import JobRow, ModelVersionRow, PlanRow
 from shardwise.service.settings import Settings
 

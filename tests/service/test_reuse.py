@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from server_support import running_server
 from sqlalchemy import create_engine, func, select, update
 from sqlalchemy.orm import Session
 
@@ -28,7 +29,6 @@ from conftest import assert_problem, count, fleet, make_settings, small_model
 from shardwise.clients.client import ShardwiseClient
 from shardwise.service.app import create_app
 from shardwise.service.db import session_factory
-from shardwise.service.devserver import running_server
 from shardwise.service.jobs import LocalRunner, Reaper
 from shardwise.service.models import JobRow, PlanRow, utcnow
 from shardwise.solver.extract import solver_version

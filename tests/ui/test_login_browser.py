@@ -16,8 +16,8 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+from server_support import running_server
 
-from shardwise.service.devserver import running_server
 from ui_support import CHROMIUM, CHROMIUM_ARGS, fleet, post_plan, small_model
 
 pytestmark = pytest.mark.playwright

@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from server_support import running_server
 
-from shardwise.service.devserver import running_server
 from ui_support import CHROMIUM, CHROMIUM_ARGS, REPO_ROOT, fleet, hot_model, mixed_fleet, post_plan, small_model
 
 pytestmark = pytest.mark.playwright

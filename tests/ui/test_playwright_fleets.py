@@ -18,8 +18,8 @@ from typing import Any
 
 import httpx
 import pytest
+from server_support import running_server
 
-from shardwise.service.devserver import running_server
 from ui_support import CHROMIUM, CHROMIUM_ARGS, REPO_ROOT
 
 pytestmark = pytest.mark.playwright
