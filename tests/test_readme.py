@@ -153,6 +153,7 @@ def checkout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Checkout]:
         stop(server, timeout_s=30)
 
 
+@pytest.mark.server
 @pytest.mark.slow
 @pytest.mark.parametrize("block", RUNNABLE, ids=[b.id for b in RUNNABLE])
 def test_readme_block_runs(block: Block, checkout: Checkout) -> None:

@@ -89,6 +89,7 @@ def log_records(path: Path, *, killed: bool = False) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------------------------- kill -9
 
 
+@pytest.mark.server
 def test_kill_9_of_the_api_leaves_no_solver_and_the_restart_ends_the_job(clean_db: str, tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     hang = {"SHARDWISE_FAULT_HANG": "doomed:120"}
@@ -138,6 +139,7 @@ def frozen_runner(clean_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Lo
     runner.shutdown()
 
 
+@pytest.mark.slow
 def test_a_frozen_solve_is_reaped_not_joined_and_its_late_result_changes_nothing(
     clean_db: str, frozen_runner: LocalRunner, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -171,6 +173,7 @@ def test_a_frozen_solve_is_reaped_not_joined_and_its_late_result_changes_nothing
         assert client.post("/api/v1/plans", json=plan_request("frozen")).status_code == 200  # reused
 
 
+@pytest.mark.slow
 def test_an_identical_request_does_not_join_a_job_whose_holder_stopped(
     clean_db: str, frozen_runner: LocalRunner
 ) -> None:
@@ -204,6 +207,7 @@ def proxied_postgres(clean_db: str) -> Iterator[tuple[str, TcpProxy]]:
         yield url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False), proxy
 
 
+@pytest.mark.slow
 def test_postgres_cut_for_10_s_mid_solve(
     clean_db: str, proxied_postgres: tuple[str, TcpProxy], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -261,6 +265,7 @@ WITHOUT_OVERRIDE = (
 )
 
 
+@pytest.mark.server
 def test_a_read_only_sqlite_file(tmp_path: Path) -> None:
     """A database file whose mode is read-only: ``/readyz`` says it takes no writes, a write answers 503."""
     db = tmp_path / "ro.db"

@@ -71,6 +71,8 @@ def test_urls_are_redacted_in_settings() -> None:
     assert redact("sqlite:///./shardwise.db") == "sqlite:///./shardwise.db"
 
 
+@pytest.mark.server
+@pytest.mark.postgres
 def test_serve_never_shows_the_database_password(tmp_path: Path) -> None:
     """``shardwise serve`` with a PostgreSQL URL holding a password (the local server trusts, so it connects)."""
     if not postgres_available():
@@ -113,6 +115,7 @@ def test_serve_never_shows_the_database_password(tmp_path: Path) -> None:
     assert any(r["logger"] == "shardwise.access" for r in records)
 
 
+@pytest.mark.server
 def test_a_client_that_hangs_up_mid_body_is_not_an_error(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'disconnect.db'}"
     upgrade(url)

@@ -206,6 +206,7 @@ async def _waiters_and_probes(base: str, body: dict[str, Any], waiters: int) -> 
         return list(await asyncio.gather(*tasks)), latencies
 
 
+@pytest.mark.server
 def test_hundreds_of_waiting_posts_leave_the_probes_fast(clean_db: str, tmp_path: Path) -> None:
     """300 POSTs wait on one solve that hangs 8 s (SHARDWISE_FAULT_HANG) with 40 request threads (fewer than the
     waiters): the probes still answer at once, and every waiter gets the one plan when the solve ends."""
@@ -339,6 +340,7 @@ def test_the_runner_beats_the_jobs_queued_in_its_pool(clean_db: str) -> None:
         engine.dispose()
 
 
+@pytest.mark.server
 def test_several_server_processes_answer_the_herd(clean_db: str, tmp_path: Path) -> None:
     """`SHARDWISE_WORKERS=2`: a plan solved through the port is found by key through it by 200 ranks at once."""
     key = key_of(small_model(), fleet())

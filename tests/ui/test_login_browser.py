@@ -20,7 +20,7 @@ from server_support import running_server
 
 from ui_support import CHROMIUM, CHROMIUM_ARGS, fleet, post_plan, small_model
 
-pytestmark = pytest.mark.playwright
+pytestmark = [pytest.mark.playwright, pytest.mark.server]
 
 TOKEN = "browser-login-token-0123456789"
 EVIL = "http://evil.test"  # another site: served by Playwright's router, never by the network
