@@ -58,8 +58,12 @@ typecheck: install-torch ## mypy --strict on the packages (torch installed so th
 test: lint typecheck install-browser ## lint, typecheck, then the whole test suite (what CI runs)
 	$(VENV)/bin/pytest -q
 
-test-fast: install-torch install-browser ## the test suite without lint and typecheck
-	$(VENV)/bin/pytest -q -x
+# The slow kinds (pyproject's markers): a real server or worker process, gloo process groups, Triton's interpreter,
+# and what is marked slow. PostgreSQL stays in: it is the database production runs.
+FAST := not (server or dist or interpreter or slow)
+
+test-fast: install-torch ## the edit loop: the suite without the slow kinds (no lint, no typecheck; stops at the first failure)
+	$(VENV)/bin/pytest -q -x -m "$(FAST)"
 
 bench: install ## greedy vs CP-SAT (vs TorchRec if installed) on the benchmark instances; BENCH_ARGS=... to filter
 	$(PY) benchmarks/run.py $(BENCH_ARGS)

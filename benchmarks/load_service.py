@@ -6,8 +6,8 @@ temporary directory, migrated first) on a free loopback port, then:
 1. **cold**: each example model/fleet planned once through the HTTP API (a real solve in the server's job
    process, followed to completion), wall time seen by the client;
 2. **waiting**: ``--waiters`` concurrent ``POST /plans`` (``wait_s`` 60) of one request whose solve hangs
-   ``--hang`` seconds (``SHARDWISE_FAULT_HANG``), while ``/healthz`` and ``/readyz`` are probed one after the other;
-   prints the probes' p50/p99/max and how the waiters were answered;
+   ``--hang`` seconds (the fault drill ``SHARDWISE_FAULT_HANG``, ``tests/drills``), while ``/healthz`` and
+   ``/readyz`` are probed one after the other; prints the probes' p50/p99/max and how the waiters were answered;
 3. **herd**: ``--herd`` clients, each on a connection of its own and all at once, ask for one stored plan the way
    a rank does at job start (``GET /plans/by-key/{key}``, the key computed by the client); ``--herd-rounds`` times.
    Every one must be answered 200: a reset or a timeout is counted and reported;
@@ -35,10 +35,12 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent / "tests"))  # server_support: the tests' dev server
+
+from server_support import running_server
 
 from benchmarks import rawhttp
 from benchmarks.run import machine
-from shardwise.service.devserver import running_server
 from shardwise.wire.hashing import request_key
 from shardwise.wire.resources import PlanOptions
 from shardwise.wire.spec import FleetSpec, ModelSpec

@@ -25,10 +25,9 @@ belongs to its request hash, and the next identical request is answered from it.
 
 Local solver processes die with the API (``die_with_parent``): ``kill -9`` of the API leaves no solver behind.
 
-Fault drill: ``SHARDWISE_FAULT_HANG="<model name>:<seconds>"`` in a solver process's environment makes a job of that
-model hang that long before solving (the solver honours its time limit, so nothing else overruns it): what runs out
-is the job's hard limit, and what follows — the job ended failed, the worker going on — can be rehearsed and tested.
-Unset (the default), nothing changes.
+``before_solve`` is a seam for fault drills: a no-op the solver process calls before each solve. The tests' drills
+(``tests/drills/sitecustomize.py``: ``SHARDWISE_FAULT_HANG`` makes a model's solve hang) replace it in the
+processes they start; the product never does.
 """
 
 from __future__ import annotations
@@ -143,7 +142,7 @@ def _run(sessions: Callable[[], Session], job: JobRow) -> str:
         params = SolveParams.model_validate(job.request["options"])
         trace: list[ProgressPoint] = []
         report = _progress_reporter(sessions, job.id, trace)
-        _fault_hang(model.name)
+        before_solve(model)
         plan = make_plan(model, fleet, params, on_progress=report)
         plan = plan.model_copy(update={"solver": plan.solver.model_copy(update={"progress": trace})})
     except PlanValidationError as exc:  # the planner's gate refused its own plan: nothing to store
@@ -178,20 +177,8 @@ def _record_end(
     return retry_unavailable(end, f"job {job.id}: recording its end", STORE_RETRY_S)
 
 
-def _fault_hang(model_name: str) -> None:
-    """The fault drill of the module docstring (``SHARDWISE_FAULT_HANG``); a malformed value is ignored, logged."""
-    spec = os.environ.get("SHARDWISE_FAULT_HANG", "")
-    if not spec:
-        return
-    name, _, seconds = spec.rpartition(":")
-    try:
-        hang_s = float(seconds)
-    except ValueError:
-        log.warning("SHARDWISE_FAULT_HANG=%r is not <model>:<seconds>: ignored", spec)
-        return
-    if name == model_name and 0 < hang_s < 3600:
-        log.warning("fault drill: job of %s hangs %.1f s before solving", model_name, hang_s)
-        time.sleep(hang_s)
+def before_solve(model: ModelSpec) -> None:
+    """Called in the solver process just before a job's solve, with its model; does nothing (see the module doc)."""
 
 
 def _lease_cutoff(lease_s: float) -> datetime:

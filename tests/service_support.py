@@ -1,5 +1,5 @@
-"""Helpers the service's test packages share (``tests/service`` and ``tests/ui``): small specs and emptying a
-test database between tests. A plain module on pytest's ``pythonpath``, not a ``conftest.py``: two conftest
+"""Helpers the service's tests share (``tests/service`` and the pages' ``tests/service/ui``): small specs and emptying
+a test database between tests. A plain module on pytest's ``pythonpath``, not a ``conftest.py``: two conftest
 modules in sibling folders would shadow each other's name."""
 
 from __future__ import annotations

@@ -18,8 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
-from shardwise.service.devserver import running_server
+from server_support import running_server
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -109,6 +108,7 @@ def test_the_base_install_lists_the_catalogue(base_env: Path) -> None:
     assert "amd-mi350x" in out.stdout
 
 
+@pytest.mark.server
 def test_the_base_install_runs_the_remote_commands(base_env: Path, tmp_path: Path) -> None:
     with running_server(f"sqlite:///{tmp_path / 'remote.db'}") as base:
         empty = run(base_env, "shardwise", "list", "--url", base)

@@ -30,8 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from shardwise.service.devserver import free_port, stop, wait_ready
+from server_support import free_port, stop, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -154,6 +153,7 @@ def checkout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Checkout]:
         stop(server, timeout_s=30)
 
 
+@pytest.mark.server
 @pytest.mark.slow
 @pytest.mark.parametrize("block", RUNNABLE, ids=[b.id for b in RUNNABLE])
 def test_readme_block_runs(block: Block, checkout: Checkout) -> None:

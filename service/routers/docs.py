@@ -12,7 +12,8 @@ licenses beside them:
 Swagger UI's online validator badge is off (``validatorUrl: null``). ReDoc 2 draws Redocly's logo in its sidebar from
 cdn.redoc.ly whatever its options say; both pages carry a Content-Security-Policy that allows images and fonts from
 this server (and ``data:``) only, so the browser never asks for it (the logo's ``onError`` hides it) nor for a web
-font. tests/ui/test_playwright.py opens both pages with every request beyond 127.0.0.1 refused and finds none made.
+font. tests/service/ui/test_playwright.py opens both pages with every request beyond 127.0.0.1 refused and finds none
+made.
 """
 
 from __future__ import annotations

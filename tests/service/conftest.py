@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from server_support import running_server
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
@@ -23,7 +24,6 @@ from sqlalchemy.orm import Session
 from service_support import empty_tables, fleet, small_model  # noqa: F401  (re-exported to the tests)
 from shardwise.service.app import create_app
 from shardwise.service.db import upgrade
-from shardwise.service.devserver import running_server
 from shardwise.service.jobs import LocalRunner
 from shardwise.service.settings import Settings
 

@@ -1,5 +1,6 @@
 """Tools for the fault tests: a TCP proxy that can cut a database away and bring it back, a server in a
-subprocess whose pid the test holds, and the process tree read from ``/proc``."""
+subprocess whose pid the test holds, the fault drills in the solver processes of a runner made in the test process,
+and the process tree read from ``/proc``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from shardwise.service.devserver import free_port, server_env, stop, uvicorn_command, wait_ready
+import pytest
+from server_support import free_port, python_path, server_env, stop, uvicorn_command, wait_ready
 
 
 class TcpProxy:
@@ -127,6 +129,14 @@ def cmdline(pid: int) -> str:
 
 
 # ------------------------------------------------------------------------------------------------- servers
+
+
+def fault_hang(monkeypatch: pytest.MonkeyPatch, spec: str) -> None:
+    """The drill ``SHARDWISE_FAULT_HANG=spec`` (``tests/drills/sitecustomize.py``) in the solver processes that a
+    runner made afterwards in this process spawns: they inherit the variable and the drills' ``PYTHONPATH``.
+    A server started with ``server_support`` gets the path by itself; it only needs the variable in its ``env``."""
+    monkeypatch.setenv("SHARDWISE_FAULT_HANG", spec)
+    monkeypatch.setenv("PYTHONPATH", python_path())
 
 
 @contextlib.contextmanager

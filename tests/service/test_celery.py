@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from server_support import python_path
 from sqlalchemy import create_engine, select, text, update
 from sqlalchemy.orm import Session
 
@@ -121,7 +122,7 @@ class Worker:
         env = {
             **os.environ,
             **(extra_env or {}),
-            "PYTHONPATH": str(ROOT),
+            "PYTHONPATH": python_path(),  # the checkout, and the fault drills (tests/drills)
             "SHARDWISE_BROKER_URL": broker_url,
             "SHARDWISE_DATABASE_URL": database_url,
             "SHARDWISE_CELERY_QUEUE": queue,
@@ -242,7 +243,7 @@ def empty(url: str) -> None:
     engine.dispose()
 
 
-@pytest.fixture(params=["postgresql", "sqlite"])
+@pytest.fixture(params=[pytest.param("postgresql", marks=pytest.mark.postgres), "sqlite"])
 def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     b: Backend = request.getfixturevalue(f"{'pg' if request.param == 'postgresql' else 'sqlite'}_backend")
     yield b
@@ -325,6 +326,7 @@ def ended(job: Job) -> bool:
 # ------------------------------------------------------------------------------------------------- tests
 
 
+@pytest.mark.server
 def test_a_worker_solves_a_submitted_job(backend: Backend) -> None:
     with TestClient(create_app(backend.settings())) as client:
         assert client.app.state.runner.name == "celery"  # type: ignore[attr-defined]
@@ -344,6 +346,8 @@ def test_a_worker_solves_a_submitted_job(backend: Backend) -> None:
     engine.dispose()
 
 
+@pytest.mark.server
+@pytest.mark.postgres
 @pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
 def test_sigkill_mid_solve_is_redelivered_and_stores_one_plan(
     broker: str, pg_url: str, redis_url: str, workers: Callable[..., Worker]
@@ -382,6 +386,8 @@ def test_sigkill_mid_solve_is_redelivered_and_stores_one_plan(
         empty(pg_url)
 
 
+@pytest.mark.server
+@pytest.mark.postgres
 def test_a_dead_workers_job_is_sent_again_by_the_reaper_long_before_the_broker_would(
     pg_url: str, redis_url: str, workers: Callable[..., Worker]
 ) -> None:
@@ -414,6 +420,8 @@ def test_a_dead_workers_job_is_sent_again_by_the_reaper_long_before_the_broker_w
         empty(pg_url)
 
 
+@pytest.mark.server
+@pytest.mark.postgres
 def test_redis_cut_for_10_s_mid_solve(pg_url: str, redis_url: str, workers: Callable[..., Worker]) -> None:
     """The broker goes away for 10 s while a worker solves: a new request meanwhile gets an answer (never a 5xx),
     the running job ends succeeded with one plan once the broker is back, and every stored row reads back."""
@@ -469,6 +477,8 @@ def repo_jobs(url: str) -> list[str]:
     return ids
 
 
+@pytest.mark.server
+@pytest.mark.postgres
 def test_two_api_replicas_racing_make_one_job_and_one_plan(pg: Backend) -> None:
     body = slow_body("race", time_limit_s=2)
     with TestClient(create_app(pg.settings())) as a, TestClient(create_app(pg.settings())) as b:
@@ -486,6 +496,8 @@ def test_two_api_replicas_racing_make_one_job_and_one_plan(pg: Backend) -> None:
     assert count(pg.database_url, JobRow) == 1
 
 
+@pytest.mark.server
+@pytest.mark.postgres
 def test_a_duplicate_delivery_while_the_job_runs_does_not_solve_it_again(pg: Backend) -> None:
     """What a redelivery looks like to a worker (Redis past its visibility timeout, a requeue after a lost
     connection): more messages for a job that a live process is solving. The lease makes them wait."""
@@ -502,6 +514,8 @@ def test_a_duplicate_delivery_while_the_job_runs_does_not_solve_it_again(pg: Bac
     assert count(pg.database_url, PlanRow) == 1
 
 
+@pytest.mark.server
+@pytest.mark.postgres
 def test_a_job_past_its_time_limit_ends_failed(pg_url: str, redis_url: str, workers: Callable[..., Worker]) -> None:
     # the solver honours its time limit, so an overrun is a solver process that hangs: the fault drill hangs the
     # "overrun" model's jobs for a minute, and with no margin the worker's hard limit (0.2 s) stops the job
@@ -521,6 +535,8 @@ def test_a_job_past_its_time_limit_ends_failed(pg_url: str, redis_url: str, work
     empty(pg_url)
 
 
+@pytest.mark.server
+@pytest.mark.postgres
 def test_a_job_that_keeps_killing_its_process_ends_failed_after_bounded_tries(
     pg_url: str, redis_url: str, workers: Callable[..., Worker]
 ) -> None:
@@ -554,7 +570,7 @@ def test_a_job_that_keeps_killing_its_process_ends_failed_after_bounded_tries(
 # ------------------------------------------------------------------------------------------------- the lease, no broker
 
 
-@pytest.fixture(params=["postgresql", "sqlite"])
+@pytest.fixture(params=[pytest.param("postgresql", marks=pytest.mark.postgres), "sqlite"])
 def db(request: pytest.FixtureRequest) -> Iterator[str]:
     url: str = request.getfixturevalue("pg_url" if request.param == "postgresql" else "sqlite_url")
     yield url

@@ -207,6 +207,7 @@ def test_cli_cannot_reach_the_server() -> None:
 # ------------------------------------------------------------------------------------------------- real server
 
 
+@pytest.mark.server
 def test_against_a_real_uvicorn(live_server: str) -> None:
     with ShardwiseClient(live_server, poll_interval=0.1) as api:
         assert api.healthz()["status"] == "ok"
@@ -217,6 +218,7 @@ def test_against_a_real_uvicorn(live_server: str) -> None:
         assert first.id in {p.id for p in api.list_plans()}
 
 
+@pytest.mark.server
 @pytest.mark.dist
 def test_job_script_path_end_to_end(live_server: str) -> None:
     """The README's path: describe(model) → client.plan(spec, fleet) → apply_plan → training steps, two gloo ranks

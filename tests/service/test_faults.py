@@ -7,7 +7,7 @@
   job's plan is stored once the database is back, every row reads back;
 * a read-only SQLite file: ``/readyz`` says so, writes answer 503.
 
-The solves are made slow with the fault drill ``SHARDWISE_FAULT_HANG`` (``shardwise.service.jobs``).
+The solves are made slow with the fault drill ``SHARDWISE_FAULT_HANG`` (``tests/drills/sitecustomize.py``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from conftest import assert_problem, fleet, make_settings, small_model
-from fault_support import TcpProxy, alive, cmdline, descendants, server_process, wait_until
+from fault_support import TcpProxy, alive, cmdline, descendants, fault_hang, server_process, wait_until
 from shardwise.service.app import create_app
 from shardwise.service.db import upgrade
 from shardwise.service.jobs import LocalRunner
@@ -89,6 +89,7 @@ def log_records(path: Path, *, killed: bool = False) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------------------------- kill -9
 
 
+@pytest.mark.server
 def test_kill_9_of_the_api_leaves_no_solver_and_the_restart_ends_the_job(clean_db: str, tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     hang = {"SHARDWISE_FAULT_HANG": "doomed:120"}
@@ -129,7 +130,7 @@ def test_kill_9_of_the_api_leaves_no_solver_and_the_restart_ends_the_job(clean_d
 @pytest.fixture
 def frozen_runner(clean_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalRunner]:
     """A runner of its own (two processes, a 2 s lease) whose processes hang 3 s on the model ``frozen``."""
-    monkeypatch.setenv("SHARDWISE_FAULT_HANG", "frozen:3")
+    fault_hang(monkeypatch, "frozen:3")
     runner = LocalRunner(clean_db, workers=2, lease_s=2.0)
     runner.start()
     yield runner
@@ -138,6 +139,7 @@ def frozen_runner(clean_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Lo
     runner.shutdown()
 
 
+@pytest.mark.slow
 def test_a_frozen_solve_is_reaped_not_joined_and_its_late_result_changes_nothing(
     clean_db: str, frozen_runner: LocalRunner, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -171,6 +173,7 @@ def test_a_frozen_solve_is_reaped_not_joined_and_its_late_result_changes_nothing
         assert client.post("/api/v1/plans", json=plan_request("frozen")).status_code == 200  # reused
 
 
+@pytest.mark.slow
 def test_an_identical_request_does_not_join_a_job_whose_holder_stopped(
     clean_db: str, frozen_runner: LocalRunner
 ) -> None:
@@ -204,11 +207,12 @@ def proxied_postgres(clean_db: str) -> Iterator[tuple[str, TcpProxy]]:
         yield url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False), proxy
 
 
+@pytest.mark.slow
 def test_postgres_cut_for_10_s_mid_solve(
     clean_db: str, proxied_postgres: tuple[str, TcpProxy], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url, proxy = proxied_postgres
-    monkeypatch.setenv("SHARDWISE_FAULT_HANG", "outage:2")
+    fault_hang(monkeypatch, "outage:2")
     runner = LocalRunner(url, workers=1)
     runner.start()
     try:
@@ -261,6 +265,7 @@ WITHOUT_OVERRIDE = (
 )
 
 
+@pytest.mark.server
 def test_a_read_only_sqlite_file(tmp_path: Path) -> None:
     """A database file whose mode is read-only: ``/readyz`` says it takes no writes, a write answers 503."""
     db = tmp_path / "ro.db"

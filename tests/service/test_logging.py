@@ -15,12 +15,12 @@ from typing import Any
 
 import httpx
 import pytest
+from server_support import free_port, python_path
 from sqlalchemy.engine import make_url
 
 from conftest import create_pg_database, drop_pg_database, postgres_available
 from fault_support import server_process, wait_until
 from shardwise.service.db import upgrade
-from shardwise.service.devserver import ROOT, free_port
 from shardwise.service.observability import JsonFormatter
 from shardwise.service.settings import Settings, redact
 
@@ -71,6 +71,8 @@ def test_urls_are_redacted_in_settings() -> None:
     assert redact("sqlite:///./shardwise.db") == "sqlite:///./shardwise.db"
 
 
+@pytest.mark.server
+@pytest.mark.postgres
 def test_serve_never_shows_the_database_password(tmp_path: Path) -> None:
     """``shardwise serve`` with a PostgreSQL URL holding a password (the local server trusts, so it connects)."""
     if not postgres_available():
@@ -84,7 +86,7 @@ def test_serve_never_shows_the_database_password(tmp_path: Path) -> None:
             **os.environ,
             "SHARDWISE_DATABASE_URL": with_password,
             "SHARDWISE_LOG_LEVEL": "DEBUG",
-            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+            "PYTHONPATH": python_path(),
         }
         command = [sys.executable, "-m", "shardwise.service.cli", "serve", "--no-migrate", "--port", str(port)]
         proc = subprocess.Popen(
@@ -113,6 +115,7 @@ def test_serve_never_shows_the_database_password(tmp_path: Path) -> None:
     assert any(r["logger"] == "shardwise.access" for r in records)
 
 
+@pytest.mark.server
 def test_a_client_that_hangs_up_mid_body_is_not_an_error(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'disconnect.db'}"
     upgrade(url)

@@ -7,8 +7,11 @@ import asyncio
 import json
 
 import httpx
+import pytest
 
 from benchmarks import rawhttp
+
+pytestmark = pytest.mark.server  # live_server: a real uvicorn
 
 
 def test_raw_client_reads_what_httpx_reads(live_server: str) -> None:

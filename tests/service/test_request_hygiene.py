@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from server_support import running_server
 
 from conftest import assert_problem, count, fleet, small_model
-from shardwise.service.devserver import running_server
 from shardwise.service.models import JobRow, ModelVersionRow, PlanRow
 from shardwise.service.settings import Settings
 
@@ -151,6 +151,7 @@ def _answer(raw: bytes) -> tuple[int, dict[str, str], dict[str, Any]]:
     return int(lines[0].split()[1]), headers, json.loads(body) if body else {}
 
 
+@pytest.mark.server
 def test_a_body_that_stalls_midway_is_a_408_and_the_connection_is_closed(slow_body_server: str) -> None:
     body = json.dumps(small_model("stalled")).encode()
     with _connect(slow_body_server) as sock:
@@ -168,6 +169,7 @@ def test_a_body_that_stalls_midway_is_a_408_and_the_connection_is_closed(slow_bo
     assert httpx.get(f"{slow_body_server}/api/v1/models", params={"name": "stalled"}).json()["items"] == []
 
 
+@pytest.mark.server
 def test_a_body_sent_a_byte_at_a_time_is_cut_at_the_deadline(slow_body_server: str) -> None:
     """The deadline is for the whole body from the request's start, not for each piece: a trickle never extends it."""
     body = json.dumps(small_model("trickle")).encode()
@@ -205,6 +207,7 @@ def test_a_body_sent_a_byte_at_a_time_is_cut_at_the_deadline(slow_body_server: s
     assert elapsed < BODY_TIMEOUT_S + 4, elapsed
 
 
+@pytest.mark.server
 def test_stalled_bodies_hold_no_request_thread(slow_body_server: str) -> None:
     """Three clients stall mid-body on a server with one request thread; the other routes answer meanwhile, and a
     body that arrives whole before the deadline (after a pause) is stored."""
@@ -231,6 +234,7 @@ def test_stalled_bodies_hold_no_request_thread(slow_body_server: str) -> None:
             sock.close()
 
 
+@pytest.mark.server
 def test_an_answer_sent_before_the_body_was_read_closes_the_connection(slow_body_server: str) -> None:
     """A route that reads no body answers at once; the connection is closed rather than the rest of the body read
     as the next request."""

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from server_support import running_server
 from sqlalchemy import create_engine, func, select, update
 from sqlalchemy.orm import Session
 
@@ -28,7 +29,6 @@ from conftest import assert_problem, count, fleet, make_settings, small_model
 from shardwise.clients.client import ShardwiseClient
 from shardwise.service.app import create_app
 from shardwise.service.db import session_factory
-from shardwise.service.devserver import running_server
 from shardwise.service.jobs import LocalRunner, Reaper
 from shardwise.service.models import JobRow, PlanRow, utcnow
 from shardwise.solver.version import solver_version
@@ -206,6 +206,7 @@ async def _waiters_and_probes(base: str, body: dict[str, Any], waiters: int) -> 
         return list(await asyncio.gather(*tasks)), latencies
 
 
+@pytest.mark.server
 def test_hundreds_of_waiting_posts_leave_the_probes_fast(clean_db: str, tmp_path: Path) -> None:
     """300 POSTs wait on one solve that hangs 8 s (SHARDWISE_FAULT_HANG) with 40 request threads (fewer than the
     waiters): the probes still answer at once, and every waiter gets the one plan when the solve ends."""
@@ -339,6 +340,7 @@ def test_the_runner_beats_the_jobs_queued_in_its_pool(clean_db: str) -> None:
         engine.dispose()
 
 
+@pytest.mark.server
 def test_several_server_processes_answer_the_herd(clean_db: str, tmp_path: Path) -> None:
     """`SHARDWISE_WORKERS=2`: a plan solved through the port is found by key through it by 200 ranks at once."""
     key = key_of(small_model(), fleet())

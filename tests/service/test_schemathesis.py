@@ -32,6 +32,9 @@ from shardwise.service.app import create_app
 from shardwise.service.db import upgrade
 from shardwise.service.jobs import LocalRunner
 
+# a minute of generated requests: make test runs them, the edit loop (make test-fast) has the hostile catalogue
+pytestmark = pytest.mark.slow
+
 DATABASE_URL = f"sqlite:///{Path(tempfile.mkdtemp(prefix='shardwise-schemathesis-')) / 'api.db'}"
 
 

@@ -118,6 +118,7 @@ def test_a_one_gpu_plan_meets_its_bound_exactly(small_model: ModelSpec) -> None:
     assert plan.lower_bound_ms == pytest.approx(plan.predicted_step_ms, rel=1e-9)
 
 
+@pytest.mark.slow  # a real solve or two, over 4 s on the 2-core machine: make test runs it, make test-fast does not
 @pytest.mark.parametrize("fleet_file", ["fleet_8xh100.json", "fleet_mixed_b200_mi350x.json"])
 def test_the_bound_never_exceeds_a_real_plan(
     load_model: Callable[[str], ModelSpec], fleet_file: str, examples_dir: Path
@@ -190,6 +191,7 @@ def _mixed(hosts: int, gpus: int) -> FleetSpec:
     )
 
 
+@pytest.mark.slow  # a real solve or two, over 4 s on the 2-core machine: make test runs it, make test-fast does not
 @pytest.mark.parametrize(("hosts", "gpus", "batch"), [(1, 8, 8192), (2, 4, 2048), (4, 4, 8192)])
 def test_the_class_weighted_bound_never_exceeds_a_real_plan_on_a_mixed_fleet(
     load_model: Callable[[str], ModelSpec], hosts: int, gpus: int, batch: int

@@ -85,6 +85,7 @@ def test_dcnv2_on_64_h100_gets_a_tighter_bound_that_still_holds() -> None:
     assert after <= plan.predicted_step_ms
 
 
+@pytest.mark.slow  # a real solve or two, over 4 s on the 2-core machine: make test runs it, make test-fast does not
 def test_a_cpsat_solve_reports_the_configuration_bound() -> None:
     # DCNv2 on 64 H100s, the 1D solve: the plan's catalogue-wide bound is the configuration bound, above the greedy's;
     # with a deterministic-time limit the bound's search runs to its end, whatever the machine's speed

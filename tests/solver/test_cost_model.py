@@ -450,6 +450,8 @@ def lru_by_the_sum(rows: int, f: float, skew: float) -> float:
     lo, hi = 0.0, 1e30
     for _ in range(400):
         t = (lo + hi) / 2 if hi < 1e29 else max(1.0, lo * 4)
+        if t in (lo, hi):
+            break  # lo and hi are neighbouring floats: the bisection is as close as it gets
         if math.fsum(-math.expm1(-x * t) for x in p) < k:
             lo = t
         else:

@@ -267,6 +267,7 @@ def test_spread_configs() -> None:
     assert len(bench.spread_configs(bench.QUICK_CONFIGS)) == bench.QUICK_CONFIGS
 
 
+@pytest.mark.interpreter  # benchmarks/kernels.py under TRITON_INTERPRET=1, in a child process
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="the smoke run needs Triton's interpreter")
 def test_cpu_smoke_run_of_the_whole_path_then_its_report(tmp_path: Path) -> None:
     """The sweep end to end on the CPU (Triton's interpreter, host clock: figures without meaning), 4

@@ -288,7 +288,7 @@ def test_kernel_choices_one_per_gpu_type_and_phase() -> None:
 # --------------------------------------------------------------------------------------------- plans carry them
 
 
-@pytest.mark.parametrize("solver", ["greedy", "cpsat"])
+@pytest.mark.parametrize("solver", ["greedy", pytest.param("cpsat", marks=pytest.mark.slow)])  # cpsat: over 4 s
 def test_a_plan_carries_each_linear_layers_kernels_per_gpu_type_and_phase(
     solver: str, load_model: Callable[[str], ModelSpec], load_fleet: Callable[[str], FleetSpec]
 ) -> None:

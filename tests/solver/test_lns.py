@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from shardwise.solver.build import build_plan
 from shardwise.solver.cpsat.candidates import enumerate_candidates
 from shardwise.solver.cpsat.formulation import Formulation
@@ -31,6 +33,7 @@ def _model() -> ModelSpec:
     return ModelSpec.model_validate(json.loads((EXAMPLES / "dlrm_dcnv2.json").read_text()))
 
 
+@pytest.mark.slow  # a real solve or two, over 4 s on the 2-core machine: make test runs it, make test-fast does not
 def test_host_mode_plan_valid_and_deterministic() -> None:
     model, fleet = _model(), _fleet(2)  # 16 GPUs: host mode, then packing and the fleet-wide search
     topo = Topology(fleet)

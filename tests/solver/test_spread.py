@@ -134,6 +134,7 @@ def test_a_block_candidate_is_priced_as_the_evaluator_prices_its_plan() -> None:
     assert all(ev.ranks[r].hbm_used_bytes == 0 for r in off)
 
 
+@pytest.mark.slow  # a real solve or two, over 4 s on the 2-core machine: make test runs it, make test-fast does not
 def test_block_candidates_in_the_greedy_target_packing_and_cpsat_make_valid_plans() -> None:
     topo = Topology(fleet(8))
     m = model(4)
@@ -181,6 +182,7 @@ def test_dcnv2_at_8192_per_gpu_on_16x8_h100() -> None:
     assert check_plan(Topology(f), m, plan) == []
 
 
+@pytest.mark.slow  # a real solve or two, over 4 s on the 2-core machine: make test runs it, make test-fast does not
 def test_cpsat_bound_over_the_whole_catalogue_in_host_mode() -> None:
     """Spread out and small enough, level one gets every candidate: its bound is one over every plan."""
     m, f = model(4), fleet(8)

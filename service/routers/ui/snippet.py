@@ -2,8 +2,8 @@
 with it, written against the package's public API (``from shardwise import ...``; a name ``shardwise/__init__.py``
 does not export would come from its module path, e.g. ``shardwise.runtime.apply``).
 
-Only text: the service never imports the client side (``shardwise.clients``); tests/ui parses the snippet and checks
-its imports against ``shardwise.__all__`` and its call against the real ``apply_plan``.
+Only text: the service never imports the client side (``shardwise.clients``); tests/service/ui parses the snippet and
+checks its imports against ``shardwise.__all__`` and its call against the real ``apply_plan``.
 """
 
 from __future__ import annotations

@@ -16,11 +16,11 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+from server_support import running_server
 
-from shardwise.service.devserver import running_server
 from ui_support import CHROMIUM, CHROMIUM_ARGS, fleet, post_plan, small_model
 
-pytestmark = pytest.mark.playwright
+pytestmark = [pytest.mark.playwright, pytest.mark.server]
 
 TOKEN = "browser-login-token-0123456789"
 EVIL = "http://evil.test"  # another site: served by Playwright's router, never by the network

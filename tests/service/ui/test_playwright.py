@@ -16,11 +16,11 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from server_support import running_server
 
-from shardwise.service.devserver import running_server
 from ui_support import CHROMIUM, CHROMIUM_ARGS, REPO_ROOT, fleet, hot_model, mixed_fleet, post_plan, small_model
 
-pytestmark = pytest.mark.playwright
+pytestmark = [pytest.mark.playwright, pytest.mark.server]
 
 # The README's picture of the plan page. Rewritten when missing or with SHARDWISE_UPDATE_SCREENSHOTS=1 only: the
 # page shows its creation time, so writing it on every run would leave a changed binary in every checkout.

@@ -753,7 +753,7 @@ def test_compare_shows_step_times_fills_and_moved_tables(client: TestClient) -> 
 
 
 def test_compare_of_one_model_on_two_fleets_shows_the_port_analysis(client: TestClient) -> None:
-    example = Path(__file__).resolve().parents[2] / "examples" / "port_b200_to_mi350x"
+    example = Path(__file__).resolve().parents[3] / "examples" / "port_b200_to_mi350x"
     model, b200, mi350x = (
         json.loads((example / f).read_text()) for f in ("model.json", "fleet_b200.json", "fleet_mi350x.json")
     )

@@ -1,8 +1,13 @@
 """A throwaway shardwise server in a subprocess: ``with running_server(url) as base: ...``.
 
-For the benchmarks and the tests that need a real socket (the load script, the client against uvicorn, the
-browser tests): it migrates the database, starts ``uvicorn --factory shardwise.service.asgi:app_from_env`` on a free
-loopback port, waits for ``/readyz``, yields the base URL, and stops the server (and its solver processes) at the end.
+For the tests that need a real socket (raw HTTP, body timeouts, several server processes, the browser tests, the
+client against uvicorn) and for ``benchmarks/load_service.py``: it migrates the database, starts ``uvicorn
+--factory shardwise.service.asgi:app_from_env`` on a free loopback port, waits for ``/readyz``, yields the base URL,
+and stops the server (and its solver processes) at the end.
+
+Test support, not product: it lives under ``tests/`` (a plain module on pytest's ``pythonpath``; the benchmark puts
+``tests/`` on ``sys.path``), so the wheel does not ship it. Every process it starts has the fault drills
+(``tests/drills``) on its ``PYTHONPATH``: inert unless a drill's variable is set (:func:`python_path`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import httpx
 from shardwise.service.db import upgrade
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the folder of the fault drills' ``sitecustomize`` (its docstring says how they reach the processes)
+DRILLS = ROOT / "tests" / "drills"
 
 
 def free_port() -> int:
@@ -66,14 +73,20 @@ def running_server(
 
 
 def server_env(database_url: str, env: Mapping[str, str] | None = None, *, log_level: str) -> dict[str, str]:
-    """This process's environment with ``env``'s settings, the database and the checkout first on ``PYTHONPATH``."""
+    """This process's environment with ``env``'s settings, the database and :func:`python_path`."""
     return {
         **os.environ,
         "SHARDWISE_LOG_LEVEL": log_level,
         **(env or {}),
         "SHARDWISE_DATABASE_URL": database_url,
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        "PYTHONPATH": python_path(),
     }
+
+
+def python_path() -> str:
+    """``PYTHONPATH`` for a process the tests start: the checkout, the fault drills (``DRILLS``: they act only where
+    a drill's variable is set, e.g. ``SHARDWISE_FAULT_HANG``), then this process's own ``PYTHONPATH``."""
+    return os.pathsep.join(p for p in (str(ROOT), str(DRILLS), os.environ.get("PYTHONPATH", "")) if p)
 
 
 def uvicorn_command(

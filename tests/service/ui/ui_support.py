@@ -1,8 +1,9 @@
 """What the page tests share: request documents, and plans made through the API or stored directly.
 
-A plain module, not a ``conftest.py``: ``tests/service`` imports its helpers with ``from conftest import ...``, and
-a second ``conftest`` module here would take that name in ``sys.modules`` whenever both directories are given to
-one pytest run (``pytest tests/service tests/ui``). Fixtures live in the test modules that use them.
+The pages are part of the service (``service/routers/ui/``), so their tests sit below ``tests/service``. A plain
+module, not a ``conftest.py``: ``tests/service`` imports its helpers with ``from conftest import ...``, and a second
+``conftest`` module here would take that name in ``sys.modules``. Fixtures live in the test modules that use them:
+each page module makes its own SQLite database (its fixtures override ``tests/service/conftest.py``'s by name).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def store_plan_directly(database_url: str, model: dict[str, Any], fleet_: dict[s
         engine.dispose()
 
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 # Debian's Chromium, driven by Playwright with executable_path (Playwright cannot download its own browsers here)
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -18,11 +18,11 @@ from typing import Any
 
 import httpx
 import pytest
+from server_support import running_server
 
-from shardwise.service.devserver import running_server
 from ui_support import CHROMIUM, CHROMIUM_ARGS, REPO_ROOT
 
-pytestmark = pytest.mark.playwright
+pytestmark = [pytest.mark.playwright, pytest.mark.server]
 
 SHOTS = REPO_ROOT / "docs" / "screenshots"
 UPDATE = os.environ.get("SHARDWISE_UPDATE_SCREENSHOTS") == "1"
