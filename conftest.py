@@ -7,7 +7,7 @@ in whichever folder it is:
 
 - ``interpreter``: the test reads the ``interpreter_results`` fixture (``interpreter_support``: the module's Triton
   kernels under Triton's interpreter, in a child process);
-- ``dist``: the test calls ``run`` of ``_dist.py`` (functions in processes joined by a gloo process group),
+- ``dist``: the test calls ``run`` of ``tests/dist_support.py`` (functions in processes joined by a gloo process group),
   itself or through a function of its own module.
 
 A plain hook, no fixtures: the service tests' ``from conftest import ...`` reads ``tests/service/conftest.py``,
@@ -37,7 +37,7 @@ def _is_dist_run(value: Any) -> bool:
     return (
         isinstance(value, types.FunctionType)
         and value.__name__ == "run"
-        and value.__code__.co_filename.endswith("_dist.py")
+        and value.__code__.co_filename.endswith("dist_support.py")
     )
 
 
