@@ -44,8 +44,8 @@ from sqlalchemy.engine import make_url  # noqa: E402
 from shardwise.service.app import create_app  # noqa: E402
 from shardwise.service.celery_app import WorkerSettings  # noqa: E402
 from shardwise.service.db import upgrade  # noqa: E402
-from shardwise.service.jobs import JobRunner, LocalRunner  # noqa: E402
 from shardwise.service.models import Base  # noqa: E402
+from shardwise.service.runners import JobRunner, LocalRunner  # noqa: E402
 
 
 def machine() -> str:

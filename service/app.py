@@ -24,11 +24,12 @@ from shardwise.service import repository as repo
 from shardwise.service.db import make_engine, session_factory
 from shardwise.service.errors import problem_responses
 from shardwise.service.job_watch import JobWatcher
-from shardwise.service.jobs import JobRunner, LocalRunner, Reaper
 from shardwise.service.observability import Metrics, RequestMiddleware, configure_logging
 from shardwise.service.plan_cache import PlanCache
+from shardwise.service.reaper import Reaper
 from shardwise.service.routers import calibrations, docs, health, hwprofiles, jobs, plans, port, specs, ui
 from shardwise.service.routers.common import BODY_MODELS, no_control_characters
+from shardwise.service.runners import JobRunner, LocalRunner
 from shardwise.service.settings import Settings
 from shardwise.solver.version import solver_version
 from shardwise.wire.spec import Plan

@@ -220,7 +220,7 @@ class CeleryRunner:
     """Jobs on Celery workers. Submitting publishes the job id; waiting is the caller polling the database."""
 
     name = "celery"
-    redelivers = True  # a job whose worker was lost is queued again (``jobs.reap``)
+    redelivers = True  # a job whose worker was lost is queued again (``reaper.reap``)
 
     def __init__(self, settings: Settings) -> None:
         if isinstance(settings, WorkerSettings):

@@ -1,20 +1,22 @@
-"""Jobs: the solve that runs outside the request, and the runners that run it.
+"""Jobs: the solve that runs outside the request (where it runs: :mod:`shardwise.service.runners`; who ends a job
+whose holder was lost: :mod:`shardwise.service.reaper`).
 
 ``execute_job(job_id, database_url)`` is the whole of a job, written so that any process holding the database URL
 can run it: it claims the job, solves the request stored on it (reporting the solver's best and bound on the row as
 they improve), stores the plan once (the plans' unique request hash settles races) and ends the job. Its state
 lives in the database, so any API replica answers for any job.
 
-Runners decide *where* it runs: ``LocalRunner`` in a pool of local processes (the embedded default); a Celery
-runner (``shardwise.service.celery_app``) on workers when a broker URL is set. ``JobRunner`` is the seam.
+Runners decide *where* it runs: ``runners.LocalRunner`` in a pool of local processes (the embedded default); a
+Celery runner (``shardwise.service.celery_app``) on workers when a broker URL is set. ``runners.JobRunner`` is the
+seam.
 
-Claiming is a compare-and-set on the row (``attempts`` is its version), so two deliveries of one job never both
-claim it. With a lease (``lease_s``: both runners give one, ``SHARDWISE_JOB_LEASE_S``) a ``running`` job whose row
-was touched less than ``lease_s`` ago belongs to a live process: a second delivery leaves it alone and gets ``BUSY``;
-the process that holds a job touches its row (``updated_at``, the heartbeat) every ``lease_s / 3`` seconds while it
-solves. A job whose holder died (or hung, or lost the database) stops being touched; once the lease has run out the
-``Reaper`` (a thread in each API process) ends it failed (``/problems/solve-lost``), or queues it again on a runner
-that redelivers (Celery), and the next delivery claims it.
+Claiming is a compare-and-set on the row (``attempts`` is its version), so two deliveries of one job never both claim
+it. With a lease (``lease_s``: both runners give one, ``SHARDWISE_JOB_LEASE_S``) a ``running`` job whose row was touched
+less than ``lease_s`` ago belongs to a live process: a second delivery leaves it alone and gets ``BUSY``; the process
+that holds a job touches its row (``updated_at``, the heartbeat) every ``lease_s / 3`` seconds while it solves. A job
+whose holder died (or hung, or lost the database) stops being touched; once the lease has run out the ``reaper.Reaper``
+(a thread in each API process) ends it failed (``/problems/solve-lost``), or queues it again on a runner that redelivers
+(Celery), and the next delivery claims it.
 
 A job's end is always recorded: its reads and its end are retried while the database is unavailable
 (``db.retry_unavailable``, for ``STORE_RETRY_S``), and a process that dies is failed by its runner, the reaper or
@@ -23,7 +25,7 @@ attempt that claimed the job, while the job is live; a result that arrives after
 reaper, a restart, a newer attempt) leaves the job as it is and is logged. The plan it solved stays stored: a plan
 belongs to its request hash, and the next identical request is answered from it.
 
-Local solver processes die with the API (``die_with_parent``): ``kill -9`` of the API leaves no solver behind.
+Local solver processes die with the API (``runners.die_with_parent``): ``kill -9`` of the API leaves no solver behind.
 
 ``before_solve`` is a seam for fault drills: a no-op the solver process calls before each solve. The tests' drills
 (``tests/drills/sitecustomize.py``: ``SHARDWISE_FAULT_HANG`` makes a model's solve hang) replace it in the
@@ -32,21 +34,14 @@ processes they start; the product never does.
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import os
-import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager, nullcontext
 from datetime import datetime, timedelta
 from functools import cache
-from multiprocessing import get_context
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy import Engine, or_, update
 from sqlalchemy.orm import Session
@@ -56,7 +51,6 @@ from shardwise.service import repository as repo
 from shardwise.service.db import first_line, make_engine, retry_unavailable, session_factory
 from shardwise.service.errors import problem_body
 from shardwise.service.models import JobRow, utcnow
-from shardwise.service.observability import configure_logging
 from shardwise.wire.resources import JobState
 from shardwise.wire.spec import MAX_PROGRESS_POINTS, FleetSpec, ModelSpec, PlanStatus, ProgressPoint, SolveParams
 
@@ -70,7 +64,7 @@ JOB_LEASE_S = 30.0  # default lease: a running job whose row was not touched for
 
 
 @cache
-def _engine(database_url: str) -> Engine:
+def engine_for(database_url: str) -> Engine:
     return make_engine(database_url)
 
 
@@ -82,7 +76,7 @@ def execute_job(job_id: str, database_url: str, max_attempts: int = MAX_ATTEMPTS
     Every read and write of the job is retried while the database is away (``STORE_RETRY_S``), and its end is
     recorded by a compare-and-set on the attempt it claimed (the late-result rule of the module doc).
     """
-    sessions = session_factory(_engine(database_url))
+    sessions = session_factory(engine_for(database_url))
     taken = retry_unavailable(
         lambda: _take(sessions, job_id, max_attempts, lease_s), f"job {job_id}: claiming it", STORE_RETRY_S
     )
@@ -102,7 +96,7 @@ def _take(sessions: Callable[[], Session], job_id: str, max_attempts: int, lease
             return "missing"
         if job.state not in repo.ACTIVE:
             return job.state  # done already (a duplicate delivery)
-        if lease_s is not None and job.state == JobState.running.value and job.updated_at > _lease_cutoff(lease_s):
+        if lease_s is not None and job.state == JobState.running.value and job.updated_at > lease_cutoff(lease_s):
             return BUSY  # a live process is solving it
         if job.attempts >= max_attempts:
             return _end(
@@ -181,7 +175,7 @@ def before_solve(model: ModelSpec) -> None:
     """Called in the solver process just before a job's solve, with its model; does nothing (see the module doc)."""
 
 
-def _lease_cutoff(lease_s: float) -> datetime:
+def lease_cutoff(lease_s: float) -> datetime:
     return utcnow() - timedelta(seconds=lease_s)
 
 
@@ -189,7 +183,7 @@ def _claim(session: Session, job: JobRow, lease_s: float | None) -> bool:
     """Compare-and-set ``job`` to running (one more attempt); False when another process changed it first."""
     conditions = [JobRow.id == job.id, JobRow.attempts == job.attempts, JobRow.state.in_(repo.ACTIVE)]
     if lease_s is not None:  # a running job only once its holder stopped touching it
-        conditions.append(or_(JobRow.state == JobState.queued.value, JobRow.updated_at <= _lease_cutoff(lease_s)))
+        conditions.append(or_(JobRow.state == JobState.queued.value, JobRow.updated_at <= lease_cutoff(lease_s)))
     result = session.execute(
         update(JobRow)
         .where(*conditions)
@@ -336,7 +330,7 @@ def mark_failed(database_url: str, job_id: str, reason: str) -> bool:
     error = problem_body(500, "solve-crashed", "The solve crashed", reason)
 
     def end() -> bool:
-        with session_factory(_engine(database_url))() as session:
+        with session_factory(engine_for(database_url))() as session:
             result = session.execute(
                 update(JobRow)
                 .where(JobRow.id == key, JobRow.state.in_(repo.ACTIVE))
@@ -350,318 +344,3 @@ def mark_failed(database_url: str, job_id: str, reason: str) -> bool:
     except Exception:
         log.exception("job %s: could not record that its process died; the reaper will end it", job_id)
         return False
-
-
-# ------------------------------------------------------------------------------------------------- runners
-
-
-class JobRunner(Protocol):
-    name: str
-    redelivers: bool  # a job whose holder was lost can be handed to the runner again (``submit``)
-
-    @property
-    def lease_s(self) -> float:
-        """Its jobs' holders touch the row at least every ``lease_s / 3`` seconds while they solve."""
-
-    def start(self) -> None: ...
-
-    def submit(self, job_id: str) -> None: ...
-
-    def wait(self, job_id: str, timeout_s: float) -> None:
-        """Return when the job may have ended or ``timeout_s`` passed; the caller reads its state."""
-
-    def problem(self) -> str | None:
-        """Why jobs cannot run now (for ``/readyz``), or None."""
-
-    def shutdown(self) -> None: ...
-
-
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Have this process killed when its parent dies, however it dies (``kill -9`` included).
-
-    On Linux the kernel does it: ``prctl(PR_SET_PDEATHSIG, SIGKILL)``. The signal comes when the *thread* that
-    started the process ends, so the process must be started from a thread that lives as long as the parent wants
-    it (``LocalRunner`` starts its solver processes from one thread of its own). Elsewhere a daemon thread checks
-    every second that the parent is still the one that started us. Either way a parent already gone by the time
-    this runs is caught by comparing ``getppid()`` with ``parent_pid``.
-    """
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:  # pragma: no cover - never seen to fail
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    else:  # pragma: no cover - exercised on macOS only
-
-        def watch() -> None:
-            while os.getppid() == parent_pid:
-                time.sleep(1.0)
-            os._exit(1)
-
-        threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-    if os.getppid() != parent_pid:  # the parent died before the kernel was told
-        os._exit(1)
-
-
-def _solver_process(parent_pid: int, log_level: str, log_json: bool) -> None:
-    """Initializer of a local solver process: dies with the API, logs as the API does, imports the solver."""
-    die_with_parent(parent_pid)
-    configure_logging(log_level, log_json)
-    import shardwise.solver.cpsat.run
-    import shardwise.solver.planner  # noqa: F401
-
-
-class LocalRunner:
-    """Jobs in a pool of local solver processes (spawned: the API's threads are never forked).
-
-    The processes die with the API (``die_with_parent``), so a killed API leaves no solver behind; the jobs it was
-    running are ended at the next start-up. Every process is started from one thread the runner owns (the
-    parent-death signal follows the starting thread), never from a request's thread."""
-
-    name = "local"
-    redelivers = False
-
-    def __init__(
-        self,
-        database_url: str,
-        workers: int = 1,
-        on_done: Callable[[str], None] | None = None,
-        *,
-        lease_s: float = JOB_LEASE_S,
-        log_level: str = "INFO",
-        log_json: bool = True,
-    ) -> None:
-        self.database_url = database_url
-        self.workers = workers
-        self.on_done = on_done
-        self.lease_s = lease_s
-        self.log_level = log_level
-        self.log_json = log_json
-        self._pool: ProcessPoolExecutor | None = None
-        self._starter: ThreadPoolExecutor | None = None  # the one thread that starts solver processes
-        self._events: dict[str, threading.Event] = {}
-        self._lock = threading.Lock()
-        self._beating: threading.Event | None = None  # set to stop the beat of the queued jobs
-
-    def start(self) -> None:
-        with self._lock:
-            self._start()
-            if self._beating is None:
-                self._beating = threading.Event()
-                threading.Thread(
-                    target=self._beat_queued, args=(self._beating,), name="queued-heartbeat", daemon=True
-                ).start()
-
-    def _beat_queued(self, stop: threading.Event) -> None:
-        """Touch the rows of this runner's jobs still queued in its pool, every ``lease_s / 3`` seconds: a queued job
-        of a server process that died stops being touched, and the reaper of any other process ends it."""
-        while not stop.wait(self.lease_s / 3):
-            with self._lock:
-                keys = [k for k in map(repo.parse_uuid, self._events) if k is not None]
-            if not keys:
-                continue
-            try:
-                with session_factory(_engine(self.database_url))() as session:
-                    session.execute(
-                        update(JobRow)
-                        .where(JobRow.id.in_(keys), JobRow.state == JobState.queued.value)
-                        .values(updated_at=utcnow())
-                    )
-                    session.commit()
-            except Exception as exc:  # tried again on the next beat, well within the lease
-                log.warning("could not record the heartbeat of %d queued job(s): %s", len(keys), first_line(exc))
-
-    def _start(self) -> None:
-        if self._starter is None:
-            self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="solver-starter")
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(
-                max_workers=self.workers,
-                mp_context=get_context("spawn"),
-                initializer=_solver_process,
-                initargs=(os.getpid(), self.log_level, self.log_json),
-            )
-
-    def _submit_now(self, job_id: str) -> Future[str]:
-        """On the starter thread: a pool submit may start a process, which must not belong to a passing thread."""
-        assert self._pool is not None
-        try:
-            return self._pool.submit(execute_job, job_id, self.database_url, lease_s=self.lease_s)
-        except BrokenProcessPool:
-            self._pool = None
-            self._start()
-            assert self._pool is not None
-            return self._pool.submit(execute_job, job_id, self.database_url, lease_s=self.lease_s)
-
-    def submit(self, job_id: str) -> None:
-        with self._lock:
-            self._events.setdefault(job_id, threading.Event())
-            self._start()
-            assert self._starter is not None
-            future = self._starter.submit(self._submit_now, job_id).result()
-        future.add_done_callback(lambda f: self._done(job_id, f))
-
-    def _done(self, job_id: str, future: Future[str]) -> None:
-        exc = future.exception()
-        if exc is None:
-            self._after(job_id)
-            return
-        # the process died (or the pool broke, or the database stayed away past the retries): the job cannot end
-        # itself. Recording it may wait for the database: not on the pool's own thread, which runs this callback.
-        log.error("job %s: its solver process failed: %r", job_id, exc)
-        reason = f"the solver process ended abnormally: {exc!r}"
-
-        def record() -> None:
-            mark_failed(self.database_url, job_id, reason)
-            self._after(job_id)
-
-        threading.Thread(target=record, name=f"end-{job_id}", daemon=True).start()
-
-    def _after(self, job_id: str) -> None:
-        if self.on_done is not None:  # before the waiters wake: they may read what it records
-            try:
-                self.on_done(job_id)
-            except Exception:
-                log.warning("the on_done hook failed for job %s", job_id, exc_info=True)
-        with self._lock:
-            event = self._events.pop(job_id, None)
-        if event is not None:
-            event.set()
-
-    def problem(self) -> str | None:
-        return None if self._pool is not None else "the solver process pool is not running"
-
-    def wait(self, job_id: str, timeout_s: float) -> None:
-        with self._lock:
-            event = self._events.get(job_id)
-        if event is not None:
-            event.wait(timeout_s)
-        elif timeout_s > 0:
-            time.sleep(min(timeout_s, 0.05))  # not ours (another replica's): the caller polls
-
-    def processes(self) -> list[int]:
-        """The pids of the solver processes running now."""
-        pool = self._pool
-        return list((pool._processes or {}).keys()) if pool is not None else []  # the pool has no public handle
-
-    def shutdown(self) -> None:
-        """Stop the solver processes now. A job they were solving is marked failed at the next start-up; without
-        the terminate, a process busy in a long solve would outlive the service."""
-        with self._lock:
-            pool, self._pool = self._pool, None
-            starter, self._starter = self._starter, None
-            beating, self._beating = self._beating, None
-        if beating is not None:
-            beating.set()
-        if pool is not None:
-            processes = list((pool._processes or {}).values())
-            pool.shutdown(wait=False, cancel_futures=True)
-            for process in processes:
-                process.terminate()
-            for process in processes:
-                process.join(timeout=5)
-        if starter is not None:
-            starter.shutdown(wait=False)
-
-
-# ------------------------------------------------------------------------------------------------- the reaper
-
-
-def reap(session: Session, job: JobRow, lease_s: float, runner: JobRunner | None) -> str | None:
-    """End (or hand back to ``runner``) ``job`` when it is running and its row was not touched for ``lease_s``;
-    returns what became of it ("failed", "queued") or None when it is not stale (or changed under us).
-
-    A compare-and-set on (state, attempt, last touch): a holder that beats meanwhile keeps its job. A runner that
-    redelivers (Celery) gets the job queued again and resubmitted (the attempts counter still bounds it); any other
-    job is failed with the reason (``/problems/solve-lost``)."""
-    cutoff = _lease_cutoff(lease_s)
-    queued = job.state == JobState.queued.value and job.runner == LocalRunner.name  # its pool's process beats it
-    if (job.state != JobState.running.value and not queued) or job.updated_at > cutoff:
-        return None
-    conditions = [
-        JobRow.id == job.id,
-        JobRow.state == job.state,
-        JobRow.attempts == job.attempts,
-        JobRow.updated_at <= cutoff,
-    ]
-    idle_s = (utcnow() - job.updated_at).total_seconds()
-    requeue = not queued and runner is not None and runner.redelivers and job.runner == runner.name
-    holder = (
-        "the server process it was queued in stopped touching it"
-        if queued
-        else f"attempt {job.attempts} of this job stopped touching it"
-    )
-    if requeue:
-        values: dict[str, Any] = {"state": JobState.queued.value, "updated_at": utcnow()}
-    else:
-        values = {
-            "state": JobState.failed.value,
-            "active_hash": None,
-            "updated_at": utcnow(),
-            "error": problem_body(
-                500,
-                "solve-lost",
-                "The solve stopped reporting",
-                f"{holder} for {idle_s:.0f} s (its lease is "
-                f"{lease_s:g} s): its process died, hung or lost the database. The job is ended so that the same "
-                "request starts a new solve.",
-            ),
-        }
-    result = session.execute(
-        update(JobRow).where(*conditions).values(**values).execution_options(synchronize_session=False)
-    )
-    session.commit()
-    if result.rowcount != 1:  # type: ignore[attr-defined]
-        return None
-    if requeue:
-        assert runner is not None
-        log.warning("job %s: its holder stopped beating %.0f s ago; queued again", job.id, idle_s)
-        runner.submit(str(job.id))
-        return JobState.queued.value
-    log.warning("job %s: its holder stopped beating %.0f s ago; ended failed", job.id, idle_s)
-    return JobState.failed.value
-
-
-class Reaper:
-    """A thread that ends the jobs whose holder stopped beating, every ``every_s`` seconds (``reap``).
-
-    Each API process runs one; several replicas reaping at once is harmless (each end is a compare-and-set). A
-    sweep that cannot reach the database is logged and tried again on the next tick."""
-
-    def __init__(
-        self, sessions: Callable[[], Session], runner: JobRunner, *, lease_s: float, every_s: float | None = None
-    ) -> None:
-        self.sessions = sessions
-        self.runner = runner
-        self.lease_s = lease_s
-        self.every_s = every_s if every_s is not None else min(10.0, lease_s / 2)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def sweep(self) -> int:
-        """One pass; returns how many jobs it ended or queued again."""
-        done = 0
-        with self.sessions() as session:
-            for job in repo.stale_running_jobs(session, _lease_cutoff(self.lease_s)):
-                if reap(session, job, self.lease_s, self.runner) is not None:
-                    done += 1
-        return done
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.every_s):
-            try:
-                self.sweep()
-            except Exception as exc:
-                log.warning("the reaper could not sweep: %s", first_line(exc))
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="job-reaper", daemon=True)
-            self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None

@@ -18,10 +18,11 @@ from sqlalchemy.orm import Session
 from shardwise.hwprofiles import HardwareProfile
 from shardwise.service import repository as repo
 from shardwise.service.errors import InvalidInput
-from shardwise.service.jobs import JobRunner, reap
 from shardwise.service.models import JobRow, PlanRow
 from shardwise.service.plan_cache import PlanCache, ReadyPlan
+from shardwise.service.reaper import reap
 from shardwise.service.resolve import ResolvedRequest, resolve_request
+from shardwise.service.runners import JobRunner
 from shardwise.service.settings import Settings
 from shardwise.solver.version import solver_version
 from shardwise.wire.hashing import request_hash, request_key
@@ -70,7 +71,7 @@ class Outcome:
 def start(session: Session, runner: JobRunner, resolved: Resolved) -> Outcome:
     """The stored plan for this request, or the one live job for it: started now (``Outcome.started``) or joined.
 
-    A running job whose holder stopped beating (``runner.lease_s``) is not joined: it is reaped (``jobs.reap``) and,
+    A running job whose holder stopped beating (``runner.lease_s``) is not joined: it is reaped (``reaper.reap``) and,
     when that failed it, a new job starts."""
     why = repo.unstorable(resolved.request)
     if why is not None:  # the job and its plan store the request: it must read back

@@ -20,8 +20,8 @@ from shardwise.service.errors import (
     shown,
     validation_problem,
 )
-from shardwise.service.jobs import JobRunner
 from shardwise.service.observability import Metrics
+from shardwise.service.runners import JobRunner
 from shardwise.service.settings import Settings
 
 M = TypeVar("M", bound=BaseModel)

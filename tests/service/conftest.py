@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from service_support import empty_tables, fleet, small_model  # noqa: F401  (re-exported to the tests)
 from shardwise.service.app import create_app
 from shardwise.service.db import upgrade
-from shardwise.service.jobs import LocalRunner
+from shardwise.service.runners import LocalRunner
 from shardwise.service.settings import Settings
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

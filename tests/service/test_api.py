@@ -17,8 +17,8 @@ from sqlalchemy.orm import Session
 from conftest import assert_problem, count, fleet, make_settings, small_model
 from shardwise.hwprofiles import get_profile
 from shardwise.service.app import create_app
-from shardwise.service.jobs import LocalRunner
 from shardwise.service.models import JobRow, PlanRow
+from shardwise.service.runners import LocalRunner
 from shardwise.service.settings import Settings
 from shardwise.solver.topology import Topology
 from shardwise.solver.validate import check_plan

@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 from conftest import assert_problem, count, fleet, make_settings, small_model
 from shardwise.hwprofiles import Calibration, get_profile
 from shardwise.service.app import create_app
-from shardwise.service.jobs import LocalRunner
 from shardwise.service.models import CalibrationRow, JobRow, PlanRow
+from shardwise.service.runners import LocalRunner
 from shardwise.service.settings import Settings
 from shardwise.wire.port_spec import PortReport
 from shardwise.wire.resources import CalibrationRecord, Evaluation, Page, StoredPlan

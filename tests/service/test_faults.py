@@ -32,8 +32,8 @@ from conftest import assert_problem, fleet, make_settings, small_model
 from fault_support import TcpProxy, alive, cmdline, descendants, fault_hang, server_process, wait_until
 from shardwise.service.app import create_app
 from shardwise.service.db import upgrade
-from shardwise.service.jobs import LocalRunner
 from shardwise.service.models import JobRow, PlanRow
+from shardwise.service.runners import LocalRunner
 
 GREEDY = {"solver": "greedy"}
 

@@ -29,8 +29,9 @@ from conftest import assert_problem, count, fleet, make_settings, small_model
 from shardwise.clients.client import ShardwiseClient
 from shardwise.service.app import create_app
 from shardwise.service.db import session_factory
-from shardwise.service.jobs import LocalRunner, Reaper
 from shardwise.service.models import JobRow, PlanRow, utcnow
+from shardwise.service.reaper import Reaper
+from shardwise.service.runners import LocalRunner
 from shardwise.solver.version import solver_version
 from shardwise.wire.hashing import DIGEST_PATTERN, canonical_json, request_hash, request_key
 from shardwise.wire.resources import PlanOptions, StoredPlan

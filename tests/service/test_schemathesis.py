@@ -30,7 +30,7 @@ from service_support import empty_tables, fleet, small_model
 from shardwise.hwprofiles import get_profile
 from shardwise.service.app import create_app
 from shardwise.service.db import upgrade
-from shardwise.service.jobs import LocalRunner
+from shardwise.service.runners import LocalRunner
 
 # a minute of generated requests: make test runs them, the edit loop (make test-fast) has the hostile catalogue
 pytestmark = pytest.mark.slow

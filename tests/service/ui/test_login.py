@@ -21,7 +21,7 @@ from service_support import empty_tables
 from shardwise.service import sessions
 from shardwise.service.app import create_app
 from shardwise.service.db import upgrade
-from shardwise.service.jobs import LocalRunner
+from shardwise.service.runners import LocalRunner
 from shardwise.service.settings import Settings
 from ui_support import fleet, small_model, store_plan_directly
 

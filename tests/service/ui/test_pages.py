@@ -24,9 +24,9 @@ import shardwise
 from service_support import empty_tables
 from shardwise.service.app import create_app
 from shardwise.service.db import upgrade
-from shardwise.service.jobs import LocalRunner
 from shardwise.service.routers.ui.formatting import rate
 from shardwise.service.routers.ui.plan import kernels_view
+from shardwise.service.runners import LocalRunner
 from shardwise.service.settings import Settings
 from shardwise.solver.build import build_plan
 from shardwise.solver.planner import make_plan
