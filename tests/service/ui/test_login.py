@@ -20,27 +20,21 @@ from pydantic import ValidationError
 from service_support import empty_tables
 from shardwise.service import sessions
 from shardwise.service.app import create_app
-from shardwise.service.db import upgrade
 from shardwise.service.runners import LocalRunner
 from shardwise.service.settings import Settings
-from ui_support import fleet, small_model, store_plan_directly
+from ui_support import fleet, module_database, small_model, solver_pool, store_plan_directly
 
 TOKEN = "s3cret-token-for-pages"
 
 
 @pytest.fixture(scope="module")
 def database_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    url = f"sqlite:///{tmp_path_factory.mktemp('login-db') / 'shardwise.db'}"
-    upgrade(url)
-    return url
+    return module_database(tmp_path_factory, "login-db")
 
 
 @pytest.fixture(scope="module")
 def runner(database_url: str) -> Iterator[LocalRunner]:
-    made = LocalRunner(database_url, workers=1)
-    made.start()
-    yield made
-    made.shutdown()
+    yield from solver_pool(database_url)
 
 
 @pytest.fixture

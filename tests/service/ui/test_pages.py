@@ -23,7 +23,6 @@ from selectolax.lexbor import LexborHTMLParser, LexborNode
 import shardwise
 from service_support import empty_tables
 from shardwise.service.app import create_app
-from shardwise.service.db import upgrade
 from shardwise.service.routers.ui.formatting import rate
 from shardwise.service.routers.ui.plan import kernels_view
 from shardwise.service.runners import LocalRunner
@@ -48,8 +47,10 @@ from ui_support import (
     fleet,
     hot_model,
     mixed_fleet,
+    module_database,
     post_plan,
     small_model,
+    solver_pool,
     store_plan_directly,
 )
 
@@ -58,17 +59,12 @@ BAR_UNITS = 1000.0
 
 @pytest.fixture(scope="module")
 def database_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    url = f"sqlite:///{tmp_path_factory.mktemp('ui-db') / 'shardwise.db'}"
-    upgrade(url)
-    return url
+    return module_database(tmp_path_factory, "ui-db")
 
 
 @pytest.fixture(scope="module")
 def runner(database_url: str) -> Iterator[LocalRunner]:
-    made = LocalRunner(database_url, workers=1)
-    made.start()
-    yield made
-    made.shutdown()
+    yield from solver_pool(database_url)
 
 
 @pytest.fixture

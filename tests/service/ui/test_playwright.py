@@ -18,7 +18,7 @@ import httpx
 import pytest
 from server_support import running_server
 
-from ui_support import CHROMIUM, CHROMIUM_ARGS, REPO_ROOT, fleet, hot_model, mixed_fleet, post_plan, small_model
+from ui_support import REPO_ROOT, chromium, fleet, hot_model, mixed_fleet, post_plan, small_model
 
 pytestmark = [pytest.mark.playwright, pytest.mark.server]
 
@@ -57,13 +57,7 @@ def seeded(server: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    if CHROMIUM is None:
-        pytest.skip("Chromium is not installed (make install-browser: apt-get install chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+    yield from chromium()
 
 
 def test_history_filter_open_plan_and_screenshot(

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from server_support import running_server
 
-from ui_support import CHROMIUM, CHROMIUM_ARGS, REPO_ROOT
+from ui_support import REPO_ROOT, chromium
 
 pytestmark = [pytest.mark.playwright, pytest.mark.server]
 
@@ -66,13 +66,7 @@ def plans(server: str) -> dict[int, dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    if CHROMIUM is None:
-        pytest.skip("Chromium is not installed (make install-browser: apt-get install chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+    yield from chromium()
 
 
 def save(shot: Path, name: str) -> None:

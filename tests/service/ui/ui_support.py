@@ -9,15 +9,19 @@ each page module makes its own SQLite database (its fixtures override ``tests/se
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 from service_support import GREEDY, fleet, small_model  # noqa: F401  (re-exported to the UI tests)
 from shardwise.service import repository as repo
+from shardwise.service.db import upgrade
 from shardwise.service.models import PlanRow
+from shardwise.service.runners import LocalRunner
 from shardwise.solver.planner import make_plan
 from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, SolveParams
 
@@ -85,3 +89,30 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
+
+
+def module_database(tmp_path_factory: pytest.TempPathFactory, name: str) -> str:
+    """For a page module's ``database_url`` fixture: a fresh SQLite database, migrated."""
+    url = f"sqlite:///{tmp_path_factory.mktemp(name) / 'shardwise.db'}"
+    upgrade(url)
+    return url
+
+
+def solver_pool(database_url: str) -> Iterator[LocalRunner]:
+    """For a page module's ``runner`` fixture (``yield from``): one solver process for its database."""
+    made = LocalRunner(database_url, workers=1)
+    made.start()
+    yield made
+    made.shutdown()
+
+
+def chromium() -> Iterator[Any]:
+    """For a browser module's ``browser`` fixture (``yield from``): headless Debian Chromium through Playwright;
+    skipped when either is missing."""
+    if CHROMIUM is None:
+        pytest.skip("Chromium is not installed (make install-browser: apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
