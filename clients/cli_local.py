@@ -289,7 +289,7 @@ def kernels(
     model = load_spec(model_path, ModelSpec)
     (fleet,) = calibrated([load_spec(fleet_path, FleetSpec)], calibration)
     _solver_modules()
-    from shardwise.solver.kernels import config_label, kernel_choices
+    from shardwise.solver.kernels import kernel_choices
     from shardwise.solver.topology import Topology
 
     try:
@@ -321,7 +321,7 @@ def kernels(
                     str(k.n),
                     str(k.k),
                     k.dtype.value,
-                    config_label(k.config),
+                    k.config.label,
                     f"{k.predicted_us:.1f}",
                     f"{tflops:.1f}",
                 ]

@@ -380,7 +380,7 @@ def predict_one(gemm: Gemm, config: KernelConfig, profile: HardwareProfile) -> f
     """Predicted µs of one configuration of the space (ValueError for one outside it)."""
     index = _index().get(config)
     if index is None:
-        raise ValueError(f"configuration {config_label(config)} is not in the kernel model's space")
+        raise ValueError(f"configuration {config.label} is not in the kernel model's space")
     return float(predict_us(gemm, profile)[index])
 
 
@@ -397,11 +397,6 @@ def choose(gemm: Gemm, profile: HardwareProfile) -> tuple[KernelConfig, float]:
     if not math.isfinite(times[best]):
         raise ValueError(f"no configuration of the space runs a {gemm.dtype.value} GEMM on {profile.name}")
     return config_space()[best], float(times[best])
-
-
-def config_label(config: KernelConfig) -> str:
-    """``128x128x64 w8 s3 g8 sk1`` (:attr:`KernelConfig.label <shardwise.wire.spec.KernelConfig.label>`)."""
-    return config.label
 
 
 # --------------------------------------------------------------------------------------------- a layer's GEMMs

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from gate_support import break_greedy
 from shardwise.clients.cli import app, print_plan
 from shardwise.wire.spec import Plan, PlanStatus
 
@@ -233,17 +234,7 @@ def test_a_plan_the_gate_refuses_exits_3_in_one_line(
 ) -> None:
     """A planner's bug (its plan breaks the contract, here on purpose: a shard one row short) is one line that says
     it is a bug, exit code 3; nothing is written."""
-    from shardwise.solver import build
-
-    real = build.placed_to_table
-
-    def short(*args: Any, **kwargs: Any) -> Any:
-        tp = real(*args, **kwargs)
-        first = tp.shards[0]
-        shorter = first.model_copy(update={"num_rows": first.num_rows - 1})
-        return tp.model_copy(update={"shards": [shorter, *tp.shards[1:]]})
-
-    monkeypatch.setattr("shardwise.solver.greedy.placed_to_table", short)
+    break_greedy(monkeypatch)
     out = tmp_path / "plan.json"
     result = runner.invoke(app, ["plan", DLRM, H100, "-o", str(out), *GREEDY])
     assert result.exit_code == 3, result.output

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from shardwise.clients.cli import app
 from shardwise.hwprofiles import get_profile
-from shardwise.solver.kernels import choose, config_label, gemms_of
+from shardwise.solver.kernels import choose, gemms_of
 from shardwise.wire.spec import DenseStyle, GemmPhase, ModelSpec
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -43,7 +43,7 @@ def test_kernels_prints_each_linear_layers_choice_per_phase_and_gpu_type(runner:
         gemm = dict(gemms_of(layer, DenseStyle(m[2]), model.batch_size_per_gpu, 8))[GemmPhase(m[3])]  # 8 per host
         assert (int(m[5]), int(m[6]), int(m[7]), m[8]) == (gemm.m, gemm.n, gemm.k, gemm.dtype.value)
         config, us = choose(gemm, profile)
-        assert m[9] == config_label(config)
+        assert m[9] == config.label
         assert float(m[10]) == pytest.approx(us, abs=0.05)
         assert float(m[11]) == pytest.approx(gemm.flops / (us * 1e-6) / 1e12, abs=0.05 + 0.001 * float(m[11]))
 

@@ -9,7 +9,7 @@ that the solver can be broken where it builds its layouts.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,13 +18,13 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 from conftest import assert_problem, count, fleet, make_settings, small_model
+from gate_support import break_cpsat, break_greedy, break_two_d, short_first_shard
 from shardwise.service import plan_store
 from shardwise.service.app import create_app
 from shardwise.service.jobs import execute_job
 from shardwise.service.models import PlanRow
-from shardwise.solver import build, plan2d
 from shardwise.solver.planner import make_plan
-from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams, TablePlan
+from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams
 
 
 class ThreadRunner:
@@ -67,20 +67,6 @@ def gated_client(clean_db: str) -> Iterator[TestClient]:
     runner.shutdown()
 
 
-def short_first_shard(tp: TablePlan) -> TablePlan:
-    first = tp.shards[0]
-    if first.num_rows < 2:
-        return tp
-    return tp.model_copy(update={"shards": [first.model_copy(update={"num_rows": first.num_rows - 1}), *tp.shards[1:]]})
-
-
-def breaking(real: Callable[..., TablePlan]) -> Callable[..., TablePlan]:
-    def placed(*args: Any, **kwargs: Any) -> TablePlan:
-        return short_first_shard(real(*args, **kwargs))
-
-    return placed
-
-
 def body(solver: str, model: dict[str, Any] | None = None, fleet_: dict[str, Any] | None = None) -> dict[str, Any]:
     options: dict[str, Any] = {"solver": solver, "wait_s": 60}
     if solver == "cpsat":
@@ -100,9 +86,7 @@ def assert_refused_and_not_stored(client: TestClient, url: str, request: dict[st
 def test_a_broken_plan_of_either_solver_is_not_stored(
     solver: str, gated_client: TestClient, clean_db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    broken = breaking(build.placed_to_table)
-    monkeypatch.setattr("shardwise.solver.greedy.placed_to_table", broken)
-    monkeypatch.setattr("shardwise.solver.cpsat.run.placed_to_table", broken)
+    break_cpsat(monkeypatch)  # the greedy's plans too: either solver's
     assert_refused_and_not_stored(gated_client, clean_db, body(solver))
     monkeypatch.undo()  # the same request, unbroken, is solved and stored: the failed job left nothing in its way
     response = gated_client.post("/api/v1/plans", json=body(solver))
@@ -125,15 +109,7 @@ def test_a_broken_two_d_plan_is_not_stored(
     request = body("greedy", hot_model(), fleet("h100-8x8", gpus=8, hosts=8))
     spec, fl = ModelSpec.model_validate(request["model"]), FleetSpec.model_validate(request["fleet"])
     assert make_plan(spec, fl, SolveParams(solver="greedy")).sparse_groups is not None  # a 2D answer unbroken
-    real = plan2d.two_d.replicate_tables
-
-    def replicate(group_tables: list[TablePlan], groups: list[list[int]]) -> list[TablePlan]:
-        tables = real(group_tables, groups)
-        last, first = set(groups[-1]), tables[0]
-        dropped = next(i for i, s in enumerate(first.shards) if s.rank in last)
-        return [first.model_copy(update={"shards": first.shards[:dropped] + first.shards[dropped + 1 :]}), *tables[1:]]
-
-    monkeypatch.setattr(plan2d.two_d, "replicate_tables", replicate)
+    break_two_d(monkeypatch)
     assert_refused_and_not_stored(gated_client, clean_db, request)
 
 
@@ -143,7 +119,7 @@ def test_a_port_whose_re_plan_is_broken_stores_only_the_source_plan(
     source, target = fleet("h100x4", gpus=4), fleet("b200x4", gpu="nvidia-b200", gpus=4)
     stored = gated_client.post("/api/v1/plans", json=body("greedy", fleet_=source))
     assert stored.status_code == 201, stored.text
-    monkeypatch.setattr("shardwise.solver.greedy.placed_to_table", breaking(build.placed_to_table))
+    break_greedy(monkeypatch)
     port = {
         "model": small_model("gated"),
         "source_fleet": source,

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from shardwise.solver import build, plan2d, port
+from gate_support import break_cpsat, break_greedy, break_two_d, short_first_shard
+from shardwise.solver import port
 from shardwise.solver.planner import PlanValidationError, make_plan
 from shardwise.wire.spec import (
     EmbeddingTableSpec,
@@ -21,7 +22,6 @@ from shardwise.wire.spec import (
     ModelSpec,
     Plan,
     SolveParams,
-    TablePlan,
 )
 
 GREEDY = SolveParams(solver="greedy")
@@ -42,22 +42,6 @@ def h100(hosts: int = 1, gpus: int = 4) -> FleetSpec:
     )
 
 
-def short_first_shard(tp: TablePlan) -> TablePlan:
-    """``tp`` with its first shard one row short: a gap the wire's own fields accept and the validator does not."""
-    first = tp.shards[0]
-    if first.num_rows < 2:
-        return tp
-    broken = first.model_copy(update={"num_rows": first.num_rows - 1})
-    return tp.model_copy(update={"shards": [broken, *tp.shards[1:]]})
-
-
-def breaking(real: Callable[..., TablePlan]) -> Callable[..., TablePlan]:
-    def placed(*args: Any, **kwargs: Any) -> TablePlan:
-        return short_first_shard(real(*args, **kwargs))
-
-    return placed
-
-
 def assert_refused(call: Callable[[], Plan], says: str) -> None:
     """``call`` raises the gate's error, and one of its violations says ``says``."""
     with pytest.raises(PlanValidationError) as info:
@@ -72,16 +56,14 @@ def replan_of(m: ModelSpec, source: FleetSpec, target: FleetSpec, given: Plan) -
 def test_a_greedy_plan_broken_inside_the_greedy_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     m, f = model(), h100()
     assert make_plan(m, f, GREEDY).tables  # the unbroken solve passes the same gate
-    monkeypatch.setattr("shardwise.solver.greedy.placed_to_table", breaking(build.placed_to_table))
+    break_greedy(monkeypatch)
     assert_refused(lambda: make_plan(m, f, GREEDY), "belong to no shard (gap)")
 
 
 def test_a_cpsat_plan_broken_inside_cpsat_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     m, f = model(), h100()
     assert make_plan(m, f, CPSAT).tables
-    broken = breaking(build.placed_to_table)
-    monkeypatch.setattr("shardwise.solver.cpsat.run.placed_to_table", broken)
-    monkeypatch.setattr("shardwise.solver.greedy.placed_to_table", broken)  # its start plan, too
+    break_cpsat(monkeypatch)  # its start plan, too
     assert_refused(lambda: make_plan(m, f, CPSAT), "belong to no shard (gap)")
 
 
@@ -93,16 +75,7 @@ def hot_tables() -> ModelSpec:
 def test_a_two_d_plan_whose_groups_differ_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     m, f = hot_tables(), h100(hosts=8, gpus=8)
     assert make_plan(m, f, GREEDY).sparse_groups is not None  # the unbroken answer is a 2D plan, and valid
-    real = plan2d.two_d.replicate_tables
-
-    def replicate(group_tables: list[TablePlan], groups: list[list[int]]) -> list[TablePlan]:
-        tables = real(group_tables, groups)
-        last = set(groups[-1])
-        first = tables[0]
-        dropped = next(i for i, s in enumerate(first.shards) if s.rank in last)  # the last group loses a shard
-        return [first.model_copy(update={"shards": first.shards[:dropped] + first.shards[dropped + 1 :]}), *tables[1:]]
-
-    monkeypatch.setattr(plan2d.two_d, "replicate_tables", replicate)
+    break_two_d(monkeypatch)
     assert_refused(lambda: make_plan(m, f, GREEDY), "group 1 lays it out differently from group 0")
 
 
@@ -114,7 +87,7 @@ def test_a_port_re_plan_broken_inside_the_solver_is_refused(monkeypatch: pytest.
     )
     given = make_plan(m, source, GREEDY)  # a valid source plan: only the re-plan is solved below
     assert port.port_analysis(m, source, target, GREEDY, source_plan=given).replan.tables
-    monkeypatch.setattr("shardwise.solver.greedy.placed_to_table", breaking(build.placed_to_table))
+    break_greedy(monkeypatch)
     assert_refused(lambda: replan_of(m, source, target, given), "belong to no shard (gap)")
 
 
