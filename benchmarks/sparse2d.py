@@ -79,7 +79,7 @@ def why_2d_loses(one_d: float, two: float, a2a_1d: float, a2a_2d: float, sync: f
 def run_one(name: str, model: ModelSpec, fleet: FleetSpec, params: SolveParams) -> Row:
     topo = Topology(fleet)
     t0 = time.monotonic()
-    one_d = make_plan(model, topo.fleet, params, sparse_2d=False)
+    one_d = make_plan(model, topo.fleet, params.model_copy(update={"sparse_2d": False}))
     best: Plan | None = None
     avg = math.inf
     for sg in plan2d.sparse_options(topo, allow_weight_averaging=True):

@@ -87,10 +87,12 @@ class Calibration(BaseModel):
     # FailFast: the first bad entry ends validation (a huge body of bad entries is a cheap 422)
     figures: Annotated[dict[str, Figure], FailFast()] = Field(min_length=1)
     measurements: Annotated[dict[str, Measurement], FailFast()] = Field(default_factory=dict)
-    executor: Literal["eager", "graphed"] = Field(
+    executor: Literal["eager", "graphed", "torchrec"] = Field(
         default="eager",
-        description="how the timed training steps ran: eager (each kernel enqueued from Python) or graphed "
-        "(each step captured once as a CUDA graph and replayed); the step overheads hold for plans run that way",
+        description="what the figures describe: shardwise's executor with its steps eager (each kernel enqueued "
+        "from Python) or graphed (each step captured once as a CUDA graph and replayed), or torchrec — TorchRec's "
+        "DistributedModelParallel on FBGEMM's kernels (``shardwise calibrate --executor torchrec``); a plan is "
+        "priced with calibrations of the engine it is planned for",
     )
 
     @field_validator("figures")
@@ -108,10 +110,17 @@ class Calibration(BaseModel):
         text = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 
+    @property
+    def engine(self) -> str:
+        """The engine the figures describe: ``shardwise`` (eager or graphed steps) or ``torchrec``
+        (:class:`shardwise.wire.spec.Executor`'s values)."""
+        return "torchrec" if self.executor == "torchrec" else "shardwise"
+
     def label(self) -> str:
-        """One line naming it: ``<profile> calibration <date> on <device>[, graphed steps] (<digest prefix>)``."""
-        graphed = ", graphed steps" if self.executor == "graphed" else ""
-        return f"{self.profile} calibration {self.date} on {self.device}{graphed} ({self.digest()[:12]})"
+        """One line naming it: ``<profile> calibration <date> on <device>[, graphed steps | , TorchRec + FBGEMM]
+        (<digest prefix>)``."""
+        kind = {"graphed": ", graphed steps", "torchrec": ", TorchRec + FBGEMM"}.get(self.executor, "")
+        return f"{self.profile} calibration {self.date} on {self.device}{kind} ({self.digest()[:12]})"
 
     def apply(self, profile: HardwareProfile) -> HardwareProfile:
         """``profile`` with the calibrated figures and their sources (a ValueError if it is another profile, or if

@@ -75,6 +75,7 @@ def build_plan(
         "model": model.name,
         "fleet": topo.fleet.name,
         "calibrations": sorted({c.profile.calibration for c in topo.classes if c.profile.calibration}),
+        "executor": topo.executor,
     }
     if tables is None:
         return Plan(status=PlanStatus.infeasible, solver=SolverInfo(**info), explanation=list(explanation), **common)

@@ -5,8 +5,9 @@ the whole fleet), and for every topology-aligned ``R`` (each group one host or
 a whole number of hosts, :func:`~shardwise.solver.two_d.candidate_groups`) each sync the caller allows —
 ``allreduce_rows`` always (it trains the same model as a 1D plan: the replicas' gradients are summed before every
 update), ``average_weights`` every ``k`` of :data:`AVERAGE_EVERY` steps only with ``allow_weight_averaging`` (the
-replicas drift apart between averages, so the trained model is not the 1D plan's: a caller must ask for it; no
-request field carries it, so the service never chooses it, but ``shardwise evaluate`` prices a plan that names it).
+replicas drift apart between averages, so the trained model is not the 1D plan's: a request must ask for it,
+``SolveParams.allow_weight_averaging``). For TorchRec (``SolveParams.executor``) ``average_weights`` is the only sync
+(DMPCollection's), so a TorchRec plan is 2D only where weight averaging is allowed.
 
 How the time limit is spent (one :class:`~shardwise.solver.deadline.Deadline` for the whole solve):
 
@@ -31,7 +32,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shardwise.solver import two_d
+from shardwise.solver import engine, two_d
 from shardwise.solver.bounds import lower_bound_ms
 from shardwise.solver.breakdown import TERM_INDEX, step_breakdown
 from shardwise.solver.build import build_plan
@@ -79,13 +80,14 @@ MAX_TABLES_2D = 100
 
 
 def sparse_options(topo: Topology, allow_weight_averaging: bool = False, tables: int = 0) -> list[SparseGroups]:
-    """Every 2D option on ``topo`` for a model of ``tables`` tables: each topology-aligned grouping with each allowed
-    sync (none on one host, none above :data:`MAX_TABLES_2D` tables)."""
+    """Every 2D option on ``topo`` for a model of ``tables`` tables: each topology-aligned grouping with each sync the
+    engine runs and the caller allows (:func:`shardwise.solver.engine.syncs_allowed`; none on one host, none above
+    :data:`MAX_TABLES_2D` tables)."""
     if topo.num_hosts <= 1 or tables > MAX_TABLES_2D:
         return []
-    syncs: list[tuple[SparseSync, int]] = [(SparseSync.allreduce_rows, 1)]
-    if allow_weight_averaging:
-        syncs += [(SparseSync.average_weights, k) for k in AVERAGE_EVERY]
+    syncs: list[tuple[SparseSync, int]] = []
+    for sync in engine.syncs_allowed(topo.executor, allow_weight_averaging):
+        syncs += [(sync, 1)] if sync is SparseSync.allreduce_rows else [(sync, k) for k in AVERAGE_EVERY]
     return [
         SparseGroups(groups=groups, sync=sync, every_k_steps=k)
         for groups in two_d.candidate_groups(topo)

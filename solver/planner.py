@@ -20,7 +20,8 @@ from shardwise.solver.validate import (
     check_structure,
     stacked_shards,
 )
-from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams
+from shardwise.solver.engine import engine_words, export_problems
+from shardwise.wire.spec import Executor, FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams
 from shardwise.wire.units import fmt_bytes
 
 log = logging.getLogger(__name__)
@@ -41,16 +42,16 @@ def make_plan(
     params: SolveParams | None = None,
     profiles: Mapping[str, HardwareProfile] | None = None,
     on_progress: Progress | None = None,
-    *,
-    sparse_2d: bool = True,
-    allow_weight_averaging: bool = False,
 ) -> Plan:
     """Plan ``model`` on ``fleet`` with the solver ``params`` names (CP-SAT by default).
 
+    The plan is priced for, and laid out only as, the engine ``params.executor`` names: shardwise's executor, or
+    TorchRec + FBGEMM (every layout one ``to_torchrec`` exports: :mod:`shardwise.solver.engine`).
+
     On a fleet of more than one host, for a model of at most ``plan2d.MAX_TABLES_2D`` (100) tables, the planner also
-    considers 2D sparse parallelism (``sparse_2d``): the tables
-    sharded inside replica groups of whole hosts, kept in sync by ``allreduce_rows`` — and by ``average_weights``
-    only with ``allow_weight_averaging``, since averaging trains another model than a 1D plan does
+    considers 2D sparse parallelism (``params.sparse_2d``): the tables sharded inside replica groups of whole hosts,
+    kept in sync by ``allreduce_rows`` (shardwise's executor only) — and by ``average_weights`` only with
+    ``params.allow_weight_averaging``, since averaging trains another model than a 1D plan does
     (:mod:`shardwise.solver.plan2d`); it keeps whichever predicts the least step.
 
     ``on_progress(best_ms, bound_ms)`` is called as the solve improves its solution or bound, by either solver: the
@@ -71,10 +72,14 @@ def make_plan(
     """
     params = params or SolveParams()
     deadline = Deadline(params.time_limit_s)
-    topo = Topology(fleet, dict(profiles or {}))
+    topo = Topology(fleet, dict(profiles or {}), executor=params.executor)
     size = check_memory(topo, model)
     log.debug("planning %s: %s", model.name, size.describe())
-    options = plan2d.sparse_options(topo, allow_weight_averaging, len(model.embedding_tables)) if sparse_2d else []
+    options = (
+        plan2d.sparse_options(topo, params.allow_weight_averaging, len(model.embedding_tables))
+        if params.sparse_2d
+        else []
+    )
     if options:
         plan = plan2d.plan_with_groups(topo, model, params, deadline, on_progress, options)
     elif params.solver == "greedy":
@@ -113,9 +118,15 @@ def fmt_peak_memory() -> str:
 
 
 def score_plan(
-    model: ModelSpec, fleet: FleetSpec, plan: Plan, profiles: Mapping[str, HardwareProfile] | None = None
+    model: ModelSpec,
+    fleet: FleetSpec,
+    plan: Plan,
+    profiles: Mapping[str, HardwareProfile] | None = None,
+    executor: Executor | None = None,
 ) -> tuple[list[str], Plan]:
-    """Validate ``plan`` and re-price it under this cost model (figures are recomputed, never trusted).
+    """Validate ``plan`` and re-price it under this cost model (figures are recomputed, never trusted), for the
+    engine ``executor`` names (by default the one the plan was priced for: ``plan.executor``). For ``torchrec`` a
+    layout TorchRec cannot run is a problem too (:func:`shardwise.solver.engine.export_problems`).
 
     Returns the problems (empty when valid) and the re-priced plan. It keeps the given plan's solver name, params
     and seconds (who made the layout), but no solver ran on this question: its solver status is ``HEURISTIC``, and
@@ -123,7 +134,7 @@ def score_plan(
     Shards of one table stacked on one rank run as given, so they are no problem here: the explanation notes them
     (:func:`~shardwise.solver.validate.stacked_shards`; the planners never make them).
     """
-    topo = Topology(fleet, dict(profiles or {}))
+    topo = Topology(fleet, dict(profiles or {}), executor=executor or plan.executor)
     if plan.status is PlanStatus.infeasible:
         return ["the plan is infeasible: nothing to evaluate"], plan
     if plan.ranks and len(plan.ranks) != fleet.world_size:  # one problem, not one per layer missing the other ranks
@@ -143,8 +154,13 @@ def score_plan(
         solver_name=plan.solver.name,
         solver_status="HEURISTIC",
         seconds=plan.solver.seconds,
-        explanation=[f"evaluated: {model.name} on {fleet.name} under shardwise's cost model"]
+        explanation=[
+            f"evaluated: {model.name} on {fleet.name} under shardwise's cost model, {engine_words(topo.executor)}"
+        ]
         + [f"{s} (one shard per rank would do less work)" for s in stacked_shards(plan)],
         sparse_groups=plan.sparse_groups,
     )
-    return check_plan(topo, model, rescored, allow_stacked=True), rescored
+    problems = check_plan(topo, model, rescored, allow_stacked=True)
+    if topo.executor is Executor.torchrec:
+        problems += export_problems(rescored, model)
+    return problems, rescored

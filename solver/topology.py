@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from shardwise.hwprofiles import HardwareProfile, get_profile
 from shardwise.solver.cost_model import CommContext, inter_host_bw, intra_host_bw, sync_collectives
-from shardwise.wire.spec import FleetSpec, SparseSync
+from shardwise.wire.spec import Executor, FleetSpec, SparseSync
 
 
 @dataclass(frozen=True)
@@ -56,13 +56,16 @@ class Topology:
     """The fleet's ranks, hosts and device classes. With ``replicas`` > 1 it is one replica group of a 2D plan
     (:mod:`shardwise.solver.two_d`): ``fleet`` is the group's (:func:`~shardwise.solver.two_d.group_fleet`), and
     every :class:`CommContext` carries the replica facts, so that a shard's price includes its sync (``sync``,
-    ``every_k_steps``) and the dense layers and data_parallel copies are priced over the whole fleet."""
+    ``every_k_steps``) and the dense layers and data_parallel copies are priced over the whole fleet. ``executor``
+    is the engine the plan will run on: the cost model prices what it does, the candidates are the layouts it runs
+    (:mod:`shardwise.solver.engine`)."""
 
     fleet: FleetSpec
     profiles: Mapping[str, HardwareProfile] = field(default_factory=dict)
     replicas: int = 1
     sync: SparseSync = SparseSync.allreduce_rows
     every_k_steps: int = 1
+    executor: Executor = Executor.shardwise  # the engine the plan is priced for and laid out for
 
     def __post_init__(self) -> None:
         ranks: list[RankInfo] = []

@@ -5,7 +5,9 @@ Both are part of the wire contract (``docs/architecture.md``, "The request key a
 * ``request_key(model, fleet, params)`` names what was asked: ``"sha256:"`` and the lowercase hex SHA-256 of the
   canonical JSON (``canonical_json``: keys sorted, no spaces, ASCII with ``\\uXXXX`` escapes) of
   ``{"model": ..., "fleet": ..., "options": ...}``, each the model's ``model_dump(mode="json")``. ``options`` are
-  the solve options (``SolveParams``, every field, defaults included; ``wait_s`` is not one). A client computes it
+  the solve options (``SolveParams``, every field, defaults included; ``wait_s`` is not one), except the options
+  added later (``executor``, ``sparse_2d``, ``allow_weight_averaging``: ``spec.ADDED_OPTIONS``), which are hashed
+  only when set away from their defaults, so that a request that does not use them keeps its key. A client computes it
   from what it sends and asks ``GET /api/v1/plans/by-key/{key}``: no parsing, no validation on the server.
 * ``request_hash(key, solver_version)`` names what was answered: ``"sha256:"`` and the hex SHA-256 of
   ``solver_version + "\\n" + key``. A plan is stored under it (``Plan.request_hash``), so a new solver or cost model
@@ -47,7 +49,7 @@ def request_key(model: ModelSpec, fleet: FleetSpec, params: SolveParams) -> str:
             {
                 "model": model.model_dump(mode="json"),
                 "fleet": fleet.model_dump(mode="json"),
-                "options": params.model_dump(mode="json"),
+                "options": params.key_dump(),
             }
         )
     )

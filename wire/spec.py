@@ -97,6 +97,16 @@ class Placement(StrEnum):
     host = "host"  # weights in host memory, read over the host link
 
 
+class Executor(StrEnum):
+    """The engine that will run a plan: ``shardwise`` — shardwise's own executor (``shardwise.runtime.apply_plan``);
+    ``torchrec`` — TorchRec's ``DistributedModelParallel`` over FBGEMM's table-batched embedding kernels, given the
+    plan by ``to_torchrec``. A plan is priced for the engine its request names (the cost model prices what that
+    engine does) and laid out only as that engine can run it."""
+
+    shardwise = "shardwise"
+    torchrec = "torchrec"
+
+
 class DenseStyle(StrEnum):
     replicate = "replicate"
     fsdp = "fsdp"
@@ -608,6 +618,36 @@ class SolveParams(_Frozen):
     random_seed: int = Field(default=0, ge=0, le=2**31 - 1)
     interleave_search: bool = True
     relative_gap_limit: float = Field(default=0.0, ge=0, lt=1, allow_inf_nan=False)
+    executor: Executor = Field(
+        default=Executor.shardwise,
+        description="the engine that will run the plan: shardwise (shardwise's executor) or torchrec (TorchRec's "
+        "DistributedModelParallel on FBGEMM's kernels); the plan is priced for it and laid out only as it can run",
+    )
+    sparse_2d: bool = Field(
+        default=True,
+        description="consider 2D sparse parallelism (tables sharded inside replica groups of whole hosts) on a "
+        "multi-host fleet; false: 1D plans only, every table sharded over the whole fleet",
+    )
+    allow_weight_averaging: bool = Field(
+        default=False,
+        description="let a 2D plan keep its replicas in sync by averaging their weights every k steps "
+        "(average_weights, TorchRec's DMPCollection), which trains another model than a 1D plan; without it a 2D "
+        "plan all-reduces the touched rows' gradients every step (allreduce_rows, shardwise's executor only)",
+    )
+
+    def key_dump(self) -> dict[str, Any]:
+        """The options as the request key hashes them: every field, except a field added after the key was first
+        specified (:data:`ADDED_OPTIONS`) while it holds its default — so a request that does not use it keeps the
+        key it always had."""
+        data = self.model_dump(mode="json")
+        for name in ADDED_OPTIONS:
+            if getattr(self, name) == type(self).model_fields[name].default:
+                data.pop(name)
+        return data
+
+
+#: solve options added after the request key was specified: hashed only when set away from their default
+ADDED_OPTIONS: Final = ("executor", "sparse_2d", "allow_weight_averaging")
 
 
 class ProgressPoint(_Frozen):
@@ -696,6 +736,11 @@ class Plan(_Frozen):
         default=None,
         description="2D sparse parallelism: the replica groups the tables are sharded inside and how the replicas "
         "stay in sync (None: one group, the whole fleet)",
+    )
+    executor: Executor = Field(
+        default=Executor.shardwise,
+        description="the engine the plan's figures price: its step, memory and bound are what that engine does "
+        "with the layout (a plan's request names the engine; evaluate may price a layout for the other one)",
     )
 
     @model_validator(mode="after")

@@ -51,9 +51,10 @@ from typing import Literal, NamedTuple, TypeVar, overload
 import numpy as np
 import numpy.typing as npt
 
+from shardwise.solver import engine
 from shardwise.solver.pricing import ShardCost, data_side_ms, shard_costs
 from shardwise.solver.topology import Topology
-from shardwise.wire.spec import EmbeddingTableSpec, ModelSpec, Placement, ShardingType
+from shardwise.wire.spec import EmbeddingTableSpec, Executor, ModelSpec, Placement, ShardingType
 
 CACHE_FRACTIONS: tuple[float, ...] = (0.1, 0.25, 0.5)
 COLUMN_SPLITS: tuple[int, ...] = (2, 4, 8)
@@ -153,12 +154,24 @@ class Tiling(Sequence[Shape]):
     A fleet-wide candidate on 512 GPUs has 512 shards and a table has a few dozen candidates: built as tuples of
     :class:`Shape`, the shapes alone took seconds at 2,000 tables (and the memory to match). Here a candidate holds
     four integers, and pricing reads :meth:`distinct` — at most two distinct block sizes per tiling.
+
+
+    ``blocks="ceil"`` cuts rows as TorchRec's row-wise kernels route them (:mod:`shardwise.solver.engine`): blocks of
+    ``⌈R / parts⌉`` rows, the last one shorter — a tiling only where every block holds a row
+    (:func:`~shardwise.solver.engine.ceil_blocks_fit`).
     """
 
-    __slots__ = ("axis", "cols", "parts", "rows")
+    __slots__ = ("axis", "blocks", "cols", "parts", "rows")
 
-    def __init__(self, rows: int, cols: int, parts: int, axis: Literal["rows", "cols", "copies"]) -> None:
-        self.rows, self.cols, self.parts, self.axis = rows, cols, parts, axis
+    def __init__(
+        self,
+        rows: int,
+        cols: int,
+        parts: int,
+        axis: Literal["rows", "cols", "copies"],
+        blocks: Literal["even", "ceil"] = "even",
+    ) -> None:
+        self.rows, self.cols, self.parts, self.axis, self.blocks = rows, cols, parts, axis, blocks
 
     def __len__(self) -> int:
         return self.parts
@@ -182,6 +195,9 @@ class Tiling(Sequence[Shape]):
     def _shape(self, i: int) -> Shape:
         if self.axis == "copies":
             return Shape(0, self.rows, 0, self.cols)
+        if self.blocks == "ceil" and self.axis == "rows":
+            q = -(-self.rows // self.parts)
+            return Shape(i * q, min(q, self.rows - i * q), 0, self.cols)
         base, extra = divmod(self.rows if self.axis == "rows" else self.cols, self.parts)
         off, size = i * base + min(i, extra), base + (1 if i < extra else 0)
         return Shape(off, size, 0, self.cols) if self.axis == "rows" else Shape(0, self.rows, off, size)
@@ -190,6 +206,12 @@ class Tiling(Sequence[Shape]):
         """Each distinct (rows, cols) of the shards with how many shards in a row have it, in shard order."""
         if self.axis == "copies":
             return [((self.rows, self.cols), self.parts)]
+        if self.blocks == "ceil" and self.axis == "rows":
+            q = -(-self.rows // self.parts)
+            last = self.rows - (self.parts - 1) * q
+            if last == q:
+                return [((q, self.cols), self.parts)]
+            return [((q, self.cols), self.parts - 1), ((last, self.cols), 1)]
         base, extra = divmod(self.rows if self.axis == "rows" else self.cols, self.parts)
         sizes = ((base + 1, extra), (base, self.parts - extra))
         if self.axis == "rows":
@@ -197,7 +219,8 @@ class Tiling(Sequence[Shape]):
         return [((self.rows, size), n) for size, n in sizes if n]
 
     def __repr__(self) -> str:
-        return f"Tiling({self.rows}, {self.cols}, {self.parts}, {self.axis!r})"
+        tail = ", blocks='ceil'" if self.blocks == "ceil" else ""
+        return f"Tiling({self.rows}, {self.cols}, {self.parts}, {self.axis!r}{tail})"
 
 
 def _placements(table: EmbeddingTableSpec) -> Iterator[tuple[Placement, float | None]]:
@@ -264,14 +287,11 @@ def candidate_specs(topo: Topology, table: EmbeddingTableSpec, tables: int = 0) 
     R, D = table.num_embeddings, table.embedding_dim
     ncls = len(topo.classes)
     spread = tables > 0 and spread_out(topo, tables)
+    if topo.executor is Executor.torchrec:  # the layouts TorchRec runs (shardwise.solver.engine)
+        return _torchrec_specs(topo, table, spread)
     fleet_rows = Tiling(R, D, W, "rows") if W > 1 and R >= W else None
     full = Tiling(R, D, 1, "rows")
-    splits = [n for n in COLUMN_SPLITS if D // n >= MIN_COLUMN_WIDTH]
-    if spread:
-        splits += [
-            n for n in SPREAD_COLUMN_SPLITS if D // n >= SPREAD_MIN_COLUMN_WIDTH and n <= SPREAD_MAX_COLUMN_SHARE * W
-        ]
-    columns = [Tiling(R, D, n, "cols") for n in splits if D % n == 0 and n <= W]
+    columns = _column_tilings(topo, table, spread)
     group_rows = {
         cls.index: Tiling(R, D, len(cls.ranks), "rows")
         for cls in topo.classes
@@ -308,12 +328,59 @@ def candidate_specs(topo: Topology, table: EmbeddingTableSpec, tables: int = 0) 
         for (ci, m), shapes in multi_host.items():
             group = block_ranks(topo, host_blocks(topo, ci, m)[0])
             out.append(Spec(ShardingType.row_wise, "host", ci, shapes, placement, frac, group, ncls, m))
+    return out + _data_parallel(topo, table)
+
+
+def _column_tilings(topo: Topology, table: EmbeddingTableSpec, spread: bool) -> list[Tiling]:
+    R, D, W = table.num_embeddings, table.embedding_dim, topo.world_size
+    splits = [n for n in COLUMN_SPLITS if D // n >= MIN_COLUMN_WIDTH]
+    if spread:
+        splits += [
+            n for n in SPREAD_COLUMN_SPLITS if D // n >= SPREAD_MIN_COLUMN_WIDTH and n <= SPREAD_MAX_COLUMN_SHARE * W
+        ]
+    return [Tiling(R, D, n, "cols") for n in splits if D % n == 0 and n <= W]
+
+
+def _data_parallel(topo: Topology, table: EmbeddingTableSpec) -> list[Spec]:
+    W, ncls = topo.world_size, len(topo.classes)
     smallest = min(c.hbm_limit_bytes for c in topo.classes)
     if W > 1 and table.weight_bytes * 3 <= smallest * DATA_PARALLEL_MAX_FRACTION:
-        out.append(
+        R, D = table.num_embeddings, table.embedding_dim
+        return [
             Spec(ShardingType.data_parallel, "fleet", None, Tiling(R, D, W, "copies"), Placement.hbm, None, None, ncls)
-        )
-    return out
+        ]
+    return []
+
+
+def _torchrec_specs(topo: Topology, table: EmbeddingTableSpec, spread: bool) -> list[Spec]:
+    """The candidates of ``table`` for TorchRec + FBGEMM (:mod:`shardwise.solver.engine`): table_wise, column_wise,
+    row_wise over the whole fleet and table_row_wise over one host in TorchRec's ``⌈R / n⌉`` row blocks (where each
+    block holds a row; no row-wise sharding of a mean-pooled table; table_row_wise where every host holds as many
+    GPUs), data_parallel; no row_wise over a host group or a block of hosts."""
+    W = topo.world_size
+    R, D = table.num_embeddings, table.embedding_dim
+    ncls = len(topo.classes)
+    rows_ok = engine.row_sharding_allowed(topo.executor, table)
+    fleet_rows = Tiling(R, D, W, "rows", "ceil") if rows_ok and W > 1 and engine.ceil_blocks_fit(R, W) else None
+    g = topo.classes[0].gpus_per_host
+    host_rows = {
+        cls.index: Tiling(R, D, g, "rows", "ceil")
+        for cls in topo.classes
+        if rows_ok and topo.num_hosts > 1 and g > 1 and engine.uniform_hosts(topo) and engine.ceil_blocks_fit(R, g)
+    }
+    columns = _column_tilings(topo, table, spread)
+    full = Tiling(R, D, 1, "rows")
+    out: list[Spec] = []
+    for placement, frac in _placements(table):
+        out.append(Spec(ShardingType.table_wise, "rank", None, full, placement, frac, None, ncls))
+        for shapes in columns:
+            out.append(Spec(ShardingType.column_wise, "rank", None, shapes, placement, frac, None, ncls))
+        if fleet_rows is not None:
+            out.append(Spec(ShardingType.row_wise, "fleet", None, fleet_rows, placement, frac, topo.all_ranks, ncls))
+        for ci, shapes in host_rows.items():
+            group = topo.hosts[topo.classes[ci].hosts[0]].ranks
+            out.append(Spec(ShardingType.table_row_wise, "host", ci, shapes, placement, frac, group, ncls))
+    return out + _data_parallel(topo, table)
 
 
 _Item = TypeVar("_Item", bound=np.generic)

@@ -261,7 +261,7 @@ def test_two_d_plans_validate_and_the_bound_covers_every_option(
     topo = Topology(fleet)
     options = plan2d.sparse_options(topo, averaging)
     assert options  # every host group has 2 or more hosts: R = the host count splits it
-    plan = make_plan(model, fleet, GREEDY, allow_weight_averaging=averaging)
+    plan = make_plan(model, fleet, GREEDY.model_copy(update={"allow_weight_averaging": averaging}))
     event(f"2D chosen: {plan.sparse_groups is not None}")
     if plan.status is PlanStatus.infeasible:
         assert plan.explanation
@@ -269,7 +269,7 @@ def test_two_d_plans_validate_and_the_bound_covers_every_option(
     assert check_plan(topo, model, plan) == []
     assert plan.lower_bound_ms is not None
     assert plan.predicted_step_ms is not None
-    one_d = make_plan(model, fleet, GREEDY, sparse_2d=False)
+    one_d = make_plan(model, fleet, GREEDY.model_copy(update={"sparse_2d": False}))
     assert one_d.predicted_step_ms is not None
     assert plan.predicted_step_ms <= one_d.predicted_step_ms + 1e-9
     assert plan.lower_bound_ms <= one_d.predicted_step_ms + 1e-9

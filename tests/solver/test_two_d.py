@@ -377,7 +377,7 @@ def assert_every_group_holds_every_table_once(plan: Plan, model: ModelSpec) -> N
 def test_two_d_wins_with_small_hot_tables(solver: str) -> None:
     model, fleet = hot_tables_model(), h100_hosts(8)
     params = SolveParams.model_validate({"solver": solver, "time_limit_s": 8.0, "num_workers": 1})
-    one_d = make_plan(model, fleet, params, sparse_2d=False)
+    one_d = make_plan(model, fleet, params.model_copy(update={"sparse_2d": False}))
     seen: list[tuple[float | None, float]] = []
     plan = make_plan(model, fleet, params, on_progress=lambda best, bound: seen.append((best, bound)))
     assert plan.sparse_groups is not None
@@ -423,7 +423,7 @@ def test_weight_averaging_only_when_allowed() -> None:
         (SparseSync.average_weights, 10),
         (SparseSync.average_weights, 100),
     ]
-    plan = make_plan(model, fleet, GREEDY, allow_weight_averaging=True)
+    plan = make_plan(model, fleet, GREEDY.model_copy(update={"allow_weight_averaging": True}))
     assert check_plan(topo, model, plan) == []
     assert plan.sparse_groups is not None
     assert plan.sparse_groups.sync is SparseSync.average_weights

@@ -1,0 +1,99 @@
+"""What each engine runs: the layouts a plan may take for the engine its request names (``SolveParams.executor``).
+
+shardwise's executor (``shardwise.runtime.apply_plan``) runs every layout the wire allows. TorchRec's
+``DistributedModelParallel`` on FBGEMM's kernels runs the plans :func:`~shardwise.solver.torchrec.to_torchrec`
+emits, and the exporter refuses the rest (:mod:`shardwise.solver.torchrec.exporter`'s docstring says why each is
+refused). For ``torchrec`` the planners only make layouts it emits:
+
+* **row blocks as TorchRec routes them**: a row-wise kernel sends id ``i`` to block ``i // ⌈R / n⌉``, so a
+  row_wise table is cut into blocks of ``⌈R / n⌉`` rows over all ``W`` ranks in rank order, a table_row_wise table
+  over the ``g`` GPUs of one host — only where every block holds a row (:func:`ceil_blocks_fit`); shardwise's
+  executor splits remainders evenly instead;
+* **no row_wise over part of the fleet** (one host group of a mixed fleet, a block of hosts): TorchRec's row_wise
+  spans every rank;
+* **table_row_wise only on a fleet whose hosts all hold as many GPUs** (TorchRec has one ``local_world_size``);
+* **no row-wise sharding of a mean-pooled table** (the TorchRec defect the exporter refuses: its row-wise mean
+  pooling divides the pooled output of the collection's other tables by their bag lengths too);
+* **2D plans only in DMPCollection's form**: replicas kept in sync by ``average_weights`` — and so only where the
+  request allows weight averaging — never ``allreduce_rows``, which TorchRec has no form of;
+* one placement per table (TorchRec has one compute kernel per table) holds for every engine: a candidate places all
+  of a table's shards alike.
+
+:func:`export_problems` is the check behind all of it: what ``to_torchrec_dict`` says of a plan.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+from shardwise.wire.spec import EmbeddingTableSpec, Executor, ModelSpec, Plan, Pooling, ShardingType, SparseSync
+
+if TYPE_CHECKING:
+    from shardwise.solver.topology import Topology
+
+__all__ = [
+    "ENGINE_NAMES",
+    "ceil_blocks_fit",
+    "engine_words",
+    "export_problems",
+    "row_sharding_allowed",
+    "syncs_allowed",
+    "uniform_hosts",
+]
+
+#: how the CLI, the pages and the explanations name each engine
+ENGINE_NAMES: Final = {
+    Executor.shardwise: "shardwise's executor",
+    Executor.torchrec: "TorchRec + FBGEMM",
+}
+
+
+def engine_words(executor: Executor) -> str:
+    """``priced for TorchRec + FBGEMM`` / ``priced for shardwise's executor``."""
+    return f"priced for {ENGINE_NAMES[executor]}"
+
+
+def ceil_blocks_fit(rows: int, parts: int) -> bool:
+    """Whether ``parts`` TorchRec blocks of ``⌈rows / parts⌉`` rows each hold at least one row (10 rows on 4: 3, 3,
+    3, 1 — yes; 5 on 4: 2, 2, 1, 0 — no)."""
+    if parts < 1 or rows < parts:
+        return False
+    return rows > (parts - 1) * (-(-rows // parts))
+
+
+def uniform_hosts(topo: Topology) -> bool:
+    """Every host of the fleet holds as many GPUs (TorchRec's one ``local_world_size``)."""
+    return len({c.gpus_per_host for c in topo.classes}) == 1
+
+
+def row_sharding_allowed(executor: Executor, table: EmbeddingTableSpec) -> bool:
+    """Whether ``table`` may be sharded row-wise (row_wise, table_row_wise) for ``executor``: not a mean-pooled one
+    on TorchRec (module docstring)."""
+    return executor is not Executor.torchrec or table.pooling is not Pooling.mean
+
+
+def syncs_allowed(executor: Executor, allow_weight_averaging: bool) -> tuple[SparseSync, ...]:
+    """The replica syncs a 2D plan may use for ``executor``: shardwise's executor runs ``allreduce_rows`` (and
+    ``average_weights`` where allowed), TorchRec's DMPCollection ``average_weights`` alone (where allowed)."""
+    if executor is Executor.torchrec:
+        return (SparseSync.average_weights,) if allow_weight_averaging else ()
+    return (
+        (SparseSync.allreduce_rows, SparseSync.average_weights)
+        if allow_weight_averaging
+        else (SparseSync.allreduce_rows,)
+    )
+
+
+def export_problems(plan: Plan, model: ModelSpec) -> list[str]:
+    """Why TorchRec cannot run ``plan`` as it is (empty: ``to_torchrec`` exports it): the exporter's refusal, in one
+    line."""
+    from shardwise.solver.torchrec.exporter import TorchRecExportError, to_torchrec_dict
+
+    try:
+        to_torchrec_dict(plan, model)
+    except TorchRecExportError as exc:
+        return [f"TorchRec cannot run this layout: {exc}"]
+    return []
+
+
+ROW_SHARDINGS: Final = frozenset({ShardingType.row_wise, ShardingType.table_row_wise})
