@@ -10,6 +10,7 @@ from shardwise.hwprofiles import HardwareProfile
 from shardwise.solver import plan2d
 from shardwise.solver.build import build_plan
 from shardwise.solver.deadline import Deadline
+from shardwise.solver.engine import engine_words, export_problems
 from shardwise.solver.greedy import Progress, plan_greedy
 from shardwise.solver.size import ProblemTooLargeError, check_memory
 from shardwise.solver.topology import Topology
@@ -20,7 +21,6 @@ from shardwise.solver.validate import (
     check_structure,
     stacked_shards,
 )
-from shardwise.solver.engine import engine_words, export_problems
 from shardwise.wire.spec import Executor, FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams
 from shardwise.wire.units import fmt_bytes
 
