@@ -9,7 +9,7 @@ machinery (:mod:`shardwise.calibrate.run`) load when it runs.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Literal, NoReturn
 
 import typer
 
@@ -28,10 +28,18 @@ def calibrate(
     graphed: Annotated[
         bool, typer.Option(help="fit the step overheads to steps captured as CUDA graphs (runtime.graphed)")
     ] = False,
+    executor: Annotated[
+        str,
+        typer.Option(
+            help="the engine to calibrate: shardwise (its own executor) or torchrec (TorchRec + FBGEMM, installed)"
+        ),
+    ] = "shardwise",
 ) -> None:
     """Time the executor's kernels, GEMMs, copies and host work on this GPU; fit the profile's figures to them.
 
     Under ``torchrun`` on several GPUs of one host it times the collectives too (every rank runs; rank 0 writes).
+    With ``--executor torchrec`` the embedding and step figures are FBGEMM's kernels' and TorchRec's steps'
+    (world size one); the calibration says so, and prices plans made for that engine.
     """
     from shardwise.hwprofiles import catalogue
 
@@ -54,10 +62,23 @@ def calibrate(
         _fail("no CUDA device here: calibrate on the GPU machine (or --device cpu for a smoke test)")
     if graphed and device != "cuda":
         _fail("--graphed captures CUDA graphs: it needs --device cuda")
+    if executor not in ("shardwise", "torchrec"):
+        _fail(f"--executor must be shardwise or torchrec, got {executor!r}")
+    if executor == "torchrec":
+        if graphed:
+            _fail("--graphed is shardwise's executor's: TorchRec's steps are not captured as graphs")
+        try:
+            import fbgemm_gpu  # noqa: F401
+            import torchrec  # noqa: F401
+        except ImportError as exc:
+            _fail(f"--executor torchrec needs TorchRec and FBGEMM_GPU installed ({exc.name} is missing)")
     rank = cal_mod.join_torchrun(device)  # several GPUs under torchrun: collectives too; rank 0 writes
     dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     log = typer.echo if rank == 0 else (lambda _line: None)
-    cal, report = cal_mod.calibrate(known[profile], dev, quick=quick, reps=reps, graphed=graphed, log=log)
+    kind: Literal["eager", "graphed", "torchrec"] = (
+        "torchrec" if executor == "torchrec" else "graphed" if graphed else "eager"
+    )
+    cal, report = cal_mod.calibrate(known[profile], dev, quick=quick, reps=reps, executor=kind, log=log)
     if rank != 0:
         return
     try:

@@ -48,6 +48,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -116,11 +117,16 @@ def calibrate(
     quick: bool = False,
     reps: int = 10,
     graphed: bool = False,
+    executor: Literal["eager", "graphed", "torchrec"] | None = None,
     log: Callable[[str], None],
 ) -> tuple[Calibration, Report]:
     """Measure, fit, and return the calibration (and every sample behind it). ``graphed``: the step overheads are
     fitted to training steps captured as CUDA graphs and replayed (:func:`~shardwise.calibrate.steps.bench_host`), for
-    plans run that way; the calibration says so (``executor: graphed``)."""
+    plans run that way; the calibration says so (``executor: graphed``). ``executor="torchrec"``: the embedding and
+    step figures are fitted on TorchRec + FBGEMM instead of shardwise's executor
+    (:mod:`shardwise.calibrate.torchrec_fit`), and the calibration says so (``executor: torchrec``)."""
+    executor = executor or ("graphed" if graphed else "eager")
+    graphed = executor == "graphed"
     gpu = device.type == "cuda"
     if graphed and not gpu:
         raise ValueError("graphed steps need a CUDA device")
@@ -202,6 +208,45 @@ def calibrate(
             value=round(1 / k, 4), unit=f"of peak (RMS error {err:.1%})", source=where
         )
 
+    if executor == "torchrec":
+        from shardwise.calibrate.torchrec_fit import torchrec_parts  # TorchRec and FBGEMM only when asked for
+
+        torchrec_parts(device, current, figures, measured, where, quick=quick, log=log, out=out)
+    else:
+        _executor_parts(clock, device, profile, current, figures, measured, where, quick, graphed, reps, log, out)
+    cal = Calibration(
+        profile=profile.name,
+        device=str(info["device"]),
+        torch=torch.__version__,
+        driver=info["driver"],
+        triton=info["triton"],
+        date=datetime.now(UTC).date().isoformat(),
+        figures=figures,
+        measurements=measured,
+        executor=executor,
+    )
+    cal.apply(profile)  # the calibrated profile must be valid
+    return cal, out
+
+
+def _executor_parts(
+    clock: Clock,
+    device: torch.device,
+    profile: HardwareProfile,
+    current: HardwareProfile,
+    figures: dict[str, Figure],
+    measured: dict[str, Measurement],
+    where: str,
+    quick: bool,
+    graphed: bool,
+    reps: int,
+    log: Callable[[str], None],
+    out: Report,
+) -> None:
+    """The figures of shardwise's executor (module docstring): the sort, the grouped lookups and fused updates, the
+    host's time per step, host shards, cache fetches and, on several GPUs, the collectives — into ``figures`` and
+    ``measured``."""
+    gpu = device.type == "cuda"
     log("id sort (reported) …")
     bench_sort(clock, (100_000, 1_000_000, 4_000_000) if gpu else (2_000, 20_000), out)
     sort_k, sort_err = fit_scale([s for s in out.samples if s.kind == "sort"])
@@ -336,19 +381,6 @@ def calibrate(
         out.notes.append("collectives: one host only (the scale-up fabric); inter-host figures need several hosts")
     else:
         out.notes.append("collectives: not measured (world size one); run on several GPUs to calibrate them")
-    cal = Calibration(
-        profile=profile.name,
-        device=str(info["device"]),
-        torch=torch.__version__,
-        driver=info["driver"],
-        triton=info["triton"],
-        date=datetime.now(UTC).date().isoformat(),
-        figures=figures,
-        measurements=measured,
-        executor="graphed" if graphed else "eager",
-    )
-    cal.apply(profile)  # the calibrated profile must be valid
-    return cal, out
 
 
 def write(cal: Calibration, report: Report, path: Path) -> Path:

@@ -431,7 +431,7 @@ def lower_bound_ms(
             allowed = [[c for c in cs if c.sharding in ok] for cs in tables]
             if any(not cs for cs in allowed):
                 continue
-            kinds = dense_kinds + sum(group_kinds(g, topo.sync_kinds) for g in used)
+            kinds = dense_kinds + sum(group_kinds(g, topo.a2a_extra_kinds) for g in used)
             fixed = [
                 d + collective_latency_ms(cls.profile, kinds, multi) for d, cls in zip(dense, topo.classes, strict=True)
             ]

@@ -259,7 +259,7 @@ def _walk(
         slowest, slowest_rank, slowest_ms = None, -1, -math.inf
         for (rows, cols, placement, fraction), on in shapes.items():
             if sharded:
-                key = cm.shard_group_key(table, cols, placement)
+                key = cm.shard_group_key(table, cols, placement, sharding, topo.executor)
                 for r in on:
                     groups[r].add(key)
             for ci, members in _by_class(on, class_of):
@@ -297,7 +297,7 @@ def _walk(
             comm[ranks] += dc.comm_ms
             if sink is not None:
                 sink.dense(cls.ranks, dc)
-    kinds = latency_kinds(tables, topo.sync_kinds) + (1 if dense else 0)
+    kinds = latency_kinds(tables, topo.a2a_extra_kinds) + (1 if dense else 0)
     multi_host = topo.multi_host
     num_tables, num_layers = len(model.embedding_tables), len(model.dense_layers)
     compute, comm_ms, host_work = totals.compute.tolist(), comm.tolist(), totals.host_work.tolist()

@@ -113,6 +113,7 @@ def shard_costs(
         world=W,
         cache_ways=cm.cache_associativity(cls.profile),
         sync_replicas=sync_replicas,
+        engine=topo.executor,
     )
     computes = cm.shard_computes(
         table,
@@ -124,6 +125,7 @@ def shard_costs(
         batch=batch,
         world=W,
         phases=phases,
+        engine=topo.executor,
     )
     ctx = topo.context(cls, batch, group if sharding in (ShardingType.row_wise, ShardingType.table_row_wise) else None)
     comm_ms = cm.shard_comm_ms(table, sharding, num_rows, num_cols, ctx)
@@ -187,7 +189,7 @@ class Sharded(Protocol):
 
 def latency_kinds(tables: Iterable[Sharded], sync_kinds: float = 0.0) -> float:
     """Collectives per step the tables need (see :data:`COLLECTIVES`); each costs its fixed latency once. In a 2D
-    plan the replica sync's collectives (``sync_kinds``, :attr:`Topology.sync_kinds`) come with the all-to-alls."""
+    plan the replica sync's collectives (``sync_kinds``, :attr:`Topology.a2a_extra_kinds`) come with the all-to-alls."""
     groups: set[str] = set()
     for t in tables:
         groups |= collective_groups(t.sharding_type)

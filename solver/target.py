@@ -82,7 +82,7 @@ class _Packer:
         empty = initial_state(topo, model, dense)
         rc = empty.rank_class
         self.floors = class_floors(topo, cands)
-        kinds = sum(group_kinds(g, topo.sync_kinds) for g in used) + (1 if dense else 0)
+        kinds = sum(group_kinds(g, topo.a2a_extra_kinds) for g in used) + (1 if dense else 0)
         multi = topo.multi_host
         latency = np.array([collective_latency_ms(c.profile, kinds, multi) for c in topo.classes])
         empty.load = empty.load + self.floors.sum(axis=0)[rc] + latency[rc]

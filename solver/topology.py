@@ -139,9 +139,12 @@ class Topology:
         return self.num_hosts * self.replicas > 1
 
     @cached_property
-    def sync_kinds(self) -> float:
-        """Collectives per step the replica sync adds when a table is sharded (0 for a 1D plan)."""
-        return sync_collectives(self.replicas, self.sync, self.every_k_steps)
+    def a2a_extra_kinds(self) -> float:
+        """Collectives per step that come with the all-to-alls of sharded tables beyond their three (ids, outputs,
+        output gradients): the replica sync's in a 2D plan, and on TorchRec the exchange of the input's splits that
+        precedes its ids (``KJTAllToAll`` sends each rank's lengths per feature first)."""
+        splits = 1.0 if self.executor is Executor.torchrec else 0.0
+        return sync_collectives(self.replicas, self.sync, self.every_k_steps) + splits
 
     @cached_property
     def slowest_inter_bw(self) -> float:

@@ -55,8 +55,11 @@ from shardwise.solver.cost_model.comm import (
 )
 from shardwise.solver.cost_model.compute import (
     ComputePhases,
+    FbgemmBytes,
     ShardCompute,
     cache_fetch_ms,
+    fbgemm_bytes,
+    fbgemm_computes,
     host_lookup_ms,
     host_shard_bytes,
     host_update_bytes,
@@ -135,6 +138,7 @@ __all__ = [
     "ComputePhases",
     "DataSide",
     "DenseCost",
+    "FbgemmBytes",
     "Link",
     "PlacementChoice",
     "RankStep",
@@ -156,6 +160,8 @@ __all__ = [
     "dense_state_bytes",
     "device_state_bytes",
     "distinct_rows",
+    "fbgemm_bytes",
+    "fbgemm_computes",
     "generalized_harmonic",
     "hierarchical",
     "hierarchical_s",

@@ -54,6 +54,37 @@ rank's host time carries ``fetch`` too; a step's ``max(compute + comm, host)`` t
 (the executor's overlapped prefetch, which can, is not priced: it measured slower on the host-bound steps it was
 tried on, ``docs/truth.md``, "The executor made to run the plan as priced"). Uncalibrated (no measurement of the
 executor's fetch), the shard is priced as FBGEMM runs it, its misses read over the host link.
+
+TorchRec + FBGEMM (:func:`fbgemm_computes`)
+-------------------------------------------
+A plan priced for ``torchrec`` (``SolveParams.executor``) runs each shard in FBGEMM's table-batched embedding
+kernels (``SplitTableBatchedEmbeddingBagsCodegen``, ``fbgemm_gpu/split_table_batched_embeddings_ops_training.py``),
+which TorchRec's compute kernels map to (``fused`` → ``EmbeddingLocation.DEVICE``, ``fused_uvm`` → ``MANAGED``,
+``fused_uvm_caching`` → ``MANAGED_CACHING``). Per shard and step, with ``n`` ids, ``o`` pooled rows, ``d`` the
+distinct rows among the ids (:func:`distinct_rows`, under the table's ``access_skew``), ``row = ⌈c·b / G⌉·G``,
+``grad = ⌈c·ob / G⌉·G`` and ``s`` the optimizer state read and written per updated row
+(:func:`optimizer_update_bytes`):
+
+* **forward** (``embedding_forward_split_template.cu``): every id's row gathered, the pooled rows written:
+  ``n·row`` gathered, ``o·c·ob`` streamed;
+* **backward with the optimizer fused** (``embedding_backward_split_template.cu``): the ids sorted by row
+  (``transpose_embedding_input``: ``n · sort_ns_per_id``), then one segment per *distinct* row — each occurrence's
+  pooled gradient read (``n·grad`` gathered, after the ``o·c·ob`` gradient is streamed in), the row and its state
+  read and written once: ``d·(2·row + s)`` — so, unlike shardwise's executor, duplicate ids do not cost updates;
+* **where the bytes live**: ``fused`` reads and writes everything in HBM. ``fused_uvm`` keeps the weights in
+  managed memory preferred on the host (``new_managed_tensor``), read and written by the kernels over the host link:
+  the forward's ``n·row`` and the update's ``d·2·row`` cross it; a row-wise state (rowwise_adagrad's) is on the
+  device, a per-weight state (adagrad, adam) in UVM, across the link. ``fused_uvm_caching`` first *prefetches*
+  (``lru_cache_populate``: the step's ids linearized and made unique — a second sort, ``n · sort_ns_per_id`` —
+  ``lru_cache_find_uncached`` over the 32-way (64 on ROCm) sets, ``lru_cache_insert_kernel``): each of the
+  ``m = d·(1 − h)`` missing rows is read over the host link and written into the cache, and the row it evicts
+  written back to UVM (``2·m·row`` across the link, ``2·m·row`` in HBM; ``h`` the LRU hit rate,
+  :func:`cache_hit_rate`); then the forward and the update find every row in the cache in HBM — the per-weight state
+  still in UVM, across the link. The prefetch runs on the device stream: it adds no host time.
+
+Gathers run at ``hbm_bw·achieved.embedding_gather``, streams at ``hbm_bw·achieved.memory_bound``, the host link at
+``host_link·achieved.host_link``: the same figures as shardwise's executor, which a calibration of the TorchRec engine
+(``shardwise calibrate --executor torchrec``) fits on FBGEMM's own kernels.
 """
 
 from __future__ import annotations
@@ -67,6 +98,7 @@ from shardwise.solver.cost_model.memory import PlacementChoice, optimizer_state_
 from shardwise.solver.cost_model.traffic import GRAD_BYTES, MS, out_bytes, round_up, shard_traffic, touched_rows
 from shardwise.wire.spec import (
     EmbeddingTableSpec,
+    Executor,
     Optimizer,
     Placement,
 )
@@ -124,9 +156,10 @@ def shard_compute_ms(
     profile: HardwareProfile,
     batch: int,
     world: int,
+    engine: Executor = Executor.shardwise,
 ) -> float:
     """Forward + backward lookup and update time of one shard on ``profile`` (module docstring): the total of its
-    :class:`ShardCompute` (:func:`shard_computes`)."""
+    :class:`ShardCompute` (:func:`shard_computes`) on ``engine``."""
     return shard_computes(
         table,
         sharding=sharding,
@@ -137,6 +170,7 @@ def shard_compute_ms(
         batch=batch,
         world=world,
         phases=False,
+        engine=engine,
     )[0].total
 
 
@@ -151,9 +185,23 @@ def shard_computes(
     batch: int,
     world: int,
     phases: bool = True,
+    engine: Executor = Executor.shardwise,
 ) -> list[ShardCompute]:
     """A shard's :class:`ShardCompute` under each of ``placements`` (module docstring), with its phases unless
-    ``phases`` is false: the bytes it gathers and streams are worked out once."""
+    ``phases`` is false: the bytes it gathers and streams are worked out once. ``engine``: the executor that runs
+    it — shardwise's, or TorchRec + FBGEMM (:func:`fbgemm_computes`)."""
+    if engine is Executor.torchrec and sharding is not ST.data_parallel:
+        return fbgemm_computes(
+            table,
+            sharding=sharding,
+            num_rows=num_rows,
+            num_cols=num_cols,
+            placements=placements,
+            profile=profile,
+            batch=batch,
+            world=world,
+            phases=phases,
+        )
     t = shard_traffic(table, sharding, num_rows, batch, world)
     g = profile.memory_access_granularity_bytes
     row = round_up(num_cols * table.dtype.nbytes, g)  # forward reads each id's row
@@ -211,6 +259,114 @@ def shard_computes(
             beyond = max(0.0, lookup - (fwd + bwd + upd)) if lookup > reads else 0.0
             split = ComputePhases(fwd, bwd, upd, beyond)
         out.append(ShardCompute(total, fetch, split))
+    return out
+
+
+class FbgemmBytes(NamedTuple):
+    """What one shard moves a step in FBGEMM's kernels (module docstring, "TorchRec + FBGEMM"): bytes gathered from
+    HBM and moved over the host link per phase, bytes streamed (the pooled rows written and their gradient read,
+    each ``stream / 2``), the step's ``ids``, and ``sorted_ids``: the ids sorted (the backward's sort, and a cached
+    shard's prefetch's)."""
+
+    fwd_gather: float
+    fwd_link: float
+    bwd_gather: float
+    upd_gather: float
+    upd_link: float
+    stream: float
+    ids: float
+    sorted_ids: float
+
+    @property
+    def gathered(self) -> float:
+        return self.fwd_gather + self.bwd_gather + self.upd_gather
+
+    @property
+    def linked(self) -> float:
+        return self.fwd_link + self.upd_link
+
+
+def fbgemm_bytes(
+    table: EmbeddingTableSpec,
+    *,
+    sharding: ST,
+    num_rows: int,
+    num_cols: int,
+    placements: Sequence[PlacementChoice],
+    granularity: int,
+    batch: int,
+    world: int,
+) -> list[FbgemmBytes]:
+    """:class:`FbgemmBytes` of a sharded shard under each of ``placements``: the bytes :func:`fbgemm_computes` times
+    and ``shardwise calibrate --executor torchrec`` fits FBGEMM's kernels to."""
+    t = shard_traffic(table, sharding, num_rows, batch, world)
+    ob = out_bytes(table.dtype)
+    row = round_up(num_cols * table.dtype.nbytes, granularity)
+    grad = round_up(num_cols * ob, granularity)
+    stream = 2.0 * t.out_rows * num_cols * ob  # pooled rows written; their gradient read back
+    d = distinct_rows(t.ids, num_rows, table.access_skew)
+    state = optimizer_update_bytes(table.optimizer, num_cols, granularity)
+    state_on_device = table.optimizer is Optimizer.rowwise_adagrad
+    fwd_gather, bwd_gather = t.ids * row, t.ids * grad
+    out: list[FbgemmBytes] = []
+    for placement, cache_fraction in placements:
+        sorted_ids = t.ids
+        if placement is Placement.hbm:
+            fwd, upd = (fwd_gather, 0.0), (d * (2 * row + state), 0.0)
+        elif placement is Placement.host:  # fused_uvm: rows across the link, a row-wise state on the device
+            fwd = (0.0, fwd_gather)
+            upd = (d * state, d * 2 * row) if state_on_device else (0.0, d * (2 * row + state))
+        else:  # fused_uvm_caching: the prefetch moves the misses, then every row is in the cache
+            miss = d * (1.0 - cache_hit_rate(num_rows, cache_fraction, table.access_skew))
+            sorted_ids = 2 * t.ids  # the prefetch's unique ids: a second sort
+            fwd = (fwd_gather + 2 * miss * row, 2 * miss * row)
+            upd = (d * (2 * row + state), 0.0) if state_on_device else (d * 2 * row, d * state)
+        out.append(FbgemmBytes(fwd[0], fwd[1], bwd_gather, upd[0], upd[1], stream, t.ids, sorted_ids))
+    return out
+
+
+def fbgemm_computes(
+    table: EmbeddingTableSpec,
+    *,
+    sharding: ST,
+    num_rows: int,
+    num_cols: int,
+    placements: Sequence[PlacementChoice],
+    profile: HardwareProfile,
+    batch: int,
+    world: int,
+    phases: bool = True,
+) -> list[ShardCompute]:
+    """A sharded (not data-parallel) shard's :class:`ShardCompute` in FBGEMM's kernels under each of ``placements``
+    (module docstring, "TorchRec + FBGEMM"): its :func:`fbgemm_bytes` timed — gathers at the HBM gather rate, streams
+    at the stream rate, the host link at its own, ``sort_ns_per_id`` per sorted id. A data-parallel copy runs
+    TorchRec's dense kernel, priced as shardwise's (:func:`shard_computes`)."""
+    hbm_gather = profile.hbm_bandwidth_bytes_per_s * profile.achieved.embedding_gather
+    hbm_stream = profile.hbm_bandwidth_bytes_per_s * profile.achieved.memory_bound
+    link = profile.host_link_bytes_per_s * profile.achieved.host_link
+    sort_ms = profile.overheads.sort_ns_per_id * 1e-6
+    out: list[ShardCompute] = []
+    for b in fbgemm_bytes(
+        table,
+        sharding=sharding,
+        num_rows=num_rows,
+        num_cols=num_cols,
+        placements=placements,
+        granularity=profile.memory_access_granularity_bytes,
+        batch=batch,
+        world=world,
+    ):
+        total = (b.gathered / hbm_gather + b.stream / hbm_stream + b.linked / link) * MS + b.sorted_ids * sort_ms
+        split = None
+        if phases:
+            fwd_sort = (b.sorted_ids - b.ids) * sort_ms  # a cached shard's prefetch
+            split = ComputePhases(
+                lookup_fwd=(b.fwd_gather / hbm_gather + b.fwd_link / link + b.stream / 2 / hbm_stream) * MS + fwd_sort,
+                lookup_bwd=(b.bwd_gather / hbm_gather + b.stream / 2 / hbm_stream) * MS + b.ids * sort_ms,
+                update=(b.upd_gather / hbm_gather + b.upd_link / link) * MS,
+                host_lookup=0.0,
+            )
+        out.append(ShardCompute(total, 0.0, split))
     return out
 
 

@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from shardwise.hwprofiles import HardwareProfile
 from shardwise.wire.spec import (
     EmbeddingTableSpec,
+    Executor,
     Placement,
+    ShardingType,
 )
 
 
@@ -80,7 +82,17 @@ def host_floor_ms(profile: HardwareProfile, tables: int, layers: int, groups: in
     return (o.step_fixed_us + o.per_table_us * tables + o.per_layer_us * layers + extra) / 1000.0
 
 
-def shard_group_key(table: EmbeddingTableSpec, num_cols: int, placement: Placement) -> tuple[object, ...]:
-    """The group of shards shardwise's executor looks up a shard with on its rank: one dtype, width, optimizer and
-    placement kind (``hbm``, ``host``, ``uvm_cache``) a group (``runtime/embedding/groups.py``)."""
+def shard_group_key(
+    table: EmbeddingTableSpec,
+    num_cols: int,
+    placement: Placement,
+    sharding: ShardingType = ShardingType.table_wise,
+    engine: Executor = Executor.shardwise,
+) -> tuple[object, ...]:
+    """The group of shards a shard is looked up with on its rank. shardwise's executor: one dtype, width, optimizer
+    and placement kind (``hbm``, ``host``, ``uvm_cache``) a group (``runtime/embedding/groups.py``). TorchRec: one
+    table-batched kernel per sharding type, compute kernel, dtype and optimizer — FBGEMM's TBE takes tables of any
+    width (TorchRec's ``group_tables`` in ``torchrec/distributed/embedding_sharding.py``)."""
+    if engine is Executor.torchrec:
+        return (sharding, placement, table.dtype, table.optimizer, table.pooling)
     return (table.dtype, num_cols, table.optimizer, placement)

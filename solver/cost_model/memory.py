@@ -72,6 +72,14 @@ of what the two executors keep there, so that a plan fits either — but for a f
   ``r·4`` is charged in both memories).
 * ``hbm``: the two agree.
 
+TorchRec + FBGEMM
+-----------------
+A plan priced for ``torchrec`` (``SolveParams.executor``) is charged what FBGEMM allocates, alone: the parts above
+where FBGEMM keeps them, with no spill reserve (FBGEMM's prefetch instead keeps, per id of the step, the linearized
+int64 index and the int32 cache location: ``12·n`` more HBM for a ``uvm_cache`` shard) and no CPU path (a ``host``
+shard's host memory is its weights and ``s_uvm``, the managed allocations; its index work and buffers are on the
+device).
+
 In a 2D plan (:mod:`shardwise.solver.cost_model.comm`, "2D plans") an ``allreduce_rows`` shard keeps the row-sparse
 gradient of the rows any replica touched, ``u_f·(c·4 + 8)`` of HBM (:func:`replica_sync_buffer_bytes`).
 """
@@ -98,6 +106,7 @@ from shardwise.wire.executor import CACHE_WAYS_CUDA
 from shardwise.wire.spec import (
     Dtype,
     EmbeddingTableSpec,
+    Executor,
     Optimizer,
     Placement,
 )
@@ -109,6 +118,9 @@ from shardwise.wire.spec import ShardingType as ST
 CACHE_META_BYTES_PER_SLOT = executor.CACHE_TAG_BYTES + executor.CACHE_STAMP_BYTES
 CACHE_INDEX_BYTES_PER_ROW = executor.CACHE_SLOT_MAP_BYTES
 CACHE_LOCK_FLAG_BYTES_PER_SLOT = executor.CACHE_LOCK_BYTES + executor.CACHE_FLAG_BYTES
+#: FBGEMM's prefetch of a MANAGED_CACHING table, per id of the step: its linearized int64 index and its int32 cache
+#: location (``linear_cache_indices``, ``lxu_cache_locations``)
+FBGEMM_PREFETCH_BYTES_PER_ID = 8 + 4
 
 
 def optimizer_state_bytes(optimizer: Optimizer, rows: int, cols: int) -> int:
@@ -185,6 +197,7 @@ def shard_memory(
     batch: int,
     world: int,
     cache_ways: int = CACHE_WAYS_CUDA,
+    engine: Executor = Executor.shardwise,
 ) -> ShardMemory:
     """Memory of one shard; formulas in the module docstring (``cache_ways``: ``A``, :func:`cache_associativity`)."""
     return shard_memories(
@@ -196,6 +209,7 @@ def shard_memory(
         batch=batch,
         world=world,
         cache_ways=cache_ways,
+        engine=engine,
     )[0]
 
 
@@ -213,10 +227,14 @@ def shard_memories(
     world: int,
     cache_ways: int = CACHE_WAYS_CUDA,
     sync_replicas: int = 1,
+    engine: Executor = Executor.shardwise,
 ) -> list[ShardMemory]:
     """:func:`shard_memory` of one shard under each of ``placements``: what does not depend on the placement
     (weights, state, gradients, buffers) is worked out once. ``sync_replicas``: ``R`` of a 2D plan that syncs with
-    ``allreduce_rows`` (its gradient buffer, :func:`replica_sync_buffer_bytes`), else 1."""
+    ``allreduce_rows`` (its gradient buffer, :func:`replica_sync_buffer_bytes`), else 1. ``engine``: the executor the
+    plan runs on — shardwise's (the larger of the two executors' bytes, module docstring) or ``torchrec``, FBGEMM's
+    alone (module docstring, "TorchRec + FBGEMM")."""
+    fbgemm = engine is Executor.torchrec
     traffic = shard_traffic(table, sharding, num_rows, batch, world)
     weights = num_rows * num_cols * table.dtype.nbytes
     state = optimizer_state_bytes(table.optimizer, num_rows, num_cols)
@@ -238,11 +256,22 @@ def shard_memories(
         elif placement is Placement.uvm_cache:
             # FBGEMM MANAGED_CACHING: the cache and s_dev in HBM, weights and s_uvm in UVM
             cache = cache_bytes(num_rows, num_cols, table.dtype, cache_fraction, cache_ways)
-            cache += cache_spill_bytes(table, num_rows, num_cols, batch, world)  # shardwise's executor only
+            if fbgemm:  # the prefetch's linearized ids and the cache location of each
+                extra = math.ceil(traffic.ids * FBGEMM_PREFETCH_BYTES_PER_ID)
+            else:  # shardwise's executor's spill reserve
+                extra = cache_spill_bytes(table, num_rows, num_cols, batch, world)
             out.append(
                 ShardMemory(
-                    optimizer=dev_state, gradients=grads, buffers=buffers, cache=cache, host=weights + state - dev_state
+                    optimizer=dev_state,
+                    gradients=grads,
+                    buffers=buffers,
+                    cache=cache + extra,
+                    host=weights + state - dev_state,
                 )
+            )
+        elif fbgemm:  # host, FBGEMM MANAGED: weights and s_uvm in UVM, s_dev in HBM
+            out.append(
+                ShardMemory(optimizer=dev_state, gradients=grads, buffers=buffers, host=weights + state - dev_state)
             )
         else:  # host: FBGEMM MANAGED keeps s_dev in HBM; shardwise's executor keeps everything of the shard on the CPU
             out.append(

@@ -315,7 +315,7 @@ class Formulation:
 
     def _add_latency_kinds(self) -> None:
         """Family 4: a collective kind costs its latency on every GPU as soon as one table uses it."""
-        weights = {q: group_kinds(q, self.topo.sync_kinds) for q in COLLECTIVES}
+        weights = {q: group_kinds(q, self.topo.a2a_extra_kinds) for q in COLLECTIVES}
         for q in weights:
             self.kinds[q] = self.model.new_bool_var(f"u[{q}]")
         for row in self.vars:
