@@ -36,6 +36,7 @@ from shardwise.solver import cost_model as cm
 from shardwise.solver import port_words as words
 from shardwise.solver import two_d
 from shardwise.solver.build import build_plan
+from shardwise.solver.engine import export_problems
 from shardwise.solver.evaluate import evaluate
 from shardwise.solver.greedy import Progress
 from shardwise.solver.planner import make_plan, score_plan
@@ -46,6 +47,7 @@ from shardwise.solver.topology import Topology
 from shardwise.solver.validate import assert_valid_plan
 from shardwise.wire.port_spec import DirectPort, PortReport, RankFill, TableChange, TableLayout
 from shardwise.wire.spec import (
+    Executor,
     FleetSpec,
     ModelSpec,
     Placement,
@@ -232,14 +234,14 @@ def port_analysis(
     Raises :class:`PortError` when ``source_plan`` is not a valid plan of ``model`` on ``source_fleet``.
     """
     known = dict(profiles or {})
-    src_topo = Topology(source_fleet, known)
-    topo = Topology(target_fleet, known)
+    src_topo = Topology(source_fleet, known, executor=params.executor)
+    topo = Topology(target_fleet, known, executor=params.executor)
     if source_plan is None:
         source = make_plan(model, source_fleet, params, known)
     elif source_plan.status is PlanStatus.infeasible:
         source = source_plan
     else:
-        problems, source = score_plan(model, source_fleet, source_plan, known)
+        problems, source = score_plan(model, source_fleet, source_plan, known, params.executor)
         if problems:
             raise PortError(problems)
     direct = direct_port(topo, model, source, source_fleet.name)
@@ -247,7 +249,12 @@ def port_analysis(
     replan = target_plan if target_plan is not None else make_plan(model, target_fleet, params, known, on_progress)
     replan_from: Literal["solver", "direct_port"] = "solver"
     fallback: Fallback | None = None
-    if direct.feasible and direct.plan is not None and direct.predicted_step_ms is not None:
+    # the direct port's layout is kept over a slower re-plan only where the engine runs it (TorchRec's row blocks
+    # over the source's world size are not the target's)
+    runnable = direct.plan is not None and (
+        params.executor is not Executor.torchrec or not export_problems(direct.plan, model)
+    )
+    if direct.feasible and runnable and direct.plan is not None and direct.predicted_step_ms is not None:
         d_ms = direct.predicted_step_ms
         if replan.status is PlanStatus.infeasible or (replan.predicted_step_ms or 0.0) > d_ms:
             fallback = Fallback(
