@@ -1,0 +1,247 @@
+"""Predicted against measured on the TorchRec engine: ``benchmarks/torchrec_engine.py``'s measurements of TorchRec's
+DistributedModelParallel on FBGEMM beside the cost model's figures for that engine (``SolveParams.executor``
+``torchrec``).
+
+The protocol is ``benchmarks/truth.py``'s: the same twenty configurations, the same ``split`` (``fit`` / ``test``,
+alternating, fixed before anything was measured), a calibration from microbenchmarks that run none of them
+(``shardwise calibrate --executor torchrec``), its host terms refitted on the ``fit`` half only, the verdict taken on
+the ``test`` half::
+
+    # on the GPU (TorchRec + FBGEMM installed): the calibration, then the configurations through to_torchrec + DMP
+    python -c "..."  # shardwise calibrate --profile nvidia-h200 --executor torchrec -o torchrec.yaml
+    python benchmarks/torchrec_engine.py measure -o measured.json
+    # anywhere with the planner extra
+    python benchmarks/torchrec_report.py refit torchrec.yaml measured.json -o refit.yaml
+    python benchmarks/torchrec_report.py predict --calibration refit.yaml -o predicted.json
+    python benchmarks/torchrec_report.py report predicted.json measured.json --json stats.json
+    # the capped-HBM port on the engine users run: TorchRec's plan and shardwise's, both measured on DMP
+    python benchmarks/torchrec_report.py port port.json --calibration refit.yaml
+
+Memory: ``peak_bytes`` is ``torch.cuda.max_memory_allocated`` over the measured steps, against the plan's predicted
+HBM on its rank (``hbm_used_bytes``: what FBGEMM allocates for the tables, the dense layers' parameters, optimizer
+state and activations); a plan priced for ``torchrec`` must never exceed it when DMP runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+
+from benchmarks import truth
+from benchmarks.truth import CONFIGS, GPU, _layers, kendall_tau, model_spec, percentile
+from shardwise.wire.spec import Executor, FleetSpec
+
+
+def _fleets(calibration: Path | None) -> dict[str, FleetSpec]:
+    from shardwise.hwprofiles import load_calibration
+    from shardwise.wire.calibration import calibrate_fleet
+
+    fleets = {"catalogue": truth.fleet()}
+    if calibration is not None:
+        cal = load_calibration(calibration)
+        if cal.engine != "torchrec":
+            raise SystemExit(f"{calibration}: a calibration of {cal.engine}'s executor, not of TorchRec + FBGEMM")
+        fleets["calibrated"] = calibrate_fleet(truth.fleet(), cal)
+    return fleets
+
+
+def predict(calibration: Path | None) -> dict[str, Any]:
+    """Every configuration's plan (``truth.plan``) priced for TorchRec + FBGEMM, on the catalogue's H200 and with
+    ``calibration``."""
+    from shardwise.solver.planner import score_plan
+
+    fleets = _fleets(calibration)
+    out: dict[str, Any] = {"calibration": str(calibration) if calibration else None, "configs": {}}
+    for cfg in CONFIGS:
+        spec = model_spec(cfg)
+        row: dict[str, Any] = {"split": cfg.split}
+        for label, fl in fleets.items():
+            problems, scored = score_plan(spec, fl, truth.plan(cfg), executor=Executor.torchrec)
+            r = scored.ranks[0]
+            row[label] = {
+                "step_ms": scored.predicted_step_ms,
+                "device_ms": r.predicted_ms.compute + r.predicted_ms.comm,
+                "host_ms": r.predicted_ms.host,
+                "hbm_bytes": r.hbm_used_bytes,
+                "problems": problems,
+            }
+        out["configs"][cfg.name] = row
+    return out
+
+
+def refit(calibration: Path, measured: dict[str, Any], output: Path) -> None:
+    """The calibration with its host terms refitted on the ``fit`` half: ``step = c0 + c1·T + c2·L`` (non-negative
+    least squares in relative error) over the ``fit`` configurations the calibration predicts host-bound (their
+    predicted device time below the measured step: DMP's step then waits on its host), the device figures kept."""
+    import yaml
+
+    from shardwise.calibrate.fit import linear_fit
+    from shardwise.hwprofiles import load_calibration
+    from shardwise.hwprofiles.calibration import Figure
+
+    base = load_calibration(calibration)
+    before = predict(calibration)["configs"]
+    by_name = {c.name: c for c in CONFIGS}
+    fit = []
+    for name, m in measured["configs"].items():
+        if not m.get("step_ms") or by_name[name].split != "fit":
+            continue
+        if before[name]["calibrated"]["device_ms"] < m["step_ms"]:
+            fit.append((by_name[name], float(m["step_ms"])))
+    if len(fit) < 2:
+        raise SystemExit(f"{len(fit)} host-bound configurations in the fit half: too few to refit the host terms")
+    rows = [[1.0, float(len(c.tables)), float(len(_layers(c)))] for c, _ in fit]
+    (fixed, per_table, per_layer), err = linear_fit(rows, [t for _, t in fit])
+    source = (
+        f"refitted on benchmarks/torchrec_report.py's fit half, its host-bound configurations ({len(fit)}: "
+        f"{', '.join(c.name for c, _ in fit)}): TorchRec DMP steps measured on {measured['machine'].get('gpu')}"
+    )
+    figures = dict(base.figures)
+    for name, value in (("step_fixed_us", fixed), ("per_table_us", per_table), ("per_layer_us", per_layer)):
+        figures[f"overheads.{name}"] = Figure(
+            value=float(f"{value * 1e3:.4g}"), source=source, samples=len(fit), fit_error=float(f"{err:.4g}")
+        )
+    refined = type(base).model_validate(
+        {**base.model_dump(), "figures": {k: v.model_dump() for k, v in figures.items()}}
+    )
+    header = f"# {refined.label()}: {calibration.name} with host terms refitted on the fit half\n"
+    output.write_text(header + yaml.safe_dump(refined.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
+    print(
+        f"host = {fixed * 1e3:.1f} us + {per_table * 1e3:.1f} us x tables + {per_layer * 1e3:.1f} us x layers "
+        f"(RMS error {err:.1%}, {len(fit)} configurations) -> {output}"
+    )
+
+
+def report(predicted: dict[str, Any], measured: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """The table (one row per configuration) and the statistics per split: median and 90th percentile of
+    ``|measured / predicted − 1|``, Kendall's τ, the largest memory error and whether any peak exceeded the
+    prediction."""
+    lines = [
+        "| configuration | split | measured step | predicted, catalogue | predicted, calibrated "
+        "| measured / calibrated | peak HBM measured | predicted HBM | memory error |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    rows = []
+    for name, m in measured["configs"].items():
+        if not m.get("step_ms"):
+            lines.append(f"| {name} | {m.get('split')} | not measured: {m.get('error') or m.get('skipped')} |")
+            continue
+        p = predicted["configs"][name]
+        cal = p.get("calibrated", p["catalogue"])
+        meas, un, ca = float(m["step_ms"]), p["catalogue"]["step_ms"], cal["step_ms"]
+        peak, pred_hbm = m.get("peak_bytes"), cal["hbm_bytes"]
+        mem_err = peak / pred_hbm - 1 if peak else None
+        rows.append((name, m["split"], meas, un, ca, mem_err))
+        mem = f"{peak / 2**30:.2f} GiB | {pred_hbm / 2**30:.2f} GiB | {mem_err:+.1%}" if peak else "– | – | –"
+        lines.append(f"| {name} | {m['split']} | {meas:.2f} ms | {un:.2f} ms | {ca:.2f} ms | {meas / ca:.2f} | {mem} |")
+    stats: dict[str, Any] = {}
+    for split in ("test", "fit", "all"):
+        sel = [r for r in rows if split == "all" or r[1] == split]
+        if not sel:
+            continue
+        for which, col in (("catalogue", 3), ("calibrated", 4)):
+            errs = [abs(r[2] / r[col] - 1) for r in sel]
+            stats[f"{split}/{which}"] = {
+                "n": len(sel),
+                "median_abs_error": statistics.median(errs),
+                "p90_abs_error": percentile(errs, 0.9),
+                "kendall_tau": kendall_tau([r[2] for r in sel], [r[col] for r in sel]),
+            }
+        mems = [r[5] for r in sel if r[5] is not None]
+        if mems:
+            stats[f"{split}/memory_max_abs_error"] = max(abs(x) for x in mems)
+            stats[f"{split}/memory_over_prediction"] = [r[0] for r in sel if r[5] is not None and r[5] > 0]
+    return lines, stats
+
+
+def port(doc: dict[str, Any], calibration: Path | None) -> tuple[list[str], dict[str, Any]]:
+    """The capped-HBM comparison: each model's TorchRec plan and shardwise's plan, measured on DMP, against their
+    predictions for TorchRec + FBGEMM on the capped H200 (``doc`` from ``torchrec_engine.py port``)."""
+    from shardwise.hwprofiles import get_profile, load_calibration
+    from shardwise.solver.planner import score_plan
+    from shardwise.solver.torchrec.importer import from_torchrec
+    from shardwise.wire.spec import ModelSpec, Plan
+
+    profile = get_profile(GPU)
+    if calibration is not None:
+        profile = load_calibration(calibration).apply(profile)
+    lines = [
+        "| model | HBM cap | TorchRec's plan, measured | shardwise's plan, measured | speed-up, measured "
+        "| TorchRec's plan, predicted | shardwise's plan, predicted | speed-up, predicted | predicted / measured |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    stats: dict[str, Any] = {}
+    for name, m in doc["models"].items():
+        cap = int(m["cap_bytes"])
+        capped = profile.model_copy(update={"name": f"{profile.name}-capped", "hbm_bytes": cap})
+        capped = type(profile).model_validate(capped.model_dump())
+        fleet = FleetSpec.model_validate({"name": "capped", "hosts": [{"gpu": capped.model_dump(), "count": 1}]})
+        spec = ModelSpec.model_validate(m["model"])
+        theirs = from_torchrec(m["torchrec"]["plan"], spec, fleet)
+        ours = Plan.model_validate(m["shardwise"]["plan"])
+        pred = {}
+        for label, plan in (("torchrec", theirs), ("shardwise", ours)):
+            problems, scored = score_plan(spec, fleet, plan, executor=Executor.torchrec)
+            pred[label] = scored.predicted_step_ms
+            stats[f"{name}/{label}/problems"] = problems
+        t_ms, s_ms = float(m["torchrec"]["step_ms"]), float(m["shardwise"]["step_ms"])
+        speed, speed_pred = t_ms / s_ms, pred["torchrec"] / pred["shardwise"]
+        stats[name] = {"measured_speedup": speed, "predicted_speedup": speed_pred, "ratio": speed_pred / speed}
+        lines.append(
+            f"| {name} | {cap / 2**30:.0f} GiB | {t_ms:.2f} ms | {s_ms:.2f} ms | {speed:.2f}× "
+            f"| {pred['torchrec']:.2f} ms | {pred['shardwise']:.2f} ms | {speed_pred:.2f}× | {speed_pred / speed:.2f} |"
+        )
+    return lines, stats
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("predict")
+    p.add_argument("--calibration", type=Path)
+    p.add_argument("-o", "--output", type=Path, required=True)
+    f = sub.add_parser("refit")
+    f.add_argument("calibration", type=Path)
+    f.add_argument("measured", type=Path)
+    f.add_argument("-o", "--output", type=Path, required=True)
+    r = sub.add_parser("report")
+    r.add_argument("predicted", type=Path)
+    r.add_argument("measured", type=Path)
+    r.add_argument("--json", type=Path, help="write the statistics here")
+    q = sub.add_parser("port")
+    q.add_argument("measured", type=Path)
+    q.add_argument("--calibration", type=Path)
+    q.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+
+    def load(path: Path) -> Any:
+        return json.loads(path.read_text(encoding="utf-8"))
+
+    if args.cmd == "predict":
+        args.output.write_text(json.dumps(predict(args.calibration), indent=1) + "\n", encoding="utf-8")
+        return
+    if args.cmd == "refit":
+        refit(args.calibration, load(args.measured), args.output)
+        return
+    lines, stats = (
+        report(load(args.predicted), load(args.measured))
+        if args.cmd == "report"
+        else port(load(args.measured), args.calibration)
+    )
+    print("\n".join(lines))
+    print()
+    for key, value in stats.items():
+        print(f"{key}: {value}")
+    if args.json:
+        args.json.write_text(json.dumps(stats, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
