@@ -358,52 +358,29 @@ class Rig:
 IdDraw = Any
 
 
-def build(
-    cfg: Config,
-    device: Any,
-    *,
-    the_plan: Plan | None = None,
-    draw: IdDraw = None,
-    batches: int = 4,
-    graphed: bool = False,
-) -> Rig:
-    """The configuration's DLRM applied to ``device`` with ``the_plan`` (default :func:`plan`; a process group of one
-    must exist), trained on ``batches`` batches whose ids ``draw`` draws (default uniform over the table's rows).
-    ``graphed``: the step and the embedding part captured as CUDA graphs (:meth:`Rig.capture`), the batches of one
-    shape (each table's bag lengths drawn once, its ids per batch), the dense Adam capturable."""
-    import torch
+def mlp(sizes: Sequence[int], device: Any = None) -> Any:
+    """The MLP of ``sizes`` (``nn.Sequential`` of Linear layers with a ReLU between each two): the bottom and top MLPs
+    of the configurations' DLRM (:func:`_layers` names their layers)."""
     from torch import nn
 
-    from shardwise.runtime.apply import apply_plan, split_parameters
-    from shardwise.runtime.embedding.collection import ShardedEmbeddingBagCollection
-    from shardwise.runtime.embedding.update import RowOptimizer, UpdateConfig
+    mods: list[nn.Module] = []
+    for i, (a, b) in enumerate(itertools.pairwise(sizes)):
+        mods.append(nn.Linear(a, b, device=device))
+        if i < len(sizes) - 2:
+            mods.append(nn.ReLU())
+    return nn.Sequential(*mods)
 
-    dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
-    def mlp(sizes: Sequence[int]) -> nn.Sequential:
-        mods: list[nn.Module] = []
-        for i, (a, b) in enumerate(itertools.pairwise(sizes)):
-            mods.append(nn.Linear(a, b))
-            if i < len(sizes) - 2:
-                mods.append(nn.ReLU())
-        return nn.Sequential(*mods)
-
-    class DLRM(nn.Module):
-        def __init__(self, cfg: Config) -> None:
-            super().__init__()
-            self.bottom = mlp((cfg.dense_features, *cfg.bottom, cfg.dim))
-            self.sparse = nn.ModuleDict(
-                {
-                    f"t{i}": nn.EmbeddingBag(rows, cfg.dim, mode="sum", device="meta", dtype=dtypes[cfg.dtype])
-                    for i, (rows, _) in enumerate(cfg.tables)
-                }
-            )
-            self.top = mlp((cfg.dim * (1 + len(cfg.tables)), *cfg.top, 1))
-
-        def head(self, dense: torch.Tensor, pooled: dict[str, torch.Tensor]) -> torch.Tensor:
-            z = torch.cat([self.bottom(dense), *(pooled[n].float() for n in sorted(pooled))], dim=1)
-            out: torch.Tensor = self.top(z).squeeze(1)
-            return out
+def make_batches(
+    cfg: Config, device: Any, count: int, *, draw: IdDraw = None, graphed: bool = False
+) -> tuple[list[Any], list[Any]]:
+    """The configuration's ``count`` training batches, as :func:`build` trains on them: each ``(dense features,
+    {table: (ids, offsets)}, labels)`` on ``device``, beside each batch's features on the host (pinned on CUDA).
+    Every bag's length is drawn uniformly from ``1 … 2·pooling − 1`` (mean: the table's pooling factor), its ids by
+    ``draw`` (default uniform over the table's rows); dense features normal, labels 0/1. Seeded (1, and 2 for the
+    lengths of ``graphed`` batches, which are drawn once per table so that every batch has one shape): the same
+    configuration gives the same batches on every machine and to every engine that reads them."""
+    import torch
 
     pin = device.type == "cuda"
     host_features: list[Any] = []
@@ -427,6 +404,49 @@ def build(
         host_features.append(on_host)
         return dense, feats, labels
 
+    gen = torch.Generator().manual_seed(1)
+    return [batch_of(gen) for _ in range(count)], host_features
+
+
+def build(
+    cfg: Config,
+    device: Any,
+    *,
+    the_plan: Plan | None = None,
+    draw: IdDraw = None,
+    batches: int = 4,
+    graphed: bool = False,
+) -> Rig:
+    """The configuration's DLRM applied to ``device`` with ``the_plan`` (default :func:`plan`; a process group of one
+    must exist), trained on ``batches`` batches whose ids ``draw`` draws (default uniform over the table's rows).
+    ``graphed``: the step and the embedding part captured as CUDA graphs (:meth:`Rig.capture`), the batches of one
+    shape (each table's bag lengths drawn once, its ids per batch), the dense Adam capturable."""
+    import torch
+    from torch import nn
+
+    from shardwise.runtime.apply import apply_plan, split_parameters
+    from shardwise.runtime.embedding.collection import ShardedEmbeddingBagCollection
+    from shardwise.runtime.embedding.update import RowOptimizer, UpdateConfig
+
+    dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+    class DLRM(nn.Module):
+        def __init__(self, cfg: Config) -> None:
+            super().__init__()
+            self.bottom = mlp((cfg.dense_features, *cfg.bottom, cfg.dim))
+            self.sparse = nn.ModuleDict(
+                {
+                    f"t{i}": nn.EmbeddingBag(rows, cfg.dim, mode="sum", device="meta", dtype=dtypes[cfg.dtype])
+                    for i, (rows, _) in enumerate(cfg.tables)
+                }
+            )
+            self.top = mlp((cfg.dim * (1 + len(cfg.tables)), *cfg.top, 1))
+
+        def head(self, dense: torch.Tensor, pooled: dict[str, torch.Tensor]) -> torch.Tensor:
+            z = torch.cat([self.bottom(dense), *(pooled[n].float() for n in sorted(pooled))], dim=1)
+            out: torch.Tensor = self.top(z).squeeze(1)
+            return out
+
     torch.manual_seed(0)
     model = apply_plan(
         DLRM(cfg),
@@ -437,12 +457,12 @@ def build(
     )
     _, dense = split_parameters(model)
     fused = device.type == "cuda"
-    gen = torch.Generator().manual_seed(1)
+    data, host_features = make_batches(cfg, device, batches, draw=draw, graphed=graphed)
     rig = Rig(
         model=model,
         ebc=ShardedEmbeddingBagCollection.from_module(model),
         opt=torch.optim.Adam(dense, lr=1e-3, fused=fused, capturable=graphed),
-        batches=[batch_of(gen) for _ in range(batches)],
+        batches=data,
         grads={f"sparse.t{i}": torch.randn(cfg.batch, cfg.dim, device=device) for i in range(len(cfg.tables))},
         host_features=host_features,
     )
