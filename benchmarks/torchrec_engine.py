@@ -669,6 +669,7 @@ def port_case(
     small: bool,
     record: dict[str, Any],
     save: Callable[[], None],
+    calibration: Path | None = None,
 ) -> None:
     """One port model: both plans made, then run one after the other under the capped memory (module docstring)."""
     import torch
@@ -681,7 +682,7 @@ def port_case(
 
     cuda = device.type == "cuda"
     spec = pm.port_spec(m)
-    fleet = pm.fleets(cap)[0]
+    fleet = pm.fleets(cap, calibration)[0] if calibration is not None else pm.fleets(cap)[0]
     total = torch.cuda.get_device_properties(device).total_memory if cuda else None
     fraction = min(1.0, cap / total) if total else None
     record |= {"config": asdict(m.cfg), "skews": list(m.skews), "cap_bytes": cap, "total_bytes": total,
@@ -771,7 +772,14 @@ def port_case(
 
 
 def port(
-    cap_gib: float | None, steps: int, warmup: int, warm_budget_s: float, small: bool, doc: Doc, device: Any
+    cap_gib: float | None,
+    steps: int,
+    warmup: int,
+    warm_budget_s: float,
+    small: bool,
+    doc: Doc,
+    device: Any,
+    calibration: Path | None = None,
 ) -> None:
     doc.data |= {"machine": machine(device), "small": small, "steps": steps, "warmup": warmup, "models": {}}
     doc.save()
@@ -792,6 +800,7 @@ def port(
                     small=small,
                     record=record,
                     save=doc.save,
+                    calibration=calibration,
                 )
             except Exception as e:
                 record |= _failure(e)
@@ -844,6 +853,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--warm-budget-s", type=float, default=30.0, help="seconds to warm one plan's caches")
+    p.add_argument(
+        "--calibration", type=Path, help="price shardwise's plan with this calibration (one of TorchRec + FBGEMM)"
+    )
     t = sub.add_parser("tbe", help="FBGEMM's TBE microbenchmark and DMP's host cost per step")
     t.add_argument("-o", "--output", type=Path, required=True)
     t.add_argument("--budget-s", type=float, default=240.0)
@@ -856,7 +868,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.cmd == "measure":
         measure([n for n in args.names.split(",") if n], args.steps, args.warmup, args.small, doc, device)
     elif args.cmd == "port":
-        port(args.cap_gib, args.steps, args.warmup, args.warm_budget_s, args.small, doc, device)
+        port(args.cap_gib, args.steps, args.warmup, args.warm_budget_s, args.small, doc, device, args.calibration)
     else:
         tbe(args.budget_s, args.small, doc, device)
     doc.save()

@@ -14,8 +14,8 @@ for shardwise's executor (:mod:`shardwise.calibrate.run`); what this module fits
   ``uvm_cache``): with ``f``, ``s`` and ``c0`` fixed, ``t − (c0 + G/(hbm·f) + S/(hbm·m) + N·s) = L/(link·h)`` for the
   ``L`` bytes the model sends over the host link, so ``h`` is what FBGEMM's kernels reach through unified memory (the
   copies' fraction stays a measurement, ``host_link_copies_fraction``);
-* ``overheads.step_fixed_us``, ``per_table_us`` — the waited step of TorchRec's DistributedModelParallel on minimal
-  models (1–64 tiny tables in HBM; :func:`shardwise.calibrate.torchrec.dmp_step_samples`):
+* ``overheads.step_fixed_us``, ``per_table_us`` — the step of TorchRec's DistributedModelParallel, steps run back to
+  back, on minimal models (1–64 tiny tables in HBM; :func:`shardwise.calibrate.torchrec.dmp_step_samples`):
   ``t = c0 + c1·T`` by least squares. The step of a minimal model is its host's time: the kernels it enqueues are too
   small to hide it.
 
@@ -86,18 +86,29 @@ class TbeFit:
         self.gather, self.sort_ns, self.fixed_ms, self.link, self.errors = gather, sort_ns, fixed_ms, link, errors
 
 
+def _ok(sample: Mapping[str, Any]) -> bool:
+    """A sample that ran (``status`` ok, or none given) and took time."""
+    return sample.get("status", "ok") == "ok" and not sample.get("skipped") and _measured(sample) > 0
+
+
 def _measured(sample: Mapping[str, Any]) -> float:
+    """A TBE sample's device time: the forward and the fused backward + update (``step_ms``, else their sum)."""
     step = sample.get("step_ms")
     if step:
         return float(step)
-    return float(sample["fwd_ms"]) + float(sample["bwd_ms"])
+    return float(sample.get("fwd_ms") or 0.0) + float(sample.get("bwd_ms") or 0.0)
+
+
+def _pace(sample: Mapping[str, Any]) -> float:
+    """A DMP step sample's time per step, steps back to back (``pipelined_ms``; ``step_ms`` in older samples)."""
+    return float(sample.get("pipelined_ms") or sample.get("step_ms") or 0.0)
 
 
 def fit_tbe(samples: Sequence[Mapping[str, Any]], profile: HardwareProfile) -> TbeFit:
     """Fit the module docstring's TBE figures to ``samples`` (``tbe_samples``' dicts; skipped or failed ones, without
     a positive time, are left out). ``profile`` gives the peaks and the measured ``memory_bound``. Raises ValueError
     when fewer than three HBM samples can be fitted."""
-    usable = [s for s in samples if not s.get("skipped") and _measured(s) > 0]
+    usable = [s for s in samples if _ok(s)]
     hbm_bw = profile.hbm_bandwidth_bytes_per_s
     stream_bw = hbm_bw * profile.achieved.memory_bound
     link_bw = profile.host_link_bytes_per_s
@@ -137,11 +148,11 @@ def fit_tbe(samples: Sequence[Mapping[str, Any]], profile: HardwareProfile) -> T
 
 def fit_dmp_steps(samples: Sequence[Mapping[str, Any]]) -> tuple[float, float, float]:
     """``(step_fixed_us, per_table_us, RMS relative error)`` of ``t = c0 + c1·T`` over DMP step samples (dicts with
-    ``tables`` and ``step_ms``)."""
-    usable = [s for s in samples if not s.get("skipped") and float(s.get("step_ms") or 0) > 0]
+    ``tables`` and ``pipelined_ms``: the time per step of steps run back to back)."""
+    usable = [s for s in samples if s.get("status", "ok") == "ok" and _pace(s) > 0]
     if len(usable) < 2:
         raise ValueError(f"{len(usable)} DMP step samples: too few to fit the step overheads (at least 2)")
-    (c0, c1), err = linear_fit([[1.0, float(s["tables"])] for s in usable], [float(s["step_ms"]) for s in usable])
+    (c0, c1), err = linear_fit([[1.0, float(s["tables"])] for s in usable], [_pace(s) for s in usable])
     return c0 * 1e3, c1 * 1e3, err
 
 
@@ -166,7 +177,7 @@ def torchrec_parts(
     log("FBGEMM table-batched embedding kernels …")
     tbe = tbe_samples(device, TBE_BUDGET_S * scale, small=small)
     for s in tbe:
-        out.samples.append(Sample(kind="tbe", params=dict(s), measured_ms=_measured(s) if not s.get("skipped") else 0))
+        out.samples.append(Sample(kind="tbe", params=dict(s), measured_ms=_measured(s) if _ok(s) else 0.0))
     fit = fit_tbe(tbe, current)
     gather_err, gather_n = fit.errors["gather"]
     kind = "FBGEMM TBE forward + fused backward and optimizer, tables in HBM (dims, dtypes, pooling, rows, optimizers)"
@@ -205,10 +216,10 @@ def torchrec_parts(
     log("TorchRec DistributedModelParallel steps …")
     steps = dmp_step_samples(device, DMP_BUDGET_S * scale)
     for s in steps:
-        out.samples.append(Sample(kind="dmp_step", params=dict(s), measured_ms=float(s.get("step_ms") or 0)))
+        out.samples.append(Sample(kind="dmp_step", params=dict(s), measured_ms=_pace(s)))
     fixed_us, per_table_us, err = fit_dmp_steps(steps)
-    kind = "waited training steps of TorchRec DistributedModelParallel on minimal models (world size one)"
-    n = len([s for s in steps if float(s.get("step_ms") or 0) > 0])
+    kind = "training steps back to back of TorchRec DistributedModelParallel on minimal models (world size one)"
+    n = len([s for s in steps if s.get("status", "ok") == "ok" and _pace(s) > 0])
     for name, value in (("step_fixed_us", fixed_us), ("per_table_us", per_table_us)):
         figures[f"overheads.{name}"] = Figure(
             value=round(value, 3), source=f"{where}: {kind}", samples=n, fit_error=round(err, 4)

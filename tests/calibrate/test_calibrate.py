@@ -55,6 +55,33 @@ def test_calibrate_runs_its_whole_pipeline_on_the_cpu(tmp_path: Path) -> None:
     cal.apply(get_profile("nvidia-h200"))
 
 
+@pytest.mark.slow
+def test_calibrate_the_torchrec_engine_on_the_cpu(tmp_path: Path) -> None:
+    """``--executor torchrec``: the hardware figures, then FBGEMM's kernels and TorchRec's steps fitted (CPU kernels,
+    tiny sizes: the pipeline, not the figures), the calibration saying which engine it describes."""
+    pytest.importorskip("torchrec")
+    out = tmp_path / "cal.yaml"
+    args = ["calibrate", "--profile", "nvidia-h200", "--device", "cpu", "--quick", "--reps", "1", "-o", str(out)]
+    res = CliRunner().invoke(app, [*args, "--executor", "torchrec"])
+    assert res.exit_code == 0, res.output
+    cal = load_calibration(out)
+    assert cal.executor == "torchrec"
+    assert cal.engine == "torchrec"
+    assert "TorchRec + FBGEMM" in cal.label()
+    assert {"achieved.embedding_gather", "overheads.sort_ns_per_id", "overheads.step_fixed_us"} <= set(cal.figures)
+    assert "FBGEMM TBE" in cal.figures["achieved.embedding_gather"].source
+    assert "overheads.cache_fetch_us" not in cal.figures  # shardwise's executor's fetch: not this engine's
+    kinds = {s["kind"] for s in json.loads((tmp_path / "cal.samples.json").read_text())["samples"]}
+    assert {"stream", "gemm", "tbe", "dmp_step"} <= kinds
+    cal.apply(get_profile("nvidia-h200"))
+    bad = CliRunner().invoke(app, [*args, "--executor", "torchrec", "--graphed"])
+    assert bad.exit_code == 2
+    assert "--graphed" in bad.output
+    worse = CliRunner().invoke(app, [*args, "--executor", "fbgemm"])
+    assert worse.exit_code == 2
+    assert "shardwise or torchrec" in worse.output
+
+
 def _calibrate_on_two_ranks(rank: int, world: int) -> dict[str, Any]:
     """One rank of a two-process gloo world: the whole calibration, collectives included."""
     import torch

@@ -56,13 +56,13 @@ def test_fit_tbe_leaves_out_skipped_samples_and_needs_three_in_hbm() -> None:
     samples = _samples()
     for s in samples[1:]:
         if s["placement"] == "hbm":
-            s["skipped"] = "not on this device"
+            s["status"] = "skipped"
     with pytest.raises(ValueError, match="too few"):
         fit_tbe(samples, PROFILE)
 
 
 def test_fit_dmp_steps_is_a_line_in_the_tables() -> None:
-    samples = [{"tables": t, "step_ms": 2.0 + 0.05 * t} for t in (1, 4, 16, 64)]
+    samples = [{"tables": t, "pipelined_ms": 2.0 + 0.05 * t} for t in (1, 4, 16, 64)]
     fixed_us, per_table_us, err = fit_dmp_steps(samples)
     assert fixed_us == pytest.approx(2000.0, rel=1e-6)
     assert per_table_us == pytest.approx(50.0, rel=1e-6)
