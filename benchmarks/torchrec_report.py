@@ -17,7 +17,7 @@ the ``test`` half::
     # the capped-HBM port on the engine users run: TorchRec's plan and shardwise's, both measured on DMP
     python benchmarks/torchrec_report.py port port.json --calibration refit.yaml
 
-Memory: ``peak_bytes`` is ``torch.cuda.max_memory_allocated`` over the measured steps, against the plan's predicted
+Memory: ``max_memory_allocated_bytes`` is ``torch.cuda.max_memory_allocated`` over the measured steps, against the plan's predicted
 HBM on its rank (``hbm_used_bytes``: what FBGEMM allocates for the tables, the dense layers' parameters, optimizer
 state and activations); a plan priced for ``torchrec`` must never exceed it when DMP runs it.
 """
@@ -77,9 +77,10 @@ def predict(calibration: Path | None) -> dict[str, Any]:
 
 
 def refit(calibration: Path, measured: dict[str, Any], output: Path) -> None:
-    """The calibration with its host terms refitted on the ``fit`` half: ``step = c0 + c1·T + c2·L`` (non-negative
-    least squares in relative error) over the ``fit`` configurations the calibration predicts host-bound (their
-    predicted device time below the measured step: DMP's step then waits on its host), the device figures kept."""
+    """The calibration with its host terms refitted on the ``fit`` half: ``step − c1·T = c0 + c2·L`` (non-negative
+    least squares in relative error; ``c1``, the per-table cost, kept from the microbenchmarks of 1–64 tables) over the
+    ``fit`` configurations the calibration predicts host-bound (their predicted device time below the measured step:
+    DMP's step then waits on its host), the device figures kept."""
     import yaml
 
     from shardwise.calibrate.fit import linear_fit
@@ -91,20 +92,23 @@ def refit(calibration: Path, measured: dict[str, Any], output: Path) -> None:
     by_name = {c.name: c for c in CONFIGS}
     fit = []
     for name, m in measured["configs"].items():
-        if not m.get("step_ms") or by_name[name].split != "fit":
+        if m.get("status") != "ok" or not m.get("step_ms") or by_name[name].split != "fit":
             continue
         if before[name]["calibrated"]["device_ms"] < m["step_ms"]:
             fit.append((by_name[name], float(m["step_ms"])))
     if len(fit) < 2:
         raise SystemExit(f"{len(fit)} host-bound configurations in the fit half: too few to refit the host terms")
-    rows = [[1.0, float(len(c.tables)), float(len(_layers(c)))] for c, _ in fit]
-    (fixed, per_table, per_layer), err = linear_fit(rows, [t for _, t in fit])
+    # the fit half spans 1–26 tables but all of them but one 1–8: no leverage on the per-table term, which stays the
+    # microbenchmarks' (1–64 tables), as truth.py keeps its own
+    per_table = base.figures["overheads.per_table_us"].value / 1e3 if "overheads.per_table_us" in base.figures else 0.0
+    rows = [[1.0, float(len(_layers(c)))] for c, _ in fit]
+    (fixed, per_layer), err = linear_fit(rows, [t - per_table * len(c.tables) for c, t in fit])
     source = (
         f"refitted on benchmarks/torchrec_report.py's fit half, its host-bound configurations ({len(fit)}: "
         f"{', '.join(c.name for c, _ in fit)}): TorchRec DMP steps measured on {measured['machine'].get('gpu')}"
     )
     figures = dict(base.figures)
-    for name, value in (("step_fixed_us", fixed), ("per_table_us", per_table), ("per_layer_us", per_layer)):
+    for name, value in (("step_fixed_us", fixed), ("per_layer_us", per_layer)):
         figures[f"overheads.{name}"] = Figure(
             value=float(f"{value * 1e3:.4g}"), source=source, samples=len(fit), fit_error=float(f"{err:.4g}")
         )
@@ -119,6 +123,19 @@ def refit(calibration: Path, measured: dict[str, Any], output: Path) -> None:
     )
 
 
+def job_peak(name: str, m: dict[str, Any]) -> int | None:
+    """The training job's own peak HBM in a measurement: the peak allocated over the measured steps, less what was
+    allocated before the model was built (the harness's four batches and what an earlier configuration left in the
+    allocator), plus the one batch a job holds (``port_measured.batch_bytes``). None when not measured (the CPU)."""
+    from benchmarks.port_measured import batch_bytes
+
+    peak, before = m.get("max_memory_allocated_bytes"), m.get("memory_allocated_before_bytes")
+    if peak is None or before is None:
+        return None
+    cfg = next(c for c in CONFIGS if c.name == name)
+    return int(peak) - int(before) + batch_bytes(cfg)
+
+
 def report(predicted: dict[str, Any], measured: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
     """The table (one row per configuration) and the statistics per split: median and 90th percentile of
     ``|measured / predicted − 1|``, Kendall's τ, the largest memory error and whether any peak exceeded the
@@ -130,13 +147,14 @@ def report(predicted: dict[str, Any], measured: dict[str, Any]) -> tuple[list[st
     ]
     rows = []
     for name, m in measured["configs"].items():
-        if not m.get("step_ms"):
-            lines.append(f"| {name} | {m.get('split')} | not measured: {m.get('error') or m.get('skipped')} |")
+        if m.get("status") != "ok" or not m.get("step_ms"):
+            why = m.get("error") or m.get("reason") or m.get("status")
+            lines.append(f"| {name} | {m.get('split')} | not measured: {why} | | | | | | |")
             continue
         p = predicted["configs"][name]
         cal = p.get("calibrated", p["catalogue"])
         meas, un, ca = float(m["step_ms"]), p["catalogue"]["step_ms"], cal["step_ms"]
-        peak, pred_hbm = m.get("peak_bytes"), cal["hbm_bytes"]
+        peak, pred_hbm = job_peak(name, m), cal["hbm_bytes"]
         mem_err = peak / pred_hbm - 1 if peak else None
         rows.append((name, m["split"], meas, un, ca, mem_err))
         mem = f"{peak / 2**30:.2f} GiB | {pred_hbm / 2**30:.2f} GiB | {mem_err:+.1%}" if peak else "– | – | –"

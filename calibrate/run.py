@@ -176,7 +176,7 @@ def calibrate(
     bench_gemm(clock, current, shapes, dtypes, out)
     gemms = [s for s in out.samples if s.kind == "gemm"]
     bound = [s for s in gemms if _compute_bound(s, current)]
-    if gpu and profile.microarch is not None and _triton_matmul_runs():
+    if gpu and profile.microarch is not None and executor != "torchrec" and _triton_matmul_runs():
         # the kernel model prices linear layers: fit the figure through it, on the executor's own Triton kernels
         # (the flat formula's fit on cuBLAS timings double counts what the kernel model adds per tile and wave)
         log("linear layers as the executor runs them …")

@@ -14,6 +14,7 @@ from shardwise.solver.topology import Topology
 from shardwise.solver.version import request_hash, solver_version
 from shardwise.wire.spec import (
     DensePlan,
+    Executor,
     ModelSpec,
     Plan,
     PlanStatus,
@@ -125,7 +126,10 @@ def with_kernels(topo: Topology, model: ModelSpec, dense: Sequence[DensePlan]) -
     """``dense`` with each linear layer's chosen kernels (:func:`shardwise.solver.kernels.kernel_choices`): one per
     GPU type of the fleet (with its GPUs per host, the tensor-parallel group) and phase, chosen again whatever the
     entry held (a plan scored or ported to this fleet may carry another fleet's); an unclassified layer, or a
-    fleet of profiles without a microarchitecture, has none."""
+    fleet of profiles without a microarchitecture, has none — nor has a plan for TorchRec, which runs the model's own
+    modules (the cost model prices them as cuBLAS runs them)."""
+    if topo.executor is Executor.torchrec:
+        return [dp if not dp.kernels else dp.model_copy(update={"kernels": []}) for dp in dense]
     from shardwise.solver.kernels import kernel_choices  # numpy: not at the service's start-up
 
     layers = {d.name: d for d in model.dense_layers}

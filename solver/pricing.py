@@ -158,7 +158,7 @@ def dense_cost(
     topo: Topology, batch: int, model: ModelSpec, name: str, style: DenseStyle, cls: DeviceClass
 ) -> cm.DenseCost:
     layer = next(d for d in model.dense_layers if d.name == name)
-    return cm.dense_cost(layer, style, cls.profile, topo.context(cls, batch))
+    return cm.dense_cost(layer, style, cls.profile, topo.context(cls, batch), topo.executor)
 
 
 #: The collectives a step runs, in the groups a sharding turns on together: 3 all-to-alls (ids, outputs, output

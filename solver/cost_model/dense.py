@@ -18,8 +18,10 @@ Compute, per rank and step:
   not charged before. Not charged, here as before: the dense optimizer's step (weights, gradients and state
   streamed once, ``docs/truth.md``'s per-layer host overhead covers it on the calibrated H200), the activation
   functions between layers (a module of their own: an unclassified layer when ``describe()`` finds it).
-* an ``unclassified`` layer, a profile without ``microarch``, or a GEMM no configuration of the space can run on
-  that GPU (a custom profile's tiny shared memory): roofline ``max(3·f·B / (peak(dtype)·achieved.gemm),
+* an ``unclassified`` layer, a profile without ``microarch``, a GEMM no configuration of the space can run on
+  that GPU (a custom profile's tiny shared memory), and every layer of a plan for TorchRec (``engine`` torchrec: the
+  model's own ``nn.Linear`` runs, cuBLAS, not the plan's kernels; ``shardwise calibrate --executor torchrec`` fits
+  ``achieved.gemm`` to cuBLAS through this formula): roofline ``max(3·f·B / (peak(dtype)·achieved.gemm),
   3·(w + B·a) / (hbm_bw·achieved.memory_bound))``.
 
 ``f`` forward FLOPs per sample and ``a`` activation bytes per sample — ``(in+out)·b`` for a linear layer, the
@@ -45,6 +47,7 @@ from shardwise.wire.spec import (
     DenseLayerSpec,
     DenseStyle,
     Dtype,
+    Executor,
     Optimizer,
 )
 
@@ -129,14 +132,21 @@ def dense_kernel_s(
     return seconds
 
 
-def dense_cost(layer: DenseLayerSpec, style: DenseStyle, profile: HardwareProfile, ctx: CommContext) -> DenseCost:
+def dense_cost(
+    layer: DenseLayerSpec,
+    style: DenseStyle,
+    profile: HardwareProfile,
+    ctx: CommContext,
+    engine: Executor = Executor.shardwise,
+) -> DenseCost:
     """Per-rank memory, compute and communication of one dense layer under ``style`` (module docstring)."""
     B, g = ctx.batch_size, ctx.gpus_per_host
     W, H = ctx.world_size * ctx.replicas, ctx.num_hosts * ctx.replicas  # the whole fleet, also in a 2D plan
     b = layer.dtype.nbytes
     w = layer.num_params * b
     act = B * layer.activation_bytes
-    compute_s = dense_kernel_s(layer, style, profile, B, g)
+    # TorchRec runs the dense layers as the model's own torch modules (cuBLAS), not the plan's kernels: the roofline
+    compute_s = dense_kernel_s(layer, style, profile, B, g) if engine is Executor.shardwise else None
     if compute_s is None:  # the flat roofline (module docstring)
         flops = 3.0 * layer.forward_flops_per_sample * B
         compute_s = max(
