@@ -5,17 +5,21 @@ for a plan made for it, and a calibration prices only requests of the engine it 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from typer.testing import CliRunner
 
 from conftest import assert_problem, count, fleet, small_model
+from shardwise.clients import cli, cli_remote
 from shardwise.clients.client import ShardwiseClient
 from shardwise.hwprofiles import Calibration
 from shardwise.service.models import CalibrationRow, JobRow, PlanRow
 from shardwise.wire.resources import CalibrationRecord, Evaluation, Page, PlanSummary, StoredPlan
-from shardwise.wire.spec import Executor, FleetSpec, ModelSpec, SparseSync
+from shardwise.wire.spec import Executor, FleetSpec, ModelSpec, Plan, SparseSync
 
 GREEDY = {"solver": "greedy"}
 TORCHREC = {"solver": "greedy", "executor": "torchrec"}
@@ -306,3 +310,47 @@ def test_evaluate_checks_the_calibrations_against_the_engine_it_prices_for(clien
     assert result.plan is not None
     assert (result.plan.executor, result.plan.calibrations) == (Executor.torchrec, [torchrec.label])
     assert count(settings.database_url, PlanRow) == 1  # an evaluation stores nothing
+
+
+# ------------------------------------------------------------------------------------------------- the remote CLI
+
+
+def test_cli_submit_takes_the_engine_options(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(
+        cli_remote, "make_client", lambda url, token: ShardwiseClient(http_client=client, poll_interval=0.1)
+    )
+    runner = CliRunner()
+    model, fleet_file, out = tmp_path / "deepfm.json", tmp_path / "h100.json", tmp_path / "plan.json"
+    model.write_text(json.dumps(deepfm()))
+    fleet_file.write_text(json.dumps(h100_2x8()))
+    flags = ["--executor", "torchrec", "--1d", "--allow-weight-averaging"]
+    submitted = runner.invoke(
+        cli.app, ["submit", str(model), str(fleet_file), "--solver", "greedy", "--quiet", *flags, "-o", str(out)]
+    )
+    assert submitted.exit_code == 0, submitted.output
+    assert "priced for TorchRec + FBGEMM" in submitted.stdout.splitlines()
+    plan = StoredPlan.model_validate_json(out.read_text())  # the stored plan, as the server answered it
+    assert plan.executor is Executor.torchrec
+    assert (plan.solver.params.sparse_2d, plan.solver.params.allow_weight_averaging) == (False, True)
+    assert plan.sparse_groups is None
+
+    local = tmp_path / "local.json"
+    planned = runner.invoke(
+        cli.app, ["plan", str(model), str(fleet_file), "--solver", "greedy", *flags, "-o", str(local)]
+    )
+    assert planned.exit_code == 0, planned.output
+    here = Plan.model_validate_json(local.read_text())
+    for name in ("executor", "sparse_2d", "allow_weight_averaging"):  # the same request, local or remote
+        assert getattr(here.solver.params, name) == getattr(plan.solver.params, name)
+    assert here.tables == plan.tables
+
+    listed = runner.invoke(cli.app, ["list"])
+    assert listed.exit_code == 0, listed.output
+    header, row = listed.stdout.splitlines()
+    assert header.split()[-1] == "engine"
+    assert row.split()[-1] == "torchrec"
+    bad = runner.invoke(cli.app, ["submit", str(model), str(fleet_file), "--executor", "mxnet"])
+    assert bad.exit_code == 2
+    assert "mxnet" in bad.stderr
