@@ -1,6 +1,7 @@
 """What the local and the remote commands of the ``shardwise`` CLI share: the one-line error exit (``fail``), reading
-a spec file (``load_spec``: JSON or YAML, validated, its first error in one line), the ``--solver`` choices, and a
-plan's per-rank table (``print_plan``) and file (``write_plan``).
+a spec file (``load_spec``: JSON or YAML, validated, its first error in one line), the ``--solver`` choices, the engine
+options (``--executor``, ``--1d``, ``--allow-weight-averaging``: ``engine_options``), a plan's per-rank table
+(``print_plan``, which says the engine the plan is priced for) and file (``write_plan``), and ``--calibration``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import typer
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from shardwise.wire.spec import FleetSpec, Plan, PlanStatus, SparseSync
+from shardwise.wire.spec import Executor, FleetSpec, Plan, PlanStatus, SparseSync, engine_words
 
 
 class Solver(StrEnum):
@@ -24,6 +25,40 @@ class Solver(StrEnum):
 
 
 M = TypeVar("M", bound=BaseModel)
+
+ExecutorOption = Annotated[
+    Executor,
+    typer.Option(
+        "--executor",
+        help="the engine that will run the plan: shardwise (shardwise's executor) or torchrec (TorchRec's "
+        "DistributedModelParallel on FBGEMM); the plan is priced for it and laid out only as it runs",
+    ),
+]
+OneDOption = Annotated[
+    bool,
+    typer.Option("--1d", help="1D plans only: no 2D sparse parallelism (tables sharded inside replica groups)"),
+]
+WeightAveragingOption = Annotated[
+    bool,
+    typer.Option(
+        "--allow-weight-averaging",
+        help="a 2D plan may keep its replicas in sync by averaging their weights every k steps (TorchRec's "
+        "DMPCollection), which trains another model than a 1D plan",
+    ),
+]
+
+
+def engine_options(executor: Executor, one_d: bool, allow_weight_averaging: bool) -> dict[str, Any]:
+    """The engine options as ``SolveParams`` / ``PlanOptions`` fields, only those set away from their defaults (so a
+    request without them keeps its request key and the server's defaults)."""
+    out: dict[str, Any] = {}
+    if executor is not Executor.shardwise:
+        out["executor"] = executor.value
+    if one_d:
+        out["sparse_2d"] = False
+    if allow_weight_averaging:
+        out["allow_weight_averaging"] = True
+    return out
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -125,6 +160,7 @@ def print_plan(plan: Plan, *, scored: bool = False) -> None:
         typer.echo(f"  sparse groups: {sg.num_groups} groups of G={sg.group_size} ranks, {sg.sync.value}{every}")
     for line in plan.explanation:
         typer.echo(f"  - {line}")
+    typer.echo(engine_words(plan.executor))
     typer.echo(f"priced with: {priced_with(plan)}")
 
 
@@ -167,13 +203,14 @@ CalibrationOption = Annotated[
 ]
 
 
-def calibrated(fleets: list[FleetSpec], paths: list[Path] | None) -> list[FleetSpec]:
+def calibrated(fleets: list[FleetSpec], paths: list[Path] | None, executor: Executor | None = None) -> list[FleetSpec]:
     """``fleets`` with each calibration in ``paths`` applied to the fleets that have its GPU (one line and exit 2
-    when a file is not a calibration, or when no fleet has its GPU)."""
+    when a file is not a calibration, when no fleet has its GPU, or when it describes another engine than
+    ``executor``, the one the plan is for; None: no engine to check, as for ``kernels``)."""
     if not paths:
         return fleets
     from shardwise.hwprofiles.calibration import load_calibration
-    from shardwise.wire.calibration import calibrate_fleet
+    from shardwise.wire.calibration import calibrate_fleet, engine_mismatch
 
     out = list(fleets)
     for path in paths:
@@ -183,6 +220,9 @@ def calibrated(fleets: list[FleetSpec], paths: list[Path] | None) -> list[FleetS
             fail(f"{path}: {describe_validation_error(exc)}")
         except ValueError as exc:
             fail(str(exc))
+        why = engine_mismatch(cal, executor, label=str(path)) if executor is not None else None
+        if why is not None:
+            fail(why)
         used = False
         for i, fleet in enumerate(out):
             if any(g.gpu_name == cal.profile for g in fleet.hosts):

@@ -16,9 +16,13 @@ from pydantic import ValidationError
 
 from shardwise.clients.cli_common import (
     CalibrationOption,
+    ExecutorOption,
+    OneDOption,
     Solver,
+    WeightAveragingOption,
     calibrated,
     describe_validation_error,
+    engine_options,
     fail,
     gb,
     install_hint,
@@ -30,7 +34,17 @@ from shardwise.clients.cli_common import (
     write_plan,
 )
 from shardwise.wire.port_spec import PortReport
-from shardwise.wire.spec import DenseStyle, FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams
+from shardwise.wire.spec import (
+    ENGINE_NAMES,
+    DenseStyle,
+    Executor,
+    FleetSpec,
+    ModelSpec,
+    Plan,
+    PlanStatus,
+    SolveParams,
+    engine_words,
+)
 
 MAX_PROBLEMS = 12  # an invalid plan lists this many problems, then how many more
 
@@ -70,10 +84,13 @@ def plan(
         ),
     ] = None,
     calibration: CalibrationOption = None,
+    executor: ExecutorOption = Executor.shardwise,
+    one_d: OneDOption = False,
+    allow_weight_averaging: WeightAveragingOption = False,
 ) -> None:
-    """Plan MODEL on FLEET; print the per-rank table and (with -o) write the plan."""
+    """Plan MODEL on FLEET for the engine --executor names; print the per-rank table and (with -o) write the plan."""
     model = load_spec(model_path, ModelSpec)
-    (fleet,) = calibrated([load_spec(fleet_path, FleetSpec)], calibration)
+    (fleet,) = calibrated([load_spec(fleet_path, FleetSpec)], calibration, executor)
     try:
         params = SolveParams(
             solver=solver.value,
@@ -82,6 +99,7 @@ def plan(
             num_workers=workers,
             relative_gap_limit=gap,
             max_deterministic_time=deterministic_time,
+            **engine_options(executor, one_d, allow_weight_averaging),
         )
     except ValidationError as exc:
         fail(describe_validation_error(exc))
@@ -101,30 +119,49 @@ def plan(
 def evaluate(
     model_path: Annotated[Path, typer.Argument(metavar="MODEL")],
     fleet_path: Annotated[Path, typer.Argument(metavar="FLEET")],
-    plan_path: Annotated[Path, typer.Argument(metavar="PLAN", help="a plan in shardwise's wire format")],
+    plan_path: Annotated[
+        Path,
+        typer.Argument(metavar="PLAN", help="a plan in shardwise's wire format, or TorchRec's serialized ShardingPlan"),
+    ],
     torchrec: Annotated[
-        bool, typer.Option("--torchrec", help="PLAN is a serialized TorchRec ShardingPlan: import it, then score it")
+        bool, typer.Option("--torchrec", help="price it for TorchRec + FBGEMM: short for --executor torchrec")
     ] = False,
+    executor: Annotated[
+        Executor | None,
+        typer.Option(
+            "--executor",
+            help="the engine to price the layout for (torchrec: a layout TorchRec cannot run is a problem); "
+            "default: the plan's own engine, torchrec for a TorchRec ShardingPlan",
+            show_default=False,
+        ),
+    ] = None,
     calibration: CalibrationOption = None,
 ) -> None:
-    """Validate PLAN for MODEL on FLEET and print its predicted step time per rank."""
+    """Validate PLAN for MODEL on FLEET and print its predicted step time per rank, priced for the engine --executor
+    names. A TorchRec ShardingPlan (``sharding_type`` per table) is imported first."""
+    if torchrec and executor is Executor.shardwise:
+        fail("--torchrec is short for --executor torchrec: give one engine")
     model = load_spec(model_path, ModelSpec)
-    (fleet,) = calibrated([load_spec(fleet_path, FleetSpec)], calibration)
-    if torchrec:
-        from shardwise.solver.torchrec.importer import from_torchrec
-
-        try:
-            given = from_torchrec(read_document(plan_path), model, fleet)
-        except ValueError as exc:
-            fail(f"{plan_path}: {exc}")
-    else:
-        document = read_document(plan_path)
-        if looks_like_torchrec(document):
-            fail(f"{plan_path}: this looks like a TorchRec plan (sharding_type per table): add --torchrec")
+    fleet = load_spec(fleet_path, FleetSpec)
+    document = read_document(plan_path)
+    imported = looks_like_torchrec(document)
+    given: Plan | None = None
+    if not imported:
         try:
             given = Plan.model_validate(document)
         except ValidationError as exc:
             fail(f"{plan_path}: {describe_validation_error(exc)}")
+    engine = Executor.torchrec if torchrec else executor
+    if engine is None:  # the plan's own: a TorchRec ShardingPlan runs on TorchRec
+        engine = Executor.torchrec if given is None else given.executor
+    (fleet,) = calibrated([fleet], calibration, engine)
+    if given is None:
+        from shardwise.solver.torchrec.importer import from_torchrec
+
+        try:
+            given = from_torchrec(document, model, fleet)
+        except ValueError as exc:
+            fail(f"{plan_path}: {exc}")
     if given.ranks and len(given.ranks) != fleet.world_size:
         # rank for rank or not at all: one line, not a problem per layer that misses the other ranks
         typer.echo(
@@ -134,9 +171,9 @@ def evaluate(
         )
         raise typer.Exit(1)
     planner = _solver_modules()
-    problems, scored = planner.score_plan(model, fleet, given)
+    problems, scored = planner.score_plan(model, fleet, given, executor=engine)
     if problems:
-        typer.echo(f"plan is invalid ({len(problems)} problem(s)):", err=True)
+        typer.echo(f"plan is invalid for {ENGINE_NAMES[engine]} ({len(problems)} problem(s)):", err=True)
         for p in problems[:MAX_PROBLEMS]:
             typer.echo(f"  - {p}", err=True)
         if len(problems) > MAX_PROBLEMS:
@@ -200,6 +237,10 @@ def print_port(report: PortReport, source: FleetSpec, target: FleetSpec) -> None
         typer.echo(f"speed-up:     {report.speedup:.2f}× ({report.step_ms_saved:.3f} ms per step saved)")
     else:
         typer.echo("speed-up:     n/a (the direct port or the re-plan does not run)")
+    if src.executor is re.executor:
+        typer.echo(f"engine:       {engine_words(re.executor)}")
+    else:  # a source plan given for one engine, the re-plan made for the other
+        typer.echo(f"engine:       source plan {engine_words(src.executor)}, re-plan {engine_words(re.executor)}")
     typer.echo("")
     typer.echo(
         f"{'rank':>4} {'gpu':<16} {'usable GB':>9} {'src GB':>8} {'port GB':>8} {'re GB':>8} "
@@ -246,13 +287,24 @@ def port(
     workers: Annotated[int, typer.Option(help="CP-SAT worker threads", min=1)] = 2,
     as_json: Annotated[bool, typer.Option("--json", help="print the report as one JSON object")] = False,
     calibration: CalibrationOption = None,
+    executor: ExecutorOption = Executor.shardwise,
+    one_d: OneDOption = False,
+    allow_weight_averaging: WeightAveragingOption = False,
 ) -> None:
-    """Compare running MODEL's FLEET_A plan unchanged on FLEET_B (the direct port) with re-planning for FLEET_B."""
+    """Compare running MODEL's FLEET_A plan unchanged on FLEET_B (the direct port) with re-planning for FLEET_B, both
+    plans for the engine --executor names."""
     model = load_spec(model_path, ModelSpec)
-    source, target = calibrated([load_spec(source_path, FleetSpec), load_spec(target_path, FleetSpec)], calibration)
+    fleets = [load_spec(source_path, FleetSpec), load_spec(target_path, FleetSpec)]
+    source, target = calibrated(fleets, calibration, executor)
     given = load_spec(plan_path, Plan) if plan_path is not None else None
     try:
-        params = SolveParams(solver=solver.value, time_limit_s=time_limit, random_seed=seed, num_workers=workers)
+        params = SolveParams(
+            solver=solver.value,
+            time_limit_s=time_limit,
+            random_seed=seed,
+            num_workers=workers,
+            **engine_options(executor, one_d, allow_weight_averaging),
+        )
     except ValidationError as exc:
         fail(describe_validation_error(exc))
     port_mod = _port_module()

@@ -20,9 +20,21 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
-from shardwise.clients.cli_common import M, Solver, fail, load_spec, print_plan, table, write_plan
+from shardwise.clients.cli_common import (
+    ExecutorOption,
+    M,
+    OneDOption,
+    Solver,
+    WeightAveragingOption,
+    engine_options,
+    fail,
+    load_spec,
+    print_plan,
+    table,
+    write_plan,
+)
 from shardwise.wire.resources import Job, StoredPlan
-from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, PlanStatus
+from shardwise.wire.spec import Executor, FleetSpec, ModelSpec, Plan, PlanStatus
 
 if TYPE_CHECKING:
     from shardwise.clients.client import ShardwiseClient
@@ -112,13 +124,22 @@ def submit(
     seed: Annotated[int, typer.Option(help="CP-SAT random seed", min=0)] = 0,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="write the plan JSON here")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+    executor: ExecutorOption = Executor.shardwise,
+    one_d: OneDOption = False,
+    allow_weight_averaging: WeightAveragingOption = False,
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Plan MODEL on FLEET on the server (a stored plan comes back at once); --wait shows the solve's progress."""
+    """Plan MODEL on FLEET on the server (a stored plan comes back at once) for the engine --executor names; --wait
+    shows the solve's progress. The remote twin of ``plan``, with the same engine options."""
     model_arg = _spec_or_ref(model, ModelSpec)
     fleet_arg = _spec_or_ref(fleet, FleetSpec)
-    options: dict[str, Any] = {"solver": solver.value, "time_limit_s": time_limit, "random_seed": seed}
+    options: dict[str, Any] = {
+        "solver": solver.value,
+        "time_limit_s": time_limit,
+        "random_seed": seed,
+        **engine_options(executor, one_d, allow_weight_averaging),
+    }
     with remote(url, token) as client:
         if not wait:
             answer = client.submit(model_arg, fleet_arg, **options)
@@ -190,10 +211,12 @@ def list_plans(
             str(r.world_size),
             r.verdict or r.status.value,
             "-" if r.predicted_step_ms is None else f"{r.predicted_step_ms:.3f}",
+            r.executor.value,  # the engine the plan is priced for
         ]
         for r in rows
     ]
-    for line in table(cells, ["id", "created", "model", "fleet", "gpus", "status", "step ms"], right={4, 6}):
+    header = ["id", "created", "model", "fleet", "gpus", "status", "step ms", "engine"]
+    for line in table(cells, header, right={4, 6}):
         typer.echo(line)
 
 

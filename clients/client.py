@@ -80,7 +80,7 @@ from shardwise.wire.resources import (
     ProfileRecord,
     StoredPlan,
 )
-from shardwise.wire.spec import FleetSpec, ModelSpec, PlanStatus
+from shardwise.wire.spec import Executor, FleetSpec, ModelSpec, PlanStatus
 
 if TYPE_CHECKING:
     from shardwise.wire.port_spec import PortReport
@@ -133,6 +133,18 @@ def _calibration_refs(calibrations: Sequence[str] | str) -> list[str]:
     return [calibrations] if isinstance(calibrations, str) else list(calibrations)
 
 
+def _engine_options(
+    options: Mapping[str, Any],
+    executor: Executor | str | None,
+    sparse_2d: bool | None,
+    allow_weight_averaging: bool | None,
+) -> dict[str, Any]:
+    """``options`` with the engine keywords that were given (not None) among them: left out, the server's default
+    holds, and the request key stays the one it was without them."""
+    named = {"executor": executor, "sparse_2d": sparse_2d, "allow_weight_averaging": allow_weight_averaging}
+    return {**options, **{name: value for name, value in named.items() if value is not None}}
+
+
 def _segment(value: str | int) -> str:
     """One path segment, percent-encoded (names may hold ``/`` and ``:``)."""
     return quote(str(value), safe="")
@@ -181,6 +193,9 @@ class ShardwiseClient(BaseClient):
         on_progress: ProgressCallback | None = ...,
         timeout_s: float | None = ...,
         calibrations: Sequence[str] | None = ...,
+        executor: Executor | str | None = ...,
+        sparse_2d: bool | None = ...,
+        allow_weight_averaging: bool | None = ...,
         **options: Any,
     ) -> StoredPlan: ...
 
@@ -194,6 +209,9 @@ class ShardwiseClient(BaseClient):
         on_progress: ProgressCallback | None = ...,
         timeout_s: float | None = ...,
         calibrations: Sequence[str] | None = ...,
+        executor: Executor | str | None = ...,
+        sparse_2d: bool | None = ...,
+        allow_weight_averaging: bool | None = ...,
         **options: Any,
     ) -> StoredPlan | Job: ...
 
@@ -206,6 +224,9 @@ class ShardwiseClient(BaseClient):
         on_progress: ProgressCallback | None = None,
         timeout_s: float | None = None,
         calibrations: Sequence[str] | None = None,
+        executor: Executor | str | None = None,
+        sparse_2d: bool | None = None,
+        allow_weight_averaging: bool | None = None,
         **options: Any,
     ) -> StoredPlan | Job:
         """Plan ``model`` on ``fleet``: the stored plan (``reused`` when it was already there).
@@ -215,7 +236,10 @@ class ShardwiseClient(BaseClient):
         ``GET /plans/by-key/{key}`` — no parsing on the server, and a 304 when this client holds the plan already;
         otherwise, or on a miss, ``POST /plans``.
 
-        ``options`` are ``PlanOptions`` fields (``solver``, ``time_limit_s``, ``random_seed``, ``wait_s``...).
+        ``options`` are ``PlanOptions`` fields (``solver``, ``time_limit_s``, ``random_seed``, ``wait_s``...);
+        ``executor`` (``"shardwise"`` or ``"torchrec"``: the engine that will run the plan, which it is priced for and
+        laid out for), ``sparse_2d`` (False: 1D plans only) and ``allow_weight_averaging`` (a 2D plan may sync by
+        averaging weights, TorchRec's DMPCollection) are three of them, named here; None leaves the server's default.
         When the solve outlives the request (202), follow the job until it ends, calling ``on_progress(job)``
         with every state seen, for at most ``timeout_s`` seconds from the call (None: no limit) — or, with
         ``wait=False``, return the ``Job`` at once (see ``submit``). An infeasible model raises
@@ -223,16 +247,27 @@ class ShardwiseClient(BaseClient):
         with (``"<profile>@<version>"`` or a digest; see ``add_calibration``); the plan's ``calibrations`` name them.
         """
         deadline = None if timeout_s is None else self._monotonic() + timeout_s
+        options = _engine_options(options, executor, sparse_2d, allow_weight_averaging)
         answer, delay = self._submit(model, fleet, options, calibrations)
         if isinstance(answer, StoredPlan) or not wait:
             return answer
         return self._follow(answer, delay, on_progress, deadline, timeout_s)
 
     def submit(
-        self, model: ModelRef, fleet: FleetRef, *, calibrations: Sequence[str] | None = None, **options: Any
+        self,
+        model: ModelRef,
+        fleet: FleetRef,
+        *,
+        calibrations: Sequence[str] | None = None,
+        executor: Executor | str | None = None,
+        sparse_2d: bool | None = None,
+        allow_weight_averaging: bool | None = None,
+        **options: Any,
     ) -> StoredPlan | Job:
         """``POST /plans`` without following a job: the plan when the server had it or solved it within its wait
-        (pass ``wait_s=0`` for a job at once), else the ``Job`` to poll with ``get_job`` or ``wait_for``."""
+        (pass ``wait_s=0`` for a job at once), else the ``Job`` to poll with ``get_job`` or ``wait_for``. The
+        options are ``plan``'s."""
+        options = _engine_options(options, executor, sparse_2d, allow_weight_averaging)
         answer, _ = self._submit(model, fleet, options, calibrations)
         return answer
 
@@ -310,14 +345,19 @@ class ShardwiseClient(BaseClient):
         model: ModelRef | None = None,
         *,
         calibrations: Sequence[str] | None = None,
+        executor: Executor | str | None = None,
     ) -> Evaluation:
         """Score a stored plan on ``fleet`` (``POST /plans/{id}/evaluate``; the plan's own model unless given),
-        priced with the stored ``calibrations`` when given."""
+        priced with the stored ``calibrations`` when given, for the engine ``executor`` names (``"shardwise"`` or
+        ``"torchrec"``; None: the engine the plan was priced for). The evaluation's plan says which
+        (``Plan.executor``); for torchrec a layout TorchRec cannot run is one of its problems."""
         body: dict[str, Any] = {"fleet": _ref(fleet)}
         if model is not None:
             body["model"] = _ref(model)
         if calibrations:
             body["calibrations"] = _calibration_refs(calibrations)
+        if executor is not None:
+            body["executor"] = Executor(executor).value
         return self._parse(Evaluation, self._request("POST", f"/plans/{_segment(plan_id)}/evaluate", json=body))
 
     def export(self, plan_id: str, format: Literal["torchrec", "json"] = "torchrec") -> dict[str, Any]:
@@ -340,14 +380,20 @@ class ShardwiseClient(BaseClient):
         target_fleet: FleetRef,
         *,
         calibrations: Sequence[str] | None = None,
+        executor: Executor | str | None = None,
+        sparse_2d: bool | None = None,
+        allow_weight_averaging: bool | None = None,
         **options: Any,
     ) -> PortReport:
         """Carry ``model``'s plan from ``source_fleet`` to ``target_fleet`` and re-plan it there (``POST /port``).
 
-        ``options`` are ``PlanOptions`` fields for the re-plan. ``calibrations``: stored calibrations, each applied to
-        whichever fleet has its GPU.
+        ``options`` are ``PlanOptions`` fields for both plans (``executor``, ``sparse_2d`` and
+        ``allow_weight_averaging`` as in ``plan``). ``calibrations``: stored calibrations, each applied to whichever
+        fleet has its GPU.
         """
         from shardwise.wire.port_spec import PortReport  # written beside this client; pydantic only
+
+        options = _engine_options(options, executor, sparse_2d, allow_weight_averaging)
 
         body = {
             "model": _ref(model),
@@ -458,12 +504,23 @@ class ShardwiseClient(BaseClient):
         )
 
     def request_key(
-        self, model: ModelRef, fleet: FleetRef, *, calibrations: Sequence[str] | None = None, **options: Any
+        self,
+        model: ModelRef,
+        fleet: FleetRef,
+        *,
+        calibrations: Sequence[str] | None = None,
+        executor: Executor | str | None = None,
+        sparse_2d: bool | None = None,
+        allow_weight_averaging: bool | None = None,
+        **options: Any,
     ) -> str | None:
         """The request key of ``plan(model, fleet, calibrations=..., **options)`` as this client can compute it, or
         None where only the server can (a model or fleet by name, a custom profile by name, calibrations). Assumes
         the server's defaults for the options not given: a server whose ``max_time_limit_s`` caps the default time
-        limit stores the request under another key (the lookup misses and the request is posted)."""
+        limit stores the request under another key (the lookup misses and the request is posted). ``executor``,
+        ``sparse_2d`` and ``allow_weight_averaging`` enter the key only when set away from their defaults
+        (``SolveParams.key_dump``), as on the server."""
+        options = _engine_options(options, executor, sparse_2d, allow_weight_averaging)
         if calibrations or isinstance(model, str) or isinstance(fleet, str):
             return None
         try:

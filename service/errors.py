@@ -79,6 +79,12 @@ class LimitExceeded(ServiceError):
     status, slug, title = 422, "limit-exceeded", "The request asks for more than this service allows"
 
 
+class CalibrationEngine(ServiceError):
+    """A calibration of one engine named by a request for the other (``wire.calibration.engine_mismatch``)."""
+
+    status, slug, title = 422, "calibration-engine", "A calibration describes another engine than the plan's"
+
+
 class Infeasible(ServiceError):
     status, slug, title = 422, "infeasible", "No plan fits this fleet"
 

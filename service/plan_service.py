@@ -199,15 +199,25 @@ def begin_plan(
 def evaluate_plan(
     session: Session, settings: Settings, row: PlanRow, body: EvaluateRequest, custom: dict[str, HardwareProfile]
 ) -> Evaluation:
-    """Score the stored plan ``row`` on ``body``'s fleet (its own model unless the body names one), rank for rank."""
+    """Score the stored plan ``row`` on ``body``'s fleet (its own model unless the body names one), rank for rank,
+    priced for the engine the body names (the plan's own unless it names one; the calibrations must describe it)."""
     model = body.model if body.model is not None else ModelSpec.model_validate(row.request["model"])
+    given = Plan.model_validate(row.body)
+    executor = body.executor if body.executor is not None else given.executor
     request = resolve_request(
-        session, settings, custom, model=model, fleets=[body.fleet], calibrations=body.calibrations, options=None
+        session,
+        settings,
+        custom,
+        model=model,
+        fleets=[body.fleet],
+        calibrations=body.calibrations,
+        options=None,
+        executor=executor,
     )
     from shardwise.solver.planner import score_plan  # the cost model: loaded by the first evaluation
 
     (fleet, _) = request.fleets[0]
-    problems, rescored = score_plan(request.model, fleet, Plan.model_validate(row.body))
+    problems, rescored = score_plan(request.model, fleet, given, executor=executor)
     feasible = not problems
     return Evaluation(
         plan_id=str(row.id),

@@ -31,7 +31,7 @@ from shardwise.service.models import (
 )
 from shardwise.wire.hashing import canonical_json
 from shardwise.wire.resources import Job, JobProgress, JobState, Pagination, PlanSummary, StoredPlan
-from shardwise.wire.spec import FleetSpec, Plan, PlanStatus, verdict_words
+from shardwise.wire.spec import Executor, FleetSpec, Plan, PlanStatus, verdict_words
 
 ACTIVE = (JobState.queued.value, JobState.running.value)
 
@@ -142,6 +142,14 @@ def searched_optimal(body: Any) -> bool:
     return bool(solver.get("searched_optimal", False)) if isinstance(solver, Mapping) else False
 
 
+def plan_executor(body: Any) -> Executor:
+    """A stored plan body's ``executor``, the engine it was priced for (shardwise when absent: plans stored before
+    plans named it were all priced for shardwise's executor). Read from the body, as ``searched_optimal`` is, not from
+    a column of its own: the history shows it but filters by nothing of it, and the body is loaded with the row."""
+    value = body.get("executor") if isinstance(body, Mapping) else None
+    return Executor(value) if value is not None else Executor.shardwise
+
+
 def summary(row: PlanRow) -> PlanSummary:
     return PlanSummary(
         id=str(row.id),
@@ -159,6 +167,7 @@ def summary(row: PlanRow) -> PlanSummary:
         gap=row.gap,
         peak_hbm_fill=row.peak_hbm_fill,
         solver=row.solver,
+        executor=plan_executor(row.body),
     )
 
 

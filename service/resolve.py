@@ -4,6 +4,10 @@ their references resolved (named specs by version, custom hardware profiles inli
 to the fleets' profiles (the calibrated profile inline), the solve options and the wait budget, and the caps checked
 for every fleet. What comes out covers everything an answer depends on, so its hash is the request's and a job can be
 run by any process from the request stored on it.
+
+A calibration prices only plans for the engine it was timed on (``Calibration.engine``): one of the other engine
+than the request's (``options.executor``; an evaluation's ``executor``, else its plan's) is a 422
+``calibration-engine`` naming it and both engines (:func:`check_engines`), before anything is applied.
 """
 
 from __future__ import annotations
@@ -18,12 +22,20 @@ from sqlalchemy.orm import Session
 
 from shardwise.hwprofiles import Calibration, HardwareProfile, catalogue
 from shardwise.service import repository as repo
-from shardwise.service.errors import InvalidInput, LimitExceeded, NotFound, describe_errors, shown, validation_problem
+from shardwise.service.errors import (
+    CalibrationEngine,
+    InvalidInput,
+    LimitExceeded,
+    NotFound,
+    describe_errors,
+    shown,
+    validation_problem,
+)
 from shardwise.service.models import FleetVersionRow, ModelVersionRow
 from shardwise.service.settings import Settings
-from shardwise.wire.calibration import calibrate_fleet
+from shardwise.wire.calibration import calibrate_fleet, engine_mismatch
 from shardwise.wire.resources import PlanOptions
-from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams
+from shardwise.wire.spec import Executor, FleetSpec, ModelSpec, SolveParams
 
 
 @dataclass(frozen=True)
@@ -47,12 +59,19 @@ def resolve_request(
     fleets: Sequence[FleetSpec | str],
     calibrations: Sequence[str],
     options: PlanOptions | None,
+    executor: Executor | None = None,
 ) -> ResolvedRequest:
     """Resolve → calibrate → options → caps, the one sequence every planning route runs (module docstring).
-    ``custom``: the store's custom profiles (:func:`profiles_context`), which the body was validated with."""
+    ``custom``: the store's custom profiles (:func:`profiles_context`), which the body was validated with. The
+    calibrations must describe the engine the request plans for: ``options.executor``, or ``executor`` where
+    nothing is solved (an evaluation)."""
     resolved_model, model_ref = resolve_model(session, model)
     named = [resolve_fleet(session, fleet, custom) for fleet in fleets]
-    calibrated = calibrate([f for f, _ in named], resolve_calibrations(session, calibrations), custom)
+    stored = resolve_calibrations(session, calibrations)
+    engine = options.executor if options is not None else executor
+    if engine is not None:
+        check_engines(stored, engine)
+    calibrated = calibrate([f for f, _ in named], stored, custom)
     params, wait_s = solve_params(settings, options) if options is not None else (None, settings.wait_s)
     for fleet in calibrated:
         check_caps(settings, resolved_model, fleet, params)
@@ -163,6 +182,22 @@ def resolve_calibrations(session: Session, refs: Sequence[str]) -> list[tuple[st
         seen[calibration.profile] = i
         out.append((ref, calibration))
     return out
+
+
+def check_engines(calibrations: Sequence[tuple[str, Calibration]], executor: Executor) -> None:
+    """Refuse (422 ``calibration-engine``, naming the list item) a calibration of another engine than ``executor``:
+    figures timed on shardwise's executor (eager or graphed steps) do not price TorchRec's kernels, nor the other way
+    round."""
+    for i, (ref, calibration) in enumerate(calibrations):
+        why = engine_mismatch(calibration, executor, label=f"calibration {shown(ref)}")
+        if why is not None:
+            raise CalibrationEngine(
+                why,
+                errors=[{"loc": ["body", "calibrations", i], "msg": why, "type": "value_error"}],
+                calibration=calibration.label(),
+                calibration_engine=calibration.engine,
+                executor=executor.value,
+            )
 
 
 def calibrate(

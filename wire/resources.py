@@ -13,7 +13,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, NonNegativeInt, PositiveInt, Tag
 
 from shardwise.hwprofiles import Calibration, HardwareProfile
-from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, PlanStatus, Ref, SolveParams
+from shardwise.wire.spec import Executor, FleetSpec, ModelSpec, Plan, PlanStatus, Ref, SolveParams
 
 T = TypeVar("T")
 
@@ -70,11 +70,17 @@ class PlanRequest(_Resource):
 
 
 class EvaluateRequest(_Resource):
-    """``POST /plans/{id}/evaluate``: score a stored plan on another fleet (the same model unless given)."""
+    """``POST /plans/{id}/evaluate``: score a stored plan on another fleet (the same model unless given), for the
+    engine it names (the plan's own unless given)."""
 
     fleet: FleetRef
     model: ModelRef | None = None
     calibrations: list[CalibrationRef] = Field(default_factory=list, max_length=32, description=CALIBRATIONS_FIELD_DOC)
+    executor: Executor | None = Field(
+        default=None,
+        description="the engine to price the layout for: shardwise or torchrec (for torchrec a layout TorchRec cannot "
+        "run is a problem); None: the engine the plan was priced for (its executor)",
+    )
 
 
 class PortRequest(_Resource):
@@ -124,6 +130,9 @@ class PlanSummary(_Resource):
     gap: float | None
     peak_hbm_fill: float | None = Field(description="the fullest rank's HBM use over its capacity")
     solver: str
+    executor: Executor = Field(
+        default=Executor.shardwise, description="the engine the plan was priced for (the plan's own executor)"
+    )
 
 
 class Pagination(_Resource):

@@ -107,6 +107,20 @@ class Executor(StrEnum):
     torchrec = "torchrec"
 
 
+#: how the CLI, the pages and the explanations name each engine: here, so that the client side (which imports no
+#: solver) words it as the solver does (``shardwise.solver.engine.ENGINE_NAMES``, a test holds the two equal)
+ENGINE_NAMES: Final = {
+    Executor.shardwise: "shardwise's executor",
+    Executor.torchrec: "TorchRec + FBGEMM",
+}
+
+
+def engine_words(executor: Executor) -> str:
+    """``priced for TorchRec + FBGEMM`` / ``priced for shardwise's executor``: the line that says which engine a
+    plan's figures price."""
+    return f"priced for {ENGINE_NAMES[executor]}"
+
+
 class DenseStyle(StrEnum):
     replicate = "replicate"
     fsdp = "fsdp"

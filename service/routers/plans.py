@@ -16,6 +16,7 @@ from shardwise.service import repository as repo
 from shardwise.service.auth import ReadAccess, WriteAccess
 from shardwise.service.db import SessionDep
 from shardwise.service.errors import (
+    CalibrationEngine,
     Infeasible,
     InvalidInput,
     LimitExceeded,
@@ -143,7 +144,9 @@ def _ready_response(ready: ReadyPlan, key: str | None, status: int = 200) -> Res
         200: {"model": StoredPlan, "description": "the stored plan for this request (reused: true)"},
         201: {"model": StoredPlan, "description": "solved now"},
         202: {"model": Job, "description": "still solving after the wait budget: poll the job"},
-        **problem_responses(InvalidInput, Infeasible, LimitExceeded, NotFound, PayloadTooLarge, Unauthorized),
+        **problem_responses(
+            InvalidInput, CalibrationEngine, Infeasible, LimitExceeded, NotFound, PayloadTooLarge, Unauthorized
+        ),
     },
     openapi_extra=body_schema(PlanRequest),
     dependencies=[WriteAccess],
@@ -288,7 +291,7 @@ def delete_plan(plan_id: str, session: SessionDep, request: Request) -> Response
     summary="Score a stored plan on a fleet (rank for rank) under the cost model",
     openapi_extra=body_schema(EvaluateRequest),
     dependencies=[WriteAccess],
-    responses=problem_responses(NotFound, InvalidInput, LimitExceeded, Unauthorized),
+    responses=problem_responses(NotFound, InvalidInput, CalibrationEngine, LimitExceeded, Unauthorized),
 )
 def evaluate_plan(plan_id: str, raw: JsonBody, session: SessionDep, settings: SettingsDep) -> Evaluation:
     row = _row(session, plan_id)

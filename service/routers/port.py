@@ -15,6 +15,7 @@ from shardwise.service import repository as repo
 from shardwise.service.auth import WriteAccess
 from shardwise.service.db import SessionDep
 from shardwise.service.errors import (
+    CalibrationEngine,
     InvalidInput,
     LimitExceeded,
     NotFound,
@@ -38,7 +39,7 @@ router = APIRouter(tags=["port"])
     dependencies=[WriteAccess],
     responses={
         202: {"model": Job, "description": "a plan is still solving: POST the same request again when it is done"},
-        **problem_responses(InvalidInput, LimitExceeded, NotFound, Unauthorized),
+        **problem_responses(InvalidInput, CalibrationEngine, LimitExceeded, NotFound, Unauthorized),
     },
 )
 def port(raw: JsonBody, session: SessionDep, settings: SettingsDep, runner: RunnerDep, request: Request) -> Response:

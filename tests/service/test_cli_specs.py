@@ -160,8 +160,9 @@ def test_list_prints_whole_model_and_fleet_names(shardwise: Any, tmp_path: Path)
     listed = shardwise("list")
     assert listed.exit_code == 0, listed.output
     header, row = listed.stdout.splitlines()
-    assert header.split() == ["id", "created", "model", "fleet", "gpus", "status", "step", "ms"]
+    assert header.split() == ["id", "created", "model", "fleet", "gpus", "status", "step", "ms", "engine"]
     cells = row.split()
     assert cells[0] == plan_id
     assert cells[3:6] == ["click-through-ranker-with-a-long-name", "h100-pair-in-the-second-rack", "2"]
     assert cells[6:8] == ["best", "found"]  # the status in the verdict's words, as everywhere else
+    assert cells[-1] == "shardwise"  # the engine the plan is priced for

@@ -35,7 +35,7 @@ from shardwise.service.runners import LocalRunner
 from shardwise.solver.version import solver_version
 from shardwise.wire.hashing import DIGEST_PATTERN, canonical_json, request_hash, request_key
 from shardwise.wire.resources import PlanOptions, StoredPlan
-from shardwise.wire.spec import FleetSpec, ModelSpec
+from shardwise.wire.spec import Executor, FleetSpec, ModelSpec
 
 GREEDY = {"solver": "greedy"}
 
@@ -58,12 +58,19 @@ def test_the_hash_rule_is_the_documented_one() -> None:
     params = PlanOptions.model_validate(GREEDY).solve_params()
     key = request_key(model, fleet_, params)
 
-    body = {
-        "model": model.model_dump(mode="json"),
-        "fleet": fleet_.model_dump(mode="json"),
-        "options": params.model_dump(mode="json"),
-    }
+    # every option, defaults included, but for the options added since the rule was first written, which enter
+    # only when set away from their defaults (docs/architecture.md): a request that does not use them keeps its key
+    options = params.model_dump(mode="json")
+    assert (options.pop("executor"), options.pop("sparse_2d"), options.pop("allow_weight_averaging")) == (
+        "shardwise",
+        True,
+        False,
+    )
+    body = {"model": model.model_dump(mode="json"), "fleet": fleet_.model_dump(mode="json"), "options": options}
     assert key == "sha256:" + hashlib.sha256(canonical_json(body).encode()).hexdigest()
+    torchrec = params.model_copy(update={"executor": Executor.torchrec})
+    body["options"] = {**options, "executor": "torchrec"}  # set away from its default: hashed
+    assert request_key(model, fleet_, torchrec) == "sha256:" + hashlib.sha256(canonical_json(body).encode()).hexdigest()
     assert canonical_json({"b": 1, "a": [1.5, "é"]}) == '{"a":[1.5,"\\u00e9"],"b":1}'
     assert request_hash(key, "v1") == "sha256:" + hashlib.sha256(f"v1\n{key}".encode()).hexdigest()
     assert request_hash(key, "v1") != request_hash(key, "v2")

@@ -218,16 +218,23 @@ def test_cli_evaluate_torchrec(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("outer", [True, False])
-def test_cli_evaluate_a_torchrec_plan_without_the_flag_says_to_add_it(tmp_path: Path, outer: bool) -> None:
+def test_cli_evaluate_knows_a_torchrec_plan_and_prices_it_for_torchrec(tmp_path: Path, outer: bool) -> None:
+    """A TorchRec ShardingPlan is recognised by its shape (``sharding_type`` per table) and imported; it runs on
+    TorchRec, so that is the engine it is priced for unless ``--executor`` names another (``--torchrec`` is short
+    for ``--executor torchrec``)."""
     model_path, fleet_path, plan_path = tmp_path / "model.json", tmp_path / "fleet.json", tmp_path / "tr.json"
     model_path.write_text(MODEL.model_dump_json())
     fleet_path.write_text(FLEET.model_dump_json())
     doc = serialized_plan()
     plan_path.write_text(json.dumps(doc if outer else doc["plan"]))  # the outer "plan" key may be left out
     result = CliRunner().invoke(app, ["evaluate", str(model_path), str(fleet_path), str(plan_path)])
-    assert result.exit_code == 2
-    lines = result.stderr.strip().splitlines()
-    assert lines == [f"error: {plan_path}: this looks like a TorchRec plan (sharding_type per table): add --torchrec"]
+    assert result.exit_code == 0, result.output
+    assert "priced for TorchRec + FBGEMM" in result.stdout.splitlines()
+    ours = CliRunner().invoke(
+        app, ["evaluate", str(model_path), str(fleet_path), str(plan_path), "--executor", "shardwise"]
+    )
+    assert ours.exit_code == 0, ours.output
+    assert "priced for shardwise's executor" in ours.stdout.splitlines()
 
 
 @pytest.mark.torchrec

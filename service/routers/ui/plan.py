@@ -1,16 +1,20 @@
-"""The page of one plan, ``/ui/plans/{plan_id}`` (``plan.html``): its head (with its throughput), the fleet view
-(one row per host, a metric switch), every rank's HBM and time bars up to ``HEATMAP_ABOVE`` GPUs, where the time
-goes, how the solver got there, the tables with their layout and size, the dense layers and the kernel the kernel
-model chose for each of their GEMMs per GPU type (collapsed past ``KERNELS_OPEN_UP_TO`` rows), the explanation and the
-"Apply it" snippet; ``/ui/plans/{plan_id}/fleet?metric=…``, the fleet view alone (what the switch swaps in with
-htmx); and its one form, ``POST /ui/plans/{plan_id}/delete`` (on ``forms``, a router outside the read check: it
-checks CSRF first, then read and write access itself).
+"""The page of one plan, ``/ui/plans/{plan_id}`` (``plan.html``): its head (with its throughput and the engine its
+figures price), the fleet view (one row per host, a metric switch), every rank's HBM and time bars up to
+``HEATMAP_ABOVE`` GPUs, where the time goes, how the solver got there, the tables with their layout and size, the
+dense layers and the kernel the kernel model chose for each of their GEMMs per GPU type (collapsed past
+``KERNELS_OPEN_UP_TO`` rows), the explanation and the "Apply it" snippet; a link to its TorchRec export only where
+TorchRec runs the layout, else the one line that says why not (:func:`export_refusal`);
+``/ui/plans/{plan_id}/fleet?metric=…``, the fleet view alone (what the switch swaps in with htmx); and its one form,
+``POST /ui/plans/{plan_id}/delete`` (on ``forms``, a router outside the read check: it checks CSRF first, then read
+and write access itself).
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
+from threading import Lock
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -34,7 +38,8 @@ from shardwise.service.routers.ui.views import (
     rank_views,
     reserve_of,
 )
-from shardwise.wire.spec import DensePlan, ModelSpec
+from shardwise.solver.engine import engine_words, export_problems
+from shardwise.wire.spec import DensePlan, ModelSpec, PlanStatus, TablePlan
 
 router = APIRouter()
 forms = APIRouter()
@@ -135,6 +140,38 @@ def kernels_view(dense: list[DensePlan]) -> KernelsView | None:
     return KernelsView(rows, layers, sorted(per_gpu.items()), open=len(rows) <= KERNELS_OPEN_UP_TO)
 
 
+#: plans whose export check this process remembers (a stored plan never changes: the check is the plan's for good)
+REFUSALS_KEPT = 1024
+_refusals: OrderedDict[str, str | None] = OrderedDict()
+_refusals_lock = Lock()
+
+
+def export_refusal(loaded: PagePlan) -> str | None:
+    """Why ``GET /api/v1/plans/{id}/torchrec`` would refuse the plan (the first of
+    :func:`shardwise.solver.engine.export_problems`, what the route answers 422 with), None where it exports: the
+    page links only an export that works. An infeasible plan has no layout to export, and says so elsewhere.
+
+    The exporter reads the tables as the wire's models, which the page otherwise never builds (:class:`PagePlan`):
+    at 1,024 GPUs that is ~20,000 shards validated, ~0.1 s, so each plan's answer is kept (``REFUSALS_KEPT``)."""
+    if loaded.plan.status is PlanStatus.infeasible:
+        return None
+    if loaded.model is None:  # the export reads the request's model, which this version cannot read
+        return "TorchRec cannot run this layout: its request is stored in a shape this version does not read"
+    key = loaded.plan.id
+    with _refusals_lock:
+        if key in _refusals:
+            _refusals.move_to_end(key)
+            return _refusals[key]
+    tables = [TablePlan.model_validate(t) for t in loaded.row.body.get("tables", [])]
+    problems = export_problems(loaded.plan.model_copy(update={"tables": tables}), loaded.model)
+    refusal = problems[0] if problems else None
+    with _refusals_lock:
+        _refusals[key] = refusal
+        while len(_refusals) > REFUSALS_KEPT:
+            _refusals.popitem(last=False)
+    return refusal
+
+
 @router.get("/ui/plans/{plan_id}", response_class=HTMLResponse)
 def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLResponse:
     from shardwise.service.routers.ui import breakdown  # prices the plan again: numpy and the cost model, loaded here
@@ -153,6 +190,8 @@ def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLRespon
         "plan": plan,
         "row": history_row(row),
         "status_label": plan.verdict,
+        "engine": engine_words(plan.executor),
+        "export_refusal": export_refusal(loaded),
         "reserve": reserve,
         "ranks": views,
         "heatmap": heatmap,

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from shardwise.service import repository as repo
 from shardwise.service.models import PlanRow
 from shardwise.service.routers.ui.formatting import HOT_FILL, gpu_mix, placement_label
+from shardwise.solver.engine import ENGINE_NAMES
 from shardwise.wire.resources import StoredPlan
 from shardwise.wire.spec import FleetSpec, HbmBreakdown, ModelSpec, Placement, RankPlan, ShardingType
 
@@ -175,6 +176,8 @@ class HistoryRow:
     gap: float | None
     peak_fill: float | None
     throughput: Throughput | None = None
+    executor: str = "shardwise"  # the engine the plan was priced for (Executor's value)
+    engine: str = "shardwise's executor"  # ... in words (ENGINE_NAMES)
 
     @property
     def hot(self) -> bool:
@@ -203,6 +206,8 @@ def history_row(row: PlanRow, batch: int | None = None) -> HistoryRow:
         gap=s.gap,
         peak_fill=s.peak_hbm_fill,
         throughput=throughput(s.predicted_step_ms, batch, s.world_size),
+        executor=s.executor.value,
+        engine=ENGINE_NAMES[s.executor],
     )
 
 

@@ -1006,3 +1006,65 @@ def test_a_two_d_plan_page_shows_its_groups_and_the_sync(client: TestClient) -> 
     for bar in section.css("tr.rank-group svg.rank-bar"):
         parts = [float(attr(r, "data-ms")) for r in bar.css("rect.term")]
         assert sum(parts) == pytest.approx(float(attr(bar, "data-total")), rel=0.01)
+
+
+# ------------------------------------------------------------------------------------------------- engines
+
+
+def deepfm() -> dict[str, Any]:
+    """A DeepFM-style model (26 Criteo-shaped features of 100,000 ids × 16, one id each): on 2 hosts × 8 H100 the
+    greedy plans it 2D with allreduce_rows, which TorchRec has no form of (``tests/service/test_engines.py``)."""
+    return {
+        "name": "deepfm",
+        "batch_size_per_gpu": 4096,
+        "embedding_tables": [{"name": f"c{i}", "num_embeddings": 100_000, "embedding_dim": 16} for i in range(26)],
+        "dense_layers": [{"name": "deep.0", "kind": "linear", "in_features": 416, "out_features": 400}],
+    }
+
+
+def post_for(client: TestClient, model: dict[str, Any], fleet_: dict[str, Any], **options: Any) -> dict[str, Any]:
+    response = client.post("/api/v1/plans", json={"model": model, "fleet": fleet_, "options": {**GREEDY, **options}})
+    assert response.status_code in (200, 201), response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def export_links(doc: LexborHTMLParser) -> list[str]:
+    return [attr(a, "href") for a in doc.css(".links a") if attr(a, "href").endswith("/torchrec")]
+
+
+def test_the_plan_page_says_which_engine_the_plan_is_priced_for(client: TestClient) -> None:
+    ours = post_for(client, small_model(), fleet())
+    theirs = post_for(client, small_model(), fleet(), executor="torchrec")
+    for plan, words in ((ours, "priced for shardwise's executor"), (theirs, "priced for TorchRec + FBGEMM")):
+        doc = page(client, f"/ui/plans/{plan['id']}")
+        heading = doc.css_first(".plan-head h1")
+        engine = heading.css_first(".engine") if heading is not None else None
+        assert text(engine) == words
+        assert "engine-" + plan["executor"] in attr(engine, "class")
+        # next to the verdict: the status badge, then the engine
+        assert text(heading).endswith(f"best found {words}")  # greedy: best found
+
+    history = page(client, "/ui/plans")
+    rows = {attr(tr, "data-plan-id"): tr for tr in history.css("#plan-rows tr.plan-row")}
+    assert attr(rows[ours["id"]].css_first(".engine-name"), "data-engine") == "shardwise"
+    assert text(rows[theirs["id"]].css_first(".engine-name")) == "TorchRec + FBGEMM"
+
+
+def test_the_plan_page_links_the_torchrec_export_only_where_it_exports(client: TestClient) -> None:
+    two_d = post_for(client, deepfm(), fleet("h100-2x8", gpus=8, hosts=2))
+    assert two_d["sparse_groups"]["sync"] == "allreduce_rows"  # the precondition: TorchRec cannot run it
+    doc = page(client, f"/ui/plans/{two_d['id']}")
+    assert export_links(doc) == []
+    refused = client.get(f"/api/v1/plans/{two_d['id']}/torchrec")
+    assert refused.status_code == 422
+    (line,) = doc.css(".plan-head .no-export")
+    assert text(line).startswith("TorchRec cannot run this layout:")
+    assert refused.json()["detail"] in text(line)  # the reason the export answers with
+    assert "allreduce_rows" in text(line)
+
+    twin = post_for(client, deepfm(), fleet("h100-2x8", gpus=8, hosts=2), executor="torchrec")
+    doc = page(client, f"/ui/plans/{twin['id']}")
+    assert export_links(doc) == [f"/api/v1/plans/{twin['id']}/torchrec"]
+    assert doc.css(".no-export") == []
+    assert client.get(export_links(doc)[0]).status_code == 200
