@@ -17,9 +17,10 @@ the ``test`` half::
     # the capped-HBM port on the engine users run: TorchRec's plan and shardwise's, both measured on DMP
     python benchmarks/torchrec_report.py port port.json --calibration refit.yaml
 
-Memory: ``max_memory_allocated_bytes`` is ``torch.cuda.max_memory_allocated`` over the measured steps, against the plan's predicted
-HBM on its rank (``hbm_used_bytes``: what FBGEMM allocates for the tables, the dense layers' parameters, optimizer
-state and activations); a plan priced for ``torchrec`` must never exceed it when DMP runs it.
+Memory: the job's own peak (:func:`job_peak`: ``torch.cuda.max_memory_allocated`` over the measured steps, less what
+the harness held before it built the model, plus the one batch a job holds) against the plan's predicted HBM on its
+rank (``hbm_used_bytes``: what FBGEMM allocates for the tables, the dense layers' parameters, optimizer state and
+activations); a plan priced for ``torchrec`` must never exceed it when DMP runs it.
 """
 
 from __future__ import annotations
