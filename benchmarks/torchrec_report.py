@@ -36,7 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from benchmarks import truth
-from benchmarks.truth import CONFIGS, GPU, _layers, kendall_tau, model_spec, percentile
+from benchmarks.truth import CONFIGS, _layers, kendall_tau, model_spec, percentile
 from shardwise.wire.spec import Executor, FleetSpec
 
 
@@ -182,40 +182,49 @@ def report(predicted: dict[str, Any], measured: dict[str, Any]) -> tuple[list[st
 
 def port(doc: dict[str, Any], calibration: Path | None) -> tuple[list[str], dict[str, Any]]:
     """The capped-HBM comparison: each model's TorchRec plan and shardwise's plan, measured on DMP, against their
-    predictions for TorchRec + FBGEMM on the capped H200 (``doc`` from ``torchrec_engine.py port``)."""
-    from shardwise.hwprofiles import get_profile, load_calibration
+    predictions for TorchRec + FBGEMM on the capped H200 (``doc`` from ``torchrec_engine.py port``: TorchRec's plan
+    as shardwise reads it, ``plan_as_shardwise``, and shardwise's own ``plan``)."""
+    from benchmarks import port_measured as pm
     from shardwise.solver.planner import score_plan
-    from shardwise.solver.torchrec.importer import from_torchrec
-    from shardwise.wire.spec import ModelSpec, Plan
+    from shardwise.wire.spec import Plan
 
-    profile = get_profile(GPU)
-    if calibration is not None:
-        profile = load_calibration(calibration).apply(profile)
     lines = [
         "| model | HBM cap | TorchRec's plan, measured | shardwise's plan, measured | speed-up, measured "
-        "| TorchRec's plan, predicted | shardwise's plan, predicted | speed-up, predicted | predicted / measured |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| TorchRec's plan, predicted | shardwise's plan, predicted | speed-up, predicted | predicted / measured "
+        "| peak HBM, TorchRec's / shardwise's plan | shardwise's predicted HBM |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     stats: dict[str, Any] = {}
+    models = {m.cfg.name: m for m in pm.port_models(bool(doc.get("small")))}
     for name, m in doc["models"].items():
         cap = int(m["cap_bytes"])
-        capped = profile.model_copy(update={"name": f"{profile.name}-capped", "hbm_bytes": cap})
-        capped = type(profile).model_validate(capped.model_dump())
-        fleet = FleetSpec.model_validate({"name": "capped", "hosts": [{"gpu": capped.model_dump(), "count": 1}]})
-        spec = ModelSpec.model_validate(m["model"])
-        theirs = from_torchrec(m["torchrec"]["plan"], spec, fleet)
-        ours = Plan.model_validate(m["shardwise"]["plan"])
-        pred = {}
-        for label, plan in (("torchrec", theirs), ("shardwise", ours)):
-            problems, scored = score_plan(spec, fleet, plan, executor=Executor.torchrec)
+        fleet = pm.fleets(cap, calibration)[0] if calibration is not None else pm.fleets(cap)[0]
+        spec = pm.port_spec(models[name])
+        plans = m["plans"]
+        pred, hbm = {}, {}
+        for label, key in (("torchrec", "plan_as_shardwise"), ("shardwise", "plan")):
+            problems, scored = score_plan(
+                spec, fleet, Plan.model_validate(plans[label][key]), executor=Executor.torchrec
+            )
             pred[label] = scored.predicted_step_ms
+            hbm[label] = scored.ranks[0].hbm_used_bytes
             stats[f"{name}/{label}/problems"] = problems
-        t_ms, s_ms = float(m["torchrec"]["step_ms"]), float(m["shardwise"]["step_ms"])
+        t_ms, s_ms = float(plans["torchrec"]["step_ms"]), float(plans["shardwise"]["step_ms"])
         speed, speed_pred = t_ms / s_ms, pred["torchrec"] / pred["shardwise"]
-        stats[name] = {"measured_speedup": speed, "predicted_speedup": speed_pred, "ratio": speed_pred / speed}
+        peaks = [plans[k]["max_memory_allocated_bytes"] - plans[k]["memory_allocated_before_bytes"] for k in plans]
+        stats[name] = {
+            "measured_ms": {"torchrec": t_ms, "shardwise": s_ms},
+            "predicted_ms": pred,
+            "measured_speedup": speed,
+            "predicted_speedup": speed_pred,
+            "ratio": speed_pred / speed,
+            "peak_bytes_without_batches": dict(zip(plans, peaks, strict=True)),
+            "predicted_hbm_bytes": hbm,
+        }
         lines.append(
             f"| {name} | {cap / 2**30:.0f} GiB | {t_ms:.2f} ms | {s_ms:.2f} ms | {speed:.2f}× "
-            f"| {pred['torchrec']:.2f} ms | {pred['shardwise']:.2f} ms | {speed_pred:.2f}× | {speed_pred / speed:.2f} |"
+            f"| {pred['torchrec']:.2f} ms | {pred['shardwise']:.2f} ms | {speed_pred:.2f}× | {speed_pred / speed:.2f} "
+            f"| {peaks[0] / 2**30:.2f} / {peaks[1] / 2**30:.2f} GiB | {hbm['shardwise'] / 2**30:.2f} GiB |"
         )
     return lines, stats
 

@@ -10,10 +10,14 @@ for shardwise's executor (:mod:`shardwise.calibrate.run`); what this module fits
   (``G`` gathered, ``S`` streamed at the measured ``memory_bound`` ``m``, ``N`` ids sorted); ``1/f``, ``s`` and the
   per-call ``c0`` (the kernels' launches: reported, not a profile figure — TorchRec's per-table host cost below holds
   it) are fitted by least squares in relative error;
-* ``achieved.host_link`` — refitted on the managed tables (``MANAGED`` for ``host``, ``MANAGED_CACHING`` for
-  ``uvm_cache``): with ``f``, ``s`` and ``c0`` fixed, ``t − (c0 + G/(hbm·f) + S/(hbm·m) + N·s) = L/(link·h)`` for the
-  ``L`` bytes the model sends over the host link, so ``h`` is what FBGEMM's kernels reach through unified memory (the
-  copies' fraction stays a measurement, ``host_link_copies_fraction``);
+* ``achieved.host_link`` — refitted on the managed tables (``MANAGED``, ``host``): with ``f``, ``s`` and ``c0``
+  fixed, ``t − (c0 + G/(hbm·f) + S/(hbm·m) + N·s) = L/(link·h)`` for the ``L`` bytes the model sends over the host
+  link, so ``h`` is what FBGEMM's kernels reach through unified memory (the copies' fraction stays a measurement,
+  ``host_link_copies_fraction``);
+* ``overheads.cache_fetch_us``, ``cache_fetch_ns_per_row`` — FBGEMM's prefetch of the cached tables
+  (``MANAGED_CACHING``, ``uvm_cache``) beyond the bytes the model moves: with everything above fixed, what is left of
+  ``t`` is ``c + r·M`` for the ``M`` rows the prefetch copies in and writes back, by least squares in relative error
+  (for this engine device time; for shardwise's executor the same two figures are its fetch's host time);
 * ``overheads.step_fixed_us``, ``per_table_us`` — the step of TorchRec's DistributedModelParallel, steps run back to
   back, on minimal models (1–64 tiny tables in HBM; :func:`shardwise.calibrate.torchrec.dmp_step_samples`):
   ``t = c0 + c1·T`` by least squares. The step of a minimal model is its host's time: the kernels it enqueues are too
@@ -72,8 +76,8 @@ def sample_bytes(sample: Mapping[str, Any], profile: HardwareProfile) -> cm.Fbge
 
 class TbeFit:
     """The fitted figures of FBGEMM's kernels: the gather fraction, the ns per sorted id, the per-call fixed cost
-    (ms), the host link fraction through unified memory (None without managed samples), and each fit's RMS relative
-    error and sample count."""
+    (ms), the host link fraction through unified memory (None without ``host`` samples), the prefetch's fixed and
+    per-row cost (None without ``uvm_cache`` samples), and each fit's RMS relative error and sample count."""
 
     def __init__(
         self,
@@ -82,8 +86,10 @@ class TbeFit:
         fixed_ms: float,
         link: float | None,
         errors: dict[str, tuple[float, int]],
+        fetch: tuple[float, float] | None = None,
     ) -> None:
         self.gather, self.sort_ns, self.fixed_ms, self.link, self.errors = gather, sort_ns, fixed_ms, link, errors
+        self.fetch = fetch  # (cache_fetch_us, cache_fetch_ns_per_row) of FBGEMM's prefetch
 
 
 def _ok(sample: Mapping[str, Any]) -> bool:
@@ -122,28 +128,55 @@ def fit_tbe(samples: Sequence[Mapping[str, Any]], profile: HardwareProfile) -> T
     (fixed_ms, inv_gather, sort_ns), err = linear_fit(rows, ys)
     gather = 1.0 if inv_gather <= 1.0 else 1.0 / inv_gather
     errors = {"gather": (err, len(device))}
-    managed = [(s, sample_bytes(s, profile)) for s in usable if s["placement"] != "hbm"]
+
+    def on_device(b: cm.FbgemmBytes) -> float:
+        gathered = b.gathered / (hbm_bw * gather) * 1e3
+        return fixed_ms + gathered + b.stream / stream_bw * 1e3 + b.sorted_ids * sort_ns * 1e-6
+
+    # the host link: on the managed tables (fused_uvm), whose every row crosses it
+    host = [(s, sample_bytes(s, profile)) for s in usable if s["placement"] == "host"]
     link: float | None = None
-    if managed:
+    pairs = [(b.linked / link_bw * 1e3, _measured(s) - on_device(b), _measured(s)) for s, b in host if b.linked]
+    num = sum(x * y / t**2 for x, y, t in pairs)
+    den = sum(x * x / t**2 for x, _y, t in pairs)
+    if den > 0 and num > 0:
+        link = min(1.0, den / num)
+        rms = math.sqrt(sum(((x / link - y) / t) ** 2 for x, y, t in pairs) / len(pairs))
+        errors["link"] = (rms, len(pairs))
+    # the prefetch of the cached tables: what their kernels cost beyond the bytes, c + r·(rows moved)
+    cached = [(s, sample_bytes(s, profile)) for s in usable if s["placement"] == "uvm_cache"]
+    fetch: tuple[float, float] | None = None
+    if link is not None and len(cached) >= 2:
+        rest = [_measured(s) - on_device(b) - b.linked / (link_bw * link) * 1e3 for s, b in cached]
+        ts = [_measured(s) for s, _b in cached]
+        c_ms, per_row_ns = _nonnegative_fit([[1.0, b.moved_rows * 1e-6] for _s, b in cached], rest, ts)
+        fetch = (c_ms * 1e3, per_row_ns)
+        model = [on_device(b) + b.linked / (link_bw * link) * 1e3 + c_ms + b.moved_rows * per_row_ns * 1e-6
+                 for _s, b in cached]  # fmt: skip
+        errors["fetch"] = (
+            math.sqrt(sum(((m - t) / t) ** 2 for m, t in zip(model, ts, strict=True)) / len(ts)),
+            len(cached),
+        )
+    return TbeFit(gather, sort_ns, fixed_ms, link, errors, fetch)
 
-        def on_device(b: cm.FbgemmBytes) -> float:
-            return (
-                fixed_ms
-                + b.gathered / (hbm_bw * gather) * 1e3
-                + b.stream / stream_bw * 1e3
-                + b.sorted_ids * sort_ns * 1e-6
-            )
 
-        pairs = [(b.linked / link_bw * 1e3, _measured(s) - on_device(b), _measured(s)) for s, b in managed if b.linked]
-        num = sum(x * y / t**2 for x, y, t in pairs)
-        den = sum(x * x / t**2 for x, _y, t in pairs)
-        if den > 0 and num > 0:
-            k = num / den
-            link = min(1.0, 1.0 / k)
-            k = 1.0 / link
-            rms = math.sqrt(sum(((x * k - y) / t) ** 2 for x, y, t in pairs) / len(pairs))
-            errors["link"] = (rms, len(pairs))
-    return TbeFit(gather, sort_ns, fixed_ms, link, errors)
+def _nonnegative_fit(rows: Sequence[Sequence[float]], ys: Sequence[float], scale: Sequence[float]) -> list[float]:
+    """Non-negative ``c`` minimising ``Σ ((rows_i·c − y_i) / scale_i)²`` — residuals ``y`` may be of either sign (what a
+    term leaves of a measurement), relative to the measurement ``scale`` — by active sets: a coefficient fitted
+    negative is dropped and the rest refitted."""
+    import numpy as np
+
+    x = np.asarray(rows, dtype=float) / np.asarray(scale, dtype=float)[:, None]
+    y = np.asarray(ys, dtype=float) / np.asarray(scale, dtype=float)
+    active = list(range(x.shape[1]))
+    coef = np.zeros(x.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+        if (sol >= 0).all():
+            coef[active] = sol
+            break
+        active.pop(int(np.argmin(sol)))
+    return [float(c) for c in coef]
 
 
 def fit_dmp_steps(samples: Sequence[Mapping[str, Any]]) -> tuple[float, float, float]:
@@ -213,6 +246,17 @@ def torchrec_parts(
         log(f"{'achieved.host_link':<28} {fit.link:8.4f}   {link_n:3d} samples, RMS error {link_err:6.1%}")
     else:
         out.notes.append("host link through unified memory: not fitted (no managed-table samples)")
+    if fit.fetch is not None:
+        fetch_err, fetch_n = fit.errors["fetch"]
+        kind = "FBGEMM TBE on cached tables (fused_uvm_caching): the prefetch beyond its bytes, fixed + per row moved"
+        for name, value in (("cache_fetch_us", fit.fetch[0]), ("cache_fetch_ns_per_row", fit.fetch[1])):
+            figures[f"overheads.{name}"] = Figure(
+                value=float(f"{max(value, 0.0):.4g}"), source=f"{where}: {kind}", samples=fetch_n,
+                fit_error=round(fetch_err, 4),
+            )  # fmt: skip
+            log(f"{'overheads.' + name:<28} {value:8.3f}   {fetch_n:3d} samples, RMS error {fetch_err:6.1%}")
+    else:
+        out.notes.append("FBGEMM's prefetch: not fitted (no cached-table samples)")
     log("TorchRec DistributedModelParallel steps …")
     steps = dmp_step_samples(device, DMP_BUDGET_S * scale)
     for s in steps:

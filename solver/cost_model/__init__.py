@@ -70,6 +70,7 @@ from shardwise.solver.cost_model.compute import (
 from shardwise.solver.cost_model.dense import DenseCost, dense_cost, dense_kernel_s, dense_state_bytes
 from shardwise.solver.cost_model.hitrate import (
     _lru_sums,
+    batch_misses,
     cache_hit_rate,
     distinct_rows,
     generalized_harmonic,
@@ -147,6 +148,7 @@ __all__ = [
     "ShardMemory",
     "ShardTraffic",
     "_lru_sums",
+    "batch_misses",
     "cache_associativity",
     "cache_bytes",
     "cache_fetch_ms",

@@ -76,11 +76,17 @@ distinct rows among the ids (:func:`distinct_rows`, under the table's ``access_s
   the forward's ``n·row`` and the update's ``d·2·row`` cross it; a row-wise state (rowwise_adagrad's) is on the
   device, a per-weight state (adagrad, adam) in UVM, across the link. ``fused_uvm_caching`` first *prefetches*
   (``lru_cache_populate``: the step's ids linearized and made unique — a second sort, ``n · sort_ns_per_id`` —
-  ``lru_cache_find_uncached`` over the 32-way (64 on ROCm) sets, ``lru_cache_insert_kernel``): each of the
-  ``m = d·(1 − h)`` missing rows is read over the host link and written into the cache, and the row it evicts
-  written back to UVM (``2·m·row`` across the link, ``2·m·row`` in HBM; ``h`` the LRU hit rate,
-  :func:`cache_hit_rate`); then the forward and the update find every row in the cache in HBM — the per-weight state
-  still in UVM, across the link. The prefetch runs on the device stream: it adds no host time.
+  ``lru_cache_find_uncached`` over the 32-way (64 on ROCm) sets, ``lru_cache_insert_kernel``): of the batch's
+  ``m`` distinct rows the cache does not hold (:func:`batch_misses`, Che's LRU at batch granularity), at most its
+  ``S`` slots are inserted — ``i = min(m, S)`` rows read over the host link and written into the cache, each evicting
+  a row written back to UVM (``2·i·row`` across the link and in HBM, ``2·i`` rows moved) — and the rest, which find
+  no slot, are read and updated in UVM as ``fused_uvm`` does; then the forward and the update find the inserted rows
+  in the cache in HBM, the per-weight state still in UVM, across the link. What the prefetch's kernels cost beyond
+  those bytes — their launches, the set search, the row copies' latency — is
+  ``cache_fetch_us + 2·i·cache_fetch_ns_per_row`` per cached shard (the profile's ``overheads``, zero until a
+  calibration of the TorchRec engine fits them on FBGEMM's prefetch: for this engine they are device time, where for
+  shardwise's executor they are its synchronous fetch's host time). The prefetch runs on the device stream: it adds
+  no host time.
 
 Gathers run at ``hbm_bw·achieved.embedding_gather``, streams at ``hbm_bw·achieved.memory_bound``, the host link at
 ``host_link·achieved.host_link``: the same figures as shardwise's executor, which a calibration of the TorchRec engine
@@ -93,9 +99,10 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from shardwise.hwprofiles import HardwareProfile
-from shardwise.solver.cost_model.hitrate import cache_hit_rate, distinct_rows
-from shardwise.solver.cost_model.memory import PlacementChoice, optimizer_state_bytes
+from shardwise.solver.cost_model.hitrate import batch_misses, cache_hit_rate, distinct_rows
+from shardwise.solver.cost_model.memory import PlacementChoice, cache_slots, optimizer_state_bytes
 from shardwise.solver.cost_model.traffic import GRAD_BYTES, MS, out_bytes, round_up, shard_traffic, touched_rows
+from shardwise.wire.executor import CACHE_WAYS_CUDA, cache_ways
 from shardwise.wire.spec import (
     EmbeddingTableSpec,
     Executor,
@@ -265,8 +272,8 @@ def shard_computes(
 class FbgemmBytes(NamedTuple):
     """What one shard moves a step in FBGEMM's kernels (module docstring, "TorchRec + FBGEMM"): bytes gathered from
     HBM and moved over the host link per phase, bytes streamed (the pooled rows written and their gradient read,
-    each ``stream / 2``), the step's ``ids``, and ``sorted_ids``: the ids sorted (the backward's sort, and a cached
-    shard's prefetch's)."""
+    each ``stream / 2``), the step's ``ids``, ``sorted_ids``: the ids sorted (the backward's sort, and a cached
+    shard's prefetch's), and ``moved_rows``: the rows a cached shard's prefetch copies in and writes back."""
 
     fwd_gather: float
     fwd_link: float
@@ -276,6 +283,7 @@ class FbgemmBytes(NamedTuple):
     stream: float
     ids: float
     sorted_ids: float
+    moved_rows: float = 0.0
 
     @property
     def gathered(self) -> float:
@@ -296,6 +304,7 @@ def fbgemm_bytes(
     granularity: int,
     batch: int,
     world: int,
+    ways: int = CACHE_WAYS_CUDA,
 ) -> list[FbgemmBytes]:
     """:class:`FbgemmBytes` of a sharded shard under each of ``placements``: the bytes :func:`fbgemm_computes` times
     and ``shardwise calibrate --executor torchrec`` fits FBGEMM's kernels to."""
@@ -310,18 +319,26 @@ def fbgemm_bytes(
     fwd_gather, bwd_gather = t.ids * row, t.ids * grad
     out: list[FbgemmBytes] = []
     for placement, cache_fraction in placements:
-        sorted_ids = t.ids
+        sorted_ids, moved = t.ids, 0.0
         if placement is Placement.hbm:
             fwd, upd = (fwd_gather, 0.0), (d * (2 * row + state), 0.0)
         elif placement is Placement.host:  # fused_uvm: rows across the link, a row-wise state on the device
             fwd = (0.0, fwd_gather)
             upd = (d * state, d * 2 * row) if state_on_device else (0.0, d * (2 * row + state))
-        else:  # fused_uvm_caching: the prefetch moves the misses, then every row is in the cache
-            miss = d * (1.0 - cache_hit_rate(num_rows, cache_fraction, table.access_skew))
+        else:  # fused_uvm_caching: the prefetch inserts the misses (at most the cache's slots), the rest stay in UVM
+            miss = batch_misses(t.ids, num_rows, cache_fraction, table.access_skew)
+            inserted = min(miss, float(cache_slots(num_rows, cache_fraction, ways)))
+            left = miss - inserted  # found no slot: read and updated in UVM, as fused_uvm does
             sorted_ids = 2 * t.ids  # the prefetch's unique ids: a second sort
-            fwd = (fwd_gather + 2 * miss * row, 2 * miss * row)
-            upd = (d * (2 * row + state), 0.0) if state_on_device else (d * 2 * row, d * state)
-        out.append(FbgemmBytes(fwd[0], fwd[1], bwd_gather, upd[0], upd[1], stream, t.ids, sorted_ids))
+            moved = 2 * inserted  # each inserted row copied in, the row it evicts written back
+            uvm_ids = t.ids * left / d if d > 0 else 0.0  # the ids of those rows
+            fwd = (fwd_gather - uvm_ids * row + moved * row, moved * row + uvm_ids * row)
+            cached = d - left
+            if state_on_device:
+                upd = (cached * 2 * row + d * state, left * 2 * row)
+            else:
+                upd = (cached * 2 * row, left * 2 * row + d * state)
+        out.append(FbgemmBytes(fwd[0], fwd[1], bwd_gather, upd[0], upd[1], stream, t.ids, sorted_ids, moved))
     return out
 
 
@@ -355,11 +372,17 @@ def fbgemm_computes(
         granularity=profile.memory_access_granularity_bytes,
         batch=batch,
         world=world,
+        ways=cache_ways(profile.vendor),
     ):
+        prefetch = 0.0
+        if b.moved_rows or b.sorted_ids > b.ids:  # a cached shard: the prefetch's kernels and its rows
+            o = profile.overheads
+            prefetch = o.cache_fetch_us / 1e3 + b.moved_rows * o.cache_fetch_ns_per_row * 1e-6
         total = (b.gathered / hbm_gather + b.stream / hbm_stream + b.linked / link) * MS + b.sorted_ids * sort_ms
+        total += prefetch
         split = None
         if phases:
-            fwd_sort = (b.sorted_ids - b.ids) * sort_ms  # a cached shard's prefetch
+            fwd_sort = (b.sorted_ids - b.ids) * sort_ms + prefetch  # a cached shard's prefetch
             split = ComputePhases(
                 lookup_fwd=(b.fwd_gather / hbm_gather + b.fwd_link / link + b.stream / 2 / hbm_stream) * MS + fwd_sort,
                 lookup_bwd=(b.bwd_gather / hbm_gather + b.stream / 2 / hbm_stream) * MS + b.ids * sort_ms,

@@ -11,7 +11,7 @@ from shardwise.calibrate.torchrec_fit import fit_dmp_steps, fit_tbe, sample_byte
 from shardwise.hwprofiles import get_profile
 
 PROFILE = get_profile("nvidia-h200")
-GATHER, SORT_NS, FIXED_MS, LINK = 0.62, 0.9, 0.05, 0.41
+GATHER, SORT_NS, FIXED_MS, LINK, FETCH_US, FETCH_NS = 0.62, 0.9, 0.05, 0.41, 150.0, 0.4
 
 
 def _time(sample: dict[str, Any]) -> float:
@@ -24,6 +24,7 @@ def _time(sample: dict[str, Any]) -> float:
         + b.stream / (hbm * PROFILE.achieved.memory_bound) * 1e3
         + b.sorted_ids * SORT_NS * 1e-6
         + b.linked / (link * LINK) * 1e3
+        + ((FETCH_US / 1e3 + b.moved_rows * FETCH_NS * 1e-6) if sample["placement"] == "uvm_cache" else 0.0)
     )
 
 
@@ -35,8 +36,10 @@ def _samples() -> list[dict[str, Any]]:
         out.append(base | change | {"placement": "hbm", "cache_fraction": None, "skew": 0.0})
     out += [
         base | {"placement": "host", "cache_fraction": None, "skew": 0.0},
+        base | {"placement": "host", "cache_fraction": None, "skew": 0.0, "dim": 64},
         base | {"placement": "uvm_cache", "cache_fraction": 0.1, "skew": 1.05},
         base | {"placement": "uvm_cache", "cache_fraction": 0.5, "skew": 0.0},
+        base | {"placement": "uvm_cache", "cache_fraction": 0.1, "skew": 0.0, "pooling": 32},
     ]
     for s in out:
         s["step_ms"] = _time(s)
@@ -49,6 +52,9 @@ def test_fit_tbe_recovers_the_figures_the_samples_were_priced_with() -> None:
     assert fit.sort_ns == pytest.approx(SORT_NS, rel=1e-4)
     assert fit.fixed_ms == pytest.approx(FIXED_MS, rel=1e-4)
     assert fit.link == pytest.approx(LINK, rel=1e-6)
+    assert fit.fetch is not None
+    assert fit.fetch[0] == pytest.approx(FETCH_US, rel=1e-4)
+    assert fit.fetch[1] == pytest.approx(FETCH_NS, rel=1e-4)
     assert fit.errors["gather"][0] < 1e-9
 
 

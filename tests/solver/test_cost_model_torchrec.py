@@ -124,10 +124,11 @@ def test_a_cached_shard_moves_only_its_misses(round_profile: HardwareProfile) ->
         batch=B,
         world=1,
     )[0]
-    miss = b.fwd_link / (2 * 32)  # each missing row read in and the evicted one written back
-    hit = cm.cache_hit_rate(100_000, 0.1, 1.1)
-    distinct = cm.distinct_rows(500, 100_000, 1.1)
-    assert miss == pytest.approx(distinct * (1 - hit), rel=1e-9)
+    # Che's LRU at batch granularity: the batch's distinct rows not among the T ids before it, D(n + T) − D(T)
+    t_ids = cm.lru_characteristic_time(100_000, 0.1, 1.1)
+    misses = cm.distinct_rows(500 + t_ids, 100_000, 1.1) - cm.distinct_rows(t_ids, 100_000, 1.1)
+    assert b.moved_rows == pytest.approx(2 * misses, rel=1e-9)  # each inserted, the row it evicts written back
+    assert b.fwd_link == pytest.approx(2 * misses * 32, rel=1e-9)
     assert b.sorted_ids == 2 * b.ids  # the prefetch's unique ids: a second sort
 
 
@@ -173,6 +174,27 @@ def _model() -> ModelSpec:
             "dense_layers": [{"name": "top", "in_features": 192, "out_features": 64}],
         }
     )
+
+
+def test_a_cache_inserts_at_most_its_slots_and_leaves_the_rest_in_uvm(round_profile: HardwareProfile) -> None:
+    # 2,000 rows at 5 %: 100 rows, rounded up to 4 sets of 32 = 128 slots; 10·50 = 500 uniform ids touch about 440
+    t = table(num_embeddings=2_000, pooling_factor=50.0)
+    b = cm.fbgemm_bytes(
+        t,
+        sharding=ST.table_wise,
+        num_rows=2_000,
+        num_cols=8,
+        placements=((Placement.uvm_cache, 0.05),),
+        granularity=32,
+        batch=B,
+        world=1,
+    )[0]
+    d = 2_000 * (1 - math.exp(-500 / 2_000))
+    misses = d * (1 - 100 / 2_000)
+    assert b.moved_rows == pytest.approx(2 * 128)
+    left = misses - 128  # no slot: read in UVM by the forward, updated in UVM
+    assert b.upd_link == pytest.approx(left * 2 * 32, rel=1e-9)
+    assert b.fwd_link == pytest.approx(2 * 128 * 32 + 500 * left / d * 32, rel=1e-9)
 
 
 def test_the_engine_is_in_the_plan_and_in_its_hash(small_fleet: FleetSpec) -> None:
