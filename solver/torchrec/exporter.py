@@ -69,6 +69,7 @@ __all__ = [
     "DEFAULT_MODULE_FQN",
     "TorchRecExportError",
     "dmp_collection_kwargs",
+    "dmp_layout",
     "to_torchrec",
     "to_torchrec_dict",
 ]
@@ -220,12 +221,13 @@ def dmp_collection_kwargs(plan: Plan, *, local_world_size: int | None = None) ->
         "world_size": world,
         "sharding_group_size": sg.group_size,
         "node_group_size": _local_world_size(group, sg.group_size, local_world_size),
-        "use_inter_host_allreduce": _dmp_layout(sg.groups) == "contiguous",
+        "use_inter_host_allreduce": dmp_layout(sg.groups) == "contiguous",
     }
 
 
-def _dmp_layout(groups: Sequence[Sequence[int]]) -> str | None:
-    """Which of DMPCollection's two layouts ``groups`` are (as sets, in any order), or None."""
+def dmp_layout(groups: Sequence[Sequence[int]]) -> str | None:
+    """Which of DMPCollection's two layouts ``groups`` are (as sets, in any order): ``"contiguous"``,
+    ``"strided"``, or None (module docstring)."""
     r, g = len(groups), len(groups[0])
     given = sorted(sorted(x) for x in groups)
     if given == [list(range(i * g, (i + 1) * g)) for i in range(r)]:
@@ -245,7 +247,7 @@ def _one_group(plan: Plan) -> Plan:
             f"sparse_groups: {sg.sync.value} has no TorchRec form; DMPCollection keeps its replicas equal by averaging "
             "weights and optimizer state (sync()), not by all-reducing row gradients: plan average_weights"
         )
-    if _dmp_layout(sg.groups) is None:
+    if dmp_layout(sg.groups) is None:
         raise TorchRecExportError(
             f"sparse_groups: DMPCollection builds its {sg.num_groups} groups of {sg.group_size} from contiguous "
             f"(0..{sg.group_size - 1}, ...) or strided (0, {sg.num_groups}, ...) ranks; the plan's are {sg.groups}"
