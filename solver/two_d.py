@@ -14,7 +14,10 @@ ranks with equal figures (one GPU type, one host size). With ``c_k`` hosts in ho
 
 Group ``i`` of ``R`` takes hosts ``i·c_k/R … (i+1)·c_k/R − 1`` of every host group ``k`` (in the fleet's order), its
 ranks listed in rank order; so group 0's ``j``-th rank is rank ``j`` of the *group fleet* (:func:`group_fleet`: the
-same host groups with ``c_k / R`` hosts each), the sub-problem the solver plans.
+same host groups with ``c_k / R`` hosts each), the sub-problem the solver plans. For TorchRec, whose DMPCollection
+builds only contiguous or strided groups (:func:`shardwise.solver.engine.groups_allowed`), a mixed fleet of one GPU
+per host takes the strided groups instead (:func:`strided_groups`: group ``i`` = hosts ``i, i+R, …``, the same group
+fleet), and a mixed fleet of larger hosts none (:func:`candidate_groups`).
 """
 
 from __future__ import annotations
