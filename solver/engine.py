@@ -15,7 +15,12 @@ refused). For ``torchrec`` the planners only make layouts it emits:
 * **no row-wise sharding of a mean-pooled table** (the TorchRec defect the exporter refuses: its row-wise mean
   pooling divides the pooled output of the collection's other tables by their bag lengths too);
 * **2D plans only in DMPCollection's form**: replicas kept in sync by ``average_weights`` — and so only where the
-  request allows weight averaging — never ``allreduce_rows``, which TorchRec has no form of;
+  request allows weight averaging — never ``allreduce_rows``, which TorchRec has no form of; and groups of one of
+  the two rank layouts DMPCollection builds (:func:`groups_allowed`): contiguous (a fleet of one host group, whose
+  topology-aligned groups are runs of whole hosts) or strided (a fleet of one GPU per host, mixed or not: group
+  ``i`` = ranks ``i, i+R, …``, :func:`~shardwise.solver.two_d.strided_groups`). A mixed fleet of hosts of several
+  GPUs has no such layout of whole hosts — its groups would take hosts of every host group, ranks neither
+  contiguous nor strided — so a TorchRec plan there is 1D;
 * one placement per table (TorchRec has one compute kernel per table) holds for every engine: a candidate places all
   of a table's shards alike.
 
@@ -24,6 +29,7 @@ refused). For ``torchrec`` the planners only make layouts it emits:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
 from shardwise.wire.spec import EmbeddingTableSpec, Executor, ModelSpec, Plan, Pooling, ShardingType, SparseSync
@@ -36,6 +42,7 @@ __all__ = [
     "ceil_blocks_fit",
     "engine_words",
     "export_problems",
+    "groups_allowed",
     "row_sharding_allowed",
     "syncs_allowed",
     "uniform_hosts",
@@ -82,6 +89,17 @@ def syncs_allowed(executor: Executor, allow_weight_averaging: bool) -> tuple[Spa
         if allow_weight_averaging
         else (SparseSync.allreduce_rows,)
     )
+
+
+def groups_allowed(executor: Executor, groups: Sequence[Sequence[int]]) -> bool:
+    """Whether a 2D plan may split the fleet into ``groups`` for ``executor``: every topology-aligned split on
+    shardwise's executor, on TorchRec only one of the two DMPCollection builds — contiguous ranks (group ``i`` =
+    ranks ``i·G … i·G+G−1``) or strided ones (group ``i`` = ranks ``i, i+R, …``; module docstring)."""
+    if executor is not Executor.torchrec:
+        return True
+    from shardwise.solver.torchrec.exporter import dmp_layout
+
+    return dmp_layout(groups) is not None
 
 
 def export_problems(plan: Plan, model: ModelSpec) -> list[str]:

@@ -10,7 +10,7 @@ from shardwise.hwprofiles import HardwareProfile
 from shardwise.solver import plan2d
 from shardwise.solver.build import build_plan
 from shardwise.solver.deadline import Deadline
-from shardwise.solver.engine import engine_words, export_problems
+from shardwise.solver.engine import engine_words
 from shardwise.solver.greedy import Progress, plan_greedy
 from shardwise.solver.size import ProblemTooLargeError, check_memory
 from shardwise.solver.topology import Topology
@@ -126,7 +126,8 @@ def score_plan(
 ) -> tuple[list[str], Plan]:
     """Validate ``plan`` and re-price it under this cost model (figures are recomputed, never trusted), for the
     engine ``executor`` names (by default the one the plan was priced for: ``plan.executor``). For ``torchrec`` a
-    layout TorchRec cannot run is a problem too (:func:`shardwise.solver.engine.export_problems`).
+    layout TorchRec cannot run is a problem too (:func:`~shardwise.solver.validate.check_plan` asks
+    :func:`shardwise.solver.engine.export_problems` of a plan priced for it).
 
     Returns the problems (empty when valid) and the re-priced plan. It keeps the given plan's solver name, params
     and seconds (who made the layout), but no solver ran on this question: its solver status is ``HEURISTIC``, and
@@ -160,7 +161,4 @@ def score_plan(
         + [f"{s} (one shard per rank would do less work)" for s in stacked_shards(plan)],
         sparse_groups=plan.sparse_groups,
     )
-    problems = check_plan(topo, model, rescored, allow_stacked=True)
-    if topo.executor is Executor.torchrec:
-        problems += export_problems(rescored, model)
-    return problems, rescored
+    return check_plan(topo, model, rescored, allow_stacked=True), rescored  # for torchrec: whether it exports too

@@ -14,7 +14,10 @@ ranks with equal figures (one GPU type, one host size). With ``c_k`` hosts in ho
 
 Group ``i`` of ``R`` takes hosts ``i·c_k/R … (i+1)·c_k/R − 1`` of every host group ``k`` (in the fleet's order), its
 ranks listed in rank order; so group 0's ``j``-th rank is rank ``j`` of the *group fleet* (:func:`group_fleet`: the
-same host groups with ``c_k / R`` hosts each), the sub-problem the solver plans.
+same host groups with ``c_k / R`` hosts each), the sub-problem the solver plans. For TorchRec, whose DMPCollection
+builds only contiguous or strided groups (:func:`shardwise.solver.engine.groups_allowed`), a mixed fleet of one GPU
+per host takes the strided groups instead (:func:`strided_groups`: group ``i`` = hosts ``i, i+R, …``, the same group
+fleet), and a mixed fleet of larger hosts none (:func:`candidate_groups`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import math
 from functools import reduce
 
+from shardwise.solver import engine
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import FleetSpec, ShardingType, SparseGroups, SparseSync, TablePlan
 
@@ -48,10 +52,31 @@ def groups_for(topo: Topology, replicas: int) -> list[list[int]]:
     return [sorted(g) for g in out]
 
 
+def strided_groups(topo: Topology, replicas: int) -> list[list[int]]:
+    """Group ``i`` of ``replicas`` = ranks ``i, i + R, i + 2R, …`` (DMPCollection's strided layout). Topology-aligned
+    on a fleet of one GPU per host, where ``R`` divides every host group's count (:func:`replica_counts`): each
+    group then takes ``c_k / R`` hosts of every host group, and the ranks at position ``j`` (``j·R … j·R + R − 1``)
+    are hosts of one host group — the same group fleet as :func:`groups_for`'s, other hosts in each group."""
+    if any(cls.gpus_per_host != 1 for cls in topo.classes):
+        raise ValueError("strided groups take whole hosts only where every host holds one GPU")
+    return [list(range(i, topo.world_size, replicas)) for i in range(replicas)]
+
+
 def candidate_groups(topo: Topology) -> list[list[list[int]]]:
     """The topology-aligned groupings with ``G < W``, largest groups first (fewest replicas): one list of groups per
-    ``R`` of :func:`replica_counts`."""
-    return [groups_for(topo, r) for r in replica_counts(topo.fleet)]
+    ``R`` of :func:`replica_counts` — :func:`groups_for`'s, and for TorchRec (``topo.executor``) only a grouping
+    DMPCollection builds (:func:`shardwise.solver.engine.groups_allowed`): :func:`groups_for`'s where its ranks are
+    contiguous (a fleet of one host group), else on a fleet of one GPU per host :func:`strided_groups`, else none
+    for that ``R`` (a mixed fleet of hosts of several GPUs has no DMPCollection layout of whole hosts)."""
+    out = []
+    for r in replica_counts(topo.fleet):
+        groups = groups_for(topo, r)
+        if not engine.groups_allowed(topo.executor, groups):
+            if any(cls.gpus_per_host != 1 for cls in topo.classes):
+                continue
+            groups = strided_groups(topo, r)
+        out.append(groups)
+    return out
 
 
 def group_fleet(fleet: FleetSpec, replicas: int) -> FleetSpec:

@@ -23,15 +23,18 @@ Checks:
   them. Empty shards are refused by the wire itself (``num_rows`` and ``num_cols`` are positive);
 * memory, recomputed with the cost model (not trusted from the plan): per rank HBM ≤ capacity × (1 − reserve),
   per host DRAM ≤ host memory; the plan's reported per-rank HBM equals the recomputation;
-* ``lower_bound_ms ≤ predicted_step_ms``.
+* ``lower_bound_ms ≤ predicted_step_ms``;
+* a plan priced for TorchRec (``Plan.executor``) exports: ``to_torchrec_dict`` takes it as it is
+  (:func:`shardwise.solver.engine.export_problems`; the planners lay a TorchRec plan out only as TorchRec runs it,
+  :mod:`shardwise.solver.engine`, and this holds them to it).
 """
 
 from __future__ import annotations
 
-from shardwise.solver import two_d
+from shardwise.solver import engine, two_d
 from shardwise.solver.evaluate import evaluate
 from shardwise.solver.topology import Topology
-from shardwise.wire.spec import ModelSpec, Plan, PlanStatus, ShardingType, SparseGroups, TablePlan
+from shardwise.wire.spec import Executor, ModelSpec, Plan, PlanStatus, ShardingType, SparseGroups, TablePlan
 from shardwise.wire.units import fmt_bytes
 
 
@@ -279,6 +282,8 @@ def check_plan(topo: Topology, model: ModelSpec, plan: Plan, *, allow_stacked: b
         and plan.lower_bound_ms > plan.predicted_step_ms + 1e-9
     ):
         out.append("lower_bound_ms exceeds predicted_step_ms")
+    if plan.executor is Executor.torchrec:
+        out.extend(engine.export_problems(plan, model))
     return out
 
 

@@ -56,10 +56,11 @@ mean-pooled table another way, put every table of its collection row-wise, or gi
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from shardwise.wire.spec import ModelSpec, Placement, Plan, ShardingType, ShardPlan, TablePlan
+from shardwise.wire.spec import EmbeddingTableSpec, ModelSpec, Placement, Plan, ShardingType, ShardPlan, TablePlan
 
 if TYPE_CHECKING:
     from torchrec.distributed.types import ShardingPlan
@@ -69,6 +70,7 @@ __all__ = [
     "DEFAULT_MODULE_FQN",
     "TorchRecExportError",
     "dmp_collection_kwargs",
+    "dmp_layout",
     "to_torchrec",
     "to_torchrec_dict",
 ]
@@ -123,14 +125,15 @@ def to_torchrec_dict(
     world = _world_size(plan, world_size)
     local = _local_world_size(plan, world, local_world_size)
     hosts = _host_layout(plan, world, local)
+    specs = {t.name: t for t in model.embedding_tables} if model is not None else {}  # by name, once: 2,000 tables
     if model is not None:
-        _check_against_model(plan, model)
+        _check_against_model(plan, model, specs)
     modules: dict[str, dict[str, Any]] = {}
     for tp in plan.tables:
         fqn = module_fqn if isinstance(module_fqn, str) else module_fqn.get(tp.name)
         if not fqn:
             raise TorchRecExportError(f"table {tp.name}: module_fqn names no module for it")
-        shape = (model.table(tp.name).num_embeddings, model.table(tp.name).embedding_dim) if model else None
+        shape = (specs[tp.name].num_embeddings, specs[tp.name].embedding_dim) if model else None
         modules.setdefault(fqn, {})[tp.name] = _entry(tp, shape, world, local, hosts, device_type, relayout_rows)
     if not isinstance(module_fqn, str):
         unused = sorted(set(module_fqn) - {t.name for t in plan.tables})
@@ -138,7 +141,7 @@ def to_torchrec_dict(
             raise TorchRecExportError(f"module_fqn names table(s) the plan does not have: {', '.join(unused)}")
     if model is not None and check_torchrec_issues:
         for tables in modules.values():
-            _check_mean_pooling(tables, model)
+            _check_mean_pooling(tables, specs)
     return {"plan": modules}
 
 
@@ -220,12 +223,13 @@ def dmp_collection_kwargs(plan: Plan, *, local_world_size: int | None = None) ->
         "world_size": world,
         "sharding_group_size": sg.group_size,
         "node_group_size": _local_world_size(group, sg.group_size, local_world_size),
-        "use_inter_host_allreduce": _dmp_layout(sg.groups) == "contiguous",
+        "use_inter_host_allreduce": dmp_layout(sg.groups) == "contiguous",
     }
 
 
-def _dmp_layout(groups: Sequence[Sequence[int]]) -> str | None:
-    """Which of DMPCollection's two layouts ``groups`` are (as sets, in any order), or None."""
+def dmp_layout(groups: Sequence[Sequence[int]]) -> str | None:
+    """Which of DMPCollection's two layouts ``groups`` are (as sets, in any order): ``"contiguous"``,
+    ``"strided"``, or None (module docstring)."""
     r, g = len(groups), len(groups[0])
     given = sorted(sorted(x) for x in groups)
     if given == [list(range(i * g, (i + 1) * g)) for i in range(r)]:
@@ -245,7 +249,7 @@ def _one_group(plan: Plan) -> Plan:
             f"sparse_groups: {sg.sync.value} has no TorchRec form; DMPCollection keeps its replicas equal by averaging "
             "weights and optimizer state (sync()), not by all-reducing row gradients: plan average_weights"
         )
-    if _dmp_layout(sg.groups) is None:
+    if dmp_layout(sg.groups) is None:
         raise TorchRecExportError(
             f"sparse_groups: DMPCollection builds its {sg.num_groups} groups of {sg.group_size} from contiguous "
             f"(0..{sg.group_size - 1}, ...) or strided (0, {sg.num_groups}, ...) ranks; the plan's are {sg.groups}"
@@ -318,16 +322,16 @@ def _host_layout(plan: Plan, world: int, local: int) -> list[tuple[int, int]]:
     return [(r - r % local, r % local) for r in range(world)]
 
 
-def _check_against_model(plan: Plan, model: ModelSpec) -> None:
+def _check_against_model(plan: Plan, model: ModelSpec, specs: Mapping[str, EmbeddingTableSpec]) -> None:
     names = [t.name for t in plan.tables]
     known = {t.name for t in model.embedding_tables}
     problems = [f"table {n} is not in model {model.name}" for n in sorted(set(names) - known)]
     problems += [f"table {n} is missing from the plan" for n in sorted(known - set(names))]
-    problems += [f"table {n} is planned twice" for n in sorted({n for n in names if names.count(n) > 1})]
+    problems += [f"table {n} is planned twice" for n, k in sorted(Counter(names).items()) if k > 1]
     for tp in plan.tables:
         if tp.name not in known:
             continue
-        t = model.table(tp.name)
+        t = specs[tp.name]
         for i, s in enumerate(tp.shards):
             if s.row_offset + s.num_rows > t.num_embeddings or s.col_offset + s.num_cols > t.embedding_dim:
                 problems.append(f"table {tp.name}: shard {i} lies outside {t.num_embeddings} × {t.embedding_dim}")
@@ -338,11 +342,9 @@ def _check_against_model(plan: Plan, model: ModelSpec) -> None:
 _ROW_TYPES: Final = (ShardingType.row_wise.value, ShardingType.table_row_wise.value)
 
 
-def _check_mean_pooling(tables: Mapping[str, Mapping[str, Any]], model: ModelSpec) -> None:
+def _check_mean_pooling(tables: Mapping[str, Mapping[str, Any]], specs: Mapping[str, EmbeddingTableSpec]) -> None:
     """Refuse the layout TorchRec 1.8 mis-scales (module docstring): a row-wise mean table beside other shardings."""
-    mean_rw = [
-        n for n, e in tables.items() if e["sharding_type"] in _ROW_TYPES and model.table(n).pooling.value == "mean"
-    ]
+    mean_rw = [n for n, e in tables.items() if e["sharding_type"] in _ROW_TYPES and specs[n].pooling.value == "mean"]
     others = [n for n, e in tables.items() if e["sharding_type"] not in _ROW_TYPES]
     if mean_rw and others:
         raise TorchRecExportError(

@@ -28,6 +28,7 @@ from shardwise.wire.spec import (
     DensePlan,
     DenseStyle,
     EmbeddingTableSpec,
+    Executor,
     FleetSpec,
     HostGroupSpec,
     ModelSpec,
@@ -70,6 +71,23 @@ def test_mixed_fleet_groups_take_the_same_hosts_of_each_host_group() -> None:
 def test_no_two_d_on_one_host_or_coprime_host_counts() -> None:
     assert candidate_groups(Topology(fleet(("nvidia-h100-sxm", 1, 8)))) == []
     assert candidate_groups(Topology(fleet(("nvidia-h100-sxm", 3, 8), ("nvidia-b200", 2, 8)))) == []
+
+
+def test_torchrec_groupings_are_those_dmp_collection_builds() -> None:
+    """TorchRec (DMPCollection) builds contiguous or strided groups only: a fleet of one host group keeps its runs of
+    whole hosts; a mixed fleet of one GPU per host takes strided groups (the same group fleet, other hosts); a mixed
+    fleet of larger hosts has no such grouping of whole hosts."""
+    one_type = fleet(("nvidia-h100-sxm", 4, 2))
+    assert candidate_groups(Topology(one_type, executor=Executor.torchrec)) == candidate_groups(Topology(one_type))
+    singles = fleet(("nvidia-h100-sxm", 4, 1), ("amd-mi300x", 4, 1))
+    assert candidate_groups(Topology(singles)) == [[[0, 1, 4, 5], [2, 3, 6, 7]], [[0, 4], [1, 5], [2, 6], [3, 7]]]
+    topo = Topology(singles, executor=Executor.torchrec)
+    assert candidate_groups(topo) == [[[0, 2, 4, 6], [1, 3, 5, 7]], [[0, 4], [1, 5], [2, 6], [3, 7]]]
+    for groups in candidate_groups(topo):
+        assert group_alignment(topo, SparseGroups(groups=groups, sync="average_weights", every_k_steps=10)) == []
+    mixed = fleet(("nvidia-h100-sxm", 2, 4), ("amd-mi300x", 2, 2))
+    assert candidate_groups(Topology(mixed)) == [[[0, 1, 2, 3, 8, 9], [4, 5, 6, 7, 10, 11]]]
+    assert candidate_groups(Topology(mixed, executor=Executor.torchrec)) == []
 
 
 def shard(rank: int, r0: int, rows: int) -> ShardPlan:

@@ -14,6 +14,7 @@ from shardwise.wire.spec import (
     DenseLayerSpec,
     DensePlan,
     DenseStyle,
+    Executor,
     FleetSpec,
     ModelSpec,
     Plan,
@@ -367,6 +368,26 @@ def test_empty_shards_are_refused_by_the_wire() -> None:
         ShardPlan(rank=0, row_offset=0, num_rows=0, col_offset=0, num_cols=8)
     with pytest.raises(ValueError, match="num_cols"):
         ShardPlan(rank=0, row_offset=0, num_rows=8, col_offset=0, num_cols=0)
+
+
+# ------------------------------------------------------------------------------------------- the engine's rules
+
+
+def test_a_plan_priced_for_torchrec_must_export(
+    small_model: ModelSpec, small_fleet: FleetSpec, topo: Topology, hand_plan: Plan
+) -> None:
+    """hand_plan's t_seq mixes hbm and host shards in uneven row blocks: shardwise's executor runs it, TorchRec
+    (one compute kernel per table, ceil row blocks) does not, and the gate says so of a plan priced for it."""
+    torchrec = Topology(small_fleet, executor=Executor.torchrec)
+    priced = build(torchrec, small_model, hand_tables())
+    assert priced.executor is Executor.torchrec
+    msg = problems_of(torchrec, small_model, priced)
+    assert "TorchRec cannot run this layout: table t_seq: its shards differ in placement" in msg
+    with pytest.raises(PlanValidationError, match="TorchRec cannot run"):
+        assert_valid_plan(torchrec, small_model, priced)
+    assert check_plan(topo, small_model, hand_plan) == []  # priced for shardwise's executor: valid
+    problems, _ = score_plan(small_model, small_fleet, hand_plan, executor=Executor.torchrec)
+    assert [p for p in problems if "TorchRec" in p] == [msg]  # said once
 
 
 # ---------------------------------------------------------------------------------------------------- memory

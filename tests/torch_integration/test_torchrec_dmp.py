@@ -3,21 +3,21 @@ DistributedModelParallel.
 
 The offline tests need neither torch nor TorchRec: the serialized form, the layouts TorchRec can execute, and the
 round trip through shardwise.solver.torchrec.importer.from_torchrec. The ``dist`` test spawns two gloo processes on
-loopback and wraps a small EmbeddingBagCollection model in DistributedModelParallel under two plans: a hand-built one
-with every sharding type and the one shardwise's greedy planner makes for the model's description; in both, the pooled
-embeddings and the logits equal the unsharded model's, and after one backward the embedding weights (updated in
-backward by TorchRec's fused SGD) and the dense gradients match the reference too.
+loopback and wraps a small EmbeddingBagCollection model in DistributedModelParallel (``tests/dmp_support.py``) under
+three plans: a hand-built one with every sharding type, one with every table row-wise, and the one shardwise's
+greedy planner makes for the model's description; in each, the pooled embeddings and the logits equal the unsharded
+model's, and after one backward the embedding weights (updated in backward by TorchRec's fused SGD) and the dense
+gradients match the reference too.
 """
 
 from __future__ import annotations
 
-import os
-import socket
-from datetime import timedelta
 from typing import Any
 
 import pytest
 
+import dmp_support
+from dmp_support import TableDef
 from fleet_support import tiny_fleet
 from shardwise.solver.planner import make_plan, score_plan
 from shardwise.solver.torchrec.exporter import TorchRecExportError, to_torchrec, to_torchrec_dict
@@ -35,8 +35,6 @@ from shardwise.wire.spec import (
 )
 
 WORLD = 2
-LOCAL_BATCH = 4
-LR = 0.5
 
 # ---------------------------------------------------------------------------------------------- the fleet
 
@@ -46,54 +44,19 @@ FLEET = tiny_fleet(WORLD)  # 10 MB GPUs: small enough that the planner mixes sha
 
 #: (name, rows, dim, features, pooling). t_mid pools by mean and has two features; every row count is even, so
 #: shardwise's row blocks are TorchRec's on two ranks.
-TABLES: list[tuple[str, int, int, list[str], str]] = [
+TABLES: list[TableDef] = [
     ("t_big", 4096, 64, ["f_big"], "SUM"),
     ("t_wide", 512, 128, ["f_wide"], "SUM"),
     ("t_mid", 1024, 32, ["f_mid_a", "f_mid_b"], "MEAN"),
     ("t_small", 64, 16, ["f_small"], "SUM"),
     ("t_user", 300, 16, ["f_user"], "SUM"),
 ]
-FEATURES = [f for _name, _rows, _dim, feats, _pool in TABLES for f in feats]
 POOLING_FACTORS = {"t_big": 32.0, "t_wide": 2.0, "t_mid": 2.0}
 
 
 def build_model(seed: int = 0, device: str = "cpu") -> Any:
-    """EmbeddingBagCollection at ``sparse.ebc`` + a linear over-arch on the pooled features (in FEATURES order)."""
-    import torch
-    from torch import nn
-    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
-
-    torch.manual_seed(seed)
-
-    class Sparse(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ebc = EmbeddingBagCollection(
-                tables=[
-                    EmbeddingBagConfig(
-                        name=name,
-                        num_embeddings=rows,
-                        embedding_dim=dim,
-                        feature_names=feats,
-                        pooling=PoolingType[pool],
-                    )
-                    for name, rows, dim, feats, pool in TABLES
-                ],
-                device=torch.device(device),
-            )
-
-    class Model(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.sparse = Sparse()
-            width = sum(dim * len(feats) for _n, _r, dim, feats, _p in TABLES)
-            self.over = nn.Linear(width, 1, device=device)
-
-        def forward(self, kjt: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-            pooled = self.sparse.ebc(kjt).to_dict()
-            return self.over(torch.cat([pooled[f] for f in FEATURES], dim=1)), pooled
-
-    return Model()
+    """TABLES as the model DMP wraps (:func:`dmp_support.build_model`)."""
+    return dmp_support.build_model(TABLES, seed, device)
 
 
 def _shard(
@@ -361,149 +324,10 @@ def test_to_torchrec_serializes_to_the_dict() -> None:
 # ---------------------------------------------------------------------------------------------- DMP on gloo
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _global_batch() -> tuple[list[list[int]], list[list[list[int]]]]:
-    """Per feature, per sample of the global batch: the ids (some bags empty, ids at both ends of each table)."""
-    import torch
-
-    g = torch.Generator().manual_seed(1)
-    rows = {f: r for _n, r, _d, feats, _p in TABLES for f in feats}
-    ids: list[list[list[int]]] = []
-    for f in FEATURES:
-        bags = []
-        for b in range(WORLD * LOCAL_BATCH):
-            n = int(torch.randint(0, 5, (1,), generator=g)) if b % 3 else 3
-            bag = torch.randint(0, rows[f], (n,), generator=g).tolist()
-            if b == 0:
-                bag = [0, rows[f] - 1, rows[f] // 2]
-            bags.append(bag)
-        ids.append(bags)
-    lengths = [[len(bag) for bag in bags] for bags in ids]
-    return lengths, ids
-
-
-def _kjt(lo: int, hi: int) -> Any:
-    import torch
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    lengths, ids = _global_batch()
-    values = [i for f in range(len(FEATURES)) for bag in ids[f][lo:hi] for i in bag]
-    flat = [n for f in range(len(FEATURES)) for n in lengths[f][lo:hi]]
-    return KeyedJaggedTensor.from_lengths_sync(
-        keys=list(FEATURES), values=torch.tensor(values, dtype=torch.int64), lengths=torch.tensor(flat)
-    )
-
-
-def _check_plan_under_dmp(rank: int, plan: Plan, label: str) -> None:
-    """Wrap a fresh model in DMP under ``plan``, load the reference weights, compare forward, then one backward."""
-    import torch
-    import torch.distributed as dist
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.types import ShardingEnv
-
-    close = {"rtol": 1e-5, "atol": 1e-6}
-    ref = build_model(seed=0)
-    init = {k: v.detach().clone() for k, v in ref.state_dict().items()}
-    logits, pooled = ref(_kjt(0, WORLD * LOCAL_BATCH))
-    logits.sum().backward()
-    ref_grads = {n: p.grad for n, p in ref.named_parameters()}
-
-    sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": LR})
-    dmp = DistributedModelParallel(
-        build_model(seed=123),  # other weights on purpose: the reference's are loaded below
-        plan=to_torchrec(plan, device_type="cpu"),
-        env=ShardingEnv.from_process_group(dist.group.WORLD),
-        device=torch.device("cpu"),
-        sharders=[sharder],
-    )
-    sharded_tables: set[str] = set()
-    with torch.no_grad():
-        for key, value in dmp.state_dict().items():
-            if isinstance(value, ShardedTensor):
-                sharded_tables.add(key)
-                # DMP holds on this rank exactly the shards the plan gives it
-                table = plan.table(key.split(".")[-2])
-                planned = sorted(
-                    ([s.row_offset, s.col_offset], [s.num_rows, s.num_cols]) for s in table.shards if s.rank == rank
-                )
-                held = sorted(
-                    (list(sh.metadata.shard_offsets), list(sh.metadata.shard_sizes))
-                    for sh in value.local_shards()
-                    if sh.tensor.numel()
-                )
-                assert held == planned, f"{label} {key} on rank {rank}: holds {held}, the plan says {planned}"
-                for shard in value.local_shards():
-                    (r0, c0), (nr, nc) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
-                    shard.tensor.copy_(init[key][r0 : r0 + nr, c0 : c0 + nc])
-            else:
-                value.copy_(init[key])
-
-    lo, hi = rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH
-    got_logits, got_pooled = dmp(_kjt(lo, hi))
-    for f in FEATURES:
-        torch.testing.assert_close(got_pooled[f], pooled[f][lo:hi], **close, msg=lambda m, f=f: f"{label} {f}: {m}")
-    torch.testing.assert_close(got_logits, logits[lo:hi].detach(), **close, msg=lambda m: f"{label} logits: {m}")
-
-    got_logits.sum().backward()
-    # every gradient is the mean of the ranks' gradients, i.e. the global sum's divided by WORLD: DDP averages the
-    # replicated tensors (the data-parallel table, the over-arch) and TorchRec divides the sharded tables'
-    # gradients by the world size (comm_ops.GRADIENT_DIVISION, on by default) before its fused SGD applies them
-    after = dmp.state_dict()
-    for key in sharded_tables:
-        want = init[key] - LR * ref_grads[key] / WORLD
-        for shard in after[key].local_shards():
-            (r0, c0), (nr, nc) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
-            torch.testing.assert_close(
-                shard.tensor, want[r0 : r0 + nr, c0 : c0 + nc], **close, msg=lambda m, k=key: f"{label} {k}: {m}"
-            )
-    replicated = {n for n, _p in dmp.named_parameters() if n not in sharded_tables}
-    data_parallel = {
-        f"sparse.ebc.embedding_bags.{t.name}.weight" for t in plan.tables if t.sharding_type == "data_parallel"
-    }
-    assert replicated == {"over.weight", "over.bias"} | data_parallel, label
-    assert sharded_tables | data_parallel == {f"sparse.ebc.embedding_bags.{name}.weight" for name, *_ in TABLES}
-    for name, param in dmp.named_parameters():
-        if name in sharded_tables:
-            continue
-        assert param.grad is not None, f"{label} {name}: no gradient"
-        torch.testing.assert_close(
-            param.grad, ref_grads[name] / WORLD, **close, msg=lambda m, n=name: f"{label} {n} grad: {m}"
-        )
-
-
-def _worker(rank: int, port: int, plans: list[tuple[str, Plan]]) -> None:
-    import torch.distributed as dist
-
-    os.environ["LOCAL_WORLD_SIZE"] = str(WORLD)  # TorchRec's table_row_wise groups ranks by host with it
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=WORLD,
-        timeout=timedelta(seconds=60),
-    )
-    try:
-        for label, plan in plans:
-            _check_plan_under_dmp(rank, plan, label)
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.torchrec
 @pytest.mark.dist
 def test_dmp_on_gloo_matches_the_unsharded_model() -> None:
     pytest.importorskip("torchrec", exc_type=ImportError)
-    import torch.multiprocessing as mp
-
     from shardwise.runtime.describe import describe
 
     spec = describe(
@@ -520,4 +344,4 @@ def test_dmp_on_gloo_matches_the_unsharded_model() -> None:
     plans = [("hand", handmade), ("row-wise", row_wise_plan(spec)), ("planner", planned)]
     for _label, plan in plans:  # the known TorchRec defect is refused before any process starts
         to_torchrec_dict(plan, spec, device_type="cpu")
-    mp.spawn(_worker, args=(_free_port(), plans), nprocs=WORLD, join=True)
+    dmp_support.run_under_dmp(TABLES, plans, WORLD, WORLD, spec)

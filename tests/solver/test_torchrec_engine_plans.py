@@ -1,0 +1,194 @@
+"""Property tests of the torchrec engine (``SolveParams.executor="torchrec"``, :mod:`shardwise.solver.engine`): on
+random models and fleets, every feasible plan the planners make for TorchRec exports — ``to_torchrec_dict(plan,
+model)`` raises nothing, and a 2D plan is DMPCollection's (average_weights, and ``dmp_collection_kwargs`` takes it).
+
+The models: 1–40 tables of 10 to 5·10⁷ rows (row counts rarely divisible by the world size), 8–512 columns, sum and
+mean pooling, fp32 and fp16, every optimizer, now and then a table of tens of GB that a GPU cannot hold alone (it
+is sharded or offloaded). The fleets: 1–64 hosts of 1, 2, 4 or 8 GPUs, in one to three host groups of different GPU
+types from the catalogue and different GPUs per host (as many hosts in each group half the time, so that 2D
+groupings exist). The greedy plans under the default options, with weight averaging allowed (2D plans
+DMPCollection runs) and 1D only; CP-SAT on a few small instances, since it shares the candidates but not the rest of
+the pipeline (host packing, the LNS, the repack).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from shardwise.hwprofiles import catalogue
+from shardwise.solver import plan2d
+from shardwise.solver.engine import ROW_SHARDINGS
+from shardwise.solver.planner import make_plan
+from shardwise.solver.topology import Topology
+from shardwise.solver.torchrec.exporter import dmp_collection_kwargs, to_torchrec_dict
+from shardwise.wire.spec import Executor, FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams, SparseSync
+
+GPU_NAMES = sorted(catalogue())
+DIMS = [8, 16, 32, 64, 128, 256, 512]
+TORCHREC = SolveParams(solver="greedy", executor="torchrec", time_limit_s=1.0)
+#: the options each greedy test plans under, besides TORCHREC's
+VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "weight averaging": {"allow_weight_averaging": True},
+    "1D only": {"sparse_2d": False},
+}
+
+SETTINGS = settings(
+    max_examples=80,
+    deadline=None,
+    derandomize=True,
+    database=None,  # derandomized: the same examples every run, nothing to replay
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+def log_uniform(lo: float, hi: float) -> st.SearchStrategy[int]:
+    """Integers spread evenly over the orders of magnitude between ``lo`` and ``hi``."""
+    return st.integers(0, 1000).map(lambda k: int(lo * (hi / lo) ** (k / 1000)))
+
+
+@st.composite
+def table(draw: st.DrawFn, i: int) -> dict[str, Any]:
+    huge = draw(st.integers(0, 5)) == 0  # 2·10⁷–5·10⁷ rows of 256 or 512 columns: more than one GPU holds
+    return {
+        "name": f"t{i}",
+        "num_embeddings": draw(log_uniform(2e7, 5e7) if huge else log_uniform(10, 5e7)),
+        "embedding_dim": draw(st.sampled_from([256, 512] if huge else DIMS)),
+        "dtype": draw(st.sampled_from(["fp32", "fp16"])),
+        "optimizer": draw(st.sampled_from(["sgd", "adagrad", "rowwise_adagrad", "adam"])),
+        "pooling": draw(st.sampled_from(["sum", "mean"])),
+        "pooling_factor": draw(st.floats(1.0, 30.0, allow_nan=False, allow_infinity=False)),
+    }
+
+
+@st.composite
+def models(draw: st.DrawFn) -> ModelSpec:
+    n = draw(st.integers(1, 40))
+    return ModelSpec.model_validate(
+        {
+            "name": "random",
+            "batch_size_per_gpu": draw(st.sampled_from([256, 1024, 4096])),
+            "embedding_tables": [draw(table(i)) for i in range(n)],
+            "dense_layers": [{"name": "over", "in_features": 512, "out_features": 256}],
+        }
+    )
+
+
+@st.composite
+def fleets(draw: st.DrawFn) -> FleetSpec:
+    """1–64 hosts in one to three host groups of distinct GPU types, each of 1, 2, 4 or 8 GPUs per host; half the
+    time as many hosts in each group (so that topology-aligned 2D groupings exist)."""
+    n = draw(st.integers(1, 3))
+    kinds = draw(st.lists(st.sampled_from(GPU_NAMES), min_size=n, max_size=n, unique=True))
+    hosts = draw(log_uniform(1, 64.99))
+    equal = draw(st.booleans())
+    per_group = max(1, hosts // len(kinds))
+    groups = [
+        {
+            "gpu": gpu,
+            "count": per_group if equal else draw(st.integers(1, per_group)),
+            "gpus_per_host": draw(st.sampled_from([1, 2, 4, 8])),
+        }
+        for gpu in kinds
+    ]
+    return FleetSpec.model_validate({"name": "random", "hosts": groups})
+
+
+def assert_exports(plan: Plan, model: ModelSpec, allow_averaging: bool) -> None:
+    """A plan for TorchRec: infeasible with a reason, or exported as it is (DMPCollection's form when 2D)."""
+    event(plan.status.value)
+    if plan.status is PlanStatus.infeasible:
+        assert plan.explanation
+        return
+    assert plan.executor is Executor.torchrec
+    to_torchrec_dict(plan, model)  # raises TorchRecExportError on a layout TorchRec does not run
+    for t in plan.tables:
+        event(t.sharding_type.value)
+        event(t.shards[0].placement.value)
+        rows = model.table(t.name).num_embeddings
+        if t.sharding_type in ROW_SHARDINGS and rows % len(t.shards):
+            event("row-sharded in uneven ceil blocks")
+    sg = plan.sparse_groups
+    event(f"2D: {sg is not None}")
+    if sg is not None:
+        assert allow_averaging
+        assert sg.sync is SparseSync.average_weights
+        assert dmp_collection_kwargs(plan)["world_size"] == len(plan.ranks)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@SETTINGS
+@given(model=models(), fleet=fleets())
+def test_greedy_plans_for_torchrec_export(variant: str, model: ModelSpec, fleet: FleetSpec) -> None:
+    params = TORCHREC.model_copy(update=VARIANTS[variant])
+    event(f"{len(fleet.hosts)} host group(s)")
+    assert_exports(make_plan(model, fleet, params), model, params.allow_weight_averaging)
+
+
+@st.composite
+def multi_host_fleets(draw: st.DrawFn) -> FleetSpec:
+    """2–8 hosts in each of one to three host groups, as many in each (so that groupings exist), 1–8 GPUs per host
+    — mixed fleets of one GPU per host among them (DMPCollection's strided groups)."""
+    n = draw(st.integers(1, 3))
+    kinds = draw(st.lists(st.sampled_from(GPU_NAMES), min_size=n, max_size=n, unique=True))
+    count = draw(st.sampled_from([2, 4, 8]))
+    one_gpu = draw(st.booleans())
+    groups = [
+        {"gpu": gpu, "count": count, "gpus_per_host": 1 if one_gpu else draw(st.sampled_from([1, 2, 4, 8]))}
+        for gpu in kinds
+    ]
+    return FleetSpec.model_validate({"name": "hosts", "hosts": groups})
+
+
+@settings(SETTINGS, max_examples=50)
+@given(model=models(), fleet=multi_host_fleets())
+def test_every_2d_option_for_torchrec_exports(model: ModelSpec, fleet: FleetSpec) -> None:
+    """Each 2D option the planner weighs for TorchRec with weight averaging (one period each: the period prices the
+    sync, the layout is the same), planned alone: DMPCollection's form, exported."""
+    params = TORCHREC.model_copy(update={"allow_weight_averaging": True})
+    topo = Topology(fleet, executor=Executor.torchrec)
+    options = {str(sg.groups): sg for sg in plan2d.sparse_options(topo, True, len(model.embedding_tables))}
+    event(f"{len(options)} grouping(s), {len(fleet.hosts)} host group(s)")
+    for sg in options.values():
+        assert_exports(plan2d.option_plan(topo, model, params, sg), model, True)
+
+
+@st.composite
+def small_models(draw: st.DrawFn) -> ModelSpec:
+    n = draw(st.integers(1, 6))
+    return ModelSpec.model_validate(
+        {
+            "name": "small",
+            "batch_size_per_gpu": draw(st.sampled_from([1024, 4096])),
+            "embedding_tables": [draw(table(i)) for i in range(n)],
+        }
+    )
+
+
+@st.composite
+def small_fleets(draw: st.DrawFn) -> FleetSpec:
+    """Rank mode (one host) or host mode (2–4 hosts of 8: packing, repack, LNS), one or two GPU types."""
+    kinds = draw(st.lists(st.sampled_from(GPU_NAMES), min_size=1, max_size=2, unique=True))
+    count, per_host = draw(st.sampled_from([(1, 4), (2, 8), (4, 8), (2, 2)]))
+    return FleetSpec.model_validate(
+        {"name": "small", "hosts": [{"gpu": g, "count": count, "gpus_per_host": per_host} for g in kinds]}
+    )
+
+
+@settings(SETTINGS, max_examples=6)
+@given(model=small_models(), fleet=small_fleets(), averaging=st.booleans())
+def test_cpsat_plans_for_torchrec_export(model: ModelSpec, fleet: FleetSpec, averaging: bool) -> None:
+    params = SolveParams(
+        executor="torchrec",
+        allow_weight_averaging=averaging,
+        time_limit_s=2.0,
+        max_deterministic_time=0.3,
+        num_workers=2,
+    )
+    plan = make_plan(model, fleet, params)
+    event(plan.solver.phase or "no phase")
+    assert_exports(plan, model, averaging)
