@@ -21,6 +21,8 @@ refused). For ``torchrec`` the planners only make layouts it emits:
   ``i`` = ranks ``i, i+R, …``, :func:`~shardwise.solver.two_d.strided_groups`). A mixed fleet of hosts of several
   GPUs has no such layout of whole hosts — its groups would take hosts of every host group, ranks neither
   contiguous nor strided — so a TorchRec plan there is 1D;
+* **fp32 and fp16 tables only** (:func:`model_problems`): FBGEMM's training kernels take no other cache precision,
+  and TorchRec gives them the table's — a torchrec request with a bf16 table is answered infeasible, with the reason;
 * one placement per table (TorchRec has one compute kernel per table) holds for every engine: a candidate places all
   of a table's shards alike.
 
@@ -32,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
-from shardwise.wire.spec import EmbeddingTableSpec, Executor, ModelSpec, Plan, Pooling, ShardingType, SparseSync
+from shardwise.wire.spec import Dtype, EmbeddingTableSpec, Executor, ModelSpec, Plan, Pooling, ShardingType, SparseSync
 
 if TYPE_CHECKING:
     from shardwise.solver.topology import Topology
@@ -43,6 +45,7 @@ __all__ = [
     "engine_words",
     "export_problems",
     "groups_allowed",
+    "model_problems",
     "row_sharding_allowed",
     "syncs_allowed",
     "uniform_hosts",
@@ -102,16 +105,36 @@ def groups_allowed(executor: Executor, groups: Sequence[Sequence[int]]) -> bool:
     return dmp_layout(groups) is not None
 
 
+#: the table dtypes TorchRec + FBGEMM train: FBGEMM's training TBE takes an fp32 or fp16 cache precision, which
+#: TorchRec sets to the table's own (``cache_precision bf16 not supported!`` on TorchRec 1.6.1, FBGEMM_GPU 1.6.0)
+TORCHREC_DTYPES: Final = frozenset({Dtype.fp32, Dtype.fp16})
+
+
+def model_problems(executor: Executor, model: ModelSpec) -> list[str]:
+    """What of ``model`` the engine cannot train, whatever the layout (empty: nothing): on TorchRec, tables of a
+    dtype FBGEMM's training kernels do not take (:data:`TORCHREC_DTYPES`)."""
+    if executor is not Executor.torchrec:
+        return []
+    return [
+        f"table {t.name} is {t.dtype.value}: TorchRec + FBGEMM train fp32 and fp16 tables only (FBGEMM's training "
+        "kernels take an fp32 or fp16 cache precision, which TorchRec sets to the table's); store it as fp16, or "
+        "plan for shardwise's executor"
+        for t in model.embedding_tables
+        if t.dtype not in TORCHREC_DTYPES
+    ]
+
+
 def export_problems(plan: Plan, model: ModelSpec) -> list[str]:
-    """Why TorchRec cannot run ``plan`` as it is (empty: ``to_torchrec`` exports it): the exporter's refusal, in one
-    line."""
+    """Why TorchRec cannot run ``plan`` as it is (empty: ``to_torchrec`` exports it and FBGEMM trains its tables): the
+    exporter's refusal in one line, and the tables of a dtype FBGEMM does not train (:func:`model_problems`)."""
     from shardwise.solver.torchrec.exporter import TorchRecExportError, to_torchrec_dict
 
+    problems = model_problems(Executor.torchrec, model)
     try:
         to_torchrec_dict(plan, model)
     except TorchRecExportError as exc:
-        return [f"TorchRec cannot run this layout: {exc}"]
-    return []
+        problems.insert(0, f"TorchRec cannot run this layout: {exc}")
+    return problems
 
 
 ROW_SHARDINGS: Final = frozenset({ShardingType.row_wise, ShardingType.table_row_wise})

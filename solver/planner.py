@@ -10,7 +10,7 @@ from shardwise.hwprofiles import HardwareProfile
 from shardwise.solver import plan2d
 from shardwise.solver.build import build_plan
 from shardwise.solver.deadline import Deadline
-from shardwise.solver.engine import engine_words
+from shardwise.solver.engine import engine_words, model_problems
 from shardwise.solver.greedy import Progress, plan_greedy
 from shardwise.solver.size import ProblemTooLargeError, check_memory
 from shardwise.solver.topology import Topology
@@ -73,6 +73,21 @@ def make_plan(
     params = params or SolveParams()
     deadline = Deadline(params.time_limit_s)
     topo = Topology(fleet, dict(profiles or {}), executor=params.executor)
+    untrainable = model_problems(params.executor, model)
+    if untrainable:  # no layout helps: the engine does not train such tables (an answer, not an error)
+        return build_plan(
+            topo,
+            model,
+            None,
+            [],
+            params,
+            solver_name=params.solver,
+            solver_status="HEURISTIC",
+            seconds=deadline.elapsed(),
+            explanation=[
+                f"no plan for {engine_words(params.executor).removeprefix('priced for ')}: {p}" for p in untrainable
+            ],
+        )
     size = check_memory(topo, model)
     log.debug("planning %s: %s", model.name, size.describe())
     options = (

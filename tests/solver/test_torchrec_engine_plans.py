@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from shardwise.hwprofiles import catalogue
 from shardwise.solver import plan2d
 from shardwise.solver.engine import ROW_SHARDINGS
-from shardwise.solver.planner import make_plan
+from shardwise.solver.planner import make_plan, score_plan
 from shardwise.solver.topology import Topology
 from shardwise.solver.torchrec.exporter import dmp_collection_kwargs, to_torchrec_dict
 from shardwise.wire.spec import Executor, FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams, SparseSync
@@ -192,3 +192,31 @@ def test_cpsat_plans_for_torchrec_export(model: ModelSpec, fleet: FleetSpec, ave
     plan = make_plan(model, fleet, params)
     event(plan.solver.phase or "no phase")
     assert_exports(plan, model, averaging)
+
+
+def test_a_table_fbgemm_does_not_train_gets_an_answer_not_a_plan() -> None:
+    """bf16 tables: FBGEMM's training kernels take fp32 and fp16 cache precisions only, and TorchRec gives them the
+    table's — a torchrec request is answered infeasible with the table named; shardwise's executor plans it; a layout
+    evaluated for torchrec lists the problem."""
+    model = ModelSpec.model_validate(
+        {
+            "name": "half",
+            "batch_size_per_gpu": 256,
+            "embedding_tables": [
+                {"name": "t_bf16", "num_embeddings": 10_000, "embedding_dim": 32, "dtype": "bf16"},
+                {"name": "t_fp16", "num_embeddings": 10_000, "embedding_dim": 32, "dtype": "fp16"},
+            ],
+        }
+    )
+    fleet = FleetSpec.model_validate(
+        {"name": "one", "hosts": [{"gpu": "nvidia-h100-sxm", "count": 1, "gpus_per_host": 2}]}
+    )
+    theirs = make_plan(model, fleet, SolveParams(solver="greedy", executor="torchrec"))
+    assert theirs.status is PlanStatus.infeasible
+    assert theirs.executor is Executor.torchrec
+    assert any("t_bf16 is bf16" in line for line in theirs.explanation)
+    assert not any("t_fp16" in line for line in theirs.explanation)
+    ours = make_plan(model, fleet, SolveParams(solver="greedy"))
+    assert ours.status is not PlanStatus.infeasible
+    problems, _ = score_plan(model, fleet, ours, executor=Executor.torchrec)
+    assert any("t_bf16 is bf16" in p for p in problems)
