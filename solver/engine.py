@@ -34,7 +34,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
-from shardwise.wire.spec import Dtype, EmbeddingTableSpec, Executor, ModelSpec, Plan, Pooling, ShardingType, SparseSync
+from shardwise.wire.spec import (  # the engines' names live on the wire, for the client side too
+    ENGINE_NAMES,
+    Dtype,
+    EmbeddingTableSpec,
+    Executor,
+    ModelSpec,
+    Plan,
+    Pooling,
+    ShardingType,
+    SparseSync,
+    engine_words,
+)
 
 if TYPE_CHECKING:
     from shardwise.solver.topology import Topology
@@ -50,17 +61,6 @@ __all__ = [
     "syncs_allowed",
     "uniform_hosts",
 ]
-
-#: how the CLI, the pages and the explanations name each engine
-ENGINE_NAMES: Final = {
-    Executor.shardwise: "shardwise's executor",
-    Executor.torchrec: "TorchRec + FBGEMM",
-}
-
-
-def engine_words(executor: Executor) -> str:
-    """``priced for TorchRec + FBGEMM`` / ``priced for shardwise's executor``."""
-    return f"priced for {ENGINE_NAMES[executor]}"
 
 
 def ceil_blocks_fit(rows: int, parts: int) -> bool:

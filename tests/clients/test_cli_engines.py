@@ -78,8 +78,12 @@ def plan_file(runner: CliRunner, tmp_path: Path, model: str, fleet: str, *args: 
 def test_the_wire_words_the_engines_as_the_solver_does() -> None:
     from shardwise.solver import engine
 
-    assert ENGINE_NAMES == engine.ENGINE_NAMES
-    assert [engine_words(e) for e in Executor] == [engine.engine_words(e) for e in Executor]
+    assert engine.ENGINE_NAMES is ENGINE_NAMES  # one table of names, the wire's
+    assert [engine.engine_words(e) for e in Executor] == [
+        "priced for shardwise's executor",
+        "priced for TorchRec + FBGEMM",
+    ]
+    assert engine_words is engine.engine_words
 
 
 # ------------------------------------------------------------------------------------------------------- plan
