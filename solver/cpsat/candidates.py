@@ -282,25 +282,38 @@ def _spans(topo: Topology, cls: int) -> list[int]:
 
 def candidate_specs(topo: Topology, table: EmbeddingTableSpec, tables: int = 0) -> list[Spec]:
     """Every candidate of ``table`` on ``topo``, unpriced, in the order :func:`enumerate_candidates` returns them;
-    ``tables``: how many tables the model has (the kinds of :func:`spread_out` need it; 0: not enumerated)."""
+    ``tables``: how many tables the model has (the kinds of :func:`spread_out` need it; 0: not enumerated).
+
+    For TorchRec (``topo.executor``) only the layouts it runs (:mod:`shardwise.solver.engine`): row blocks of
+    ``⌈R / n⌉`` rows where each block holds a row, no row-wise sharding of a mean-pooled table, table_row_wise only
+    where every host holds as many GPUs, no row_wise over a host group or a block of hosts."""
     W = topo.world_size
     R, D = table.num_embeddings, table.embedding_dim
     ncls = len(topo.classes)
     spread = tables > 0 and spread_out(topo, tables)
-    if topo.executor is Executor.torchrec:  # the layouts TorchRec runs (shardwise.solver.engine)
-        return _torchrec_specs(topo, table, spread)
-    fleet_rows = Tiling(R, D, W, "rows") if W > 1 and R >= W else None
+    torchrec = topo.executor is Executor.torchrec
+    blocks: Literal["even", "ceil"] = "ceil" if torchrec else "even"
+    rows_ok = engine.row_sharding_allowed(topo.executor, table)
+
+    def splits(parts: int) -> bool:  # ``parts`` row blocks, each holding a row
+        return rows_ok and parts > 1 and (engine.ceil_blocks_fit(R, parts) if torchrec else parts <= R)
+
+    fleet_rows = Tiling(R, D, W, "rows", blocks) if splits(W) else None
     full = Tiling(R, D, 1, "rows")
     columns = _column_tilings(topo, table, spread)
-    group_rows = {
-        cls.index: Tiling(R, D, len(cls.ranks), "rows")
-        for cls in topo.classes
-        if len(topo.classes) > 1 and 1 < len(cls.ranks) <= R
-    }
+    group_rows = (
+        {}
+        if torchrec
+        else {
+            cls.index: Tiling(R, D, len(cls.ranks), "rows")
+            for cls in topo.classes
+            if len(topo.classes) > 1 and splits(len(cls.ranks))
+        }
+    )
     host_rows = {
-        cls.index: Tiling(R, D, cls.gpus_per_host, "rows")
+        cls.index: Tiling(R, D, cls.gpus_per_host, "rows", blocks)
         for cls in topo.classes
-        if topo.num_hosts > 1 and 1 < cls.gpus_per_host <= R
+        if topo.num_hosts > 1 and splits(cls.gpus_per_host) and (not torchrec or engine.uniform_hosts(topo))
     }
     multi_host = (
         {
@@ -309,7 +322,7 @@ def candidate_specs(topo: Topology, table: EmbeddingTableSpec, tables: int = 0) 
             for m in _spans(topo, cls.index)
             if m * cls.gpus_per_host <= R
         }
-        if spread
+        if spread and not torchrec
         else {}
     )
     everyone = topo.all_ranks
@@ -350,37 +363,6 @@ def _data_parallel(topo: Topology, table: EmbeddingTableSpec) -> list[Spec]:
             Spec(ShardingType.data_parallel, "fleet", None, Tiling(R, D, W, "copies"), Placement.hbm, None, None, ncls)
         ]
     return []
-
-
-def _torchrec_specs(topo: Topology, table: EmbeddingTableSpec, spread: bool) -> list[Spec]:
-    """The candidates of ``table`` for TorchRec + FBGEMM (:mod:`shardwise.solver.engine`): table_wise, column_wise,
-    row_wise over the whole fleet and table_row_wise over one host in TorchRec's ``⌈R / n⌉`` row blocks (where each
-    block holds a row; no row-wise sharding of a mean-pooled table; table_row_wise where every host holds as many
-    GPUs), data_parallel; no row_wise over a host group or a block of hosts."""
-    W = topo.world_size
-    R, D = table.num_embeddings, table.embedding_dim
-    ncls = len(topo.classes)
-    rows_ok = engine.row_sharding_allowed(topo.executor, table)
-    fleet_rows = Tiling(R, D, W, "rows", "ceil") if rows_ok and W > 1 and engine.ceil_blocks_fit(R, W) else None
-    g = topo.classes[0].gpus_per_host
-    host_rows = {
-        cls.index: Tiling(R, D, g, "rows", "ceil")
-        for cls in topo.classes
-        if rows_ok and topo.num_hosts > 1 and g > 1 and engine.uniform_hosts(topo) and engine.ceil_blocks_fit(R, g)
-    }
-    columns = _column_tilings(topo, table, spread)
-    full = Tiling(R, D, 1, "rows")
-    out: list[Spec] = []
-    for placement, frac in _placements(table):
-        out.append(Spec(ShardingType.table_wise, "rank", None, full, placement, frac, None, ncls))
-        for shapes in columns:
-            out.append(Spec(ShardingType.column_wise, "rank", None, shapes, placement, frac, None, ncls))
-        if fleet_rows is not None:
-            out.append(Spec(ShardingType.row_wise, "fleet", None, fleet_rows, placement, frac, topo.all_ranks, ncls))
-        for ci, shapes in host_rows.items():
-            group = topo.hosts[topo.classes[ci].hosts[0]].ranks
-            out.append(Spec(ShardingType.table_row_wise, "host", ci, shapes, placement, frac, group, ncls))
-    return out + _data_parallel(topo, table)
 
 
 _Item = TypeVar("_Item", bound=np.generic)
