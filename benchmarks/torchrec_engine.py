@@ -69,13 +69,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import importlib.metadata
 import json
 import statistics
 import sys
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -86,6 +84,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from benchmarks import port_measured as pm  # noqa: E402
 from benchmarks import truth  # noqa: E402
+from shardwise.calibrate.torchrec import failure, release  # noqa: E402
 from shardwise.wire.spec import ModelSpec, Placement, Plan  # noqa: E402
 
 GIB = 2**30
@@ -145,19 +144,6 @@ class Doc:
 
     def save(self) -> None:
         self.path.write_text(json.dumps(self.data, indent=1, default=str) + "\n", encoding="utf-8")
-
-
-def _failure(e: BaseException) -> dict[str, Any]:
-    return {"status": "error", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
-
-
-def _free(device: Any) -> None:
-    import torch
-
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
 
 
 # ------------------------------------------------------------------------------------------------ names
@@ -453,7 +439,7 @@ def run_plan(
     import torch
 
     cuda = device.type == "cuda"
-    _free(device)
+    release(device)
     out: dict[str, Any] = {"memory_allocated_before_bytes": torch.cuda.memory_allocated(device) if cuda else None}
     t = time.monotonic()
     dmp, opt = wrap(build_dlrm(cfg, device), sharding_plan, device)
@@ -471,7 +457,7 @@ def run_plan(
         out |= time_rig(rig, steps, warmup)
     finally:
         del rig, dmp, opt
-        _free(device)
+        release(device)
     return {"status": "ok", **out}
 
 
@@ -512,8 +498,8 @@ def measure(names: Sequence[str], steps: int, warmup: int, small: bool, doc: Doc
             try:
                 measure_config(run_cfg, device, steps, warmup, row)
             except Exception as e:
-                row |= _failure(e)
-                _free(device)
+                row |= failure(e)
+                release(device)
             doc.save()
             took = time.monotonic() - t
             if row["status"] == "ok":
@@ -704,7 +690,7 @@ def port_case(
             rec["plan_as_shardwise"] = {"error": f"{type(e).__name__}: {e}"}
         sharding["torchrec"] = tr_plan
     except Exception as e:
-        rec |= _failure(e)
+        rec |= failure(e)
     save()
 
     say(f"port {m.cfg.name}: shardwise's planner (greedy, executor torchrec)")
@@ -723,7 +709,7 @@ def port_case(
         rec["torchrec_plan"] = to_torchrec_dict(renamed, tr_spec, **kwargs)
         sharding["shardwise"] = to_torchrec(renamed, tr_spec, **kwargs)
     except Exception as e:
-        rec |= _failure(e)
+        rec |= failure(e)
     save()
     if not sharding:
         return
@@ -751,7 +737,7 @@ def port_case(
         say(f"  running {label}'s plan" + (f" (warming {len(cached)} cached tables)" if cached else ""))
         try:
             if cuda:
-                _free(device)
+                release(device)
                 torch.cuda.set_per_process_memory_fraction(fraction or 1.0, device)
             rec |= run_plan(
                 m.cfg, sharding[label], batches, device, steps=steps, warmup=warmup, on_host=True, warm=warm
@@ -762,10 +748,10 @@ def port_case(
                 f"{peak / GIB if peak else 0:.2f} GiB, set-up {rec['setup_s']:.1f} s"
             )
         except Exception as e:
-            rec |= _failure(e)
+            rec |= failure(e)
             say(f"  {label}: FAILED: {rec['error']}")
         finally:
-            _free(device)
+            release(device)
             if cuda:
                 torch.cuda.set_per_process_memory_fraction(1.0, device)
         save()
@@ -803,7 +789,7 @@ def port(
                     calibration=calibration,
                 )
             except Exception as e:
-                record |= _failure(e)
+                record |= failure(e)
                 say(f"port {m.cfg.name}: FAILED: {record['error']}")
             doc.save()
 

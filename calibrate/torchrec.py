@@ -374,21 +374,32 @@ def tbe_samples(
             except Exception as e:
                 # the CPU build refuses some cases (Adam, ...): what it cannot run is skipped there, an error on a GPU
                 if dev.type == "cuda":
-                    row |= {"status": "error", "error": f"{type(e).__name__}: {e}", "traceback": _tail()}
+                    row |= failure(e)
                 else:
                     row |= {"status": "skipped", "reason": f"FBGEMM's CPU kernels: {type(e).__name__}: {e}"}
             finally:
-                gc.collect()
-                if dev.type == "cuda":
-                    torch.cuda.empty_cache()
+                release(dev)
         out.append(row)
         if on_sample is not None:
             on_sample(row)
     return out
 
 
-def _tail() -> str:
-    return traceback.format_exc()[-3000:]
+def failure(e: BaseException) -> dict[str, Any]:
+    """A sample's (or a benchmark record's) error fields: ``status`` error, the exception in one line and the end of
+    its traceback."""
+    return {"status": "error", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
+
+
+def release(device: Any) -> None:
+    """Give back what a case left: the garbage collected, and on CUDA the device idle and the allocator's cache
+    emptied (so that the next case's peak memory is its own)."""
+    import torch
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
 
 
 # ------------------------------------------------------------------------------------------------ DMP steps
@@ -581,11 +592,9 @@ def dmp_step_samples(
                 }
                 del dmp, opt, kjts, step
             except Exception as e:
-                row |= {"status": "error", "error": f"{type(e).__name__}: {e}", "traceback": _tail()}
+                row |= failure(e)
             finally:
-                gc.collect()
-                if dev.type == "cuda":
-                    torch.cuda.empty_cache()
+                release(dev)
             out.append(row)
             if on_sample is not None:
                 on_sample(row)

@@ -363,7 +363,7 @@ def fbgemm_computes(
     link = profile.host_link_bytes_per_s * profile.achieved.host_link
     sort_ms = profile.overheads.sort_ns_per_id * 1e-6
     out: list[ShardCompute] = []
-    for b in fbgemm_bytes(
+    moved = fbgemm_bytes(
         table,
         sharding=sharding,
         num_rows=num_rows,
@@ -373,9 +373,10 @@ def fbgemm_computes(
         batch=batch,
         world=world,
         ways=cache_ways(profile.vendor),
-    ):
+    )
+    for (placement, _fraction), b in zip(placements, moved, strict=True):
         prefetch = 0.0
-        if b.moved_rows or b.sorted_ids > b.ids:  # a cached shard: the prefetch's kernels and its rows
+        if placement is Placement.uvm_cache:  # the prefetch's kernels and its rows
             o = profile.overheads
             prefetch = o.cache_fetch_us / 1e3 + b.moved_rows * o.cache_fetch_ns_per_row * 1e-6
         total = (b.gathered / hbm_gather + b.stream / hbm_stream + b.linked / link) * MS + b.sorted_ids * sort_ms
