@@ -363,7 +363,7 @@ def fbgemm_computes(
     link = profile.host_link_bytes_per_s * profile.achieved.host_link
     sort_ms = profile.overheads.sort_ns_per_id * 1e-6
     out: list[ShardCompute] = []
-    moved = fbgemm_bytes(
+    shard_bytes = fbgemm_bytes(
         table,
         sharding=sharding,
         num_rows=num_rows,
@@ -374,7 +374,7 @@ def fbgemm_computes(
         world=world,
         ways=cache_ways(profile.vendor),
     )
-    for (placement, _fraction), b in zip(placements, moved, strict=True):
+    for (placement, _fraction), b in zip(placements, shard_bytes, strict=True):
         prefetch = 0.0
         if placement is Placement.uvm_cache:  # the prefetch's kernels and its rows
             o = profile.overheads
