@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from benchmarks import truth
-from benchmarks.truth import CONFIGS, _layers, kendall_tau, model_spec, percentile
+from benchmarks.truth import CONFIGS, _layers, model_spec, split_stats
 from shardwise.wire.spec import Executor, FleetSpec
 
 
@@ -161,18 +160,7 @@ def report(predicted: dict[str, Any], measured: dict[str, Any]) -> tuple[list[st
         mem = f"{peak / 2**30:.2f} GiB | {pred_hbm / 2**30:.2f} GiB | {mem_err:+.1%}" if peak else "– | – | –"
         lines.append(f"| {name} | {m['split']} | {meas:.2f} ms | {un:.2f} ms | {ca:.2f} ms | {meas / ca:.2f} | {mem} |")
     stats: dict[str, Any] = {}
-    for split in ("test", "fit", "all"):
-        sel = [r for r in rows if split == "all" or r[1] == split]
-        if not sel:
-            continue
-        for which, col in (("catalogue", 3), ("calibrated", 4)):
-            errs = [abs(r[2] / r[col] - 1) for r in sel]
-            stats[f"{split}/{which}"] = {
-                "n": len(sel),
-                "median_abs_error": statistics.median(errs),
-                "p90_abs_error": percentile(errs, 0.9),
-                "kendall_tau": kendall_tau([r[2] for r in sel], [r[col] for r in sel]),
-            }
+    for split, sel in split_stats(rows, ("catalogue", "calibrated"), stats):
         mems = [r[5] for r in sel if r[5] is not None]
         if mems:
             stats[f"{split}/memory_max_abs_error"] = max(abs(x) for x in mems)

@@ -679,11 +679,25 @@ def report(predicted: dict[str, Any], measured: dict[str, Any], measure_key: str
             f"| {m['embedding_ms']:.2f} ms | {emb_pred:.2f} ms "
             f"| {m['peak_bytes'] / 2**30:.2f} GiB | {p['uncalibrated']['hbm_bytes'] / 2**30:.2f} GiB | {mem_err:+.1%} |"
         )
+    for split, sel in split_stats(rows, ("uncalibrated", "calibrated"), stats):
+        stats[f"{split}/memory_max_abs_error"] = max(abs(r[5]) for r in sel)
+    return lines, stats
+
+
+Row = tuple[Any, ...]  # (name, split, measured, prediction, prediction, memory error)
+
+
+def split_stats(rows: Sequence[Row], labels: tuple[str, str], stats: dict[str, Any]) -> list[tuple[str, list[Row]]]:
+    """For each split (test, fit, all) with rows, the error statistics of the two predictions (columns 3 and 4,
+    named ``labels``) against the measurement (column 2) into ``stats`` as ``<split>/<label>``: their count, median
+    and 90th percentile of ``|measured / predicted − 1|``, Kendall's τ; returns each split with its rows, for the
+    caller's own figures."""
+    out = []
     for split in ("test", "fit", "all"):
         sel = [r for r in rows if split == "all" or r[1] == split]
         if not sel:
             continue
-        for which, col in (("uncalibrated", 3), ("calibrated", 4)):
+        for which, col in zip(labels, (3, 4), strict=True):
             errs = [abs(r[2] / r[col] - 1) for r in sel]
             stats[f"{split}/{which}"] = {
                 "n": len(sel),
@@ -691,8 +705,8 @@ def report(predicted: dict[str, Any], measured: dict[str, Any], measure_key: str
                 "p90_abs_error": percentile(errs, 0.9),
                 "kendall_tau": kendall_tau([r[2] for r in sel], [r[col] for r in sel]),
             }
-        stats[f"{split}/memory_max_abs_error"] = max(abs(r[5]) for r in sel)
-    return lines, stats
+        out.append((split, sel))
+    return out
 
 
 def plot(predicted: dict[str, Any], measured: dict[str, Any], measure_key: str, path: Path) -> None:
