@@ -24,6 +24,7 @@ from shardwise.wire.spec import (
     DenseStyle,
     Dtype,
     EmbeddingTableSpec,
+    KernelLibrary,
     Optimizer,
     Placement,
     ShardingType,
@@ -114,8 +115,9 @@ def bench_dense_layers(
     clock: Clock, profile: HardwareProfile, shapes: Sequence[tuple[int, int, int]], dtypes: Sequence[str], out: Report
 ) -> None:
     """Linear layers as ``apply_plan`` runs them on CUDA (:class:`~shardwise.runtime.kernels.linear.KernelLinear`):
-    each of the three GEMMs through the Triton configuration the kernel model chooses for it on ``profile``, the
-    bias added and its gradient summed; the device time of a forward and a backward per layer (rows × in → out).
+    each of the three GEMMs through the kernel the kernel model picks for it on ``profile`` (the vendor GEMM, or a
+    Triton configuration; a layer with no Triton phase is the ``nn.Linear`` itself), the bias added and its gradient
+    summed; the device time of a forward and a backward per layer (rows × in → out).
     Each sample carries the layer so that :func:`~shardwise.calibrate.fit.fit_gemm_through_kernels` can price it again
     at another ``achieved.gemm``."""
     from shardwise.runtime.kernels.linear import KernelLinear
@@ -125,10 +127,10 @@ def bench_dense_layers(
         td = TORCH_DTYPES[dtype]
         for rows, k, n in shapes:
             layer = DenseLayerSpec(name="l", in_features=k, out_features=n, dtype=Dtype(dtype), optimizer=Optimizer.sgd)
-            configs = {
-                p: kernels.choose(g, profile)[0] for p, g in kernels.gemms_of(layer, DenseStyle.replicate, rows, 1)
-            }
-            linear = KernelLinear.from_linear(nn.Linear(k, n, device=clock.device, dtype=td), configs)
+            picks = {p: kernels.pick(g, profile) for p, g in kernels.gemms_of(layer, DenseStyle.replicate, rows, 1)}
+            configs = {p: c.config for p, c in picks.items() if c.kernel is KernelLibrary.triton}
+            plain = nn.Linear(k, n, device=clock.device, dtype=td)
+            linear = KernelLinear.from_linear(plain, configs) if configs else plain
             x = torch.randn(rows, k, device=clock.device, dtype=td, requires_grad=True)
             dy = torch.randn(rows, n, device=clock.device, dtype=td)
 

@@ -336,8 +336,11 @@ def kernels(
     calibration: CalibrationOption = None,
 ) -> None:
     """The kernel the kernel model chooses for each GEMM of MODEL's linear layers on each GPU type of FLEET: per
-    layer, phase and GPU, M N K and dtype, the Triton configuration, its predicted µs and TFLOP/s (a prediction from
-    first principles, no timing run)."""
+    layer, phase and GPU, M N K and dtype, the kernel that runs it (``vendor``: the vendor GEMM through torch.matmul,
+    cuBLAS / hipBLASLt; ``triton``: shardwise's Triton matmul), its predicted µs and TFLOP/s, and both candidates —
+    the best Triton configuration and its µs, the vendor GEMM's µs — then each GPU type's GEMM time per step with the
+    chosen kernels, with Triton alone and with the vendor alone (predictions from first principles, no timing
+    run)."""
     model = load_spec(model_path, ModelSpec)
     (fleet,) = calibrated([load_spec(fleet_path, FleetSpec)], calibration)
     _solver_modules()
@@ -356,6 +359,7 @@ def kernels(
     samples = batch or model.batch_size_per_gpu
     rows: list[list[str]] = []
     skipped: list[str] = []
+    totals: dict[str, list[float]] = {}  # GPU type → µs per step: chosen, Triton alone, vendor alone
     for layer in model.dense_layers:
         if layer.kind != "linear":
             skipped.append(layer.name)
@@ -363,6 +367,11 @@ def kernels(
         layer_style = layer.style or style
         for k in kernel_choices(layer, layer_style, samples, targets):
             tflops = 2.0 * k.m * k.n * k.k / (k.predicted_us * 1e-6) / 1e12
+            triton_us = k.triton_us if k.triton_us is not None else k.predicted_us
+            vendor_us = k.vendor_us if k.vendor_us is not None else float("nan")
+            sums = totals.setdefault(k.gpu, [0.0, 0.0, 0.0])
+            for i, us in enumerate((k.predicted_us, triton_us, vendor_us)):
+                sums[i] += us
             rows.append(
                 [
                     layer.name,
@@ -373,15 +382,24 @@ def kernels(
                     str(k.n),
                     str(k.k),
                     k.dtype.value,
-                    k.config.label,
+                    k.kernel.value,
                     f"{k.predicted_us:.1f}",
                     f"{tflops:.1f}",
+                    k.config.label,
+                    f"{triton_us:.1f}",
+                    f"{vendor_us:.1f}",
                 ]
             )
     typer.echo(f"kernels for {model.name} on {fleet.name}, {samples:,} samples per GPU (predicted, no timing run)")
-    header = ["layer", "style", "phase", "gpu", "M", "N", "K", "dtype", "config", "pred µs", "TFLOP/s"]
-    for line in table(rows, header, right={4, 5, 6, 9, 10}):
+    header = ["layer", "style", "phase", "gpu", "M", "N", "K", "dtype", "runs", "pred µs", "TFLOP/s"]
+    header += ["best Triton config", "Triton µs", "vendor µs"]
+    for line in table(rows, header, right={4, 5, 6, 9, 10, 12, 13}):
         typer.echo(line)
+    for gpu, (chosen, triton, vendor) in totals.items():
+        typer.echo(
+            f"{gpu}: GEMMs {chosen:.1f} µs per step with the chosen kernels ({triton:.1f} with Triton alone, "
+            f"{vendor:.1f} with the vendor GEMM alone)"
+        )
     if skipped:
         typer.echo(f"not priced by the kernel model (unclassified layers, flat GEMM fraction): {', '.join(skipped)}")
     unpriced = sorted({p.name for p, _ in targets if p.microarch is None})

@@ -42,12 +42,15 @@ plan fails the same way on every rank instead of hanging one of them. Then, in p
     every layer, such as DLRM's feature interaction) places nothing; an entry naming a parameter (describe()'s layer
     for a parameter held beside tables, always ``replicate``) leaves it to the all-reduce hook above; an
     ``unclassified`` layer (any module with parameters) runs ``replicate`` or ``fsdp`` like a linear one.
-* **dense kernels** — on a CUDA device with Triton importable, every ``nn.Linear`` whose dense entry is
-  ``replicate`` or ``fsdp`` and whose ``kernels`` hold choices for this rank's GPU type (``plan.ranks[rank].gpu``)
-  becomes a :class:`~shardwise.runtime.kernels.linear.KernelLinear` around the same ``weight`` and ``bias``
-  Parameters (state_dict keys, optimizers and checkpoints unchanged): forward, input gradient and weight gradient
-  run through shardwise's Triton matmul with the plan's configuration for each phase (the layer's dtype preferred
-  when the plan chose for several), the bias gradient by a sum. On the CPU, without Triton, for tensor-parallel
+* **dense kernels** — each GEMM runs the kernel the plan chose for it: the vendor GEMM (``torch.matmul``: cuBLAS,
+  hipBLASLt — what the layer runs without shardwise) or shardwise's Triton matmul where the kernel model predicted a
+  configuration clearly faster. On a CUDA device with Triton importable, every ``nn.Linear`` whose dense entry is
+  ``replicate`` or ``fsdp`` and whose ``kernels`` give at least one of its phases to Triton on this rank's GPU type
+  (``plan.ranks[rank].gpu``) becomes a :class:`~shardwise.runtime.kernels.linear.KernelLinear` around the same
+  ``weight`` and ``bias`` Parameters (state_dict keys, optimizers and checkpoints unchanged): those phases run
+  through the Triton matmul with the plan's configuration (the layer's dtype preferred when the plan chose for
+  several), the others through ``torch.matmul``, the bias gradient by a sum; a layer whose phases are all the
+  vendor's stays the ``nn.Linear`` it is. On the CPU, without Triton, for tensor-parallel
   layers (DTensor weights), in a plan that lists no ranks, or with ``dense_kernels=False``, layers stay as they are
   (``torch.matmul``). The swap comes before TP, FSDP and DDP wrap the layers.
 
@@ -156,8 +159,8 @@ def apply_plan(
     (32, FBGEMM's on CUDA; the cost model takes 64 on ROCm): :mod:`shardwise.runtime.embedding.row_cache`.
     ``dense_kernels``: run the plan's dense kernel choices on CUDA
     (:func:`~shardwise.runtime.parallel.kernels.swap_kernel_layers`), the kernels the cost model priced; False keeps
-    every ``nn.Linear`` on ``torch.matmul``, which can be the faster of the two (``docs/kernels.md``, "Against the
-    targets", measures it), and the plan's dense figures then run high by the difference.
+    every ``nn.Linear`` on ``torch.matmul`` (the vendor GEMM), so the GEMMs the plan gave to Triton run on the
+    vendor's instead and the plan's dense figures no longer price exactly what runs.
     ``host_access``: how a CUDA executor reaches the rows of ``host`` shards with an embedding optimizer —
     ``"zero_copy"`` (the device's kernels read and write pinned host memory in place,
     :mod:`shardwise.runtime.embedding.host_memory`; the cost model's pricing) or ``"cpu"`` (the CPU gathers and updates

@@ -81,7 +81,15 @@ import numpy.typing as npt
 
 from shardwise.hwprofiles import HardwareProfile
 from shardwise.hwprofiles.schema import Microarchitecture
-from shardwise.wire.spec import DenseLayerSpec, DenseStyle, Dtype, GemmPhase, KernelChoice, KernelConfig
+from shardwise.wire.spec import (
+    DenseLayerSpec,
+    DenseStyle,
+    Dtype,
+    GemmPhase,
+    KernelChoice,
+    KernelConfig,
+    KernelLibrary,
+)
 
 #: the tile edges (M and N) of the space; a tile holds at most 256 × 128 outputs
 TILE_EDGES = (32, 64, 128, 256)
@@ -399,6 +407,113 @@ def choose(gemm: Gemm, profile: HardwareProfile) -> tuple[KernelConfig, float]:
     return config_space()[best], float(times[best])
 
 
+# ------------------------------------------------------------------------------------------------ the vendor GEMM
+
+#: the output tiles the vendor's GEMM kernels are priced with (the shapes cuBLAS's and hipBLASLt's Hopper / CDNA
+#: kernels use: one or two 64-row MMA groups by 64–256 columns); the vendor's heuristic is taken to pick the best
+VENDOR_TILES: Final = ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128))
+#: K cut into this many partial sums by the vendor (split-K or stream-K for few tiles over a long K)
+VENDOR_SPLITS: Final = (1, 2, 4, 8)
+#: the vendor kernels' K step: a partial one costs a whole one
+VENDOR_K_STEP: Final = 64
+#: the vendor GEMM's launch, prologue and drain as back-to-back CUDA-event timing sees it; fitted on the H200 sweep's
+#: fit half (``docs/kernels.md``, "The vendor GEMM")
+VENDOR_LAUNCH_S: Final = 4e-6
+#: the vendor's fast kernels (TMA on Hopper) need every leading dimension a multiple of 16 bytes; otherwise it runs a
+#: slower kernel, priced at this fraction of the aligned price's rate plus :data:`VENDOR_UNALIGNED_EXTRA_S`; both
+#: fitted on the same fit half (DLRM's 13 dense features, ``K = 13``)
+VENDOR_UNALIGNED_FRACTION: Final = 0.3
+VENDOR_UNALIGNED_EXTRA_S: Final = 2e-6
+#: the Triton matmul is chosen over the vendor GEMM only where its predicted time is at most this fraction of the
+#: vendor's: both predictions err by about a tenth, and the vendor's is the path a user gets without shardwise, so a
+#: close call keeps it; fitted on the same fit half
+TRITON_MARGIN: Final = 0.8
+#: bytes of alignment the vendor's fast kernels need on every leading dimension
+VENDOR_ALIGN_BYTES: Final = 16
+
+
+def _aligned(gemm: Gemm) -> bool:
+    """Whether every leading dimension of ``gemm``'s operands and output is a multiple of
+    :data:`VENDOR_ALIGN_BYTES` (row-major storage; a transposed view's leading dimension is its other one); a GEMM
+    with one output row or column is a matrix-vector product, whose kernels have no such need."""
+    if gemm.m == 1 or gemm.n == 1:
+        return True
+    lda = gemm.m if gemm.a_t else gemm.k
+    ldb = gemm.k if gemm.b_t else gemm.n
+    per = VENDOR_ALIGN_BYTES // max(1, gemm.dtype.nbytes)
+    return all(ld % per == 0 for ld in (lda, ldb, gemm.n))
+
+
+def layout_copy_us(gemm: Gemm, profile: HardwareProfile) -> float:
+    """µs of the copies the vendor's 8-bit GEMM needs first where the part takes 8-bit operands K-major only
+    (``microarch.k_major_8bit``) and an operand is not: each such operand read and written once at the profile's
+    streaming rate, a launch each; 0 otherwise."""
+    micro = profile.microarch
+    if micro is None or not micro.k_major_8bit or gemm.dtype.nbytes != 1:
+        return 0.0
+    a_k, b_k = gemm.k_major
+    moved = (0 if a_k else gemm.m * gemm.k) + (0 if b_k else gemm.k * gemm.n)
+    copies = (0 if a_k else 1) + (0 if b_k else 1)
+    hbm = profile.hbm_bandwidth_bytes_per_s * profile.achieved.memory_bound
+    return (2.0 * moved * gemm.dtype.nbytes / hbm + copies * KERNEL_LAUNCH_S) * US
+
+
+def vendor_us(gemm: Gemm, profile: HardwareProfile, *, copies: bool = True) -> float:
+    """Predicted µs of ``gemm`` through the vendor's GEMM (``torch.matmul``: cuBLAS on NVIDIA, hipBLASLt on AMD).
+
+    The vendor's kernels are persistent and warp-specialised: loads run on warps of their own, deep pipelines hide the
+    memory latency, and the tiles are fed at the full rate. So the price is the least, over :data:`VENDOR_TILES` and
+    :data:`VENDOR_SPLITS`, of the wave-quantized math ``⌈T/S⌉·2·bm·bn·K'/(R·β)`` (``R``, ``β`` and the power-limited
+    boost as for the Triton configurations; ``K'`` the split's K in :data:`VENDOR_K_STEP` steps) and the HBM floor
+    (the unique operands, the output, and under split-K the fp32 partial sums written and read), whichever binds,
+    plus :data:`VENDOR_LAUNCH_S`. A GEMM whose leading dimensions the fast kernels cannot take (:func:`_aligned`)
+    runs at :data:`VENDOR_UNALIGNED_FRACTION` of that rate plus :data:`VENDOR_UNALIGNED_EXTRA_S`. ``copies``: add
+    :func:`layout_copy_us` (what a training step pays; the sweep timed the 8-bit GEMM on K-major copies, so its
+    scoring leaves them out). ValueError without a microarchitecture."""
+    micro = profile.microarch
+    if micro is None:
+        raise ValueError(f"profile {profile.name} has no microarchitecture: the kernel model cannot price it")
+    b, c = gemm.dtype.nbytes, output_bytes(gemm.dtype)
+    rate = _sm_rate(profile, micro, gemm.dtype)
+    sms = micro.sm_count
+    boost = 1.0 if gemm.dtype is Dtype.fp32 else max(1.0, (micro.vector_clock_hz or micro.clock_hz) / micro.clock_hz)
+    hbm = profile.hbm_bandwidth_bytes_per_s * profile.achieved.memory_bound
+    operands = (gemm.m * gemm.k + gemm.k * gemm.n) * b + gemm.m * gemm.n * c
+    best = math.inf
+    for (bm, bn), split in product(VENDOR_TILES, VENDOR_SPLITS):
+        tiles = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn) * split
+        k_pad = math.ceil(math.ceil(gemm.k / split) / VENDOR_K_STEP) * VENDOR_K_STEP
+        math_s = math.ceil(tiles / sms) * 2 * bm * bn * k_pad / rate / min(sms / min(tiles, sms), boost)
+        partial = 2 * split * gemm.m * gemm.n * 4 if split > 1 else 0
+        best = min(best, max(math_s, (operands + partial) / hbm))
+    if not _aligned(gemm):
+        best = best / VENDOR_UNALIGNED_FRACTION + VENDOR_UNALIGNED_EXTRA_S
+    return (best + VENDOR_LAUNCH_S) * US + (layout_copy_us(gemm, profile) if copies else 0.0)
+
+
+@dataclass(frozen=True)
+class Pick:
+    """The kernel chosen for one GEMM: ``kernel`` runs it in ``us``; ``config`` is the best Triton configuration
+    (``triton_us``) whichever runs, ``vendor_us`` the vendor GEMM's price."""
+
+    kernel: KernelLibrary
+    config: KernelConfig
+    us: float
+    triton_us: float
+    vendor_us: float
+
+
+def pick(gemm: Gemm, profile: HardwareProfile, *, copies: bool = True) -> Pick:
+    """The kernel that runs ``gemm`` on ``profile``: the vendor GEMM, unless the best Triton configuration
+    (:func:`choose`) is predicted to take at most :data:`TRITON_MARGIN` of the vendor's time (:func:`vendor_us`;
+    ``copies`` as there). ValueError where no Triton configuration runs or the profile has no microarchitecture."""
+    config, triton = choose(gemm, profile)
+    vendor = vendor_us(gemm, profile, copies=copies)
+    if triton <= TRITON_MARGIN * vendor:
+        return Pick(KernelLibrary.triton, config, triton, triton, vendor)
+    return Pick(KernelLibrary.vendor, config, vendor, triton, vendor)
+
+
 # --------------------------------------------------------------------------------------------- a layer's GEMMs
 
 
@@ -442,12 +557,26 @@ def gemms_of(layer: DenseLayerSpec, style: DenseStyle, batch: int, tp_size: int)
 
 
 @lru_cache(maxsize=8192)
-def _choose_cached(gemm: Gemm, profile_ref: _ProfileRef) -> tuple[KernelConfig, float] | None:
-    """:func:`choose`, remembered per (GEMM, profile figures); None where no configuration runs."""
+def _pick_cached(gemm: Gemm, profile_ref: _ProfileRef) -> Pick | None:
+    """:func:`pick`, remembered per (GEMM, profile figures); None where no Triton configuration runs."""
     try:
-        return choose(gemm, profile_ref.profile)
+        return pick(gemm, profile_ref.profile)
     except ValueError:
         return None
+
+
+def profile_ref(profile: HardwareProfile) -> _ProfileRef:
+    """``profile`` keyed by the figures the kernel model reads (for :func:`pick_cached`)."""
+    return _ProfileRef(
+        profile.model_dump_json(include={"microarch", "peak_flops_per_s", "achieved"})
+        + str(profile.hbm_bandwidth_bytes_per_s),
+        profile,
+    )
+
+
+def pick_cached(gemm: Gemm, profile: HardwareProfile) -> Pick | None:
+    """:func:`pick` cached per (GEMM, profile figures); None where no Triton configuration runs on that GPU."""
+    return _pick_cached(gemm, profile_ref(profile))
 
 
 @dataclass(frozen=True, eq=False)
@@ -467,7 +596,8 @@ class _ProfileRef:
 def kernel_choices(
     layer: DenseLayerSpec, style: DenseStyle, batch: int, targets: list[tuple[HardwareProfile, int]]
 ) -> list[KernelChoice]:
-    """The chosen kernel of each GEMM of ``layer`` (:func:`gemms_of`) on each ``(profile, tp_size)`` target that
+    """The chosen kernel (:func:`pick`: the vendor GEMM or a Triton configuration) of each GEMM of ``layer``
+    (:func:`gemms_of`) on each ``(profile, tp_size)`` target that
     has a microarchitecture — one per GPU type of a fleet, with its GPUs per host — in that order, phases in
     :class:`GemmPhase` order; a repeated (GPU, GEMM) once, a GEMM no configuration can run on that GPU (a custom
     profile's tiny shared memory) left out. Choices are cached per (GEMM, profile figures). Two host groups of one
@@ -477,19 +607,14 @@ def kernel_choices(
     for profile, tp_size in targets:
         if profile.microarch is None:
             continue
-        ref = _ProfileRef(
-            profile.model_dump_json(include={"microarch", "peak_flops_per_s", "achieved"})
-            + str(profile.hbm_bandwidth_bytes_per_s),
-            profile,
-        )
+        ref = profile_ref(profile)
         for phase, gemm in gemms_of(layer, style, batch, tp_size):
             if (profile.name, phase, gemm) in seen:
                 continue
             seen.add((profile.name, phase, gemm))
-            chosen = _choose_cached(gemm, ref)
+            chosen = _pick_cached(gemm, ref)
             if chosen is None:
                 continue
-            config, us = chosen
             out.append(
                 KernelChoice(
                     gpu=profile.name,
@@ -498,8 +623,11 @@ def kernel_choices(
                     n=gemm.n,
                     k=gemm.k,
                     dtype=gemm.dtype,
-                    config=config,
-                    predicted_us=us,
+                    config=chosen.config,
+                    predicted_us=chosen.us,
+                    kernel=chosen.kernel,
+                    triton_us=chosen.triton_us,
+                    vendor_us=chosen.vendor_us,
                 )
             )
     return out

@@ -16,8 +16,10 @@ from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams
 #: 2: sparse-gradient row indices and int64 bag lengths, as the executor does; 3: plans carry each linear layer's
 #: kernel choices (``DensePlan.kernels``), which a plan stored before does not hold; 4: 2D plans (replica groups:
 #: the all-to-alls inside a group, the replicas' sync), which the planner now weighs against 1D ones; 5: a linear
-#: layer's dense compute is its chosen kernels' predicted time (``cost_model.dense_kernel_s``), not the flat roofline
-COST_MODEL_VERSION = "5"
+#: layer's dense compute is its chosen kernels' predicted time (``cost_model.dense_kernel_s``), not the flat roofline;
+#: 6: the vendor GEMM (``torch.matmul``) is a candidate beside the Triton configurations, and runs a GEMM unless a
+#: configuration is predicted clearly faster (``kernels.pick``); its forward takes the bias in its epilogue
+COST_MODEL_VERSION = "6"
 #: what a plan's ``status`` and ``lower_bound_ms`` mean. 2: ``lower_bound_ms`` holds over the whole candidate
 #: catalogue and ``optimal`` meets it; what a search proved over its own space is ``solver.searched_*``. It is in the
 #: solver version, so a request answered under 1 (optimal over the searched space only) is solved again.

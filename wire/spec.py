@@ -551,9 +551,21 @@ class KernelConfig(_Frozen):
         )
 
 
+class KernelLibrary(StrEnum):
+    """Which kernel runs a GEMM: ``triton`` — shardwise's Triton matmul with the choice's ``config``; ``vendor`` —
+    the GPU vendor's GEMM library through ``torch.matmul`` (cuBLAS / cuBLASLt on NVIDIA, hipBLASLt on AMD), which
+    is what an ``nn.Linear`` runs without shardwise."""
+
+    triton = "triton"
+    vendor = "vendor"
+
+
 class KernelChoice(_Frozen):
     """The kernel shardwise's kernel model chose for one GEMM of a dense layer on one GPU type, and its predicted
-    time (a model figure, from first principles: no timing run chose it)."""
+    time (a model figure, from first principles: no timing run chose it). ``config`` is the best configuration of
+    the Triton matmul whichever kernel runs; ``kernel`` says which does, ``predicted_us`` is its time, and
+    ``triton_us`` / ``vendor_us`` the predicted times of both candidates (absent in plans from before the vendor was
+    a candidate, whose choices are all ``triton``)."""
 
     gpu: str = Field(min_length=1, max_length=200, description="the profile the choice is for")
     phase: GemmPhase
@@ -563,6 +575,11 @@ class KernelChoice(_Frozen):
     dtype: Dtype
     config: KernelConfig
     predicted_us: float = Field(ge=0, allow_inf_nan=False)
+    kernel: KernelLibrary = Field(default=KernelLibrary.triton, description="the kernel that runs the GEMM")
+    triton_us: float | None = Field(default=None, ge=0, allow_inf_nan=False, description="predicted µs of config")
+    vendor_us: float | None = Field(
+        default=None, ge=0, allow_inf_nan=False, description="predicted µs of the vendor GEMM (torch.matmul)"
+    )
 
 
 class DensePlan(_Frozen):

@@ -5,7 +5,8 @@
 ``weight_grad`` (``dW = dYᵀ·X``: M = out, N = in, K = rows); ``db = Σ_rows dY`` is a sum (fp32, cast to the bias's
 dtype). :class:`KernelLinearFunction` runs each GEMM through :func:`shardwise.runtime.kernels.matmul.matmul` with its
 phase's :class:`~shardwise.wire.spec.KernelConfig` — transposed operands are strided views, never copies — and a
-phase without a configuration through ``torch.matmul``. Rows are every leading dimension of ``X`` flattened.
+phase without a configuration (the plan chose the vendor GEMM for it) through ``torch.matmul``, the forward's bias
+in the GEMM's epilogue (``torch.addmm``). Rows are every leading dimension of ``X`` flattened.
 
 :class:`KernelLinear` is an ``nn.Linear`` that holds the configurations: built by :meth:`KernelLinear.from_linear`
 around the **same** ``weight`` and ``bias`` Parameters (no copy), so state_dict keys, optimizers and checkpoints see
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from shardwise.wire.spec import Dtype, GemmPhase, KernelChoice, KernelConfig
+from shardwise.wire.spec import Dtype, GemmPhase, KernelChoice, KernelConfig, KernelLibrary
 
 __all__ = ["KernelLinear", "KernelLinearFunction", "kernel_linear", "layer_configs", "triton_matmul_available"]
 
@@ -80,9 +81,12 @@ class KernelLinearFunction(torch.autograd.Function):
     ) -> Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
-        y = _mm(x2, weight.t(), forward)  # M = rows, N = out, K = in
-        if bias is not None:
-            y += bias
+        if forward is None and bias is not None:  # the vendor GEMM adds the bias in its epilogue, as F.linear does
+            y = torch.addmm(bias, x2, weight.t())
+        else:
+            y = _mm(x2, weight.t(), forward)  # M = rows, N = out, K = in
+            if bias is not None:
+                y += bias
         ctx.save_for_backward(x2, weight)
         ctx.configs = (input_grad, weight_grad)
         ctx.has_bias = bias is not None
@@ -175,14 +179,19 @@ class KernelLinear(nn.Linear):
 
 
 def layer_configs(choices: Sequence[KernelChoice], gpu: str, dtype: Dtype | None) -> dict[GemmPhase, KernelConfig]:
-    """The configuration per phase among ``choices`` for GPU type ``gpu``: those for ``dtype`` when the plan has
-    any, else those of the first dtype listed for that GPU (empty when none is for ``gpu``)."""
+    """The Triton configuration per phase among ``choices`` for GPU type ``gpu``: those for ``dtype`` when the plan
+    has any, else those of the first dtype listed for that GPU (empty when none is for ``gpu``). A phase whose
+    choice is the vendor GEMM has none: it runs ``torch.matmul``, and a layer with no Triton phase stays the
+    ``nn.Linear`` it is."""
     mine = [c for c in choices if c.gpu == gpu]
     if not mine:
         return {}
     want = dtype if dtype is not None and any(c.dtype == dtype for c in mine) else mine[0].dtype
     out: dict[GemmPhase, KernelConfig] = {}
+    seen: set[GemmPhase] = set()
     for c in mine:
-        if c.dtype == want:
-            out.setdefault(c.phase, c.config)
+        if c.dtype == want and c.phase not in seen:
+            seen.add(c.phase)
+            if c.kernel is KernelLibrary.triton:
+                out[c.phase] = c.config
     return out

@@ -1,6 +1,7 @@
-"""The plan's dense kernels: each planned ``nn.Linear`` with kernel choices for this rank's GPU type becomes a
-:class:`~shardwise.runtime.kernels.linear.KernelLinear` around the same Parameters (state_dict keys, optimizers and
-checkpoints unchanged), before TP, FSDP and DDP wrap the layers — as torchtitan compiles before it shards."""
+"""The plan's dense kernels: each planned ``nn.Linear`` that the plan gives at least one Triton GEMM on this rank's GPU
+type becomes a :class:`~shardwise.runtime.kernels.linear.KernelLinear` around the same Parameters (state_dict keys,
+optimizers and checkpoints unchanged), before TP, FSDP and DDP wrap the layers — as torchtitan compiles before it
+shards."""
 
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ def swap_kernel_layers(
     rank: int,
     device: torch.device,
 ) -> list[str]:
-    """Replace each planned ``nn.Linear`` that has kernel choices for rank ``rank``'s GPU type by a
-    :class:`KernelLinear` around the same Parameters (:mod:`shardwise.runtime.apply`, "dense kernels"); the names
-    swapped.
+    """Replace each planned ``nn.Linear`` whose kernel choices for rank ``rank``'s GPU type give a phase to the
+    Triton matmul by a :class:`KernelLinear` around the same Parameters (:mod:`shardwise.runtime.apply`, "dense
+    kernels"); the names swapped. A layer whose GEMMs are all the vendor's stays as it is.
 
     Nothing on a non-CUDA ``device``, without Triton, or when ``plan.ranks`` does not list ``rank``; tensor-parallel
     entries are left to DTensor's ``F.linear``.

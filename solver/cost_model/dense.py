@@ -5,12 +5,14 @@ Compute, per rank and step:
 * a ``linear`` layer on a profile with a ``microarch`` (every catalogue profile): the kernel model
   (:mod:`shardwise.solver.kernels`) prices the layer's three GEMMs as the rank runs them (``gemms_of``: forward,
   input gradient, weight gradient; ``rows = B·tokens``, ``g·B·tokens`` over a ``1/g`` slice of the weight under
-  colwise / rowwise), each at its chosen configuration's predicted time ``t_p`` (``choose``; the plan's
-  ``DensePlan.kernels`` carry the same choices and times), plus the bias: ``compute = Σ_p t_p + bias`` with
-  ``bias = 3·m·n·c / (hbm_bw·achieved.memory_bound) + 2·launch`` for a layer with a bias (``m × n`` the forward
-  GEMM's output, ``c`` its element bytes; the executor adds the bias to the forward output in place, a read and a
-  write, and sums the output gradient over the rows for its gradient, a read; two elementwise kernels of
-  ``launch`` = ``kernels.KERNEL_LAUNCH_S`` each), 0 without one (:func:`dense_kernel_s`, cached per GEMM shapes
+  colwise / rowwise), each at the predicted time ``t_p`` of the kernel chosen for it (``pick``: the vendor GEMM
+  through ``torch.matmul``, or a Triton configuration where that is predicted clearly faster; the plan's
+  ``DensePlan.kernels`` carry the same choices and times), plus the bias: ``compute = Σ_p t_p + bias``. A layer
+  with a bias whose forward runs on the vendor GEMM gets it in the GEMM's epilogue (``addmm``) and pays
+  ``bias = m·n·c / (hbm_bw·achieved.memory_bound) + launch`` for its gradient, a sum over the output gradient's
+  rows; a Triton forward adds it in place after the GEMM, a read and a write more: ``3·m·n·c / … + 2·launch``
+  (``m × n`` the forward GEMM's output, ``c`` its element bytes, ``launch`` = ``kernels.KERNEL_LAUNCH_S``); 0
+  without a bias (:func:`dense_kernel_s`, cached per GEMM shapes
   and profile figures). The flat roofline below charged ``3·(w + B·a)`` bytes: exactly the three GEMMs' operands
   and outputs (forward reads ``X`` and ``W`` and writes ``Y``; input gradient reads ``dY`` and ``W``, writes
   ``dX``; weight gradient reads ``dY`` and ``X``, writes ``dW``), which the kernel model's HBM term charges itself
@@ -48,6 +50,7 @@ from shardwise.wire.spec import (
     DenseStyle,
     Dtype,
     Executor,
+    KernelLibrary,
     Optimizer,
 )
 
@@ -115,17 +118,20 @@ def dense_kernel_s(
     key = (_profile_key(profile), gemms, layer.bias)
     if key in _DENSE_KERNEL_S:
         return _DENSE_KERNEL_S[key]
-    try:
-        total_us = sum(kernels.choose(g, profile)[1] for g in gemms)
-    except ValueError:  # no configuration of the space runs one of them on this GPU
+    picks = [kernels.pick_cached(g, profile) for g in gemms]
+    if any(p is None for p in picks):  # no configuration of the space runs one of them on this GPU
         seconds = None
     else:
-        seconds = total_us / kernels.US
+        seconds = sum(p.us for p in picks if p is not None) / kernels.US
         if layer.bias:
             fwd = gemms[0]
-            traffic = 3.0 * fwd.m * fwd.n * kernels.output_bytes(fwd.dtype)
+            # the vendor's forward adds the bias in its epilogue (addmm); the Triton forward in place after it. Its
+            # gradient is a sum over the output gradient's rows either way
+            fused = picks[0] is not None and picks[0].kernel is KernelLibrary.vendor
+            passes, launches = (1.0, 1) if fused else (3.0, 2)
+            traffic = passes * fwd.m * fwd.n * kernels.output_bytes(fwd.dtype)
             seconds += traffic / (profile.hbm_bandwidth_bytes_per_s * profile.achieved.memory_bound)
-            seconds += 2 * kernels.KERNEL_LAUNCH_S
+            seconds += launches * kernels.KERNEL_LAUNCH_S
     if len(_DENSE_KERNEL_S) > _CACHE_LIMIT:
         _DENSE_KERNEL_S.clear()
     _DENSE_KERNEL_S[key] = seconds

@@ -11,17 +11,18 @@ from typer.testing import CliRunner
 
 from shardwise.clients.cli import app
 from shardwise.hwprofiles import get_profile
-from shardwise.solver.kernels import choose, gemms_of
+from shardwise.solver.kernels import choose, gemms_of, pick, vendor_us
 from shardwise.wire.spec import DenseStyle, GemmPhase, ModelSpec
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 DLRM = EXAMPLES / "dlrm_dcnv2.json"
 MIXED = str(EXAMPLES / "fleet_mixed_b200_mi350x.json")
 
-#: layer, style, phase, gpu, M, N, K, dtype, config (five words), predicted µs, TFLOP/s
+#: layer, style, phase, gpu, M, N, K, dtype, kernel that runs, predicted µs, TFLOP/s, best Triton config (five words),
+#: its µs, the vendor GEMM's µs
 LINE = re.compile(
-    r"^(\S+) +(\S+) +(forward|input_grad|weight_grad) +(\S+) +(\d+) +(\d+) +(\d+) +(\S+) +"
-    r"(\d+x\d+x\d+ w\d+ s\d+ g\d+ sk\d+) +([\d.]+) +([\d.]+)$"
+    r"^(\S+) +(\S+) +(forward|input_grad|weight_grad) +(\S+) +(\d+) +(\d+) +(\d+) +(\S+) +(vendor|triton) +"
+    r"([\d.]+) +([\d.]+) +(\d+x\d+x\d+ w\d+ s\d+ g\d+ sk\d+) +([\d.]+) +([\d.]+)$"
 )
 
 
@@ -42,10 +43,22 @@ def test_kernels_prints_each_linear_layers_choice_per_phase_and_gpu_type(runner:
         profile = get_profile(m[4])
         gemm = dict(gemms_of(layer, DenseStyle(m[2]), model.batch_size_per_gpu, 8))[GemmPhase(m[3])]  # 8 per host
         assert (int(m[5]), int(m[6]), int(m[7]), m[8]) == (gemm.m, gemm.n, gemm.k, gemm.dtype.value)
-        config, us = choose(gemm, profile)
-        assert m[9] == config.label
-        assert float(m[10]) == pytest.approx(us, abs=0.05)
-        assert float(m[11]) == pytest.approx(gemm.flops / (us * 1e-6) / 1e12, abs=0.05 + 0.001 * float(m[11]))
+        picked = pick(gemm, profile)
+        assert m[9] == picked.kernel.value
+        assert float(m[10]) == pytest.approx(picked.us, abs=0.05)
+        assert float(m[11]) == pytest.approx(gemm.flops / (picked.us * 1e-6) / 1e12, abs=0.05 + 0.001 * float(m[11]))
+        config, triton_us = choose(gemm, profile)
+        assert (m[12], float(m[13])) == (config.label, pytest.approx(triton_us, abs=0.05))
+        assert float(m[14]) == pytest.approx(vendor_us(gemm, profile), abs=0.05)
+    totals = [line for line in result.stdout.splitlines() if "µs per step with the chosen kernels" in line]
+    assert [t.split(":")[0] for t in totals] == ["nvidia-b200", "amd-mi350x"]
+    for line in totals:
+        chosen, triton, vendor = (float(x) for x in re.findall(r"([\d.]+)(?: µs per step| with)", line))
+        mine = [float(m[10]) for m in rows if m[4] == line.split(":")[0]]
+        assert chosen == pytest.approx(sum(mine), abs=0.05 * len(mine))
+        # Triton runs a GEMM only where it is predicted clearly faster than the vendor GEMM, which runs the rest
+        assert chosen <= vendor + 0.05 * len(mine)
+        assert chosen != pytest.approx(triton, abs=0.05 * len(mine))
 
 
 def test_kernels_takes_the_style_and_batch_asked_for(runner: CliRunner) -> None:

@@ -219,7 +219,8 @@ def test_the_committed_fetch_overlay_is_what_the_run_gives(tmp_path: Path) -> No
 
 
 def test_repredict_rescores_the_measured_plans() -> None:
-    """The first run under its own calibration: the all-cache plan's re-prediction is the recorded one; dcn-26's
+    """The first run under its own calibration: the all-cache plan's re-prediction is the recorded one but for the
+    cost model's change since; dcn-26's
     capped plan (two host tables) is predicted faster now, its host tables being read zero-copy (no host time);
     with the fetch figures the cached plan gets slower. The latest run under the port's calibration now: the
     committed predictions, for the plans measured."""
@@ -227,9 +228,12 @@ def test_repredict_rescores_the_measured_plans() -> None:
     _, same = pm.repredict(doc, RUN2, base=RUN2)
     lines, now = pm.repredict(doc, OVERLAY, base=RUN2)
     recorded = {name: rec["prediction"]["predicted_speedup"] for name, rec in doc["port"].items()}
-    assert same["repredict/dlrm-4x12m"]["predicted_now"] == pytest.approx(recorded["dlrm-4x12m"], rel=1e-5)
+    # recorded under cost model 5 (1.485); cost model 6 prices the dense layers on the vendor GEMM, which runs most
+    # of their GEMMs now: the same plans and calibration re-predict 1.546
+    assert recorded["dlrm-4x12m"] == pytest.approx(1.48486, rel=1e-5)
+    assert same["repredict/dlrm-4x12m"]["predicted_now"] == pytest.approx(1.54610, rel=1e-5)
     assert same["repredict/dcn-26"]["predicted_now"] < recorded["dcn-26"]
-    assert now["repredict/dlrm-4x12m"]["predicted_before"] == pytest.approx(recorded["dlrm-4x12m"], rel=1e-5)
+    assert now["repredict/dlrm-4x12m"]["predicted_before"] == same["repredict/dlrm-4x12m"]["predicted_now"]
     assert now["repredict/dlrm-4x12m"]["predicted_now"] > recorded["dlrm-4x12m"]
     assert any(line.startswith("| dlrm-4x12m |") for line in lines)
     committed = json.loads(pm.PREDICTIONS.read_text(encoding="utf-8"))

@@ -21,11 +21,19 @@ import pytest
 from shardwise.hwprofiles import HardwareProfile, get_profile
 from shardwise.solver import cost_model as cm
 from shardwise.solver.cost_model import hitrate
-from shardwise.solver.kernels import KERNEL_LAUNCH_S, Gemm, choose
+from shardwise.solver.kernels import KERNEL_LAUNCH_S, Gemm, pick
 from shardwise.solver.pricing import shard_cost
 from shardwise.solver.topology import Topology
 from shardwise.wire import executor
-from shardwise.wire.spec import DenseLayerSpec, DenseStyle, Dtype, EmbeddingTableSpec, FleetSpec, Placement
+from shardwise.wire.spec import (
+    DenseLayerSpec,
+    DenseStyle,
+    Dtype,
+    EmbeddingTableSpec,
+    FleetSpec,
+    KernelLibrary,
+    Placement,
+)
 from shardwise.wire.spec import ShardingType as ST
 
 B = 10  # batch per GPU
@@ -1171,23 +1179,30 @@ LAUNCH = KERNEL_LAUNCH_S
 
 
 def chosen_us(*gemms: Gemm) -> float:
-    """The kernel model's chosen configurations' predicted µs, summed."""
-    return sum(choose(g, H200)[1] for g in gemms)
+    """The predicted µs of the kernels the kernel model picks (vendor or Triton), summed."""
+    return sum(pick(g, H200).us for g in gemms)
+
+
+def bias_s(forward: Gemm, element_bytes: int) -> float:
+    """A bias on ``forward``'s output: in the vendor GEMM's epilogue, its gradient's sum a read of the output
+    gradient and a launch; after a Triton forward, a read and a write more and a second launch."""
+    m, n = forward.m, forward.n
+    if pick(forward, H200).kernel is KernelLibrary.vendor:
+        return m * n * element_bytes / H200_HBM + LAUNCH
+    return 3 * m * n * element_bytes / H200_HBM + 2 * LAUNCH
 
 
 def test_dense_linear_is_priced_by_its_chosen_kernels_and_its_bias() -> None:
     # 1024 → 512 bf16 on 8192 rows: forward (8192, 512, 1024), input_grad (8192, 1024, 512), weight_grad (512, 1024,
-    # 8192); the bias: y += b reads and writes the 8192 × 512 bf16 forward output, db = Σ dY reads it: 3·8192·512·2 B
+    # 8192); the bias: the vendor GEMM runs the forward and adds it in its epilogue, db = Σ dY reads the 8192 × 512
+    # output gradient: 8192·512·2 B and a launch
     fc = layer(in_features=1024, out_features=512, dtype="bf16")
     ctx = cm.CommContext(batch_size=8192, world_size=1, gpus_per_host=1, num_hosts=1, intra_bw=math.inf, inter_bw=1)
     got = cm.dense_cost(fc, DenseStyle.replicate, H200, ctx)
-    gemms_us = chosen_us(
-        Gemm(8192, 512, 1024, Dtype.bf16, b_t=True),
-        Gemm(8192, 1024, 512, Dtype.bf16),
-        Gemm(512, 1024, 8192, Dtype.bf16),
-    )
-    bias_s = 3 * 8192 * 512 * 2 / H200_HBM + 2 * LAUNCH
-    assert got.compute_ms == approx(gemms_us / 1e3 + bias_s * 1e3)
+    forward = Gemm(8192, 512, 1024, Dtype.bf16, b_t=True)
+    gemms_us = chosen_us(forward, Gemm(8192, 1024, 512, Dtype.bf16), Gemm(512, 1024, 8192, Dtype.bf16, a_t=True))
+    assert pick(forward, H200).kernel is KernelLibrary.vendor
+    assert got.compute_ms == approx(gemms_us / 1e3 + bias_s(forward, 2) * 1e3)
     # no bias: the GEMMs alone
     no_bias = cm.dense_cost(
         layer(in_features=1024, out_features=512, dtype="bf16", bias=False), DenseStyle.replicate, H200, ctx
@@ -1213,8 +1228,7 @@ def test_dense_tensor_parallel_kernels_run_the_hosts_rows_over_a_slice(
     got = cm.dense_cost(layer(), style, H200, FLEET_CTX)
     fp32 = Dtype.fp32
     us = chosen_us(Gemm(*forward, fp32, b_t=True), Gemm(*input_grad, fp32), Gemm(*weight_grad, fp32, a_t=True))
-    m, n = forward[0], forward[1]
-    assert got.compute_ms == approx(us / 1e3 + (3 * m * n * 4 / H200_HBM + 2 * LAUNCH) * 1e3)
+    assert got.compute_ms == approx(us / 1e3 + bias_s(Gemm(*forward, fp32, b_t=True), 4) * 1e3)
 
 
 def test_dense_kernel_price_follows_the_profiles_figures() -> None:

@@ -234,6 +234,56 @@ def test_the_committed_h200_sweep_scores_as_documented(name: str, split: str, ex
     assert {r.half for r in rows} == {split}
 
 
+@pytest.mark.parametrize(
+    ("name", "split", "expected"),
+    [
+        # (picked / best of all geomean, worst, vendor share, Triton picked against the vendor: count, worst measured
+        # ÷ vendor) of the committed H200 sweep with the vendor GEMM a candidate, "all" row
+        ("kernels_h200_2026-12-01_bf16_fp16.json", "held-out", (0.9922, 0.7143, 0.9652, 8, 0.9813)),
+        ("kernels_h200_2026-12-01_bf16_fp16.json", "fit", (0.9875, 0.6816, 0.9439, 12, 1.0857)),
+        ("kernels_h200_2026-12-01_fp8.json", "held-out", (0.9933, 0.8317, 1.0, 0, None)),
+        ("kernels_h200_2026-12-01_fp8.json", "fit", (0.9897, 0.8276, 1.0, 0, None)),
+    ],
+)
+def test_the_committed_h200_sweep_with_the_vendor_gemm_scores_as_documented(
+    name: str, split: str, expected: tuple[Any, ...]
+) -> None:
+    """docs/kernels.md's figures for the pick among all candidates: the vendor GEMM's constants learnt from the fit
+    half, the held-out half checks them."""
+    data = json.loads((RESULTS / name).read_text())
+    s = bench.report(data, H200, split)[0]["all"]
+    geomean, worst, share, against, over = expected
+    assert s["all_geomean_efficiency"] == pytest.approx(geomean, abs=5e-4)
+    assert s["all_worst_efficiency"] == pytest.approx(worst, abs=5e-4)
+    assert s["vendor_share"] == pytest.approx(share, abs=5e-4)
+    assert s["against_vendor"] == against
+    if over is not None:
+        assert s["against_vendor_worst"] == pytest.approx(over, abs=5e-4)
+
+
+def test_the_pick_among_all_candidates_by_hand() -> None:
+    summary, rows = bench.report(_synthetic(), H200)
+    # the model picks the vendor GEMM for G1 and G3 and Triton for G2 (13 columns: the vendor's unaligned path)
+    assert [r.vendor_chosen for r in rows] == [True, False, True]
+    g1, g2, g3 = rows
+    # G1: cuBLAS measured 2 × the best configuration: the pick gets half the best
+    assert g1.picked_us == g1.cublas_us
+    assert g1.efficiency_all == pytest.approx(0.5)
+    # G2: Triton picked, measured as fast as cuBLAS: the best, 1.0 × the vendor
+    assert g2.picked_us == g2.chosen_us
+    assert (g2.efficiency_all, g2.over_vendor) == (pytest.approx(1.0), pytest.approx(1.0))
+    # G3: cuBLAS measured as fast as the best configuration
+    assert g3.efficiency_all == pytest.approx(1.0)
+    assert g1.over_vendor is None
+    assert g3.over_vendor is None
+    s = summary["all"]
+    assert s["all_shapes"] == 3
+    assert s["all_geomean_efficiency"] == pytest.approx(0.5 ** (1 / 3))
+    assert (s["all_worst_efficiency"], s["all_worst_shape"]) == (pytest.approx(0.5), "forward 16384×1024×3456 bf16")
+    assert s["vendor_share"] == pytest.approx(2 / 3)
+    assert (s["against_vendor"], s["against_vendor_worst"], s["against_vendor_over"]) == (1, pytest.approx(1.0), [])
+
+
 def test_the_halves_are_stable_and_blind_to_the_dtype() -> None:
     # pinned: SHA-256 of "16384x1024x3456|forward|False|True" and "1024x3456x16384|weight_grad|True|False"
     assert bench.half("forward", 16384, 1024, 3456, False, True) == "held-out"

@@ -26,6 +26,7 @@ from shardwise.wire.spec import (
     FleetSpec,
     GemmPhase,
     KernelConfig,
+    KernelLibrary,
     ModelSpec,
     PlanStatus,
     SolveParams,
@@ -232,6 +233,65 @@ def shapes(layer: DenseLayerSpec, style: DenseStyle, batch: int, g: int) -> dict
     return {p: (x.m, x.n, x.k) for p, x in gemms_of(layer, style, batch, g)}
 
 
+# ------------------------------------------------------------------------------------------------ the vendor GEMM
+
+
+def test_a_large_vendor_gemm_is_priced_at_the_sustained_peak_plus_its_launch() -> None:
+    gemm = Gemm(16384, 4096, 4096, BF16, b_t=True)  # 1024 tiles of 128×128... many waves: quantization is small
+    peak = km._sm_rate(H200, H200.microarch, BF16) * H200.microarch.sm_count  # type: ignore[arg-type]
+    floor_us = gemm.flops / peak * 1e6 + km.VENDOR_LAUNCH_S * 1e6
+    assert floor_us <= km.vendor_us(gemm, H200) <= 1.05 * floor_us
+
+
+def test_a_memory_bound_vendor_gemm_is_priced_at_the_streaming_rate() -> None:
+    gemm = Gemm(65536, 1, 256, BF16, b_t=True)  # a DLRM's last layer: a matrix-vector product
+    streamed = (65536 * 256 + 256 + 65536) * 2 / (H200.hbm_bandwidth_bytes_per_s * H200.achieved.memory_bound)
+    assert km.vendor_us(gemm, H200) == pytest.approx((streamed + km.VENDOR_LAUNCH_S) * 1e6, rel=1e-9)
+
+
+def test_unaligned_leading_dimensions_cost_the_vendor_its_fast_kernels() -> None:
+    # 13 dense features: X is rows × 13, a 26-byte leading dimension; 16 features are aligned
+    ragged, aligned = Gemm(16384, 512, 13, BF16, b_t=True), Gemm(16384, 512, 16, BF16, b_t=True)
+    assert km.vendor_us(ragged, H200) > 2 * km.vendor_us(aligned, H200)
+    # the same penalty does not touch the Triton configurations, which mask their edges: Triton wins there
+    assert km.pick(ragged, H200).kernel is KernelLibrary.triton
+    assert km.pick(aligned, H200).kernel is KernelLibrary.vendor
+    # a transposed view's leading dimension is its other one: M = 13 rows of dYᵀ stored 13-wide are unaligned too
+    assert not km._aligned(Gemm(13, 512, 4096, BF16, a_t=True))
+    assert km._aligned(Gemm(13, 512, 4096, BF16))
+
+
+def test_pick_runs_triton_only_where_it_is_predicted_clearly_faster() -> None:
+    kinds = set()
+    for m, n, k in [(1024, 512, 13), (8192, 1024, 3456), (512, 13, 8192), (65536, 1, 256), (256, 512, 4096)]:
+        for a_t, b_t in [(False, True), (False, False), (True, False)]:
+            gemm = Gemm(m, n, k, BF16, a_t=a_t, b_t=b_t)
+            got = km.pick(gemm, H200)
+            config, triton_us = choose(gemm, H200)
+            assert (got.config, got.triton_us, got.vendor_us) == (config, triton_us, km.vendor_us(gemm, H200))
+            want = KernelLibrary.triton if triton_us <= km.TRITON_MARGIN * got.vendor_us else KernelLibrary.vendor
+            assert got.kernel is want
+            assert got.us == (triton_us if want is KernelLibrary.triton else got.vendor_us)
+            kinds.add(got.kernel)
+    assert kinds == set(KernelLibrary)
+
+
+def test_the_vendor_fp8_gemm_pays_for_k_major_copies_on_hopper_only() -> None:
+    fwd = Gemm(8192, 1024, 4096, Dtype.fp8, b_t=True)  # both operands K-major: no copy
+    dgrad = Gemm(8192, 4096, 1024, Dtype.fp8)  # B = W, stored N-major
+    wgrad = Gemm(1024, 4096, 8192, Dtype.fp8, a_t=True)  # A = dYᵀ (M-major) and B = X (N-major)
+    assert km.layout_copy_us(fwd, H200) == 0.0
+    hbm = H200.hbm_bandwidth_bytes_per_s * H200.achieved.memory_bound
+    one = 2 * 1024 * 4096 / hbm * 1e6 + km.KERNEL_LAUNCH_S * 1e6
+    assert km.layout_copy_us(dgrad, H200) == pytest.approx(one, rel=1e-9)
+    two = 2 * (1024 * 8192 + 8192 * 4096) / hbm * 1e6 + 2 * km.KERNEL_LAUNCH_S * 1e6
+    assert km.layout_copy_us(wgrad, H200) == pytest.approx(two, rel=1e-9)
+    assert km.vendor_us(dgrad, H200) == pytest.approx(km.vendor_us(dgrad, H200, copies=False) + one, rel=1e-9)
+    mi = get_profile("amd-mi300x")  # no K-major rule: no copy
+    assert km.layout_copy_us(wgrad, mi) == 0.0
+    assert km.layout_copy_us(Gemm(1024, 4096, 8192, BF16, a_t=True), H200) == 0.0  # 16-bit: wgmma takes either
+
+
 def test_the_three_gemms_of_a_replicated_linear_layer() -> None:
     got = shapes(linear(), DenseStyle.replicate, 1000, 8)
     assert got == {
@@ -277,9 +337,14 @@ def test_kernel_choices_one_per_gpu_type_and_phase() -> None:
     mi = get_profile("amd-mi300x")
     got = km.kernel_choices(linear(), DenseStyle.replicate, 4096, [(H200, 8), (mi, 8), (H200, 4)])
     assert [(c.gpu, c.phase) for c in got] == [(p, ph) for p in ("nvidia-h200", "amd-mi300x") for ph in GemmPhase]
+    layouts = {phase: (g.a_t, g.b_t) for phase, g in gemms_of(linear(), DenseStyle.replicate, 4096, 1)}
     for c in got:
-        gemm = Gemm(c.m, c.n, c.k, c.dtype)
-        assert (c.config, c.predicted_us) == choose(gemm, H200 if c.gpu == "nvidia-h200" else mi)
+        profile = H200 if c.gpu == "nvidia-h200" else mi
+        gemm = Gemm(c.m, c.n, c.k, c.dtype, *layouts[c.phase])
+        # the best Triton configuration is recorded whichever kernel runs, beside both candidates' prices
+        assert (c.config, c.triton_us) == choose(gemm, profile)
+        assert c.vendor_us == km.vendor_us(gemm, profile)
+        assert (c.kernel, c.predicted_us) == (km.pick(gemm, profile).kernel, km.pick(gemm, profile).us)
     # tensor parallel: a host group of another size is another GEMM, so another choice
     tp = km.kernel_choices(linear(), DenseStyle.colwise, 4096, [(H200, 8), (H200, 4)])
     assert len(tp) == 6
@@ -311,7 +376,12 @@ def test_a_plan_carries_each_linear_layers_kernels_per_gpu_type_and_phase(
             cls = next(c for c in topo.classes if c.profile.name == k.gpu)
             want = dict(gemms_of(layer, dp.style, model.batch_size_per_gpu, cls.gpus_per_host))[k.phase]
             assert (k.m, k.n, k.k, k.dtype) == (want.m, want.n, want.k, want.dtype)
-            assert (k.config, k.predicted_us) == choose(want, cls.profile)
+            assert (k.config, k.triton_us) == choose(want, cls.profile)
+            picked = km.pick(want, cls.profile)
+            assert (k.kernel, k.predicted_us, k.vendor_us) == (picked.kernel, picked.us, picked.vendor_us)
+    # on these layers the vendor GEMM runs most GEMMs, and Triton the ragged ones it takes badly (13 dense features)
+    kinds = {k.kernel for dp in plan.dense for k in dp.kernels}
+    assert kinds == {KernelLibrary.vendor, KernelLibrary.triton}
 
 
 def test_a_gpu_that_runs_no_configuration_gets_no_choice_and_the_plan_still_solves(

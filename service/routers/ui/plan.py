@@ -94,9 +94,12 @@ class KernelView:
     gpu: str
     shape: str  # "8192 × 1024 × 3456" (M × N × K)
     dtype: str
-    config: str  # KernelConfig.label: "128x256x64 w8 s3 g8 sk1"
-    predicted_us: float
+    config: str  # KernelConfig.label of the best Triton configuration: "128x256x64 w8 s3 g8 sk1"
+    predicted_us: float  # of the kernel that runs
     tflops: float
+    kernel: str = "triton"  # which runs: "vendor" (torch.matmul: cuBLAS / hipBLASLt) or "triton"
+    triton_us: float | None = None  # the candidates' predicted µs (None in a plan from before the vendor was one)
+    vendor_us: float | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,9 @@ def kernels_view(dense: list[DensePlan]) -> KernelsView | None:
                     config=k.config.label,
                     predicted_us=k.predicted_us,
                     tflops=2.0 * k.m * k.n * k.k / (k.predicted_us * 1e6) if k.predicted_us > 0 else 0.0,
+                    kernel=k.kernel.value,
+                    triton_us=k.triton_us,
+                    vendor_us=k.vendor_us,
                 )
             )
             key = (k.gpu, d.name, k.phase.value)

@@ -46,6 +46,7 @@ from shardwise.wire.spec import (  # noqa: E402
     GemmPhase,
     KernelChoice,
     KernelConfig,
+    KernelLibrary,
     Plan,
     PlanStatus,
     RankPlan,
@@ -213,6 +214,36 @@ def test_layer_configs_picks_the_gpu_type_and_prefers_the_layer_dtype() -> None:
     assert layer_configs(choices, "nvidia-h200", Dtype.fp32) == CONFIGS  # none for fp32: the first dtype listed
     assert layer_configs(choices, "amd-mi350x", None) == {GemmPhase.forward: SPLIT4}
     assert layer_configs(choices, "nvidia-b200", Dtype.bf16) == {}
+
+
+def test_a_phase_the_plan_gives_the_vendor_gemm_has_no_triton_configuration() -> None:
+    vendor = {GemmPhase.forward: SMALL, GemmPhase.weight_grad: SPLIT4}
+    choices = [
+        c.model_copy(update={"kernel": KernelLibrary.vendor}) if c.phase in vendor else c
+        for c in _choices("nvidia-h200", Dtype.bf16, CONFIGS)
+    ]
+    assert layer_configs(choices, "nvidia-h200", Dtype.bf16) == {GemmPhase.input_grad: CONFIGS[GemmPhase.input_grad]}
+    every = [c.model_copy(update={"kernel": KernelLibrary.vendor}) for c in choices]
+    assert layer_configs(every, "nvidia-h200", Dtype.bf16) == {}  # the layer stays an nn.Linear
+    # a vendor choice listed first for a phase is that phase's choice: a later Triton one of the same dtype is not used
+    assert layer_configs([*every, *_choices("nvidia-h200", Dtype.bf16, CONFIGS)], "nvidia-h200", Dtype.bf16) == {}
+
+
+def test_the_vendor_forward_adds_the_bias_as_f_linear_does() -> None:
+    torch.manual_seed(3)
+    lin = nn.Linear(12, 7)
+    x = torch.randn(5, 3, 12, requires_grad=True)
+    # no configuration for any phase: torch.matmul throughout (the CPU path of KernelLinearFunction)
+    y = KernelLinearFunction.apply(x, lin.weight, lin.bias, None, None, None)  # type: ignore[no-untyped-call]
+    ref_x = x.detach().clone().requires_grad_(True)
+    ref = F.linear(ref_x, lin.weight, lin.bias)
+    torch.testing.assert_close(y, ref)
+    y.square().sum().backward()
+    grads = [x.grad, lin.weight.grad, lin.bias.grad]
+    x.grad = lin.weight.grad = lin.bias.grad = None
+    ref.square().sum().backward()
+    for got, want in zip(grads, [ref_x.grad, lin.weight.grad, lin.bias.grad], strict=True):
+        torch.testing.assert_close(got, want)
 
 
 class MLP(nn.Module):

@@ -544,19 +544,20 @@ def test_plan_page_lists_each_dense_gemms_kernel_per_gpu_type(client: TestClient
     for row, (layer, k) in zip(rows, want, strict=True):
         c = k["config"]
         label = f"{c['block_m']}x{c['block_n']}x{c['block_k']} w{c['num_warps']} s{c['num_stages']} g{c['group_m']}"
-        assert row[:6] == [
-            layer,
-            k["phase"],
-            k["gpu"],
-            f"{k['m']} × {k['n']} × {k['k']}",
-            k["dtype"],
-            f"{label} sk{c['split_k']}",
-        ]
+        assert row[:6] == [layer, k["phase"], k["gpu"], f"{k['m']} × {k['n']} × {k['k']}", k["dtype"], k["kernel"]]
         assert float(row[6]) == pytest.approx(k["predicted_us"], abs=0.05)
         tflops = 2 * k["m"] * k["n"] * k["k"] / (k["predicted_us"] * 1e6)
         assert float(row[7]) == pytest.approx(tflops, rel=0.05)
+        # both candidates: the best Triton configuration and its price, the vendor GEMM's price; the one that runs
+        assert row[8] == f"{label} sk{c['split_k']}"
+        assert (float(row[9]), float(row[10])) == (
+            pytest.approx(k["triton_us"], abs=0.05),
+            pytest.approx(k["vendor_us"], abs=0.05),
+        )
+        assert k["predicted_us"] == (k["vendor_us"] if k["kernel"] == "vendor" else k["triton_us"])
     assert {r[4] for r in rows} == {"fp32", "bf16"}
     assert {r[2] for r in rows} == {"nvidia-h100-sxm", "nvidia-h200"}
+    assert {r[5] for r in rows} <= {"vendor", "triton"}
     # twelve rows: the table is open; the line above it sums each GPU type's GEMMs
     assert _kernels_open(doc)
     summary = text(doc.css_first("p.kernels-summary"))
