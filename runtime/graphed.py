@@ -16,6 +16,8 @@ whole step — forward, backward with the tables' fused update, the dense optimi
         return loss
 
     step = GraphedStep(train_step, example_batch, modules=[model])
+    # variable bag lengths: the ids of each table padded to a capacity (the module's list, below)
+    step = GraphedStep(train_step, example_batch, modules=[model], capacity=capacity_from(batches[:50]))
     for batch in loader:
         loss = step(batch)                   # the batch copied into the graph's inputs, the step replayed
 
@@ -34,9 +36,21 @@ What can be captured — checked when the step is built, each refusal a ``ValueE
 * no data_parallel table with the ``adam`` row optimizer (its bias correction counts steps on the host);
 * a dense optimizer that captures: torch's with ``capturable=True`` (torch refuses the capture otherwise, and the
   error says so);
-* **batches of one shape**: every call's tensors must have the example's shapes and dtypes — fixed pooling per
-  table, as in MLPerf's multi-hot DLRM; another shape is a ``ValueError`` naming it (bucket or pad your batches
-  and keep one ``GraphedStep`` per shape).
+* **batches of one shape, or variable bag lengths padded to a capacity**: every call's tensors must have the
+  example's shapes and dtypes (fixed pooling per table, as in MLPerf's multi-hot DLRM; another shape is a
+  ``ValueError`` naming it), except the ids of the tables named in ``capacity={table: ids}``: those may hold any
+  number of ids up to the table's capacity, as real DLRM batches do (bags of varying length). Each call copies
+  them to the front of a buffer of that capacity and the lookup leaves the rest out — the pooled rows, the
+  weights, the optimizer state (Adam's included) and the bad-id counts are those of the unpadded batch
+  (:mod:`shardwise.runtime.embedding.padding` says how); the number of bags (the offsets' shape: the batch size)
+  stays the example's. A batch with more ids than a capacity is a ``ValueError`` naming the table, its count and
+  the capacity. The capacity is the user's to give: the spec's ``pooling_factor`` is a mean, and a batch's count
+  of ids spreads around it, so no margin over it is safe for every data set — take the largest count over a
+  sample of your batches and some headroom (:func:`capacity_from`: the largest over the batches given, times
+  ``1 + headroom``). The step must hand the batch's ``{name: (ids, offsets)}`` to the collection (or a table) as it
+  gets it: the lookup recognises the buffer itself, and a copy or a cast of it would be looked up with its
+  padding, so the first warm-up step checks that every padded table saw its buffer, and refuses the step if not.
+  Padded tables are grouped ones (an embedding optimizer, hbm or host), not data_parallel.
 
 What taking the step changes in the modules: a group with the ``adam`` row optimizer counts its steps on the
 device (``ShardGroup.device_steps``: a captured host int would replay the step it was captured at), and bad ids are
@@ -56,26 +70,53 @@ its host floor is then the replay's cost (``docs/truth.md``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_flatten_with_path, tree_unflatten
 
 from shardwise.runtime.embedding.bag import ShardedEmbeddingBag
 from shardwise.runtime.embedding.id_checks import CapturedIdCheck
+from shardwise.runtime.embedding.padding import BatchPadding
 from shardwise.runtime.embedding.update import RowOptimizer
 from shardwise.wire.spec import Placement
 
-__all__ = ["GraphedStep", "capture_problems"]
+__all__ = ["GraphedStep", "capacity_from", "capture_problems"]
 
 
-def capture_problems(tables: Sequence[ShardedEmbeddingBag]) -> list[str]:
-    """Why a step looking up ``tables`` cannot be captured into a CUDA graph (empty when it can)."""
+def capacity_from(batches: Iterable[Any], *, headroom: float = 0.25) -> dict[str, int]:
+    """A capacity per table for :class:`GraphedStep` from sample batches: the largest number of ids any of them
+    gives the table, times ``1 + headroom``, rounded up. The tables are the batches' ``{name: (ids, offsets)}``
+    pairs with 1-D ids (2-D ids have one pooling); a batch past the capacity later is refused, naming the table."""
+    if headroom < 0:
+        raise ValueError(f"headroom is a fraction of the largest count to add, at least 0, got {headroom}")
+    most: dict[str, int] = {}
+    for b in batches:
+        paths, _ = tree_flatten_with_path(b)
+        for path, leaf in paths:
+            if len(path) >= 2 and getattr(path[-1], "idx", None) == 0 and isinstance(leaf, Tensor) and leaf.dim() == 1:
+                name = getattr(path[-2], "key", None)
+                if isinstance(name, str):
+                    most[name] = max(most.get(name, 0), leaf.numel())
+    if not most:
+        raise ValueError("no batch holds a {name: (ids, offsets)} pair with 1-D ids: nothing to give a capacity")
+    return {name: max(1, math.ceil(n * (1.0 + headroom))) for name, n in most.items()}
+
+
+def capture_problems(tables: Sequence[ShardedEmbeddingBag], padded: Iterable[str] = ()) -> list[str]:
+    """Why a step looking up ``tables`` cannot be captured into a CUDA graph (empty when it can); ``padded``: the
+    tables whose ids are padded to a capacity (module docstring)."""
     problems: list[str] = []
+    pad = set(padded)
     for t in tables:
         why: list[str] = []
+        if t.name in pad and t.data_parallel:
+            why.append(
+                "it is data_parallel, whose dense gradient would see the padding of its ids: give it no capacity"
+            )
         if t.device.type != "cuda":
             why.append(f"it lives on {t.device}, not a CUDA device")
         if t.world_size > 1:
@@ -116,6 +157,8 @@ class GraphedStep:
 
     ``modules``: the modules whose sharded tables the step looks up (the model ``apply_plan`` returned): they are
     checked for what a capture cannot hold and prepared for it (device step counters, device id checks).
+    ``capacity``: table name → the most ids a batch may give it; those tables' ids may vary in number from call to
+    call, padded to it (module docstring). Every other tensor keeps the example's shape.
     """
 
     def __init__(
@@ -125,12 +168,14 @@ class GraphedStep:
         *,
         modules: Sequence[nn.Module] = (),
         warmup: int = 3,
+        capacity: Mapping[str, int] | None = None,
     ) -> None:
         if warmup < 1:
             raise ValueError(
                 f"warmup must be at least 1 (lazy initialisation must not happen in a capture), got {warmup}"
             )
-        leaves, self._spec = tree_flatten(example)
+        with_paths, self._spec = tree_flatten_with_path(example)
+        leaves = [x for _, x in with_paths]
         tensors = [x for x in leaves if isinstance(x, Tensor)]
         if not tensors:
             raise ValueError("the example batch holds no tensor")
@@ -141,30 +186,60 @@ class GraphedStep:
         tables = list(
             {id(m): m for mod in modules for m in mod.modules() if isinstance(m, ShardedEmbeddingBag)}.values()
         )
-        problems = capture_problems(tables)
+        capacity = dict(capacity or {})
+        by_name = {t.name: t for t in tables}
+        unknown = sorted(set(capacity) - set(by_name))
+        if unknown:
+            raise ValueError(
+                f"capacity names {', '.join(unknown)}, which no sharded table of the modules is called "
+                f"(they have {', '.join(sorted(by_name))})"
+            )
+        problems = capture_problems(tables, capacity)
         if problems:
             raise ValueError("this step cannot be captured into a CUDA graph: " + "; ".join(problems))
+        #: the tables whose ids are padded to a capacity (runtime.embedding.padding)
+        self.padding = BatchPadding([p for p, _ in with_paths], leaves, capacity, self.device)
         self.ids = CapturedIdCheck()
         for t in tables:
             t.captured_ids = self.ids
         for g in {id(g): g for t in tables for g in t.shard_groups()}.values():
             if g.device_steps is None:
                 g.device_steps = {}
-        self._leaves = [x.clone() if isinstance(x, Tensor) else x for x in leaves]  # the graph's inputs
+        padded_leaves = {s.ids_leaf: s.buffer.ids for s in self.padding.slots}
+        self.padding.fill(leaves)
+        # the graph's inputs: a padded table's ids are its buffer, every other tensor a copy of the example's
+        self._leaves = [
+            padded_leaves[k] if k in padded_leaves else x.clone() if isinstance(x, Tensor) else x
+            for k, x in enumerate(leaves)
+        ]
         self._shapes = _signature(leaves)
         batch = tree_unflatten(self._leaves, self._spec)
-        side = _side_stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(warmup):
-                step(batch)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
+        before = {s.table: by_name[s.table].padded for s in self.padding.slots}
+        for s in self.padding.slots:  # the lookups know the buffers while the step is warmed up and captured
+            by_name[s.table].padded = s.buffer
         try:
-            with torch.cuda.graph(self.graph, stream=side):
-                self._out = step(batch)
-        except RuntimeError as e:
-            raise RuntimeError(f"capturing the step into a CUDA graph failed: {e}") from e
+            side = _side_stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for i in range(warmup):
+                    step(batch)
+                    missed = [s.table for s in self.padding.slots if s.buffer.lookups == 0]
+                    if i == 0 and missed:
+                        raise ValueError(
+                            f"tables {', '.join(missed)} have a capacity but their lookups never got the padded ids "
+                            "buffer: hand the batch's {name: (ids, offsets)} to the collection (or the table) as the "
+                            "step gets it — a copy, cast or slice of the ids is looked up with its padding"
+                        )
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(self.graph, stream=side):
+                    self._out = step(batch)
+            except RuntimeError as e:
+                raise RuntimeError(f"capturing the step into a CUDA graph failed: {e}") from e
+        finally:  # replays need no table state: eager calls after the capture see no buffer
+            for name, old in before.items():
+                by_name[name].padded = old
         self._last: torch.cuda.Event | None = None
         #: replays so far
         self.replays = 0
@@ -176,12 +251,19 @@ class GraphedStep:
         leaves, spec = tree_flatten(batch)
         if spec != self._spec:
             raise ValueError(f"the batch's structure differs from the example's: {spec} against {self._spec}")
+        self.padding.check(leaves)
         for k, (given, kept) in enumerate(zip(_signature(leaves), self._shapes, strict=True)):
-            if given != kept:
+            if given != kept and k not in self.padding.leaves:
                 raise ValueError(f"batch leaf {k}: (shape, dtype) {given} where the graph was captured with {kept}")
         if self._last is not None and self._last.query():  # type: ignore[no-untyped-call]
             self._raise_bad_ids()
-        pairs = [(b, x) for x, b in zip(leaves, self._leaves, strict=True) if isinstance(b, Tensor) and x is not b]
+        if self.padding.slots:
+            self.padding.fill(leaves)
+        pairs = [
+            (b, x)
+            for k, (x, b) in enumerate(zip(leaves, self._leaves, strict=True))
+            if isinstance(b, Tensor) and x is not b and k not in self.padding.leaves
+        ]
         if not pairs:  # the graph's own input tensors, filled by the caller
             pass
         elif all(x.device == b.device for b, x in pairs):  # one call for all (not a copy_ each: host time per tensor)

@@ -152,6 +152,7 @@ from shardwise.runtime.embedding.cache_prefetch import overlapped_prefetch
 from shardwise.runtime.embedding.exchange import Routed, _ShardLookup, pooled_lookup
 from shardwise.runtime.embedding.groups import ShardGroup, fused_data_parallel_hook
 from shardwise.runtime.embedding.id_checks import CapturedIdCheck, PendingIdCheck
+from shardwise.runtime.embedding.padding import PaddedIds, padded_input
 from shardwise.runtime.embedding.row_cache import CacheStats, RowCache
 from shardwise.runtime.embedding.update import UpdateConfig, init_state
 from shardwise.runtime.replicas import Replicas
@@ -312,6 +313,9 @@ class ShardedEmbeddingBag(nn.Module):
         self.exchange_plans: dict[Any, Any] = {}  # the exchange's per-table-set plans (runtime.embedding.exchange)
         self.pending_ids: PendingIdCheck | None = None  # a deferred bad-id check (world size one on CUDA)
         self.captured_ids: CapturedIdCheck | None = None  # the bad-id counts of a graphed step (GraphedStep sets it)
+        #: a graphed step's fixed-capacity ids buffer for this table (GraphedStep's ``capacity`` sets it): that
+        #: buffer, when it is what a call gets, is looked up with its padding inert (runtime.embedding.padding)
+        self.padded: PaddedIds | None = None
         if self._caches():  # the weights are the caches' stores: write the caches back before reading or loading
             self.register_state_dict_pre_hook(lambda *_: self.flush())  # type: ignore[no-untyped-call]
             self.register_load_state_dict_pre_hook(lambda *_: self.flush())  # type: ignore[no-untyped-call]
@@ -434,7 +438,14 @@ class ShardedEmbeddingBag(nn.Module):
 
         Ids are not range-checked here (that would synchronise): the exchange counts the bad ones on the device and
         every rank raises ``IndexError`` after the split exchange.
+
+        ``ids`` that are the table's padded buffer (``padded``: :mod:`shardwise.runtime.embedding.padding`) get one
+        more bag, the padding's, after the real ones: ``lengths`` is then ``(bags + 1,)``.
         """
+        pad = padded_input(self.padded, ids) if offsets is not None else None
+        if pad is not None and offsets is not None:
+            starts = pad.bag_starts((offsets[:-1] if self.include_last_offset else offsets).to(self.device))
+            return ids, torch.diff(starts, append=starts.new_full((1,), ids.numel()))
         if ids.dim() == 2:
             if offsets is not None:
                 raise ValueError(f"table {self.name}: offsets must be None when ids are 2-D")
@@ -459,7 +470,9 @@ class ShardedEmbeddingBag(nn.Module):
     def route(self, ids: Tensor, lengths: Tensor) -> Routed:
         """Every id to the shards holding its row, on the device and without a host synchronisation."""
         bags, n = lengths.numel(), ids.numel()
-        bad = ((ids < 0) | (ids >= self.num_embeddings)).sum()
+        outside = (ids < 0) | (ids >= self.num_embeddings)
+        pad = padded_input(self.padded, ids)
+        bad = (outside if pad is None else outside & pad.valid()).sum()  # the padding is never a bad id
         blocks: list[tuple[Tensor, Tensor] | None] = []
         if self.data_parallel:  # looked up locally: nothing to route, only the bad-id count rides on the exchange
             return Routed(self.name, ids, lengths, bags, None, blocks, bad)

@@ -48,6 +48,7 @@ from torch.autograd.function import FunctionCtx
 
 from shardwise.runtime.embedding.groups import ShardGroup, group_lookup, group_prefetch
 from shardwise.runtime.embedding.id_checks import PendingIdCheck, check_pending_ids
+from shardwise.runtime.embedding.padding import padded_input
 
 if TYPE_CHECKING:
     from shardwise.runtime.embedding.bag import ShardedEmbeddingBag
@@ -192,6 +193,16 @@ def pooled_lookup(
     local: list[ShardedEmbeddingBag] = []
     for t in sorted(tables, key=lambda t: t.name):
         (local if t.data_parallel else sharded.setdefault(t.dtype, [])).append(t)
+    # tables handed their padded buffer (runtime.embedding.padding): normalise gave the padding a last bag
+    padded = {t.name for t in tables if padded_input(t.padded, inputs[t.name][0]) is not None}
+    if padded and prefetch:
+        raise ValueError(f"tables {', '.join(sorted(padded))}: a padded buffer is not prefetched (no cache pads)")
+    for t in local:
+        if t.name in padded:
+            raise ValueError(
+                f"table {t.name}: data_parallel tables take no padded ids (their dense gradient would see the "
+                "padding): give the table a fixed pooling, or shard it"
+            )
     routed = {t.name: t.route(*inputs[t.name]) for t in tables}
     captured = tables[0].captured_ids if tables and tables[0].device.type == "cuda" else None
     if not sharded and captured is not None:  # a graphed step: counted on the device, read by GraphedStep
@@ -203,9 +214,11 @@ def pooled_lookup(
     groups = list(sharded.values())
     for k, group_tables in enumerate(groups):
         extra = [routed[t.name] for t in local] if k == 0 else []  # data_parallel bad ids ride on the first exchange
-        out.update(_exchange(group_tables, routed, extra, prefetch))
+        out.update(_exchange(group_tables, routed, extra, prefetch, padded))
     if prefetch:
         return {}
+    for name in padded:  # the padding's bag: dropped
+        out[name] = out[name][:-1]
     deferred = captured is not None or any(t.pending_ids is not None for t in tables)  # checked later: clamp
     for t in local:
         ids, lengths = inputs[t.name]
@@ -214,7 +227,11 @@ def pooled_lookup(
 
 
 def _exchange(
-    tables: Sequence[ShardedEmbeddingBag], routed: Mapping[str, Routed], extra: Sequence[Routed], prefetch: bool
+    tables: Sequence[ShardedEmbeddingBag],
+    routed: Mapping[str, Routed],
+    extra: Sequence[Routed],
+    prefetch: bool,
+    padded: frozenset[str] | set[str] = frozenset(),
 ) -> dict[str, Tensor]:
     group = tables[0].group
     W = tables[0].world_size
@@ -223,7 +240,13 @@ def _exchange(
     plan = _plan_for(tables, device)
     rt = [routed[t.name] for t in tables]
     if W == 1 and tables[0].grad_scale == 1.0 and all(len(b.shards) == 1 for t in tables for b in t.bands):
-        return _exchange_alone(tables, plan, rt, extra, prefetch)
+        return _exchange_alone(tables, plan, rt, extra, prefetch, padded)
+    mine = sorted(padded & {t.name for t in tables})
+    if mine:
+        raise ValueError(
+            f"tables {', '.join(mine)}: padded ids are looked up at world size one with every band one shard only "
+            "(the exchange's split sizes would carry the padding)"
+        )
 
     # 2. the split table: per (table, shard) [bags, ids], in destination order, then this rank's bad-id count
     table_meta = torch.cat([_split_rows(t, r) for t, r in zip(tables, rt, strict=True)])  # (shards, 2)
@@ -322,13 +345,19 @@ def _split_rows(table: ShardedEmbeddingBag, r: Routed) -> Tensor:
 
 
 def _exchange_alone(
-    tables: Sequence[ShardedEmbeddingBag], plan: _Plan, rt: Sequence[Routed], extra: Sequence[Routed], prefetch: bool
+    tables: Sequence[ShardedEmbeddingBag],
+    plan: _Plan,
+    rt: Sequence[Routed],
+    extra: Sequence[Routed],
+    prefetch: bool,
+    padded: frozenset[str] | set[str] = frozenset(),
 ) -> dict[str, Tensor]:
     """World size one, every band one row block: every shard is here and takes its table's ids as they are, so
     there is nothing to exchange — no collective and no split sizes, hence no host synchronisation on an
     accelerator. Bad ids: on the CPU they raise now; on a CUDA device their count is read one call later
     (:class:`PendingIdCheck`) and the ids are clamped into the table, so that a bad id reads and updates a row of
-    its own table, never another table's rows in the group."""
+    its own table, never another table's rows in the group. ``padded``: the tables handed their padded buffer
+    (:mod:`shardwise.runtime.embedding.padding`), whose padding the group update leaves out."""
     device = tables[0].device
     bad = torch.stack([r.bad for r in (*rt, *extra)])
     names = tuple(r.table for r in (*rt, *extra))
@@ -342,10 +371,15 @@ def _exchange_alone(
         clamp = True
     else:
         clamp = PendingIdCheck.defer(tables, bad.sum(), locate)
+    valid_of: dict[int, Tensor] = {}
+    for ti, t in enumerate(tables):
+        pad = padded_input(t.padded, rt[ti].ids) if t.name in padded else None
+        if pad is not None:
+            valid_of[ti] = pad.valid()
     ids_of_table: dict[int, Tensor] = {}
     for ti in {ti for ti, _ in plan.mine}:
-        ids = rt[ti].ids
-        ids_of_table[ti] = ids.clamp(0, tables[ti].num_embeddings - 1) if clamp else ids
+        ids = rt[ti].ids  # a padded buffer clamped too: whatever its padding holds, the lookup stays in the table
+        ids_of_table[ti] = ids.clamp(0, tables[ti].num_embeddings - 1) if clamp or ti in valid_of else ids
     pooled = _look_up(
         tables,
         plan.mine,
@@ -355,6 +389,7 @@ def _exchange_alone(
         [rt[ti].ids.numel() for ti, _ in plan.mine],
         device,
         prefetch,
+        [valid_of.get(ti) for ti, _ in plan.mine] if valid_of else None,
     )
     if prefetch:
         return {}
@@ -373,10 +408,12 @@ def _look_up(
     ids_of: Sequence[int],
     device: torch.device,
     prefetch: bool = False,
+    valid_by: Sequence[Tensor | None] | None = None,
 ) -> list[Tensor]:
     """Sum-pooled rows of every local shard ``mine[k]`` for its bags (``lengths_by[k]``, ``ids_by[k]``: one piece
     per sender), grouped shards with one lookup per group, the others one by one; sizes are host integers.
-    ``prefetch``: only bring each cached group's rows into its cache (returns ``[]``)."""
+    ``prefetch``: only bring each cached group's rows into its cache (returns ``[]``). ``valid_by[k]``: the real
+    ids of shard ``k`` where they are a padded buffer's (world size one), else None."""
     pooled: list[Tensor | None] = [None] * len(mine)
     by_group: dict[int, list[int]] = {}
     groups: dict[int, ShardGroup] = {}
@@ -387,6 +424,8 @@ def _look_up(
             if prefetch:
                 continue
             t = tables[ti]
+            if valid_by is not None and valid_by[k] is not None:
+                raise ValueError(f"table {t.name}: padded ids need the table grouped (an embedding optimizer)")
             lengths_all = cat(lengths_by[k])
             offsets = torch.cumsum(lengths_all, 0) - lengths_all
             pooled[k] = t.lookup(t.local_shards.index(i), cat(ids_by[k]), offsets)
@@ -415,7 +454,12 @@ def _look_up(
         offsets_g = torch.cumsum(lengths_g, 0) - lengths_g
         bag_ids = torch.repeat_interleave(torch.arange(b_g, device=where), lengths_g, output_size=n_g)
         names = tuple(sorted({tables[mine[k][0]].name for k in ks}))
-        rows = group_lookup(g, names, ids_g, offsets_g, bag_ids).to(device)
+        valid_g: Tensor | None = None
+        if valid_by is not None and any(valid_by[k] is not None for k in ks):
+            valid_g = cat(
+                [v if (v := valid_by[k]) is not None else ids_g.new_ones(ids_of[k], dtype=torch.bool) for k in ks]
+            )
+        rows = group_lookup(g, names, ids_g, offsets_g, bag_ids, valid_g).to(device)
         for k, block in zip(ks, torch.split(rows, [sum(bags_of[k]) for k in ks]), strict=True):
             pooled[k] = block
     out = [p for p in pooled if p is not None]

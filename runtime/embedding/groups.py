@@ -275,15 +275,18 @@ class _GroupLookup(torch.autograd.Function):
         ids: Tensor,
         offsets: Tensor,
         bags: Tensor,
+        valid: Tensor | None,
     ) -> Tensor:
         ctx.group = group  # type: ignore[attr-defined]
         ctx.tables = tables  # type: ignore[attr-defined]
-        ctx.save_for_backward(ids, bags)
+        ctx.padded = valid is not None  # type: ignore[attr-defined]
+        ctx.save_for_backward(ids, bags, *(() if valid is None else (valid,)))
         return pooled_sum(group.weight, ids, offsets, backend=os.environ.get("SHARDWISE_FUSED_BACKEND", "auto"))
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None, None]:
-        ids, bags = ctx.saved_tensors
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None, None, None]:
+        ids, bags, *rest = ctx.saved_tensors
+        valid: Tensor | None = rest[0] if ctx.padded else None
         group: ShardGroup = ctx.group
         step = next_step(group, ctx.tables)
         replicas = group.replicas
@@ -294,11 +297,11 @@ class _GroupLookup(torch.autograd.Function):
                 bags = torch.arange(ids.numel(), dtype=torch.int64, device=ids.device)
             at = update_step(group, ctx.tables, step)
             fused_backward_update(
-                group.weight, group.state, ids, bags, grad, group.key.config, step=at, backend=backend
+                group.weight, group.state, ids, bags, grad, group.key.config, step=at, backend=backend, valid=valid
             )
             if replicas is not None and replicas.averages_at(step):
                 replicas.average([group.weight, *group.state.values()])
-        return group.trigger.new_zeros(0), None, None, None, None, None
+        return group.trigger.new_zeros(0), None, None, None, None, None, None
 
 
 class _CachedGroupLookup(torch.autograd.Function):
@@ -385,19 +388,36 @@ def update_step(group: ShardGroup, tables: tuple[str, ...], step: int) -> int | 
     return counter
 
 
-def group_lookup(group: ShardGroup, tables: tuple[str, ...], ids: Tensor, offsets: Tensor, bags: Tensor) -> Tensor:
+def group_lookup(
+    group: ShardGroup,
+    tables: tuple[str, ...],
+    ids: Tensor,
+    offsets: Tensor,
+    bags: Tensor,
+    valid: Tensor | None = None,
+) -> Tensor:
     """Pooled rows ``(len(offsets), C)`` of ``group`` for group-row ``ids`` of ``tables``; updates them in backward.
 
     ``bags[i]`` is the bag (output row) of ``ids[i]``: given by the caller, which knows the number of ids on the host,
     so that no step needs a synchronising ``repeat_interleave``. A cached group first fetches the batch's rows into
     its cache (:meth:`~shardwise.runtime.embedding.row_cache.RowCache.fetch`, locked until the update when autograd
     records).
+
+    ``valid``: the ids that are real, where some are the padding of a fixed-capacity buffer
+    (:mod:`shardwise.runtime.embedding.padding`): the caller gives the padding bags of their own, whose rows it drops,
+    and the update leaves the padding out (:func:`~shardwise.runtime.embedding.update.fused_backward_update`). Not
+    for a cached group (its fetch would bring the padding's rows in) nor a 2D plan's row-summing replicas.
     """
+    if valid is not None and (group.cache is not None or group.replicas is not None):
+        raise ValueError(
+            f"tables {', '.join(tables)}: padded ids are looked up in hbm or host groups of a 1D plan only (a cache "
+            "would fetch the padding's rows, replicas would exchange them)"
+        )
     if group.cache is not None:
         fetched = group.cache.fetch(ids, lock=torch.is_grad_enabled())
         out = _CachedGroupLookup.apply(group.trigger, group, tables, fetched, offsets, bags)  # type: ignore[no-untyped-call]
     else:
-        out = _GroupLookup.apply(group.trigger, group, tables, ids, offsets, bags)  # type: ignore[no-untyped-call]
+        out = _GroupLookup.apply(group.trigger, group, tables, ids, offsets, bags, valid)  # type: ignore[no-untyped-call]
     assert isinstance(out, Tensor)
     return out
 

@@ -20,6 +20,7 @@ from torch import Tensor
 from shardwise.runtime.embedding.exchange import cat
 from shardwise.runtime.embedding.groups import ShardGroup, group_lookup, group_prefetch
 from shardwise.runtime.embedding.id_checks import PendingIdCheck, check_pending_ids
+from shardwise.runtime.embedding.padding import PaddedIds, padded_input
 
 if TYPE_CHECKING:
     from shardwise.runtime.embedding.bag import ShardedEmbeddingBag
@@ -100,7 +101,9 @@ def one_group_lookup(
     ``tables``: the layout's tables by name (their pending id checks are this call's to run and to set).
     The per-table work is one offset add; ids are range-checked for all tables at once (clamped into their table,
     counted per table, checked as :mod:`shardwise.runtime.embedding.id_checks` says), bags found by one
-    ``bucketize``. ``prefetch``: bring the rows into a cached group's cache instead, and return ``{}``.
+    ``bucketize``. ``prefetch``: bring the rows into a cached group's cache instead, and return ``{}``. A table
+    handed its padded buffer (:mod:`shardwise.runtime.embedding.padding`) gets a bag for the padding, dropped from
+    its output, and the update and the bad-id counts leave the padding out.
     """
     check_pending_ids(list(tables.values()))
     device = layout.group.device
@@ -108,12 +111,23 @@ def one_group_lookup(
     offset_parts: list[Tensor] = []
     counts: list[int] = []
     bag_counts: list[int] = []
+    pads: list[PaddedIds | None] = []  # a fixed-capacity buffer's padding (runtime.embedding.padding) per table
     at = 0
     for name in layout.names:
         t = tables[name]
         value = features[name]
         ids, offsets = value if isinstance(value, tuple) else (value, None)
-        if ids.dim() == 2:
+        pad = padded_input(t.padded, ids)
+        pads.append(pad)
+        if pad is not None and offsets is not None and offsets.dim() == 1:
+            if prefetch:
+                raise ValueError(f"table {name}: a padded buffer is not prefetched (cached groups take no padding)")
+            starts = pad.bag_starts(
+                (offsets[:-1] if t.include_last_offset else offsets).to(device)
+            )  # padding's bag last
+            flat = ids
+            bags = starts.numel()
+        elif ids.dim() == 2:
             if offsets is not None:
                 raise ValueError(f"table {name}: offsets must be None when ids are 2-D")
             bags, per_bag = ids.shape
@@ -148,6 +162,10 @@ def one_group_lookup(
     shifted = raw + lo
     ids_g = torch.clamp(shifted, lo, layout.hi.index_select(0, table_of))
     flags = ids_g != shifted
+    valid: Tensor | None = None
+    if any(p is not None for p in pads):  # the real ids: every id of an unpadded table, the first count of a padded one
+        valid = cat([p.valid() if p is not None else flags.new_ones(c) for p, c in zip(pads, counts, strict=True)])
+        flags = flags & valid  # the padding is never a bad id
 
     def locate() -> list[str]:
         return [m for m, part in zip(layout.names, torch.split(flags, counts), strict=True) if bool(part.any())]
@@ -165,7 +183,7 @@ def one_group_lookup(
         group_prefetch(layout.group, ids_g)
         return {}
     bag_ids = torch.bucketize(positions, offsets_g, right=True) - 1
-    rows = group_lookup(layout.group, layout.names, ids_g, offsets_g, bag_ids)
+    rows = group_lookup(layout.group, layout.names, ids_g, offsets_g, bag_ids, valid)
     out: dict[str, Tensor] = {}
     for k, (name, block) in enumerate(zip(layout.names, torch.split(rows, bag_counts), strict=True)):
         t = tables[name]
@@ -173,5 +191,7 @@ def one_group_lookup(
             starts = offset_parts[k]
             lengths = torch.diff(starts, append=starts.new_full((1,), counts[k]))
             block = block / lengths.clamp(min=1).to(block.dtype).unsqueeze(1)
+        if pads[k] is not None:  # the padding's bag: dropped
+            block = block[:-1]
         out[name] = block.to(t.device)
     return out

@@ -30,6 +30,14 @@ Untouched rows and their state never change. Ids must lie in ``[0, R)`` and bags
 read data back to the host, so they are not checked (out-of-range ids are undefined behaviour on the Triton
 backend, an indexing error on the torch one).
 
+Padding: ``valid`` (an ``(n,)`` bool mask on the device) leaves out the ids where it is False, as if they were not
+in ``ids`` at all — the padding of a fixed-capacity input buffer (:mod:`shardwise.runtime.embedding.padding`). A
+zero gradient would not do: Adam's moments decay on it, and an Adagrad row at zero state with ``eps=0`` divides
+zero by zero. Left-out ids sort after every real id (their sort key is the largest int64), the segment starts end
+at the device count of real ids instead of ``n``, so every segment from the first left-out position on is empty:
+the real ids get the segments, sums and order they get without the padding (the sort is stable), bit for bit, and
+no row a left-out id names is read or written for it. Nothing is read back to the host.
+
 No host synchronisation
 -----------------------
 Every size is static in ``n`` (the number of ids): the ids are sorted (``torch.sort``), segment heads marked where
@@ -199,6 +207,7 @@ def fused_backward_update(
     *,
     step: int | Tensor,
     backend: str = "auto",
+    valid: Tensor | None = None,
 ) -> None:
     """Reduce ``grad_out`` rows by id and apply ``config``'s optimizer to the touched rows of ``weight``, in place.
 
@@ -207,21 +216,28 @@ def fused_backward_update(
     fp32 / fp16 / bf16) the gradient of the pooled rows; ``step`` is the 1-based optimizer step (Adam's bias
     correction): a host int, or a one-element float64 tensor on ``weight``'s device whose value is the step (a
     counter that lives on the device: Adam's step size is then computed there, with no host read). ``backend``:
-    ``"auto"``, ``"torch"`` or ``"triton"`` (see the module's docstring). Nothing is read back to the host: the call
-    only enqueues work on the tensors' device.
+    ``"auto"``, ``"torch"`` or ``"triton"`` (see the module's docstring). ``valid``: an ``(n,)`` bool mask of the ids
+    that take part; the others (padding) are left out as if absent (module docstring, "Padding"). Nothing is read
+    back to the host: the call only enqueues work on the tensors' device.
     """
     opt = config.optimizer
     _check(weight, state, ids, bags, grad_out, opt, step)
+    if valid is not None and (valid.shape != ids.shape or valid.dtype != torch.bool or valid.device != ids.device):
+        raise ValueError(
+            f"valid must be a bool mask of the ids' shape {tuple(ids.shape)} on {ids.device}, got "
+            f"{tuple(valid.shape)} {valid.dtype} on {valid.device}"
+        )
     chosen = _choose_backend(backend, weight)
     n = ids.numel()
     if n == 0:
         return
     with torch.no_grad():
-        sorted_ids, sorted_bags, seg, starts = segments(ids, bags)
+        sorted_ids, sorted_bags, seg, starts = segments(ids, bags, valid)
         if chosen == "triton":
             _triton_update(weight, state, sorted_ids, sorted_bags, starts, grad_out, config, step)
         else:
-            _torch_update(weight, state, sorted_ids, sorted_bags, seg, starts, grad_out, config, step)
+            real = None if valid is None else valid.sum()
+            _torch_update(weight, state, sorted_ids, sorted_bags, seg, starts, grad_out, config, step, real)
 
 
 def pooled_sum(weight: Tensor, ids: Tensor, offsets: Tensor, *, backend: str = "auto") -> Tensor:
@@ -297,21 +313,36 @@ def _choose_backend(backend: str, weight: Tensor) -> str:
     return "triton"
 
 
-def segments(ids: Tensor, bags: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+#: the sort key of a left-out (padding) id: after every real one
+_LEFT_OUT_KEY = torch.iinfo(torch.int64).max
+
+
+def segments(ids: Tensor, bags: Tensor, valid: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Sort the ids and find the segments of equal ids, with sizes static in n (n ≥ 1).
 
     Returns ``sorted_ids`` (n,), ``sorted_bags`` (n,), ``seg`` (n,) — the segment of each sorted position, 0-based —
     and ``starts`` (n + 1,) — the first sorted position of each segment, ``n`` for every index at or past the
     segment count (so ``starts[k + 1]`` ends segment ``k``).
+
+    With ``valid`` (module docstring, "Padding") the left-out ids sort last, with the key ``int64`` max in
+    ``sorted_ids``, and ``starts`` holds the count ``m`` of real ids (on the device) where it would hold ``n``:
+    the segments of the left-out ids (at most one, the key being one value) and every index past them start and end
+    at ``m``, empty; the first ``m`` positions are what the real ids alone give.
     """
     n = ids.numel()
-    sorted_ids, perm = torch.sort(ids, stable=True)
+    key = ids if valid is None else torch.where(valid, ids, _LEFT_OUT_KEY)
+    sorted_ids, perm = torch.sort(key, stable=True)
     sorted_bags = bags.index_select(0, perm)
     head = torch.ones(n, dtype=torch.bool, device=ids.device)
     head[1:] = sorted_ids[1:] != sorted_ids[:-1]
     seg = torch.cumsum(head, 0) - 1
-    starts = torch.full((n + 1,), n, dtype=torch.int64, device=ids.device)
     positions = torch.arange(n, dtype=torch.int64, device=ids.device)
+    if valid is None:
+        starts = torch.full((n + 1,), n, dtype=torch.int64, device=ids.device)
+    else:  # left-out positions (the last n - m) give m, the fill: their segment starts, empty, at m
+        real = valid.sum()
+        starts = real.expand(n + 1).clone()
+        positions = torch.minimum(positions, real)
     starts.scatter_reduce_(0, seg, positions, reduce="amin", include_self=True)
     return sorted_ids, sorted_bags, seg, starts
 
@@ -326,6 +357,7 @@ def _torch_update(
     grad_out: Tensor,
     config: UpdateConfig,
     step: int | Tensor,
+    real: Tensor | None = None,
 ) -> None:
     """The update in torch ops, over all n possible segments.
 
@@ -334,17 +366,33 @@ def _torch_update(
     segment's row. Every segment computes its new row (the inert ones from a zero gradient), then the inert ones
     take the last real segment's results (``index_select`` by ``min(k, last)``), so the scatter back writes that row
     several times with the same bits: untouched rows are never written, and no count reaches the host.
+
+    ``real``: the device count ``m`` of real ids when some were left out (:func:`segments`): positions are clamped
+    to ``m - 1`` instead, so the segments from the left-out one on are inert the same way (the left-out ids' sums
+    go to the left-out segment, whose result is replaced); with no real id at all every segment writes the row it
+    read back unchanged (that row clamped into the weight: it is a left-out key).
     """
     n = sorted_ids.numel()
     cols = weight.shape[1]
     eps = config.epsilon
     g = torch.zeros(n, cols, dtype=torch.float32, device=weight.device)
     g.index_add_(0, seg, grad_out.index_select(0, sorted_bags).float())
-    rows = sorted_ids.index_select(0, starts[:n].clamp(max=n - 1))
-    live = torch.minimum(torch.arange(n, device=weight.device), seg[-1])  # k, or the last real segment past it
+    if real is None:
+        rows = sorted_ids.index_select(0, starts[:n].clamp(max=n - 1))
+        last = seg[-1]
+        none: Tensor | None = None
+    else:
+        end = (real - 1).clamp(min=0)  # the last real position (0 when there is none)
+        rows = sorted_ids.index_select(0, torch.minimum(starts[:n], end)).clamp_(max=weight.shape[0] - 1)
+        last = seg.index_select(0, end.reshape(1)).squeeze(0)
+        none = real == 0
+    live = torch.minimum(torch.arange(n, device=weight.device), last)  # k, or the last real segment past it
 
     def write(target: Tensor, new: Tensor) -> None:
-        target.index_copy_(0, rows, new.index_select(0, live).to(target.dtype))
+        picked = new.index_select(0, live).to(target.dtype)
+        if none is not None:  # no real id: write back what was read
+            picked = torch.where(none, target.index_select(0, rows), picked)
+        target.index_copy_(0, rows, picked)
 
     w = weight.index_select(0, rows).float()
     opt = config.optimizer

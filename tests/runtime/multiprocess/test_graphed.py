@@ -302,3 +302,59 @@ def test_graphed_step_refuses_and_reports_on_cuda() -> None:
     assert "batch leaf" in got["shape"]
     assert "emb.b" in got["bad"]
     assert got["rows_moved"] == "True"  # the step ran (the bad id clamped into its table)
+
+
+def varying_batch(seed: int, device: torch.device) -> Any:
+    """As :func:`batch`, but every bag holds 0 to 2·POOL ids: another number of ids per table every seed (row 0 of
+    each table looked up by even seeds, so that the padding's zeros name a row with state)."""
+    g = torch.Generator().manual_seed(seed)
+    feats = {}
+    for f, (rows, _) in TABLES.items():
+        lengths = torch.randint(0, 2 * POOL + 1, (BATCH,), generator=g)
+        ids = torch.randint(0, rows, (int(lengths.sum()),), generator=g)
+        if seed % 2 == 0:
+            ids[:1] = 0
+        feats[f] = (ids.to(device), (torch.cumsum(lengths, 0) - lengths).to(device))
+    dense = torch.randn(BATCH, DENSE, generator=g).to(device)
+    labels = torch.randint(0, 2, (BATCH,), generator=g).float().to(device)
+    return dense, feats, labels
+
+
+def check_padded_graph_on_cuda(rank: int, world: int, opt: RowOptimizer) -> list[str]:
+    """Batches of varying pooling: eager steps and a graphed step with every table padded to a capacity, from the
+    same initialisation on the same batches: the same losses and weights; then a batch past a capacity, refused."""
+    device = torch.device("cuda", 0)
+    errors: list[str] = []
+    eager, e_ebc, e_opt = built(Placement.hbm, device, opt)
+    graphed, g_ebc, g_opt = built(Placement.hbm, device, opt)
+    example = varying_batch(0, device)
+    eager_step = stepper(eager, e_ebc, e_opt)
+    for _ in range(3):
+        eager_step(example)
+    capacity = dict.fromkeys(TABLES, 2 * POOL * BATCH)
+    step = GraphedStep(stepper(graphed, g_ebc, g_opt), example, modules=[graphed], warmup=3, capacity=capacity)
+    for i in range(6):
+        b = varying_batch(100 + i, device)
+        want = eager_step(b)
+        got = step(b)
+        if not torch.allclose(got, want, atol=1e-6, rtol=1e-6):
+            errors.append(f"step {i}: loss {float(got)} against {float(want)}")
+    step.check_ids()
+    torch.cuda.synchronize()
+    errors += differences(graphed, eager, f"{opt.value} padded", 1e-5)
+    dense, feats, labels = varying_batch(200, device)
+    feats["emb.c"] = (torch.zeros(2 * POOL * BATCH + 1, dtype=torch.int64, device=device), feats["emb.c"][1])
+    try:
+        step((dense, feats, labels))
+        errors.append("a batch past emb.c's capacity was replayed")
+    except ValueError as e:
+        if "emb.c" not in str(e) or str(2 * POOL * BATCH + 1) not in str(e):
+            errors.append(f"the refusal does not name the table and the count: {e}")
+    return errors
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("opt", [o.value for o in RowOptimizer])
+def test_padded_graphed_steps_train_as_eager_steps(opt: str) -> None:
+    (errors,) = run(check_padded_graph_on_cuda, 1, RowOptimizer(opt), backend="nccl")
+    assert errors == [], errors
