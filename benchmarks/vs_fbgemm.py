@@ -49,8 +49,10 @@ the pooled rows written and their gradient read; a cached or host table's misses
 catalogue H200's peak HBM and host-link bandwidths, no efficiency applied; and
 ``ratios``: ours / FBGEMM of the pipelined step and of the embedding part, eager and graphed.
 
-The time budget (``--budget-s``) is checked before each engine's build and each batch: what would start after it is
-recorded as skipped (``reason: budget``); a case that started runs to its end. The JSON is rewritten after every
+The time budget (``--budget-s``) is checked before each engine's build (which needs the model's ``engine_s`` left:
+about what one engine takes on an H200 at the default steps, 15 s for the small models, 40 s for the DCNv2 ones) and
+before each batch: what would start after it is recorded as skipped (``reason: budget``); a case that started runs
+to its end. The JSON is rewritten after every
 measurement (a run cut short keeps what it measured)::
 
     # one H200 (torch, Triton, TorchRec, fbgemm_gpu, pydantic, PyYAML): about 6 minutes at the defaults
@@ -118,6 +120,9 @@ class Model:
     cfg: truth.Config  # its batch: the largest of ``batches`` (what the plan and the caches' spill reserve are for)
     batches: tuple[int, ...]
     port: pm.PortModel | None = None  # the capped model: its Zipf skews and HBM cap
+    #: about how long one engine takes on an H200 at the default steps (build, warm-up, every batch): an engine
+    #: starts only with this much of the budget left
+    engine_s: float = 15.0
 
 
 def _models() -> list[Model]:
@@ -129,8 +134,8 @@ def _models() -> list[Model]:
     return [
         Model(C("small-tables", "vs", 16384, 32, small, dtype="fp16", bottom=(64,), top=(256, 128)), (4096, 16384)),
         Model(C("bf16-pool", "vs", 16384, 128, pool, dtype="bf16"), (4096, 16384)),
-        Model(dataclasses.replace(capped.cfg, name="dcnv2-capped", batch=8192), (8192,), capped),
-        Model(C("dcnv2-full", "vs", 32768, 128, truth._dcn_tables(10**12), **dcn), (8192, 32768)),
+        Model(dataclasses.replace(capped.cfg, name="dcnv2-capped", batch=8192), (8192,), capped, 40.0),
+        Model(C("dcnv2-full", "vs", 32768, 128, truth._dcn_tables(10**12), **dcn), (8192, 32768), engine_s=40.0),
     ]
 
 
@@ -149,7 +154,7 @@ def small_model(m: Model) -> Model:
     cfg = dataclasses.replace(te.small_config(m.cfg), batch=max(batches), tables=m.cfg.tables[:SMALL_TABLES])
     cfg = dataclasses.replace(cfg, tables=te.small_config(cfg).tables)
     port = m.port and dataclasses.replace(m.port, cfg=cfg, skews=m.port.skews[:SMALL_TABLES], cap_gib=1.0)
-    return Model(cfg, batches, port)
+    return Model(cfg, batches, port, engine_s=0.0)
 
 
 def at_batch(cfg: truth.Config, batch: int) -> truth.Config:
@@ -296,11 +301,8 @@ class TorchRig:
     grads: list[Any]  # the embedding part's output gradients, in table order
     fresh: bool = False
     _next: int = 0
-
-    def _batch(self, i: int) -> Any:
-        if self.fresh:
-            i, self._next = self._next, self._next + 1
-        return self.batches[i % len(self.batches)]
+    #: step ``i``'s batch (with ``fresh``, the next of the stream): truth.py's rig's
+    _batch = truth.Rig._batch
 
     def step(self, i: int) -> None:
         import torch
@@ -363,11 +365,8 @@ class DmpRig(te.Rig):
     grad: Any = None
     fresh: bool = False
     _next: int = 0
-
-    def batch(self, i: int) -> Any:
-        if self.fresh:
-            i, self._next = self._next, self._next + 1
-        return self.batches[i % len(self.batches)]
+    #: step ``i``'s batch, on the device (with ``fresh``, the next of the stream): truth.py's rig's
+    batch = truth.Rig._batch
 
     def emb(self, i: int) -> None:
         pooled = self.dmp.module.sparse(self.batch(i)[1]).values()
@@ -488,8 +487,9 @@ class Clock:
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
 
-    def over(self) -> bool:
-        return self.elapsed() >= self.budget_s
+    def over(self, needs_s: float = 0.0) -> bool:
+        """Whether less than ``needs_s`` seconds of the budget are left (none: whether it is spent)."""
+        return self.elapsed() + needs_s >= self.budget_s
 
 
 def skipped(reason: str) -> dict[str, Any]:
@@ -574,11 +574,14 @@ def run_model(m: Model, args: argparse.Namespace, device: Any, doc: te.Doc, cloc
             for b in m.batches:
                 cases[str(b)][engine] = skipped(why)
             continue
-        if clock.over():
-            erec |= skipped("budget")
+        if clock.over(m.engine_s):
+            erec |= skipped(
+                f"budget: {clock.budget_s - clock.elapsed():.0f} s left, the engine takes ~{m.engine_s:.0f} s"
+            )
+            for b in m.batches:
+                cases[str(b)][engine] = skipped("budget")
             continue
-        rig = None
-        release(device)
+        rig = None  # the engine before it was released (its ``finally``)
         if cuda and fraction is not None:
             torch.cuda.set_per_process_memory_fraction(fraction, device)
         base = torch.cuda.memory_allocated(device) if cuda else 0
