@@ -165,6 +165,16 @@ def for_torchrec(spec: ModelSpec, plan: Plan) -> tuple[ModelSpec, Plan]:
     return renamed, plan
 
 
+def export(spec: ModelSpec, plan: Plan, device: Any) -> tuple[dict[str, Any], Any]:
+    """``plan`` of ``spec`` (truth.py's table names) exported by ``to_torchrec`` for the TorchRec model of
+    :func:`build_dlrm` on ``device``'s type: (the serialized plan, the ``ShardingPlan`` DMP takes)."""
+    from shardwise.solver.torchrec.exporter import to_torchrec, to_torchrec_dict
+
+    tr_spec, renamed = for_torchrec(spec, plan)
+    kwargs = {"module_fqn": SPARSE_FQN, "device_type": device.type}
+    return to_torchrec_dict(renamed, tr_spec, **kwargs), to_torchrec(renamed, tr_spec, **kwargs)
+
+
 def small_config(cfg: truth.Config) -> truth.Config:
     """``cfg`` with every table cut to :data:`SMALL_ROWS` rows and the batch to :data:`SMALL_BATCH`."""
     tables = tuple((min(rows, SMALL_ROWS), pool) for rows, pool in cfg.tables)
@@ -467,18 +477,13 @@ def run_plan(
 def measure_config(cfg: truth.Config, device: Any, steps: int, warmup: int, row: dict[str, Any]) -> None:
     """One truth.py configuration through ``to_torchrec`` and DMP (module docstring), recorded into ``row`` as it goes
     (a failure keeps what was recorded before it)."""
-    from shardwise.solver.torchrec.exporter import to_torchrec, to_torchrec_dict
-
     the_plan = truth.plan(cfg)
-    spec, renamed = for_torchrec(truth.model_spec(cfg), the_plan)
     row["plan"] = the_plan.model_dump(mode="json")
     row["table_names"] = {torchrec_name(t.name): t.name for t in the_plan.tables}
     if device.type != "cuda" and cfg.placement != Placement.hbm.value:
         row |= {"status": "skipped", "reason": f"placement {cfg.placement}: TorchRec's UVM kernels are CUDA-only"}
         return
-    kwargs = {"module_fqn": SPARSE_FQN, "device_type": device.type}
-    row["torchrec_plan"] = to_torchrec_dict(renamed, spec, **kwargs)
-    sharding_plan = to_torchrec(renamed, spec, **kwargs)
+    row["torchrec_plan"], sharding_plan = export(truth.model_spec(cfg), the_plan, device)
     batches, _ = truth.make_batches(cfg, device, 4)
     data = [(dense, to_kjt(feats), labels) for dense, feats, labels in batches]
     row |= run_plan(cfg, sharding_plan, data, device, steps=steps, warmup=warmup)
@@ -662,7 +667,6 @@ def port_case(
 
     from benchmarks.torchrec_baseline import serialize_plan
     from shardwise.solver.planner import make_plan
-    from shardwise.solver.torchrec.exporter import to_torchrec, to_torchrec_dict
     from shardwise.solver.torchrec.importer import from_torchrec
     from shardwise.wire.spec import SolveParams
 
@@ -704,10 +708,7 @@ def port_case(
             moved = [t.name for t in sw_plan.tables if any(s.placement is not Placement.hbm for s in t.shards)]
             run = Plan.model_validate(pm._variant(sw_plan.model_dump(mode="json"), {"host", "uvm_cache"}))
             rec["ran_in_hbm"] = moved
-        tr_spec, renamed = for_torchrec(spec, run)
-        kwargs = {"module_fqn": SPARSE_FQN, "device_type": device.type}
-        rec["torchrec_plan"] = to_torchrec_dict(renamed, tr_spec, **kwargs)
-        sharding["shardwise"] = to_torchrec(renamed, tr_spec, **kwargs)
+        rec["torchrec_plan"], sharding["shardwise"] = export(spec, run, device)
     except Exception as e:
         rec |= failure(e)
     save()

@@ -416,11 +416,15 @@ def build(
     draw: IdDraw = None,
     batches: int = 4,
     graphed: bool = False,
+    dense_kernels: bool = True,
+    data: tuple[list[Any], list[Any]] | None = None,
 ) -> Rig:
     """The configuration's DLRM applied to ``device`` with ``the_plan`` (default :func:`plan`; a process group of one
-    must exist), trained on ``batches`` batches whose ids ``draw`` draws (default uniform over the table's rows).
+    must exist), trained on ``batches`` batches whose ids ``draw`` draws (default uniform over the table's rows), or
+    on ``data`` (what :func:`make_batches` returned) when given.
     ``graphed``: the step and the embedding part captured as CUDA graphs (:meth:`Rig.capture`), the batches of one
-    shape (each table's bag lengths drawn once, its ids per batch), the dense Adam capturable."""
+    shape (each table's bag lengths drawn once, its ids per batch), the dense Adam capturable. ``dense_kernels``:
+    ``apply_plan``'s (False: every linear layer stays torch's ``nn.Linear``)."""
     import torch
     from torch import nn
 
@@ -454,15 +458,16 @@ def build(
         model_spec=model_spec(cfg),  # checks the plan against the model, and sizes the caches' spill reserve
         device=device,
         embedding_optimizer=UpdateConfig(RowOptimizer(cfg.optimizer), lr=0.01),
+        dense_kernels=dense_kernels,
     )
     _, dense = split_parameters(model)
     fused = device.type == "cuda"
-    data, host_features = make_batches(cfg, device, batches, draw=draw, graphed=graphed)
+    batches_, host_features = data or make_batches(cfg, device, batches, draw=draw, graphed=graphed)
     rig = Rig(
         model=model,
         ebc=ShardedEmbeddingBagCollection.from_module(model),
         opt=torch.optim.Adam(dense, lr=1e-3, fused=fused, capturable=graphed),
-        batches=data,
+        batches=batches_,
         grads={f"sparse.t{i}": torch.randn(cfg.batch, cfg.dim, device=device) for i in range(len(cfg.tables))},
         host_features=host_features,
     )
