@@ -430,6 +430,11 @@ VENDOR_UNALIGNED_EXTRA_S: Final = 2e-6
 TRITON_MARGIN: Final = 0.8
 #: bytes of alignment the vendor's fast kernels need on every leading dimension
 VENDOR_ALIGN_BYTES: Final = 16
+#: the host time a Triton matmul launch costs beyond the vendor GEMM's (Triton's launcher is Python, cuBLAS's
+#: dispatch C++): measured as the host floor's per-layer term when every layer's three GEMMs moved to Triton
+#: (``docs/truth.md``, runs 4 and 5). A step whose host sets the pace pays it in full, so the Triton matmul is
+#: chosen only where its device time saves at least this much besides (``docs/kernels.md``, "The vendor GEMM")
+TRITON_HOST_S: Final = 26e-6
 
 
 def _aligned(gemm: Gemm) -> bool:
@@ -505,11 +510,12 @@ class Pick:
 
 def pick(gemm: Gemm, profile: HardwareProfile, *, copies: bool = True) -> Pick:
     """The kernel that runs ``gemm`` on ``profile``: the vendor GEMM, unless the best Triton configuration
-    (:func:`choose`) is predicted to take at most :data:`TRITON_MARGIN` of the vendor's time (:func:`vendor_us`;
-    ``copies`` as there). ValueError where no Triton configuration runs or the profile has no microarchitecture."""
+    (:func:`choose`), with its launch's extra host time (:data:`TRITON_HOST_S`) added, is predicted to take at most
+    :data:`TRITON_MARGIN` of the vendor's time (:func:`vendor_us`; ``copies`` as there). The times the pick records
+    are device times. ValueError where no Triton configuration runs or the profile has no microarchitecture."""
     config, triton = choose(gemm, profile)
     vendor = vendor_us(gemm, profile, copies=copies)
-    if triton <= TRITON_MARGIN * vendor:
+    if triton + TRITON_HOST_S * US <= TRITON_MARGIN * vendor:
         return Pick(KernelLibrary.triton, config, triton, triton, vendor)
     return Pick(KernelLibrary.vendor, config, vendor, triton, vendor)
 

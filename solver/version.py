@@ -18,7 +18,8 @@ from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams
 #: the all-to-alls inside a group, the replicas' sync), which the planner now weighs against 1D ones; 5: a linear
 #: layer's dense compute is its chosen kernels' predicted time (``cost_model.dense_kernel_s``), not the flat roofline;
 #: 6: the vendor GEMM (``torch.matmul``) is a candidate beside the Triton configurations, and runs a GEMM unless a
-#: configuration is predicted clearly faster (``kernels.pick``); its forward takes the bias in its epilogue
+#: configuration is predicted clearly faster, its launch's extra host time included (``kernels.pick``); its forward
+#: takes the bias in its epilogue
 COST_MODEL_VERSION = "6"
 #: what a plan's ``status`` and ``lower_bound_ms`` mean. 2: ``lower_bound_ms`` holds over the whole candidate
 #: catalogue and ``optimal`` meets it; what a search proved over its own space is ``solver.searched_*``. It is in the
