@@ -33,24 +33,28 @@ backend, an indexing error on the torch one).
 Padding: ``valid`` (an ``(n,)`` bool mask on the device) leaves out the ids where it is False, as if they were not
 in ``ids`` at all — the padding of a fixed-capacity input buffer (:mod:`shardwise.runtime.embedding.padding`). A
 zero gradient would not do: Adam's moments decay on it, and an Adagrad row at zero state with ``eps=0`` divides
-zero by zero. Left-out ids sort after every real id (their sort key is the largest int64), the segment starts end
-at the device count of real ids instead of ``n``, so every segment from the first left-out position on is empty:
+zero by zero. Left-out ids sort after every real id (their sort key is the key dtype's largest value), the segment
+starts end at the device count of real ids instead of ``n``, so every segment from the first left-out position on is
+empty:
 the real ids get the segments, sums and order they get without the padding (the sort is stable), bit for bit, and
 no row a left-out id names is read or written for it. Nothing is read back to the host.
 
 No host synchronisation
 -----------------------
-Every size is static in ``n`` (the number of ids): the ids are sorted (``torch.sort``), segment heads marked where
-a sorted id differs from its predecessor, each position's segment index is the cumulative sum of the heads, and the
-segment starts come from a ``scatter_reduce`` (amin) into an ``(n + 1)``-long buffer filled with ``n``. There are at
+Every size is static in ``n`` (the number of ids): the ids are sorted (``torch.sort``; as int32 keys for the Triton
+backend where the rows fit, half the radix passes of int64), segment heads marked where a sorted id differs from its
+predecessor, each position's segment index is the cumulative sum of the heads, and each head writes its position as
+its segment's start into an ``(n + 1)``-long buffer filled with ``n`` (no atomics: a hot row's many ids do not
+contend for one address). There are at
 most ``n`` segments; those past the real count (which stays on the device) are inert. Nothing calls ``.item()``,
 ``.tolist()``, ``torch.unique``, ``nonzero`` or boolean-mask indexing, and no output size depends on the data.
 
 Backends (same semantics)
 -------------------------
 ``"torch"``: torch ops alone, on any device; it holds an ``n × C`` fp32 buffer of per-segment sums (and a few more
-of that size for the update). ``"triton"``: one Triton kernel, one program per segment
-(:mod:`shardwise.runtime.kernels.fused_update` describes the grid, the blocks and the bytes moved); CUDA tensors, or CPU
+of that size for the update). ``"triton"``: one Triton kernel, blocks of segments claimed by a grid of a few
+programs per multiprocessor (:mod:`shardwise.runtime.kernels.fused_update` describes the grid, the blocks and the
+bytes moved); CUDA tensors, or CPU
 tensors under Triton's interpreter (``TRITON_INTERPRET=1`` set before Triton is imported — tests run it in a
 subprocess). ``"auto"`` takes Triton for CUDA tensors when it imports, else torch. Both capture into a CUDA graph
 (checked on an H200); Adam's step size is computed on the host from an int ``step``, so a graph captured with one
@@ -232,7 +236,9 @@ def fused_backward_update(
     if n == 0:
         return
     with torch.no_grad():
-        sorted_ids, sorted_bags, seg, starts = segments(ids, bags, valid)
+        # the Triton kernel takes int32 row ids: half the sort's radix passes where the rows fit
+        narrow = chosen == "triton" and weight.shape[0] < _NARROW_LIMIT
+        sorted_ids, sorted_bags, seg, starts = segments(ids, bags, valid, narrow=narrow)
         if chosen == "triton":
             _triton_update(weight, state, sorted_ids, sorted_bags, starts, grad_out, config, step)
         else:
@@ -313,24 +319,32 @@ def _choose_backend(backend: str, weight: Tensor) -> str:
     return "triton"
 
 
-#: the sort key of a left-out (padding) id: after every real one
-_LEFT_OUT_KEY = torch.iinfo(torch.int64).max
+#: rows below this take int32 sort keys with ``narrow`` (the int32 maximum is the left-out key)
+_NARROW_LIMIT = torch.iinfo(torch.int32).max
 
 
-def segments(ids: Tensor, bags: Tensor, valid: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def segments(
+    ids: Tensor, bags: Tensor, valid: Tensor | None = None, *, narrow: bool = False
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Sort the ids and find the segments of equal ids, with sizes static in n (n ≥ 1).
 
     Returns ``sorted_ids`` (n,), ``sorted_bags`` (n,), ``seg`` (n,) — the segment of each sorted position, 0-based —
     and ``starts`` (n + 1,) — the first sorted position of each segment, ``n`` for every index at or past the
-    segment count (so ``starts[k + 1]`` ends segment ``k``).
+    segment count (so ``starts[k + 1]`` ends segment ``k``). ``narrow``: the ids are sorted as int32 keys (half the
+    radix sort's passes) and ``sorted_ids`` is int32; every id must be below the int32 maximum.
 
-    With ``valid`` (module docstring, "Padding") the left-out ids sort last, with the key ``int64`` max in
+    With ``valid`` (module docstring, "Padding") the left-out ids sort last, with the key's dtype's maximum in
     ``sorted_ids``, and ``starts`` holds the count ``m`` of real ids (on the device) where it would hold ``n``:
     the segments of the left-out ids (at most one, the key being one value) and every index past them start and end
     at ``m``, empty; the first ``m`` positions are what the real ids alone give.
+
+    A segment's start is the position of its head (the first of its ids in sorted order), written by the heads alone:
+    the other positions write into one slot past the end, which is dropped.
     """
     n = ids.numel()
-    key = ids if valid is None else torch.where(valid, ids, _LEFT_OUT_KEY)
+    key = ids.to(torch.int32) if narrow else ids
+    if valid is not None:
+        key = torch.where(valid, key, torch.iinfo(key.dtype).max)
     sorted_ids, perm = torch.sort(key, stable=True)
     sorted_bags = bags.index_select(0, perm)
     head = torch.ones(n, dtype=torch.bool, device=ids.device)
@@ -338,13 +352,13 @@ def segments(ids: Tensor, bags: Tensor, valid: Tensor | None = None) -> tuple[Te
     seg = torch.cumsum(head, 0) - 1
     positions = torch.arange(n, dtype=torch.int64, device=ids.device)
     if valid is None:
-        starts = torch.full((n + 1,), n, dtype=torch.int64, device=ids.device)
+        starts = torch.full((n + 2,), n, dtype=torch.int64, device=ids.device)
     else:  # left-out positions (the last n - m) give m, the fill: their segment starts, empty, at m
         real = valid.sum()
-        starts = real.expand(n + 1).clone()
+        starts = real.expand(n + 2).clone()
         positions = torch.minimum(positions, real)
-    starts.scatter_reduce_(0, seg, positions, reduce="amin", include_self=True)
-    return sorted_ids, sorted_bags, seg, starts
+    starts.scatter_(0, torch.where(head, seg, n + 1), positions)
+    return sorted_ids, sorted_bags, seg, starts[: n + 1]
 
 
 def _torch_update(

@@ -7,64 +7,83 @@ interpreter, which must be switched on (``TRITON_INTERPRET=1``) before this modu
 
 Organisation
 ------------
-The caller sorts the ids and finds the segments (one segment per distinct row, at most ``n``); this kernel gets
+The caller sorts the ids and finds the segments (one segment per distinct row, at most ``n``); the update gets
 
-* ``sorted_ids`` (n,) int64 — the row ids, sorted;
+* ``sorted_ids`` (n,) int64 or int32 — the row ids, sorted;
 * ``sorted_bags`` (n,) int64 — the output row each sorted id was pooled into;
 * ``starts`` (n + 1,) int64 — ``starts[k]`` is the first sorted position of segment ``k``, and ``n`` for every
   ``k`` at or past the number of segments (so ``starts[k + 1]`` ends segment ``k``, the last one included).
 
-The grid is ``(n,)``: **one program per possible segment**. Program ``k`` loads ``starts[k]`` and ``starts[k + 1]``;
-past the last segment both are ``n`` and the program does nothing else (the segment count lives in device memory
-only: nothing is read back to the host). A live program
+The segment count lives in device memory only: nothing is read back to the host. Two kernels:
 
-1. loads its row ``r = sorted_ids[starts[k]]``;
-2. walks its ids ``BLOCK_N`` at a time: loads their bags (``BLOCK_N`` int64) and gathers those ``grad_out`` rows as
-   one ``BLOCK_N × BLOCK_C`` tile, summed over the ids into an fp32 register vector ``g`` of ``BLOCK_C`` columns;
-3. applies the optimizer to ``weight[r]`` and its state, in place, once (no other program owns row ``r``, so there
-   are no atomics and no races).
+**Rows of up to 512 columns: blocks of segments, then the long ones** (``_fused_groups_kernel``, then
+``_fused_long_kernel``). ``BLOCK_C`` is ``next_pow2(C)``; a block is ``SEGS = UPDATE_ELEMENTS // BLOCK_C`` consecutive
+segments (16 of 32 columns, 4 of 128, 1 of 512), a program :data:`UPDATE_WARPS` warps. The grid is a few programs per
+multiprocessor (:data:`GROUP_PROGRAMS_PER_SM`), not one per possible segment: each program claims the next
+:data:`GROUP_CLAIM` blocks with an ``atomic_add`` on a counter zeroed for the launch, and stops at the first claim
+whose first segment is empty (the segments are numbered from 0, so every later one is empty too). Launching one
+program per possible segment instead — ``n`` of them, most past the last segment when tables are small and rows
+repeat — cost more than the work (``docs/benchmarks.md``, "The embedding kernels"). In a block:
 
-``BLOCK_C`` is ``next_pow2(C)`` up to 512, so a row of up to 512 columns is one register block and every step above
-runs once. Wider rows loop over column blocks: SGD, Adagrad and Adam are column-wise, so each column block runs
-steps 2–3 on its own; row-wise Adagrad needs the whole row's mean of ``g²`` first, so it makes two passes (the first
-sums ``g²`` over every column block, the second recomputes ``g`` per block and updates it), reading the segment's
-gradient rows twice.
+1. the segments of at most :data:`LONG_SEGMENT` ids are summed side by side: ``GROUP_IDS`` ids of each a step, their
+   bags and then their ``grad_out`` rows gathered as one ``SEGS × GROUP_IDS × BLOCK_C`` tile and summed over the ids
+   into an fp32 ``SEGS × BLOCK_C`` block, until the block's longest such segment is done; their weight rows are read
+   before the loop, and the optimizer updates the ``SEGS`` rows as one tile;
+2. each longer segment (a hot row) is appended to a list (an ``atomic_add`` on a second counter gives its slot).
+
+The second kernel takes the list: each program claims the next long segment (a third counter) and sums its ids
+``BLOCK_L`` at a time while a whole tile of them remains (``BLOCK_L = clamp(4096 // BLOCK_C, BLOCK_N, 32)``: 32 ids of
+128 columns, 8 of 512), then ``BLOCK_N`` at a time — each step waits for one round of loads, so a Zipf-hot row of
+90,000 ids takes about 2,800 steps — and updates its row. Hot rows are neighbours in sorted order (a table's hottest
+rows are its first ones under Zipf ids), so summing them inside their block ran them one after another in one
+program; listed, they run side by side, a program each (a hot row still runs in one program, where FBGEMM would
+split it over several).
+
+No other program owns a segment's row, so there are no atomics on rows and no races. Both kernels are compiled for a
+specialisation before the first update runs either: where they do not build (a Triton this module was not checked
+on), the update says why once (a ``RuntimeWarning``) and every update takes the per-segment kernel below.
+
+**Wider rows: one program per possible segment** (``_fused_rows_kernel``, grid ``(n,)``). Program ``k`` loads
+``starts[k]`` and ``starts[k + 1]``; past the last segment both are ``n`` and it does nothing else. A live program
+loads its row, sums its ids' gradient rows in tiles (as step 2 above) and updates the row; the row loops over column
+blocks of 512: SGD, Adagrad and Adam are column-wise, so each column block is summed and updated on its own; row-wise
+Adagrad needs the whole row's mean of ``g²`` first, so it makes two passes (the first sums ``g²`` over every column
+block, the second recomputes ``g`` per block and updates it), reading the segment's gradient rows twice.
+``BLOCK_N = clamp(512 // BLOCK_C, 1, 4)``, ``num_warps = clamp(BLOCK_C // 128, 1, 4)``.
 
 Memory traffic (``C`` columns, ``b_g`` / ``b_w`` bytes per gradient / weight element): per id, 8 B of bag index and
 ``C·b_g`` of gradient row (twice for row-wise Adagrad when ``C > 512``); per touched row, 16 B of segment bounds and
-8 B of row id, ``2·C·b_w`` of weight (read + write), and the state's read + write: SGD 0, row-wise Adagrad 8 B,
-Adagrad ``8·C``, Adam ``16·C`` (fp32 state). Programs past the last segment read 16 B.
-
-Launch: ``BLOCK_N = clamp(512 // BLOCK_C, 1, 4)`` ids per tile (4 at 128 columns, 1 at 512: most segments hold
-one id, so a larger tile is mostly masked; the best of 15 tiles timed on an H200) and
-``num_warps = clamp(BLOCK_C // 128, 1, 4)``; ``OPT``, ``BLOCK_N``, ``BLOCK_C`` and ``NUM_CB`` (column blocks) are
+8 B (or 4) of row id, ``2·C·b_w`` of weight (read + write), and the state's read + write: SGD 0, row-wise Adagrad 8 B,
+Adagrad ``8·C``, Adam ``16·C`` (fp32 state). ``OPT``, the tile sizes and ``NUM_CB`` (column blocks) are
 compile-time constants, so one compiled kernel per (optimizer, width class, dtypes).
 
-Numerics: the sums are fp32 in a fixed order per segment, so the kernel is deterministic run to run (the torch
-backend's ``index_add_`` on CUDA is not); ``tl.sqrt`` and ``/`` are Triton's fast fp32 versions and multiply-adds may
-fuse, a few units in the last place from torch's arithmetic. The kernel enqueues no host work and captures into a
-CUDA graph. Adam's step size is a scalar argument (a graph captured with it replays the step it was captured at) or,
-with ``STEP_PTR``, a one-element fp32 tensor the kernel loads: what :class:`shardwise.runtime.graphed.GraphedStep`
-passes, its step counter living on the device.
+Numerics: the sums are fp32 in a fixed order per segment (the tiles' order), so the kernels are deterministic run to
+run (the torch backend's ``index_add_`` on CUDA is not); ``tl.sqrt`` and ``/`` are Triton's fast fp32 versions and
+multiply-adds may fuse, a few units in the last place from torch's arithmetic. The kernels enqueue no host work and
+capture into a CUDA graph (the counter is allocated and zeroed in the captured stream). Adam's step size is a scalar
+argument (a graph captured with it replays the step it was captured at) or, with ``STEP_PTR``, a one-element fp32
+tensor the kernel loads: what :class:`shardwise.runtime.graphed.GraphedStep` passes, its step counter living on the
+device.
 
 Version tolerance: ``tl.load`` / ``tl.store`` with masks, ``tl.program_id``, ``tl.arange``, ``tl.zeros``, ``tl.sum``,
-``tl.sqrt``, a scalar ``if`` and a ``while`` loop. The loop over a segment's ids is a ``while``, not a ``range`` over
-loaded bounds, and the column blocks loop over a constant count: Triton 3.6's interpreter cannot use a runtime scalar
-as a ``range`` bound under NumPy 2. Checked: the interpreter on Triton 3.2, 3.6 and 3.9 (CPU); compiled on an H200
-with torch 2.11 and Triton 3.6.
+``tl.max``, ``tl.sqrt``, ``tl.atomic_add``, a scalar ``if`` and ``while`` loops. The loops over ids are ``while``
+loops, not a ``range`` over loaded bounds, and the column blocks loop over a constant count: Triton 3.6's interpreter
+cannot use a runtime scalar as a ``range`` bound under NumPy 2. Checked: the interpreter on Triton 3.9 (CPU); compiled
+on an H200 with torch 2.11 and Triton 3.6: the per-segment kernels, the grouped forward, and the grouped update as it
+was before its long segments moved to a kernel of their own — that kernel has run under the interpreter only (and
+where it does not build, the per-segment kernel runs).
 
-The forward (``_pooled_rows_kernel``) is one program per bag: it walks the bag's ids ``BLOCK_N`` at a time,
-gathers their weight rows as one tile and sums them in fp32 — per id 8 B of index and ``C·b_w`` of weight row, per
-bag ``C·b_w`` written — and needs no sort.
-
-One program runs a segment's ids in sequence: a row hit by a large share of the batch is a long serial loop in one
-program, where FBGEMM would split it over several. So a segment walks its ids ``BLOCK_L`` at a time while a whole
-tile of them remains (``BLOCK_L = clamp(4096 // BLOCK_C, BLOCK_N, 32)``: 32 ids of 128 columns, 8 of 512), then
-``BLOCK_N`` at a time: each step waits for one round of loads, so a Zipf-hot row of 90,000 ids takes about 2,800 steps
-instead of 22,500. A segment shorter than ``BLOCK_L`` sums exactly as before (the same tiles, the same order).
+The forward: rows of up to 512 columns by ``_pooled_groups_kernel`` — ``POOL_ELEMENTS // BLOCK_C`` bags a program,
+``GROUP_IDS`` ids of each gathered a step as one tile, until the program's longest bag is done — and wider ones by
+``_pooled_rows_kernel``, one program per bag; each bag summed in fp32, per id 8 B of index and ``C·b_w`` of weight
+row, per bag ``C·b_w`` written, no sort.
 """
 
 from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any
 
 import torch
 import triton
@@ -78,6 +97,24 @@ SGD, ADAGRAD, ROWWISE_ADAGRAD, ADAM = 0, 1, 2, 3
 MAX_BLOCK_C = 512
 #: a long segment's tile: up to 32 ids and about 4,096 elements (32 ids of 128 columns, 8 of 512)
 LONG_TILE_ELEMENTS = 4096
+#: the grouped update's block: ``SEGS`` segments of ``BLOCK_C`` columns, about this many elements, and its warps (the
+#: best of three layouts timed on an H200: ``docs/benchmarks.md``, "The embedding kernels")
+UPDATE_ELEMENTS = 512
+UPDATE_WARPS = 2
+#: the grouped forward's block: bags of ``BLOCK_C`` columns, about this many elements, and its warps (likewise)
+POOL_ELEMENTS = 1024
+POOL_WARPS = 4
+#: ids of each segment or bag of a block gathered per step of its lockstep loop
+GROUP_IDS = 4
+#: a segment with more ids than this leaves the grouped update and is summed by a program of its own
+LONG_SEGMENT = 64
+#: grouped programs per multiprocessor (they claim blocks of segments until none is left, so fewer than resident
+#: ones only lose parallelism, more only wait)
+GROUP_PROGRAMS_PER_SM = 16
+#: blocks of segments a program claims at a time: one atomic on the shared counter per this many blocks
+GROUP_CLAIM = 4
+#: programs per multiprocessor of the long segments' kernel (one warp each at up to 128 columns)
+LONG_PROGRAMS_PER_SM = 32
 
 
 @triton.jit
@@ -154,7 +191,7 @@ def _fused_rows_kernel(  # type: ignore[no-untyped-def]
     start = tl.load(starts_ptr + seg)
     end = tl.load(starts_ptr + seg + 1)
     if start < end:  # past the last segment start == end == n: nothing to do
-        row = tl.load(sorted_ids_ptr + start)
+        row = tl.load(sorted_ids_ptr + start).to(tl.int64)
         w_row_ptr = weight_ptr + row * stride_w
         cols0 = tl.arange(0, BLOCK_C)
         if OPT == 2:
@@ -224,6 +261,348 @@ def _fused_rows_kernel(  # type: ignore[no-untyped-def]
                 tl.store(w_row_ptr + cols, w.to(weight_ptr.dtype.element_ty), mask=col_mask)
 
 
+@triton.jit
+def _apply_rows(  # type: ignore[no-untyped-def]
+    weight_ptr,
+    state1_ptr,
+    state2_ptr,
+    rows,
+    w,
+    g,
+    mask,
+    row_mask,
+    cols,
+    C,
+    stride_w,
+    stride_s,
+    lr,
+    eps,
+    one_minus_beta1,
+    one_minus_beta2,
+    step_size,
+    step_size_ptr,
+    OPT: tl.constexpr,
+    STEP_PTR: tl.constexpr,
+):
+    """The optimizer on ``S`` rows at once: ``rows`` (S,) int64, ``w`` (S, BLOCK_C) their weights read as fp32,
+    ``g`` (S, BLOCK_C) their summed gradients (fp32, zero where masked), ``mask`` the live rows' columns, ``row_mask``
+    the live rows; the new weights and state stored in place (the same arithmetic as :func:`_fused_rows_kernel`)."""
+    w_ptrs = weight_ptr + rows[:, None] * stride_w + cols[None, :]
+    if OPT == 2:
+        # row-wise Adagrad: s += mean_j g[j]²; w -= lr·g / (√s + eps)
+        s = tl.load(state1_ptr + rows, mask=row_mask, other=0.0) + tl.sum(g * g, axis=1) / C
+        tl.store(state1_ptr + rows, s, mask=row_mask)
+        denom = tl.sqrt(s) + eps
+        w = w - lr * (g / denom[:, None])
+    elif OPT == 0:
+        w = w - lr * g
+    elif OPT == 1:
+        s_ptrs = state1_ptr + rows[:, None] * stride_s + cols[None, :]
+        s = tl.load(s_ptrs, mask=mask, other=0.0) + g * g
+        tl.store(s_ptrs, s, mask=mask)
+        w = w - lr * (g / (tl.sqrt(s) + eps))
+    else:
+        m_ptrs = state1_ptr + rows[:, None] * stride_s + cols[None, :]
+        v_ptrs = state2_ptr + rows[:, None] * stride_s + cols[None, :]
+        m = tl.load(m_ptrs, mask=mask, other=0.0)
+        v = tl.load(v_ptrs, mask=mask, other=0.0)
+        m = m + (g - m) * one_minus_beta1
+        v = v + (g * g - v) * one_minus_beta2
+        tl.store(m_ptrs, m, mask=mask)
+        tl.store(v_ptrs, v, mask=mask)
+        if STEP_PTR:
+            w = w - tl.load(step_size_ptr) * (m / (tl.sqrt(v) + eps))
+        else:
+            w = w - step_size * (m / (tl.sqrt(v) + eps))
+    tl.store(w_ptrs, w.to(weight_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _update_block(  # type: ignore[no-untyped-def]
+    weight_ptr,
+    state1_ptr,
+    state2_ptr,
+    sorted_ids_ptr,
+    sorted_bags_ptr,
+    starts_ptr,
+    grad_ptr,
+    long_ptr,
+    long_count_ptr,
+    first,
+    n,
+    C,
+    stride_w,
+    stride_s,
+    stride_g,
+    lr,
+    eps,
+    one_minus_beta1,
+    one_minus_beta2,
+    step_size,
+    step_size_ptr,
+    OPT: tl.constexpr,
+    STEP_PTR: tl.constexpr,
+    SEGS: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    LONG: tl.constexpr,
+):
+    """Segments ``first … first + SEGS - 1``: those of at most ``LONG`` ids summed side by side — a ``SEGS × BLOCK_J ×
+    BLOCK_C`` tile of gradient rows a step, ``BLOCK_J`` ids of each, until the longest of them is done — and their rows
+    updated as one ``SEGS × BLOCK_C`` tile; each longer one (a hot row) appended to the long segments' list
+    (``long_ptr``, its length at ``long_count_ptr``) for :func:`_fused_long_kernel`."""
+    segs = tl.arange(0, SEGS)
+    js = tl.arange(0, BLOCK_J)
+    cols = tl.arange(0, BLOCK_C)
+    col_mask = cols < C
+    idx = first + segs
+    s = tl.load(starts_ptr + idx, mask=idx < n, other=0)
+    e = tl.load(starts_ptr + idx + 1, mask=idx < n, other=0)
+    length = e - s
+    short = (length > 0) & (length <= LONG)
+    mask = short[:, None] & col_mask[None, :]
+    rows = tl.load(sorted_ids_ptr + s, mask=short, other=0).to(tl.int64)
+    w = tl.load(weight_ptr + rows[:, None] * stride_w + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    longest = tl.max(tl.where(short, length, 0), axis=0)
+    acc = tl.zeros([SEGS, BLOCK_C], dtype=tl.float32)
+    j0 = longest * 0  # a loop counter of the bounds' type
+    while j0 < longest:
+        at = j0 + js
+        take = short[:, None] & (at[None, :] < length[:, None])
+        bags = tl.load(sorted_bags_ptr + s[:, None] + at[None, :], mask=take, other=0)
+        tile = tl.load(
+            grad_ptr + bags[:, :, None] * stride_g + cols[None, None, :],
+            mask=take[:, :, None] & col_mask[None, None, :],
+            other=0.0,
+        )
+        acc += tl.sum(tile.to(tl.float32), axis=1)
+        j0 += BLOCK_J
+    _apply_rows(
+        weight_ptr, state1_ptr, state2_ptr, rows, w, acc, mask, short, cols, C, stride_w, stride_s, lr, eps,
+        one_minus_beta1, one_minus_beta2, step_size, step_size_ptr, OPT, STEP_PTR,
+    )  # fmt: skip
+    for k in range(SEGS):  # the long segments: listed, for a program each
+        at_k = first + k
+        sk = tl.load(starts_ptr + at_k, mask=at_k < n, other=0)
+        ek = tl.load(starts_ptr + at_k + 1, mask=at_k < n, other=0)
+        if ek - sk > LONG:
+            tl.store(long_ptr + tl.atomic_add(long_count_ptr, 1), at_k)
+
+
+@triton.jit
+def _fused_groups_kernel(  # type: ignore[no-untyped-def]
+    weight_ptr,
+    state1_ptr,
+    state2_ptr,
+    sorted_ids_ptr,
+    sorted_bags_ptr,
+    starts_ptr,
+    grad_ptr,
+    counters_ptr,
+    long_ptr,
+    n,
+    C,
+    stride_w,
+    stride_s,
+    stride_g,
+    lr,
+    eps,
+    one_minus_beta1,
+    one_minus_beta2,
+    step_size,
+    step_size_ptr,
+    OPT: tl.constexpr,
+    STEP_PTR: tl.constexpr,
+    SEGS: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    LONG: tl.constexpr,
+    CLAIM: tl.constexpr,
+):
+    """Rows of up to ``BLOCK_C`` columns, ``SEGS`` segments a block (:func:`_update_block`): each program claims the
+    next ``CLAIM`` blocks at a time (one ``atomic_add`` on ``counters[0]``) until it claims blocks whose first segment
+    is empty (every later one is too). The long segments go to ``long_ptr``, their count to ``counters[1]``."""
+    first = tl.atomic_add(counters_ptr, 1).to(tl.int64) * (SEGS * CLAIM)
+    s0 = tl.load(starts_ptr + first, mask=first < n, other=0)
+    e0 = tl.load(starts_ptr + first + 1, mask=first < n, other=0)
+    while s0 < e0:
+        for c in range(CLAIM):
+            blk = first + c * SEGS
+            sb = tl.load(starts_ptr + blk, mask=blk < n, other=0)
+            eb = tl.load(starts_ptr + blk + 1, mask=blk < n, other=0)
+            if sb < eb:
+                _update_block(
+                    weight_ptr, state1_ptr, state2_ptr, sorted_ids_ptr, sorted_bags_ptr, starts_ptr, grad_ptr,
+                    long_ptr, counters_ptr + 1, blk, n, C, stride_w, stride_s, stride_g, lr, eps, one_minus_beta1,
+                    one_minus_beta2, step_size, step_size_ptr, OPT, STEP_PTR, SEGS, BLOCK_J, BLOCK_C, LONG,
+                )  # fmt: skip
+        first = tl.atomic_add(counters_ptr, 1).to(tl.int64) * (SEGS * CLAIM)
+        s0 = tl.load(starts_ptr + first, mask=first < n, other=0)
+        e0 = tl.load(starts_ptr + first + 1, mask=first < n, other=0)
+
+
+@triton.jit
+def _fused_long_kernel(  # type: ignore[no-untyped-def]
+    weight_ptr,
+    state1_ptr,
+    state2_ptr,
+    sorted_ids_ptr,
+    sorted_bags_ptr,
+    starts_ptr,
+    grad_ptr,
+    counters_ptr,
+    long_ptr,
+    C,
+    stride_w,
+    stride_s,
+    stride_g,
+    lr,
+    eps,
+    one_minus_beta1,
+    one_minus_beta2,
+    step_size,
+    step_size_ptr,
+    OPT: tl.constexpr,
+    STEP_PTR: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+):
+    """The segments :func:`_fused_groups_kernel` listed as long (``counters[1]`` of them at ``long_ptr``): each
+    program claims the next one (``atomic_add`` on ``counters[2]``), sums its ids in tiles of ``BLOCK_L``
+    (:func:`_segment_grad`) and updates its row, until the list is done — so hot rows run side by side, a program
+    each, whichever blocks they were found in."""
+    count = tl.load(counters_ptr + 1).to(tl.int64)
+    cols = tl.arange(0, BLOCK_C)
+    col_mask = cols < C
+    one = tl.full([1], 1, dtype=tl.int1)
+    i = tl.atomic_add(counters_ptr + 2, 1).to(tl.int64)
+    while i < count:
+        seg = tl.load(long_ptr + i)
+        start = tl.load(starts_ptr + seg)
+        end = tl.load(starts_ptr + seg + 1)
+        g = _segment_grad(grad_ptr, sorted_bags_ptr, start, end, stride_g, cols, col_mask, BLOCK_N, BLOCK_C, BLOCK_L)
+        row = tl.zeros([1], dtype=tl.int64) + tl.load(sorted_ids_ptr + start).to(tl.int64)
+        w = tl.load(weight_ptr + row[:, None] * stride_w + cols[None, :], mask=col_mask[None, :], other=0.0)
+        _apply_rows(
+            weight_ptr, state1_ptr, state2_ptr, row, w.to(tl.float32), g[None, :], col_mask[None, :], one, cols, C,
+            stride_w, stride_s, lr, eps, one_minus_beta1, one_minus_beta2, step_size, step_size_ptr, OPT, STEP_PTR,
+        )  # fmt: skip
+        i = tl.atomic_add(counters_ptr + 2, 1).to(tl.int64)
+
+
+#: why the grouped update did not build with this Triton (every update then takes the per-segment kernel), or None
+_grouped_failure: str | None = None
+#: the grouped update's specialisations built so far (compiled before the first launch: see :class:`_GroupedLaunch`)
+_grouped_built: set[tuple[Any, ...]] = set()
+
+
+class _GroupedLaunch:
+    """One update by the grouped kernel and then the long segments' kernel.
+
+    :meth:`ready` compiles both kernels for a specialisation the process has not built yet, before either runs: an
+    update must not stop half applied. Where they do not build (a Triton this module was not checked on), it records
+    why (``_grouped_failure``), warns once, and says no: the per-segment kernel runs this update and every later one.
+    """
+
+    def __init__(
+        self,
+        weight: Tensor,
+        s1: Tensor,
+        s2: Tensor,
+        sorted_ids: Tensor,
+        sorted_bags: Tensor,
+        starts: Tensor,
+        grad_out: Tensor,
+        opt: int,
+        lr: float,
+        eps: float,
+        beta1: float,
+        beta2: float,
+        step_size: float | Tensor,
+        block_c: int,
+        block_n: int,
+        block_l: int,
+        stride_s: int,
+        num_warps: int | None,
+    ) -> None:
+        n, cols = sorted_ids.numel(), weight.shape[1]
+        segs = max(1, UPDATE_ELEMENTS // block_c)
+        sms = _sm_count(weight.device)
+        # counters: [0] blocks claimed, [1] long segments listed, [2] long segments claimed; a segment is long past
+        # LONG_SEGMENT ids, so there are at most n // (LONG_SEGMENT + 1) of them
+        counters = torch.zeros(3, dtype=torch.int32, device=weight.device)
+        longs = torch.empty(n // (LONG_SEGMENT + 1) + 1, dtype=torch.int64, device=weight.device)
+        pointer = isinstance(step_size, Tensor)
+        scalars = (cols, weight.stride(0), stride_s, grad_out.stride(0), lr, eps, 1.0 - beta1, 1.0 - beta2)
+        step = (0.0 if pointer else step_size, step_size if pointer else weight)
+        tensors = (weight, s1, s2, sorted_ids, sorted_bags, starts, grad_out, counters, longs)
+        self.groups = (
+            (min(triton.cdiv(n, segs * GROUP_CLAIM), sms * GROUP_PROGRAMS_PER_SM),),
+            (*tensors, n, *scalars, *step),
+            {
+                "OPT": opt,
+                "STEP_PTR": pointer,
+                "SEGS": segs,
+                "BLOCK_J": GROUP_IDS,
+                "BLOCK_C": block_c,
+                "LONG": LONG_SEGMENT,
+                "CLAIM": GROUP_CLAIM,
+                "num_warps": UPDATE_WARPS if num_warps is None else num_warps,
+            },
+        )
+        self.longs = (
+            (min(longs.numel(), sms * LONG_PROGRAMS_PER_SM),),
+            (*tensors, *scalars, *step),
+            {
+                "OPT": opt,
+                "STEP_PTR": pointer,
+                "BLOCK_N": block_n,
+                "BLOCK_C": block_c,
+                "BLOCK_L": block_l,
+                "num_warps": max(1, min(4, block_c // 128)),
+            },
+        )
+        dtypes = (weight.dtype, s1.dtype, s1.dim(), sorted_ids.dtype, grad_out.dtype, weight.device.type)
+        self.key = (*dtypes, tuple(self.groups[2].items()), tuple(self.longs[2].items()))
+
+    def ready(self) -> bool:
+        global _grouped_failure
+        if self.key in _grouped_built or not _compiles():
+            return True
+        try:
+            for kernel, (grid, args, meta) in ((_fused_groups_kernel, self.groups), (_fused_long_kernel, self.longs)):
+                kernel.warmup(*args, grid=grid, **meta)
+        except Exception as err:  # whatever a compiler raises: the per-segment kernel still runs
+            _grouped_failure = f"{type(err).__name__}: {err}"
+            warnings.warn(
+                f"the grouped embedding update does not build with Triton {triton.__version__} ({_grouped_failure}); "
+                "every update runs the per-segment kernel instead",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return False
+        _grouped_built.add(self.key)
+        return True
+
+    def run(self) -> None:
+        for kernel, (grid, args, meta) in ((_fused_groups_kernel, self.groups), (_fused_long_kernel, self.longs)):
+            kernel[grid](*args, **meta)
+
+
+def _compiles() -> bool:
+    """Whether the kernels are compiled before they run (not under Triton's interpreter)."""
+    return not interpreting()
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    """Multiprocessors (CUs) of a GPU; 1 for the interpreter's CPU."""
+    if device.type != "cuda":
+        return 1
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
 def launch(
     weight: Tensor,
     state1: Tensor | None,
@@ -241,12 +620,17 @@ def launch(
     step_size: float | Tensor,
     block_n: int | None = None,
     num_warps: int | None = None,
+    per_segment: bool = False,
 ) -> None:
-    """Enqueue the kernel over ``n = sorted_ids.numel()`` programs (no host synchronisation).
+    """Enqueue the update (no host synchronisation): rows of up to :data:`MAX_BLOCK_C` columns by the grouped kernel
+    (:func:`_fused_groups_kernel`: a grid of at most :data:`GROUP_PROGRAMS_PER_SM` programs per multiprocessor, each
+    claiming blocks of segments), wider ones — or any, with ``per_segment`` — by one program per possible segment
+    (``n = sorted_ids.numel()`` programs, :func:`_fused_rows_kernel`).
 
     ``weight`` (R × C) and ``grad_out`` (B × C) need unit column stride; the state tensors are contiguous fp32.
-    ``block_n`` (ids gathered per loop step, a power of two) and ``num_warps`` override the tile heuristics.
-    ``step_size`` (Adam's): a float, or a one-element fp32 tensor on the device that the kernel reads.
+    ``sorted_ids`` int64 or int32. ``block_n`` (ids gathered per loop step of one segment, a power of two) and
+    ``num_warps`` override the tile heuristics. ``step_size`` (Adam's): a float, or a one-element fp32 tensor on the
+    device that the kernel reads.
     """
     n = sorted_ids.numel()
     cols = weight.shape[1]
@@ -256,12 +640,20 @@ def launch(
     if block_n is None:  # ids gathered per step: a tile of about 512 elements (4 ids of 128 columns, 1 of 512),
         # the best of the tiles measured on an H200 (most segments hold one id: a larger tile is mostly masked)
         block_n = max(1, min(4, 512 // block_c))
-    if num_warps is None:
-        num_warps = max(1, min(4, block_c // 128))
     block_l = max(block_n, min(LONG_TILE_ELEMENTS // block_c, 32))
     s1 = state1 if state1 is not None else weight
     s2 = state2 if state2 is not None else weight
     stride_s = s1.stride(0) if s1.dim() == 2 else 0
+    if cols <= block_c and not per_segment and _grouped_failure is None:
+        grouped = _GroupedLaunch(
+            weight, s1, s2, sorted_ids, sorted_bags, starts, grad_out, opt, lr, eps, beta1, beta2, step_size,
+            block_c, block_n, block_l, stride_s, num_warps,
+        )  # fmt: skip
+        if grouped.ready():
+            grouped.run()
+            return
+    if num_warps is None:
+        num_warps = max(1, min(4, block_c // 128))
     _fused_rows_kernel[(n,)](
         weight,
         s1,
@@ -330,15 +722,80 @@ def _pooled_rows_kernel(  # type: ignore[no-untyped-def]
         tl.store(out_ptr + b * stride_o + cols, acc.to(out_ptr.dtype.element_ty), mask=col_mask)
 
 
-def pooled_rows(weight: Tensor, ids: Tensor, offsets: Tensor) -> Tensor:
+@triton.jit
+def _pooled_groups_kernel(  # type: ignore[no-untyped-def]
+    weight_ptr,
+    ids_ptr,
+    offsets_ptr,
+    out_ptr,
+    n,
+    num_bags,
+    C,
+    stride_w,
+    stride_o,
+    BAGS: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """Rows of up to ``BLOCK_C`` columns, ``BAGS`` bags a program, side by side: ``BLOCK_J`` ids of each bag a step
+    (a ``BAGS × BLOCK_J × BLOCK_C`` tile of weight rows) until the program's longest bag is done, each bag summed in
+    fp32 in id order of its tiles, stored in the weight's dtype; an empty bag gives zeros."""
+    b = tl.program_id(0).to(tl.int64) * BAGS + tl.arange(0, BAGS)
+    live = b < num_bags
+    start = tl.load(offsets_ptr + b, mask=live, other=0)
+    end = tl.load(offsets_ptr + b + 1, mask=b + 1 < num_bags, other=n)
+    end = tl.where(live, end, start)
+    length = end - start
+    cols = tl.arange(0, BLOCK_C)
+    col_mask = cols < C
+    js = tl.arange(0, BLOCK_J)
+    longest = tl.max(length, axis=0)
+    acc = tl.zeros([BAGS, BLOCK_C], dtype=tl.float32)
+    j0 = longest * 0
+    while j0 < longest:
+        at = j0 + js
+        take = at[None, :] < length[:, None]
+        rows = tl.load(ids_ptr + start[:, None] + at[None, :], mask=take, other=0)
+        tile = tl.load(
+            weight_ptr + rows[:, :, None] * stride_w + cols[None, None, :],
+            mask=take[:, :, None] & col_mask[None, None, :],
+            other=0.0,
+        )
+        acc += tl.sum(tile.to(tl.float32), axis=1)
+        j0 += BLOCK_J
+    out = out_ptr + b[:, None] * stride_o + cols[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=live[:, None] & col_mask[None, :])
+
+
+def pooled_rows(weight: Tensor, ids: Tensor, offsets: Tensor, *, per_bag: bool = False) -> Tensor:
     """Sum-pooled rows ``(len(offsets), C)`` of ``weight`` (unit column stride) for int64 ``ids`` in bags starting
     at int64 ``offsets`` (non-decreasing, the last bag ending at ``len(ids)``): ``embedding_bag(mode="sum")``'s
-    result, enqueued without a host synchronisation. Ids are not range-checked (the caller clamps them)."""
+    result, enqueued without a host synchronisation. Ids are not range-checked (the caller clamps them). Rows of up to
+    :data:`MAX_BLOCK_C` columns are pooled by the grouped kernel, several bags a program, unless ``per_bag`` (one
+    program per bag, the kernel of wider rows)."""
     bags, cols = offsets.numel(), weight.shape[1]
     out = torch.empty((bags, cols), dtype=weight.dtype, device=weight.device)
     if bags == 0 or cols == 0:
         return out
     block_c = min(triton.next_power_of_2(cols), MAX_BLOCK_C)
+    if cols <= block_c and not per_bag:
+        per = max(1, POOL_ELEMENTS // block_c)
+        _pooled_groups_kernel[(triton.cdiv(bags, per),)](
+            weight,
+            ids,
+            offsets,
+            out,
+            ids.numel(),
+            bags,
+            cols,
+            weight.stride(0),
+            out.stride(0),
+            BAGS=per,
+            BLOCK_J=GROUP_IDS,
+            BLOCK_C=block_c,
+            num_warps=POOL_WARPS,
+        )
+        return out
     _pooled_rows_kernel[(bags,)](
         weight,
         ids,

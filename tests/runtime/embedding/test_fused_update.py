@@ -37,6 +37,7 @@ from shardwise.runtime.embedding.update import (  # noqa: E402
     fused_backward_update,
     init_state,
     pooled_sum,
+    segments,
     state_bytes,
     triton_available,
 )
@@ -305,16 +306,21 @@ def test_bad_inputs_are_refused_before_any_work() -> None:
 
 # --- the Triton backend under the interpreter (one subprocess) ---------------------------------------------------
 
-#: (dtype, cols, max_block_c, pool, all_last_row): widths ≤ 32 and n ≤ 64 keep the interpreter to a few seconds.
-#: max_block_c 8 splits 20 columns into three blocks (row-wise Adagrad's two-pass path); the last two cases send every
-#: id to the last row (one live program, the rest past the last segment), one at a width with no masked column, one
-#: with more ids than several long-segment tiles. The cases run with ``LONG_TILE_ELEMENTS`` at 256 (a long tile of 8 ids
-#: at these widths), so that segments of these small batches take both loops (``BLOCK_L``, then ``BLOCK_N``)
+#: (dtype, cols, max_block_c, pool, all_last_row, long_segment): widths ≤ 32 and n ≤ 64 keep the interpreter to a few
+#: seconds. max_block_c 8 splits 20 columns into three blocks: the kernel of one program per segment (row-wise
+#: Adagrad's two-pass path); the other cases take the grouped kernel. The all-last-row cases send every id to the last
+#: row (one live segment, the rest past the last one), one at a width with no masked column, one with more ids than
+#: ``long_segment`` (``LONG_SEGMENT``: summed on its own, in long tiles); the last case mixes short segments (summed
+#: side by side) and long ones in the same blocks. The cases run with ``LONG_TILE_ELEMENTS`` at 256 (a long tile of 8
+#: ids at these widths), so that long segments of these small batches take both loops (``BLOCK_L``, then ``BLOCK_N``),
+#: and ``UPDATE_ELEMENTS`` and ``POOL_ELEMENTS`` at 128 (blocks of 4-8 segments or bags), so that a batch spans
+#: several blocks
 TRITON_CASES = [
-    ("fp32", 20, 512, 6, False),
-    ("bf16", 20, 8, 5, False),
-    ("fp16", 32, 512, 1, True),
-    ("fp32", 20, 512, 3, True),
+    ("fp32", 20, 512, 6, False, 64),
+    ("bf16", 20, 8, 5, False, 64),
+    ("fp16", 32, 512, 1, True, 64),
+    ("fp32", 20, 512, 3, True, 8),
+    ("fp16", 16, 512, 4, False, 2),
 ]
 
 
@@ -323,10 +329,11 @@ def _triton_cases() -> Iterator[dict[str, Any]]:
     from shardwise.runtime.kernels import fused_update as fused_kernel
 
     assert fused_kernel.interpreting(), "run with TRITON_INTERPRET=1 set before Triton is imported"
-    default_block = fused_kernel.MAX_BLOCK_C
+    default_block, default_long = fused_kernel.MAX_BLOCK_C, fused_kernel.LONG_SEGMENT
     fused_kernel.LONG_TILE_ELEMENTS = 256
+    fused_kernel.UPDATE_ELEMENTS = 128  # blocks of 4-8 segments at these widths: a batch spans several
     for opt in RowOptimizer:
-        for dtype_name, cols, max_block_c, pool, all_last in TRITON_CASES:
+        for dtype_name, cols, max_block_c, pool, all_last, long_segment in TRITON_CASES:
             gen = torch.Generator().manual_seed(3)
             rows, dtype = 24, DTYPES[dtype_name]
             weight = torch.randn(rows, cols, generator=gen).to(dtype)
@@ -337,7 +344,7 @@ def _triton_cases() -> Iterator[dict[str, Any]]:
             config = UpdateConfig(opt, lr=LR[opt])
             touched = torch.zeros(rows, dtype=torch.bool)
             result: dict[str, Any] = {"opt": opt.value, "dtype": dtype_name, "cols": cols, "errors": []}
-            fused_kernel.MAX_BLOCK_C = max_block_c
+            fused_kernel.MAX_BLOCK_C, fused_kernel.LONG_SEGMENT = max_block_c, long_segment
             try:
                 for step in (1, 2):
                     batch = make_batch(gen, rows, cols, bags=16, dtype=dtype, pool=pool)
@@ -367,7 +374,7 @@ def _triton_cases() -> Iterator[dict[str, Any]]:
                     if any(v[~touched].any() for v in tri_state.values()):
                         result["errors"].append(f"step {step}: an untouched row's state changed")
             finally:
-                fused_kernel.MAX_BLOCK_C = default_block
+                fused_kernel.MAX_BLOCK_C, fused_kernel.LONG_SEGMENT = default_block, default_long
             yield result
 
 
@@ -377,7 +384,8 @@ def _pooled_cases() -> Iterator[dict[str, Any]]:
     from shardwise.runtime.kernels import fused_update as fused_kernel
 
     default_block = fused_kernel.MAX_BLOCK_C
-    for dtype_name, cols, max_block_c, _, _ in TRITON_CASES:
+    fused_kernel.POOL_ELEMENTS = 128  # 4-8 bags a program at these widths: the 12 bags span several programs
+    for dtype_name, cols, max_block_c, *_ in TRITON_CASES:
         gen = torch.Generator().manual_seed(4)
         dtype = DTYPES[dtype_name]
         weight = torch.randn(24, cols, generator=gen).to(dtype)
@@ -400,10 +408,62 @@ def _pooled_cases() -> Iterator[dict[str, Any]]:
         yield result
 
 
+def _fallback_case() -> Iterator[dict[str, Any]]:
+    """The grouped update made not to build (its compile step raises, as a Triton it was not checked on might): the
+    update runs the per-segment kernel instead — the same bits as asking for it — says why once, and keeps to it."""
+    import warnings
+
+    from shardwise.runtime.kernels import fused_update as fused_kernel
+
+    result: dict[str, Any] = {"opt": "fallback", "errors": []}
+    gen = torch.Generator().manual_seed(9)
+    weight = torch.randn(24, 16, generator=gen)
+    batch = make_batch(gen, 24, 16, bags=8, dtype=torch.float32, pool=4)
+    config = UpdateConfig(RowOptimizer.rowwise_adagrad, lr=0.1)
+    grouped_w, fallback_w, per_w = weight.clone(), weight.clone(), weight.clone()
+    states = [init_state(config.optimizer, 24, 16) for _ in range(3)]
+    args = (batch.ids, batch.bags, batch.grad_out, config)
+    fused_backward_update(grouped_w, states[0], *args, step=1, backend="triton")
+
+    def broken(*_: Any, **__: Any) -> None:
+        raise RuntimeError("no such instruction")
+
+    kernel, compiles = fused_kernel._fused_groups_kernel, fused_kernel._compiles
+    fused_kernel._compiles = lambda: True  # (the interpreter compiles nothing: its build step is made to run)
+    fused_kernel._fused_groups_kernel.warmup = broken  # type: ignore[method-assign]
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fused_backward_update(fallback_w, states[1], *args, step=1, backend="triton")
+            fused_backward_update(fallback_w, states[1], *args, step=2, backend="triton")
+    finally:
+        del fused_kernel._fused_groups_kernel.warmup
+        fused_kernel._compiles = compiles
+        failure, fused_kernel._grouped_failure = fused_kernel._grouped_failure, None
+    assert fused_kernel._fused_groups_kernel is kernel
+    sorted_ids, sorted_bags, _, starts = segments(batch.ids, batch.bags, narrow=True)
+    for _ in (1, 2):
+        fused_kernel.launch(
+            per_w, states[2]["sum"], None, sorted_ids, sorted_bags, starts, batch.grad_out,
+            opt=fused_kernel.ROWWISE_ADAGRAD, lr=0.1, eps=config.epsilon, beta1=0.9, beta2=0.999, step_size=0.0,
+            per_segment=True,
+        )  # fmt: skip
+    if not torch.equal(fallback_w, per_w):
+        result["errors"].append("the fallback's weights are not the per-segment kernel's")
+    if torch.equal(fallback_w, grouped_w):
+        result["errors"].append("the fallback's two updates look like the grouped kernel's one")
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    if len(messages) != 1 or "no such instruction" not in messages[0] or "per-segment" not in messages[0]:
+        result["errors"].append(f"the fallback warned {messages}")
+    if failure is None or "no such instruction" not in failure:
+        result["errors"].append(f"the failure recorded is {failure!r}")
+    yield result
+
+
 def run_triton_cases() -> None:
     """Entry point of the interpreter subprocess: one JSON line per case on stdout."""
     torch.set_num_threads(1)
-    for result in (*_triton_cases(), *_pooled_cases()):
+    for result in (*_triton_cases(), *_pooled_cases(), *_fallback_case()):
         print(json.dumps(result), flush=True)  # noqa: T201
 
 
@@ -425,6 +485,13 @@ def test_triton_interpreter_pooled_rows_match_embedding_bag(interpreter_results:
     assert len(mine) == len(TRITON_CASES)
     failures = [f"{r['dtype']} C={r['cols']}: {e}" for r in mine for e in r["errors"]]
     assert not failures, "\n".join(failures)
+
+
+def test_an_update_whose_grouped_kernel_does_not_build_runs_the_per_segment_kernel(
+    interpreter_results: list[dict[str, Any]],
+) -> None:
+    (mine,) = [r for r in interpreter_results if r["opt"] == "fallback"]
+    assert mine["errors"] == []
 
 
 def test_the_interpreter_stays_in_its_subprocess() -> None:

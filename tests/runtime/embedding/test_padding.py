@@ -104,6 +104,26 @@ def test_the_kernels_segments_are_the_unpadded_ones_then_empty() -> None:
     assert torch.equal(q_bags[:n], s_bags)
 
 
+@pytest.mark.parametrize("padded", [False, True])
+def test_int32_keys_give_the_int64_keys_segments(padded: bool) -> None:
+    """``segments(..., narrow=True)`` (the Triton backend's int32 sort keys) finds the same segments, starts and bag
+    order as int64 keys, its sorted ids the same values; a hot row's many ids included."""
+    g = torch.Generator().manual_seed(11)
+    ids = torch.randint(0, 2**31 - 2, (200,), generator=g)
+    ids[::3] = 2**31 - 2  # one row hit by a third of the ids, at the top of the int32 range
+    bags = torch.randint(0, 40, (200,), generator=g)
+    valid = None
+    if padded:
+        ids, bags, valid = _padded(ids, bags, 57, 31, g, 2**31 - 1)
+    wide = segments(ids, bags, valid)
+    narrow = segments(ids, bags, valid, narrow=True)
+    assert narrow[0].dtype == torch.int32
+    live = int(valid.sum()) if valid is not None else ids.numel()
+    assert torch.equal(narrow[0][:live].long(), wide[0][:live])
+    for got, want in zip(narrow[1:], wide[1:], strict=True):
+        assert torch.equal(got, want)
+
+
 # ------------------------------------------------------------------------------------------------ the executor
 
 TABLES = {"emb.a": (300, 8, "sum"), "emb.b": (200, 8, "mean"), "emb.c": (100, 16, "sum")}

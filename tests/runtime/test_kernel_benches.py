@@ -1,0 +1,80 @@
+"""The kernel benchmarks' CPU paths: ``benchmarks/dense_default.py`` (apply_plan's dense default against torch's own
+path) and ``benchmarks/fused_kernels.py`` (the embedding kernels' layouts), each run small in a child process.
+
+Tests of the harnesses — the JSON the GPU runs' readers use, the figures and ratios consistent with each other, the
+kernels' layouts agreeing — not of any speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(script: str, *args: str, env: dict[str, str] | None = None) -> str:
+    full = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **(env or {})}
+    full.setdefault("OMP_NUM_THREADS", "1")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_dense_default_smoke_run_measures_three_paths_and_their_ratios(tmp_path: Path) -> None:
+    out = tmp_path / "dense.json"
+    _run("dense_default.py", "--device", "cpu", "--small", "--steps", "2", "--warmup", "1", "-o", str(out))
+    doc = json.loads(out.read_text())
+    assert doc["kind"] == "dense_default"
+    assert doc["machine"]["device"] == "cpu"
+    assert doc["models"]
+    for row in doc["models"].values():
+        assert row["gemms"] == 3 * len(row["layers"])
+        assert 0 <= row["vendor_gemms"] <= row["gemms"]
+        # nothing is swapped where every GEMM is the vendor's: the default is torch's own modules (on the CPU no
+        # layer is: apply_plan runs Triton kernels on CUDA only)
+        assert row["swapped"]["torch"] == 0
+        assert row["swapped"]["default"] <= row["swapped"]["triton"] <= len(row["layers"])
+        if row["vendor_gemms"] == row["gemms"]:
+            assert row["swapped"]["default"] == 0
+        for path in ("torch", "default", "triton"):
+            assert len(row[path]["ms"]) == 2
+            assert all(ms > 0 for ms in row[path]["ms"])
+        assert row["default_over_torch"] == pytest.approx(row["default"]["median_ms"] / row["torch"]["median_ms"])
+    again = _run("dense_default.py", "--report", str(out))
+    assert all(name in again for name in doc["models"])
+
+
+@pytest.mark.interpreter
+def test_fused_kernels_smoke_run_times_every_layout_and_they_agree(tmp_path: Path) -> None:
+    out = tmp_path / "fused.json"
+    printed = _run("fused_kernels.py", "--device", "cpu", "--small", "-o", str(out), env={"TRITON_INTERPRET": "1"})
+    doc: dict[str, Any] = json.loads(out.read_text())
+    assert doc["kind"] == "fused_kernels"
+    names = [c["case"] for c in doc["cases"]]
+    assert names == ["tiny-uniform", "tiny-hot"]
+    for case in doc["cases"]:
+        assert 0 < case["distinct_rows"] <= case["ids"]
+        # the hot case's longest segment is past the shortened long threshold of one variant
+        assert case["longest_segment"] >= 1
+        for key in ("segments_int64_ms", "segments_int32_ms", "update_per_segment_ms", "forward_per_bag_ms"):
+            assert case[key] > 0
+        assert [v["group_elements"] for v in case["variants"]] == [512, 1024, 512, 512]
+        assert all(v["update_ms"] > 0 and v["forward_ms"] > 0 for v in case["variants"])
+        # the grouped kernels compute what the per-segment and per-bag ones do
+        assert case["grouped_vs_per_segment_max_rel"] < 1e-5
+        assert case["forward_max_rel"] < 1e-5
+    assert max(c["longest_segment"] for c in doc["cases"]) > 4
+    assert "tiny-hot" in printed
