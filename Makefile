@@ -10,7 +10,7 @@ TORCH_STAMP := $(VENV)/.torch-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 .PHONY: help install install-torch install-baseline install-browser lint typecheck test test-fast bench bench-greedy bench-2d run shell dist plan-example load bench-queue all clean
 
 help: ## list the targets
-	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-17s %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-17s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -37,14 +37,15 @@ install-torch: $(TORCH_STAMP) ## add torch 2.13.0 (CPU) and TorchRec's CPU tripl
 
 install-baseline: install-torch ## the same as install-torch (TorchRec for the baseline benchmark)
 
-# The Playwright tests drive Debian's Chromium (playwright install cannot download browsers here); they skip
-# themselves when it is missing. Installing it takes apt-get, so root: as another user (or without apt-get) this
-# says so and goes on, and `make test` runs with the browser tests skipped (`sudo make install-browser` adds it).
-install-browser: ## Debian's chromium for the browser tests (apt-get as root, only when chromium is missing)
-	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null; then :; \
+# The Playwright tests drive Debian's Chromium (playwright install cannot download browsers here), or the Chromium or
+# Chrome binary SHARDWISE_CHROMIUM names; they skip themselves when there is none. Installing Debian's takes apt-get,
+# so root: as another user (or without apt-get) this says so and goes on, and `make test` runs with the browser tests
+# skipped (`sudo make install-browser` adds it; a browser of one's own needs no root: SHARDWISE_CHROMIUM=... make test).
+install-browser: ## Debian's chromium for the browser tests (apt-get as root, only when no browser is there)
+	@if [ -n "$$SHARDWISE_CHROMIUM" ] || command -v chromium >/dev/null || command -v chromium-browser >/dev/null; then :; \
 	elif [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
-	  echo "install-browser: Chromium is missing and installing it needs root and apt-get (sudo make install-browser);" \
-	       "the browser tests will skip themselves"; \
+	  echo "install-browser: Chromium is missing and installing it needs root and apt-get (sudo make install-browser," \
+	       "or SHARDWISE_CHROMIUM=/path/to/chromium-or-chrome make test); the browser tests will skip themselves"; \
 	else apt-get update -q && apt-get install -y -q chromium; fi
 
 lint: install-torch ## ruff lint + format check, and the layer contracts (import-linter, pyproject.toml)

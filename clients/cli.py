@@ -22,6 +22,7 @@ from importlib.metadata import entry_points
 
 import typer
 
+from shardwise.cli_help import plain_flags
 from shardwise.clients import cli_local, cli_remote, cli_specs
 from shardwise.clients.cli_common import (
     M,
@@ -76,6 +77,7 @@ __all__ = [
     "write_plan",
 ]
 
+plain_flags()
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Plan where every embedding table lives.")
 
 cli_local.register(app)  # plan, evaluate, port, profiles

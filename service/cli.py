@@ -12,6 +12,9 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from shardwise.cli_help import plain_flags
+
+plain_flags()
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run the shardwise service or a solver worker.")
 
 

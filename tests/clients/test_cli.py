@@ -382,3 +382,38 @@ def test_evaluate_a_two_d_plan_names_its_groups(runner: CliRunner, tmp_path: Pat
     line = f"sparse groups: {sg.num_groups} groups of G={sg.group_size} ranks, {sg.sync.value}"
     assert [x.strip() for x in result.stdout.splitlines()].count(line) == 1
     assert f"predicted step {plan.predicted_step_ms:.3f} ms" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("command", "flag", "valued"),
+    [
+        (["plan", "--help"], "--1d", "--time-limit"),
+        (["serve", "--help"], "--migrate", "--port"),
+        (["--help"], "--help", None),
+    ],
+)
+def test_help_shows_no_value_type_beside_a_flag(
+    runner: CliRunner, command: list[str], flag: str, valued: str | None
+) -> None:
+    """Typer's rich help would print ``<bool>`` beside every flag, ``--help`` included; options that take a value
+    keep their type."""
+    result = runner.invoke(app, command, env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "<bool>" not in result.output
+    assert any(flag in line for line in lines)
+    if valued is not None:
+        (line,) = [line for line in lines if f" {valued} " in line]
+        assert re.search(r"<(int|float)", line), line
+
+
+def test_a_model_passed_as_the_fleet_is_called_a_model(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["plan", DLRM, DLRM, *GREEDY])
+    assert result.exit_code == 2
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith(f"error: {DLRM}: this is a model")
+    assert "<root>" not in line
+    assert "Field required" not in line
+    swapped = runner.invoke(app, ["plan", H100, H100, *GREEDY])
+    assert swapped.exit_code == 2
+    assert "this is a fleet (it has hosts), not a model" in swapped.output
