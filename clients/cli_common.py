@@ -93,12 +93,12 @@ def read_document(path: Path) -> Any:
 
 
 def describe_validation_error(exc: ValidationError) -> str:
-    """The first error as ``field.path: reason`` (+ how many more)."""
+    """The first error as ``field.path: reason`` (+ how many more); an error of the whole document as its reason."""
     errors = exc.errors()
     first = errors[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "<root>"
+    loc = ".".join(str(p) for p in first["loc"])
     more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{loc}: {first['msg']}{more}"
+    return f"{loc + ': ' if loc else ''}{first['msg']}{more}"
 
 
 def load_spec(path: Path, kind: type[M]) -> M:

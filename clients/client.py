@@ -107,7 +107,7 @@ __all__ = [
 
 KNOWN_PLANS: Final = 64  # plans a client remembers with their ETag, to ask again with If-None-Match
 WAIT_MARGIN_S: Final = 10.0  # a POST /plans that asks the server to wait wait_s reads for at least wait_s + this
-PAGE_SIZE: Final = 100  # the server caps limit at 200
+PAGE_SIZE: Final = 100  # the server refuses a limit over its max_page_size (200 unless it says)
 
 ModelRef = ModelSpec | Mapping[str, Any] | str
 """A model inline (``ModelSpec`` or its JSON as a dict) or by reference (``"name@version"``, or ``"name"``: latest)."""
@@ -305,7 +305,8 @@ class ShardwiseClient(BaseClient):
         created_after: datetime | str | None = None,
         created_before: datetime | str | None = None,
     ) -> Page[PlanSummary]:
-        """One page of the plan history (``GET /plans``), newest first; the server caps ``limit`` at 200."""
+        """One page of the plan history (``GET /plans``), newest first; the server refuses a ``limit`` over its
+        ``max_page_size`` (200 unless it says)."""
         filters = {
             "model": model,
             "fleet": fleet,

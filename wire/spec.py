@@ -9,12 +9,14 @@ Extend, never rename: new fields get defaults so that older documents still vali
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from enum import StrEnum
 from itertools import pairwise
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     FailFast,
@@ -23,6 +25,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from shardwise.hwprofiles import HardwareProfile, catalogue
 from shardwise.hwprofiles.limits import (
@@ -45,13 +48,43 @@ from shardwise.hwprofiles.limits import (
 SCHEMA_VERSION: Final = 1
 MAX_PROGRESS_POINTS: Final = 512  # a solve's recorded progress (SolverInfo.progress) keeps at most this many points
 
-Name = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:/\-\[\]]+$")]
+#: what a name may hold, and a reference to a stored spec: "name", "name@latest" or "name@<version>" (a positive int32)
+NAME_PATTERN: Final = r"^[A-Za-z0-9_.:/\-\[\]]+$"
+REF_PATTERN: Final = r"^[A-Za-z0-9_.:/\-\[\]]{1,200}(@(latest|[1-9][0-9]{0,8}))?$"
+_NAME_RE, _REF_RE = re.compile(NAME_PATTERN), re.compile(REF_PATTERN)
+_NAME_CHARS: Final = "letters, digits and _ . : / - [ ]"
+
+
+def _name_form(value: str) -> str:
+    if not _NAME_RE.match(value):
+        raise PydanticCustomError(
+            "name_form", f"a name is made of {_NAME_CHARS} alone: got '{{value}}'", {"value": value}
+        )
+    return value
+
+
+def _ref_form(value: str) -> str:
+    if not _REF_RE.match(value):
+        raise PydanticCustomError(
+            "ref_form",
+            f"a stored spec is named NAME, NAME@latest or NAME@VERSION, NAME made of {_NAME_CHARS}, VERSION a whole "
+            "number from 1 (versions count from 1): got '{value}'",
+            {"value": value},
+        )
+    return value
+
+
+# the checks say in words what the patterns say; the JSON schema keeps the patterns for clients that validate
+Name = Annotated[
+    str,
+    Field(min_length=1, max_length=200, json_schema_extra={"pattern": NAME_PATTERN}),
+    AfterValidator(_name_form),
+]
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
 Ms = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-# a reference to a stored spec: "name", "name@latest" or "name@<version>" (a positive int32)
 Ref = Annotated[
-    str, Field(min_length=1, max_length=215, pattern=r"^[A-Za-z0-9_.:/\-\[\]]{1,200}(@(latest|[1-9][0-9]{0,8}))?$")
+    str, Field(min_length=1, max_length=215, json_schema_extra={"pattern": REF_PATTERN}), AfterValidator(_ref_form)
 ]
 
 
@@ -269,6 +302,10 @@ class DenseLayerSpec(_Frozen):
         return self.in_features or 0, self.out_features or 0
 
 
+#: the keys that say a document is a model (a fleet has none of them)
+_MODEL_KEYS: Final = frozenset({"batch_size_per_gpu", "embedding_tables", "dense_layers"})
+
+
 class ModelSpec(_Frozen):
     schema_version: Literal[1] = SCHEMA_VERSION
     name: Name
@@ -277,6 +314,16 @@ class ModelSpec(_Frozen):
     # one error, not millions (every error the service reports is named all the same)
     embedding_tables: Annotated[list[EmbeddingTableSpec], FailFast()] = Field(default_factory=list)
     dense_layers: Annotated[list[DenseLayerSpec], FailFast()] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_a_fleet(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "hosts" in data and not _MODEL_KEYS & data.keys():
+            raise PydanticCustomError(
+                "fleet_not_model",
+                "this is a fleet (it has hosts), not a model: a model has batch_size_per_gpu and embedding_tables",
+            )
+        return data
 
     @model_validator(mode="after")
     def _names_unique(self) -> ModelSpec:
@@ -362,6 +409,17 @@ class FleetSpec(_Frozen):
     name: Name
     hosts: list[HostGroupSpec] = Field(min_length=1, max_length=MAX_HOST_GROUPS)
     hbm_reserve_fraction: float = Field(default=0.1, ge=0, lt=1, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_a_model(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "hosts" not in data and _MODEL_KEYS & data.keys():
+            raise PydanticCustomError(
+                "model_not_fleet",
+                "this is a model (it has batch_size_per_gpu or embedding_tables), not a fleet: a fleet has hosts, a "
+                "list of {gpu, count, gpus_per_host}",
+            )
+        return data
 
     @property
     def world_size(self) -> int:

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Final, TypeVar
 
 from fastapi import Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
 from shardwise.service.errors import (
@@ -39,10 +40,27 @@ class PageParams:
 async def page_params(
     request: Request,
     page: Annotated[int, Query(ge=1, le=1_000_000, description="1-based page")] = 1,
-    limit: Annotated[int, Query(ge=1, le=1000, description="items per page (capped by the server)")] = 50,
+    limit: Annotated[
+        int, Query(ge=1, description="items per page, at most the server's max_page_size (200 unless it says)")
+    ] = 50,
 ) -> PageParams:
+    """The page asked for; a limit over the server's ``max_page_size`` is refused as a limit under 1 is (422), not
+    quietly cut to it."""
     settings: Settings = request.app.state.settings
-    return PageParams(page, min(limit, settings.max_page_size))
+    if limit > settings.max_page_size:
+        most = settings.max_page_size
+        raise RequestValidationError(
+            [
+                {
+                    "type": "less_than_equal",
+                    "loc": ("query", "limit"),
+                    "msg": f"Input should be less than or equal to {most} (this server's max_page_size)",
+                    "input": limit,
+                    "ctx": {"le": most},
+                }
+            ]
+        )
+    return PageParams(page, limit)
 
 
 PageDep = Annotated[PageParams, Depends(page_params)]

@@ -183,6 +183,39 @@ def test_validation_errors_carry_field_paths_and_store_nothing(client: TestClien
     assert count(settings.database_url, JobRow) == 0
 
 
+@pytest.mark.parametrize(
+    ("ref", "said"),
+    [
+        ("h100-1x8@0", "VERSION a whole number from 1"),
+        ("h100 1x8", "NAME made of letters, digits"),
+        ("h100-1x8@-2", "NAME@VERSION"),
+    ],
+)
+def test_a_bad_reference_is_told_in_words(client: TestClient, ref: str, said: str) -> None:
+    body = assert_problem(client.post("/api/v1/plans", json={"model": small_model(), "fleet": ref}), 422, "validation")
+    (error,) = body["errors"]
+    assert error["loc"] == ["body", "fleet"]
+    assert said in error["msg"]
+    assert f"got '{ref}'" in error["msg"]
+    assert "^" not in body["detail"]
+    assert "pattern" not in body["detail"]
+
+
+def test_a_model_given_as_the_fleet_is_called_a_model_and_the_other_way_round(client: TestClient) -> None:
+    model, fleet_ = small_model(), fleet()
+    as_fleet = assert_problem(client.post("/api/v1/plans", json={"model": model, "fleet": model}), 422, "validation")
+    assert [e["loc"] for e in as_fleet["errors"]] == [["body", "fleet"]]
+    assert "this is a model" in as_fleet["detail"]
+    assert "+" not in as_fleet["detail"]
+    as_model = assert_problem(client.post("/api/v1/plans", json={"model": fleet_, "fleet": fleet_}), 422, "validation")
+    assert [e["loc"] for e in as_model["errors"]] == [["body", "model"]]
+    assert "this is a fleet" in as_model["detail"]
+    # a fleet short of its hosts is still told what it lacks, not called a model
+    partial = {k: v for k, v in fleet_.items() if k != "hosts"}
+    short = assert_problem(client.post("/api/v1/plans", json={"model": model, "fleet": partial}), 422, "validation")
+    assert ["body", "fleet", "hosts"] in [e["loc"] for e in short["errors"]]
+
+
 def test_caps_on_tables_ranks_and_time(clean_db: str, runner: LocalRunner) -> None:
     settings = make_settings(clean_db, max_tables=3, max_ranks=4, max_time_limit_s=5)
     with TestClient(create_app(settings, runner=runner)) as client:
@@ -250,8 +283,12 @@ def test_history_filters_and_pages(client: TestClient) -> None:
     one = client.get("/api/v1/plans", params={"limit": 1, "page": 2}).json()
     assert [p["id"] for p in one["items"]] == [ids[1]]
     assert one["pagination"]["max_page"] == 3
-    assert client.get("/api/v1/plans", params={"limit": 100000}).status_code == 422
-    assert client.get("/api/v1/plans", params={"limit": 999}).json()["pagination"]["limit"] == 200  # capped
+    assert client.get("/api/v1/plans", params={"limit": 200}).json()["pagination"]["limit"] == 200
+    for limit in (201, 999, 100000, 0, -3):  # refused alike, over the server's maximum or under 1: never cut quietly
+        refused = client.get("/api/v1/plans", params={"limit": limit})
+        assert_problem(refused, 422, "validation")
+        assert refused.json()["errors"][0]["loc"] == ["query", "limit"]
+    assert "200 (this server's max_page_size)" in client.get("/api/v1/plans", params={"limit": 999}).json()["detail"]
     assert_problem(client.get("/api/v1/plans", params={"status": "weird"}), 422, "validation")
 
 
