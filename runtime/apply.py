@@ -16,8 +16,8 @@ plan fails the same way on every rank instead of hanging one of them. Then, in p
   column_wise, table_row_wise, data_parallel; ids and pooled rows exchanged with all-to-all, row-sparse gradients —
   see :mod:`shardwise.runtime.embedding.bag`). The model's own code keeps working (``self.t(ids, offsets)``); one
   exchange for all tables: ``ShardedEmbeddingBagCollection.from_module(model)(features)``. Only this rank's shards
-  are copied to the device, never the whole table; a table on the meta device gets N(0, 1) shards
-  (data_parallel copies broadcast from the group's first rank).
+  are copied to the device, never the whole table; a table on the meta device gets shards drawn by its ``init_fns``
+  entry, else N(0, 1) (data_parallel copies broadcast from the group's first rank).
 * **dense layers**, by the plan's dense entries:
 
   - ``replicate`` → ``DistributedDataParallel`` around the layer, or around the largest module all of whose
@@ -89,7 +89,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from shardwise.runtime.embedding.bag import HOST_ACCESS, ShardedEmbeddingBag
+from shardwise.runtime.embedding.bag import HOST_ACCESS, InitFn, ShardedEmbeddingBag
 from shardwise.runtime.embedding.update import UpdateConfig
 from shardwise.runtime.parallel import (
     apply_fsdp,
@@ -101,6 +101,7 @@ from shardwise.runtime.parallel import (
     default_device,
     shard_tables,
     swap_kernel_layers,
+    table_inits,
     table_updates,
     two_d_problems,
     uncovered,
@@ -149,6 +150,7 @@ def apply_plan(
     cache_ways: int = CACHE_WAYS_CUDA,
     dense_kernels: bool = True,
     host_access: str = "zero_copy",
+    init_fns: InitFn | Mapping[str, InitFn] | None = None,
 ) -> nn.Module:
     """Shard ``module`` in place exactly as ``plan`` says and return it (see the module docstring).
 
@@ -167,6 +169,12 @@ def apply_plan(
     the rows, the pooled rows cross to the device: slower, by how much in ``docs/truth.md``, "Host rows read from the
     GPU").
 
+    ``init_fns``: how the tables on the meta device are initialised — one callable for every such table, or one per
+    table FQN, each called on every shard's weight tensor in place (TorchRec's ``EmbeddingBagConfig.init_fn``
+    convention, e.g. ``lambda w: nn.init.uniform_(w, -0.01, 0.01)``); a meta table left out is drawn N(0, 1), as
+    ``nn.EmbeddingBag`` draws its own. Naming a table that is not in the plan, or one that has weights already, is a
+    :class:`PlanMismatchError`.
+
     ``model_spec``: checks the plan against the model, and sizes each ``uvm_cache`` group's spill reserve from the ids
     a step may bring its shards (``world · batch_size_per_gpu · num_features · pooling_factor`` per table,
     :func:`~shardwise.runtime.embedding.row_cache.spill_slots`), with which a CUDA cache fetches without a host
@@ -184,6 +192,7 @@ def apply_plan(
     if checked.problems:
         raise PlanMismatchError(checked.problems)
     updates = table_updates(embedding_optimizer, [tp.name for tp, _ in checked.tables])
+    inits = table_inits(init_fns, checked)
     two_d = two_d_problems(plan, checked, updates)
     if two_d:
         raise PlanMismatchError(two_d)
@@ -207,6 +216,7 @@ def apply_plan(
         cache_ways=cache_ways,
         model_spec=model_spec,
         host_access=host_access,
+        init_fns=inits,
     )
 
     # 2. dense layers and uncovered parameters on the device, then the plan's dense kernels

@@ -37,12 +37,23 @@ _TORCH_DTYPES: Mapping[Dtype, torch.dtype] = {
 TP_STYLES = (DenseStyle.colwise, DenseStyle.rowwise)
 
 
+#: problems a PlanMismatchError's message lists; the rest are counted (all of them are in ``problems``)
+SHOWN_PROBLEMS = 12
+
+
 class PlanMismatchError(ValueError):
-    """The plan does not fit the module or the process group; ``problems`` lists every reason."""
+    """The plan does not fit the module or the process group; ``problems`` lists every reason.
+
+    Its message says how many there are and lists them one to a line (the first :data:`SHOWN_PROBLEMS`, then how many
+    more), so that a plan made for another model reads as a list, not as one line of hundreds of reasons."""
 
     def __init__(self, problems: list[str]) -> None:
         self.problems = problems
-        super().__init__("plan does not fit the model: " + "; ".join(problems))
+        shown = [f"  - {p}" for p in problems[:SHOWN_PROBLEMS]]
+        if len(problems) > SHOWN_PROBLEMS:
+            shown.append(f"  ... and {len(problems) - SHOWN_PROBLEMS} more (PlanMismatchError.problems lists them all)")
+        many = "1 problem" if len(problems) == 1 else f"{len(problems)} problems"
+        super().__init__(f"plan does not fit the model ({many}):\n" + "\n".join(shown))
 
 
 @dataclass

@@ -38,7 +38,8 @@ outside every layer (DLRM's feature interaction, attention in a parameterless bl
 unclassified layer named by the module that spends them, so the spec's FLOPs are the forward's.
 
 **Statistics from a real batch.** ``sample_batch`` — a ``KeyedJaggedTensor``, or a mapping feature → ``(ids,
-offsets)`` with ``offsets`` of ``batch + 1`` entries (the bag starts and the end) — measures each table's pooling
+offsets)`` with ``offsets`` of ``batch`` entries (the bag starts, as ``nn.EmbeddingBag`` takes them) or ``batch + 1``
+(the starts and the end) — measures each table's pooling
 factor (ids per sample per feature, over the features that feed it) and its access skew (the Zipf exponent of its
 row accesses, for the cache; :func:`zipf_exponent`). For TorchRec collections the features are the configs'
 ``feature_names``; for ``nn.EmbeddingBag`` / ``nn.Embedding`` the feature is the table's FQN. Values passed

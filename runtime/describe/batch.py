@@ -18,7 +18,11 @@ UNIFORM_BELOW = 0.05
 
 
 def features(sample_batch: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Feature → (ids, offsets with the end) of a KeyedJaggedTensor or a mapping; checked."""
+    """Feature → (ids, offsets with the end) of a KeyedJaggedTensor or a mapping; checked.
+
+    A mapping's offsets may hold the bags' starts alone (``nn.EmbeddingBag``'s convention: one per bag, the first 0)
+    or the starts and the end (TorchRec's, ``include_last_offset``: one more, the last the number of ids): offsets
+    that end before the last id are starts, and the end is added."""
     import torch
 
     if is_kjt(sample_batch):
@@ -39,13 +43,15 @@ def features(sample_batch: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
             raise ValueError(f"sample_batch[{k!r}]: a real batch is needed, not meta tensors")
         if ids.dim() != 1 or offsets.dim() != 1 or ids.is_floating_point() or offsets.is_floating_point():
             raise ValueError(f"sample_batch[{k!r}]: ids and offsets must be 1-D integer tensors")
-        if offsets.numel() < 2:
-            raise ValueError(f"sample_batch[{k!r}]: offsets need batch + 1 entries (the bag starts and the end)")
-        if int(offsets[0]) != 0 or int(offsets[-1]) != ids.numel() or bool((offsets[1:] < offsets[:-1]).any()):
+        n = ids.numel()
+        rising = offsets.numel() > 0 and int(offsets[0]) == 0 and not bool((offsets[1:] < offsets[:-1]).any())
+        if not rising or int(offsets[-1]) > n:
             raise ValueError(
-                f"sample_batch[{k!r}]: offsets must rise from 0 to the number of ids ({ids.numel()}), with the end "
-                "as the last entry"
+                f"sample_batch[{k!r}]: offsets must rise from 0 and stay within the number of ids ({n}): the bags' "
+                "starts (nn.EmbeddingBag's offsets), or the starts and the end"
             )
+        if int(offsets[-1]) < n or offsets.numel() == 1:  # the starts alone: add the end
+            out[k] = (ids, torch.cat([offsets, offsets.new_full((1,), n)]))
     return out
 
 

@@ -158,6 +158,9 @@ from shardwise.runtime.embedding.update import UpdateConfig, init_state
 from shardwise.runtime.replicas import Replicas
 from shardwise.wire.spec import Placement, ShardingType, ShardPlan
 
+#: a table's initialiser: called on each shard's weight tensor, in place (TorchRec's ``EmbeddingBagConfig.init_fn``)
+InitFn = Callable[[Tensor], Any]
+
 __all__ = ["HOST_ACCESS", "Features", "ShardedEmbeddingBag", "average_grad_hook", "prefetching"]
 
 Features = Mapping[str, tuple[Tensor, Tensor | None] | Tensor]
@@ -242,6 +245,7 @@ class ShardedEmbeddingBag(nn.Module):
         replicas: Replicas | None = None,
         grad_scale: float | None = None,
         host_access: str = "zero_copy",
+        init_fn: InitFn | None = None,
     ) -> None:
         super().__init__()
         if host_access not in HOST_ACCESS:
@@ -288,8 +292,11 @@ class ShardedEmbeddingBag(nn.Module):
             view = allocate(plan_index[i], s, dtype, where) if allocate is not None else None
             local = view if view is not None else torch.empty((s.num_rows, s.num_cols), dtype=dtype, device=where)
             with torch.no_grad():
-                if weight is None or weight.is_meta:
-                    local.normal_()
+                if weight is None or weight.is_meta:  # the initialiser given, else nn.EmbeddingBag's N(0, 1)
+                    if init_fn is not None:
+                        init_fn(local)
+                    else:
+                        local.normal_()
                 else:
                     block = weight.detach()[
                         s.row_offset : s.row_offset + s.num_rows, s.col_offset : s.col_offset + s.num_cols
@@ -385,8 +392,10 @@ class ShardedEmbeddingBag(nn.Module):
         replicas: Replicas | None = None,
         grad_scale: float | None = None,
         host_access: str = "zero_copy",
+        init_fn: InitFn | None = None,
     ) -> ShardedEmbeddingBag:
-        """Shard an existing ``nn.EmbeddingBag`` (its weights are copied; a meta weight is initialised N(0, 1))."""
+        """Shard an existing ``nn.EmbeddingBag`` (its weights are copied; a meta weight is initialised by ``init_fn``
+        shard by shard, else N(0, 1) as ``nn.EmbeddingBag`` initialises its own)."""
         return cls(
             name,
             bag.num_embeddings,
@@ -406,6 +415,7 @@ class ShardedEmbeddingBag(nn.Module):
             replicas=replicas,
             grad_scale=grad_scale,
             host_access=host_access,
+            init_fn=init_fn,
         )
 
     def _shard_device(self, shard: ShardPlan) -> torch.device:

@@ -24,7 +24,7 @@ from shardwise.runtime.parallel.ddp import apply_replicate, average_loose_gradie
 from shardwise.runtime.parallel.fsdp import apply_fsdp
 from shardwise.runtime.parallel.kernels import swap_kernel_layers
 from shardwise.runtime.parallel.mesh import build_mesh, data_parallel_mesh, default_device
-from shardwise.runtime.parallel.tables import shard_tables, table_updates, two_d_problems
+from shardwise.runtime.parallel.tables import shard_tables, table_inits, table_updates, two_d_problems
 from shardwise.runtime.parallel.tensor_parallel import apply_tensor_parallel
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "replica_roots",
     "shard_tables",
     "swap_kernel_layers",
+    "table_inits",
     "table_updates",
     "two_d_problems",
     "uncovered",

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shardwise.runtime.embedding.bag import ShardedEmbeddingBag
+from shardwise.runtime.embedding.bag import InitFn, ShardedEmbeddingBag
 from shardwise.runtime.embedding.groups import plan_groups
 from shardwise.runtime.embedding.update import UpdateConfig
 from shardwise.runtime.plan_check import Checked, PlanMismatchError
@@ -33,6 +33,30 @@ def table_updates(
     unknown = sorted(set(given) - set(tables))
     if unknown:
         raise PlanMismatchError([f"embedding_optimizer names tables the plan does not: {', '.join(unknown)}"])
+    return dict(given)
+
+
+def table_inits(given: InitFn | Mapping[str, InitFn] | None, checked: Checked) -> dict[str, InitFn]:
+    """Table FQN → its initialiser: one callable for every table, or one per table FQN; only tables on the meta
+    device take one (a table with weights keeps them)."""
+    if given is None:
+        return {}
+    meta = {tp.name for tp, bag in checked.tables if bag.weight.is_meta}
+    if callable(given):
+        return dict.fromkeys(sorted(meta), given)
+    names = {tp.name for tp, _ in checked.tables}
+    problems = []
+    unknown = sorted(set(given) - names)
+    if unknown:
+        problems.append(f"init_fns names tables the plan does not: {', '.join(unknown)}")
+    real = sorted(set(given) & names - meta)
+    if real:
+        problems.append(
+            f"init_fns names tables that have weights already (not on the meta device): {', '.join(real)}; they keep "
+            "them (initialise them before apply_plan, or build them on the meta device)"
+        )
+    if problems:
+        raise PlanMismatchError(problems)
     return dict(given)
 
 
@@ -66,6 +90,7 @@ def shard_tables(
     cache_ways: int,
     model_spec: ModelSpec | None,
     host_access: str,
+    init_fns: Mapping[str, InitFn] | None = None,
 ) -> dist.ProcessGroup:
     """Replace every checked table of ``module`` by this rank's :class:`ShardedEmbeddingBag` (in place) and return
     the process group its exchanges run over: ``group``, or in a 2D plan the rank's group of it (``checked.tables``
@@ -109,6 +134,7 @@ def shard_tables(
             replicas=replicas,
             grad_scale=layout.grad_scale() if layout is not None else None,
             host_access=host_access,
+            init_fn=(init_fns or {}).get(tp.name),
         )
         if sharded.data_parallel and bag.weight.is_meta:
             with torch.no_grad():

@@ -376,6 +376,34 @@ def test_uniform_accesses_are_not_read_as_skew() -> None:
     assert zipf_exponent(torch.randint(0, 10**9, (50_000,), generator=g)) is None  # no repeats: nothing to tell
 
 
+def test_sample_batch_offsets_as_embedding_bag_takes_them_or_with_the_end() -> None:
+    """``nn.EmbeddingBag``'s offsets (the bags' starts) and TorchRec's (the starts and the end) describe one batch
+    alike: the very batch a model trains on is taken."""
+    with torch.device("meta"):
+        model = Scorer()
+    batch, gen = 512, torch.Generator().manual_seed(8)
+    lengths = torch.randint(1, 6, (batch,), generator=gen)
+    users = torch.randint(0, 10_000, (int(lengths.sum()),), generator=gen)
+    starts = torch.cumsum(lengths, 0) - lengths
+    items = torch.randint(0, 5_000, (batch,), generator=gen)
+    specs = [
+        describe(
+            model,
+            batch_size_per_gpu=batch,
+            input_shapes={"gate": (32,)},
+            sample_batch={"user": (users, user_offsets), "item": (items, item_offsets)},
+        )
+        for user_offsets, item_offsets in (
+            (starts, torch.arange(batch)),
+            (torch.cat([starts, torch.tensor([users.numel()])]), torch.arange(batch + 1)),
+        )
+    ]
+    assert specs[0] == specs[1]
+    user, item = specs[0].embedding_tables
+    assert user.pooling_factor == pytest.approx(users.numel() / batch)
+    assert item.pooling_factor == 1.0
+
+
 def test_sample_batch_as_a_mapping_of_ids_and_offsets() -> None:
     with torch.device("meta"):
         model = Scorer()
@@ -407,7 +435,10 @@ def test_sample_batch_as_a_mapping_of_ids_and_offsets() -> None:
     refused({**sample, "usr": sample["user"]}, "sample_batch has features no table reads: usr")
     refused({"user": sample["user"]}, r"table item: sample_batch lacks its feature\(s\) item")
     refused({**sample, "item": (items + 5_000, sample["item"][1])}, r"table item: sample_batch has ids outside 0..4999")
-    refused({**sample, "item": (items, torch.arange(batch))}, r"sample_batch\['item'\]: offsets must rise from 0")
+    offsets = r"sample_batch\['item'\]: offsets must rise from 0 and stay within the number of ids \(4096\)"
+    refused({**sample, "item": (items, torch.arange(batch) + 1)}, offsets)  # the first bag not at 0
+    refused({**sample, "item": (items, torch.arange(batch + 1).flip(0))}, offsets)  # falling
+    refused({**sample, "item": (items, torch.arange(batch + 2))}, offsets)  # past the last id
     refused({**sample, "item": items}, r"sample_batch\['item'\]: expected \(ids, offsets\)")
     refused({**sample, "item": (items[:0], torch.zeros(batch + 1, dtype=torch.long))}, "table item: no ids")
     with pytest.raises(ValueError, match="sample_batch: expected a KeyedJaggedTensor or a mapping"):

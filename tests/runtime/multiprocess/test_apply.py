@@ -447,6 +447,54 @@ def check_meta_tables(rank: int, world: int) -> list[str]:
     return errors
 
 
+def check_meta_init(rank: int, world: int) -> list[str]:
+    """``init_fns`` on tables built on the meta device: each named table's local shards drawn by its initialiser (a
+    uniform one, a constant one on the data_parallel copy, the same on every rank), the others N(0, 1); a name the plan
+    lacks, or a table with weights, refused before any collective."""
+    errors: list[str] = []
+    torch.manual_seed(0)
+
+    def meta_model() -> DLRM:
+        model = DLRM()
+        for k, (rows, dim, mode) in TABLES.items():
+            model.sparse[k.split(".")[1]] = nn.EmbeddingBag(rows, dim, mode=mode, device="meta")
+        return model
+
+    model = meta_model()
+    plan = mixed_plan(world)
+    uniform, dp = MIXED[ST.row_wise], MIXED[ST.data_parallel]
+    apply_plan(
+        model,
+        plan,
+        init_fns={uniform: lambda w: nn.init.uniform_(w, -0.01, 0.01), dp: lambda w: nn.init.constant_(w, 0.5)},
+    )
+    for tp in plan.tables:
+        for w in model.get_submodule(tp.name).parameters():
+            w = w.detach()
+            if tp.name == uniform and not (w.abs().max() <= 0.01 and w.std() > 0.001):
+                errors.append(f"{tp.name}: not drawn from U(-0.01, 0.01): max {float(w.abs().max())}")
+            elif tp.name == dp and not bool((w == 0.5).all()):
+                errors.append(f"{tp.name}: not the constant 0.5")
+            elif tp.name not in (uniform, dp) and w.numel() > 20 and not 0.5 < float(w.std()) < 1.5:
+                errors.append(f"{tp.name}: left out, yet not N(0, 1): std {float(w.std())}")
+    everyone = apply_plan(meta_model(), plan, init_fns=lambda w: nn.init.constant_(w, -1.0))  # one for every table
+    if not all(bool((p == -1.0).all()) for p in everyone.sparse.parameters()):
+        errors.append("a callable did not initialise every table")
+    for given, phrase in (
+        ({"sparse.nope": nn.init.zeros_}, "init_fns names tables the plan does not: sparse.nope"),
+        ({uniform: nn.init.zeros_}, f"have weights already (not on the meta device): {uniform}"),
+    ):
+        real = DLRM() if "weights" in phrase else meta_model()
+        try:
+            apply_plan(real, plan, init_fns=given)
+        except PlanMismatchError as e:
+            if phrase not in str(e):
+                errors.append(f"refusal does not say {phrase!r}: {e}")
+        else:
+            errors.append(f"{given} was not refused")
+    return errors
+
+
 # ------------------------------------------------------------------------------------------------ validation
 
 
@@ -667,6 +715,7 @@ def worker(rank: int, world: int, only: tuple[str, ...] = ()) -> dict[str, str]:
     guarded("fused:mixed", lambda: check_training_fused(rank, world, mixed_plan(world), mixed_kinds))
     guarded("planner", lambda: check_training(rank, world, planner_plan(world), mixed=True))
     guarded("meta_tables", lambda: check_meta_tables(rank, world))
+    guarded("meta_init", lambda: check_meta_init(rank, world))
     guarded("bad_ids", lambda: check_bad_ids(rank, world))
     if not only or "validation" in only:
         results.update({f"validation:{k}": v for k, v in check_validation(rank, world).items()})
@@ -755,6 +804,11 @@ def test_planner_plan_matches_reference(world: int) -> None:
 @pytest.mark.parametrize("world", [2, 4])
 def test_meta_tables_materialise_only_local_shards(world: int) -> None:
     assert_passed(world, "meta_tables")
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_meta_tables_are_drawn_by_their_init_fns(world: int) -> None:
+    assert_passed(world, "meta_init")
 
 
 @pytest.mark.parametrize("world", [2, 4])
