@@ -181,10 +181,18 @@ def fleet_from_env(gpu: str) -> FleetSpec:
 
 
 def plan_on_rank0(spec: ModelSpec, fleet: FleetSpec, params: SolveParams) -> Plan:
-    """Rank 0 plans, every rank gets the same plan (a collective)."""
-    from shardwise.solver.planner import (
-        make_plan,  # the local planner needs the planner extra; the service path does not
-    )
+    """Rank 0 plans, every rank gets the same plan (a collective). Without the planner extra every rank stops before
+    the collective, rank 0 saying in one line what to install (or to plan on a service instead)."""
+    try:  # the local planner needs the planner extra; the service path does not
+        from shardwise.solver.planner import make_plan
+    except ImportError as exc:
+        if dist.get_rank() == 0:
+            print(
+                f"error: planning here needs shardwise's planner extra ({exc.name} is missing): pip install "
+                "'.[planner]' in the shardwise checkout, or pass --url to plan on a shardwise service",
+                file=sys.stderr,
+            )
+        raise SystemExit(2) from None
 
     box: list[str | None] = [None]
     if dist.get_rank() == 0:

@@ -177,3 +177,14 @@ def test_readme_block_runs(block: Block, checkout: Checkout) -> None:
         f"README block at line {block.line} exited {done.returncode}\n--- block\n{code}--- stdout\n{done.stdout}"
         f"--- stderr\n{done.stderr}--- server log (tail)\n" + "\n".join(server_log)
     )
+
+
+def test_the_install_section_installs_a_cpu_torch_before_the_torch_extra() -> None:
+    """``pip install '.[torch]'`` alone takes the package index's default torch, the CUDA build (5 GB): the install
+    section puts torch's CPU build first, which the extra then keeps."""
+    (block,) = [b for b in BLOCKS if "pip install '.[torch]'" in b.code]
+    lines = [line.split("#")[0].strip() for line in block.code.splitlines()]
+    cpu = [i for i, line in enumerate(lines) if line.startswith("pip install torch") and "whl/cpu" in line]
+    extra = lines.index("pip install '.[torch]'")
+    assert cpu, block.code
+    assert cpu[0] < extra, block.code
