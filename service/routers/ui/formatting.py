@@ -25,6 +25,28 @@ STATUS_LABELS = {status.value: verdict_words(status, False) for status in PlanSt
 # ------------------------------------------------------------------------------------------------- text
 
 
+#: what a solver's own status says, in words (SolverInfo.status: CP-SAT's verdicts, or HEURISTIC where none stands)
+SOLVER_STATUS_WORDS = {
+    "OPTIMAL": "CP-SAT proved no layout of its search beats it",
+    "FEASIBLE": "CP-SAT stopped at its limit, with no proof of optimality",
+    "INFEASIBLE": "CP-SAT proved no layout of its search fits",
+    "UNKNOWN": "CP-SAT found no layout within its limit",
+    "MODEL_INVALID": "CP-SAT refused the model it was given (a bug)",
+}
+
+
+def solver_status(status: str, solver: str) -> str:
+    """A solver's own status as words for the pages: CP-SAT's verdicts, and for ``HEURISTIC`` where the layout came
+    from instead of a verdict (the greedy planner, a search that never started, a carried-over layout)."""
+    if status != "HEURISTIC":
+        return SOLVER_STATUS_WORDS.get(status, status.lower())
+    if solver == "greedy":
+        return "no verdict: the greedy planner proves nothing of its plan"
+    if solver == "cpsat":
+        return "no search ran: the answer came before it (the explanation says why)"
+    return f"no verdict: the layout came from {solver}, not from a search"
+
+
 def gb(n: float | None) -> str:
     """Decimal gigabytes with one decimal: ``62.1 GB`` (``< 0.1 GB`` rather than a misleading ``0.0 GB``)."""
     if n is None:

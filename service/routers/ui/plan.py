@@ -210,7 +210,7 @@ def plan_page(plan_id: str, request: Request, session: SessionDep) -> HTMLRespon
         "tables": table_views(loaded),
         "dense": [(d.name, d.style.value, rank_ranges(d.ranks)) for d in plan.dense],
         "kernels": kernels_view(plan.dense),
-        "snippet": snippet(base, plan),
+        "snippet": snippet(base, plan, plan.model_ref),
         "throughput": throughput(plan.predicted_step_ms, loaded.batch, len(plan.ranks)),
         "batch": loaded.batch,
         "time": breakdown.time_view(loaded, views),

@@ -348,6 +348,9 @@ def test_plan_page_tables_explanation_links_and_snippet(client: TestClient) -> N
     assert {name for module, name in imported if module == "shardwise"} <= set(shardwise.__all__)
     assert f'.get_plan("{plan["id"]}")' in code
     assert 'ShardwiseClient("http://testserver")' in code
+    # the model the plan was made for goes with it (an inline model: the file it was planned from)
+    assert "model_spec=spec" in code
+    assert 'ModelSpec.model_validate_json(Path("model.json")' in code
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "apply_plan"]
     assert len(calls) == 1
     pytest.importorskip("torch")
@@ -356,14 +359,29 @@ def test_plan_page_tables_explanation_links_and_snippet(client: TestClient) -> N
     inspect.signature(apply_plan).bind(*["arg"] * len(calls[0].args), **{k.arg: 0 for k in calls[0].keywords if k.arg})
 
 
-def test_infeasible_plan_page_shows_why_and_no_layout(client: TestClient) -> None:
+@pytest.mark.parametrize(
+    ("solver", "words"),
+    [
+        ("greedy", "no verdict: the greedy planner proves nothing of its plan"),
+        ("cpsat", "no search ran: the answer came before it (the explanation says why)"),
+    ],
+)
+def test_infeasible_plan_page_shows_why_first_and_no_layout(client: TestClient, solver: str, words: str) -> None:
     too_big = small_model("huge", tables=1, rows=2_000_000_000, dim=512)
-    response = client.post("/api/v1/plans", json={"model": too_big, "fleet": fleet(), "options": {"solver": "greedy"}})
+    response = client.post("/api/v1/plans", json={"model": too_big, "fleet": fleet(), "options": {"solver": solver}})
     assert response.status_code == 422
     body = response.json()
     doc = page(client, f"/ui/plans/{body['plan_id']}")
     assert text(doc.css_first(".plan-head .status")) == "infeasible"
     assert [text(li) for li in doc.css(".explanation li")] == body["explanation"]
+    # the reason comes first, right under the head (above the fleet, where a plan's layout would be), once
+    sections = [attr(s, "class") for s in doc.css("main section")]
+    assert sections.count("explanation") == 1
+    assert sections.index("explanation") == sections.index("plan-head") + 1
+    assert text(doc.css_first(".explanation h2")) == "Why no layout fits"
+    # the solver's own status in words, not its raw code
+    assert text(doc.css_first("dd.solver-status")) == words
+    assert "HEURISTIC" not in text(doc.body)
     assert doc.css("svg.hbm-bar") == []
     assert doc.css_first("#snippet") is None  # nothing to apply
     assert all(not attr(a, "href").endswith("/torchrec") for a in doc.css(".links a"))
@@ -667,6 +685,14 @@ def test_a_cpsat_plan_shows_how_the_solver_got_there(client: TestClient) -> None
     assert text(section.css_first("dd.solver-name")) == "cpsat"
     table_rows = section.css("details.progress-table tbody tr")
     assert len(table_rows) == len(plan["solver"]["progress"])  # the chart's text alternative
+    n = len(table_rows)
+    assert (
+        text(section.css_first("details.progress-table summary")) == f"As a table ({n} report{'' if n == 1 else 's'})"
+    )
+    assert text(section.css_first("dd.solver-status")) in {
+        "CP-SAT proved no layout of its search beats it",
+        "CP-SAT stopped at its limit, with no proof of optimality",
+    }
 
 
 def test_every_figure_has_a_title_and_a_text_alternative(client: TestClient) -> None:
@@ -946,7 +972,9 @@ def test_a_plan_proved_only_over_the_layouts_searched_is_not_called_optimal(clie
     assert f"no plan beats {step:.3f}" not in body
     # one vocabulary: CP-SAT's own OPTIMAL (about the layouts it searched) is not shown as a status, only named
     assert "OPTIMAL" not in text(doc.css_first(".solver"))
-    assert attr(doc.css_first(".solver"), "title") == "the solver's own status: OPTIMAL"
+    assert attr(doc.css_first(".solver"), "title") == (
+        "the solver's own status: OPTIMAL (CP-SAT proved no layout of its search beats it)"
+    )
 
     rows = {attr(tr, "data-plan-id"): tr for tr in page(client, "/ui/plans").css("#plan-rows tr.plan-row")}
     assert text(rows[plan_id].css_first(".status")) == "optimal among the layouts searched"
@@ -1069,3 +1097,20 @@ def test_the_plan_page_links_the_torchrec_export_only_where_it_exports(client: T
     assert export_links(doc) == [f"/api/v1/plans/{twin['id']}/torchrec"]
     assert doc.css(".no-export") == []
     assert client.get(export_links(doc)[0]).status_code == 200
+
+
+def test_the_apply_snippet_fetches_a_registered_model_it_was_made_for(client: TestClient) -> None:
+    model = small_model("registered")
+    assert client.post("/api/v1/models", json=model).status_code in (200, 201)
+    answer = client.post(
+        "/api/v1/plans", json={"model": "registered@1", "fleet": fleet(), "options": {"solver": "greedy"}}
+    )
+    assert answer.status_code in (200, 201), answer.text
+    plan = answer.json()
+    code = page(client, f"/ui/plans/{plan['id']}").css_first("code#snippet").text()
+    tree = ast.parse(code)
+    assert 'spec = client.get_model("registered@1").spec' in code
+    assert "model_spec=spec" in code
+    assert "Path(" not in code
+    imported = {(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert {name for module, name in imported if module == "shardwise"} <= set(shardwise.__all__)

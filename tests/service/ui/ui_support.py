@@ -8,8 +8,9 @@ each page module makes its own SQLite database (its fixtures override ``tests/se
 
 from __future__ import annotations
 
+import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +80,24 @@ def store_plan_directly(database_url: str, model: dict[str, Any], fleet_: dict[s
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
-# Debian's Chromium, driven by Playwright with executable_path (Playwright cannot download its own browsers here)
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+def find_chromium(env: Mapping[str, str] = os.environ) -> str | None:
+    """The browser the page tests drive: ``SHARDWISE_CHROMIUM`` (any Chromium or Chrome binary: what a user who
+    cannot install Debian's package as root points at), else Debian's Chromium on the PATH, else None. Driven by
+    Playwright with ``executable_path`` (Playwright cannot download its own browsers here)."""
+    given = env.get("SHARDWISE_CHROMIUM")
+    if given:
+        return given if os.access(given, os.X_OK) else None
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+CHROMIUM = find_chromium()
+WHY_NO_CHROMIUM = (
+    f"SHARDWISE_CHROMIUM={os.environ['SHARDWISE_CHROMIUM']} is not an executable file"
+    if os.environ.get("SHARDWISE_CHROMIUM")
+    else "Chromium is not installed (make install-browser as root: apt-get install chromium; or set "
+    "SHARDWISE_CHROMIUM to a Chromium or Chrome binary)"
+)
 CHROMIUM_ARGS = [
     "--no-sandbox",  # root in a container
     "--disable-gpu",
@@ -110,7 +127,7 @@ def chromium() -> Iterator[Any]:
     """For a browser module's ``browser`` fixture (``yield from``): headless Debian Chromium through Playwright;
     skipped when either is missing."""
     if CHROMIUM is None:
-        pytest.skip("Chromium is not installed (make install-browser: apt-get install chromium)")
+        pytest.skip(WHY_NO_CHROMIUM)
     sync_api = pytest.importorskip("playwright.sync_api")
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
