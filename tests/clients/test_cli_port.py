@@ -166,3 +166,14 @@ def test_a_plan_that_does_not_fit_its_fleet_exits_2_in_one_line(runner: CliRunne
     assert len(lines) == 1
     assert lines[0].startswith(f"error: {broken}: the source plan is invalid")
     assert f"table {gone} is missing" in lines[0]
+
+
+def test_the_example_readme_shows_what_the_greedy_port_prints(runner: CliRunner) -> None:
+    """The example's README quotes the greedy run whole (the greedy planner is deterministic): every line of it,
+    the per-rank table and the hints included, is what ``shardwise port`` prints today."""
+    readme = (PORT / "README.md").read_text(encoding="utf-8")
+    quoted = re.search(r"```console\n\$ shardwise port [^`]*?--solver greedy\n(.*?)```", readme, re.S)
+    assert quoted is not None
+    result = runner.invoke(app, ["port", MODEL, "--from", B200, "--to", MI350X, *GREEDY], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert result.output == quoted.group(1)
