@@ -304,13 +304,16 @@ class ShardedEmbeddingBag(nn.Module):
                     local.copy_(block)
             self.weights.append(nn.Parameter(local, requires_grad=view is None))
         self._dp_state: dict[str, Tensor] = {}
+        self._dp_steps = [0]  # a data_parallel copy's updates so far (its optimizer in backward: Adam's step)
         if self.data_parallel:
             for p in self.weights:
                 if update is None:
                     p.register_post_accumulate_grad_hook(average_grad_hook(self.fleet_group, self.fleet_size))
                 else:
                     self._dp_state = init_state(update.optimizer, p.shape[0], p.shape[1], p.device)
-                    hook = fused_data_parallel_hook(self.fleet_group, self.fleet_size, update, self._dp_state)
+                    hook = fused_data_parallel_hook(
+                        self.fleet_group, self.fleet_size, update, self._dp_state, self._dp_steps
+                    )
                     p.register_post_accumulate_grad_hook(hook)
         elif replicas is not None and replicas.sums_rows:
             for p in self.weights:

@@ -464,10 +464,16 @@ def dense_update(weight: Tensor, grad: Tensor, state: Mapping[str, Tensor], conf
 
 
 def fused_data_parallel_hook(
-    group: dist.ProcessGroup, world_size: int, config: UpdateConfig, state: dict[str, Tensor]
+    group: dist.ProcessGroup,
+    world_size: int,
+    config: UpdateConfig,
+    state: dict[str, Tensor],
+    counter: list[int] | None = None,
 ) -> Callable[[Tensor], None]:
-    """Post-accumulate-grad hook of a data_parallel copy: average over ranks, apply the optimizer, drop the grad."""
-    counter = [0]
+    """Post-accumulate-grad hook of a data_parallel copy: average over ranks, apply the optimizer, drop the grad.
+    ``counter``: ``[updates so far]``, kept by the caller (a checkpoint saves and restores it: Adam's bias
+    correction); a fresh one when None."""
+    counter = counter if counter is not None else [0]
 
     def hook(param: Tensor) -> None:
         if param.grad is None:
