@@ -388,6 +388,18 @@ class HostGroupSpec(_Frozen):
     host_memory_bytes: int | None = Field(
         default=None, gt=0, le=MAX_MEMORY_BYTES, description="per host; profile default if unset; at most 1e15"
     )
+    names: list[Name] | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,  # unnamed hosts dump (and hash) as before names existed
+        description="the hosts' names, one per host (unique in the fleet): a re-plan keeps a named host's shards "
+        "where the new fleet names the same host; unnamed, a group's hosts match by position",
+    )
+
+    @model_validator(mode="after")
+    def _one_name_a_host(self) -> HostGroupSpec:
+        if self.names is not None and len(self.names) != self.count:
+            raise ValueError(f"names: {len(self.names)} names for {self.count} hosts (one name a host)")
+        return self
 
     @field_validator("gpu", mode="before")
     @classmethod
@@ -409,6 +421,16 @@ class FleetSpec(_Frozen):
     name: Name
     hosts: list[HostGroupSpec] = Field(min_length=1, max_length=MAX_HOST_GROUPS)
     hbm_reserve_fraction: float = Field(default=0.1, ge=0, lt=1, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _hosts_named_once(self) -> FleetSpec:
+        seen: set[str] = set()
+        for group in self.hosts:
+            for name in group.names or ():
+                if name in seen:
+                    raise ValueError(f"host {name!r} is named twice in the fleet")
+                seen.add(name)
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -1,0 +1,278 @@
+"""Re-plans (``shardwise.solver.replan``): the same GPUs across fleets, what a plan moves, and a re-plan that keeps
+what it can within its budget."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from shardwise.solver.planner import make_plan
+from shardwise.solver.replan import (
+    ReplanError,
+    block_bytes,
+    fleet_of_plan,
+    host_names,
+    kept_layouts,
+    map_ranks,
+    plan_moves,
+    replan,
+)
+from shardwise.solver.topology import Topology
+from shardwise.solver.validate import check_plan
+from shardwise.wire import hashing
+from shardwise.wire.replan_spec import ReplanBudget, ReplanReport
+from shardwise.wire.spec import FleetSpec, ModelSpec, PlanStatus, SolveParams
+
+GREEDY = SolveParams(solver="greedy")
+
+
+def fleet(*groups: tuple[str, int, int], names: list[list[str]] | None = None, name: str = "f") -> FleetSpec:
+    hosts: list[dict[str, Any]] = [{"gpu": g, "count": c, "gpus_per_host": n} for g, c, n in groups]
+    for h, given in zip(hosts, names or [], strict=False):
+        h["names"] = given
+    return FleetSpec.model_validate({"name": name, "hosts": hosts})
+
+
+H100 = "nvidia-h100-sxm"
+
+
+# ------------------------------------------------------------------------------------------------ the same GPUs
+
+
+def test_a_group_losing_a_host_loses_its_last_one() -> None:
+    old, new = Topology(fleet((H100, 3, 2))), Topology(fleet((H100, 2, 2)))
+    assert map_ranks(old, new) == {0: 0, 1: 1, 2: 2, 3: 3}  # ranks 4 and 5 (the third host) are gone
+
+
+def test_named_hosts_match_by_name_wherever_they_are_listed() -> None:
+    old = Topology(fleet((H100, 3, 2), names=[["a", "b", "c"]]))
+    new = Topology(fleet((H100, 2, 2), names=[["c", "a"]]))  # b failed, the others listed in another order
+    assert map_ranks(old, new) == {0: 2, 1: 3, 4: 0, 5: 1}
+    assert host_names(new.fleet) == ["c", "a"]
+
+
+def test_a_host_of_another_gpu_type_is_not_the_same_host() -> None:
+    old = Topology(fleet((H100, 2, 2)))
+    new = Topology(fleet(("nvidia-h200", 2, 2)))
+    assert map_ranks(old, new) == {}
+    grown = Topology(fleet((H100, 2, 2), ("nvidia-h200", 1, 2)))  # a group added at the end: new ranks
+    assert map_ranks(old, grown) == {0: 0, 1: 1, 2: 2, 3: 3}
+
+
+def test_host_names_are_one_a_host_unique_and_left_out_of_the_key_when_absent() -> None:
+    with pytest.raises(ValidationError, match="2 names for 3 hosts"):
+        fleet((H100, 3, 2), names=[["a", "b"]])
+    with pytest.raises(ValidationError, match="host 'a' is named twice"):
+        fleet((H100, 1, 2), (H100, 1, 2), names=[["a"], ["a"]])
+    plain = fleet((H100, 2, 2))
+    assert "names" not in json.dumps(plain.model_dump(mode="json"))  # the request key of an unnamed fleet is as before
+    named = fleet((H100, 2, 2), names=[["a", "b"]])
+    assert named.model_dump(mode="json")["hosts"][0]["names"] == ["a", "b"]
+
+
+def test_the_fleet_a_plan_describes(small_model: ModelSpec) -> None:
+    f = fleet((H100, 2, 2), ("nvidia-h200", 1, 4))
+    plan = make_plan(small_model, f, GREEDY)
+    got = fleet_of_plan(plan)
+    assert [(h.gpu_name, h.count, h.gpus_per_host) for h in got.hosts] == [(H100, 2, 2), ("nvidia-h200", 1, 4)]
+
+
+# ------------------------------------------------------------------------------------------------ moves
+
+
+def test_a_plan_against_itself_moves_nothing(small_model: ModelSpec, small_fleet: FleetSpec) -> None:
+    plan = make_plan(small_model, small_fleet, GREEDY)
+    topo = Topology(small_fleet)
+    moves, new = plan_moves(plan, plan, small_model, {r: r for r in range(4)}, topo)
+    assert (moves, new) == ([], 0)
+
+
+def test_a_lost_gpus_shards_come_from_a_checkpoint_and_a_grown_tables_rows_are_new(small_model: ModelSpec) -> None:
+    f = fleet((H100, 2, 2))
+    plan = make_plan(small_model, f, GREEDY)
+    topo = Topology(f)
+    moves, _ = plan_moves(plan, plan, small_model, {0: 0, 1: 1, 2: 2}, topo)  # rank 3's GPU is gone
+    on_three = {t.name for t in plan.tables for s in t.shards if s.rank == 3}
+    assert {m.table for m in moves if m.link == "checkpoint"} == {
+        t.name for t in plan.tables if t.sharding_type.value != "data_parallel" and t.name in on_three
+    }
+    grown = small_model.model_copy(
+        update={
+            "embedding_tables": [
+                t.model_copy(update={"num_embeddings": 2 * t.num_embeddings}) if t.name == "t_mid" else t
+                for t in small_model.embedding_tables
+            ]
+        }
+    )
+    fresh = make_plan(grown, f, GREEDY)
+    _, new = plan_moves(plan, fresh, grown, {r: r for r in range(4)}, topo)
+    mid = grown.table("t_mid")
+    assert new == 100_000 * mid.embedding_dim * (4 + 8)  # the rows added: weights and Adam's two moments
+
+
+# ------------------------------------------------------------------------------------------------ re-plans
+
+
+def _lose_a_host(model: ModelSpec) -> tuple[Any, FleetSpec, FleetSpec]:
+    old_fleet, new_fleet = fleet((H100, 3, 2), name="h100-3x2"), fleet((H100, 2, 2), name="h100-2x2")
+    return make_plan(model, old_fleet, GREEDY), old_fleet, new_fleet
+
+
+def test_a_replan_for_a_lost_host_keeps_the_rest_within_its_budget(small_model: ModelSpec) -> None:
+    old, old_fleet, new_fleet = _lose_a_host(small_model)
+    report = replan(old, small_model, new_fleet, ReplanBudget(max_slowdown=0.5), GREEDY, old_fleet=old_fleet)
+    assert ReplanReport.model_validate_json(report.model_dump_json()) == report  # a wire document
+    topo = Topology(new_fleet)
+    assert check_plan(topo, small_model, report.replan) == []
+    assert report.removed_ranks == [4, 5]
+    assert report.added_ranks == []
+    assert report.replan.predicted_step_ms is not None
+    assert report.fresh.predicted_step_ms is not None
+    assert report.replan.predicted_step_ms <= report.fresh.predicted_step_ms * 1.5 * (1 + 1e-9)
+    # with so wide a budget every table is kept: what the lost host held comes from a checkpoint, and besides it
+    # only the rows a row-wise table's survivors hand on as they re-cut its blocks four ways instead of six
+    assert report.kept_tables == len(small_model.embedding_tables)
+    lost = [(t, s) for t in old.tables if t.sharding_type.value != "data_parallel" for s in t.shards if s.rank >= 4]
+    from_checkpoint = [m for m in report.moves if m.link == "checkpoint"]
+    assert sum(m.bytes for m in from_checkpoint) == sum(
+        block_bytes(small_model.table(t.name), s.num_rows, s.num_cols) for t, s in lost
+    )
+    assert {m.table for m in from_checkpoint} == {t.name for t, _ in lost}
+    recut = {t.name for t in old.tables if t.sharding_type.value == "row_wise"}
+    assert {m.table for m in report.moves if m.link != "checkpoint"} <= recut
+    seq = report.replan.table("t_seq").shards
+    assert sorted(s.rank for s in seq) == [0, 1, 2, 3]
+
+    # the new cuts go where the most of their rows already are, not to the GPUs in the order of the old blocks
+    def overlap(a: Any, b: Any) -> int:
+        return max(0, min(a.row_offset + a.num_rows, b.row_offset + b.num_rows) - max(a.row_offset, b.row_offset))
+
+    before = {o.rank: o for o in old.table("t_seq").shards}
+    kept_rows = sum(overlap(s, before[s.rank]) for s in seq)
+    in_order = sum(overlap(s, before[k]) for k, s in enumerate(sorted(seq, key=lambda s: s.row_offset)))
+    assert kept_rows > 1.9 * in_order
+    assert report.bytes_moved <= report.fresh_bytes_moved
+    assert report.transfer_ms >= 0
+    assert report.checkpoint_reload_ms > 0
+
+
+def test_no_slowdown_allowed_is_the_fresh_plans_step_at_most(small_model: ModelSpec) -> None:
+    old, old_fleet, new_fleet = _lose_a_host(small_model)
+    report = replan(old, small_model, new_fleet, ReplanBudget(max_slowdown=0.0), GREEDY, old_fleet=old_fleet)
+    assert report.replan.predicted_step_ms is not None
+    assert report.fresh.predicted_step_ms is not None
+    assert report.replan.predicted_step_ms <= report.fresh.predicted_step_ms * (1 + 1e-9)
+    assert report.slowdown <= 1e-9
+    assert check_plan(Topology(new_fleet), small_model, report.replan) == []
+
+
+def test_the_same_fleet_and_model_keep_the_plan_and_move_nothing(
+    small_model: ModelSpec, small_fleet: FleetSpec
+) -> None:
+    old = make_plan(small_model, small_fleet, GREEDY)
+    report = replan(old, small_model, small_fleet, ReplanBudget(max_slowdown=0.03), GREEDY, old_fleet=small_fleet)
+    assert report.moves == []
+    assert report.bytes_moved == 0
+    assert [t.shards for t in report.replan.tables] == [old.table(t.name).shards for t in report.replan.tables]
+
+
+def test_a_price_per_gb_trades_step_against_bytes(small_model: ModelSpec) -> None:
+    old, old_fleet, new_fleet = _lose_a_host(small_model)
+    free = replan(old, small_model, new_fleet, ReplanBudget(ms_per_gb=0.0), GREEDY, old_fleet=old_fleet)
+    dear = replan(old, small_model, new_fleet, ReplanBudget(ms_per_gb=1e6), GREEDY, old_fleet=old_fleet)
+    assert dear.bytes_moved <= free.bytes_moved
+    assert free.replan.predicted_step_ms is not None
+    assert dear.replan.predicted_step_ms is not None
+    assert free.replan.predicted_step_ms <= dear.replan.predicted_step_ms * (1 + 1e-9)
+
+
+def test_a_budget_is_one_of_two_things() -> None:
+    with pytest.raises(ValidationError, match="exactly one of max_slowdown"):
+        ReplanBudget()
+    with pytest.raises(ValidationError, match="exactly one of max_slowdown"):
+        ReplanBudget(max_slowdown=0.1, ms_per_gb=1.0)
+    with pytest.raises(ValidationError):
+        ReplanBudget(max_slowdown=-0.1)
+
+
+def test_a_plan_of_another_fleet_or_an_infeasible_one_is_refused(small_model: ModelSpec) -> None:
+    old, _old_fleet, new_fleet = _lose_a_host(small_model)
+    with pytest.raises(ReplanError, match="the plan has 6 ranks"):
+        replan(old, small_model, new_fleet, ReplanBudget(max_slowdown=0.03), GREEDY, old_fleet=new_fleet)
+    nothing = old.model_copy(update={"status": PlanStatus.infeasible, "predicted_step_ms": None, "explanation": ["x"]})
+    with pytest.raises(ReplanError, match="infeasible"):
+        replan(nothing, small_model, new_fleet, ReplanBudget(max_slowdown=0.03), GREEDY)
+
+
+def test_a_fleet_too_small_for_the_model_is_an_infeasible_answer(small_model: ModelSpec) -> None:
+    old, old_fleet, _ = _lose_a_host(small_model)
+    tiny = FleetSpec.model_validate(
+        {
+            "name": "tiny",
+            "hosts": [{"gpu": H100, "count": 1, "gpus_per_host": 1, "host_memory_bytes": 1_000_000}],
+            "hbm_reserve_fraction": 0.999,
+        }
+    )
+    report = replan(old, small_model, tiny, ReplanBudget(max_slowdown=0.03), GREEDY, old_fleet=old_fleet)
+    assert report.replan.status is PlanStatus.infeasible
+    assert report.replan.explanation
+    assert report.hints[0].startswith("no plan fits the new fleet")
+
+
+def test_the_request_key_of_an_unnamed_fleet_is_unchanged(small_model: ModelSpec, small_fleet: FleetSpec) -> None:
+    key = hashing.request_key(small_model, small_fleet, GREEDY)
+    again = FleetSpec.model_validate(small_fleet.model_dump(mode="json"))
+    assert hashing.request_key(small_model, again, GREEDY) == key
+
+
+def test_a_table_on_every_gpu_left_is_re_cut_among_its_survivors(small_model: ModelSpec) -> None:
+    old_fleet, new_fleet = fleet((H100, 3, 2), name="h100-3x2"), fleet((H100, 1, 2), name="h100-1x2")
+    old = make_plan(small_model, old_fleet, GREEDY)
+    topo = Topology(new_fleet)
+    kept = kept_layouts(old, small_model, map_ranks(Topology(old_fleet), topo), topo)
+    for name in ("t_big", "t_seq"):  # four column slices, six row blocks: two GPUs are left for each
+        table, spec = kept[name], small_model.table(name)
+        assert sorted(s.rank for s in table.shards) == [0, 1]
+        if table.sharding_type.value == "column_wise":
+            assert sorted((s.col_offset, s.num_cols) for s in table.shards) == [(0, 32), (32, 32)]
+        else:
+            assert sorted((s.row_offset, s.num_rows) for s in table.shards) == [(0, 25_000), (25_000, 25_000)]
+        assert sum(s.num_rows * s.num_cols for s in table.shards) == spec.num_embeddings * spec.embedding_dim
+
+
+def test_a_host_gained_takes_shards_from_the_slowest_gpus_not_a_fresh_layout(small_model: ModelSpec) -> None:
+    old_fleet = fleet((H100, 2, 2), name="h100-2x2")
+    new_fleet = fleet((H100, 2, 2), ("nvidia-h200", 1, 2), name="h100-2x2-h200-1x2")
+    old = make_plan(small_model, old_fleet, GREEDY)
+    report = replan(old, small_model, new_fleet, ReplanBudget(max_slowdown=0.03), GREEDY, old_fleet=old_fleet)
+    assert check_plan(Topology(new_fleet), small_model, report.replan) == []
+    assert report.added_ranks == [4, 5]
+    assert report.slowdown <= 0.03 + 1e-9
+    assert report.fresh_bytes_moved > 0
+    assert report.bytes_moved < report.fresh_bytes_moved / 10
+    assert report.moves  # the old layout alone is more than 3 % slower than the fresh plan: some shards go over
+    assert {m.target_rank for m in report.moves} <= {4, 5}
+    assert report.kept_tables == len(small_model.embedding_tables)
+
+
+def test_a_grown_row_wise_table_is_re_cut_on_its_own_gpus(small_model: ModelSpec, small_fleet: FleetSpec) -> None:
+    old = make_plan(small_model, small_fleet, GREEDY)
+    assert old.table("t_seq").sharding_type.value == "row_wise"
+    grown = small_model.model_copy(
+        update={
+            "embedding_tables": [
+                t.model_copy(update={"num_embeddings": 2 * t.num_embeddings}) if t.name == "t_seq" else t
+                for t in small_model.embedding_tables
+            ]
+        }
+    )
+    report = replan(old, grown, small_fleet, ReplanBudget(max_slowdown=0.1), GREEDY, old_fleet=small_fleet)
+    seq, spec = report.replan.table("t_seq"), grown.table("t_seq")
+    assert sorted(s.rank for s in seq.shards) == sorted(s.rank for s in old.table("t_seq").shards)
+    assert report.new_bytes == block_bytes(spec, 50_000, spec.embedding_dim)  # the rows added, initialised
+    # balanced blocks twice as tall keep at most half the old rows in place; these keep exactly that half
+    assert {m.table for m in report.moves} == {"t_seq"}
+    assert sum(m.bytes for m in report.moves) == block_bytes(spec, 25_000, spec.embedding_dim)
