@@ -5,7 +5,8 @@ Local commands (no server needed, ``shardwise.clients.cli_local``): ``plan``, ``
 They load the solver lazily, so the base install can show ``--help`` and says in one line which extra to add when the
 solver's dependencies are missing. Remote commands (``shardwise.clients.cli_remote``) talk to a server through
 ``ShardwiseClient``: ``submit`` (with a progress bar of the solver's best and bound), ``show``, ``show-job``,
-``list``, ``export``; and the named specs on a server (``shardwise.clients.cli_specs``): ``models`` and ``fleets``,
+``list``, ``export``; ``replan`` (``shardwise.clients.cli_replan``) re-makes a plan file here or a stored plan on the
+server; and the named specs on a server (``shardwise.clients.cli_specs``): ``models`` and ``fleets``,
 each with ``register``, ``list`` and ``show``. What they share (reading specs, printing a plan) is
 ``shardwise.clients.cli_common``. The names this module held before the commands moved out (the commands,
 ``make_client``, ``remote``, ``load_spec``, ``print_plan``...) are importable from here still; a test that replaces
@@ -23,7 +24,7 @@ from importlib.metadata import entry_points
 import typer
 
 from shardwise.cli_help import plain_flags
-from shardwise.clients import cli_local, cli_remote, cli_specs
+from shardwise.clients import cli_local, cli_remote, cli_replan, cli_specs
 from shardwise.clients.cli_common import (
     M,
     Solver,
@@ -83,6 +84,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Plan where e
 cli_local.register(app)  # plan, evaluate, port, profiles
 cli_remote.register(app)  # submit, show-job, show, list, export
 cli_specs.register(app)  # models and fleets: register, list, show
+cli_replan.register(app)  # replan: a plan file here, or a stored plan on the server
 
 
 def _add_entry_point_commands(target: typer.Typer) -> None:

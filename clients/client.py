@@ -84,6 +84,7 @@ from shardwise.wire.spec import Executor, FleetSpec, ModelSpec, PlanStatus
 
 if TYPE_CHECKING:
     from shardwise.wire.port_spec import PortReport
+    from shardwise.wire.replan_spec import ReplanReport
 
 __all__ = [
     "AuthenticationError",
@@ -406,6 +407,48 @@ class ShardwiseClient(BaseClient):
             body["calibrations"] = _calibration_refs(calibrations)
         timeout = self._timeout_for_wait(options.get("wait_s"))
         return self._parse(PortReport, self._request("POST", "/port", json=body, timeout=timeout))
+
+    def replan(
+        self,
+        plan_id: str,
+        fleet: FleetRef | None = None,
+        model: ModelRef | None = None,
+        *,
+        max_slowdown: float | None = None,
+        ms_per_gb: float | None = None,
+        calibrations: Sequence[str] | None = None,
+        on_progress: ProgressCallback | None = None,
+        timeout_s: float | None = None,
+        **options: Any,
+    ) -> ReplanReport:
+        """Re-make the stored plan ``plan_id`` for ``fleet`` and/or ``model`` (``POST /plans/{id}/replan``), moving
+        the least data within the budget: ``max_slowdown`` (a fraction of the fresh plan's predicted step: 0.03 for
+        3 %) or ``ms_per_gb`` (the step a GB not moved is worth); neither: the server's default, max_slowdown 0.03.
+        ``options``: ``PlanOptions`` fields for the fresh plan it is weighed against (none: the stored plan's own).
+        When the fresh plan outlives the request (202), follow its job (``on_progress``, ``timeout_s`` as in
+        ``plan``), then ask again. The report lists every move (``ReplanReport.moves``) and the fresh plan beside
+        the re-plan."""
+        from shardwise.wire.replan_spec import ReplanReport  # written beside this client; pydantic only
+
+        deadline = None if timeout_s is None else self._monotonic() + timeout_s
+        body: dict[str, Any] = {}
+        if fleet is not None:
+            body["fleet"] = _ref(fleet)
+        if model is not None:
+            body["model"] = _ref(model)
+        if max_slowdown is not None or ms_per_gb is not None:
+            body["budget"] = {"max_slowdown": max_slowdown, "ms_per_gb": ms_per_gb}
+        if options:
+            body["options"] = self._options(options)
+        if calibrations:
+            body["calibrations"] = _calibration_refs(calibrations)
+        path = f"/plans/{_segment(plan_id)}/replan"
+        timeout = self._timeout_for_wait(options.get("wait_s"))
+        while True:
+            response = self._request("POST", path, json=body, timeout=timeout)
+            if response.status_code != 202:
+                return self._parse(ReplanReport, response)
+            self._follow(self._parse(Job, response), self._poll_delay(response), on_progress, deadline, timeout_s)
 
     # ------------------------------------------------------------------------------------------- models, fleets
 

@@ -1,4 +1,5 @@
-"""The plans service: what ``POST /plans``, ``POST /plans/{id}/evaluate`` and ``POST /port`` do, between the routes
+"""The plans service: what ``POST /plans``, ``POST /plans/{id}/evaluate``, ``POST /plans/{id}/replan`` and
+``POST /port`` do, between the routes
 (which parse a body and render the answer) and the repository (which reads and writes rows).
 
 Each use case resolves its body with the one sequence of :func:`shardwise.service.resolve.resolve_request` (refs,
@@ -17,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from shardwise.hwprofiles import HardwareProfile
 from shardwise.service import repository as repo
-from shardwise.service.errors import InvalidInput
+from shardwise.service.errors import Infeasible, InvalidInput
 from shardwise.service.models import JobRow, PlanRow
 from shardwise.service.plan_cache import PlanCache, ReadyPlan
 from shardwise.service.reaper import reap
@@ -27,7 +28,16 @@ from shardwise.service.settings import Settings
 from shardwise.solver.version import solver_version
 from shardwise.wire.hashing import request_hash, request_key
 from shardwise.wire.port_spec import PortReport
-from shardwise.wire.resources import EvaluateRequest, Evaluation, JobState, PlanRequest, PortRequest
+from shardwise.wire.replan_spec import ReplanReport
+from shardwise.wire.resources import (
+    EvaluateRequest,
+    Evaluation,
+    JobState,
+    PlanOptions,
+    PlanRequest,
+    PortRequest,
+    ReplanRequest,
+)
 from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams
 
 
@@ -306,3 +316,63 @@ def with_store_ids(report: PortReport, source: Plan, target: Plan) -> PortReport
             ),
         }
     )
+
+
+# ------------------------------------------------------------------------------------------ POST /plans/{id}/replan
+
+
+@dataclass(frozen=True)
+class ReplanAnswer:
+    """What ``POST /plans/{id}/replan`` came to: the report, or the fresh plan's job that holds it up."""
+
+    report: ReplanReport | None = None
+    job: JobRow | None = None
+
+
+def replan(
+    session: Session,
+    settings: Settings,
+    runner: JobRunner,
+    row: PlanRow,
+    body: ReplanRequest,
+    custom: dict[str, HardwareProfile],
+) -> ReplanAnswer:
+    """The stored plan ``row`` re-made for ``body``'s fleet and model (each its own where the body names none),
+    weighed against the fresh plan for them, which goes through the store like any plan (reused when stored, else
+    solved once as a job within the wait budget). A fleet that cannot hold the model whatever the plan is refused
+    before anything is solved or stored; a fresh plan that finds no layout is the same 422 as ``POST /plans``'s.
+    The re-plan itself is an answer, not a stored plan."""
+    old = Plan.model_validate(row.body)
+    if old.status is PlanStatus.infeasible:
+        raise InvalidInput(f"plan {row.id} is infeasible: it laid nothing out to keep")
+    stored = row.request
+    old_model = ModelSpec.model_validate(stored["model"], context={"profiles": custom})
+    old_fleet = FleetSpec.model_validate(stored["fleet"], context={"profiles": custom})
+    options = body.options if body.options is not None else PlanOptions.model_validate(stored["options"])
+    request = resolve_request(
+        session,
+        settings,
+        custom,
+        model=body.model if body.model is not None else old_model,
+        fleets=[body.fleet if body.fleet is not None else old_fleet],
+        calibrations=body.calibrations,
+        options=options,
+    )
+    from shardwise.solver.replan import ReplanError, capacity_shortfall, replan  # the solver: loaded by the first
+
+    (fleet, _) = request.fleets[0]
+    short = capacity_shortfall(request.model, fleet)
+    if short is not None:
+        raise Infeasible(short)
+    outcome = submit(session, runner, resolved_solve(request), request.wait_s)
+    if outcome.plan is None:
+        return ReplanAnswer(job=outcome.job)
+    fresh = Plan.model_validate(outcome.plan.body)
+    if fresh.status is PlanStatus.infeasible:
+        raise Infeasible("; ".join(fresh.explanation) or "no plan fits the new fleet", plan_id=str(outcome.plan.id))
+    assert request.params is not None
+    try:
+        report = replan(old, request.model, fleet, body.budget, request.params, old_fleet=old_fleet, fresh=fresh)
+    except ReplanError as exc:  # pragma: no cover - a stored plan is a plan of its own fleet
+        raise InvalidInput(str(exc)) from exc
+    return ReplanAnswer(report=report)

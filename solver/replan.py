@@ -53,6 +53,7 @@ from shardwise.solver.greedy import _try
 from shardwise.solver.load import Placed, initial_state
 from shardwise.solver.planner import make_plan, score_plan
 from shardwise.solver.pricing import shard_cost
+from shardwise.solver.size import ProblemTooLargeError
 from shardwise.solver.topology import Topology
 from shardwise.wire.replan_spec import Move, RankMapping, ReplanBudget, ReplanReport
 from shardwise.wire.spec import (
@@ -70,7 +71,16 @@ from shardwise.wire.spec import (
 )
 from shardwise.wire.units import fmt_bytes
 
-__all__ = ["ReplanError", "fleet_of_plan", "kept_layouts", "map_ranks", "plan_moves", "replan"]
+__all__ = [
+    "ProblemTooLargeError",
+    "ReplanError",
+    "capacity_shortfall",
+    "fleet_of_plan",
+    "kept_layouts",
+    "map_ranks",
+    "plan_moves",
+    "replan",
+]
 
 GB = 1e9
 MAX_SHARD_MOVES = 256  # shard moves tried before tables are given up whole
@@ -80,6 +90,25 @@ SHARDS_TRIED = 3  # a rank's shards tried (the most time per byte first) before 
 
 class ReplanError(ValueError):
     """A re-plan that cannot be asked: the plan and the fleets do not go together (the message says why)."""
+
+
+def capacity_shortfall(
+    model: ModelSpec, fleet: FleetSpec, profiles: Mapping[str, HardwareProfile] | None = None
+) -> str | None:
+    """Why ``fleet`` cannot hold ``model`` whatever the plan, or None: every table's weights and optimizer state
+    once (no copies) against every GPU's HBM after the reserve and every host's memory together — a necessary
+    condition only (a fleet that passes may still find no plan: the plan says why)."""
+    topo = Topology(fleet, dict(profiles or {}))
+    need = sum(block_bytes(t, t.num_embeddings, t.embedding_dim) for t in model.embedding_tables)
+    hbm = sum(topo.hbm_limit(r) for r in range(topo.world_size))
+    host = sum(h.host_memory_bytes for h in topo.hosts)
+    if need <= hbm + host:
+        return None
+    return (
+        f"the fleet {fleet.name} ({topo.world_size} GPUs) holds at most {fmt_bytes(hbm + host)} "
+        f"({fmt_bytes(hbm)} of HBM after the reserve, {fmt_bytes(host)} of host memory); the model {model.name}'s "
+        f"tables need {fmt_bytes(need)} for their weights and optimizer state alone"
+    )
 
 
 # ------------------------------------------------------------------------------------------------ the same GPUs
@@ -620,8 +649,7 @@ def _trade(
         if budget.ms_per_gb is None or not fits or objective(trial) < objective(draft):
             draft = trial
     if draft.plan is None or draft.problems or (limit is not None and draft.step > limit):
-        draft = _Draft({t.name: t for t in fresh.tables}, set())  # every table given up: the fresh plan itself
-        _score(draft, fresh, model, fleet, profiles)
+        draft = _Draft({t.name: t for t in fresh.tables}, set(), fresh, [])  # all given up: the fresh plan itself
     return draft
 
 
@@ -637,11 +665,13 @@ def replan(
     *,
     old_fleet: FleetSpec | None = None,
     profiles: Mapping[str, HardwareProfile] | None = None,
+    fresh: Plan | None = None,
 ) -> ReplanReport:
     """``old`` re-made for ``new_fleet`` and ``model`` (the model now: tables added, grown or gone) within ``budget``
     (module docstring). ``old_fleet``: the fleet ``old`` was made for (default: what its ranks describe,
-    :func:`fleet_of_plan`, whose hosts are unnamed). Raises :class:`ReplanError` when ``old`` is not a plan of
-    ``old_fleet`` or is infeasible."""
+    :func:`fleet_of_plan`, whose hosts are unnamed). ``fresh``: the fresh plan for ``new_fleet`` and ``model``
+    under ``params`` where it is made already (the service's, from its store); default: made here. Raises
+    :class:`ReplanError` when ``old`` is not a plan of ``old_fleet`` or is infeasible."""
     params = params or SolveParams()
     profiles = dict(profiles or {})
     if old.status is PlanStatus.infeasible:
@@ -654,7 +684,8 @@ def replan(
         )
     topo = Topology(new_fleet, profiles, executor=params.executor)
     mapping = map_ranks(old_topo, topo)
-    fresh = make_plan(model, new_fleet, params, profiles=profiles)
+    if fresh is None:
+        fresh = make_plan(model, new_fleet, params, profiles=profiles)
     if fresh.status is PlanStatus.infeasible:
         return _report(old, model, old_fleet, new_fleet, budget, mapping, topo, fresh, fresh, 0)
     kept_old = kept_layouts(old, model, mapping, topo)

@@ -10,9 +10,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, NonNegativeInt, PositiveInt, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, NonNegativeInt, PositiveInt, Tag, model_validator
 
 from shardwise.hwprofiles import Calibration, HardwareProfile
+from shardwise.wire.replan_spec import ReplanBudget
 from shardwise.wire.spec import Executor, FleetSpec, ModelSpec, Plan, PlanStatus, Ref, SolveParams
 
 T = TypeVar("T")
@@ -95,6 +96,27 @@ class PortRequest(_Resource):
         max_length=32,
         description=CALIBRATIONS_FIELD_DOC + "; each applies to whichever of the two fleets has that GPU",
     )
+
+
+class ReplanRequest(_Resource):
+    """``POST /plans/{id}/replan``: the stored plan re-made for a new fleet and/or model (each inline or a reference),
+    moving the least data within ``budget``; the fresh plan it is weighed against is solved (or reused) with
+    ``options``, by default the stored plan's own."""
+
+    fleet: FleetRef | None = Field(default=None, description="the fleet now; None: the plan's own")
+    model: ModelRef | None = Field(default=None, description="the model now (tables added, grown, gone); None: its own")
+    budget: ReplanBudget = Field(
+        default=ReplanBudget(max_slowdown=0.03),
+        description="max_slowdown (a fraction of the fresh plan's step) or ms_per_gb; default max_slowdown 0.03",
+    )
+    options: PlanOptions | None = Field(default=None, description="solve options of the fresh plan; None: the plan's")
+    calibrations: list[CalibrationRef] = Field(default_factory=list, max_length=32, description=CALIBRATIONS_FIELD_DOC)
+
+    @model_validator(mode="after")
+    def _something_changed(self) -> ReplanRequest:
+        if self.fleet is None and self.model is None:
+            raise ValueError("give the new fleet, the new model, or both: the plan is already laid out for its own")
+        return self
 
 
 # ------------------------------------------------------------------------------------------------- responses

@@ -1,4 +1,5 @@
-"""``/plans``: plan (or reuse), the history, one plan, its TorchRec export, evaluation on another fleet."""
+"""``/plans``: plan (or reuse), the history, one plan, its TorchRec export, evaluation on another fleet, a re-plan
+for a changed fleet or model."""
 
 from __future__ import annotations
 
@@ -37,7 +38,17 @@ from shardwise.service.routers.common import JsonBody, MetricsDep, PageDep, Runn
 from shardwise.solver.torchrec.exporter import DEFAULT_MODULE_FQN, TorchRecExportError, to_torchrec_dict
 from shardwise.solver.version import solver_version
 from shardwise.wire.hashing import DIGEST_PATTERN, request_hash
-from shardwise.wire.resources import EvaluateRequest, Evaluation, Job, Page, PlanRequest, PlanSummary, StoredPlan
+from shardwise.wire.replan_spec import ReplanReport
+from shardwise.wire.resources import (
+    EvaluateRequest,
+    Evaluation,
+    Job,
+    Page,
+    PlanRequest,
+    PlanSummary,
+    ReplanRequest,
+    StoredPlan,
+)
 from shardwise.wire.spec import ModelSpec, Plan, PlanStatus
 
 router = APIRouter(prefix="/plans", tags=["plans"])
@@ -297,3 +308,34 @@ def evaluate_plan(plan_id: str, raw: JsonBody, session: SessionDep, settings: Se
     row = _row(session, plan_id)
     custom = profiles_context(session)
     return plan_service.evaluate_plan(session, settings, row, parse(EvaluateRequest, raw, {"profiles": custom}), custom)
+
+
+@router.post(
+    "/{plan_id}/replan",
+    response_model=ReplanReport,
+    summary="Re-plan a stored plan for a changed fleet and/or model, moving the least data within a budget",
+    openapi_extra=body_schema(ReplanRequest),
+    dependencies=[WriteAccess],
+    responses={
+        202: {"model": Job, "description": "the fresh plan is still solving: POST the same request again when done"},
+        **problem_responses(NotFound, InvalidInput, Infeasible, CalibrationEngine, LimitExceeded, Unauthorized),
+    },
+)
+def replan_plan(
+    plan_id: str, raw: JsonBody, session: SessionDep, settings: SettingsDep, runner: RunnerDep, request: Request
+) -> Response:
+    row = _row(session, plan_id)
+    custom = profiles_context(session)
+    body = parse(ReplanRequest, raw, {"profiles": custom})
+    answer = plan_service.replan(session, settings, runner, row, body, custom)
+    if answer.report is not None:
+        return JSONResponse(answer.report.model_dump(mode="json"))
+    job = answer.job
+    assert job is not None
+    if job.error is not None:  # the fresh solve ended without a plan
+        return problem_response({**job.error, "instance": request.url.path, "job_id": str(job.id)})
+    return JSONResponse(
+        repo.job_resource(job).model_dump(mode="json"),
+        status_code=202,
+        headers={"Location": f"/api/v1/jobs/{job.id}", "Retry-After": "1"},
+    )
