@@ -163,6 +163,13 @@ JSON_ROUTES = [
         ("fleet", "hosts", 0, "count"),
         ("fleet", "name"),
     ),
+    JsonRoute(
+        "replan",
+        "/api/v1/plans/{plan}/replan",
+        {"fleet": fleet("hostile", gpus=4), "budget": {"max_slowdown": 0.03}},
+        ("budget", "max_slowdown"),
+        ("fleet", "name"),
+    ),
 ]
 
 
@@ -497,6 +504,30 @@ def _number_cases() -> Iterator[Case]:
         where=("body", "fleet", "hosts", 0, "count"),
     )
     yield Case(
+        "replan-host-named-twice",
+        "POST",
+        "/api/v1/plans/{plan}/replan",
+        body=encoded({"fleet": {**host, "hosts": [{**host["hosts"][0], "count": 1, "names": ["a"]}] * 2}}),
+        headers=JSON,
+        where=("body", "fleet"),
+    )
+    yield Case(
+        "replan-max-slowdown-1e30",
+        "POST",
+        "/api/v1/plans/{plan}/replan",
+        body=encoded({"fleet": host, "budget": {"max_slowdown": 10**30}}),
+        headers=JSON,
+        where=("body", "budget", "max_slowdown"),
+    )
+    yield Case(
+        "replan-host-name-with-a-space",
+        "POST",
+        "/api/v1/plans/{plan}/replan",
+        body=encoded({"fleet": {**host, "hosts": [{**host["hosts"][0], "count": 2, "names": ["a b", "c"]}]}}),
+        headers=JSON,
+        where=("body", "fleet", "hosts", 0, "names", 0),
+    )
+    yield Case(
         "port-target-host-memory-1e30",
         "POST",
         "/api/v1/port",
@@ -746,6 +777,14 @@ def _path_cases() -> Iterator[Case]:
             f"evaluate-plan-{label}",
             "POST",
             f"/api/v1/plans/{segment}/evaluate",
+            body=encoded({"fleet": fleet("e")}),
+            headers=JSON,
+            status=status,
+        )
+        yield Case(
+            f"replan-plan-{label}",
+            "POST",
+            f"/api/v1/plans/{segment}/replan",
             body=encoded({"fleet": fleet("e")}),
             headers=JSON,
             status=status,
