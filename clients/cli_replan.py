@@ -9,7 +9,6 @@ writes the re-plan itself, a plan file like any other. ``register`` adds the com
 
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -196,19 +195,15 @@ def print_replan(report: ReplanReport) -> None:
         f"{fmt_bytes(report.new_bytes)}"
     )
     if report.moves:
-        by_link: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-        for m in report.moves:
-            by_link[m.link][0] += 1
-            by_link[m.link][1] += m.bytes
         typer.echo("")
         for line in table(
-            [[link, str(n), fmt_bytes(b)] for link, (n, b) in sorted(by_link.items())],
+            [[link, str(n), fmt_bytes(b)] for link, n, b in report.moves_by_link()],
             ["moves by link", "blocks", "bytes"],
             right={1, 2},
         ):
             typer.echo(line)
         typer.echo("")
-        largest = sorted(report.moves, key=lambda m: (-m.bytes, m.table, m.row_offset, m.col_offset))[:LARGEST_MOVES]
+        largest = report.largest_moves()[:LARGEST_MOVES]
         rows = [
             [m.table, f"{m.row_offset}+{m.num_rows}", f"{m.col_offset}+{m.num_cols}",
              "checkpoint" if m.source_rank is None else str(m.source_rank), str(m.target_rank), m.link,

@@ -104,3 +104,15 @@ class ReplanReport(_Frozen):
     )
     moved_tables: NonNegInt = Field(description="tables the re-plan lays out as the fresh plan does")
     hints: list[str] = Field(default_factory=list)
+
+    def moves_by_link(self) -> list[tuple[str, int, int]]:
+        """Per link (in name order): how many blocks move over it and their bytes."""
+        totals: dict[str, tuple[int, int]] = {}
+        for m in self.moves:
+            n, b = totals.get(m.link, (0, 0))
+            totals[m.link] = (n + 1, b + m.bytes)
+        return [(link, n, b) for link, (n, b) in sorted(totals.items())]
+
+    def largest_moves(self) -> list[Move]:
+        """The moves, the most bytes first (then by table and offset)."""
+        return sorted(self.moves, key=lambda m: (-m.bytes, m.table, m.row_offset, m.col_offset))

@@ -8,6 +8,7 @@ One module per job:
 
 * ``history`` — ``/``, ``/ui`` and ``/ui/plans``: the plan history with its filters and pager;
 * ``plan`` — ``/ui/plans/{plan_id}``: one plan;
+* ``replan`` — ``/ui/plans/{plan_id}/replan``: a plan re-made for another plan's fleet, and what moves;
 * ``compare`` — ``/ui/compare``: two plans side by side;
 * ``login`` — ``/ui/login`` and ``/ui/logout``: a token exchanged for a session cookie when reads need one (every
   other page then redirects to the login instead of answering 401), and the handlers ``install`` registers;
@@ -25,7 +26,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from shardwise.service.auth import PageReadAccess
-from shardwise.service.routers.ui import compare, history, login, plan
+from shardwise.service.routers.ui import compare, history, login, plan, replan
 from shardwise.service.routers.ui.login import install
 from shardwise.service.routers.ui.rendering import STATIC_DIR, TEMPLATES_DIR, error_page
 
@@ -35,7 +36,7 @@ router = APIRouter(include_in_schema=False)
 router.include_router(login.router)  # open: it is where a page that needs a login sends the browser
 router.include_router(plan.forms)  # CSRF before the login check: a forged POST is a 403 whoever sends it
 _pages = APIRouter(dependencies=[PageReadAccess])
-for _module in (history, plan, compare):
+for _module in (history, plan, replan, compare):
     _pages.include_router(_module.router)
 
 

@@ -20,6 +20,7 @@ from shardwise.service import sessions
 from shardwise.service.errors import shown
 from shardwise.service.routers.ui.formatting import HOT_FILL, STATUS_LABELS, gb, ms, pct, rate, solver_status, when
 from shardwise.solver.version import solver_version
+from shardwise.wire.units import fmt_bytes
 
 # the service package's folder (this file is service/routers/ui/rendering.py), resolved through the checkout's
 # shardwise/service link; in an installed wheel the files are shardwise/service/{templates,static}
@@ -37,7 +38,7 @@ def _env() -> jinja2.Environment:
         lstrip_blocks=True,
         auto_reload=False,
     )
-    env.filters.update(gb=gb, ms=ms, pct=pct, rate=rate, when=when, solver_status=solver_status)
+    env.filters.update(gb=gb, ms=ms, pct=pct, rate=rate, when=when, solver_status=solver_status, size=fmt_bytes)
     env.globals.update(version=solver_version(), status_labels=STATUS_LABELS, hot_fill=HOT_FILL)
     return env
 

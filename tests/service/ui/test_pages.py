@@ -1114,3 +1114,51 @@ def test_the_apply_snippet_fetches_a_registered_model_it_was_made_for(client: Te
     assert "Path(" not in code
     imported = {(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
     assert {name for module, name in imported if module == "shardwise"} <= set(shardwise.__all__)
+
+
+# ------------------------------------------------------------------------------------------------- the re-plan page
+
+
+def test_the_replan_page_shows_the_moves_the_api_reports_and_stores_nothing(client: TestClient) -> None:
+    model = small_model("elastic", tables=6)
+    three = {"name": "three", "hosts": [{"gpu": "nvidia-h100-sxm", "count": 3, "gpus_per_host": 2}]}
+    two = {"name": "two", "hosts": [{"gpu": "nvidia-h100-sxm", "count": 2, "gpus_per_host": 2}]}
+    a, b = post_plan(client, model, three), post_plan(client, model, two)
+    other = post_plan(client, small_model("another"), two)  # another model: not offered
+    plan_doc = page(client, f"/ui/plans/{a['id']}")
+    assert attr(plan_doc.css_first("a.replan-link"), "href") == f"/ui/plans/{a['id']}/replan"
+
+    picker = page(client, f"/ui/plans/{a['id']}/replan")
+    offered = [attr(o, "value") for o in picker.css("form.replan-pick select[name=to] option") if attr(o, "value")]
+    assert offered == [b["id"]]
+    assert other["id"] not in offered
+
+    doc = page(client, f"/ui/plans/{a['id']}/replan?to={b['id']}&max_slowdown=0.2")
+    api = client.post(f"/api/v1/plans/{a['id']}/replan", json={"fleet": two, "budget": {"max_slowdown": 0.2}})
+    assert api.status_code == 200, api.text
+    report = api.json()
+    assert report["fresh"]["id"] == b["id"]  # the API found B stored: the page and the API weigh the same plans
+    assert text(doc.css_first(".replan-summary .budget")).startswith("Budget: at most 20.0% slower")
+    replan_row = [text(td) for td in doc.css(".replan-table tr.replan td")]
+    assert replan_row[0] == f"{report['replan']['predicted_step_ms']:.3f} ms"
+    assert replan_row[-1] == f"{report['kept_tables']} of {report['kept_tables'] + report['moved_tables']}"
+    rows = doc.css("table.moves tbody tr")
+    assert len(rows) == len(report["moves"]) > 0
+    biggest = max(report["moves"], key=lambda m: m["bytes"])
+    assert text(rows[0].css("td")[0]) == biggest["table"]
+    assert [text(td) for td in doc.css("table.links tbody td")][::3] == sorted({m["link"] for m in report["moves"]})
+    assert len(client.get("/api/v1/plans").json()["items"]) == 3  # the page solved and stored nothing
+
+
+def test_the_replan_page_refuses_what_is_not_a_re_plan(client: TestClient) -> None:
+    model = small_model("elastic", tables=2)
+    a = post_plan(client, model, fleet("one"))
+    b = post_plan(client, model, fleet("two", gpus=4))
+    assert "Plan not found" in text(page(client, f"/ui/plans/{a['id']}/replan?to=nope", 404).css_first("h1"))
+    assert "Plan not found" in text(page(client, f"/ui/plans/nope/replan?to={b['id']}", 404).css_first("h1"))
+    bad = page(client, f"/ui/plans/{a['id']}/replan?to={b['id']}&max_slowdown=lots", 400)
+    assert "max_slowdown must be a number" in text(bad.css_first("p.detail"))
+    both = page(client, f"/ui/plans/{a['id']}/replan?to={b['id']}&max_slowdown=0.1&ms_per_gb=2", 400)
+    assert "exactly one of max_slowdown" in text(both.css_first("p.detail"))
+    alone = page(client, f"/ui/plans/{a['id']}/replan")
+    assert alone.css_first("p.no-picks") is None  # b is a plan of the same model on another fleet
