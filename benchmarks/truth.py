@@ -118,6 +118,53 @@ def _configs() -> list[Config]:
 CONFIGS = _configs()
 
 
+def _held_out() -> list[Config]:
+    """Configurations added after the twenty were measured, kept out of every fit (split ``held-out``): what
+    ``docs/truth.md``'s catalogue verdict is read from. Chosen for what the twenty lack — pooling 150–200, 200
+    tables, fp16 at 32K, a dense-heavy MLP, Adam at dim 256, SGD at 64K, the DLRM-DCNv2 tables at full size."""
+    return [
+        Config("pool-200-bf16", "held-out", 8192, 128, ((1_000_000, 200.0),) * 4, dtype="bf16"),
+        Config(
+            "200-tables-fp16",
+            "held-out",
+            8192,
+            16,
+            tuple((20_000 + 3_000 * i, 1.0 + (i % 8)) for i in range(200)),
+            dtype="fp16",
+            bottom=(64,),
+            top=(256, 128),
+        ),
+        Config("fp16-32k", "held-out", 32768, 128, ((2_000_000, 10.0),) * 8, dtype="fp16"),
+        Config(
+            "wide-mlp",
+            "held-out",
+            16384,
+            128,
+            ((1_000_000, 5.0),) * 4,
+            bottom=(1024, 1024, 512),
+            top=(2048, 2048, 1024),
+        ),
+        Config("adam-256", "held-out", 8192, 256, ((1_000_000, 10.0),) * 4, optimizer="adam"),
+        Config("sgd-64k", "held-out", 65536, 64, ((1_000_000, 5.0),) * 8, optimizer="sgd"),
+        Config(
+            "dcnv2-full",
+            "held-out",
+            8192,
+            128,
+            _dcn_tables(10**12),
+            bottom=(512, 256),
+            top=(1024, 1024, 512, 256),
+        ),
+        Config("pool-150-1k", "held-out", 1024, 64, ((500_000, 150.0),) * 2, optimizer="adagrad"),
+        Config("host-4k", "held-out", 4096, 64, ((1_000_000, 5.0),) * 2, placement="host"),
+    ]
+
+
+HELD_OUT = _held_out()
+#: every configuration :func:`measure` and :func:`predict` run: the twenty, then the held-out ones
+ALL_CONFIGS = CONFIGS + HELD_OUT
+
+
 # ------------------------------------------------------------------------------------------------ specs
 
 
@@ -154,31 +201,6 @@ def model_spec(cfg: Config) -> ModelSpec:
 
 def fleet() -> FleetSpec:
     return FleetSpec.model_validate({"name": "one-h200", "hosts": [{"gpu": GPU, "count": 1, "gpus_per_host": 1}]})
-
-
-#: the catalogue's H200 figures before its calibration (2026-12-01): what "uncalibrated" means here
-BEFORE = {
-    "achieved.embedding_gather": 0.5,
-    "achieved.memory_bound": 0.9,
-    "achieved.gemm": 0.8,
-    "achieved.host_link": 0.88,
-    "overheads.step_fixed_us": 0.0,
-    "overheads.per_table_us": 0.0,
-    "overheads.per_layer_us": 0.0,
-    "overheads.per_group_us": 0.0,
-    "overheads.sort_ns_per_id": 0.0,
-}
-
-
-def uncalibrated_fleet() -> FleetSpec:
-    """The fleet with the H200 profile as the catalogue had it before calibrating (inline)."""
-    from shardwise.hwprofiles import get_profile
-    from shardwise.hwprofiles.calibration import with_figures
-
-    profile = with_figures(get_profile(GPU), BEFORE, sources={})
-    return FleetSpec.model_validate(
-        {"name": "one-h200", "hosts": [{"gpu": profile.model_dump(), "count": 1, "gpus_per_host": 1}]}
-    )
 
 
 def plan(cfg: Config) -> Plan:
@@ -219,23 +241,35 @@ def plan(cfg: Config) -> Plan:
 # ------------------------------------------------------------------------------------------------ predict
 
 
-def predict(calibration: Path | None) -> dict[str, Any]:
+def predict(calibration: Path | None, graphed: bool = False) -> dict[str, Any]:
+    """Every configuration's predicted step, embedding part and memory: ``uncalibrated`` — the catalogue profile
+    with the executor profile of the steps measured (``graphed`` or eager), what a plan is priced with by default —
+    and, with ``calibration``, ``calibrated``."""
     from shardwise.hwprofiles import load_calibration
     from shardwise.solver import cost_model as cm
     from shardwise.solver.planner import score_plan
     from shardwise.wire.calibration import calibrate_fleet
+    from shardwise.wire.spec import SolveParams, SolverInfo
 
-    fleets = {"uncalibrated": uncalibrated_fleet()}
+    fleets = {"uncalibrated": fleet()}
     cal = None
     if calibration is not None:
         cal = load_calibration(calibration)
         fleets["calibrated"] = calibrate_fleet(fleet(), cal)
-    out: dict[str, Any] = {"calibration": cal.label() if cal else None, "configs": {}}
-    for cfg in CONFIGS:
+    engine = "executor profile shardwise-graphed" if graphed else "executor profile shardwise-eager"
+    out: dict[str, Any] = {
+        "calibration": cal.label() if cal else None,
+        "uncalibrated": f"catalogue + {engine}",
+        "graphed": graphed,
+        "configs": {},
+    }
+    solver = SolverInfo(params=SolveParams(graphed_steps=graphed))
+    for cfg in ALL_CONFIGS:
         spec = model_spec(cfg)
         row: dict[str, Any] = {"split": cfg.split}
         for label, fl in fleets.items():
-            problems, scored = score_plan(spec, fl, plan(cfg))
+            the_plan = plan(cfg).model_copy(update={"solver": solver})
+            problems, scored = score_plan(spec, fl, the_plan)
             r = scored.ranks[0]
             profile = fl.hosts[0].gpu if not isinstance(fl.hosts[0].gpu, str) else None
             from shardwise.hwprofiles import get_profile
@@ -497,7 +531,7 @@ def measure(names: Sequence[str], steps: int, warmup: int, graphed: bool = False
     _one_rank_group("nccl")
     results: dict[str, Any] = {}
     try:
-        for cfg in CONFIGS:
+        for cfg in ALL_CONFIGS:
             if names and cfg.name not in names:
                 continue
             gc.collect()
@@ -566,7 +600,7 @@ def profile(names: Sequence[str], steps: int, device_name: str) -> str:
     _one_rank_group("nccl" if device.type == "cuda" else "gloo")
     out = io.StringIO()
     try:
-        for cfg in CONFIGS:
+        for cfg in ALL_CONFIGS:
             if names and cfg.name not in names:
                 continue
             rig = build(cfg, device)
@@ -613,8 +647,8 @@ def refit(calibration: Path, measured: dict[str, Any], output: Path) -> None:
 
     base = load_calibration(calibration)
     profile = base.apply(get_profile(GPU))
-    before = predict(calibration)["configs"]
-    by_name = {c.name: c for c in CONFIGS}
+    before = predict(calibration, measured.get("executor") == "graphed")["configs"]
+    by_name = {c.name: c for c in ALL_CONFIGS}
     fit: list[tuple[Config, float]] = []
     for n, m in measured["configs"].items():
         cfg, pred = by_name[n], before[n]["calibrated"]
@@ -642,6 +676,36 @@ def refit(calibration: Path, measured: dict[str, Any], output: Path) -> None:
     output.write_text(header + yaml.safe_dump(refined.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
     print(f"host = {coef[0] * 1e3:.1f} us + {coef[1] * 1e3:.1f} us x tables + {coef[2] * 1e3:.1f} us x layers "
           f"(RMS error {err:.1%}) -> {output}")  # fmt: skip
+
+
+def refit_gemm(calibration: Path, samples: Path, output: Path) -> None:
+    """The calibration with ``achieved.gemm`` fitted again from its own dense-layer samples by today's
+    :func:`~shardwise.calibrate.fit.fit_gemm_through_kernels` (for calibrations written before its fit took the
+    log error), every other figure as measured."""
+    import yaml
+
+    from shardwise.calibrate.fit import Sample, fit_gemm_through_kernels
+    from shardwise.hwprofiles import get_profile, load_calibration
+    from shardwise.hwprofiles.calibration import Figure
+
+    base = load_calibration(calibration)
+    doc = json.loads(samples.read_text(encoding="utf-8"))
+    layers = [Sample(s["kind"], s["params"], s["measured_ms"]) for s in doc["samples"] if s["kind"] == "dense_layer"]
+    if not layers:
+        raise SystemExit(f"{samples}: no dense-layer samples")
+    gemm, err = fit_gemm_through_kernels(layers, base.apply(get_profile(GPU)))
+    old = base.figures["achieved.gemm"]
+    figures = dict(base.figures)
+    figures["achieved.gemm"] = Figure(
+        value=gemm,
+        source=f"{old.source}; refitted from the same samples with the log error (was {old.value})",
+        samples=len(layers),
+        fit_error=float(f"{err:.4g}"),
+    )
+    refined = type(base).model_validate(base.model_copy(update={"figures": figures}).model_dump())
+    header = f"# {refined.label()}: {calibration.name} with achieved.gemm refitted from its samples\n"
+    output.write_text(header + yaml.safe_dump(refined.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
+    print(f"achieved.gemm {old.value} -> {gemm} (RMS error {err:.1%}) -> {output}")
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -698,7 +762,7 @@ def split_stats(rows: Sequence[Row], labels: tuple[str, str], stats: dict[str, A
     and 90th percentile of ``|measured / predicted − 1|``, Kendall's τ; returns each split with its rows, for the
     caller's own figures."""
     out = []
-    for split in ("test", "fit", "all"):
+    for split in ("test", "fit", "held-out", "all"):
         sel = [r for r in rows if split == "all" or r[1] == split]
         if not sel:
             continue
@@ -755,11 +819,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     m.add_argument("--graphed", action="store_true", help="capture each step as a CUDA graph and replay it")
     p = sub.add_parser("predict")
     p.add_argument("--calibration", type=Path)
+    p.add_argument("--graphed", action="store_true", help="price graphed steps (the executor profile's)")
     p.add_argument("-o", "--output", type=Path, required=True)
     f = sub.add_parser("refit")
     f.add_argument("calibration", type=Path)
     f.add_argument("measured", type=Path)
     f.add_argument("-o", "--output", type=Path, required=True)
+    g = sub.add_parser("refit-gemm", help="a calibration's achieved.gemm fitted again from its own samples")
+    g.add_argument("calibration", type=Path)
+    g.add_argument("samples", type=Path)
+    g.add_argument("-o", "--output", type=Path, required=True)
     q = sub.add_parser("profile", help="where a step's host time goes (torch ops and Python functions)")
     q.add_argument("--only", default="base-16k", help="comma-separated configuration names")
     q.add_argument("--steps", type=int, default=20)
@@ -776,10 +845,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.output.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     elif args.cmd == "profile":
         print(profile([n for n in args.only.split(",") if n], args.steps, args.device))
+    elif args.cmd == "refit-gemm":
+        refit_gemm(args.calibration, args.samples, args.output)
     elif args.cmd == "refit":
         refit(args.calibration, json.loads(args.measured.read_text(encoding="utf-8")), args.output)
     elif args.cmd == "predict":
-        doc = predict(args.calibration)
+        doc = predict(args.calibration, args.graphed)
         args.output.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     else:
         pred = json.loads(args.predicted.read_text(encoding="utf-8"))

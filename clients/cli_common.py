@@ -1,6 +1,6 @@
 """What the local and the remote commands of the ``shardwise`` CLI share: the one-line error exit (``fail``), reading
 a spec file (``load_spec``: JSON or YAML, validated, its first error in one line), the ``--solver`` choices, the engine
-options (``--executor``, ``--1d``, ``--allow-weight-averaging``: ``engine_options``), a plan's per-rank table
+options (``--executor``, ``--1d``, ``--allow-weight-averaging``, ``--graphed-steps``: ``engine_options``), a plan's per-rank table
 (``print_plan``, which says the engine the plan is priced for) and file (``write_plan``), and ``--calibration``.
 """
 
@@ -46,9 +46,19 @@ WeightAveragingOption = Annotated[
         "DMPCollection), which trains another model than a 1D plan",
     ),
 ]
+GraphedStepsOption = Annotated[
+    bool,
+    typer.Option(
+        "--graphed-steps",
+        help="price shardwise's executor replaying each step as a CUDA graph (GraphedStep) instead of enqueuing it "
+        "from Python",
+    ),
+]
 
 
-def engine_options(executor: Executor, one_d: bool, allow_weight_averaging: bool) -> dict[str, Any]:
+def engine_options(
+    executor: Executor, one_d: bool, allow_weight_averaging: bool, graphed_steps: bool = False
+) -> dict[str, Any]:
     """The engine options as ``SolveParams`` / ``PlanOptions`` fields, only those set away from their defaults (so a
     request without them keeps its request key and the server's defaults)."""
     out: dict[str, Any] = {}
@@ -58,6 +68,8 @@ def engine_options(executor: Executor, one_d: bool, allow_weight_averaging: bool
         out["sparse_2d"] = False
     if allow_weight_averaging:
         out["allow_weight_averaging"] = True
+    if graphed_steps:
+        out["graphed_steps"] = True
     return out
 
 

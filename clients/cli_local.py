@@ -19,6 +19,7 @@ from shardwise.clients.cli_common import (
     ExecutorOption,
     OneDOption,
     Solver,
+    GraphedStepsOption,
     WeightAveragingOption,
     calibrated,
     describe_validation_error,
@@ -87,6 +88,7 @@ def plan(
     executor: ExecutorOption = Executor.shardwise,
     one_d: OneDOption = False,
     allow_weight_averaging: WeightAveragingOption = False,
+    graphed_steps: GraphedStepsOption = False,
 ) -> None:
     """Plan MODEL on FLEET for the engine --executor names; print the per-rank table and (with -o) write the plan."""
     model = load_spec(model_path, ModelSpec)
@@ -99,7 +101,7 @@ def plan(
             num_workers=workers,
             relative_gap_limit=gap,
             max_deterministic_time=deterministic_time,
-            **engine_options(executor, one_d, allow_weight_averaging),
+            **engine_options(executor, one_d, allow_weight_averaging, graphed_steps),
         )
     except ValidationError as exc:
         fail(describe_validation_error(exc))
@@ -290,6 +292,7 @@ def port(
     executor: ExecutorOption = Executor.shardwise,
     one_d: OneDOption = False,
     allow_weight_averaging: WeightAveragingOption = False,
+    graphed_steps: GraphedStepsOption = False,
 ) -> None:
     """Compare running MODEL's FLEET_A plan unchanged on FLEET_B (the direct port) with re-planning for FLEET_B, both
     plans for the engine --executor names."""
@@ -303,7 +306,7 @@ def port(
             time_limit_s=time_limit,
             random_seed=seed,
             num_workers=workers,
-            **engine_options(executor, one_d, allow_weight_averaging),
+            **engine_options(executor, one_d, allow_weight_averaging, graphed_steps),
         )
     except ValidationError as exc:
         fail(describe_validation_error(exc))

@@ -25,6 +25,7 @@ from shardwise.clients.cli_common import (
     M,
     OneDOption,
     Solver,
+    GraphedStepsOption,
     WeightAveragingOption,
     engine_options,
     fail,
@@ -127,6 +128,7 @@ def submit(
     executor: ExecutorOption = Executor.shardwise,
     one_d: OneDOption = False,
     allow_weight_averaging: WeightAveragingOption = False,
+    graphed_steps: GraphedStepsOption = False,
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
@@ -138,7 +140,7 @@ def submit(
         "solver": solver.value,
         "time_limit_s": time_limit,
         "random_seed": seed,
-        **engine_options(executor, one_d, allow_weight_averaging),
+        **engine_options(executor, one_d, allow_weight_averaging, graphed_steps),
     }
     with remote(url, token) as client:
         if not wait:

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardwise.hwprofiles import HardwareProfile, get_profile
+from shardwise.hwprofiles.executors import executor_profile, with_executor
 from shardwise.solver.cost_model import CommContext, inter_host_bw, intra_host_bw, sync_collectives
 from shardwise.wire.spec import Executor, FleetSpec, SparseSync
 
@@ -66,13 +67,16 @@ class Topology:
     sync: SparseSync = SparseSync.allreduce_rows
     every_k_steps: int = 1
     executor: Executor = Executor.shardwise  # the engine the plan is priced for and laid out for
+    graphed: bool = False  # shardwise's executor replaying each step as a CUDA graph (SolveParams.graphed_steps)
 
     def __post_init__(self) -> None:
+        engine_profile = executor_profile(self.executor.value, self.graphed)
         ranks: list[RankInfo] = []
         hosts: list[HostInfo] = []
         classes: list[DeviceClass] = []
         for gi, group in enumerate(self.fleet.hosts):
             profile = group.gpu if isinstance(group.gpu, HardwareProfile) else self._lookup(group.gpu)
+            profile = with_executor(profile, engine_profile)  # the engine's host terms, alike on every GPU
             host_mem = group.host_memory_bytes or profile.host_memory_bytes
             first_host, first_rank = len(hosts), len(ranks)
             for _ in range(group.count):

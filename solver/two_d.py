@@ -138,6 +138,7 @@ def group_topology(topo: Topology, sparse_groups: SparseGroups) -> Topology:
         sync=sparse_groups.sync,
         every_k_steps=sparse_groups.every_k_steps,
         executor=topo.executor,
+        graphed=topo.graphed,
     )
 
 

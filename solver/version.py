@@ -19,8 +19,10 @@ from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams
 #: layer's dense compute is its chosen kernels' predicted time (``cost_model.dense_kernel_s``), not the flat roofline;
 #: 6: the vendor GEMM (``torch.matmul``) is a candidate beside the Triton configurations, and runs a GEMM unless a
 #: configuration is predicted clearly faster, its launch's extra host time included (``kernels.pick``); its forward
-#: takes the bias in its epilogue
-COST_MODEL_VERSION = "6"
+#: takes the bias in its epilogue; 7: executor profiles — every plan is charged its engine's host terms (eager,
+#: graphed or TorchRec) unless a calibration sets them — the H200's measured gather fraction and id sort (derived on
+#: the other parts), and the fused update's workspace per id in memory
+COST_MODEL_VERSION = "7"
 #: what a plan's ``status`` and ``lower_bound_ms`` mean. 2: ``lower_bound_ms`` holds over the whole candidate
 #: catalogue and ``optimal`` meets it; what a search proved over its own space is ``solver.searched_*``. It is in the
 #: solver version, so a request answered under 1 (optimal over the searched space only) is solved again.

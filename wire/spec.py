@@ -734,6 +734,12 @@ class SolveParams(_Frozen):
         description="the engine that will run the plan: shardwise (shardwise's executor) or torchrec (TorchRec's "
         "DistributedModelParallel on FBGEMM's kernels); the plan is priced for it and laid out only as it can run",
     )
+    graphed_steps: bool = Field(
+        default=False,
+        description="shardwise's executor with each training step captured once as a CUDA graph and replayed "
+        "(GraphedStep): priced with the graphed executor profile, whose host floor is device time that adds to the "
+        "step; false: steps enqueued from Python (apply_plan's default). Not for torchrec",
+    )
     sparse_2d: bool = Field(
         default=True,
         description="consider 2D sparse parallelism (tables sharded inside replica groups of whole hosts) on a "
@@ -745,6 +751,15 @@ class SolveParams(_Frozen):
         "(average_weights, TorchRec's DMPCollection), which trains another model than a 1D plan; without it a 2D "
         "plan all-reduces the touched rows' gradients every step (allreduce_rows, shardwise's executor only)",
     )
+
+    @model_validator(mode="after")
+    def _graphed_is_shardwise(self) -> SolveParams:
+        if self.graphed_steps and self.executor is Executor.torchrec:
+            raise ValueError(
+                "graphed_steps prices shardwise's executor replaying CUDA graphs; TorchRec's steps are not graphed: "
+                "drop graphed_steps or plan for executor shardwise"
+            )
+        return self
 
     def key_dump(self) -> dict[str, Any]:
         """The options as the request key hashes them: every field, except a field added after the key was first
@@ -758,7 +773,7 @@ class SolveParams(_Frozen):
 
 
 #: solve options added after the request key was specified: hashed only when set away from their default
-ADDED_OPTIONS: Final = ("executor", "sparse_2d", "allow_weight_averaging")
+ADDED_OPTIONS: Final = ("executor", "sparse_2d", "allow_weight_averaging", "graphed_steps")
 
 
 class ProgressPoint(_Frozen):

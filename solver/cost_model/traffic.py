@@ -32,6 +32,11 @@ WEIGHT_BYTES = 4  # a weighted table's per-id weight, fp32 (TorchRec's KJT weigh
 LENGTH_BYTES = 8  # bag lengths travel as int64, as the executor sends them
 ROW_INDEX_BYTES = 8  # the int64 row index of each row in a sparse gradient (the compatible mode)
 FUSED_INDEX_BYTES_PER_ID = 6 * 8  # the fused update's index work per id: a saved bag, the sort's five int64 arrays
+#: shardwise's executor's transient workspace per looked-up id while its fused update runs (the sort's alternate key
+#: and value buffers and temporary storage, the per-id lanes of the compacted rows), beyond the index work above:
+#: fitted on peak memory measured on one H200 (benchmarks/truth.py, run 12: the smallest multiple of 8 B that leaves
+#: none of the 29 configurations, eager or graphed, more than 5 % above the prediction; docs/truth.md)
+FUSED_WORKSPACE_BYTES_PER_ID = 8 * 8
 GRAD_BYTES = 4  # gradients and optimizer state are fp32
 MS = 1e3
 
