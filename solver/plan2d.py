@@ -64,6 +64,17 @@ class Option:
         return p.predicted_step_ms
 
     @property
+    def rank_key(self) -> tuple[float, float]:
+        """How options are ranked: the predicted step, then the device's time (the slowest rank's compute and
+        communication) — where the host's floor sets both steps (small models on eager steps), the layout that
+        leaves the device less work wins, as it would once the host is out of the way (graphed steps)."""
+        p = self.plan
+        if math.isinf(self.step) or p is None:
+            return (math.inf, math.inf)
+        device = max((r.predicted_ms.compute + r.predicted_ms.comm for r in p.ranks), default=0.0)
+        return (round(self.step, 6), device)
+
+    @property
     def searched(self) -> float | None:
         """What the search proved over this option's searched layouts, else its bound."""
         if self.plan is not None and self.plan.solver.searched_bound_ms is not None:
@@ -182,7 +193,7 @@ def plan_with_groups(
     if one_d.bound is not None:  # the 2D solve's reports must not claim more than the 1D plan's bound allows
         best["bound"] = min(best["bound"], one_d.bound)
     if cpsat and contenders:
-        top = min(contenders, key=lambda o: o.step)
+        top = min(contenders, key=lambda o: o.rank_key)
         assert top.groups is not None
         sub = two_d.group_topology(topo, top.groups)
         again = _solve(sub, model, params, deadline.before(0.05 * params.time_limit_s), report)
@@ -206,7 +217,7 @@ def _assemble(
         or all(o.plan is None or o.plan.solver.searched_bound_ms is None for o in everything)
         else min(s for s in searched_all if s is not None)
     )  # None where no search proved anything (greedy only), as for a 1D plan
-    chosen = min(everything, key=lambda o: o.step)
+    chosen = min(everything, key=lambda o: o.rank_key)
     if math.isinf(chosen.step) or chosen.plan is None:  # nothing fits: the first option's answer says why
         assert one_d.plan is not None
         return build_plan(  # under the request's own params and fleet (the solve ran under a share of the limit)
@@ -269,7 +280,7 @@ def _group_words(topo: Topology, sg: SparseGroups) -> str:
 def explain_choice(topo: Topology, model: ModelSpec, plan: Plan, one_d: Option, screened: list[Option]) -> list[str]:
     """Which G and sync were chosen and why, against the best of the others."""
     feasible = [o for o in screened if not math.isinf(o.step)]
-    best_2d = min(feasible, key=lambda o: o.step) if feasible else None
+    best_2d = min(feasible, key=lambda o: o.rank_key) if feasible else None
     step = plan.predicted_step_ms or 0.0
     sg = plan.sparse_groups
     if sg is not None:

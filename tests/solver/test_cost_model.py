@@ -69,8 +69,10 @@ def approx(x: float) -> Any:
 # table_wise on W = 4, B = 10: N = W·B·F·L = 80 ids, Nb = W·B·F = 40 bags, o = Nb = 40 pooled rows.
 TW_IDS, TW_BAGS, TW_OUT = 80, 40, 40
 # u = R·(1 − e^(−n/R)) = 76.88 → 77 rows, each c·4 B of fp32 gradient + an 8-byte int64 row index
-# the fused update's index work, six int64 per id: n = 80 ids → 3840 B (no gradient is kept)
-TW_GRADS = 80 * 6 * 8
+# the fused update's index work, six int64 per id, and on shardwise's executor its workspace, eight more
+# (FUSED_WORKSPACE_BYTES_PER_ID): n = 80 ids → 80·112 = 8960 B (no gradient is kept)
+PER_ID = 6 * 8 + 8 * 8
+TW_GRADS = 80 * PER_ID
 TW_BUFFERS = 80 * 8 + 40 * 8 + 2 * 40 * 8 * 4  # int64 ids and lengths: 640 + 320 + 2560 = 3520
 WEIGHTS = 1000 * 8 * 4  # 32000
 
@@ -94,7 +96,7 @@ def test_shard_memory_hbm_placement(optimizer: str) -> None:
         batch=B,
         world=W,
     )
-    assert TW_GRADS == 3840
+    assert TW_GRADS == 8960
     assert (m.weights, m.optimizer, m.gradients, m.buffers, m.cache, m.host) == (
         WEIGHTS,
         STATE[optimizer],
@@ -150,7 +152,7 @@ def test_shard_memory_uvm_cache_rowwise_adagrad_state_is_in_hbm() -> None:
     m = uvm_cache_shard("rowwise_adagrad")
     assert m.optimizer == 4000
     assert m.host == 32000  # the weights alone
-    assert m.hbm == 16288 + 5300 + 4000 + 3840 + 3520  # cache, spill reserve, row-wise state, index work, buffers
+    assert m.hbm == 16288 + 5300 + 4000 + 8960 + 3520  # cache, spill reserve, row-wise state, index work, buffers
 
 
 @pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
@@ -274,8 +276,8 @@ def test_shard_memory_host_placement_rowwise_adagrad() -> None:
         batch=B,
         world=W,
     )
-    assert m.hbm == 4000 + 3840 + 3520
-    assert m.host == 32000 + 4000 + 3840 + 3520
+    assert m.hbm == 4000 + 8960 + 3520
+    assert m.host == 32000 + 4000 + 8960 + 3520
 
 
 def test_shard_memory_row_wise_shard() -> None:
@@ -292,7 +294,7 @@ def test_shard_memory_row_wise_shard() -> None:
     )
     assert m.weights == 250 * 8 * 4
     assert m.optimizer == 250 * 8 * 4
-    assert m.gradients == 20 * 48  # n = 20 ids of this row block
+    assert m.gradients == 20 * PER_ID  # n = 20 ids of this row block
     assert m.buffers == 20 * 8 + 40 * 8 + 2 * 40 * 8 * 4  # 160 + 320 + 2560
 
 
@@ -309,7 +311,7 @@ def test_shard_memory_column_wise_shard() -> None:
         world=W,
     )
     assert m.weights == 1000 * 4 * 4
-    assert m.gradients == 80 * 48  # every id, whatever the width
+    assert m.gradients == 80 * PER_ID  # every id, whatever the width
     assert m.buffers == 80 * 8 + 40 * 8 + 2 * 40 * 4 * 4
 
 
@@ -373,7 +375,7 @@ def test_shard_memory_more_features_more_ids() -> None:
         batch=B,
         world=W,
     )
-    assert m.gradients == 240 * 48
+    assert m.gradients == 240 * PER_ID
     assert m.buffers == 240 * 8 + 120 * 8 + 2 * 120 * 8 * 4
 
 

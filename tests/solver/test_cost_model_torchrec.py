@@ -220,7 +220,7 @@ def test_options_added_later_keep_the_request_key_of_a_request_that_does_not_use
     old_options = {
         k: v
         for k, v in params.model_dump(mode="json").items()
-        if k not in {"executor", "sparse_2d", "allow_weight_averaging"}
+        if k not in {"executor", "sparse_2d", "allow_weight_averaging", "graphed_steps"}
     }
     text = canonical_json(
         {"model": model.model_dump(mode="json"), "fleet": small_fleet.model_dump(mode="json"), "options": old_options}
@@ -228,9 +228,15 @@ def test_options_added_later_keep_the_request_key_of_a_request_that_does_not_use
     assert request_key(model, small_fleet, params) == "sha256:" + hashlib.sha256(text.encode()).hexdigest()
     keys = {
         request_key(model, small_fleet, params.model_copy(update=u))
-        for u in ({}, {"executor": Executor.torchrec}, {"sparse_2d": False}, {"allow_weight_averaging": True})
+        for u in (
+            {},
+            {"executor": Executor.torchrec},
+            {"sparse_2d": False},
+            {"allow_weight_averaging": True},
+            {"graphed_steps": True},
+        )
     }
-    assert len(keys) == 4
+    assert len(keys) == 5
     assert json.loads(canonical_json(params.key_dump())) == old_options
 
 
