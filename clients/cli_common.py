@@ -191,8 +191,11 @@ def verdict_line(plan: Plan) -> str:
 
 
 def priced_with(plan: Plan) -> str:
-    """Which figures priced ``plan``: its calibrations' labels, or the catalogue's."""
-    return "; ".join(plan.calibrations) if plan.calibrations else "catalogue figures (uncalibrated)"
+    """Which figures priced ``plan``: its calibrations' labels, or the catalogue's with its engine's executor
+    profile."""
+    if plan.calibrations:
+        return "; ".join(plan.calibrations)
+    return f"catalogue figures, executor profile {plan.executor_profile} (uncalibrated)"
 
 
 def write_plan(plan: Plan, out: Path | None) -> None:

@@ -889,6 +889,14 @@ class Plan(_Frozen):
         return self
 
     @property
+    def executor_profile(self) -> str:
+        """The executor profile that priced the plan's host terms wherever no calibration set them (the engine's:
+        ``shardwise-eager``, ``shardwise-graphed`` with ``graphed_steps``, or ``torchrec``)."""
+        if self.executor is Executor.torchrec:
+            return "torchrec"
+        return "shardwise-graphed" if self.solver.params.graphed_steps else "shardwise-eager"
+
+    @property
     def verdict(self) -> str:
         """The plan's status in the words the CLI, the pages and the docs use: ``optimal`` (it meets the bound no
         plan over the whole candidate catalogue can beat), ``optimal among the layouts searched`` (the search

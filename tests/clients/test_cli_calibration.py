@@ -25,7 +25,7 @@ def test_plan_with_a_calibration_says_so_and_prices_with_it(tmp_path: Path) -> N
     cal_path.write_text(yaml.safe_dump(cal_doc(**{"overheads.step_fixed_us": 5000.0})), encoding="utf-8")
     plain = runner.invoke(app, ["plan", str(model), str(fl), "--solver", "greedy", "-o", str(tmp_path / "a.json")])
     assert plain.exit_code == 0, plain.output
-    assert "priced with: catalogue figures (uncalibrated)" in plain.output
+    assert "priced with: catalogue figures, executor profile shardwise-eager (uncalibrated)" in plain.output
     calibrated = runner.invoke(
         app,
         [

@@ -320,7 +320,14 @@ def test_plan_page_tables_explanation_links_and_snippet(client: TestClient) -> N
         assert {s["placement"] for s in t["shards"]} <= set(cells.split())
         ranks = sorted({s["rank"] for s in t["shards"]})
         shown = text(rows[t["name"]].css_first(".ranks-cell"))
-        assert shown == (str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}–{ranks[-1]}")  # contiguous here
+        # runs of consecutive ranks as a–b, the runs apart by commas ([0, 1, 2, 5] → "0–2, 5")
+        runs: list[list[int]] = []
+        for r in ranks:
+            if runs and r == runs[-1][-1] + 1:
+                runs[-1].append(r)
+            else:
+                runs.append([r])
+        assert shown == ", ".join(str(x[0]) if len(x) == 1 else f"{x[0]}–{x[-1]}" for x in runs)
     big = text(rows["big"])
     assert "270,000,000 × 128 fp32" in big
     assert "138.2 GB" in big
@@ -846,10 +853,10 @@ def test_pages_say_which_calibration_priced_a_plan(client: TestClient) -> None:
     assert [text(p) for p in doc.css(".plan-head .priced-with")] == [f"Priced with: {label}"]
     assert text(doc.css_first(".plan-head .priced-with .calibration")) == label
     doc = page(client, f"/ui/plans/{plain['id']}")
-    assert [text(p) for p in doc.css(".plan-head .priced-with")] == ["Priced with: catalogue figures (uncalibrated)"]
+    assert [text(p) for p in doc.css(".plan-head .priced-with")] == ["Priced with: catalogue figures, executor profile shardwise-eager (uncalibrated)"]
 
     doc = page(client, f"/ui/compare?a={plain['id']}&b={calibrated['id']}")
-    assert text(doc.css_first(".side-a .priced-with")) == "Priced with: catalogue figures (uncalibrated)"
+    assert text(doc.css_first(".side-a .priced-with")) == "Priced with: catalogue figures, executor profile shardwise-eager (uncalibrated)"
     assert text(doc.css_first(".side-b .priced-with")) == f"Priced with: {label}"
 
 
@@ -930,8 +937,11 @@ def test_every_page_needs_a_token_when_reads_do(clean_db: str, runner: LocalRunn
 
 def _as_solved(clean_db: str, *, bound_share: float, tag: str) -> str:
     """The small model's plan stored as CP-SAT labels one it proved optimal over the layouts it searched
-    (``build_plan``): the bound over every plan at ``bound_share`` of the step."""
-    model, fleet_ = ModelSpec.model_validate(small_model()), FleetSpec.model_validate(fleet())
+    (``build_plan``): the bound over every plan at ``bound_share`` of the step. The small model at 1,048,576 samples
+    per GPU, so that its device time (about 14 ms) sets the step rather than the executor's host floor (3.8 ms),
+    which no plan goes below and which would make any bound meet the step."""
+    doc = {**small_model(), "batch_size_per_gpu": 1_048_576}
+    model, fleet_ = ModelSpec.model_validate(doc), FleetSpec.model_validate(fleet())
     greedy = make_plan(model, fleet_, SolveParams(solver="greedy"))
     step = greedy.predicted_step_ms
     assert step is not None
@@ -949,7 +959,7 @@ def _as_solved(clean_db: str, *, bound_share: float, tag: str) -> str:
         searched_bound_ms=step,
     )
     changes = {k: getattr(solved, k) for k in ("status", "lower_bound_ms", "solver", "explanation")}
-    return store_plan_directly(clean_db, small_model(), fleet(), request_hash=f"sha256:{tag}", **changes)
+    return store_plan_directly(clean_db, doc, fleet(), request_hash=f"sha256:{tag}", **changes)
 
 
 def test_a_plan_proved_only_over_the_layouts_searched_is_not_called_optimal(client: TestClient, clean_db: str) -> None:
