@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardwise.solver.bounds import candidate_work, every_rank_floor, lower_bound_ms
-from shardwise.solver.build import build_plan, placed_to_table
+from shardwise.solver.build import build_plan, placed_to_table, with_kernels
 from shardwise.solver.cpsat.candidates import Candidate, enumerate_candidates, spread_out
 from shardwise.solver.deadline import Deadline
 from shardwise.solver.evaluate import evaluate
@@ -45,7 +45,7 @@ from shardwise.solver.load import LoadState, Placed, initial_state
 from shardwise.solver.pricing import dense_cost, dense_styles
 from shardwise.solver.target import target_packing
 from shardwise.solver.topology import Topology
-from shardwise.wire.spec import DensePlan, DenseStyle, ModelSpec, Placement, Plan, SolveParams
+from shardwise.wire.spec import DensePlan, DenseStyle, ModelSpec, Placement, Plan, ShardingType, SolveParams
 from shardwise.wire.units import fmt_bytes
 
 DENSE_SHARE = 0.25
@@ -425,6 +425,8 @@ def run_greedy(
     if spread_out(topo, n) and not deadline.before(finish_s).expired():
         bound = bound if bound is not None else lower_bound_ms(topo, model, cands)
         chosen = _spread_start(topo, model, cands, dense, chosen, bound, deadline.before(finish_s))
+    if charges_groups(topo) and not deadline.before(finish_s).expired():
+        chosen = _fewer_groups(topo, model, cands, dense, chosen, deadline.before(finish_s))
     priced = time.perf_counter()
     tables = [placed_to_table(model, p) for p in chosen if p is not None]
     plan = build_plan(
@@ -443,6 +445,44 @@ def run_greedy(
     if on_progress is not None and plan.predicted_step_ms is not None and plan.lower_bound_ms is not None:
         on_progress(plan.predicted_step_ms, plan.lower_bound_ms)
     return GreedyResult(chosen, dense, plan, time.perf_counter() - priced)
+
+
+def charges_groups(topo: Topology) -> bool:
+    """Whether a rank's step grows with the groups of shards it looks up (the executor profile's or a calibration's
+    ``per_group_us``: on eager steps 2.4 ms of host time a group past the first, ``docs/truth.md``)."""
+    return any(c.profile.overheads.per_group_us > 0 for c in topo.classes)
+
+
+def _fewer_groups(
+    topo: Topology,
+    model: ModelSpec,
+    cands: list[list[Candidate]],
+    dense: list[tuple[str, DenseStyle]],
+    chosen: list[Placed | None],
+    deadline: Deadline,
+) -> list[Placed | None]:
+    """The greedy pass again without column-wise splits, and whichever of the two layouts predicts the smaller step.
+
+    The passes weigh the device's work, not the groups of shards a rank looks up (one per dtype, width, optimizer and
+    placement: ``cost_model.shard_group_key``), which the step is charged for once the plan is priced; a table cut
+    into columns of a width no other table has is a group more on every rank holding a slice, and on eager steps a
+    group costs more host time than most DLRMs' whole device step. A table whose only candidates are column-wise
+    keeps them. The layout kept is the one whose priced step (groups included) is smaller; ties keep the first."""
+    narrow = [[c for c in cs if c.sharding is not ShardingType.column_wise] or cs for cs in cands]
+    if all(len(a) == len(b) for a, b in zip(narrow, cands, strict=True)):
+        return chosen  # no column-wise candidate anywhere: the same pass
+    other, seen = best_of_passes(topo, model, narrow, dense, deadline)
+    if seen < len(other) or any(c is None for c in other) or deadline.expired():
+        return chosen
+    dense_plans = with_kernels(
+        topo, model, [DensePlan(name=name, style=st, ranks=list(range(topo.world_size))) for name, st in dense]
+    )
+
+    def step(placed: list[Placed | None]) -> float:
+        tables = [placed_to_table(model, p) for p in placed if p is not None]
+        return evaluate(topo, model, tables, dense_plans).step_ms
+
+    return other if step(other) < step(chosen) - 1e-9 else chosen
 
 
 def plan_greedy(
