@@ -219,29 +219,40 @@ def test_the_committed_fetch_overlay_is_what_the_run_gives(tmp_path: Path) -> No
 
 
 def test_repredict_rescores_the_measured_plans() -> None:
-    """The first run under its own calibration: the all-cache plan's re-prediction is the recorded one but for the
-    cost model's change since; dcn-26's
-    capped plan (two host tables) is predicted faster now, its host tables being read zero-copy (no host time);
-    with the fetch figures the cached plan gets slower. The latest run under the port's calibration now: the
+    """The first run under its own calibration: the re-predictions are the recorded ones but for the cost model's
+    changes since (each said below); with the fetch figures the cached plan gets slower. The latest run under the port's calibration now: the
     committed predictions, for the plans measured."""
     doc = json.loads(H200.read_text(encoding="utf-8"))
     _, same = pm.repredict(doc, RUN2, base=RUN2)
     lines, now = pm.repredict(doc, OVERLAY, base=RUN2)
     recorded = {name: rec["prediction"]["predicted_speedup"] for name, rec in doc["port"].items()}
-    # recorded under cost model 5 (1.485); cost model 6 prices the dense layers on the vendor GEMM, which runs every
-    # one of their GEMMs now (none saves Triton's launch host time): the same plans and calibration re-predict 1.545
+    # recorded under cost model 5 (1.485); cost model 6 priced the dense layers on the vendor GEMM (1.545); cost
+    # model 7 fills the terms this calibration of 2026-12-01 never measured — the groups term, the cache fetch — from
+    # the eager executor profile: the all-cache plan looks up a cache group beside its HBM group (2.4 ms of host time
+    # more a step), and the same plans re-predict 2.327, nearer the 2.971 measured
     assert recorded["dlrm-4x12m"] == pytest.approx(1.48486, rel=1e-5)
-    assert same["repredict/dlrm-4x12m"]["predicted_now"] == pytest.approx(1.54520, rel=1e-5)
-    assert same["repredict/dcn-26"]["predicted_now"] < recorded["dcn-26"]
+    assert same["repredict/dlrm-4x12m"]["predicted_now"] == pytest.approx(2.32730, rel=1e-5)
+    assert abs(same["repredict/dlrm-4x12m"]["error_now"]) < abs(recorded["dlrm-4x12m"] / 2.97111 - 1)
+    # dcn-26's capped plan (two host tables, one cached) was predicted faster under cost model 6 (its host tables read
+    # zero-copy, no host time); cost model 7 charges the groups its host and cache tables form beside the HBM ones:
+    # 5.320, above the 5.046 recorded and nearer the 5.618 measured
+    assert same["repredict/dcn-26"]["predicted_now"] == pytest.approx(5.32011, rel=1e-5)
+    assert abs(same["repredict/dcn-26"]["error_now"]) < abs(recorded["dcn-26"] / same["repredict/dcn-26"]["measured"] - 1)
     assert now["repredict/dlrm-4x12m"]["predicted_before"] == same["repredict/dlrm-4x12m"]["predicted_now"]
     assert now["repredict/dlrm-4x12m"]["predicted_now"] > recorded["dlrm-4x12m"]
     assert any(line.startswith("| dlrm-4x12m |") for line in lines)
     committed = json.loads(pm.PREDICTIONS.read_text(encoding="utf-8"))
     latest = json.loads(H200_LATEST.read_text(encoding="utf-8"))
     _, current = pm.repredict(latest, pm.CALIBRATION)
-    for name in latest["port"]:
+    same_layouts = 0
+    for name, rec in latest["port"].items():
+        measured_plans, planned = rec["prediction"]["plans"], committed[name]["plans"]
+        if any(measured_plans[k]["tables"] != planned[k]["tables"] for k in planned):
+            continue  # the planner lays this model out otherwise now (cost model 7: dcn-26's capped plan)
+        same_layouts += 1
         got = current[f"repredict/{name}"]["predicted_now"]
         assert got == pytest.approx(committed[name]["predicted_speedup"], rel=1e-5)
+    assert same_layouts >= 1
 
 
 def test_fetch_cost_runs_the_real_cache_on_the_cpu() -> None:
