@@ -77,7 +77,7 @@ def why_2d_loses(one_d: float, two: float, a2a_1d: float, a2a_2d: float, sync: f
 
 
 def run_one(name: str, model: ModelSpec, fleet: FleetSpec, params: SolveParams) -> Row:
-    topo = Topology(fleet)
+    topo = Topology(fleet, executor=params.executor, graphed=params.graphed_steps)
     t0 = time.monotonic()
     one_d = make_plan(model, topo.fleet, params.model_copy(update={"sparse_2d": False}))
     best: Plan | None = None

@@ -3,7 +3,7 @@ candidate into the wire's :class:`TablePlan`."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shardwise.solver import cost_model as cm
@@ -86,15 +86,10 @@ def build_plan(
     ev = evaluate(topo, model, ordered, dense, sparse_groups)
     step = round(ev.step_ms, 6)
     # the host floor bounds every plan's step alike (it does not depend on the plan): the bound may rise to it, or,
-    # where the floor adds to a rank's device time (graphed steps), by the least floor of any rank
-    floors = [
-        (cm.host_floor_ms(c.profile, len(model.embedding_tables), len(model.dense_layers)), c.profile)
-        for c in topo.classes
-    ]
-    floor = max((f for f, _ in floors), default=0.0)
-    if bound_ms is not None and floors and all(p.overheads.graphed_steps for _, p in floors):
-        bound_ms += min(f for f, _ in floors)
-    bound = None if bound_ms is None else round(min(max(bound_ms, floor), step), 6)
+    # where the floor adds to a rank's device time (graphed steps), by the least floor of any rank (floor_lift)
+    lift = floor_lift(topo, model)
+    floor = lift(0.0)
+    bound = None if bound_ms is None else round(min(lift(bound_ms), step), 6)
     gap = _gap(step, bound)
     # what holds for every plan holds over the searched space too: the searched bound is at least the bound
     searched = None if searched_bound_ms is None else round(min(max(searched_bound_ms, floor, bound or 0.0), step), 6)
@@ -162,3 +157,16 @@ def placed_to_table(model: ModelSpec, p: Placed) -> TablePlan:
         for r, s in zip(p.ranks, c.shapes, strict=True)
     ]
     return TablePlan(name=model.embedding_tables[c.table].name, sharding_type=c.sharding, shards=shards)
+
+
+def floor_lift(topo: Topology, model: ModelSpec) -> Callable[[float], float]:
+    """What the host's floor makes of a device-only step or bound: the floor bounds every plan's step alike (it does
+    not depend on the plan, but for its groups term, which is left out: a bound stays a bound), so a figure rises to
+    the largest floor of any rank; where the floor adds to a rank's device time (every GPU's steps graphed), it also
+    rises by the least floor of any rank."""
+    floors = [cm.host_floor_ms(c.profile, len(model.embedding_tables), len(model.dense_layers)) for c in topo.classes]
+    most = max(floors, default=0.0)
+    if floors and all(c.profile.overheads.graphed_steps for c in topo.classes):
+        least = min(floors)
+        return lambda ms: max(ms + least, most)
+    return lambda ms: max(ms, most)

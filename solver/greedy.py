@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardwise.solver.bounds import candidate_work, every_rank_floor, lower_bound_ms
-from shardwise.solver.build import build_plan, placed_to_table, with_kernels
+from shardwise.solver.build import build_plan, floor_lift, placed_to_table, with_kernels
 from shardwise.solver.cpsat.candidates import Candidate, enumerate_candidates, spread_out
 from shardwise.solver.deadline import Deadline
 from shardwise.solver.evaluate import evaluate
@@ -388,7 +388,7 @@ def run_greedy(
     bound: float | None = None
     if on_progress is not None and deadline.remaining() >= BOUND_FIRST_FACTOR * enumerated_s:
         bound = lower_bound_ms(topo, model, cands)  # a fraction of enumerating: worth saying before the pass
-        on_progress(None, bound)
+        on_progress(None, floor_lift(topo, model)(bound))  # as the plan's bound will be: no lower than the floor
     chosen, seen = best_of_passes(topo, model, cands, dense, deadline.before(finish_s))
     dense_plans = [DensePlan(name=name, style=s, ranks=list(range(topo.world_size))) for name, s in dense]
     if seen < n:

@@ -70,7 +70,7 @@ from collections.abc import Callable, Sequence
 
 from ortools.sat.python import cp_model
 
-from shardwise.solver.build import build_plan, placed_to_table
+from shardwise.solver.build import build_plan, floor_lift, placed_to_table
 from shardwise.solver.configurations import configuration_bound_ms
 from shardwise.solver.cpsat.candidates import Candidate, spread_out
 from shardwise.solver.cpsat.formulation import RANK_BINS_MAX, Assignment, Formulation, Mode
@@ -185,14 +185,17 @@ def catalogue_booleans(topo: Topology, cands: Sequence[Sequence[Candidate]], mod
 
 class _Progress(cp_model.CpSolverSolutionCallback):
     """Reports the model's objective and bound as CP-SAT improves them (in host mode the objective is level one's,
-    the per-GPU average of the busiest host, before packing)."""
+    the per-GPU average of the busiest host, before packing), each lifted by the host's floor as the plan's step and
+    bound are (``build_plan``): at least the floor where the host enqueues every kernel, the least floor more where
+    the step is graphed — so that a report never says less than the plan it leads to can."""
 
-    def __init__(self, on_progress: Progress) -> None:
+    def __init__(self, on_progress: Progress, lift: Callable[[float], float]) -> None:
         super().__init__()
         self.on_progress = on_progress
+        self.lift = lift
 
     def on_solution_callback(self) -> None:
-        self.on_progress(Scale.ms(self.objective_value), Scale.ms(self.best_objective_bound))
+        self.on_progress(self.lift(Scale.ms(self.objective_value)), self.lift(Scale.ms(self.best_objective_bound)))
 
 
 def to_assignment(form: Formulation, cands: Sequence[Sequence[Candidate]], chosen: Sequence[Placed]) -> Assignment:
@@ -392,7 +395,7 @@ def plan_cpsat(
         if mode == "host":
             budget *= LEVEL1_SHARE
         solver = cp_solver(params, budget, len(form.model.proto.variables))
-        callback = _Progress(on_progress) if on_progress else None
+        callback = _Progress(on_progress, floor_lift(form.topo, model)) if on_progress else None
         status = solver.solve(form.model, callback) if callback else solver.solve(form.model)
         status_name = STATUS.get(status, "UNKNOWN")
         log.info(

@@ -7,8 +7,11 @@ from collections.abc import Callable
 import pytest
 
 from shardwise.hwprofiles import get_profile
+from shardwise.solver import plan2d
+from shardwise.solver.bounds import lower_bound_ms
+from shardwise.solver.cost_model import host_floor_ms, shard_group_key
 from shardwise.solver.evaluate import evaluate
-from shardwise.solver.greedy import plan_greedy
+from shardwise.solver.greedy import enumerate_all, plan_greedy
 from shardwise.solver.planner import make_plan
 from shardwise.solver.pricing import dense_styles
 from shardwise.solver.topology import Topology
@@ -18,6 +21,7 @@ from shardwise.wire.spec import (
     DenseStyle,
     FleetSpec,
     ModelSpec,
+    Placement,
     Plan,
     PlanStatus,
     ShardingType,
@@ -30,6 +34,20 @@ EXAMPLE_FLEETS = ["fleet_8xh100", "fleet_8xmi350x", "fleet_mixed_b200_mi350x"]
 
 def without_seconds(plan: Plan) -> str:
     return plan.model_copy(update={"solver": plan.solver.model_copy(update={"seconds": 0.0})}).model_dump_json()
+
+
+def rank_groups(topo: Topology, model: ModelSpec, plan: Plan) -> list[int]:
+    """The groups of shards each rank looks up (one per dtype, width, optimizer and placement kind of its sharded
+    shards: the executor's lookups, ``shard_group_key``), counted from the plan's own shards."""
+    keys: list[set[tuple[object, ...]]] = [set() for _ in range(topo.world_size)]
+    for tp in plan.tables:
+        if tp.sharding_type is ShardingType.data_parallel:
+            continue
+        for s in tp.shards:
+            keys[s.rank].add(
+                shard_group_key(model.table(tp.name), s.num_cols, s.placement, tp.sharding_type, topo.executor)
+            )
+    return [len(k) for k in keys]
 
 
 def fleet_ranks(fleet: FleetSpec) -> list[tuple[int, str, int]]:
@@ -82,11 +100,23 @@ def test_example_plan_ranks_follow_the_fleet(example: tuple[FleetSpec, Plan]) ->
     assert [(r.host, r.gpu, r.hbm_capacity_bytes) for r in plan.ranks] == fleet_ranks(fleet)
 
 
-def test_example_plan_step_is_the_slowest_rank(example: tuple[FleetSpec, Plan]) -> None:
-    _, plan = example
+def test_example_plan_step_is_the_slowest_rank(example: tuple[FleetSpec, Plan], dlrm: ModelSpec) -> None:
+    """A rank's step on eager steps (the default executor) is the larger of its device time (compute + comm) and its
+    host time: the executor profile's floor for the rank's groups of shards (every shard here is in HBM: no host
+    work). By hand for DLRM's 26 tables and 14 dense layers (hwprofiles/executors/shardwise-eager.yaml):
+    3180.514 + 25.36·26 + 473.302·14 = 10,466.102 µs for a rank of one group, 2,437.391 µs more each further group
+    (12.903493 ms at 2 groups, 15.340884 ms at 3) — more than any rank's device time here, so the host sets the step."""
+    fleet, plan = example
+    topo = Topology(fleet)
+    T, L = len(dlrm.embedding_tables), len(dlrm.dense_layers)
+    assert host_floor_ms(topo.ranks[0].profile, T, L) == pytest.approx(10.466102, abs=1e-9)
+    assert {s.placement for t in plan.tables for s in t.shards} == {Placement.hbm}
+    groups = rank_groups(topo, dlrm, plan)
     assert plan.predicted_step_ms == pytest.approx(max(r.predicted_ms.total for r in plan.ranks), abs=1e-6)
     for r in plan.ranks:
-        assert r.predicted_ms.total == pytest.approx(r.predicted_ms.compute + r.predicted_ms.comm, abs=2e-6)
+        t = r.predicted_ms
+        assert t.host == pytest.approx(host_floor_ms(topo.ranks[r.rank].profile, T, L, groups[r.rank]), abs=2e-6)
+        assert t.total == pytest.approx(max(t.compute + t.comm, t.host), abs=2e-6)
         b = r.hbm_breakdown
         assert r.hbm_used_bytes == b.weights + b.optimizer + b.gradients + b.buffers + b.cache + b.dense
 
@@ -296,10 +326,45 @@ def test_plan_greedy_on_a_topology_equals_make_plan(small_model: ModelSpec, smal
     one_d = GREEDY.model_copy(update={"sparse_2d": False})
     direct = plan_greedy(Topology(small_fleet), small_model, one_d)
     assert without_seconds(direct) == without_seconds(make_plan(small_model, small_fleet, one_d))
-    # two hosts: make_plan also weighs 2D plans (solver/plan2d.py); here the 1D layout wins and is the greedy's own
-    both = make_plan(small_model, small_fleet, GREEDY)
-    assert both.sparse_groups is None
-    assert (both.tables, both.dense, both.ranks) == (direct.tables, direct.dense, direct.ranks)
+    # two hosts: make_plan also weighs 2D plans (solver/plan2d.py); here the 1D layout wins and is the greedy's own.
+    # Both layouts leave each rank the same groups of shards, so the same host terms: on eager steps the small model is
+    # host-bound, every rank of either at the floor (3180.514 + 25.36·4 + 473.302·2 = 4,228.558 µs, 2,437.391 µs more
+    # a further group), and the tie goes to the layout leaving the device less work (plan2d's rank_key); on graphed
+    # steps the floor (163.589 + 7.319·4 + 13.961·2 = 220.787 µs, 99.075 µs more a further group) adds to the
+    # device's time, and the 1D plan wins on the step itself.
+    T, L = len(small_model.embedding_tables), len(small_model.dense_layers)
+    floors = {False: 4.228558, True: 0.220787}
+    for graphed in (False, True):
+        params = GREEDY.model_copy(update={"graphed_steps": graphed})
+        topo = Topology(small_fleet, graphed=graphed)
+        direct = plan_greedy(topo, small_model, params.model_copy(update={"sparse_2d": False}))
+        both = make_plan(small_model, small_fleet, params)
+        assert both.sparse_groups is None
+        assert (both.tables, both.dense, both.ranks) == (direct.tables, direct.dense, direct.ranks)
+        (sg,) = plan2d.sparse_options(topo, tables=T)  # two hosts: two groups of one host, allreduce_rows
+        two = plan2d.option_plan(topo, small_model, params, sg)
+        assert host_floor_ms(topo.ranks[0].profile, T, L) == pytest.approx(floors[graphed], abs=1e-9)
+        for plan in (direct, two):
+            groups = rank_groups(topo, small_model, plan)
+            for r in plan.ranks:
+                t = r.predicted_ms
+                assert t.host == pytest.approx(
+                    host_floor_ms(topo.ranks[r.rank].profile, T, L, groups[r.rank]), abs=2e-6
+                )
+                if graphed:
+                    assert t.total == pytest.approx(t.compute + t.comm + t.host, abs=3e-6)
+                else:
+                    assert t.compute + t.comm < t.host  # host-bound
+                    assert t.total == pytest.approx(t.host, abs=1e-6)
+        assert {r.predicted_ms.host for r in direct.ranks} == {r.predicted_ms.host for r in two.ranks}
+        assert direct.predicted_step_ms is not None
+        assert two.predicted_step_ms is not None
+        if graphed:
+            assert direct.predicted_step_ms < two.predicted_step_ms
+        else:
+            assert direct.predicted_step_ms == pytest.approx(two.predicted_step_ms, abs=1e-6)
+            device = [max(r.predicted_ms.compute + r.predicted_ms.comm for r in p.ranks) for p in (direct, two)]
+            assert device[0] < device[1]
 
 
 @pytest.mark.parametrize("fleet_name", ["fleet_8xh100", "fleet_mixed_b200_mi350x"])
@@ -307,13 +372,24 @@ def test_the_greedy_reports_its_bound_then_its_plan(
     fleet_name: str, dlrm: ModelSpec, load_fleet: Callable[[str], FleetSpec]
 ) -> None:
     """Progress from the greedy: the bound over every candidate once they are priced (no plan yet), then the plan's
-    step with it — and the plan is the one made without a callback."""
+    step with the plan's bound — and the plan is the one made without a callback.
+
+    The first report is the device's bound over the candidates (solver/bounds.py) raised to the host floor every plan
+    pays on eager steps, as the plan's bound is (build_plan, floor_lift; the groups term is not in it): for DLRM's
+    26 tables and 14 dense layers 3180.514 + 25.36·26 + 473.302·14 = 10,466.102 µs, above the device's bound on
+    these fleets, so both reports' bound is the floor."""
     fleet = load_fleet(fleet_name)
+    topo = Topology(fleet)
     seen: list[tuple[float | None, float]] = []
     plan = make_plan(dlrm, fleet, GREEDY, on_progress=lambda best, bound: seen.append((best, bound)))
     assert plan.predicted_step_ms is not None
     assert plan.lower_bound_ms is not None
-    assert seen == [(None, pytest.approx(plan.lower_bound_ms, abs=1e-6)), (plan.predicted_step_ms, plan.lower_bound_ms)]
+    device_bound = lower_bound_ms(topo, dlrm, enumerate_all(topo, dlrm))
+    floor = max(host_floor_ms(c.profile, len(dlrm.embedding_tables), len(dlrm.dense_layers)) for c in topo.classes)
+    assert floor == pytest.approx(10.466102, abs=1e-9)
+    assert device_bound < floor
+    assert seen == [(None, pytest.approx(floor, abs=1e-6)), (plan.predicted_step_ms, plan.lower_bound_ms)]
+    assert plan.lower_bound_ms == pytest.approx(min(max(device_bound, floor), plan.predicted_step_ms), abs=1e-6)
     assert without_seconds(plan) == without_seconds(make_plan(dlrm, fleet, GREEDY))
 
 

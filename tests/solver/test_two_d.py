@@ -10,6 +10,7 @@ from shardwise.hwprofiles import HardwareProfile
 from shardwise.solver import plan2d, two_d
 from shardwise.solver.breakdown import INTER, TERM_INDEX, step_breakdown
 from shardwise.solver.build import build_plan
+from shardwise.solver.cost_model import host_floor_ms
 from shardwise.solver.evaluate import Evaluation, evaluate
 from shardwise.solver.planner import make_plan
 from shardwise.solver.port import direct_port, port_analysis
@@ -117,7 +118,9 @@ def test_group_fleet_ranks_map_to_group_zero_in_rank_order() -> None:
 # ------------------------------------------------------------------------------------------------ pricing
 # 2 hosts × 2 round-number GPUs (conftest: scale-up 5e10 B/s achieved, NIC 2.5e9 B/s, latency 10 / 20 µs) as 2 groups
 # of one host each. One table of 1,000 rows × 8 fp32 columns, sgd, one id per sample, batch 100 per GPU, on the
-# first rank of each group (table_wise).
+# first rank of each group (table_wise). The round profile sets no step overheads, so its ranks take shardwise's eager
+# executor's (hwprofiles/executors/shardwise-eager.yaml): a host floor of 3180.514 + 25.36·1 table = 3,205.874 µs
+# (no dense layer; at most one group of shards a rank: no groups term), far above these ranks' device time.
 
 ROWS, DIM, BATCH = 1000, 8, 100
 INTRA, NIC = 5e10, 2.5e9
@@ -160,8 +163,16 @@ def test_allreduce_rows_hand_computed(round_profile: HardwareProfile) -> None:
     other = side_s * 1e3 + latency
     comm = [r.predicted_ms.comm for r in ev.ranks]
     assert comm == pytest.approx([owner, other, owner, other], rel=1e-5)
-    # memory: the fused update's index work, and the row-sparse gradient of the fleet's touched rows
-    assert ev.ranks[0].hbm_breakdown.gradients == math.ceil(n * 48) + math.ceil(u_f * (DIM * 4 + 8))
+    # the step: the device's part is the model above; the host's floor (eager steps) outlasts it and sets the step
+    floor = host_floor_ms(Topology(round_fleet(round_profile)).ranks[0].profile, 1, 0)
+    assert floor == pytest.approx(3.205874, abs=1e-9)
+    for r in ev.ranks:
+        assert r.predicted_ms.host == pytest.approx(floor, abs=1e-6)
+        assert r.predicted_ms.compute + r.predicted_ms.comm < floor
+        assert r.predicted_ms.total == pytest.approx(floor, abs=1e-6)
+    # memory: the fused update's index work (48 B an id) and shardwise's executor's update workspace (64 B an id),
+    # and the row-sparse gradient of the fleet's touched rows
+    assert ev.ranks[0].hbm_breakdown.gradients == math.ceil(n * 48) + math.ceil(n * 64) + math.ceil(u_f * (DIM * 4 + 8))
     assert ev.ranks[2].hbm_used_bytes == ev.ranks[0].hbm_used_bytes
     assert ev.ranks[1].hbm_breakdown.weights == 0
 
@@ -181,8 +192,8 @@ def test_average_weights_amortises_the_weights_over_k(round_profile: HardwarePro
     assert ev.ranks[0].predicted_ms.comm - every.ranks[0].predicted_ms.comm == pytest.approx(
         avg_sync - rows_sync, rel=1e-6
     )
-    # no sync buffer when averaging
-    assert ev.ranks[0].hbm_breakdown.gradients == math.ceil(n * 48)
+    # no sync buffer when averaging: the fused update's index work and workspace only (48 + 64 B an id)
+    assert ev.ranks[0].hbm_breakdown.gradients == math.ceil(n * 48) + math.ceil(n * 64)
 
 
 def test_data_parallel_and_dense_stay_fleet_wide(round_profile: HardwareProfile) -> None:
@@ -355,22 +366,48 @@ def test_breakdown_of_a_two_d_plan_sums_to_the_evaluator(sync: SparseSync, round
 GREEDY = SolveParams(solver="greedy")
 
 
+# The planner's instances are device-bound: each plan's step is its slowest rank's compute and communication, well
+# above the eager executor's host floor for four tables and no dense layer, 3180.514 + 25.36·4 = 3,281.954 µs (which
+# every layout pays alike, plus 2,437.391 µs a further group of shards; four tables of one width, dtype and optimizer
+# make one group). Their rows are wide so that the device decides: every byte the plans move or look up scales with the
+# width, while the id traffic, the id sort and the latencies do not (at 64 columns every plan made for the hot tables,
+# 1D or 2D, sat under the floor, and at 128 every plan for the big tables). A larger batch or more ids per sample
+# instead grows the sharded layouts' all-to-alls and id sort but not the data_parallel all-reduce, and takes the hot
+# tables' 2D win away (16,384 samples a GPU at 128 columns: all data_parallel, 1D).
+HOT_DIM, BIG_DIM = 256, 1024
+
+
 def hot_tables_model() -> ModelSpec:
-    """Four small, hot tables (200,000 rows × 64, 20 ids per sample, 8,192 samples per GPU): the fleet's batch
+    """Four small, hot tables (200,000 rows × 256, 20 ids per sample, 8,192 samples per GPU): the fleet's batch
     touches every row, so the replica sync moves each row once, while a fleet-wide plan moves every bag's pooled row
     (or, data_parallel, every GPU streams and all-reduces whole tables)."""
     tables = [
-        EmbeddingTableSpec(name=f"t{i}", num_embeddings=200_000, embedding_dim=64, pooling_factor=20.0)
+        EmbeddingTableSpec(name=f"t{i}", num_embeddings=200_000, embedding_dim=HOT_DIM, pooling_factor=20.0)
         for i in range(4)
     ]
     return ModelSpec(name="hot", batch_size_per_gpu=8192, embedding_tables=tables)
 
 
 def big_tables_model() -> ModelSpec:
-    """Four large tables (1,000,000 rows × 128, one id per sample, 4,096 per GPU): the fleet's batch touches a
+    """Four large tables (1,000,000 rows × 1,024, one id per sample, 4,096 per GPU): the fleet's batch touches a
     fraction of the rows, each of them once, so the sync moves as much as the all-to-all it saves, over the NIC."""
-    tables = [EmbeddingTableSpec(name=f"t{i}", num_embeddings=1_000_000, embedding_dim=128) for i in range(4)]
+    tables = [EmbeddingTableSpec(name=f"t{i}", num_embeddings=1_000_000, embedding_dim=BIG_DIM) for i in range(4)]
     return ModelSpec(name="big", batch_size_per_gpu=4096, embedding_tables=tables)
+
+
+def device_ms(plan: Plan) -> float:
+    """The slowest rank's device time: compute and communication."""
+    return max(r.predicted_ms.compute + r.predicted_ms.comm for r in plan.ranks)
+
+
+def assert_device_bound(topo: Topology, model: ModelSpec, plan: Plan) -> None:
+    """The plan's step is its device's time, clearly above the host's floor (the instances' premise)."""
+    floor = host_floor_ms(topo.ranks[0].profile, len(model.embedding_tables), len(model.dense_layers))
+    assert floor == pytest.approx(3.281954, abs=1e-9)
+    assert plan.predicted_step_ms is not None
+    assert plan.predicted_step_ms == pytest.approx(device_ms(plan), abs=2e-6)  # each part rounded to 1 ns
+    assert all(r.predicted_ms.host < r.predicted_ms.compute + r.predicted_ms.comm for r in plan.ranks)
+    assert plan.predicted_step_ms > 1.5 * floor
 
 
 def h100_hosts(count: int) -> FleetSpec:
@@ -405,8 +442,11 @@ def test_two_d_wins_with_small_hot_tables(solver: str) -> None:
     assert seen[-1][0] == pytest.approx(plan.predicted_step_ms)
     assert plan.predicted_step_ms is not None
     assert one_d.predicted_step_ms is not None
-    assert plan.predicted_step_ms < 0.9 * one_d.predicted_step_ms
     topo = Topology(fleet)
+    # 2D wins by the device's time: both steps are the device's, and the 2D plan's is clearly the shorter
+    assert_device_bound(topo, model, one_d)
+    assert_device_bound(topo, model, plan)
+    assert plan.predicted_step_ms < 0.9 * one_d.predicted_step_ms
     assert check_plan(topo, model, plan) == []
     assert_every_group_holds_every_table_once(plan, model)
     assert plan.lower_bound_ms is not None
@@ -419,21 +459,24 @@ def test_one_d_wins_with_large_tables() -> None:
     model, fleet = big_tables_model(), h100_hosts(8)
     plan = make_plan(model, fleet, GREEDY)
     assert plan.sparse_groups is None
+    assert_device_bound(Topology(fleet), model, plan)
     (line,) = [x for x in plan.explanation if x.startswith("1D: the best 2D option")]
     assert "3 2D options considered" in line  # 8 hosts: 2, 4 or 8 groups
     # the bound covers the 2D options too: none of them beats it
     topo = Topology(fleet)
     assert plan.lower_bound_ms is not None
+    assert plan.predicted_step_ms is not None
     for sg in plan2d.sparse_options(topo):
         alone = plan2d.option_plan(topo, model, GREEDY, sg)
         assert alone.predicted_step_ms is not None
         assert plan.lower_bound_ms <= alone.predicted_step_ms
+        assert alone.predicted_step_ms > plan.predicted_step_ms  # 1D wins on the step, not on a tie
         assert check_plan(topo, model, alone) == []
 
 
 def test_weight_averaging_only_when_allowed() -> None:
-    model, fleet = hot_tables_model(), h100_hosts(2)
-    topo = Topology(fleet)
+    model = hot_tables_model()
+    topo = Topology(h100_hosts(2))
     assert {sg.sync for sg in plan2d.sparse_options(topo)} == {SparseSync.allreduce_rows}
     allowed = plan2d.sparse_options(topo, allow_weight_averaging=True)
     assert [(sg.sync, sg.every_k_steps) for sg in allowed] == [
@@ -441,10 +484,21 @@ def test_weight_averaging_only_when_allowed() -> None:
         (SparseSync.average_weights, 10),
         (SparseSync.average_weights, 100),
     ]
+    # on the fleet where 2D wins by the device's time (test_two_d_wins_with_small_hot_tables), averaging the replicas
+    # every k steps instead of summing their gradients every step wins again, once it is allowed (on two hosts the
+    # 1D plan wins these wide tables either way: each group would be one host)
+    fleet = h100_hosts(8)
+    topo = Topology(fleet)
+    every_step = make_plan(model, fleet, GREEDY)
+    assert every_step.sparse_groups is not None
+    assert every_step.sparse_groups.sync is SparseSync.allreduce_rows
     plan = make_plan(model, fleet, GREEDY.model_copy(update={"allow_weight_averaging": True}))
     assert check_plan(topo, model, plan) == []
     assert plan.sparse_groups is not None
     assert plan.sparse_groups.sync is SparseSync.average_weights
+    assert plan.predicted_step_ms is not None
+    assert_device_bound(topo, model, every_step)
+    assert plan.predicted_step_ms < 0.9 * (every_step.predicted_step_ms or 0.0)  # a clear win, not a tie
 
 
 def test_one_host_plans_no_two_d() -> None:
