@@ -364,7 +364,7 @@ def test_evaluate_a_two_d_plan_names_its_groups(runner: CliRunner, tmp_path: Pat
     from shardwise.solver.planner import make_plan
     from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams
 
-    hot = {"num_embeddings": 200_000, "embedding_dim": 64, "pooling_factor": 20.0}
+    hot = {"num_embeddings": 200_000, "embedding_dim": 256, "pooling_factor": 20.0}  # wide: device-bound
     model = {
         "name": "hot",
         "batch_size_per_gpu": 8192,
@@ -373,7 +373,10 @@ def test_evaluate_a_two_d_plan_names_its_groups(runner: CliRunner, tmp_path: Pat
     fleet = {"name": "h100-8x8", "hosts": [{"gpu": "nvidia-h100-sxm", "count": 8, "gpus_per_host": 8}]}
     plan = make_plan(ModelSpec.model_validate(model), FleetSpec.model_validate(fleet), SolveParams(solver="greedy"))
     sg = plan.sparse_groups
-    assert sg is not None  # small hot tables on 8 hosts: the planner splits the fleet (tests/solver/test_two_d.py)
+    assert (
+        sg is not None
+    )  # small hot tables on 8 hosts: the planner splits the fleet (tests/solver/test_two_d.py, whose rows are as wide,
+    # so that the device, not the eager host floor, sets the step)
     written = write_json(tmp_path / "plan.json", plan.model_dump(mode="json"))
     result = runner.invoke(
         app, ["evaluate", write_json(tmp_path / "m.json", model), write_json(tmp_path / "f.json", fleet), written]

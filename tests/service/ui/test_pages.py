@@ -853,10 +853,15 @@ def test_pages_say_which_calibration_priced_a_plan(client: TestClient) -> None:
     assert [text(p) for p in doc.css(".plan-head .priced-with")] == [f"Priced with: {label}"]
     assert text(doc.css_first(".plan-head .priced-with .calibration")) == label
     doc = page(client, f"/ui/plans/{plain['id']}")
-    assert [text(p) for p in doc.css(".plan-head .priced-with")] == ["Priced with: catalogue figures, executor profile shardwise-eager (uncalibrated)"]
+    assert [text(p) for p in doc.css(".plan-head .priced-with")] == [
+        "Priced with: catalogue figures, executor profile shardwise-eager (uncalibrated)"
+    ]
 
     doc = page(client, f"/ui/compare?a={plain['id']}&b={calibrated['id']}")
-    assert text(doc.css_first(".side-a .priced-with")) == "Priced with: catalogue figures, executor profile shardwise-eager (uncalibrated)"
+    assert (
+        text(doc.css_first(".side-a .priced-with"))
+        == "Priced with: catalogue figures, executor profile shardwise-eager (uncalibrated)"
+    )
     assert text(doc.css_first(".side-b .priced-with")) == f"Priced with: {label}"
 
 
@@ -1026,7 +1031,7 @@ def test_api_docs_load_only_this_servers_files(client: TestClient, url: str) -> 
 def test_a_two_d_plan_page_shows_its_groups_and_the_sync(client: TestClient) -> None:
     """Small hot tables on 8 hosts: the planner splits the fleet into replica groups (solver/plan2d.py); the page
     names G, the number of groups and the sync, and the time it spends keeping them in sync is a term of its own."""
-    hot = {"num_embeddings": 200_000, "embedding_dim": 64, "pooling_factor": 20.0}
+    hot = {"num_embeddings": 200_000, "embedding_dim": 256, "pooling_factor": 20.0}  # wide: device-bound
     model = {
         "name": "hot-2d",
         "batch_size_per_gpu": 8192,
