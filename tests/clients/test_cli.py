@@ -373,10 +373,9 @@ def test_evaluate_a_two_d_plan_names_its_groups(runner: CliRunner, tmp_path: Pat
     fleet = {"name": "h100-8x8", "hosts": [{"gpu": "nvidia-h100-sxm", "count": 8, "gpus_per_host": 8}]}
     plan = make_plan(ModelSpec.model_validate(model), FleetSpec.model_validate(fleet), SolveParams(solver="greedy"))
     sg = plan.sparse_groups
-    assert (
-        sg is not None
-    )  # small hot tables on 8 hosts: the planner splits the fleet (tests/solver/test_two_d.py, whose rows are as wide,
+    # small hot tables on 8 hosts: the planner splits the fleet (tests/solver/test_two_d.py, whose rows are as wide,
     # so that the device, not the eager host floor, sets the step)
+    assert sg is not None
     written = write_json(tmp_path / "plan.json", plan.model_dump(mode="json"))
     result = runner.invoke(
         app, ["evaluate", write_json(tmp_path / "m.json", model), write_json(tmp_path / "f.json", fleet), written]
