@@ -88,11 +88,10 @@ def build_plan(
     # the host floor bounds every plan's step alike (it does not depend on the plan): the bound may rise to it, or,
     # where the floor adds to a rank's device time (graphed steps), by the least floor of any rank (floor_lift)
     lift = floor_lift(topo, model)
-    floor = lift(0.0)
     bound = None if bound_ms is None else round(min(lift(bound_ms), step), 6)
     gap = _gap(step, bound)
     # what holds for every plan holds over the searched space too: the searched bound is at least the bound
-    searched = None if searched_bound_ms is None else round(min(max(searched_bound_ms, floor, bound or 0.0), step), 6)
+    searched = None if searched_bound_ms is None else round(min(max(lift(searched_bound_ms), bound or 0.0), step), 6)
     info.update(
         objective_ms=step,
         bound_ms=bound,
@@ -170,3 +169,15 @@ def floor_lift(topo: Topology, model: ModelSpec) -> Callable[[float], float]:
         least = min(floors)
         return lambda ms: max(ms + least, most)
     return lambda ms: max(ms, most)
+
+
+def floor_unlift(topo: Topology, model: ModelSpec) -> Callable[[float], float]:
+    """A device-only figure that :func:`floor_lift` takes back to no more than the given bound, for bounds that were
+    lifted already (a plan's ``lower_bound_ms``, which another plan's answer reuses): the same figure where the host
+    enqueues every kernel (the floor is a maximum, and lifting twice is lifting once); on graphed steps the bound less
+    the largest floor of any rank (whichever floor lifted it, what comes back is no more than the device's bound)."""
+    floors = [cm.host_floor_ms(c.profile, len(model.embedding_tables), len(model.dense_layers)) for c in topo.classes]
+    if floors and all(c.profile.overheads.graphed_steps for c in topo.classes):
+        most = max(floors)
+        return lambda ms: max(0.0, ms - most)
+    return lambda ms: ms

@@ -305,6 +305,9 @@ class GreedyResult:
     dense: list[tuple[str, DenseStyle]]
     plan: Plan
     finish_s: float = 0.0
+    #: the device's bound over every candidate (``bounds.lower_bound_ms``), before the host's floor raised it into the
+    #: plan's ``lower_bound_ms`` (``build.floor_lift``); None where none was computed
+    device_bound_ms: float | None = None
 
     @property
     def placed(self) -> list[Placed]:
@@ -429,6 +432,8 @@ def run_greedy(
         chosen = _fewer_groups(topo, model, cands, dense, chosen, deadline.before(finish_s))
     priced = time.perf_counter()
     tables = [placed_to_table(model, p) for p in chosen if p is not None]
+    # the plan first, then a bound
+    bound = bound if bound is not None or deadline.expired() else lower_bound_ms(topo, model, cands)
     plan = build_plan(
         topo,
         model,
@@ -438,13 +443,12 @@ def run_greedy(
         solver_name=solver_name,
         solver_status="HEURISTIC",
         seconds=time.perf_counter() - start,
-        # the plan first, then a bound
-        bound_ms=bound if bound is not None or deadline.expired() else lower_bound_ms(topo, model, cands),
+        bound_ms=bound,
     )
     plan = plan.model_copy(update={"solver": plan.solver.model_copy(update={"phase": "greedy"})})
     if on_progress is not None and plan.predicted_step_ms is not None and plan.lower_bound_ms is not None:
         on_progress(plan.predicted_step_ms, plan.lower_bound_ms)
-    return GreedyResult(chosen, dense, plan, time.perf_counter() - priced)
+    return GreedyResult(chosen, dense, plan, time.perf_counter() - priced, bound)
 
 
 def charges_groups(topo: Topology) -> bool:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from shardwise.solver import engine, two_d
 from shardwise.solver.bounds import lower_bound_ms
 from shardwise.solver.breakdown import TERM_INDEX, step_breakdown
-from shardwise.solver.build import build_plan
+from shardwise.solver.build import build_plan, floor_unlift
 from shardwise.solver.deadline import Deadline
 from shardwise.solver.greedy import Progress, enumerate_all, run_greedy
 from shardwise.solver.status import meets_bound
@@ -241,6 +241,7 @@ def _assemble(
             DensePlan(name=d.name, style=d.style, ranks=list(topo.all_ranks), kernels=d.kernels) for d in picked.dense
         ]
     proved = picked.solver.searched_optimal and meets_bound(chosen.step, searched)
+    unlift = floor_unlift(topo, model)
     plan = build_plan(
         topo,
         model,
@@ -251,8 +252,9 @@ def _assemble(
         solver_status=picked.solver.status,
         seconds=deadline.elapsed(),
         proved_optimal=proved,
-        bound_ms=None if bound is None or math.isinf(bound) else bound,
-        searched_bound_ms=None if searched is None or math.isinf(searched) else searched,
+        # the options' bounds are their plans' (the host's floor in them already): build_plan adds it once
+        bound_ms=None if bound is None or math.isinf(bound) else unlift(bound),
+        searched_bound_ms=None if searched is None or math.isinf(searched) else unlift(searched),
         sparse_groups=chosen.groups,
     )
     why = explain_choice(topo, model, plan, one_d, screened)

@@ -35,7 +35,7 @@ from shardwise.hwprofiles import HardwareProfile
 from shardwise.solver import cost_model as cm
 from shardwise.solver import port_words as words
 from shardwise.solver import two_d
-from shardwise.solver.build import build_plan
+from shardwise.solver.build import build_plan, floor_unlift
 from shardwise.solver.engine import export_problems
 from shardwise.solver.evaluate import evaluate
 from shardwise.solver.greedy import Progress
@@ -273,7 +273,7 @@ def port_analysis(
                 solver_name=replan.solver.name,
                 solver_status="HEURISTIC",  # the direct port's layout, kept: not what the solver answered
                 seconds=replan.solver.seconds,
-                bound_ms=replan.lower_bound_ms,
+                bound_ms=None if replan.lower_bound_ms is None else floor_unlift(topo, model)(replan.lower_bound_ms),
                 explanation=words.fallback_explanation(fallback, direct.plan.tables),
                 sparse_groups=direct.plan.sparse_groups,
             )

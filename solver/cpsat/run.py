@@ -92,6 +92,7 @@ from shardwise.wire.spec import (
     Placement,
     Plan,
     PlanStatus,
+    RankPlan,
     SolveParams,
     TablePlan,
 )
@@ -198,6 +199,11 @@ class _Progress(cp_model.CpSolverSolutionCallback):
         self.on_progress(self.lift(Scale.ms(self.objective_value)), self.lift(Scale.ms(self.best_objective_bound)))
 
 
+def device_ms(ranks: Sequence[RankPlan]) -> float:
+    """The slowest rank's device time (compute and communication, the latencies in it), without the host's floor."""
+    return max((r.predicted_ms.compute + r.predicted_ms.comm for r in ranks), default=0.0)
+
+
 def to_assignment(form: Formulation, cands: Sequence[Sequence[Candidate]], chosen: Sequence[Placed]) -> Assignment:
     """A greedy placement in the formulation's terms."""
     choice, shard_bins, host = [], {}, {}
@@ -302,6 +308,10 @@ def plan_cpsat(
     budget_s = params.time_limit_s - finish_s
     dense_choice = g.dense
     greedy_ms = greedy.predicted_step_ms or 0.0  # reported by run_greedy already
+    # CP-SAT's model, target packing and the bounds speak of the device's time; the host's floor is added once, by
+    # build_plan (floor_lift), and the steps compared are the evaluator's (floor and groups included)
+    lift = floor_lift(topo, model)
+    greedy_device_ms = device_ms(greedy.ranks)
     dense_plans = [DensePlan(name=n, style=s, ranks=list(range(topo.world_size))) for n, s in dense_choice]
     # the start: the better of the greedy plan and target packing (hint, incumbent and fallback)
     placed, start_tables, start_ms = g.placed, greedy.tables, greedy_ms
@@ -312,22 +322,25 @@ def plan_cpsat(
         model,
         all_cands,
         dense_choice,
-        greedy.lower_bound_ms or 0.0,
-        greedy_ms,
+        g.device_bound_ms or 0.0,
+        greedy_device_ms,
         work if det else work.within(TARGET_SHARE * budget_s),
     )
+    start_device_ms = greedy_device_ms
     if packed is not None and not work.expired():
         packed_tables = [placed_to_table(model, p) for p in packed]
-        ms = evaluate(topo, model, packed_tables, dense_plans).step_ms
+        packed_ev = evaluate(topo, model, packed_tables, dense_plans)
+        ms = packed_ev.step_ms
         log.info("target packing %.4f ms (greedy %.4f ms)", ms, greedy_ms)
         if ms < greedy_ms:
             placed, start_tables, start_ms = packed, packed_tables, ms
+            start_device_ms = device_ms(packed_ev.ranks)
             start_phase = "target packing"
             if on_progress:
                 on_progress(start_ms, greedy.lower_bound_ms or 0.0)
     # the bound over the whole catalogue: the greedy's, raised by the configuration bound where few tables sit on
     # many GPUs (there the shards are lumps the greedy's facts cannot see)
-    catalogue_ms = greedy.lower_bound_ms
+    catalogue_ms = g.device_bound_ms
     configured: float | None = None  # the configuration bound, where it raised the greedy's
     if (
         catalogue_ms is not None
@@ -341,7 +354,7 @@ def plan_cpsat(
         if raised > catalogue_ms:
             catalogue_ms = configured = raised
             if on_progress:
-                on_progress(start_ms, catalogue_ms)
+                on_progress(start_ms, lift(catalogue_ms))
     chosen: list[Placed | None] = list(placed)
     fill = max((r.hbm_used_bytes / topo.hbm_limit(r.rank) for r in greedy.ranks), default=1.0)
     mode: Mode = "rank" if topo.world_size <= RANK_BINS_MAX else "host"
@@ -352,7 +365,7 @@ def plan_cpsat(
         cands = model_candidates(
             all_cands,
             chosen,
-            start_ms,
+            start_device_ms,
             memory_tight=fill >= MEMORY_TIGHT,
             max_split_tables=SPLITS_PER_BIN * nbins,
             offload_min_bytes=int(OFFLOAD_SHARE * min(c.hbm_limit_bytes for c in topo.classes)),
@@ -395,7 +408,7 @@ def plan_cpsat(
         if mode == "host":
             budget *= LEVEL1_SHARE
         solver = cp_solver(params, budget, len(form.model.proto.variables))
-        callback = _Progress(on_progress, floor_lift(form.topo, model)) if on_progress else None
+        callback = _Progress(on_progress, lift) if on_progress else None
         status = solver.solve(form.model, callback) if callback else solver.solve(form.model)
         status_name = STATUS.get(status, "UNKNOWN")
         log.info(
@@ -440,7 +453,7 @@ def plan_cpsat(
         tables, step, phase = start_tables, start_ms, start_phase
     else:
         dense_plans, step, phase = cp_dense, cp_ms, cp_phase
-    proved = bound_ms is not None and step - bound_ms <= max(OPTIMAL_GAP * step, OPTIMAL_ABS_MS)
+    proved = bound_ms is not None and step - lift(bound_ms) <= max(OPTIMAL_GAP * step, OPTIMAL_ABS_MS)
     # CP-SAT's bound holds over the candidates it was given; over every plan only if nothing was pruned
     # (host mode's level one relaxes every GPU to its host's average and keeps only valid cuts, so its bound over the
     # whole catalogue holds for every plan too)

@@ -32,19 +32,24 @@ def test_the_three_engines_load_with_every_figure_sourced_and_their_calibration_
         assert (ROOT / committed).is_file(), committed
     assert profiles["shardwise-graphed"].graphed and not profiles["shardwise-eager"].graphed
     # the eager floor is host time to enqueue; the graphed one the device time of a replay's small kernels
-    assert profiles["shardwise-eager"].overheads["step_fixed_us"] > 5 * profiles["shardwise-graphed"].overheads[
-        "step_fixed_us"
-    ]
+    assert (
+        profiles["shardwise-eager"].overheads["step_fixed_us"]
+        > 5 * profiles["shardwise-graphed"].overheads["step_fixed_us"]
+    )
 
 
 def test_an_executor_profile_refuses_unknown_unsourced_or_impossible_figures() -> None:
     base = {"name": "x", "display_name": "x", "engine": "shardwise", "calibration": "a file", "sources": {}}
     with pytest.raises(ValidationError, match="cannot set"):
-        ExecutorProfile.model_validate({**base, "overheads": {"sort_ns_per_id": 1.0}, "sources": {"sort_ns_per_id": "s"}})
+        ExecutorProfile.model_validate(
+            {**base, "overheads": {"sort_ns_per_id": 1.0}, "sources": {"sort_ns_per_id": "s"}}
+        )
     with pytest.raises(ValidationError, match="without a source"):
         ExecutorProfile.model_validate({**base, "overheads": {"step_fixed_us": 1.0}})
     with pytest.raises(ValidationError):
-        ExecutorProfile.model_validate({**base, "overheads": {"step_fixed_us": -1.0}, "sources": {"step_fixed_us": "s"}})
+        ExecutorProfile.model_validate(
+            {**base, "overheads": {"step_fixed_us": -1.0}, "sources": {"step_fixed_us": "s"}}
+        )
     with pytest.raises(ValidationError, match="graphed"):
         ExecutorProfile.model_validate(
             {**base, "engine": "torchrec", "graphed": True, "overheads": {"step_fixed_us": 1.0},

@@ -237,7 +237,9 @@ def test_repredict_rescores_the_measured_plans() -> None:
     # zero-copy, no host time); cost model 7 charges the groups its host and cache tables form beside the HBM ones:
     # 5.320, above the 5.046 recorded and nearer the 5.618 measured
     assert same["repredict/dcn-26"]["predicted_now"] == pytest.approx(5.32011, rel=1e-5)
-    assert abs(same["repredict/dcn-26"]["error_now"]) < abs(recorded["dcn-26"] / same["repredict/dcn-26"]["measured"] - 1)
+    assert abs(same["repredict/dcn-26"]["error_now"]) < abs(
+        recorded["dcn-26"] / same["repredict/dcn-26"]["measured"] - 1
+    )
     assert now["repredict/dlrm-4x12m"]["predicted_before"] == same["repredict/dlrm-4x12m"]["predicted_now"]
     assert now["repredict/dlrm-4x12m"]["predicted_now"] > recorded["dlrm-4x12m"]
     assert any(line.startswith("| dlrm-4x12m |") for line in lines)

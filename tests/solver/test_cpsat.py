@@ -10,6 +10,7 @@ import pytest
 from ortools.sat.python import cp_model
 
 from shardwise.solver import bounds
+from shardwise.solver import cost_model as cm
 from shardwise.solver.cpsat import run
 from shardwise.solver.cpsat.candidates import Candidate, Shape
 from shardwise.solver.cpsat.formulation import Formulation
@@ -245,6 +246,23 @@ def tiny_model() -> ModelSpec:
     )
 
 
+def device_bound_tiny_model() -> ModelSpec:
+    """Three tables as tiny_model's, large and busy enough for the device to set an eager step: 1-3 M rows × 256,
+    4 ids a sample, 65,536 samples per GPU. (tiny_model's device step, about 0.04 ms on 8 H100, is far below the
+    eager executor's host floor, 3180.514 + 25.36·3 = 3256.594 µs, which sets its step whatever the layout; here
+    the plans the test meets take about 5 ms on the device.)"""
+    return ModelSpec.model_validate(
+        {
+            "name": "tiny-device-bound",
+            "batch_size_per_gpu": 65_536,
+            "embedding_tables": [
+                {"name": f"t{i}", "num_embeddings": 1_000_000 * (i + 1), "embedding_dim": 256, "pooling_factor": 4.0}
+                for i in range(3)
+            ],
+        }
+    )
+
+
 def test_small_instance_is_proved_optimal() -> None:
     # three tables on one 8-GPU host: CP-SAT closes the gap and says so
     model = tiny_model()
@@ -260,9 +278,9 @@ def test_small_instance_is_proved_optimal() -> None:
 
 
 def test_a_proof_over_pruned_candidates_is_not_called_optimal(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the same three tables, with the model given only whole tables and the start's picks (as the pruning of
-    # step 2 may leave it): CP-SAT proves its plan optimal over those, a proof about those layouts only; the bound
-    # over every candidate is lower. The plan is optimal among the layouts searched, not optimal.
+    # three tables, with the model given only whole tables and the start's picks (as the pruning of step 2 may
+    # leave it): CP-SAT proves its plan optimal over those, a proof about those layouts only; the bound over every
+    # candidate is lower. The plan is optimal among the layouts searched, not optimal.
     pruned = run.model_candidates
 
     def whole_tables_only(
@@ -273,11 +291,20 @@ def test_a_proof_over_pruned_candidates_is_not_called_optimal(monkeypatch: pytes
         return [[c for c in cs if c.sharding is ShardingType.table_wise or id(c) in start] for cs in kept]
 
     monkeypatch.setattr(run, "model_candidates", whole_tables_only)
-    # the catalogue-wide bound's packing fact alone proves this small instance's plan optimal (0.035603 ms both): the
-    # test needs a bound below the searched proof, so it runs with the bound's other facts only
+    # the catalogue-wide bound's packing fact alone proves this small instance's plan optimal: the test needs a
+    # bound below the searched proof, so it runs with the bound's other facts only
     monkeypatch.setattr(bounds, "PACKING_MAX_CANDIDATES", 0)
-    model, fleet = tiny_model(), FleetSpec.model_validate(_load("fleet_8xh100.json"))
+    model, fleet = device_bound_tiny_model(), FleetSpec.model_validate(_load("fleet_8xh100.json"))
     plan = make_plan(model, fleet, SolveParams(time_limit_s=20, num_workers=1))
+    # the premise: the device sets the step (were the host floor to set it, the floor would bound every plan and
+    # prove any of them optimal)
+    assert plan.predicted_step_ms is not None
+    topo = Topology(fleet)
+    floor = cm.host_floor_ms(topo.classes[0].profile, len(model.embedding_tables), len(model.dense_layers))
+    assert plan.predicted_step_ms == pytest.approx(
+        max(r.predicted_ms.compute + r.predicted_ms.comm for r in plan.ranks), abs=2e-6
+    )
+    assert plan.predicted_step_ms > floor
     assert plan.solver.status == "OPTIMAL"  # CP-SAT's verdict over the model it was given
     assert plan.solver.searched_optimal
     assert plan.status is PlanStatus.feasible

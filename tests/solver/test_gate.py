@@ -21,6 +21,7 @@ from shardwise.wire.spec import (
     HostGroupSpec,
     ModelSpec,
     Plan,
+    ShardingType,
     SolveParams,
 )
 
@@ -68,15 +69,24 @@ def test_a_cpsat_plan_broken_inside_cpsat_is_refused(monkeypatch: pytest.MonkeyP
 
 
 def hot_tables() -> ModelSpec:
-    """Small hot tables on 8 hosts of 8 GPUs: replica groups win (``tests/solver/test_two_d.py``)."""
-    return model("hot", tables=4, batch=8192, pooling=20.0)
+    """Small hot tables on 8 hosts of 8 GPUs: replica groups win (``tests/solver/test_two_d.py``). The largest
+    first: the 2D plan shards the two large ones and keeps the two small ones data_parallel (the host floor sets
+    every option's step here, and that layout leaves the device the least work), and ``break_two_d`` breaks the
+    plan's first table."""
+    m = model("hot", tables=4, batch=8192, pooling=20.0)
+    return m.model_copy(update={"embedding_tables": m.embedding_tables[::-1]})
 
 
 def test_a_two_d_plan_whose_groups_differ_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     m, f = hot_tables(), h100(hosts=8, gpus=8)
-    assert make_plan(m, f, GREEDY).sparse_groups is not None  # the unbroken answer is a 2D plan, and valid
+    unbroken = make_plan(m, f, GREEDY)
+    assert unbroken.sparse_groups is not None  # the unbroken answer is a 2D plan, and valid
+    # the broken table is sharded, so each group lays out its own part of it and the groups can differ (a
+    # data_parallel table missing a copy in a group meets the copy check instead: every rank holds one)
+    assert unbroken.tables[0].sharding_type is not ShardingType.data_parallel
     break_two_d(monkeypatch)
-    assert_refused(lambda: make_plan(m, f, GREEDY), "group 1 lays it out differently from group 0")
+    last = len(unbroken.sparse_groups.groups) - 1  # the group break_two_d takes a shard from
+    assert_refused(lambda: make_plan(m, f, GREEDY), f"group {last} lays it out differently from group 0")
 
 
 def test_a_port_re_plan_broken_inside_the_solver_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

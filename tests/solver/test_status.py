@@ -47,6 +47,7 @@ def rebuilt(
         seconds=0.0,
         proved_optimal=proved_optimal,
         bound_ms=plan.predicted_step_ms,
+        sparse_groups=plan.sparse_groups,  # a 2D plan's tables list every rank's shards: wrapped as 1D they overlap
     )
 
 
@@ -148,6 +149,7 @@ def searched(
         proved_optimal=True,
         bound_ms=bound_ms,
         searched_bound_ms=searched_bound_ms,
+        sparse_groups=plan.sparse_groups,
     )
 
 
