@@ -288,7 +288,7 @@ def test_the_packing_fact_proves_a_small_plan_optimal(load_fleet: Callable[[str]
     assert plan.predicted_step_ms is not None
     floor = cm.host_floor_ms(topo.classes[0].profile, len(model.embedding_tables), len(model.dense_layers))
     assert floor == pytest.approx(0.185546)
-    assert all(groups_on(model, plan, r) == 1 for r in range(topo.world_size))  # the step charges no groups term
+    assert all(groups_on(model, plan, r) <= 1 for r in range(topo.world_size))  # the step charges no groups term
     device = plan.predicted_step_ms - floor  # the slowest rank's compute + comm
     assert device == pytest.approx(max(r.predicted_ms.compute + r.predicted_ms.comm for r in plan.ranks), abs=2e-6)
     assert lower_bound_ms(topo, model, cands, refine=False) < 0.98 * device
