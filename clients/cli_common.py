@@ -1,7 +1,8 @@
 """What the local and the remote commands of the ``shardwise`` CLI share: the one-line error exit (``fail``), reading
 a spec file (``load_spec``: JSON or YAML, validated, its first error in one line), the ``--solver`` choices, the engine
-options (``--executor``, ``--1d``, ``--allow-weight-averaging``, ``--graphed-steps``: ``engine_options``), a plan's per-rank table
-(``print_plan``, which says the engine the plan is priced for) and file (``write_plan``), and ``--calibration``.
+options (``--executor``, ``--1d``, ``--allow-weight-averaging``, ``--graphed-steps``: ``engine_options``), a plan's
+per-rank table (``print_plan``, which says the engine the plan is priced for) and file (``write_plan``), and
+``--calibration``.
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ from pydantic import ValidationError
 from shardwise.clients.cli_common import (
     CalibrationOption,
     ExecutorOption,
+    GraphedStepsOption,
     OneDOption,
     Solver,
-    GraphedStepsOption,
     WeightAveragingOption,
     calibrated,
     describe_validation_error,

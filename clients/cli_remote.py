@@ -22,10 +22,10 @@ import typer
 
 from shardwise.clients.cli_common import (
     ExecutorOption,
+    GraphedStepsOption,
     M,
     OneDOption,
     Solver,
-    GraphedStepsOption,
     WeightAveragingOption,
     engine_options,
     fail,

@@ -2,8 +2,8 @@
 
 Typer 0.29's rich help prints a type beside every option, ``<bool>`` beside a flag too (``--1d <bool>``, even
 ``--help <bool>``), which reads as if the flag took a value. :func:`plain_flags` makes a flag's type column empty;
-options that take a value keep theirs (``<int>``, ``<text>``...). Both command lines call it when their app is built. Typer releases without that column (``typer>=0.12`` is what
-the project asks for) are left as they are.
+options that take a value keep theirs (``<int>``, ``<text>``...). Both command lines call it when their app is built.
+Typer releases without that column (``typer>=0.12`` is what the project asks for) are left as they are.
 """
 
 from __future__ import annotations

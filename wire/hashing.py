@@ -6,9 +6,10 @@ Both are part of the wire contract (``docs/architecture.md``, "The request key a
   canonical JSON (``canonical_json``: keys sorted, no spaces, ASCII with ``\\uXXXX`` escapes) of
   ``{"model": ..., "fleet": ..., "options": ...}``, each the model's ``model_dump(mode="json")``. ``options`` are
   the solve options (``SolveParams``, every field, defaults included; ``wait_s`` is not one), except the options
-  added later (``executor``, ``sparse_2d``, ``allow_weight_averaging``, ``graphed_steps``: ``spec.ADDED_OPTIONS``), which are hashed
-  only when set away from their defaults, so that a request that does not use them keeps its key. A client computes it
-  from what it sends and asks ``GET /api/v1/plans/by-key/{key}``: no parsing, no validation on the server.
+  added later (``executor``, ``sparse_2d``, ``allow_weight_averaging``, ``graphed_steps``: ``spec.ADDED_OPTIONS``),
+  which are hashed only when set away from their defaults, so that a request that does not use them keeps its key. A
+  client computes it from what it sends and asks ``GET /api/v1/plans/by-key/{key}``: no parsing, no validation on the
+  server.
 * ``request_hash(key, solver_version)`` names what was answered: ``"sha256:"`` and the hex SHA-256 of
   ``solver_version + "\\n" + key``. A plan is stored under it (``Plan.request_hash``), so a new solver or cost model
   (a new ``solver.version``) solves a request again instead of reusing an answer it would not give.

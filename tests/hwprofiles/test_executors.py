@@ -30,7 +30,8 @@ def test_the_three_engines_load_with_every_figure_sourced_and_their_calibration_
         assert set(p.overheads) <= set(p.sources)
         committed = p.calibration.split(" ")[0]
         assert (ROOT / committed).is_file(), committed
-    assert profiles["shardwise-graphed"].graphed and not profiles["shardwise-eager"].graphed
+    assert profiles["shardwise-graphed"].graphed
+    assert not profiles["shardwise-eager"].graphed
     # the eager floor is host time to enqueue; the graphed one the device time of a replay's small kernels
     assert (
         profiles["shardwise-eager"].overheads["step_fixed_us"]
@@ -98,7 +99,8 @@ def test_every_gpu_of_a_mixed_fleet_is_charged_the_same_host_terms() -> None:
     for executor, graphed in ((Executor.shardwise, False), (Executor.shardwise, True), (Executor.torchrec, False)):
         topo = Topology(fleet, executor=executor, graphed=graphed)
         floors = {cm.host_floor_ms(c.profile, 26, 5, 2) for c in topo.classes}
-        assert len(floors) == 1 and floors.pop() > 0
+        assert len(floors) == 1
+        assert floors.pop() > 0
         assert {c.profile.overheads.graphed_steps for c in topo.classes} == {graphed}
 
 
@@ -122,7 +124,8 @@ def test_graphed_steps_price_a_plan_apart_and_keep_the_request_key_of_a_plan_wit
     eager = make_plan(model, fleet, SolveParams(solver="greedy"))
     graphed = make_plan(model, fleet, SolveParams(solver="greedy", graphed_steps=True))
     floor = executor_profile("shardwise").overheads
-    assert eager.predicted_step_ms is not None and graphed.predicted_step_ms is not None
+    assert eager.predicted_step_ms is not None
+    assert graphed.predicted_step_ms is not None
     # eager: the host enqueues every kernel, at least its floor; graphed: the replay's small kernels, far less
     assert eager.predicted_step_ms >= (floor["step_fixed_us"] + 4 * floor["per_table_us"] + floor["per_layer_us"]) / 1e3
     assert graphed.predicted_step_ms < eager.predicted_step_ms
@@ -139,7 +142,8 @@ def test_the_h200_device_figures_are_measured_and_every_other_part_says_it_deriv
     for path in ("achieved.embedding_gather", "overheads.sort_ns_per_id"):
         assert h200.sources[path].startswith("measured")
         committed = re.search(r"benchmarks/results/truth/\S+\.yaml", h200.sources[path])
-        assert committed and (ROOT / committed.group(0)).is_file()
+        assert committed
+        assert (ROOT / committed.group(0)).is_file()
     for name, p in catalogue().items():
         if name == "nvidia-h200":
             continue

@@ -220,8 +220,8 @@ def test_the_committed_fetch_overlay_is_what_the_run_gives(tmp_path: Path) -> No
 
 def test_repredict_rescores_the_measured_plans() -> None:
     """The first run under its own calibration: the re-predictions are the recorded ones but for the cost model's
-    changes since (each said below); with the fetch figures the cached plan gets slower. The latest run under the port's calibration now: the
-    committed predictions, for the plans measured."""
+    changes since (each said below); with the fetch figures the cached plan gets slower. The latest run under the
+    port's calibration now: the committed predictions, for the plans measured."""
     doc = json.loads(H200.read_text(encoding="utf-8"))
     _, same = pm.repredict(doc, RUN2, base=RUN2)
     lines, now = pm.repredict(doc, OVERLAY, base=RUN2)

@@ -12,8 +12,8 @@ from bound_support import optimum, priced, small_cases
 from hypothesis import given, settings
 
 from benchmarks.instances import get
-from shardwise.solver.build import floor_lift
 from shardwise.solver.bounds import _least_step_refined, lower_bound_ms
+from shardwise.solver.build import floor_lift
 from shardwise.solver.configurations import _Items, configuration_bound_ms, raise_by_configurations
 from shardwise.solver.cpsat.candidates import Candidate
 from shardwise.solver.cpsat.run import plan_cpsat
