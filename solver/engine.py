@@ -124,14 +124,23 @@ def model_problems(executor: Executor, model: ModelSpec) -> list[str]:
     ]
 
 
+def export_relayout(plan: Plan) -> bool:
+    """Whether the service exports ``plan`` with TorchRec's row blocks where its own differ (``relayout_rows``): a
+    plan priced for shardwise's executor splits a row-wise table's remainder evenly (10 rows on 4 ranks: 3, 3, 2, 2),
+    TorchRec routes ids by ``ceil(rows / n)`` (3, 3, 3, 1), and the export keeps every block on its rank with at most
+    one row more; a plan priced for TorchRec is laid out in TorchRec's blocks already and is exported exactly."""
+    return plan.executor is Executor.shardwise
+
+
 def export_problems(plan: Plan, model: ModelSpec) -> list[str]:
-    """Why TorchRec cannot run ``plan`` as it is (empty: ``to_torchrec`` exports it and FBGEMM trains its tables): the
-    exporter's refusal in one line, and the tables of a dtype FBGEMM does not train (:func:`model_problems`)."""
+    """Why TorchRec cannot run ``plan`` as the service exports it (empty: ``to_torchrec`` exports it, with
+    :func:`export_relayout`, and FBGEMM trains its tables): the exporter's refusal in one line, and the tables of a
+    dtype FBGEMM does not train (:func:`model_problems`)."""
     from shardwise.solver.torchrec.exporter import TorchRecExportError, to_torchrec_dict
 
     problems = model_problems(Executor.torchrec, model)
     try:
-        to_torchrec_dict(plan, model)
+        to_torchrec_dict(plan, model, relayout_rows=export_relayout(plan))
     except TorchRecExportError as exc:
         problems.insert(0, f"TorchRec cannot run this layout: {exc}")
     return problems

@@ -35,6 +35,7 @@ from shardwise.service.plan_cache import ReadyPlan
 from shardwise.service.plan_service import Begun, Outcome, finished
 from shardwise.service.resolve import profiles_context
 from shardwise.service.routers.common import JsonBody, MetricsDep, PageDep, RunnerDep, SettingsDep, body_schema, parse
+from shardwise.solver.engine import export_relayout
 from shardwise.solver.torchrec.exporter import DEFAULT_MODULE_FQN, TorchRecExportError, to_torchrec_dict
 from shardwise.solver.version import solver_version
 from shardwise.wire.hashing import DIGEST_PATTERN, request_hash
@@ -276,7 +277,11 @@ def export_torchrec(
         raise NotExportable("an infeasible plan has no layout to export")
     try:
         return to_torchrec_dict(
-            plan, ModelSpec.model_validate(row.request["model"]), module_fqn=module_fqn, device_type=device_type
+            plan,
+            ModelSpec.model_validate(row.request["model"]),
+            module_fqn=module_fqn,
+            device_type=device_type,
+            relayout_rows=export_relayout(plan),  # shardwise's even row split → TorchRec's ceil blocks, same ranks
         )
     except TorchRecExportError as exc:
         raise NotExportable(str(exc)) from exc

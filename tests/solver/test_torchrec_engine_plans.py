@@ -220,3 +220,35 @@ def test_a_table_fbgemm_does_not_train_gets_an_answer_not_a_plan() -> None:
     assert ours.status is not PlanStatus.infeasible
     problems, _ = score_plan(model, fleet, ours, executor=Executor.torchrec)
     assert any("t_bf16 is bf16" in p for p in problems)
+
+
+def test_a_plan_for_shardwise_exports_in_torchrecs_row_blocks_on_the_same_ranks() -> None:
+    """shardwise's executor splits a row-wise table's remainder evenly, TorchRec routes ids by ceil(rows / n): the
+    service exports a plan priced for shardwise with TorchRec's blocks on the plan's ranks (at most one row more on a
+    rank, ``export_relayout``), and a plan priced for TorchRec exactly as laid out."""
+    from pathlib import Path
+
+    from shardwise.solver.engine import export_problems, export_relayout
+    from shardwise.solver.torchrec.exporter import TorchRecExportError
+    from shardwise.wire.spec import ShardingType
+
+    root = Path(__file__).resolve().parents[2] / "examples"
+    model = ModelSpec.model_validate_json((root / "dlrm_dcnv2.json").read_text(encoding="utf-8"))
+    fleet = FleetSpec.model_validate_json((root / "fleet_8xh100.json").read_text(encoding="utf-8"))
+    plan = make_plan(model, fleet, SolveParams(solver="greedy"))
+    uneven = [
+        t for t in plan.tables if t.sharding_type is ShardingType.row_wise and len({s.num_rows for s in t.shards}) > 1
+    ]
+    assert uneven, "the example's plan has a row-wise table whose rows the ranks do not divide"
+    with pytest.raises(TorchRecExportError, match="relayout_rows"):
+        to_torchrec_dict(plan, model)  # exactly as planned: TorchRec would route ids to other blocks
+    assert export_relayout(plan)
+    assert export_problems(plan, model) == []
+    exported = to_torchrec_dict(plan, model, relayout_rows=True)["plan"]
+    for t in uneven:
+        entry = next(v for tables in exported.values() for name, v in tables.items() if name == t.name)
+        planned = {s.rank: s.num_rows for s in t.shards}
+        for shard in entry["shards"]:
+            rank = int(shard["placement"].split(":")[1].split("/")[0])
+            assert shard["shard_sizes"][0] <= planned[rank] + 1  # the same ranks, none a row more than planned
+    assert not export_relayout(plan.model_copy(update={"executor": Executor.torchrec}))

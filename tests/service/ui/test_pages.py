@@ -337,9 +337,12 @@ def test_plan_page_tables_explanation_links_and_snippet(client: TestClient) -> N
 
     assert [text(li) for li in doc.css(".explanation li")] == plan["explanation"]
     links = {attr(a, "href") for a in doc.css(".links a")}
-    assert {f"/api/v1/plans/{plan['id']}", f"/api/v1/plans/{plan['id']}/torchrec"} <= links
-    for href in (f"/api/v1/plans/{plan['id']}", f"/api/v1/plans/{plan['id']}/torchrec"):
-        assert client.get(href).status_code == 200
+    own, torchrec = f"/api/v1/plans/{plan['id']}", f"/api/v1/plans/{plan['id']}/torchrec"
+    assert own in links
+    assert client.get(own).status_code == 200
+    # the TorchRec export is linked exactly where the route exports it (this plan's table_row_wise t0 on two of a
+    # host's four GPUs has no TorchRec form: a 422, and no link)
+    assert (torchrec in links) == (client.get(torchrec).status_code == 200)
 
     snippet = doc.css_first("code#snippet")
     assert snippet is not None
@@ -751,10 +754,11 @@ def test_compare_shows_step_times_fills_and_moved_tables(client: TestClient) -> 
     assert {attr(tr, "data-table") for tr in doc.css("table.unmoved tr")} == {t["name"] for t in a["tables"]} - expected
 
     verdict = text(doc.css_first(".verdict"))
-    ratio = b["predicted_step_ms"] / a["predicted_step_ms"]
-    assert f"{ratio:.3f}" in verdict
-    assert f"{a['predicted_step_ms']:.3f} ms" in verdict
-    assert f"{b['predicted_step_ms']:.3f} ms" in verdict
+    # both plans sit at the eager executor's host floor, the same for every plan of this model whatever the fleet:
+    # the page says the steps are the same and compares throughput, twice the GPUs at the same step
+    assert a["predicted_step_ms"] == b["predicted_step_ms"]
+    assert f"Same predicted step time: {a['predicted_step_ms']:.3f} ms" in verdict
+    assert "B / A throughput = 2.000" in verdict
     steps = [text(dd) for dd in doc.css(".side dd.step-ms")]
     assert steps == [f"{a['predicted_step_ms']:.3f} ms", f"{b['predicted_step_ms']:.3f} ms"]
 
