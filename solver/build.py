@@ -18,6 +18,7 @@ from shardwise.wire.spec import (
     ModelSpec,
     Plan,
     PlanStatus,
+    RankPlan,
     ShardPlan,
     SolveParams,
     SolverInfo,
@@ -181,3 +182,8 @@ def floor_unlift(topo: Topology, model: ModelSpec) -> Callable[[float], float]:
         most = max(floors)
         return lambda ms: max(0.0, ms - most)
     return lambda ms: ms
+
+
+def device_ms(ranks: Sequence[RankPlan]) -> float:
+    """The slowest rank's device time (compute and communication, the latencies in it), without the host's floor."""
+    return max((r.predicted_ms.compute + r.predicted_ms.comm for r in ranks), default=0.0)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardwise.solver.bounds import candidate_work, every_rank_floor, lower_bound_ms
-from shardwise.solver.build import build_plan, floor_lift, placed_to_table, with_kernels
+from shardwise.solver.build import build_plan, device_ms, floor_lift, placed_to_table, with_kernels
 from shardwise.solver.cpsat.candidates import Candidate, enumerate_candidates, spread_out
 from shardwise.solver.deadline import Deadline
 from shardwise.solver.evaluate import evaluate
@@ -274,8 +274,10 @@ def _spread_start(
 ) -> list[Placed | None]:
     """Step 4 of the module docstring: the better of the pass's plan and target packing's, by the evaluator."""
     dense_plans = [DensePlan(name=name, style=s, ranks=list(range(topo.world_size))) for name, s in dense]
-    own = evaluate(topo, model, [placed_to_table(model, p) for p in chosen if p is not None], dense_plans).step_ms
-    packed = target_packing(topo, model, cands, dense, bound_ms, own, deadline)
+    ev = evaluate(topo, model, [placed_to_table(model, p) for p in chosen if p is not None], dense_plans)
+    own = ev.step_ms
+    # target packing bisects on the device's time: between the device's bound and the pass's device time
+    packed = target_packing(topo, model, cands, dense, bound_ms, device_ms(ev.ranks), deadline)
     if packed is None or len(packed) != len(chosen):
         return chosen
     ms = evaluate(topo, model, [placed_to_table(model, p) for p in packed], dense_plans).step_ms

@@ -70,7 +70,7 @@ from collections.abc import Callable, Sequence
 
 from ortools.sat.python import cp_model
 
-from shardwise.solver.build import build_plan, floor_lift, placed_to_table
+from shardwise.solver.build import build_plan, device_ms, floor_lift, placed_to_table
 from shardwise.solver.configurations import configuration_bound_ms
 from shardwise.solver.cpsat.candidates import Candidate, spread_out
 from shardwise.solver.cpsat.formulation import RANK_BINS_MAX, Assignment, Formulation, Mode
@@ -92,7 +92,6 @@ from shardwise.wire.spec import (
     Placement,
     Plan,
     PlanStatus,
-    RankPlan,
     SolveParams,
     TablePlan,
 )
@@ -197,11 +196,6 @@ class _Progress(cp_model.CpSolverSolutionCallback):
 
     def on_solution_callback(self) -> None:
         self.on_progress(self.lift(Scale.ms(self.objective_value)), self.lift(Scale.ms(self.best_objective_bound)))
-
-
-def device_ms(ranks: Sequence[RankPlan]) -> float:
-    """The slowest rank's device time (compute and communication, the latencies in it), without the host's floor."""
-    return max((r.predicted_ms.compute + r.predicted_ms.comm for r in ranks), default=0.0)
 
 
 def to_assignment(form: Formulation, cands: Sequence[Sequence[Candidate]], chosen: Sequence[Placed]) -> Assignment:
