@@ -38,7 +38,7 @@ def refusal(plan: Plan, model: ModelSpec, fleet: FleetSpec) -> dict[str, Any] | 
     from shardwise.solver.topology import Topology
     from shardwise.solver.validate import check_plan
 
-    problems = check_plan(Topology(fleet, executor=plan.executor), model, plan)  # priced for its engine
+    problems = check_plan(Topology.for_plan(fleet, plan), model, plan)  # priced for its engine and steps
     return invalid_problem(problems) if problems else None
 
 

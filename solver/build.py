@@ -164,9 +164,9 @@ def floor_lift(topo: Topology, model: ModelSpec) -> Callable[[float], float]:
     not depend on the plan, but for its groups term, which is left out: a bound stays a bound), so a figure rises to
     the largest floor of any rank; where the floor adds to a rank's device time (every GPU's steps graphed), it also
     rises by the least floor of any rank."""
-    floors = [cm.host_floor_ms(c.profile, len(model.embedding_tables), len(model.dense_layers)) for c in topo.classes]
+    floors, graphed = _floors(topo, model)
     most = max(floors, default=0.0)
-    if floors and all(c.profile.overheads.graphed_steps for c in topo.classes):
+    if graphed:
         least = min(floors)
         return lambda ms: max(ms + least, most)
     return lambda ms: max(ms, most)
@@ -177,11 +177,18 @@ def floor_unlift(topo: Topology, model: ModelSpec) -> Callable[[float], float]:
     lifted already (a plan's ``lower_bound_ms``, which another plan's answer reuses): the same figure where the host
     enqueues every kernel (the floor is a maximum, and lifting twice is lifting once); on graphed steps the bound less
     the largest floor of any rank (whichever floor lifted it, what comes back is no more than the device's bound)."""
-    floors = [cm.host_floor_ms(c.profile, len(model.embedding_tables), len(model.dense_layers)) for c in topo.classes]
-    if floors and all(c.profile.overheads.graphed_steps for c in topo.classes):
+    floors, graphed = _floors(topo, model)
+    if graphed:
         most = max(floors)
         return lambda ms: max(0.0, ms - most)
     return lambda ms: ms
+
+
+def _floors(topo: Topology, model: ModelSpec) -> tuple[list[float], bool]:
+    """Each device class's host floor for ``model`` (without the groups term), and whether every class's steps are
+    graphed (the floor then adds to the device's time)."""
+    floors = [cm.host_floor_ms(c.profile, len(model.embedding_tables), len(model.dense_layers)) for c in topo.classes]
+    return floors, bool(floors) and all(c.profile.overheads.graphed_steps for c in topo.classes)
 
 
 def device_ms(ranks: Sequence[RankPlan]) -> float:

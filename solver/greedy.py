@@ -431,7 +431,7 @@ def run_greedy(
         bound = bound if bound is not None else lower_bound_ms(topo, model, cands)
         chosen = _spread_start(topo, model, cands, dense, chosen, bound, deadline.before(finish_s))
     if charges_groups(topo) and not deadline.before(finish_s).expired():
-        chosen = _fewer_groups(topo, model, cands, dense, chosen, deadline.before(finish_s))
+        chosen = _fewer_groups(topo, model, cands, dense, dense_plans, chosen, deadline.before(finish_s))
     priced = time.perf_counter()
     tables = [placed_to_table(model, p) for p in chosen if p is not None]
     # the plan first, then a bound
@@ -464,6 +464,7 @@ def _fewer_groups(
     model: ModelSpec,
     cands: list[list[Candidate]],
     dense: list[tuple[str, DenseStyle]],
+    dense_plans: list[DensePlan],
     chosen: list[Placed | None],
     deadline: Deadline,
 ) -> list[Placed | None]:
@@ -480,13 +481,11 @@ def _fewer_groups(
     other, seen = best_of_passes(topo, model, narrow, dense, deadline)
     if seen < len(other) or any(c is None for c in other) or deadline.expired():
         return chosen
-    dense_plans = with_kernels(
-        topo, model, [DensePlan(name=name, style=st, ranks=list(range(topo.world_size))) for name, st in dense]
-    )
+    priced = with_kernels(topo, model, dense_plans)  # as build_plan prices the plan
 
     def step(placed: list[Placed | None]) -> float:
         tables = [placed_to_table(model, p) for p in placed if p is not None]
-        return evaluate(topo, model, tables, dense_plans).step_ms
+        return evaluate(topo, model, tables, priced).step_ms
 
     return other if step(other) < step(chosen) - 1e-9 else chosen
 

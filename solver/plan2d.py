@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from shardwise.solver import engine, two_d
 from shardwise.solver.bounds import lower_bound_ms
 from shardwise.solver.breakdown import TERM_INDEX, step_breakdown
-from shardwise.solver.build import build_plan, floor_unlift
+from shardwise.solver.build import build_plan, device_ms, floor_unlift
 from shardwise.solver.deadline import Deadline
 from shardwise.solver.greedy import Progress, enumerate_all, run_greedy
 from shardwise.solver.status import meets_bound
@@ -71,8 +71,7 @@ class Option:
         p = self.plan
         if math.isinf(self.step) or p is None:
             return (math.inf, math.inf)
-        device = max((r.predicted_ms.compute + r.predicted_ms.comm for r in p.ranks), default=0.0)
-        return (round(self.step, 6), device)
+        return (round(self.step, 6), device_ms(p.ranks))
 
     @property
     def searched(self) -> float | None:

@@ -72,7 +72,7 @@ def make_plan(
     """
     params = params or SolveParams()
     deadline = Deadline(params.time_limit_s)
-    topo = Topology(fleet, dict(profiles or {}), executor=params.executor, graphed=params.graphed_steps)
+    topo = Topology.for_params(fleet, params, profiles)
     untrainable = model_problems(params.executor, model)
     if untrainable:  # no layout helps: the engine does not train such tables (an answer, not an error)
         return build_plan(
@@ -150,9 +150,7 @@ def score_plan(
     Shards of one table stacked on one rank run as given, so they are no problem here: the explanation notes them
     (:func:`~shardwise.solver.validate.stacked_shards`; the planners never make them).
     """
-    engine = executor or plan.executor
-    graphed = plan.solver.params.graphed_steps and engine is Executor.shardwise
-    topo = Topology(fleet, dict(profiles or {}), executor=engine, graphed=graphed)
+    topo = Topology.for_plan(fleet, plan, profiles, executor)
     if plan.status is PlanStatus.infeasible:
         return ["the plan is infeasible: nothing to evaluate"], plan
     if plan.ranks and len(plan.ranks) != fleet.world_size:  # one problem, not one per layer missing the other ranks

@@ -234,8 +234,8 @@ def port_analysis(
     Raises :class:`PortError` when ``source_plan`` is not a valid plan of ``model`` on ``source_fleet``.
     """
     known = dict(profiles or {})
-    src_topo = Topology(source_fleet, known, executor=params.executor, graphed=params.graphed_steps)
-    topo = Topology(target_fleet, known, executor=params.executor, graphed=params.graphed_steps)
+    src_topo = Topology.for_params(source_fleet, params, known)
+    topo = Topology.for_params(target_fleet, params, known)
     if source_plan is None:
         source = make_plan(model, source_fleet, params, known)
     elif source_plan.status is PlanStatus.infeasible:

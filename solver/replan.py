@@ -682,7 +682,7 @@ def replan(
         raise ReplanError(
             f"the plan has {len(old.ranks)} ranks, the fleet it was made for ({old_fleet.name}) {old_topo.world_size}"
         )
-    topo = Topology(new_fleet, profiles, executor=params.executor, graphed=params.graphed_steps)
+    topo = Topology.for_params(new_fleet, params, profiles)
     mapping = map_ranks(old_topo, topo)
     if fresh is None:
         fresh = make_plan(model, new_fleet, params, profiles=profiles)

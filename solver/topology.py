@@ -18,7 +18,7 @@ import numpy.typing as npt
 from shardwise.hwprofiles import HardwareProfile, get_profile
 from shardwise.hwprofiles.executors import executor_profile, with_executor
 from shardwise.solver.cost_model import CommContext, inter_host_bw, intra_host_bw, sync_collectives
-from shardwise.wire.spec import Executor, FleetSpec, SparseSync
+from shardwise.wire.spec import Executor, FleetSpec, Plan, SolveParams, SparseSync
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,27 @@ class Topology:
         self.hosts: list[HostInfo] = hosts
         self.classes: list[DeviceClass] = classes
         self._contexts: dict[tuple[int, int, tuple[int, ...] | None], CommContext] = {}
+
+    @classmethod
+    def for_params(
+        cls, fleet: FleetSpec, params: SolveParams, profiles: Mapping[str, HardwareProfile] | None = None
+    ) -> Topology:
+        """The fleet priced for the engine and steps a request asks for (``params.executor``, ``graphed_steps``)."""
+        return cls(fleet, dict(profiles or {}), executor=params.executor, graphed=params.graphed_steps)
+
+    @classmethod
+    def for_plan(
+        cls,
+        fleet: FleetSpec,
+        plan: Plan,
+        profiles: Mapping[str, HardwareProfile] | None = None,
+        executor: Executor | None = None,
+    ) -> Topology:
+        """The fleet priced as ``plan`` was: its engine (or ``executor``), and graphed steps where the plan was made
+        for them on shardwise's executor."""
+        engine = executor or plan.executor
+        graphed = plan.solver.params.graphed_steps and engine is Executor.shardwise
+        return cls(fleet, dict(profiles or {}), executor=engine, graphed=graphed)
 
     def _lookup(self, name: str) -> HardwareProfile:
         return self.profiles[name] if name in self.profiles else get_profile(name)

@@ -14,9 +14,9 @@ from shardwise.service.app import create_app
 from shardwise.service.models import CalibrationRow, JobRow, PlanRow
 from shardwise.service.runners import LocalRunner
 from shardwise.service.settings import Settings
+from shardwise.solver.build import device_ms
 from shardwise.wire.port_spec import PortReport
 from shardwise.wire.resources import CalibrationRecord, Evaluation, Page, StoredPlan
-from shardwise.wire.spec import Plan
 
 GREEDY = {"solver": "greedy"}
 
@@ -48,11 +48,6 @@ def plan_request(fleet_: dict[str, Any], calibrations: list[str] | None = None) 
     if calibrations is not None:
         body["calibrations"] = calibrations
     return body
-
-
-def device_ms(plan: Plan) -> float:
-    """The slowest rank's device time (compute and communication), without the host's floor."""
-    return max(r.predicted_ms.compute + r.predicted_ms.comm for r in plan.ranks)
 
 
 def h200(name: str = "h200x2") -> dict[str, Any]:
@@ -182,7 +177,7 @@ def test_a_plan_priced_with_a_stored_calibration(client: TestClient) -> None:
     assert uncalibrated.predicted_step_ms is not None
     # the small model's step is the executor profile's host floor either way (eager steps); the device's part is
     # what the calibration prices anew: gathers reach 0.7 of peak, not the catalogue's 0.612
-    assert device_ms(calibrated) < device_ms(uncalibrated)
+    assert device_ms(calibrated.ranks) < device_ms(uncalibrated.ranks)
     assert calibrated.predicted_step_ms <= uncalibrated.predicted_step_ms
 
     by_digest = client.post("/api/v1/plans", json=plan_request(h200(), [record.digest]))  # the same request
@@ -253,7 +248,7 @@ def test_evaluate_with_a_calibration(client: TestClient) -> None:
     assert calibrated.predicted_step_ms is not None
     assert plain.plan is not None
     assert calibrated.plan is not None
-    assert device_ms(calibrated.plan) < device_ms(plain.plan)  # the step itself is the host floor, as above
+    assert device_ms(calibrated.plan.ranks) < device_ms(plain.plan.ranks)  # the step itself is the host floor, as above
     assert calibrated.predicted_step_ms <= plain.predicted_step_ms
     assert calibrated.plan.calibrations == [record.label]
 

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from shardwise.hwprofiles import HardwareProfile, catalogue
+from shardwise.solver.build import device_ms
 from shardwise.solver.evaluate import evaluate
 from shardwise.solver.planner import make_plan
 from shardwise.solver.port import PortError, port_analysis
@@ -86,11 +87,6 @@ def sgd_model(tables: dict[str, tuple[int, int]], batch: int = 64) -> ModelSpec:
     )
 
 
-def device_ms(plan: Plan) -> float:
-    """The slowest rank's device time (compute and communication), without the host's floor."""
-    return max(r.predicted_ms.compute + r.predicted_ms.comm for r in plan.ranks)
-
-
 def offloaded(plan: Plan) -> set[str]:
     return {t.name for t in plan.tables if any(s.placement is not Placement.hbm for s in t.shards)}
 
@@ -148,7 +144,7 @@ def test_a_given_source_plan_is_ported_as_given(small_model: ModelSpec, small_fl
     # the small model's step is the eager executor's host floor on either fleet (the same tables, layers and
     # groups a rank), so the steps agree; the device's part is what the 2×2 fleet prices anew: the exchanges that
     # stayed on one host's fabric on the 1×4 fleet cross between hosts here, which is slower
-    assert device_ms(report.direct_port.plan) > device_ms(given_plan)
+    assert device_ms(report.direct_port.plan.ranks) > device_ms(given_plan.ranks)
 
 
 def test_an_invalid_source_plan_is_refused(small_model: ModelSpec, small_fleet: FleetSpec) -> None:
@@ -378,7 +374,7 @@ def test_row_wise_to_table_wise_names_the_reduce_scatter_it_removes() -> None:
     )
     report = port_analysis(model, fleet, fleet, GREEDY, source_plan=source)
     assert report.direct_port.plan is not None
-    assert device_ms(report.direct_port.plan) > max(r.predicted_ms.host for r in report.direct_port.plan.ranks)
+    assert device_ms(report.direct_port.plan.ranks) > max(r.predicted_ms.host for r in report.direct_port.plan.ranks)
     assert report.speedup is not None
     assert report.speedup > 1
     whole = [c for c in report.table_changes if c.after.sharding_type is ShardingType.table_wise]

@@ -9,7 +9,7 @@ import pytest
 from shardwise.hwprofiles import HardwareProfile
 from shardwise.solver import plan2d, two_d
 from shardwise.solver.breakdown import INTER, TERM_INDEX, step_breakdown
-from shardwise.solver.build import build_plan
+from shardwise.solver.build import build_plan, device_ms
 from shardwise.solver.cost_model import host_floor_ms
 from shardwise.solver.evaluate import Evaluation, evaluate
 from shardwise.solver.planner import make_plan
@@ -395,17 +395,12 @@ def big_tables_model() -> ModelSpec:
     return ModelSpec(name="big", batch_size_per_gpu=4096, embedding_tables=tables)
 
 
-def device_ms(plan: Plan) -> float:
-    """The slowest rank's device time: compute and communication."""
-    return max(r.predicted_ms.compute + r.predicted_ms.comm for r in plan.ranks)
-
-
 def assert_device_bound(topo: Topology, model: ModelSpec, plan: Plan) -> None:
     """The plan's step is its device's time, clearly above the host's floor (the instances' premise)."""
     floor = host_floor_ms(topo.ranks[0].profile, len(model.embedding_tables), len(model.dense_layers))
     assert floor == pytest.approx(3.281954, abs=1e-9)
     assert plan.predicted_step_ms is not None
-    assert plan.predicted_step_ms == pytest.approx(device_ms(plan), abs=2e-6)  # each part rounded to 1 ns
+    assert plan.predicted_step_ms == pytest.approx(device_ms(plan.ranks), abs=2e-6)  # each part rounded to 1 ns
     assert all(r.predicted_ms.host < r.predicted_ms.compute + r.predicted_ms.comm for r in plan.ranks)
     assert plan.predicted_step_ms > 1.5 * floor
 
