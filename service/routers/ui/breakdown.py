@@ -151,7 +151,7 @@ def time_view(page: PagePlan, views: Sequence[RankView]) -> TimeView | None:
     if page.model is None or page.fleet is None or not views:
         return None
     try:
-        topo = Topology(page.fleet, executor=page.plan.executor)
+        topo = Topology.for_plan(page.fleet, page.plan)  # priced as the plan was: its engine, its steps
         names = {t.name for t in page.model.embedding_tables}
         if any(t.name not in names for t in page.tables) or len(topo.ranks) != len(views):
             return None

@@ -504,6 +504,23 @@ def test_a_mixed_fleet_labels_every_host_with_its_gpu_type(client: TestClient) -
         assert label == f"host {attr(g, 'data-host')} · {attr(g, 'data-gpu')}"
 
 
+def test_a_graphed_plans_breakdown_is_priced_for_graphed_steps(client: TestClient) -> None:
+    """A plan made for graphed steps is broken down as it was priced (the graphed executor profile: the floor adds to
+    the device's time), not as an eager step: the slowest rank's bar is the plan's step."""
+    model = small_model("graphed", tables=4, rows=2_000_000)
+    response = client.post(
+        "/api/v1/plans", json={"model": model, "fleet": fleet(), "options": {**GREEDY, "graphed_steps": True}}
+    )
+    assert response.status_code in (200, 201), response.text
+    plan = response.json()
+    eager = post_plan(client, model, fleet())
+    assert plan["predicted_step_ms"] < eager["predicted_step_ms"]  # the eager host floor is not in it
+    section = page(client, f"/ui/plans/{plan['id']}").css_first("section.time")
+    assert section is not None
+    slowest = section.css_first("svg.slowest-bar")
+    assert float(attr(slowest, "data-total")) == pytest.approx(plan["predicted_step_ms"], rel=0.01)
+
+
 def test_where_the_time_goes_sums_to_each_ranks_step(client: TestClient) -> None:
     plan = post_plan(client, small_model("split", tables=8, rows=2_000_000), mixed_128())
     by_rank = {r["rank"]: r["predicted_ms"]["total"] for r in plan["ranks"]}
