@@ -90,7 +90,11 @@ def replan(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="write the re-plan (a plan file) here")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the report as one JSON object")] = False,
     solver: Annotated[
-        Solver, typer.Option(help="a plan file: the solver of the fresh plan (a stored plan: its own)")
+        Solver,
+        typer.Option(
+            help="a plan file: the solver of the fresh plan and of the re-plan (cpsat: CP-SAT also searches the "
+            "layouts for the fewest bytes moved and proves a bound; a stored plan: its own)"
+        ),
     ] = Solver.greedy,
     time_limit: Annotated[float, typer.Option("--time-limit", help="CP-SAT time limit, seconds", min=0.001)] = 30.0,
     url: UrlOption = None,

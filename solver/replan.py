@@ -27,6 +27,13 @@ and gives it up table by table, only as far as the budget asks:
    then on the fresh plan itself. With ``ms_per_gb`` a shard moves, or a table is given up, only where that lowers
    ``step + ms_per_gb · GB moved``. A 2D plan (old or fresh) is not mixed with another layout table by table: its
    re-plan is the fresh plan, its moves priced.
+5. **The search** (solver ``cpsat``; :func:`search_moves`, the model in :mod:`shardwise.solver.cpsat.keep`): CP-SAT
+   chooses each table's layout among the greedy's draft, its kept layout and the fresh plan's — a table_wise or
+   column_wise one with its shards free to go to any GPU, each priced there with the bytes it moves there — for the
+   fewest bytes moved with every rank within the budget (with ``ms_per_gb``: the least step plus price), the draft
+   its start. Its answer is priced by the full cost model and taken where it is still within the budget and moves
+   less; with ``max_slowdown`` the bound it proves — no layout of that space moves less within the budget — is the
+   report's ``bytes_moved_bound``.
 
 What moves (:func:`plan_moves`): for each shard of a plan, what the old plan did not hold on its GPU — from a GPU of
 the new fleet that held it (over the host's fabric, or between hosts), from host memory where only the placement
@@ -37,26 +44,32 @@ state (the cost model's ``optimizer_state_bytes``); the dense layers are not cou
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from shardwise.hwprofiles import HardwareProfile
+from shardwise.solver import cost_model as cm
 from shardwise.solver.build import placed_to_table
 from shardwise.solver.cost_model import inter_host_bw, intra_host_bw
 from shardwise.solver.cost_model.memory import optimizer_state_bytes
 from shardwise.solver.cpsat.candidates import Candidate, enumerate_candidates
+from shardwise.solver.cpsat.keep import Fleet, KeepResult, Option, Piece, solve_keep
 from shardwise.solver.evaluate import evaluate
 from shardwise.solver.greedy import _try
 from shardwise.solver.load import Placed, initial_state
+from shardwise.solver.plan_walk import grouped, walk
 from shardwise.solver.planner import make_plan, score_plan
-from shardwise.solver.pricing import shard_cost
+from shardwise.solver.pricing import data_side, shard_cost
 from shardwise.solver.size import ProblemTooLargeError
 from shardwise.solver.topology import Topology
 from shardwise.wire.replan_spec import Move, RankMapping, ReplanBudget, ReplanReport
 from shardwise.wire.spec import (
+    DensePlan,
     EmbeddingTableSpec,
     FleetSpec,
     HostGroupSpec,
@@ -70,6 +83,8 @@ from shardwise.wire.spec import (
     TablePlan,
 )
 from shardwise.wire.units import fmt_bytes
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ProblemTooLargeError",
@@ -213,6 +228,41 @@ def _offloaded(placement: Placement) -> bool:
     return placement is not Placement.hbm
 
 
+def _old_regions(before: TablePlan | None, spec: EmbeddingTableSpec) -> tuple[int, list[_Region]]:
+    """The rows the old plan's table had and its blocks: none where it had none, or another width (nothing of
+    it carries over)."""
+    if before is None:
+        return 0, []
+    old_rows = max(s.row_offset + s.num_rows for s in before.shards)
+    old_cols = max(s.col_offset + s.num_cols for s in before.shards)
+    if old_cols != spec.embedding_dim:
+        return 0, []
+    return old_rows, _regions(before)
+
+
+def _wanted(
+    s: ShardPlan, rank: int, regions: Sequence[_Region], mapping: Mapping[int, int]
+) -> Iterator[tuple[int, int, int, int, list[int]]]:
+    """The blocks of the old table that shard ``s`` on ``rank`` needs and the GPU does not hold (in the same kind
+    of memory): rows ``r0:r1``, columns ``c0:c1``, and the new ranks that hold them."""
+    for region in regions:
+        r0, r1 = max(s.row_offset, region.r0), min(s.row_offset + s.num_rows, region.r0 + region.nr)
+        c0, c1 = max(s.col_offset, region.c0), min(s.col_offset + s.num_cols, region.c0 + region.nc)
+        if r1 <= r0 or c1 <= c0:
+            continue
+        holders = [mapping[r] for r in region.ranks if r in mapping]
+        if rank in holders and _offloaded(region.placement) == _offloaded(s.placement):
+            continue  # on this GPU already, in the same kind of memory
+        yield r0, r1, c0, c1, holders
+
+
+def moved_at(
+    spec: EmbeddingTableSpec, s: ShardPlan, rank: int, regions: Sequence[_Region], mapping: Mapping[int, int]
+) -> int:
+    """The bytes shard ``s`` of ``spec`` moves where it sits on ``rank`` (what :func:`plan_moves` lists for it)."""
+    return sum(block_bytes(spec, r1 - r0, c1 - c0) for r0, r1, c0, c1, _ in _wanted(s, rank, regions, mapping))
+
+
 def plan_moves(
     old: Plan, new: Plan, model: ModelSpec, mapping: Mapping[int, int], topo: Topology
 ) -> tuple[list[Move], int]:
@@ -223,28 +273,12 @@ def plan_moves(
     fresh_bytes = 0
     for t in new.tables:
         spec = model.table(t.name)
-        before = old_tables.get(t.name)
-        old_rows = old_cols = 0
-        regions: list[_Region] = []
-        if before is not None:
-            old_rows = max(s.row_offset + s.num_rows for s in before.shards)
-            old_cols = max(s.col_offset + s.num_cols for s in before.shards)
-            if old_cols != spec.embedding_dim:  # another width: nothing of it carries over
-                old_rows, regions = 0, []
-            else:
-                regions = _regions(before)
+        old_rows, regions = _old_regions(old_tables.get(t.name), spec)
         for s in t.shards:
             if s.row_offset + s.num_rows > old_rows:  # rows the old table did not have: initialised here
                 grown = s.row_offset + s.num_rows - max(s.row_offset, old_rows)
                 fresh_bytes += block_bytes(spec, grown, s.num_cols)
-            for region in regions:
-                r0, r1 = max(s.row_offset, region.r0), min(s.row_offset + s.num_rows, region.r0 + region.nr)
-                c0, c1 = max(s.col_offset, region.c0), min(s.col_offset + s.num_cols, region.c0 + region.nc)
-                if r1 <= r0 or c1 <= c0:
-                    continue
-                holders = [mapping[r] for r in region.ranks if r in mapping]
-                if s.rank in holders and _offloaded(region.placement) == _offloaded(s.placement):
-                    continue  # on this GPU already, in the same kind of memory
+            for r0, r1, c0, c1, holders in _wanted(s, s.rank, regions, mapping):
                 source, link = _source(s.rank, holders, topo)
                 moves.append(
                     Move(
@@ -653,6 +687,161 @@ def _trade(
     return draft
 
 
+# ------------------------------------------------------------------------------------------------ the search
+
+_MOVABLE = (ShardingType.table_wise, ShardingType.column_wise)
+
+
+@dataclass
+class Searched:
+    """What the CP-SAT search (:func:`search_moves`) made of the draft: the layouts it keeps (None: the draft
+    stands), the bytes its layout moves, its proven lower bound, its status and a line for the report."""
+
+    layouts: dict[str, TablePlan] | None
+    bound_bytes: int | None
+    status: str
+    note: str
+
+
+def _rect(s: ShardPlan) -> tuple[int, int, int, int, str, float | None]:
+    return (s.row_offset, s.num_rows, s.col_offset, s.num_cols, s.placement.value, s.cache_fraction)
+
+
+def _fleet_side(topo: Topology, model: ModelSpec, dense: Sequence[DensePlan]) -> Fleet:
+    """What every option shares (:class:`~shardwise.solver.cpsat.keep.Fleet`): the dense layers, each rank's host
+    floor with one group of shards, its HBM, its host's memory."""
+    totals = walk(topo, model, [], dense).totals
+    tables, layers = len(model.embedding_tables), len(model.dense_layers)
+    return Fleet(
+        dense_ms=totals.compute + totals.comm,
+        dense_hbm=totals.dense.copy(),
+        floor_ms=np.array([cm.host_floor_ms(r.profile, tables, layers, 1) for r in topo.ranks]),
+        graphed=np.array([1.0 if r.profile.overheads.graphed_steps else 0.0 for r in topo.ranks]),
+        hbm_limit=np.array([topo.hbm_limit(r) for r in range(topo.world_size)], dtype=np.int64),
+        host_of=[r.host for r in topo.ranks],
+        host_memory=np.array([h.host_memory_bytes for h in topo.hosts], dtype=np.int64),
+    )
+
+
+def _per_host(topo: Topology, per_rank: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    out = np.zeros(len(topo.hosts), dtype=np.int64)
+    np.add.at(out, [r.host for r in topo.ranks], per_rank)
+    return out
+
+
+def _option(
+    layout: TablePlan,
+    label: str,
+    spec: EmbeddingTableSpec,
+    model: ModelSpec,
+    topo: Topology,
+    regions: Sequence[_Region],
+    mapping: Mapping[int, int],
+) -> Option:
+    """``layout`` as an option of the search: fixed (priced by the plan walk, as the evaluator prices it) or, for a
+    table_wise or column_wise layout, its data side fixed and each shard a piece free to go to any rank (priced
+    there by the cost model, with the bytes it moves there)."""
+    n = topo.world_size
+    if layout.sharding_type not in _MOVABLE:
+        totals = walk(topo, model, grouped([layout]), []).totals
+        moved = sum(moved_at(spec, sh, sh.rank, regions, mapping) for sh in layout.shards)
+        return Option(
+            layout,
+            label,
+            totals.compute + totals.comm,
+            totals.host_work.copy(),
+            totals.hbm,
+            _per_host(topo, totals.host),
+            moved,
+        )
+    batch = model.batch_size_per_gpu
+    side = np.zeros(n)
+    for cls in topo.classes:
+        side[cls.ranks[0] : cls.ranks[-1] + 1] = data_side(topo, batch, spec, cls).total
+    option = Option(
+        layout, label, side, np.zeros(n), np.zeros(n, dtype=np.int64), np.zeros(len(topo.hosts), dtype=np.int64), 0
+    )
+    ranks = list(range(n))
+    for i, sh in enumerate(layout.shards):
+        costs = [
+            shard_cost(
+                topo,
+                spec,
+                sharding=layout.sharding_type,
+                num_rows=sh.num_rows,
+                num_cols=sh.num_cols,
+                placement=sh.placement,
+                cache_fraction=sh.cache_fraction,
+                cls=cls,
+                batch=batch,
+            )
+            for cls in topo.classes
+        ]
+        at = [costs[c] for c in topo.rank_class.tolist()]
+        option.pieces.append(
+            Piece(
+                shard=i,
+                ranks=ranks,
+                device_ms=[c.compute_ms + c.comm_ms for c in at],
+                host_ms=[c.host_ms for c in at],
+                hbm=[c.memory.hbm for c in at],
+                host_bytes=[c.memory.host for c in at],
+                moved=[moved_at(spec, sh, r, regions, mapping) for r in ranks],
+                at=sh.rank,
+            )
+        )
+    return option
+
+
+def search_moves(
+    old: Plan,
+    kept_old: Mapping[str, TablePlan],
+    draft: Mapping[str, TablePlan],
+    fresh: Plan,
+    model: ModelSpec,
+    mapping: Mapping[int, int],
+    topo: Topology,
+    params: SolveParams,
+    budget: ReplanBudget,
+) -> tuple[KeepResult, list[str]]:
+    """CP-SAT over each table's layouts — the greedy's draft, its kept layout, the fresh plan's; a table_wise or
+    column_wise one with its shards free to go to any rank — for the fewest bytes moved within the budget
+    (:mod:`shardwise.solver.cpsat.keep`), the draft the start. Returns the search's answer and the tables' order."""
+    old_tables = {t.name: t for t in old.tables}
+    names = [t.name for t in fresh.tables]
+    fresh_of = {t.name: t for t in fresh.tables}
+    options: list[list[Option]] = []
+    for name in names:
+        spec = model.table(name)
+        _, regions = _old_regions(old_tables.get(name), spec)
+        opts: list[Option] = []
+        seen: set[object] = set()
+        for label, layout in (("draft", draft[name]), ("kept", kept_old.get(name)), ("fresh", fresh_of[name])):
+            if layout is None:
+                continue
+            movable = layout.sharding_type in _MOVABLE
+            key: object = (
+                (layout.sharding_type, tuple(sorted(_rect(s) for s in layout.shards)))
+                if movable
+                else (layout.sharding_type, tuple(sorted((*_rect(s), s.rank) for s in layout.shards)))
+            )
+            if key in seen:
+                continue
+            seen.add(key)
+            opts.append(_option(layout, label, spec, model, topo, regions, mapping))
+        options.append(opts)
+    limit = None if budget.max_slowdown is None else (fresh.predicted_step_ms or 0.0) * (1 + budget.max_slowdown)
+    result = solve_keep(
+        options,
+        _fleet_side(topo, model, fresh.dense),
+        limit_ms=limit,
+        ms_per_gb=budget.ms_per_gb,
+        hint=[0] * len(options),  # the draft's layout is every table's first option
+        params=params,
+    )
+    return result, names
+
+
 # ------------------------------------------------------------------------------------------------ the report
 
 
@@ -698,7 +887,73 @@ def replan(
 
     draft = _trade(kept_old, fresh, model, new_fleet, topo, profiles, budget, moved_bytes)
     chosen = draft.plan if draft.plan is not None and not draft.problems else fresh
-    return _report(old, model, old_fleet, new_fleet, budget, mapping, topo, chosen, fresh, len(draft.kept))
+    kept = len(draft.kept) if chosen is not fresh else 0
+    search: tuple[int | None, str] | None = None
+    if params.solver == "cpsat" and old.sparse_groups is None and fresh.sparse_groups is None:
+        result, names = search_moves(
+            old, kept_old, {t.name: t for t in chosen.tables}, fresh, model, mapping, topo, params, budget
+        )
+        chosen, kept, line = _adopt(result, names, chosen, kept, draft.kept, fresh, model, new_fleet, profiles, budget,
+                                    moved_bytes)  # fmt: skip
+        search = (result.bound_bytes, line)
+    return _report(old, model, old_fleet, new_fleet, budget, mapping, topo, chosen, fresh, kept, search)
+
+
+def _adopt(
+    result: KeepResult,
+    names: Sequence[str],
+    chosen: Plan,
+    kept: int,
+    kept_names: set[str],
+    fresh: Plan,
+    model: ModelSpec,
+    fleet: FleetSpec,
+    profiles: Mapping[str, HardwareProfile],
+    budget: ReplanBudget,
+    moved_bytes: Callable[[Mapping[str, TablePlan]], int],
+) -> tuple[Plan, int, str]:
+    """The search's layout where the full cost model prices it within the budget and it moves less (with
+    ``ms_per_gb``: its step plus its bytes' price is lower) than the greedy's answer; the answer, its kept tables
+    and a line for the report."""
+    if result.layouts is None:
+        return chosen, kept, f"CP-SAT found no layout in {result.wall_s:.1f} s ({result.status}): the greedy's answer"
+    trial = fresh.model_copy(update={"tables": result.layouts})
+    problems, priced = score_plan(model, fleet, trial, profiles)
+    step = priced.predicted_step_ms
+    was = moved_bytes({t.name: t for t in chosen.tables})
+    now = moved_bytes({t.name: t for t in result.layouts})
+    limit = None if budget.max_slowdown is None else (fresh.predicted_step_ms or 0.0) * (1 + budget.max_slowdown)
+    if problems or step is None:
+        return (
+            chosen,
+            kept,
+            f"CP-SAT's layout is invalid ({problems[0] if problems else 'no step'}): the greedy's answer",
+        )
+    if limit is not None:
+        better, why = now < was and step <= limit * (1 + 1e-12), f"{step:.3f} ms against the limit {limit:.3f} ms"
+    else:
+        price = budget.ms_per_gb or 0.0
+        ours, theirs = step + price * now / GB, (chosen.predicted_step_ms or 0.0) + price * was / GB
+        better, why = ours < theirs - 1e-9, f"step + price {ours:.3f} against the greedy's {theirs:.3f} ms"
+    if not better:
+        return (
+            chosen,
+            kept,
+            (
+                f"CP-SAT ({result.status}, {result.wall_s:.1f} s) moves {fmt_bytes(now)} against the greedy's "
+                f"{fmt_bytes(was)} ({why}): the greedy's answer stands"
+            ),
+        )
+    labels = dict(zip(names, result.labels, strict=True))
+    kept_now = sum(1 for n in names if labels[n] == "kept" or (labels[n] == "draft" and n in kept_names))
+    return (
+        priced,
+        kept_now,
+        (
+            f"CP-SAT ({result.status}, {result.wall_s:.1f} s) moves {fmt_bytes(now)} where the greedy moved "
+            f"{fmt_bytes(was)} ({why})"
+        ),
+    )
 
 
 def _report(
@@ -712,6 +967,7 @@ def _report(
     chosen: Plan,
     fresh: Plan,
     kept_tables: int,
+    search: tuple[int | None, str] | None = None,
 ) -> ReplanReport:
     names = host_names(new_fleet)
     moves, new_bytes = plan_moves(old, chosen, model, mapping, topo) if chosen.tables else ([], 0)
@@ -730,6 +986,19 @@ def _report(
             + (f" ({moved / fresh_moved:.0%})" if fresh_moved else "")
             + f", its step {slowdown:+.1%} against the fresh plan's {fresh_step or 0:.3f} ms"
         )
+    bound = None
+    if search is not None:
+        bound, line = search
+        hints.append(line)
+        if bound is not None and bound > moved:  # the answer is in the searched space: a bound above it is wrong
+            log.warning("keep search: bound %d above the answer's %d bytes moved; not reported", bound, moved)
+            bound = None
+        if bound is not None:
+            hints.append(
+                f"no layout of the searched space (each table as the greedy drafted it, kept, or as the fresh plan "
+                f"lays it out; table_wise and column_wise shards on any GPU) moves less than {fmt_bytes(bound)} "
+                "within the budget (proven by CP-SAT)"
+            )
     return ReplanReport(
         model=model.name,
         old_fleet=old_fleet.name,
@@ -744,6 +1013,7 @@ def _report(
         fresh=fresh,
         moves=moves,
         bytes_moved=moved,
+        bytes_moved_bound=bound,
         fresh_bytes_moved=fresh_moved,
         total_bytes=total,
         new_bytes=new_bytes,

@@ -88,6 +88,12 @@ class ReplanReport(_Frozen):
     fresh: Plan
     moves: list[Move]
     bytes_moved: NonNegInt = Field(description="weights and optimizer state the re-plan moves")
+    bytes_moved_bound: NonNegInt | None = Field(
+        default=None,
+        description="where CP-SAT searched (solver cpsat, max_slowdown): the least bytes any layout of its searched "
+        "space moves within the budget, proven - each table as the greedy drafted it, as its old layout is kept, or "
+        "as the fresh plan lays it out, table_wise and column_wise shards on any GPU; null otherwise",
+    )
     fresh_bytes_moved: NonNegInt = Field(description="what the fresh plan would move")
     total_bytes: NonNegInt = Field(description="every table's weights and optimizer state in the new model")
     new_bytes: NonNegInt = Field(description="rows the old model did not have: initialised, not moved")

@@ -91,6 +91,21 @@ def test_a_grown_model_and_a_price_per_gb(client: TestClient) -> None:
     assert report["new_fleet"] == report["old_fleet"] == "two-hosts"
 
 
+def test_a_replan_under_cpsat_reports_the_bound_it_proves(client: TestClient) -> None:
+    model = small_model(tables=6)
+    plan = stored_plan(client, model, named_fleet("three-hosts", ["a", "b", "c"]))
+    options = {"solver": "cpsat", "time_limit_s": 5}
+    body = {"fleet": named_fleet("two-hosts", ["a", "c"]), "options": options}
+    answer = client.post(f"/api/v1/plans/{plan['id']}/replan", json=body)
+    assert answer.status_code == 200, answer.text
+    report = ReplanReport.model_validate(answer.json())
+    assert report.fresh.solver.params is not None
+    assert report.fresh.solver.params.solver == "cpsat"
+    assert report.bytes_moved_bound is not None
+    assert report.bytes_moved_bound <= report.bytes_moved <= report.fresh_bytes_moved
+    assert any("proven by CP-SAT" in h for h in report.hints)
+
+
 def test_a_replan_of_a_deleted_plan_is_a_404_and_stores_nothing(client: TestClient, settings: Any) -> None:
     plan = stored_plan(client, small_model(), named_fleet("f", ["a"]))
     assert client.delete(f"/api/v1/plans/{plan['id']}").status_code == 204
