@@ -54,6 +54,7 @@ import numpy.typing as npt
 
 from shardwise.hwprofiles import HardwareProfile
 from shardwise.solver import cost_model as cm
+from shardwise.solver import engine
 from shardwise.solver.build import placed_to_table
 from shardwise.solver.cost_model import inter_host_bw, intra_host_bw
 from shardwise.solver.cost_model.memory import optimizer_state_bytes
@@ -67,6 +68,8 @@ from shardwise.solver.planner import make_plan, score_plan
 from shardwise.solver.pricing import data_side, shard_cost
 from shardwise.solver.size import ProblemTooLargeError
 from shardwise.solver.topology import Topology
+from shardwise.solver.two_d import candidate_groups, replicate_tables
+from shardwise.solver.two_d import describe as two_d_words
 from shardwise.wire.replan_spec import Move, RankMapping, ReplanBudget, ReplanReport
 from shardwise.wire.spec import (
     DensePlan,
@@ -80,6 +83,7 @@ from shardwise.wire.spec import (
     ShardingType,
     ShardPlan,
     SolveParams,
+    SparseGroups,
     TablePlan,
 )
 from shardwise.wire.units import fmt_bytes
@@ -538,7 +542,7 @@ def _score(
     draft: _Draft, fresh: Plan, model: ModelSpec, fleet: FleetSpec, profiles: Mapping[str, HardwareProfile]
 ) -> None:
     tables = [draft.layouts[t.name] for t in fresh.tables]
-    candidate = fresh.model_copy(update={"tables": tables})
+    candidate = fresh.model_copy(update={"tables": tables, "sparse_groups": None})  # a draft is 1D
     draft.problems, draft.plan = score_plan(model, fleet, candidate, profiles)
 
 
@@ -816,7 +820,12 @@ def search_moves(
         _, regions = _old_regions(old_tables.get(name), spec)
         opts: list[Option] = []
         seen: set[object] = set()
-        for label, layout in (("draft", draft[name]), ("kept", kept_old.get(name)), ("fresh", fresh_of[name])):
+        one_d = fresh.sparse_groups is None  # a 2D plan's layout does not mix with 1D ones table by table
+        for label, layout in (
+            ("draft", draft[name]),
+            ("kept", kept_old.get(name)),
+            ("fresh", fresh_of[name] if one_d else None),
+        ):
             if layout is None:
                 continue
             movable = layout.sharding_type in _MOVABLE
@@ -877,19 +886,20 @@ def replan(
         fresh = make_plan(model, new_fleet, params, profiles=profiles)
     if fresh.status is PlanStatus.infeasible:
         return _report(old, model, old_fleet, new_fleet, budget, mapping, topo, fresh, fresh, 0)
-    kept_old = kept_layouts(old, model, mapping, topo)
-    if old.sparse_groups is not None or fresh.sparse_groups is not None:
-        kept_old = {}  # a 2D plan's groups do not mix with another layout table by table: the fresh plan
 
     def moved_bytes(layouts: Mapping[str, TablePlan]) -> int:
         return sum(m.bytes for m in plan_moves(old, fresh.model_copy(update={"tables": list(layouts.values())}),
                                                 model, mapping, topo)[0])  # fmt: skip
 
+    if old.sparse_groups is not None:  # a 2D plan keeps its groups' layout, or gives way to the fresh plan
+        chosen, kept, line = _keep_groups(old, model, new_fleet, topo, mapping, profiles, fresh, budget)
+        return _report(old, model, old_fleet, new_fleet, budget, mapping, topo, chosen, fresh, kept, (None, line))
+    kept_old = kept_layouts(old, model, mapping, topo)
     draft = _trade(kept_old, fresh, model, new_fleet, topo, profiles, budget, moved_bytes)
     chosen = draft.plan if draft.plan is not None and not draft.problems else fresh
     kept = len(draft.kept) if chosen is not fresh else 0
     search: tuple[int | None, str] | None = None
-    if params.solver == "cpsat" and old.sparse_groups is None and fresh.sparse_groups is None:
+    if params.solver == "cpsat" and chosen.sparse_groups is None:
         result, names = search_moves(
             old, kept_old, {t.name: t for t in chosen.tables}, fresh, model, mapping, topo, params, budget
         )
@@ -897,6 +907,161 @@ def replan(
                                     moved_bytes)  # fmt: skip
         search = (result.bound_bytes, line)
     return _report(old, model, old_fleet, new_fleet, budget, mapping, topo, chosen, fresh, kept, search)
+
+
+def _aligned(
+    groups: Sequence[Sequence[int]],
+    old_groups: SparseGroups,
+    mapping: Mapping[int, int],
+    old_topo_gpu: Sequence[str],
+    topo: Topology,
+) -> list[list[int]] | None:
+    """``groups`` (a grouping of the new fleet with the old group size) with each group's ranks ordered by the old
+    positions: a rank that held position ``j`` of an old group takes position ``j`` where it is free, the others
+    the free positions of their GPU type in rank order; None where a group's GPU types do not fill the positions."""
+    position = {r: j for g in old_groups.groups for j, r in enumerate(g)}
+    was = {n: position[o] for o, n in mapping.items() if o in position}
+    size = old_groups.group_size
+    out: list[list[int]] = []
+    for group in groups:
+        slots: list[int | None] = [None] * size
+        rest = []
+        for n in sorted(group):
+            j = was.get(n)
+            if j is not None and slots[j] is None and old_topo_gpu[j] == topo.ranks[n].profile.name:
+                slots[j] = n
+            else:
+                rest.append(n)
+        for n in rest:
+            j = next(
+                (k for k in range(size) if slots[k] is None and old_topo_gpu[k] == topo.ranks[n].profile.name), None
+            )
+            if j is None:
+                return None
+            slots[j] = n
+        out.append([n for n in slots if n is not None])
+    return out
+
+
+def _surviving_groups(sg: SparseGroups, mapping: Mapping[int, int], topo: Topology) -> list[list[int]] | None:
+    """The new fleet grouped as the old plan was: every old group whose GPUs all remain stays a group (its ranks in
+    their old positions), the other hosts, in the fleet's order, form groups of the old group's hosts of each GPU
+    type; None where they do not divide so."""
+    kept: list[list[int]] = []
+    used: set[int] = set()
+    for group in sg.groups:
+        if all(r in mapping for r in group):
+            kept.append([mapping[r] for r in group])
+            used.update(kept[-1])
+    shape: dict[str, int] = {}  # hosts of each GPU type in a group
+    for h in {topo.ranks[r].host for r in kept[0]} if kept else ():
+        shape[topo.hosts[h].profile.name] = shape.get(topo.hosts[h].profile.name, 0) + 1
+    if not shape:
+        return None
+    left: dict[str, list[int]] = {}
+    for h, host in enumerate(topo.hosts):
+        if not any(r in used for r in host.ranks):
+            left.setdefault(host.profile.name, []).append(h)
+    if set(left) - set(shape):
+        return None
+    counts = {len(left.get(gpu, [])) // n for gpu, n in shape.items()}
+    if len(counts) != 1 or any(len(left.get(gpu, [])) % n for gpu, n in shape.items()):
+        return None
+    (more,) = counts
+    for i in range(more):
+        hosts = [h for gpu, n in shape.items() for h in left.get(gpu, [])[i * n : (i + 1) * n]]
+        kept.append(sorted(r for h in hosts for r in topo.hosts[h].ranks))
+    return kept if all(len(g) == sg.group_size for g in kept) else None
+
+
+def _keep_groups(
+    old: Plan,
+    model: ModelSpec,
+    fleet: FleetSpec,
+    topo: Topology,
+    mapping: Mapping[int, int],
+    profiles: Mapping[str, HardwareProfile],
+    fresh: Plan,
+    budget: ReplanBudget,
+) -> tuple[Plan, int, str]:
+    """A 2D plan re-made for the new fleet: its groups' layout (what the ``j``-th rank of every group holds) kept
+    over each grouping of the new fleet into groups of the old size (:func:`~shardwise.solver.two_d.candidate_groups`:
+    the number of groups may change), each new group's ranks in their old positions where they had one
+    (:func:`_aligned`), so that a GPU keeps what it held and a new group's GPUs copy it from a replica — and first
+    the grouping that keeps every old group whose GPUs remain (:func:`_surviving_groups`); the one that
+    moves the least within the budget, or the fresh plan where none is (a group size that changed, tables added or
+    reshaped, or every such layout too slow). Returns the answer, its kept tables and a line for the report."""
+    sg = old.sparse_groups
+    assert sg is not None
+    names = [t.name for t in fresh.tables]
+    old_tables = {t.name: t for t in old.tables}
+    same = sorted(names) == sorted(old_tables) and all(
+        max(s.row_offset + s.num_rows for s in old_tables[n].shards) == model.table(n).num_embeddings
+        and max(s.col_offset + s.num_cols for s in old_tables[n].shards) == model.table(n).embedding_dim
+        for n in names
+    )
+    if not same:
+        return fresh, 0, "the old plan is 2D and its tables changed: the fresh plan, its moves priced"
+    zero = sg.groups[0]
+    gpu_at = [old.ranks[r].gpu for r in zero]  # the GPU type of each position
+    by_position = {r: j for j, r in enumerate(zero)}
+    # every table as position j holds it (group 0's shards, rank = position)
+    positions = [
+        old_tables[n].model_copy(
+            update={"shards": [s.model_copy(update={"rank": by_position[s.rank]}) for s in old_tables[n].shards
+                               if s.rank in by_position]}
+        )
+        for n in names
+    ]  # fmt: skip
+    limit = None if budget.max_slowdown is None else (fresh.predicted_step_ms or 0.0) * (1 + budget.max_slowdown)
+    best: tuple[float, Plan] | None = None
+    tried = 0
+    groupings = [g for g in candidate_groups(topo) if len(g[0]) == sg.group_size]
+    survivors = _surviving_groups(sg, mapping, topo)
+    if survivors is not None and engine.groups_allowed(topo.executor, survivors):
+        groupings.insert(0, survivors)
+    for grouping in groupings:
+        groups = _aligned(grouping, sg, mapping, gpu_at, topo)
+        if groups is None:
+            continue
+        tried += 1
+        group_tables = [t.model_copy(update={"shards": [s.model_copy(update={"rank": groups[0][s.rank]})
+                                                        for s in t.shards]}) for t in positions]  # fmt: skip
+        tables = replicate_tables(group_tables, groups)
+        new_sg = sg.model_copy(update={"groups": groups})
+        trial = fresh.model_copy(update={"tables": tables, "sparse_groups": new_sg})
+        problems, priced = score_plan(model, fleet, trial, profiles)
+        step = priced.predicted_step_ms
+        if problems or step is None or (limit is not None and step > limit * (1 + 1e-12)):
+            continue
+        moved = sum(m.bytes for m in plan_moves(old, priced, model, mapping, topo)[0])
+        score = float(moved) if limit is not None else step + (budget.ms_per_gb or 0.0) * moved / GB
+        if best is None or score < best[0]:
+            best = (score, priced)
+    if best is None:
+        why = "no grouping of the new fleet has the old group size" if not tried else "none is within the budget"
+        return fresh, 0, f"the old plan's 2D groups kept over the new fleet: {why}; the fresh plan, its moves priced"
+    plan = best[1]
+    fresh_moved = sum(m.bytes for m in plan_moves(old, fresh, model, mapping, topo)[0])
+    fresh_score = (
+        float(fresh_moved) if limit is not None
+        else (fresh.predicted_step_ms or 0.0) + (budget.ms_per_gb or 0.0) * fresh_moved / GB
+    )  # fmt: skip
+    if fresh_score <= best[0]:
+        return (
+            fresh,
+            0,
+            "the old plan's 2D groups kept over the new fleet move no less than the fresh plan: the fresh plan",
+        )
+    assert plan.sparse_groups is not None
+    return (
+        plan,
+        len(names),
+        (
+            f"the old plan's 2D layout kept: {two_d_words(plan.sparse_groups)}, each GPU in its old position where it "
+            "had one"
+        ),
+    )
 
 
 def _adopt(
@@ -917,7 +1082,7 @@ def _adopt(
     and a line for the report."""
     if result.layouts is None:
         return chosen, kept, f"CP-SAT found no layout in {result.wall_s:.1f} s ({result.status}): the greedy's answer"
-    trial = fresh.model_copy(update={"tables": result.layouts})
+    trial = fresh.model_copy(update={"tables": result.layouts, "sparse_groups": None})
     problems, priced = score_plan(model, fleet, trial, profiles)
     step = priced.predicted_step_ms
     was = moved_bytes({t.name: t for t in chosen.tables})

@@ -303,3 +303,77 @@ def test_a_grown_row_wise_table_is_re_cut_on_its_own_gpus(small_model: ModelSpec
     # balanced blocks twice as tall keep at most half the old rows in place; these keep exactly that half
     assert {m.table for m in report.moves} == {"t_seq"}
     assert sum(m.bytes for m in report.moves) == block_bytes(spec, 25_000, spec.embedding_dim)
+
+
+# ------------------------------------------------------------------------------------------------ 2D plans
+
+
+def _two_d_plan(model: ModelSpec, whole: FleetSpec, replicas: int) -> Any:
+    """A 2D plan of ``model`` on ``whole`` in ``replicas`` contiguous groups (``plan2d.option_plan``: the group fleet
+    planned and its layout copied to every group), checked like any plan."""
+    from shardwise.solver.plan2d import option_plan
+    from shardwise.solver.two_d import groups_for
+    from shardwise.wire.spec import SparseGroups
+
+    topo = Topology(whole)
+    plan = option_plan(topo, model, GREEDY, SparseGroups(groups=groups_for(topo, replicas)))
+    assert check_plan(topo, model, plan) == []
+    return plan
+
+
+def test_a_2d_plan_gaining_a_group_keeps_its_groups_layout_and_copies_it_to_the_new_group(
+    small_model: ModelSpec,
+) -> None:
+    old_fleet = fleet((H100, 4, 2), names=[["a", "b", "c", "d"]], name="abcd")
+    old = _two_d_plan(small_model, old_fleet, 2)  # groups {a, b} and {c, d}
+    # two hosts more, listed between the old ones: the fleet's contiguous groups would be {a, e}, {b, f}, {c, d}
+    new_fleet = fleet((H100, 6, 2), names=[["a", "e", "b", "f", "c", "d"]], name="aebfcd")
+    fresh = _two_d_plan(small_model, new_fleet, 3)  # the fresh plan: three such groups
+    report = replan(
+        old, small_model, new_fleet, ReplanBudget(max_slowdown=0.03), GREEDY, old_fleet=old_fleet, fresh=fresh
+    )
+    assert check_plan(Topology(new_fleet), small_model, report.replan) == []
+    sg = report.replan.sparse_groups
+    assert sg is not None, report.hints
+    assert any("2D layout kept" in h for h in report.hints)
+    # the old groups stay whole ({a, b} is ranks 0-1 and 4-5 of the new fleet, {c, d} ranks 8-11) and e, f form the
+    # third, each GPU in its old position
+    assert sorted(map(sorted, sg.groups)) == [[0, 1, 4, 5], [2, 3, 6, 7], [8, 9, 10, 11]]
+    new_of = {0: 0, 1: 1, 2: 4, 3: 5, 4: 8, 5: 9, 6: 10, 7: 11}  # old rank -> new rank, by host name
+    for t in report.replan.tables:
+        before = {(new_of[s.rank], s.row_offset, s.col_offset) for s in old.table(t.name).shards}
+        kept = {(s.rank, s.row_offset, s.col_offset) for s in t.shards if s.rank in new_of.values()}
+        assert kept == before
+    # what moves goes to e and f, from a replica, none from a checkpoint: one group's copy of the tables
+    assert report.moves
+    assert {m.target_rank for m in report.moves} <= {2, 3, 6, 7}
+    assert {m.link for m in report.moves} <= {"intra_host", "inter_host"}
+    old_groups = old.sparse_groups
+    assert old_groups is not None
+    group = set(old_groups.groups[0])
+    one_copy = sum(
+        block_bytes(small_model.table(t.name), s.num_rows, s.num_cols)
+        for t in old.tables
+        for s in t.shards
+        if t.sharding_type.value != "data_parallel" and s.rank in group
+    )
+    copies = sum(  # a data_parallel table: a copy on each of the four new GPUs
+        4 * block_bytes(small_model.table(t.name), t.shards[0].num_rows, t.shards[0].num_cols)
+        for t in old.tables
+        if t.sharding_type.value == "data_parallel"
+    )
+    assert report.bytes_moved == one_copy + copies
+    assert report.bytes_moved < report.fresh_bytes_moved  # the fresh plan's groups split {a, b}: it moves more
+    assert report.slowdown <= 0.03 + 1e-9
+    assert report.kept_tables == len(small_model.embedding_tables)
+
+
+def test_a_2d_plan_whose_groups_cannot_keep_their_size_gives_way_to_the_fresh_plan(small_model: ModelSpec) -> None:
+    old_fleet = fleet((H100, 4, 2), name="h100-4x2")
+    old = _two_d_plan(small_model, old_fleet, 2)
+    new_fleet = fleet((H100, 3, 2), name="h100-3x2")  # a host lost: no grouping of 3 hosts has groups of two
+    report = replan(old, small_model, new_fleet, ReplanBudget(max_slowdown=0.03), GREEDY, old_fleet=old_fleet)
+    assert report.replan.tables == report.fresh.tables
+    assert report.bytes_moved == report.fresh_bytes_moved
+    assert any("no grouping of the new fleet has the old group size" in h for h in report.hints)
+    assert check_plan(Topology(new_fleet), small_model, report.replan) == []
