@@ -41,8 +41,9 @@ Each engine's rig is timed by truth.py's ``measure_rig`` (``--warmup`` steps, ``
 back-to-back runs of ``--steps`` — their median the ``pipelined_ms`` step, ``host_ms`` the host's time to enqueue a
 step — and ``--steps`` waited embedding parts: forward + backward + update of the tables alone, ``embedding_ms``),
 the peak memory allocated over the measurement (from what was allocated before the build), then, at the model's
-largest batch, one step under ``torch.profiler`` (its top kernels by device time, eager engines only;
-``sort_kernels``: those whose names say sort, segment, unique, radix or scan). Beside them, per model and batch,
+largest batch (``--profile-every-batch``: at every batch), one step under ``torch.profiler`` (its top kernels by
+device time, ``--top`` of them, eager engines only; ``sort_kernels``: those whose names say sort, segment, unique,
+radix or scan; the kernels' and the host's totals beside them: :func:`top_kernels`). Beside them, per model and batch,
 the embedding part's **byte floor**: what FBGEMM's kernels must move (``solver/cost_model``'s ``fbgemm_bytes``:
 every id's row gathered, its pooled gradient read, each distinct row and its row-wise state read and written once,
 the pooled rows written and their gradient read; a cached or host table's misses across the host link) at the
@@ -439,7 +440,11 @@ def build_fbgemm(m: Model, sharding_plan: Any, device: Any, rec: dict[str, Any])
 
 def top_kernels(rig: Any, device: Any, count: int = 8) -> dict[str, Any]:
     """One step under ``torch.profiler``: its ``count`` costliest kernels (device time; CPU ops on the CPU), and the
-    sort and segment passes among all of them."""
+    sort and segment passes among all of them. On CUDA also the device time and count of every kernel, copy and fill
+    summed (``kernel_ms``, ``kernel_launches``), the host's side of the step (``cpu_ms``: the CPU ops' self time summed;
+    ``launch_calls``: the kernel launches the host made; ``cpu_ops``: the ``count`` costliest ops by self time) and
+    the step's user annotations (``annotations``: ranges such as DMP's ``[lookup]``, whose device time is that of
+    the kernels inside them, apart from the kernels: counted once)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -450,21 +455,39 @@ def top_kernels(rig: Any, device: Any, count: int = 8) -> dict[str, Any]:
         if cuda:
             torch.cuda.synchronize(device)
     attr = "self_device_time_total" if cuda else "self_cpu_time_total"
-    events = [e for e in prof.key_averages() if getattr(e, attr, 0) > 0]
-    if cuda:  # kernels only: the device side of the CPU ops
+    averages = list(prof.key_averages())
+    events = [e for e in averages if getattr(e, attr, 0) > 0]
+    notes: list[Any] = []
+    if cuda:  # kernels only: the device side of the CPU ops, the annotations apart
         events = [e for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
+        notes = [e for e in events if getattr(e, "is_user_annotation", False)]
+        events = [e for e in events if not getattr(e, "is_user_annotation", False)]
     events.sort(key=lambda e: -getattr(e, attr))
 
-    def row(e: Any) -> dict[str, Any]:
-        return {"name": e.key[:160], "ms": getattr(e, attr) / 1e3, "calls": e.count}
+    def row(e: Any, key: str = attr) -> dict[str, Any]:
+        return {"name": e.key[:160], "ms": getattr(e, key) / 1e3, "calls": e.count}
 
-    return {
+    out: dict[str, Any] = {
         "top_kernels": [row(e) for e in events[:count]],
         "sort_kernels": [row(e) for e in events if SORT_WORDS.search(e.key)][:count],
     }
+    if cuda:
+        cpu = [e for e in averages if getattr(e, "device_type", None) == torch.autograd.DeviceType.CPU]
+        cpu.sort(key=lambda e: -e.self_cpu_time_total)
+        out |= {
+            "kernel_ms": sum(getattr(e, attr) for e in events) / 1e3,
+            "kernel_launches": sum(e.count for e in events),
+            "annotations": [row(e) for e in sorted(notes, key=lambda e: -getattr(e, attr))],
+            "cpu_ms": sum(e.self_cpu_time_total for e in cpu) / 1e3,
+            "launch_calls": sum(e.count for e in cpu if "LaunchKernel" in e.key or "GraphLaunch" in e.key),
+            "cpu_ops": [row(e, "self_cpu_time_total") for e in cpu[:count]],
+        }
+    return out
 
 
-def measure(rig: Any, steps: int, warmup: int, device: Any, base: int, *, profiled: bool) -> dict[str, Any]:
+def measure(
+    rig: Any, steps: int, warmup: int, device: Any, base: int, *, profiled: bool, top: int = 8
+) -> dict[str, Any]:
     """truth.py's ``measure_rig`` of ``rig`` (the peak memory reset first), and with ``profiled`` one step's
     kernels (:func:`top_kernels`)."""
     import torch
@@ -475,7 +498,7 @@ def measure(rig: Any, steps: int, warmup: int, device: Any, base: int, *, profil
     out = {"status": "ok", **truth.measure_rig(rig, steps, warmup, device, base)}
     if profiled:
         try:
-            out |= top_kernels(rig, device)
+            out |= top_kernels(rig, device, top)
         except Exception as e:
             out["top_kernels"] = failure(e)
     return out
@@ -597,6 +620,8 @@ def run_model(m: Model, args: argparse.Namespace, device: Any, doc: te.Doc, cloc
                 + (f", warmed in {erec['warm_s']:.1f} s" if "warm_s" in erec else "")
             )
             profile_at = None if args.no_profile else max(m.batches)  # one profiled step an engine
+            if args.profile_every_batch and not args.no_profile:
+                profile_at = "every"
             for b in m.batches:
                 key = str(b)
                 if clock.over():
@@ -605,7 +630,16 @@ def run_model(m: Model, args: argparse.Namespace, device: Any, doc: te.Doc, cloc
                 cfg = at_batch(m.cfg, b)
                 set_batches(rig, engine, cfg, make_data(m, b, device, n_batches(m, args.steps, args.warmup)), device)
                 cases[key][engine] = row = guarded(
-                    functools.partial(measure, rig, args.steps, args.warmup, device, base, profiled=profile_at == b)
+                    functools.partial(
+                        measure,
+                        rig,
+                        args.steps,
+                        args.warmup,
+                        device,
+                        base,
+                        profiled=profile_at in (b, "every"),
+                        top=args.top,
+                    )
                 )
                 report_row(m.cfg.name, b, engine, row)
                 doc.save()
@@ -796,6 +830,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--budget-s", type=float, default=420.0, help="no case starts after this many seconds")
     ap.add_argument("--warm-budget-s", type=float, default=10.0, help="seconds to warm one engine's caches")
     ap.add_argument("--no-profile", action="store_true", help="no torch.profiler step per engine")
+    ap.add_argument("--top", type=int, default=8, help="kernels and CPU ops listed per profiled step")
+    ap.add_argument(
+        "--profile-every-batch", action="store_true", help="a profiled step at every batch, not only the largest"
+    )
     ap.add_argument("--small", action="store_true", help="tiny tables and batches (the CPU): the code paths only")
     ap.add_argument("--device", default="auto", help="cuda, cpu or auto (cuda when there is one)")
     args = ap.parse_args(argv)
