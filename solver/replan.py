@@ -694,6 +694,9 @@ def _trade(
 # ------------------------------------------------------------------------------------------------ the search
 
 _MOVABLE = (ShardingType.table_wise, ShardingType.column_wise)
+#: the search frees every table_wise and column_wise shard to go to any GPU only while shards x GPUs stay within
+#: this (each is a boolean of the model); beyond it every layout's shards stay where the layout has them
+KEEP_MAX_CELLS = 400_000
 
 
 @dataclass
@@ -741,12 +744,14 @@ def _option(
     topo: Topology,
     regions: Sequence[_Region],
     mapping: Mapping[int, int],
+    *,
+    free: bool = True,
 ) -> Option:
     """``layout`` as an option of the search: fixed (priced by the plan walk, as the evaluator prices it) or, for a
-    table_wise or column_wise layout, its data side fixed and each shard a piece free to go to any rank (priced
-    there by the cost model, with the bytes it moves there)."""
+    table_wise or column_wise layout where ``free``, its data side fixed and each shard a piece free to go to any
+    rank (priced there by the cost model, with the bytes it moves there)."""
     n = topo.world_size
-    if layout.sharding_type not in _MOVABLE:
+    if not free or layout.sharding_type not in _MOVABLE:
         totals = walk(topo, model, grouped([layout]), []).totals
         moved = sum(moved_at(spec, sh, sh.rank, regions, mapping) for sh in layout.shards)
         return Option(
@@ -807,28 +812,37 @@ def search_moves(
     topo: Topology,
     params: SolveParams,
     budget: ReplanBudget,
-) -> tuple[KeepResult, list[str]]:
+) -> tuple[KeepResult, list[str], str]:
     """CP-SAT over each table's layouts — the greedy's draft, its kept layout, the fresh plan's; a table_wise or
-    column_wise one with its shards free to go to any rank — for the fewest bytes moved within the budget
-    (:mod:`shardwise.solver.cpsat.keep`), the draft the start. Returns the search's answer and the tables' order."""
+    column_wise one with its shards free to go to any rank (while shards × GPUs stay within
+    :data:`KEEP_MAX_CELLS`) — for the fewest bytes moved within the budget (:mod:`shardwise.solver.cpsat.keep`), the
+    draft the start. Returns the search's answer, the tables' order and the searched space in words."""
     old_tables = {t.name: t for t in old.tables}
     names = [t.name for t in fresh.tables]
+    one_d = fresh.sparse_groups is None  # a 2D plan's layout does not mix with 1D ones table by table
     fresh_of = {t.name: t for t in fresh.tables}
+    choices = {
+        name: [
+            (label, layout)
+            for label, layout in (
+                ("draft", draft[name]),
+                ("kept", kept_old.get(name)),
+                ("fresh", fresh_of[name] if one_d else None),
+            )
+            if layout is not None
+        ]
+        for name in names
+    }
+    pieces = sum(len(t.shards) for cs in choices.values() for _, t in cs if t.sharding_type in _MOVABLE)
+    free = pieces * topo.world_size <= KEEP_MAX_CELLS  # else every shard stays where its layout has it
     options: list[list[Option]] = []
     for name in names:
         spec = model.table(name)
         _, regions = _old_regions(old_tables.get(name), spec)
         opts: list[Option] = []
         seen: set[object] = set()
-        one_d = fresh.sparse_groups is None  # a 2D plan's layout does not mix with 1D ones table by table
-        for label, layout in (
-            ("draft", draft[name]),
-            ("kept", kept_old.get(name)),
-            ("fresh", fresh_of[name] if one_d else None),
-        ):
-            if layout is None:
-                continue
-            movable = layout.sharding_type in _MOVABLE
+        for label, layout in choices[name]:
+            movable = free and layout.sharding_type in _MOVABLE
             key: object = (
                 (layout.sharding_type, tuple(sorted(_rect(s) for s in layout.shards)))
                 if movable
@@ -837,7 +851,7 @@ def search_moves(
             if key in seen:
                 continue
             seen.add(key)
-            opts.append(_option(layout, label, spec, model, topo, regions, mapping))
+            opts.append(_option(layout, label, spec, model, topo, regions, mapping, free=free))
         options.append(opts)
     limit = None if budget.max_slowdown is None else (fresh.predicted_step_ms or 0.0) * (1 + budget.max_slowdown)
     result = solve_keep(
@@ -848,7 +862,14 @@ def search_moves(
         hint=[0] * len(options),  # the draft's layout is every table's first option
         params=params,
     )
-    return result, names
+    space = "each table as the greedy drafted it, kept, or as the fresh plan lays it out" + (
+        "; table_wise and column_wise shards on any GPU"
+        if free
+        else f"; every shard where its layout has it (with "
+        f"{pieces} table_wise and column_wise shards free on {topo.world_size} GPUs the model would pass "
+        f"{KEEP_MAX_CELLS:,} booleans)"
+    )
+    return result, names, space
 
 
 # ------------------------------------------------------------------------------------------------ the report
@@ -893,19 +914,19 @@ def replan(
 
     if old.sparse_groups is not None:  # a 2D plan keeps its groups' layout, or gives way to the fresh plan
         chosen, kept, line = _keep_groups(old, model, new_fleet, topo, mapping, profiles, fresh, budget)
-        return _report(old, model, old_fleet, new_fleet, budget, mapping, topo, chosen, fresh, kept, (None, line))
+        return _report(old, model, old_fleet, new_fleet, budget, mapping, topo, chosen, fresh, kept, (None, line, ""))
     kept_old = kept_layouts(old, model, mapping, topo)
     draft = _trade(kept_old, fresh, model, new_fleet, topo, profiles, budget, moved_bytes)
     chosen = draft.plan if draft.plan is not None and not draft.problems else fresh
     kept = len(draft.kept) if chosen is not fresh else 0
-    search: tuple[int | None, str] | None = None
+    search: tuple[int | None, str, str] | None = None
     if params.solver == "cpsat" and chosen.sparse_groups is None:
-        result, names = search_moves(
+        result, names, space = search_moves(
             old, kept_old, {t.name: t for t in chosen.tables}, fresh, model, mapping, topo, params, budget
         )
         chosen, kept, line = _adopt(result, names, chosen, kept, draft.kept, fresh, model, new_fleet, profiles, budget,
                                     moved_bytes)  # fmt: skip
-        search = (result.bound_bytes, line)
+        search = (result.bound_bytes, line, space)
     return _report(old, model, old_fleet, new_fleet, budget, mapping, topo, chosen, fresh, kept, search)
 
 
@@ -1132,7 +1153,7 @@ def _report(
     chosen: Plan,
     fresh: Plan,
     kept_tables: int,
-    search: tuple[int | None, str] | None = None,
+    search: tuple[int | None, str, str] | None = None,
 ) -> ReplanReport:
     names = host_names(new_fleet)
     moves, new_bytes = plan_moves(old, chosen, model, mapping, topo) if chosen.tables else ([], 0)
@@ -1153,16 +1174,15 @@ def _report(
         )
     bound = None
     if search is not None:
-        bound, line = search
+        bound, line, space = search
         hints.append(line)
         if bound is not None and bound > moved:  # the answer is in the searched space: a bound above it is wrong
             log.warning("keep search: bound %d above the answer's %d bytes moved; not reported", bound, moved)
             bound = None
         if bound is not None:
             hints.append(
-                f"no layout of the searched space (each table as the greedy drafted it, kept, or as the fresh plan "
-                f"lays it out; table_wise and column_wise shards on any GPU) moves less than {fmt_bytes(bound)} "
-                "within the budget (proven by CP-SAT)"
+                f"no layout of the searched space ({space}) moves less than {fmt_bytes(bound)} within the budget "
+                "(proven by CP-SAT)"
             )
     return ReplanReport(
         model=model.name,

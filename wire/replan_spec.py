@@ -92,7 +92,8 @@ class ReplanReport(_Frozen):
         default=None,
         description="where CP-SAT searched (solver cpsat, max_slowdown): the least bytes any layout of its searched "
         "space moves within the budget, proven - each table as the greedy drafted it, as its old layout is kept, or "
-        "as the fresh plan lays it out, table_wise and column_wise shards on any GPU; null otherwise",
+        "as the fresh plan lays it out, table_wise and column_wise shards on any GPU where the model stays small "
+        "enough (the hints say which); null otherwise",
     )
     fresh_bytes_moved: NonNegInt = Field(description="what the fresh plan would move")
     total_bytes: NonNegInt = Field(description="every table's weights and optimizer state in the new model")

@@ -137,3 +137,23 @@ def test_with_a_price_per_gb_the_search_is_no_worse_than_the_greedy(small_model:
         assert objective(cpsat, price) <= objective(greedy, price) * (1 + 1e-9)
         assert cpsat.bytes_moved_bound is None  # a bound on bytes only where the budget is a step limit
         assert check_plan(Topology(new_fleet), small_model, cpsat.replan) == []
+
+
+def test_past_its_size_cap_the_search_keeps_shards_where_their_layouts_have_them(
+    small_model: ModelSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old_fleet, new_fleet = fleet("h100-3x2", (H100, 3, 2)), fleet("h100-2x2", (H100, 2, 2))
+    old = make_plan(small_model, old_fleet, GREEDY)
+    fresh = make_plan(small_model, new_fleet, GREEDY)
+    budget = ReplanBudget(max_slowdown=1.0)
+    free = replan(old, small_model, new_fleet, budget, CPSAT, old_fleet=old_fleet, fresh=fresh)
+    monkeypatch.setattr(rp, "KEEP_MAX_CELLS", 0)
+    capped = replan(old, small_model, new_fleet, budget, CPSAT, old_fleet=old_fleet, fresh=fresh)
+    assert any("every shard where its layout has it" in h and "proven by CP-SAT" in h for h in capped.hints)
+    assert not any("every shard where its layout has it" in h for h in free.hints)
+    assert capped.bytes_moved_bound is not None
+    assert free.bytes_moved_bound is not None
+    assert capped.bytes_moved_bound <= capped.bytes_moved
+    # the capped space is a part of the free one: its least is no less
+    assert capped.bytes_moved_bound >= free.bytes_moved_bound
+    assert check_plan(Topology(new_fleet), small_model, capped.replan) == []
