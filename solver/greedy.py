@@ -20,6 +20,12 @@ where. It is CP-SAT's hint and fallback and the baseline in benchmarks.
    packing to a target gives each table the least work that still fits under it. Its cost is that of a few dozen
    passes, which few tables keep small.
 
+5. Where a group of shards past the first costs a rank host time (the executor profile's ``per_group_us``: 2.4 ms
+   on eager steps), the pass runs again weighing each rank's groups (one per dtype, width, optimizer and placement
+   kind: ``greedy_assign(groups=True)``), then once more by the device's time without column-wise splits, and the
+   plan the evaluator prices fastest is kept (:func:`_weigh_groups`, :func:`_fewer_groups`). The first pass places by the device's
+   time alone and spreads a model's table kinds over every rank.
+
 The time limit (``SolveParams.time_limit_s``, one :class:`~shardwise.solver.deadline.Deadline` for the solve) holds
 here too: enumerating the candidates and each pass check it every table, and time is kept back for pricing the plan
 (:data:`FINISH_SHARE` of what enumerating took). Cut off, the greedy answers with its best complete plan if it has
@@ -85,10 +91,14 @@ def _try(
     host = state.host.copy()
     time_ = cand.time_ms
     offloaded = bool(cand.host.any())  # host memory only moves for offloaded shards
+    charge = state.groups
     if cand.scope == "rank":
         rc, rh = state.rank_class, state.rank_host
         ranks: list[int] = []
         free = np.ones(len(load), dtype=bool)  # one shard of a table per rank: a second one there is pointless
+        if charge is not None:
+            keys, ngroups = charge.keys(cand), charge.count.copy()
+            placed: dict[object, np.ndarray] = {}
         for i in range(len(cand.shapes)):
             need_h = cand.hbm[i][rc]
             ok = free & (hbm + need_h <= state.hbm_limit)
@@ -98,7 +108,20 @@ def _try(
             if not ok.any():
                 return None
             finish = np.where(ok, load + time_[i][rc], np.inf)
-            r = int(np.argmin(finish))
+            if charge is None:
+                r = int(np.argmin(finish))
+            else:  # the rank whose step (groups' host time included) ends earliest, then whose device does
+                key = keys[i]
+                new = ngroups.copy()
+                if key is not None:
+                    has = charge.has(key) | placed.get(key, np.zeros(len(load), dtype=bool))
+                    new += ~has
+                ends = np.where(ok, charge.step(finish, charge.host_ms(new)), np.inf)
+                least = ends.min()
+                r = int(np.argmin(np.where(ends <= least + 1e-9, finish, np.inf)))
+                ngroups[r] = new[r]
+                if key is not None:
+                    placed.setdefault(key, np.zeros(len(load), dtype=bool))[r] = True
             ranks.append(r)
             free[r] = False
             load[r] = finish[r]
@@ -122,6 +145,11 @@ def _try(
         if not len(feasible):
             return None
         end = (load[span].reshape(count, n) + t).max(axis=1)
+        if charge is not None:  # the block whose busiest GPU's step (its groups' host time included) ends earliest
+            key = charge.keys(cand)[0]  # a row-wise candidate: one width, one group
+            grows = ~charge.has(key)[span] if key is not None else np.zeros(count * n, dtype=bool)
+            steps = charge.step(load[span] + np.tile(t, count), charge.host_ms(charge.count[span] + grows, span), span)
+            end = np.maximum(end, steps.reshape(count, n).max(axis=1))
         b = int(feasible[np.argmin(end[feasible])])  # the block whose busiest GPU ends earliest (first of equals)
         rr = np.arange(first + b * n, first + (b + 1) * n)
         load[rr] += t
@@ -181,6 +209,7 @@ def greedy_assign(
     dense: list[tuple[str, DenseStyle]],
     floor_lookahead: bool = True,
     deadline: Deadline | None = None,
+    groups: bool = False,
 ) -> tuple[list[Placed | None], LoadState, int]:
     """Steps 2–3 of the module docstring; a table that fits nowhere gets None. Also returns how many tables the
     pass went through: fewer than all when ``deadline`` came first (the tables not reached are None too).
@@ -191,8 +220,14 @@ def greedy_assign(
     spreading a table over every rank is not free when others follow.
     Memory look-ahead: a candidate is preferred only if the HBM left afterwards still covers the least HBM every
     table after it needs; when no candidate passes that test, the fitting one that adds the least HBM is taken.
+
+    ``groups``: weigh the host's side of the step too (:class:`~shardwise.solver.load.GroupCharge`): each shard goes
+    to the rank whose step — the larger of its device and host time, or their sum on graphed steps — ends earliest,
+    a group of shards it does not look up yet costing that rank the profile's ``per_group_us``; candidates are scored
+    by the slowest such step first, then as above.
     """
-    state = initial_state(topo, model, dense)
+    state = initial_state(topo, model, dense, groups=groups)
+    charge = state.groups
     n = len(model.embedding_tables)
     chosen: list[Placed | None] = [None] * n
     need_of, work_of, floor_of = [0] * n, [0.0] * n, [0.0] * n
@@ -226,7 +261,10 @@ def greedy_assign(
                 if capacity - int(hbm.sum()) >= later[pos]:
                     total = float(load.sum())
                     projected = max(float(load.max()) + later_floor[pos], (total + later_work[pos]) / W)
-                    score = (projected, total, int(hbm.sum()))
+                    score: tuple[float, ...] = (projected, total, int(hbm.sum()))
+                    if charge is not None:
+                        steps = charge.step(load, charge.host_ms(charge.count_after(cand, ranks)))
+                        score = (max(float(steps.max()), projected), *score)
                     if best is None or score < best[0]:
                         best = (score, cand, ranks, load, hbm, host)
                     break  # slower placements of this family are dominated
@@ -236,6 +274,8 @@ def greedy_assign(
         if pick is None:
             continue
         _, cand, ranks, state.load, state.hbm, state.host = pick
+        if charge is not None:
+            charge.commit(cand, ranks)
         chosen[ti] = Placed(cand, ranks)
     return chosen, state, len(order)
 
@@ -246,6 +286,7 @@ def best_of_passes(
     cands: list[list[Candidate]],
     dense: list[tuple[str, DenseStyle]],
     deadline: Deadline | None = None,
+    groups: bool = False,
 ) -> tuple[list[Placed | None], int]:
     """The pass with the every-rank look-ahead; a second pass without it only when the first leaves tables out.
     Also returns how many tables the kept pass went through (all, unless ``deadline`` cut the first one off; a
@@ -254,10 +295,10 @@ def best_of_passes(
     On the benchmark instances the look-ahead pass ends sooner on 18 of 20 (by up to 30 %) and within 0.2 % on
     the other two, so a second pass is not worth its time unless memory made the first one fail.
     """
-    chosen, _, seen = greedy_assign(topo, model, cands, dense, floor_lookahead=True, deadline=deadline)
+    chosen, _, seen = greedy_assign(topo, model, cands, dense, floor_lookahead=True, deadline=deadline, groups=groups)
     if seen < len(chosen) or all(c is not None for c in chosen):
         return chosen, seen
-    retry, _, again = greedy_assign(topo, model, cands, dense, floor_lookahead=False, deadline=deadline)
+    retry, _, again = greedy_assign(topo, model, cands, dense, floor_lookahead=False, deadline=deadline, groups=groups)
     if again == len(retry) and sum(c is None for c in retry) < sum(c is None for c in chosen):
         return retry, again
     return chosen, seen
@@ -431,6 +472,8 @@ def run_greedy(
         bound = bound if bound is not None else lower_bound_ms(topo, model, cands)
         chosen = _spread_start(topo, model, cands, dense, chosen, bound, deadline.before(finish_s))
     if charges_groups(topo) and not deadline.before(finish_s).expired():
+        chosen = _weigh_groups(topo, model, cands, dense, dense_plans, chosen, deadline.before(finish_s))
+    if charges_groups(topo) and not deadline.before(finish_s).expired():
         chosen = _fewer_groups(topo, model, cands, dense, dense_plans, chosen, deadline.before(finish_s))
     priced = time.perf_counter()
     tables = [placed_to_table(model, p) for p in chosen if p is not None]
@@ -459,6 +502,31 @@ def charges_groups(topo: Topology) -> bool:
     return any(c.profile.overheads.per_group_us > 0 for c in topo.classes)
 
 
+def _priced_step(topo: Topology, model: ModelSpec, dense_plans: list[DensePlan], placed: list[Placed | None]) -> float:
+    """The step the evaluator predicts for ``placed`` with the dense layers priced as build_plan prices them."""
+    tables = [placed_to_table(model, p) for p in placed if p is not None]
+    return evaluate(topo, model, tables, with_kernels(topo, model, dense_plans)).step_ms
+
+
+def _weigh_groups(
+    topo: Topology,
+    model: ModelSpec,
+    cands: list[list[Candidate]],
+    dense: list[tuple[str, DenseStyle]],
+    dense_plans: list[DensePlan],
+    chosen: list[Placed | None],
+    deadline: Deadline,
+) -> list[Placed | None]:
+    """The greedy pass again weighing each rank's groups of shards (``greedy_assign(groups=True)``), and whichever of
+    the two layouts predicts the smaller step (ties keep the first): a group past the first costs a rank host time
+    (2.4 ms on eager steps), which the first pass, placing by the device's time alone, spends freely."""
+    other, seen = best_of_passes(topo, model, cands, dense, deadline, groups=True)
+    if seen < len(other) or any(c is None for c in other) or deadline.expired():
+        return chosen
+    better = _priced_step(topo, model, dense_plans, other) < _priced_step(topo, model, dense_plans, chosen) - 1e-9
+    return other if better else chosen
+
+
 def _fewer_groups(
     topo: Topology,
     model: ModelSpec,
@@ -481,13 +549,8 @@ def _fewer_groups(
     other, seen = best_of_passes(topo, model, narrow, dense, deadline)
     if seen < len(other) or any(c is None for c in other) or deadline.expired():
         return chosen
-    priced = with_kernels(topo, model, dense_plans)  # as build_plan prices the plan
-
-    def step(placed: list[Placed | None]) -> float:
-        tables = [placed_to_table(model, p) for p in placed if p is not None]
-        return evaluate(topo, model, tables, priced).step_ms
-
-    return other if step(other) < step(chosen) - 1e-9 else chosen
+    better = _priced_step(topo, model, dense_plans, other) < _priced_step(topo, model, dense_plans, chosen) - 1e-9
+    return other if better else chosen
 
 
 def plan_greedy(

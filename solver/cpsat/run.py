@@ -232,7 +232,11 @@ def host_mode_tables(
     start: Sequence[Placed],
 ) -> list[TablePlan] | None:
     """Step 4: level two from level one's (or the start's) assignment ``a`` — pack every host, repack between
-    hosts, then the LNS while time is left. None when some host cannot be packed (the caller keeps the start)."""
+    hosts, then the LNS while time is left. None when some host cannot be packed (the caller keeps the start).
+
+    Level two packs by the device's time; a GPU's step also grows with the groups of shards it looks up (the host
+    term a group past the first costs), which the start may have kept low. So where the evaluator prices the packed
+    layout slower than the start's, with the same dense layers, the start's tables come back."""
     topo, model = form.topo, form.spec
     fixed = fixed_loads(form, cands, a)
     ranks_for = pack_hosts(form, cands, a, fixed, params, deadline, start)
@@ -256,7 +260,16 @@ def host_mode_tables(
             return [placed[(t, i)] for i in range(len(c.shapes))]
         return fixed_ranks(topo, c, a, t)
 
-    return _tables_from(model, cands, a, ranks_of)
+    tables = _tables_from(model, cands, a, ranks_of)
+    own = [placed_to_table(model, p) for p in start]
+    if len(own) != len(tables) or len(a.dense) != len(model.dense_layers):
+        return tables
+    dense = [
+        DensePlan(name=layer.name, style=style, ranks=list(range(topo.world_size)))
+        for layer, style in zip(model.dense_layers, a.dense, strict=True)
+    ]
+    slower = evaluate(topo, model, own, dense).step_ms < evaluate(topo, model, tables, dense).step_ms
+    return own if slower else tables
 
 
 def plan_cpsat(

@@ -27,7 +27,10 @@ from shardwise.wire import hashing
 from shardwise.wire.replan_spec import ReplanBudget, ReplanReport
 from shardwise.wire.spec import FleetSpec, ModelSpec, PlanStatus, SolveParams
 
-GREEDY = SolveParams(solver="greedy")
+# 1D plans, whose layouts a re-plan keeps table by table (the 2D tests below make their own), on graphed steps: the
+# device's time sets their pace, so the small model's tables are split (column-wise, row-wise) as the tests need; on
+# eager steps the host's 2.4 ms a group of shards past the first makes most of them data_parallel copies
+GREEDY = SolveParams(solver="greedy", sparse_2d=False, graphed_steps=True)
 
 
 def fleet(*groups: tuple[str, int, int], names: list[list[str]] | None = None, name: str = "f") -> FleetSpec:
@@ -315,7 +318,7 @@ def _two_d_plan(model: ModelSpec, whole: FleetSpec, replicas: int) -> Any:
     from shardwise.solver.two_d import groups_for
     from shardwise.wire.spec import SparseGroups
 
-    topo = Topology(whole)
+    topo = Topology.for_params(whole, GREEDY, {})
     plan = option_plan(topo, model, GREEDY, SparseGroups(groups=groups_for(topo, replicas)))
     assert check_plan(topo, model, plan) == []
     return plan

@@ -20,7 +20,8 @@ from shardwise.solver.status import SolverStatus
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, PlanStatus, SolveParams
 
-GREEDY = SolveParams(solver="greedy")
+# 1D plans: the wrappers below lay a plan's tables out without replica groups
+GREEDY = SolveParams(solver="greedy", sparse_2d=False)
 
 
 @pytest.fixture(scope="module")
