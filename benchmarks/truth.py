@@ -481,7 +481,11 @@ def build(
             self.top = mlp((cfg.dim * (1 + len(cfg.tables)), *cfg.top, 1))
 
         def head(self, dense: torch.Tensor, pooled: dict[str, torch.Tensor]) -> torch.Tensor:
-            z = torch.cat([self.bottom(dense), *(pooled[n].float() for n in sorted(pooled))], dim=1)
+            # the pooled rows concatenated, then cast once, as the TorchRec model casts its KeyedTensor
+            # (torchrec_engine.build_dlrm); a cast per table cost 256 launches a step at 128 fp16 tables
+            # (docs/benchmarks.md, "With the grouped kernels (run 2)")
+            rows = torch.cat([pooled[n] for n in sorted(pooled)], dim=1).float()
+            z = torch.cat([self.bottom(dense), rows], dim=1)
             out: torch.Tensor = self.top(z).squeeze(1)
             return out
 
