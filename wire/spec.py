@@ -192,6 +192,15 @@ class EmbeddingTableSpec(_Frozen):
         allow_inf_nan=False,
         description="ids per sample per feature (mean bag size); at most 1e6",
     )
+    pooling_factor_p99: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_POOLING_FACTOR,
+        allow_inf_nan=False,
+        exclude_if=lambda v: v is None,  # unset, a table dumps (and hashes) as before the field existed
+        description="99th percentile of ids per sample per feature: a sequence table's long sequences, which a step "
+        "waits for; None = not known. describe() measures it; the cost model prices pooling_factor alone for now",
+    )
     pooling: Pooling = Pooling.sum
     num_features: int = Field(default=1, gt=0, le=MAX_FEATURES_PER_TABLE, description="at most 10000")
     optimizer: Optimizer = Optimizer.rowwise_adagrad

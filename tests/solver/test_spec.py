@@ -552,3 +552,13 @@ def test_inline_profile_checks_its_own_consistency() -> None:
     data["scale_up_per_peer_bytes_per_s"] = data["scale_up_bytes_per_s"] + 1
     errors = _refused(HostGroupSpec, {"gpu": data})
     assert any("scale_up_per_peer_bytes_per_s cannot exceed" in e["msg"] for e in errors)
+
+
+def test_a_tables_tail_is_dumped_only_when_set() -> None:
+    """``pooling_factor_p99`` came after request keys existed: unset, a table dumps (and hashes) as before it."""
+    plain = EmbeddingTableSpec(name="t", num_embeddings=10, embedding_dim=4, pooling=Pooling.none)
+    assert "pooling_factor_p99" not in plain.model_dump(mode="json")
+    seq = plain.model_copy(update={"pooling_factor_p99": 64.0})
+    assert EmbeddingTableSpec.model_validate_json(seq.model_dump_json()).pooling_factor_p99 == 64.0
+    with pytest.raises(ValidationError, match="pooling_factor_p99"):
+        EmbeddingTableSpec(name="t", num_embeddings=10, embedding_dim=4, pooling_factor_p99=-1.0)
