@@ -6,7 +6,8 @@ what, walking the module tree from the root:
 
 * ``nn.EmbeddingBag`` → a table named by its FQN: rows, dim, dtype of the weight, pooling ``sum`` / ``mean`` from
   its mode (mode ``max`` is refused: shardwise's cost model and executors know sum and mean pooling only);
-* ``nn.Embedding`` → a table with pooling ``none`` (one output row per id);
+* ``nn.Embedding`` → a sequence table: pooling ``none`` (one output row per id), ``num_features`` the number of
+  times the example forward calls it (one table serving a user's history and the candidates is two features);
 * TorchRec's ``EmbeddingBagCollection`` / ``EmbeddingCollection`` (and any module implementing their interfaces),
   when TorchRec is in use → one table per config, named by the config (TorchRec plans key tables by that name),
   ``num_features`` = the config's feature count (a feature several tables share counts in each), pooling from the
@@ -29,21 +30,45 @@ what, walking the module tree from the root:
 bytes, each parameter covered once — or :func:`describe` raises ``ValueError`` naming the modules left out (or the
 layers that share a parameter). Nothing is dropped silently.
 
+**Tied weights.** An ``nn.Linear`` whose weight is a table's (an output head scoring every item with the item
+embedding, SASRec and BERT4Rec style) is described as one table and a head: the weight once, in the table; the head
+an unclassified layer holding its bias alone (``param_count`` 0 without one) whose FLOPs are the GEMM it runs, priced
+as any dense layer. A table whose weight the forward reads otherwise (``F.linear(x, emb.weight)``) is found in the
+example forward; that product's FLOPs are spent outside every layer (below). Either way :func:`describe` warns: the
+planner prices the table's update from its lookups alone, though the head's gradient reaches every row it scores each
+step, and ``apply_plan`` cannot run such a table sharded. Other shared parameters are refused.
+
 **FLOPs.** Without ``example_inputs``, each layer is counted alone: an ``nn.Linear`` on ``(in_features,)`` (or its
 ``input_shapes`` entry), an unclassified layer on its ``input_shapes`` entry (a norm's input shape is known from the
-norm); one whose input cannot be known is an error that names it. With ``example_inputs`` (the arguments of
-``module.forward``: tensors and TorchRec ``KeyedJaggedTensor`` s, copied to the meta device), :func:`describe` runs
-the real forward once on meta under ``FlopCounterMode`` and gives each layer the FLOPs of its subtree; FLOPs spent
-outside every layer (DLRM's feature interaction, attention in a parameterless block) become a parameterless
-unclassified layer named by the module that spends them, so the spec's FLOPs are the forward's.
+norm; an ``nn.MultiheadAttention`` takes ``(seq_len, embed_dim)`` and attends it to itself); one whose input cannot
+be known is an error that names it. With ``example_inputs`` (the arguments of ``module.forward``: tensors and
+TorchRec ``KeyedJaggedTensor`` s, copied to the meta device), :func:`describe` runs the real forward once on meta
+under ``FlopCounterMode``; each FLOP goes to the innermost layer running when it is spent, else to the innermost
+module running, so a FLOP is counted once however the modules nest (``nn.TransformerEncoder`` holds its layers in
+an ``nn.ModuleList`` it never calls). FLOPs spent outside every layer (DLRM's feature interaction, attention in a
+parameterless block such as HSTU's pointwise attention) become a parameterless unclassified layer named by the
+module that spends them, so the spec's FLOPs are the forward's. Attention over padded sequences is counted padded,
+as the forward computes it.
+
+**Sequence tables.** A step's lookups follow its sequences' lengths, and a step waits for its longest sequences:
+a sequence table (pooling ``none``) gets its mean ids per sample per feature (``pooling_factor``) and their 99th
+percentile (``pooling_factor_p99``, nearest rank), given, measured from ``sample_batch``, or else from
+``example_inputs``: the ids each call of an ``nn.Embedding`` looks up (those equal to its ``padding_idx`` left out
+where the call gets an example tensor unchanged; computed ids are counted whole, with a warning when a
+``padding_idx`` is set), over the example's samples; an ``EmbeddingCollection``'s from the example's
+``KeyedJaggedTensor``. 1-D ids (jagged values) give the mean alone. The example's sequences are those the dense
+part's FLOPs were counted on, so lookups and attention agree; a pooled table's factor is not taken from the example
+(its bags shape no FLOPs, and are often made up to run the forward): pass ``sample_batch`` or ``pooling_factors``.
 
 **Statistics from a real batch.** ``sample_batch`` — a ``KeyedJaggedTensor``, or a mapping feature → ``(ids,
 offsets)`` with ``offsets`` of ``batch`` entries (the bag starts, as ``nn.EmbeddingBag`` takes them) or ``batch + 1``
 (the starts and the end) — measures each table's pooling
-factor (ids per sample per feature, over the features that feed it) and its access skew (the Zipf exponent of its
-row accesses, for the cache; :func:`zipf_exponent`). For TorchRec collections the features are the configs'
-``feature_names``; for ``nn.EmbeddingBag`` / ``nn.Embedding`` the feature is the table's FQN. Values passed
-explicitly (``pooling_factors``, ``access_skew``) win over the measured ones.
+factor (ids per sample per feature, over the features that feed it), a sequence table's 99th percentile of them, and
+its access skew (the Zipf exponent of its row accesses, for the cache; :func:`zipf_exponent`). For TorchRec
+collections the features are the configs' ``feature_names``; for ``nn.EmbeddingBag`` / ``nn.Embedding`` the feature
+is the table's FQN (an ``nn.Embedding`` called k times a sample: k bags a sample). Values passed explicitly
+(``pooling_factors``, ``pooling_factors_p99``, ``access_skew``) win over the measured ones, and a sample batch's over
+an example's.
 
 The walk is ``walk``, the FLOPs ``flops``, the batch statistics ``batch`` and the entry point ``spec``. torch is
 imported lazily; these modules otherwise import the wire models only.

@@ -1,14 +1,17 @@
-"""Statistics from a real batch of sparse features: each table's pooling factor and the Zipf exponent of its row
-accesses (the package docstring, "Statistics from a real batch")."""
+"""Statistics from a real batch of sparse features: each table's pooling factor, the Zipf exponent of its row
+accesses and a sequence table's tail (the package docstring, "Statistics from a real batch"); and the sequence
+tables' ids per sample in an example forward."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from shardwise.runtime.describe.flops import is_kjt
+from shardwise.runtime.describe.flops import Forward, is_kjt
 from shardwise.runtime.describe.walk import Table
+from shardwise.wire.spec import Pooling
 
 if TYPE_CHECKING:
     import torch
@@ -57,8 +60,9 @@ def features(sample_batch: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
 
 def batch_statistics(
     tables: Sequence[Table], features: Mapping[str, tuple[torch.Tensor, torch.Tensor]]
-) -> tuple[dict[str, float], dict[str, float | None]]:
-    """Per table: pooling factor (ids per sample per feature) and Zipf exponent, from the features feeding it."""
+) -> tuple[dict[str, float], dict[str, float | None], dict[str, float]]:
+    """Per table: pooling factor (ids per sample per feature) and Zipf exponent, from the features feeding it; and
+    per sequence table (pooling ``none``), the 99th percentile of its sequences' lengths (:func:`tail`)."""
     import torch
 
     wanted = {f for t in tables for f in t.features}
@@ -67,13 +71,14 @@ def batch_statistics(
         raise ValueError(f"sample_batch has features no table reads: {', '.join(unknown)}")
     factors: dict[str, float] = {}
     skews: dict[str, float | None] = {}
+    tails: dict[str, float] = {}
     for t in tables:
         name = t.fields["name"]
         missing = [f for f in t.features if f not in features]
         if missing:
             raise ValueError(f"table {name}: sample_batch lacks its feature(s) {', '.join(missing)}")
         ids = torch.cat([features[f][0].reshape(-1).long() for f in t.features])
-        bags = sum(features[f][1].numel() - 1 for f in t.features)
+        lengths = torch.cat([features[f][1].long().diff() for f in t.features])
         if ids.numel() == 0:
             raise ValueError(
                 f"table {name}: no ids in the sample batch; pass its pooling factor, or a batch where it is used"
@@ -81,10 +86,89 @@ def batch_statistics(
         rows = t.fields["num_embeddings"]
         if bool((ids < 0).any()) or bool((ids >= rows).any()):
             raise ValueError(f"table {name}: sample_batch has ids outside 0..{rows - 1}")
-        factors[name] = ids.numel() / bags
+        factors[name] = ids.numel() / lengths.numel()
+        if t.fields["pooling"] is Pooling.none:
+            tails[name] = tail(lengths)
         s = zipf_exponent(ids)
         skews[name] = None if s is None or s < UNIFORM_BELOW else min(s, 5.0)
-    return factors, skews
+    return factors, skews, tails
+
+
+@dataclass
+class Sequences:
+    """What an example forward says of the sequence tables (pooling ``none``): per table, the mean ids per sample
+    per feature, their 99th percentile where the lengths of single samples are known, the features (calls of an
+    ``nn.Embedding``), and a note where the count could not leave out padding."""
+
+    factors: dict[str, float] = field(default_factory=dict)
+    tails: dict[str, float] = field(default_factory=dict)
+    uses: dict[str, int] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+
+
+def example_sequences(tables: Sequence[Table], forward: Forward) -> Sequences:
+    """The sequence tables' ids per sample in an example forward.
+
+    An ``nn.Embedding`` is fed ids of any shape; each call is one feature (one table serving a user's history and
+    the candidates is called twice: two features). The ids a call looks up are its ids less those equal to its
+    ``padding_idx`` — counted on the real ids where the call received an example input unchanged, else every
+    position (a note says so when a ``padding_idx`` is set). A sample's ids are those along the first dimension of
+    the batch's size; 1-D ids are the batch's ids end to end (jagged values), whose lengths per sample are unknown,
+    so the table gets its mean and no tail. A TorchRec ``EmbeddingCollection``'s table is measured on the example's
+    ``KeyedJaggedTensor`` holding its features, as a ``sample_batch`` is."""
+    import torch
+
+    out = Sequences()
+    batch = forward.batch
+    for t in tables:
+        name = t.fields["name"]
+        if t.fields["pooling"] is not Pooling.none:
+            continue
+        if t.embedding is None:
+            kjt = next((k for k in forward.kjts if set(t.features) <= set(k.keys())), None)
+            if kjt is None:
+                continue
+            feats = features(kjt)
+            ids = sum(feats[f][0].numel() for f in t.features)
+            lengths = torch.cat([feats[f][1].long().diff() for f in t.features])
+            if ids:
+                out.factors[name], out.tails[name] = ids / lengths.numel(), tail(lengths)
+            continue
+        calls = forward.lookups.get(name, [])
+        pad = t.embedding.padding_idx
+        total, guessed = 0, False
+        per_sample: list[torch.Tensor] | None = []
+        for shape, real in calls:
+            counted = (real != pad) if real is not None and pad is not None else None
+            guessed |= real is None and pad is not None
+            total += int(counted.sum()) if counted is not None else math.prod(shape)
+            at = shape.index(batch) if len(shape) >= 2 and batch in shape else None
+            if at is None:
+                per_sample = None
+            elif per_sample is not None:
+                if counted is None:
+                    per_sample.append(torch.full((batch,), math.prod(shape) // batch))
+                else:
+                    per_sample.append(counted.movedim(at, 0).reshape(batch, -1).sum(1))
+        if not calls or total == 0:
+            continue
+        out.uses[name] = len(calls)
+        out.factors[name] = total / (batch * len(calls))
+        if per_sample is not None:
+            out.tails[name] = tail(torch.cat(per_sample))
+        if guessed:
+            out.notes[name] = (
+                f"table {name}: the example's ids reached it computed in the forward, so every position was counted, "
+                f"padding (padding_idx {pad}) too; pass sample_batch or pooling_factors for the ids it looks up"
+            )
+    return out
+
+
+def tail(lengths: torch.Tensor) -> float:
+    """The 99th percentile of ``lengths`` (a sequence's ids), nearest rank: the least length that 99 % of them do
+    not exceed. A step waits for its longest sequences; the mean alone hides them."""
+    ordered = lengths.reshape(-1).sort().values
+    return float(ordered[max(math.ceil(0.99 * ordered.numel()) - 1, 0)])
 
 
 def zipf_exponent(ids: torch.Tensor, *, min_count: int = 2) -> float | None:

@@ -3,12 +3,13 @@ says what becomes what), and the per-table and per-layer options it takes."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from shardwise.runtime.describe.batch import batch_statistics, features
+from shardwise.runtime.describe.batch import Sequences, batch_statistics, example_sequences, features
 from shardwise.runtime.describe.flops import measure_alone, measure_forward
-from shardwise.runtime.describe.walk import Layer, Table, account, walk
+from shardwise.runtime.describe.walk import Layer, Table, account, tie, tied_warning, walk
 from shardwise.wire.spec import DenseLayerSpec, DenseStyle, EmbeddingTableSpec, ModelSpec, Optimizer
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ def describe(
     batch_size_per_gpu: int,
     name: str | None = None,
     pooling_factors: float | Mapping[str, float] | None = None,
+    pooling_factors_p99: float | Mapping[str, float] | None = None,
     access_skew: float | Mapping[str, float] | None = None,
     optimizer: str | Mapping[str, str] = "rowwise_adagrad",
     dense_optimizer: str = "adam",
@@ -38,26 +40,32 @@ def describe(
 
     - ``name``: the model's name; the module's class name by default.
     - ``pooling_factors``: mean ids per sample per feature, for every table or per table name (default: measured
-      from ``sample_batch``, else 1).
+      from ``sample_batch``, else, for a sequence table, from ``example_inputs``, else 1).
+    - ``pooling_factors_p99``: the 99th percentile of ids per sample per feature, for every table or per table name
+      (default: a sequence table's, measured as its pooling factor is; else unset).
     - ``access_skew``: Zipf exponent of row accesses, for every table or per table name (default: measured from
       ``sample_batch``, else uniform).
     - ``optimizer``: the tables' optimizer (sgd, adagrad, rowwise_adagrad, adam), or per table name.
     - ``dense_optimizer``: the dense layers' optimizer.
     - ``input_shapes``: per layer FQN, the shape of one sample's input without the batch dimension (an
       ``nn.Linear``'s default is ``(in_features,)``), e.g. ``(seq_len, in_features)`` for a layer applied to every
-      token; its FLOPs per sample are counted on that shape. Not with ``example_inputs``.
+      token; its FLOPs per sample are counted on that shape (an ``nn.MultiheadAttention``'s is ``(seq_len,
+      embed_dim)``, attended to itself). Not with ``example_inputs``.
     - ``example_inputs``: the arguments of ``module.forward`` (a tuple, or one argument) for one batch, on any device;
-      they are copied to meta and the forward is run there once to count every layer's FLOPs and activations.
+      they are copied to meta and the forward is run there once to count every layer's FLOPs and activations, and
+      the ids each sequence table looks up (the package docstring, "Sequence tables").
     - ``example_batch_size``: the samples in ``example_inputs`` (default: the first tensor's leading dimension, or a
       ``KeyedJaggedTensor``'s stride).
     - ``sample_batch``: a real batch of sparse features (``KeyedJaggedTensor`` or feature → ``(ids, offsets)``) to
-      measure pooling factors and access skews from (the package docstring).
+      measure pooling factors, access skews and sequence tables' tails from (the package docstring).
     - ``dense_styles``: per dense-layer name, a style to pin (replicate, fsdp; colwise or rowwise for a linear one).
 
     Raises ``ValueError`` for a module shardwise cannot describe (an EmbeddingBag in mode ``max``, a weight dtype
-    with no wire equivalent, parameters left out or shared, a layer whose FLOPs cannot be counted), a mapping key
-    that names no table or layer, a sample batch that does not fit the tables, or a model with nothing to plan; the
-    message names the module.
+    with no wire equivalent, parameters left out or shared other than a table's weight with an ``nn.Linear``, a
+    layer whose FLOPs cannot be counted), a mapping key that names no table or layer, a sample batch that does not
+    fit the tables, or a model with nothing to plan; the message names the module. Warns (``UserWarning``) of a table
+    whose weight a layer also multiplies by (the package docstring, "Tied weights"), and of a sequence table whose
+    padding it could not leave out of the count.
     """
     import torch  # noqa: F401  (the torch extra: fail here, not halfway through)
 
@@ -66,38 +74,61 @@ def describe(
     tables: list[Table] = []
     layers: list[Layer] = []
     walk(module, "", tables, layers, inside_collection=False)
+    notes = tie(tables, layers)
     account(module, tables, layers)
 
     dense_opt = Optimizer(dense_optimizer)
+    seen = Sequences()
     if example_inputs is not None:
-        measure_forward(module, layers, example_inputs, example_batch_size)
+        forward = measure_forward(module, layers, tables, example_inputs, example_batch_size)
+        seen = example_sequences(tables, forward)
+        tied = {layer.tied for layer in layers}
+        notes += [
+            tied_warning(table, f"the forward reads its weight outside a lookup ({', '.join(sorted(ops))})")
+            for table, ops in sorted(forward.weight_reads.items())
+            if table not in tied
+        ]
     else:
         measure_alone(layers, batch_size_per_gpu, dict(input_shapes or {}))
 
     names = [t.fields["name"] for t in tables]
     measured_pf: dict[str, float] = {}
     measured_skew: dict[str, float | None] = {}
+    measured_tail: dict[str, float] = {}
     if sample_batch is not None:
-        measured_pf, measured_skew = batch_statistics(tables, features(sample_batch))
-    factors = _per_table(pooling_factors, names, "pooling_factors", measured_pf, 1.0)
+        measured_pf, measured_skew, measured_tail = batch_statistics(tables, features(sample_batch))
+    if isinstance(pooling_factors, Mapping):
+        given = set(pooling_factors)
+    else:
+        given = set(names) if pooling_factors is not None else set()
+    notes += [note for table, note in seen.notes.items() if table not in given | set(measured_pf)]
+    factors = _per_table(pooling_factors, names, "pooling_factors", seen.factors | measured_pf, 1.0)
+    tails = _per_table(pooling_factors_p99, names, "pooling_factors_p99", seen.tails | measured_tail, None)
     skews = _per_table(access_skew, names, "access_skew", measured_skew, None)
     optimizers = _per_table(optimizer, names, "optimizer", {}, Optimizer.rowwise_adagrad.value)
     styles = dict(dense_styles or {})
     unknown = sorted(set(styles) - {layer.name for layer in layers})
     if unknown:
         raise ValueError(f"dense_styles names no dense layer of the module: {', '.join(unknown)}")
+    for note in notes:
+        warnings.warn(note, UserWarning, stacklevel=2)
+    specs = []
+    for t in tables:
+        n = t.fields["name"]
+        fields = t.fields | ({"num_features": seen.uses[n]} if n in seen.uses else {})  # an nn.Embedding's calls
+        specs.append(
+            EmbeddingTableSpec(
+                **fields,
+                pooling_factor=factors[n],
+                pooling_factor_p99=tails[n],
+                access_skew=skews[n],
+                optimizer=Optimizer(optimizers[n]),
+            )
+        )
     return ModelSpec(
         name=name or type(module).__name__,
         batch_size_per_gpu=batch_size_per_gpu,
-        embedding_tables=[
-            EmbeddingTableSpec(
-                **t.fields,
-                pooling_factor=factors[t.fields["name"]],
-                access_skew=skews[t.fields["name"]],
-                optimizer=Optimizer(optimizers[t.fields["name"]]),
-            )
-            for t in tables
-        ],
+        embedding_tables=specs,
         dense_layers=[_layer_spec(layer, dense_opt, styles.get(layer.name)) for layer in layers],
     )
 
@@ -112,6 +143,22 @@ def _layer_spec(layer: Layer, optimizer: Optimizer, style: str | None) -> DenseL
                 "all-reduces its gradient); to shard it, move it into a submodule"
             )
         pinned = DenseStyle.replicate
+    if layer.tied is not None:  # a head on a table's weight: its bias alone, and the GEMM it runs
+        from torch import nn
+
+        head = layer.module
+        assert isinstance(head, nn.Linear)  # tie() ties linear layers alone
+        return DenseLayerSpec(
+            name=layer.name,
+            kind="unclassified",
+            param_count=sum(p.numel() for p in layer.params),
+            activation_bytes_per_sample=layer.activation_bytes
+            or (head.in_features + head.out_features) * layer.dtype.nbytes,
+            dtype=layer.dtype,
+            optimizer=optimizer,
+            flops_per_sample=layer.flops if layer.flops is not None else 2 * head.in_features * head.out_features,
+            style=pinned,
+        )
     if layer.kind == "linear":
         mod = layer.module
         return DenseLayerSpec(

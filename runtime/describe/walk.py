@@ -24,6 +24,7 @@ class Table:
     fields: dict[str, Any]  # EmbeddingTableSpec fields, less the per-table options
     features: list[str]  # the sample-batch keys that feed it
     params: list[torch.Tensor]  # the tensors holding it
+    embedding: nn.Embedding | None = None  # the nn.Embedding it is: its calls in an example forward give its ids
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Layer:
     activation_bytes: int | None = None  # per sample
     dtype: Dtype | None = None
     loose: bool = False  # one parameter of a module that also holds tables: named by the parameter, replicated
+    tied: str | None = None  # an nn.Linear whose weight is this table's: the layer holds its bias alone
 
 
 def walk(mod: nn.Module, fqn: str, tables: list[Table], layers: list[Layer], *, inside_collection: bool) -> None:
@@ -51,8 +53,10 @@ def walk(mod: nn.Module, fqn: str, tables: list[Table], layers: list[Layer], *, 
         return
     if isinstance(mod, nn.EmbeddingBag | nn.Embedding):
         if not inside_collection:  # inside a collection it is one of the collection's tables
-            fields = _embedding_bag(where, mod) if isinstance(mod, nn.EmbeddingBag) else _embedding(where, mod)
-            tables.append(Table(fields, [where], [mod.weight]))
+            if isinstance(mod, nn.EmbeddingBag):
+                tables.append(Table(_embedding_bag(where, mod), [where], [mod.weight]))
+            else:
+                tables.append(Table(_embedding(where, mod), [where], [mod.weight], embedding=mod))
         return
     if isinstance(mod, nn.Linear) and {n for n, _ in mod.named_parameters()} <= {"weight", "bias"}:
         layers.append(Layer(where, mod, "linear", list(mod.parameters())))
@@ -93,6 +97,34 @@ def _holds_tables(mod: nn.Module) -> bool:
 
     collections = _torchrec_collection_types()
     return isinstance(mod, nn.EmbeddingBag | nn.Embedding) or bool(collections and isinstance(mod, collections))
+
+
+def tie(tables: Sequence[Table], layers: Sequence[Layer]) -> list[str]:
+    """Describe each ``nn.Linear`` whose weight is a table's (an output head tied to the item embedding, SASRec and
+    BERT4Rec style) as a head over that table: the layer keeps its bias alone, so the weight is described once, in
+    the table, and the layer becomes an unclassified one priced as the GEMM it runs. Returns a warning per tie."""
+    from torch import nn
+
+    tables_of = {id(p): t.fields["name"] for t in tables for p in t.params}
+    out = []
+    for layer in layers:
+        head = layer.module
+        if layer.kind != "linear" or not isinstance(head, nn.Linear) or id(head.weight) not in tables_of:
+            continue
+        layer.tied = tables_of[id(head.weight)]
+        layer.params = [p for p in layer.params if p is not head.weight]
+        out.append(tied_warning(layer.tied, f"its weight is also the weight of {layer.name}, an nn.Linear"))
+    return out
+
+
+def tied_warning(table: str, how: str) -> str:
+    """What describe() warns of a table whose weight a layer multiplies by (``how`` says who)."""
+    return (
+        f"table {table}: {how}; the weight is described once, in the table, and the product as a dense layer's "
+        "GEMM. The planner prices the table's update from its lookups alone, though the product's gradient reaches "
+        "every row it reads each step, and apply_plan cannot run such a table sharded (the product reads the whole "
+        "weight)"
+    )
 
 
 def account(module: nn.Module, tables: Sequence[Table], layers: Sequence[Layer]) -> None:
@@ -138,8 +170,11 @@ def account(module: nn.Module, tables: Sequence[Table], layers: Sequence[Layer])
 
 def _layer_dtype(layer: Layer) -> Dtype:
     import torch
+    from torch import nn
 
     dtypes = {p.dtype for p in layer.params}
+    if layer.tied is not None and isinstance(layer.module, nn.Linear):  # it multiplies by the table's weight
+        dtypes.add(layer.module.weight.dtype)
     if len(dtypes) > 1:
         raise ValueError(
             f"{layer.name}: parameters of several dtypes ({', '.join(sorted(map(str, dtypes)))}); a dense layer "

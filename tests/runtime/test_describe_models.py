@@ -5,6 +5,7 @@ with a raw nn.Parameter layer, and nn.TransformerEncoderLayer."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -443,3 +444,305 @@ def test_sample_batch_as_a_mapping_of_ids_and_offsets() -> None:
     refused({**sample, "item": (items[:0], torch.zeros(batch + 1, dtype=torch.long))}, "table item: no ids")
     with pytest.raises(ValueError, match="sample_batch: expected a KeyedJaggedTensor or a mapping"):
         describe(model, batch_size_per_gpu=8, input_shapes={"gate": (32,)}, sample_batch=[users])
+
+
+# --------------------------------------------------------------------------------------------------- sequence models
+
+ROWS, DIM, SEQ = 2_000_000, 32, 16  # the described (meta) item table; a real one for counting FLOPs has 1,000 rows
+
+
+class SeqRec(nn.Module):
+    """An item table feeding two transformer encoder layers, held by ``nn.TransformerEncoder`` (parameterless: its
+    layers sit in an ``nn.ModuleList`` it never calls) or by a ``Sequential``."""
+
+    def __init__(self, container: str, rows: int = ROWS) -> None:
+        super().__init__()
+        self.items = nn.Embedding(rows, DIM)
+        if container == "encoder":
+            layer = nn.TransformerEncoderLayer(DIM, 2, 2 * DIM, batch_first=True)
+            self.encoder: nn.Module = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        else:
+            self.encoder = nn.Sequential(*(nn.TransformerEncoderLayer(DIM, 2, 2 * DIM, batch_first=True) for _ in "ab"))
+
+    def forward(self, ids: Any) -> Any:
+        return self.encoder(self.items(ids))
+
+
+HEADS, QK, V = 2, 16, 16
+
+
+class HSTUBlock(nn.Module):
+    """HSTU's layer over padded histories: one projection to U, V, Q, K; pointwise attention SiLU(QKᵀ)/L under a
+    causal mask of the valid positions (no softmax); the output (norm(AV) ⊙ SiLU(U)) projected back, residual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.uvqk = nn.Linear(DIM, HEADS * (2 * V + 2 * QK))
+        self.norm = nn.LayerNorm(HEADS * V)
+        self.out = nn.Linear(HEADS * V, DIM)
+
+    def forward(self, x: Any, lengths: Any) -> Any:
+        B, L, _ = x.shape
+        u, v, q, k = self.uvqk(x).split([HEADS * V, HEADS * V, HEADS * QK, HEADS * QK], dim=-1)
+        q, k = (t.view(B, L, HEADS, QK).transpose(1, 2) for t in (q, k))
+        v = v.view(B, L, HEADS, V).transpose(1, 2)
+        valid = torch.arange(L, device=x.device)[None, :] < lengths[:, None]
+        mask = (valid[:, None, :, None] & valid[:, None, None, :]).tril()
+        attn = torch.nn.functional.silu(q @ k.transpose(-1, -2)) / L * mask
+        o = (attn @ v).transpose(1, 2).reshape(B, L, HEADS * V)
+        return x + self.out(self.norm(o) * torch.nn.functional.silu(u))
+
+
+class HSTU(nn.Module):
+    """An item table (id 0 pads a history) and two HSTU blocks."""
+
+    def __init__(self, rows: int = ROWS) -> None:
+        super().__init__()
+        self.items = nn.Embedding(rows, DIM, padding_idx=0)
+        self.blocks = nn.ModuleList([HSTUBlock(), HSTUBlock()])
+
+    def forward(self, ids: Any, lengths: Any) -> Any:
+        x = self.items(ids)
+        for block in self.blocks:
+            x = block(x, lengths)
+        return x
+
+
+def padded_histories(lengths: list[int], width: int) -> tuple[Any, Any]:
+    """Histories of ``lengths`` ids (1..999), padded with 0 to ``width``."""
+    n = torch.tensor(lengths)
+    ids = torch.randint(1, 1000, (len(lengths), width), generator=torch.Generator().manual_seed(2))
+    return ids * (torch.arange(width)[None, :] < n[:, None]), n
+
+
+def sequence_model(kind: str, rows: int) -> tuple[nn.Module, tuple[Any, ...]]:
+    if kind == "hstu":
+        return HSTU(rows), padded_histories([SEQ, 11, 5, 1], SEQ)
+    ids = torch.randint(0, 1000, (4, SEQ), generator=torch.Generator().manual_seed(2))
+    return SeqRec(kind, rows), (ids,)
+
+
+@pytest.mark.parametrize("kind", ["encoder", "sequential", "hstu"])
+def test_a_sequence_models_flops_are_its_forwards(kind: str) -> None:
+    """Each FLOP is counted once: nn.TransformerEncoder's layers are not counted again in the container."""
+    with torch.device("meta"):
+        model, _ = sequence_model(kind, ROWS)
+    real, args = sequence_model(kind, 1000)
+    spec = describe(model, batch_size_per_gpu=64, example_inputs=args)
+    assert described(spec) == params_and_bytes(model)
+    forward = real_flops_per_sample(real, args, 4)
+    assert described_flops(spec) == pytest.approx(forward, rel=0.05)
+    layers = {d.name: d for d in spec.dense_layers}
+    assert "encoder" not in layers  # the container spends no FLOP of its own
+    if kind == "hstu":  # the attention products, outside every layer: one parameterless layer per block
+        block = layers["blocks.0"]
+        assert (block.num_params, block.forward_flops_per_sample) == (0, 2 * HEADS * SEQ * SEQ * (QK + V))
+
+
+def test_sequence_tables_ids_per_sample_from_the_example() -> None:
+    with torch.device("meta"):
+        seqrec, hstu = SeqRec("sequential"), HSTU()
+    ids = torch.randint(0, 1000, (4, SEQ))
+    (items,) = describe(seqrec, batch_size_per_gpu=64, example_inputs=(ids,)).embedding_tables
+    assert (items.pooling.value, items.num_features) == ("none", 1)
+    assert (items.pooling_factor, items.pooling_factor_p99) == (SEQ, SEQ)  # every sample looks up SEQ ids
+    # padded histories: the padding (padding_idx 0) is not looked up; the tail is the longest
+    histories = padded_histories([SEQ, 11, 5, 1], SEQ)
+    (items,) = describe(hstu, batch_size_per_gpu=64, example_inputs=histories).embedding_tables
+    assert (items.pooling_factor, items.pooling_factor_p99) == ((SEQ + 11 + 5 + 1) / 4, SEQ)
+    # given values win
+    (items,) = describe(
+        hstu, batch_size_per_gpu=64, example_inputs=histories, pooling_factors=8.0, pooling_factors_p99=12.0
+    ).embedding_tables
+    assert (items.pooling_factor, items.pooling_factor_p99) == (8.0, 12.0)
+
+
+def test_ids_computed_in_the_forward_are_counted_whole_and_said_so() -> None:
+    class Shifted(HSTU):
+        def forward(self, ids: Any, lengths: Any) -> Any:
+            return super().forward(ids * 1, lengths)  # not the example's tensor: its values are not known on meta
+
+    with torch.device("meta"):
+        model = Shifted()
+    histories = padded_histories([SEQ, 11, 5, 1], SEQ)
+    with pytest.warns(UserWarning, match=r"table items: .* every position was counted, padding \(padding_idx 0\)"):
+        (items,) = describe(model, batch_size_per_gpu=64, example_inputs=histories).embedding_tables
+    assert (items.pooling_factor, items.pooling_factor_p99) == (SEQ, SEQ)
+    # a sample batch counts the real ids, and no warning
+    ids, lengths = histories
+    sample = {"items": (ids[ids != 0], torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(lengths, 0)]))}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (items,) = describe(
+            model, batch_size_per_gpu=64, example_inputs=histories, sample_batch=sample
+        ).embedding_tables
+    assert (items.pooling_factor, items.pooling_factor_p99) == ((SEQ + 11 + 5 + 1) / 4, SEQ)
+
+
+def test_jagged_ids_give_the_mean_and_a_sample_batch_the_tail() -> None:
+    class Jagged(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.items = nn.Embedding(ROWS, DIM)
+            self.head = nn.Linear(DIM, 1)
+
+        def forward(self, values: Any, offsets: Any) -> Any:
+            return self.head(self.items(values))
+
+    with torch.device("meta"):
+        model = Jagged()
+    lengths = torch.tensor([40, 3, 3, 2])
+    values = torch.randint(0, 1000, (int(lengths.sum()),))
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(lengths, 0)])
+    example = describe(model, batch_size_per_gpu=64, example_inputs=(values, offsets), example_batch_size=4)
+    (items,) = example.embedding_tables
+    assert (items.pooling_factor, items.pooling_factor_p99) == (48 / 4, None)  # 1-D ids: no sample's length
+    (items,) = describe(model, batch_size_per_gpu=64, sample_batch={"items": (values, offsets)}).embedding_tables
+    assert (items.pooling_factor, items.pooling_factor_p99) == (48 / 4, 40)
+
+
+def test_a_table_serving_history_and_candidates_is_one_table_of_two_features() -> None:
+    """The cost model prices a sequence table's lookups and output rows as batch · num_features · pooling_factor and
+    its lengths as batch · num_features: two features of 50 and 1 ids are 2 × 25.5."""
+
+    class TwoTower(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.items = nn.Embedding(ROWS, DIM)
+            self.user = nn.Linear(DIM, DIM)
+
+        def forward(self, history: Any, candidates: Any) -> Any:
+            return (self.user(self.items(history).mean(1)) * self.items(candidates)[:, 0]).sum(-1)
+
+    with torch.device("meta"):
+        model = TwoTower()
+    g = torch.Generator().manual_seed(3)
+    history, candidates = torch.randint(0, 1000, (4, 50), generator=g), torch.randint(0, 1000, (4, 1), generator=g)
+    spec = describe(model, batch_size_per_gpu=64, example_inputs=(history, candidates))
+    (items,) = spec.embedding_tables
+    assert (items.num_features, items.pooling_factor, items.pooling_factor_p99) == (2, 25.5, 50)
+    assert described(spec) == params_and_bytes(model)
+    # a sample batch for it: one bag per sample per use
+    ids = torch.cat([history.reshape(-1), candidates.reshape(-1)])
+    offsets = torch.cat([torch.arange(5) * 50, 200 + torch.arange(1, 5)])
+    spec = describe(
+        model, batch_size_per_gpu=64, example_inputs=(history, candidates), sample_batch={"items": (ids, offsets)}
+    )
+    assert spec.embedding_tables[0].pooling_factor == 25.5
+
+
+@pytest.mark.torchrec
+def test_an_embedding_collections_sequences_from_the_example_or_a_batch() -> None:
+    pytest.importorskip("torchrec", exc_type=ImportError)
+    from torchrec import (
+        EmbeddingBagCollection,
+        EmbeddingBagConfig,
+        EmbeddingCollection,
+        EmbeddingConfig,
+        KeyedJaggedTensor,
+    )
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            meta = torch.device("meta")
+            item = EmbeddingConfig(
+                name="t_item", num_embeddings=ROWS, embedding_dim=DIM, feature_names=["history", "candidate"]
+            )
+            self.ec = EmbeddingCollection(tables=[item], device=meta)
+            self.ebc = EmbeddingBagCollection(
+                tables=[EmbeddingBagConfig(name="t_user", num_embeddings=100, embedding_dim=DIM, feature_names=["u"])],
+                device=meta,
+            )
+            self.head = nn.Linear(DIM, 1, device=meta)
+
+        def forward(self, seq: Any, user: Any) -> Any:
+            out = self.ec(seq)
+            pooled = self.ebc(user)["u"]
+            return self.head(out["history"].values()).sum() + (out["candidate"].values() * pooled).sum()
+
+    seq = KeyedJaggedTensor.from_lengths_sync(
+        keys=["history", "candidate"],
+        values=torch.arange(40 + 7 + 2 + 1 + 4) % 1000,
+        lengths=torch.tensor([40, 7, 2, 1, 1, 1, 1, 1]),
+    )
+    user = KeyedJaggedTensor.from_lengths_sync(keys=["u"], values=torch.arange(8) % 100, lengths=torch.full((4,), 2))
+    spec = describe(Model(), batch_size_per_gpu=64, example_inputs=(seq, user))
+    item, pooled = spec.embedding_tables
+    assert (item.num_features, item.pooling_factor, item.pooling_factor_p99) == (2, 54 / 8, 40)
+    assert (pooled.pooling_factor, pooled.pooling_factor_p99) == (1.0, None)  # a pooled table: from a sample batch
+    spec = describe(Model(), batch_size_per_gpu=64, sample_batch=KeyedJaggedTensor.concat([seq, user]))
+    item, pooled = spec.embedding_tables
+    assert (item.pooling_factor, item.pooling_factor_p99, pooled.pooling_factor) == (54 / 8, 40, 2.0)
+
+
+def test_multihead_attention_through_input_shapes() -> None:
+    """Without an example, an ``nn.MultiheadAttention`` attends one sample's sequence to itself."""
+    with torch.device("meta"):
+        model = SeqRec("sequential")
+    with pytest.raises(ValueError, match=r"encoder\.0\.self_attn \(MultiheadAttention, 4,224 parameters; its input_"):
+        describe(model, batch_size_per_gpu=64)
+    shapes = {
+        f"encoder.{i}.{name}": shape
+        for i in (0, 1)
+        for name, shape in (("self_attn", (SEQ, DIM)), ("linear1", (SEQ, DIM)), ("linear2", (SEQ, 2 * DIM)))
+    }
+    spec = describe(model, batch_size_per_gpu=64, input_shapes=shapes)
+    real, args = sequence_model("sequential", 1000)
+    assert described_flops(spec) == pytest.approx(real_flops_per_sample(real, args, 4), rel=0.05)
+    # sequence first (batch_first=False) alike: projections in and out, QKᵀ and AV (FlopCounterMode counts nothing
+    # for CPU's fused attention kernel, so the forward is counted on meta, where attention runs as matrix products)
+    attn = nn.MultiheadAttention(DIM, 2, device="meta")
+    x = torch.empty(SEQ, 4, DIM, device="meta")
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        attn(x, x, x, need_weights=False)
+    spec = describe(attn, batch_size_per_gpu=64, input_shapes={"MultiheadAttention": (SEQ, DIM)})
+    assert described_flops(spec) == counter.get_total_flops() / 4
+    assert described_flops(spec) == 2 * SEQ * DIM * 4 * DIM + 2 * 2 * SEQ * SEQ * DIM
+    with pytest.raises(ValueError, match=r"input shape \(32,\) must be \(seq_len, embed_dim=32\)"):
+        describe(attn, batch_size_per_gpu=64, input_shapes={"MultiheadAttention": (DIM,)})
+
+
+class SASRec(nn.Module):
+    """An item table, an encoder layer and an output head scoring every item with the table's own weight."""
+
+    def __init__(self, rows: int, functional: bool = False) -> None:
+        super().__init__()
+        self.functional = functional
+        self.items = nn.Embedding(rows, DIM)
+        self.block = nn.TransformerEncoderLayer(DIM, 2, 2 * DIM, batch_first=True)
+        if not functional:
+            self.head = nn.Linear(DIM, rows, bias=False)
+            self.head.weight = self.items.weight
+
+    def forward(self, ids: Any) -> Any:
+        x = self.block(self.items(ids))
+        return torch.nn.functional.linear(x, self.items.weight) if self.functional else self.head(x)
+
+
+def test_a_tied_output_head_is_one_table_and_a_gemm() -> None:
+    rows = 5_000
+    with torch.device("meta"):
+        model = SASRec(rows)
+    ids = torch.randint(0, rows, (4, SEQ))
+    with pytest.warns(UserWarning, match=r"table items: its weight is also the weight of head, an nn.Linear"):
+        spec = describe(model, batch_size_per_gpu=64, example_inputs=(ids,))
+    assert described(spec) == params_and_bytes(model)  # the weight once, in the table
+    assert [t.name for t in spec.embedding_tables] == ["items"]
+    head = {d.name: d for d in spec.dense_layers}["head"]
+    gemm = SEQ * 2 * DIM * rows  # a row of scores per position
+    assert (head.kind, head.num_params, head.forward_flops_per_sample) == ("unclassified", 0, gemm)
+    assert described_flops(spec) == pytest.approx(real_flops_per_sample(SASRec(rows), (ids,), 4), rel=0.05)
+    # without an example: the head on its input shape
+    shapes = {"block.self_attn": (SEQ, DIM), "block.linear1": (SEQ, DIM), "block.linear2": (SEQ, 2 * DIM)}
+    with pytest.warns(UserWarning, match="apply_plan cannot run such a table sharded"):
+        alone = describe(model, batch_size_per_gpu=64, input_shapes={**shapes, "head": (SEQ, DIM)})
+    assert {d.name: d for d in alone.dense_layers}["head"].forward_flops_per_sample == gemm
+    # F.linear on the table's weight: the product is spent in SASRec.forward, a parameterless layer of its own
+    with torch.device("meta"):
+        functional = SASRec(rows, functional=True)
+    with pytest.warns(UserWarning, match=r"table items: the forward reads its weight outside a lookup \(aten\.t\)"):
+        spec = describe(functional, batch_size_per_gpu=64, example_inputs=(ids,))
+    assert described(spec) == params_and_bytes(functional)
+    root = {d.name: d for d in spec.dense_layers}["SASRec"]
+    assert (root.num_params, root.forward_flops_per_sample) == (0, gemm)
