@@ -23,8 +23,8 @@ where. It is CP-SAT's hint and fallback and the baseline in benchmarks.
 5. Where a group of shards past the first costs a rank host time (the executor profile's ``per_group_us``: 2.4 ms
    on eager steps), the pass runs again weighing each rank's groups (one per dtype, width, optimizer and placement
    kind: ``greedy_assign(groups=True)``), then once more by the device's time without column-wise splits, and the
-   plan the evaluator prices fastest is kept (:func:`_weigh_groups`, :func:`_fewer_groups`). The first pass places by the device's
-   time alone and spreads a model's table kinds over every rank.
+   plan the evaluator prices fastest is kept (:func:`_weigh_groups`, :func:`_fewer_groups`). The first pass places
+   by the device's time alone and spreads a model's table kinds over every rank.
 
 The time limit (``SolveParams.time_limit_s``, one :class:`~shardwise.solver.deadline.Deadline` for the solve) holds
 here too: enumerating the candidates and each pass check it every table, and time is kept back for pricing the plan
