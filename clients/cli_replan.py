@@ -150,7 +150,13 @@ def _local(
     fleet = load_spec(Path(fleet_arg), FleetSpec)
     old_fleet = load_spec(old_fleet_path, FleetSpec) if old_fleet_path is not None else None
     mod = _replan_module()
-    params = SolveParams(solver=solver.value, time_limit_s=time_limit, executor=old.executor)
+    # the plan's engine and step kind (graphed or eager) price the new fleet as they priced the old one
+    params = SolveParams(
+        solver=solver.value,
+        time_limit_s=time_limit,
+        executor=old.executor,
+        graphed_steps=old.solver.params.graphed_steps,
+    )
     try:
         report: ReplanReport = mod.replan(old, model, fleet, budget, params, old_fleet=old_fleet)
     except mod.ReplanError as exc:

@@ -61,6 +61,17 @@ def test_a_plan_file_re_planned_for_a_host_more(old_plan: str, tmp_path: Path) -
     assert check_plan(Topology(fleet), ModelSpec.model_validate_json(Path(DLRM).read_text()), plan) == []
 
 
+def test_a_graphed_plan_file_is_re_planned_for_graphed_steps(tmp_path: Path) -> None:
+    old = tmp_path / "graphed.json"
+    result = CliRunner().invoke(app, ["plan", DLRM, H100, *GREEDY, "--graphed-steps", "-o", str(old)])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(app, ["replan", str(old), two_hosts(tmp_path), "--model", DLRM, *GREEDY, "--json"])
+    assert result.exit_code == 0, result.output
+    report = ReplanReport.model_validate_json(result.stdout)
+    assert report.fresh.executor_profile == "shardwise-graphed"
+    assert report.replan.executor_profile == "shardwise-graphed"
+
+
 def test_json_is_the_report_and_the_default_budget_is_three_percent(old_plan: str, tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["replan", old_plan, two_hosts(tmp_path), "--model", DLRM, "--json"])
     assert result.exit_code == 0, result.output
