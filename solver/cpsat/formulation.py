@@ -84,13 +84,13 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from shardwise.solver.bounds import dense_min_per_class, heaviest_rank_time, lower_bound_ms, table_floors
-from shardwise.solver.cost_model import collective_latency_ms
+from shardwise.solver.cost_model import collective_latency_ms, host_floor_ms, shard_group_key
 from shardwise.solver.cpsat.candidates import Candidate, block_ranks, host_blocks
 from shardwise.solver.cpsat.scale import Scale
 from shardwise.solver.deadline import Deadline
 from shardwise.solver.pricing import COLLECTIVES, collective_groups, dense_cost, dense_styles, group_kinds
 from shardwise.solver.topology import Topology
-from shardwise.wire.spec import DenseStyle, ModelSpec
+from shardwise.wire.spec import DenseStyle, ModelSpec, ShardingType
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +141,10 @@ class Formulation:
         incumbent_ms: float | None = None,
         deadline: Deadline | None = None,
         bound_ms: float | None = None,
+        weigh_groups: bool = False,
     ) -> None:
         self.topo, self.spec, self.cands, self.mode = topo, model, cands, mode
+        self.weigh_groups = weigh_groups  # family 10 where it applies (groups_weighed); else the device's time
         self.bound_ms = bound_ms  # proved over ``cands`` already (None: lower_bound_ms over them is added)
         self.deadline = deadline
         self.incumbent_ms = incumbent_ms
@@ -172,6 +174,8 @@ class Formulation:
         self._gpu_share: dict[tuple[int, int], tuple[cp_model.IntVar, float]] = {}
         self.largest_item: list[list[tuple[cp_model.IntVar, int]]] = [[] for _ in range(self.nbins)]
         self.T = self.model.new_int_var(0, self.horizon, "T")
+        #: the step with the host's side (rank mode on eager steps where groups cost host time: family 10), else T
+        self.S = self.T
         self._build()
 
     # ------------------------------------------------------------------------------------------- variables
@@ -190,10 +194,11 @@ class Formulation:
             self._add_host_memory,
             self._add_makespan,
             self._add_symmetry_breaking,
+            self._add_groups,
         ):
             self._check()
             family()
-        self.model.minimize(self.T)
+        self.model.minimize(self.S)
         log.debug(
             "formulation (%s mode): %d bins, %d variables, %d constraints",
             self.mode,
@@ -273,6 +278,74 @@ class Formulation:
                     if e > 0:
                         self.load[b].append((cv.x, Scale.time(e * len(self.bin_ranks[b]))))
                         self.per_gpu[b].append((cv.x, Scale.time(e)))
+
+    def groups_weighed(self) -> bool:
+        """Whether the objective is the step with the host's side (family 10): asked for (``weigh_groups``), rank
+        mode, every GPU's steps enqueued by the host (not graphed), and a group of shards past the first costing host
+        time."""
+        profiles = [c.profile for c in self.topo.classes]
+        return (
+            self.weigh_groups
+            and self.mode == "rank"
+            and all(not p.overheads.graphed_steps for p in profiles)
+            and any(p.overheads.per_group_us > 0 for p in profiles)
+        )
+
+    def _add_groups(self) -> None:
+        """Family 10 (rank mode, eager steps): the host's side of each GPU's step. ``g_{b,k} ∈ {0,1}``: GPU ``b``
+        looks up group ``k`` (``cost_model.shard_group_key``: one dtype, width, optimizer and placement kind a group
+        on shardwise's executor), at least every variable that puts a shard of that group there; ``e_b ≥ Σ_k g_{b,k}
+        − 1``, ``e_b ≥ 0``; and the objective ``S ≥ T``, ``S ≥ floor_b + per_group_b · e_b`` — the larger of the
+        device's and the host's time, as an eager step is (``cost_model.RankStep``). The host's work for cache
+        fetches is left out, so ``S`` never exceeds the step: its bound stays a bound."""
+        if not self.groups_weighed():
+            return
+        tables, layers = len(self.spec.embedding_tables), len(self.spec.dense_layers)
+        members: list[dict[tuple[object, ...], list[cp_model.IntVar]]] = [defaultdict(list) for _ in range(self.nbins)]
+        for row in self.vars:
+            for cv in row:
+                c = cv.cand
+                if c.sharding is ShardingType.data_parallel:
+                    continue
+                table = self.spec.embedding_tables[c.table]
+                keys = [
+                    shard_group_key(table, sh.num_cols, c.placement, c.sharding, self.topo.executor) for sh in c.shapes
+                ]
+                if c.scope == "rank":
+                    for i, bins in enumerate(cv.shard_bins):
+                        for b, v in bins.items():
+                            members[b][keys[i]].append(v)
+                elif c.scope == "host":
+                    assert c.scope_class is not None
+                    for block in host_blocks(self.topo, c.scope_class, c.span):
+                        for i, r in enumerate(block_ranks(self.topo, block)):
+                            members[int(self.bin_of_rank[r])][keys[i]].append(cv.hosts[block[0]])
+                else:
+                    ranks = (
+                        self.topo.classes[c.scope_class].ranks
+                        if c.scope == "group" and c.scope_class is not None
+                        else range(self.topo.world_size)
+                    )
+                    for i, r in enumerate(ranks):
+                        members[int(self.bin_of_rank[r])][keys[i]].append(cv.x)
+        self.S = self.model.new_int_var(0, 2 * self.horizon, "S")
+        self.model.add(self.T <= self.S)
+        for b in range(self.nbins):
+            self._check()
+            groups: list[cp_model.IntVar] = []
+            for vs in members[b].values():
+                g = self.model.new_bool_var(f"g[{b},{len(groups)}]")
+                for v in vs:
+                    self.model.add_implication(v, g)
+                groups.append(g)
+            if not groups:
+                continue
+            extra = self.model.new_int_var(0, len(groups), f"e[{b}]")
+            self.model.add(extra >= sum(groups) - 1)
+            profile = self.topo.ranks[self.bin_ranks[b][0]].profile
+            floor = Scale.time(host_floor_ms(profile, tables, layers, 1))
+            per_group = Scale.time(profile.overheads.per_group_us / 1000.0)
+            self.model.add(floor + per_group * extra <= self.S)
 
     def _add_one_per_gpu(self, cv: CandidateVars) -> None:
         """Family 2, its last part: no GPU holds two slices of one table (one wider slice would do the same work
@@ -522,6 +595,8 @@ class Formulation:
         per_gpu = max(-(-ld // len(self.bin_ranks[b])) for b, ld in enumerate(loads))
         # the cuts of family 7 bound the busiest GPU, not the bin average: the plan's own step time satisfies them
         self.model.add_hint(self.T, max(per_gpu, Scale.time(step_ms * (1 + 1e-6)) + 1))
+        if self.S is not self.T:
+            self.model.add_hint(self.S, max(per_gpu, Scale.time(step_ms * (1 + 1e-6)) + 1))
 
     def read(self, solver: cp_model.CpSolver) -> Assignment:
         choice, shard_bins, host = [], {}, {}

@@ -394,6 +394,7 @@ def plan_cpsat(
             incumbent_ms=start_ms,
             deadline=work,
             bound_ms=configured,
+            weigh_groups=True,
         )
         work.check()
         hint = to_assignment(form, cands, placed)
