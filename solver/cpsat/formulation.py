@@ -36,7 +36,8 @@ Variables
 
 Objective
 ---------
-``minimise T``.
+``minimise T``; with ``weigh_groups`` in rank mode on eager steps, ``minimise S`` — the larger of ``T`` and each GPU's
+host time, its floor plus what each group of shards past the first costs (family 10, :meth:`Formulation._add_groups`).
 
 Constraints (and the method that adds each family)
 --------------------------------------------------
@@ -65,6 +66,9 @@ Constraints (and the method that adds each family)
    ``(T_inc − base)/(k + 1)`` (it would end later than the incumbent); only worse plans are cut —
    :meth:`Formulation._add_incumbent_cuts`; also, in host mode, the GPU cut of
    :meth:`Formulation._add_gpu_cut`.
+10. groups (rank mode, eager steps, ``weigh_groups``): ``g_{b,k} ≥`` every variable that puts a shard of group ``k``
+    on GPU ``b``; ``e_b ≥ Σ_k g_{b,k} − 1``, ``e_b ≥ 0``; ``S ≥ T`` and ``S ≥ floor_b + per_group_b·e_b`` —
+    :meth:`Formulation._add_groups`.
 
 The start plan is the hint (:meth:`Formulation.add_hint`); :mod:`shardwise.solver.cpsat.run` runs the model and falls
 back to the start when CP-SAT finds nothing better in time.
