@@ -189,8 +189,18 @@ def test_cli_progress_bar_shows_best_and_bound(client: TestClient, monkeypatch: 
     monkeypatch.setattr(
         cli_remote, "make_client", lambda url, token: ShardwiseClient(http_client=client, poll_interval=0.2)
     )
+    # graphed steps: the device's time sets their pace, and CP-SAT searches it for the whole limit (on eager steps
+    # this plan sits at the host's floor, which CP-SAT proves at once: the job ends before the first poll)
     out = CliRunner().invoke(
-        cli.app, ["submit", str(EXAMPLES / "dlrm_dcnv2.json"), str(EXAMPLES / "fleet_8xh100.json"), "--time-limit", "3"]
+        cli.app,
+        [
+            "submit",
+            str(EXAMPLES / "dlrm_dcnv2.json"),
+            str(EXAMPLES / "fleet_8xh100.json"),
+            "--time-limit",
+            "3",
+            "--graphed-steps",
+        ],
     )
     assert out.exit_code == 0, out.output
     bars = [line for line in out.output.split("\r") if line.startswith("[")]
