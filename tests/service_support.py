@@ -4,7 +4,9 @@ modules in sibling folders would shadow each other's name."""
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, text
@@ -12,6 +14,19 @@ from sqlalchemy import create_engine, text
 from shardwise.service.models import Base
 
 GREEDY = {"solver": "greedy"}
+#: the options of a solve that runs for about its time limit (with :func:`slow_model` on ``fleet(gpus=8)``): CP-SAT on
+#: graphed steps, whose pace the device's time sets, so no start meets the bound over every plan and the search runs
+#: on (on eager steps a small model's greedy plan sits at the host's floor, which is the bound: no search runs)
+SLOW = {"solver": "cpsat", "graphed_steps": True}
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def slow_model(name: str) -> dict[str, Any]:
+    """MLPerf DLRM-DCNv2's tables and layers (``examples/dlrm_dcnv2.json``) under another name: with :data:`SLOW` on
+    one host of 8 H100s, CP-SAT searches for about its whole time limit, reporting progress as it goes."""
+    model: dict[str, Any] = json.loads((EXAMPLES / "dlrm_dcnv2.json").read_text(encoding="utf-8"))
+    model["name"] = name
+    return model
 
 
 def small_model(name: str = "small", tables: int = 4, rows: int = 100_000, dim: int = 64) -> dict[str, Any]:

@@ -82,7 +82,7 @@ from shardwise.solver.deadline import Deadline, DeadlineExpired
 from shardwise.solver.evaluate import evaluate
 from shardwise.solver.greedy import FINISH_SHARE, Progress, enumerate_all, out_of_time, run_greedy
 from shardwise.solver.load import Placed
-from shardwise.solver.status import OPTIMAL_ABS_MS, OPTIMAL_GAP, SolverStatus
+from shardwise.solver.status import OPTIMAL_ABS_MS, OPTIMAL_GAP, SolverStatus, meets_bound
 from shardwise.solver.target import target_packing
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import (
@@ -362,6 +362,26 @@ def plan_cpsat(
             catalogue_ms = configured = raised
             if on_progress:
                 on_progress(start_ms, lift(catalogue_ms))
+    if catalogue_ms is not None and meets_bound(start_ms, lift(catalogue_ms)):
+        # the start meets the bound over every plan: no search can find a faster one, so none runs
+        final = build_plan(
+            topo,
+            model,
+            start_tables,
+            dense_plans,
+            params,
+            solver_name="cpsat",
+            solver_status="HEURISTIC",  # no CP-SAT verdict: the bound over every plan is the proof
+            seconds=time.perf_counter() - start,
+            proved_optimal=True,
+            bound_ms=catalogue_ms,
+            searched_bound_ms=catalogue_ms,  # a bound over every plan bounds any space searched
+        )
+        phase = f"{start_phase}, at the bound over every plan: no search"
+        final = final.model_copy(update={"solver": final.solver.model_copy(update={"phase": phase})})
+        if on_progress:
+            on_progress(final.predicted_step_ms or start_ms, final.lower_bound_ms or 0.0)
+        return final
     chosen: list[Placed | None] = list(placed)
     fill = max((r.hbm_used_bytes / topo.hbm_limit(r.rank) for r in greedy.ranks), default=1.0)
     mode: Mode = "rank" if topo.world_size <= RANK_BINS_MAX else "host"

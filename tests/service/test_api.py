@@ -15,6 +15,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 from conftest import assert_problem, count, fleet, make_settings, small_model
+from service_support import SLOW, slow_model
 from shardwise.hwprofiles import get_profile
 from shardwise.service.app import create_app
 from shardwise.service.models import JobRow, PlanRow
@@ -79,7 +80,7 @@ def test_a_different_option_is_a_different_request(client: TestClient) -> None:
 
 def test_twenty_identical_requests_in_parallel_solve_once(client: TestClient, settings: Settings) -> None:
     # a solve that takes a few seconds, so that all twenty arrive while it runs
-    body = plan_request(small_model("parallel", tables=30), fleet(gpus=8), solver="cpsat", time_limit_s=3)
+    body = plan_request(slow_model("parallel"), fleet(gpus=8), **SLOW, time_limit_s=3)
     start = threading.Barrier(20)
 
     def ask(_: int) -> Any:
@@ -96,7 +97,7 @@ def test_twenty_identical_requests_in_parallel_solve_once(client: TestClient, se
 
 
 def test_a_slow_solve_answers_202_with_a_job(client: TestClient) -> None:
-    body = plan_request(small_model("slow", tables=30), fleet(gpus=8), solver="cpsat", time_limit_s=3, wait_s=0)
+    body = plan_request(slow_model("slow"), fleet(gpus=8), **SLOW, time_limit_s=3, wait_s=0)
     answer = client.post("/api/v1/plans", json=body)
     assert answer.status_code == 202, answer.text
     job = Job.model_validate(answer.json())

@@ -39,6 +39,7 @@ from conftest import (
     postgres_available,
     small_model,
 )
+from service_support import SLOW, slow_model
 from shardwise.service import repository as repo
 from shardwise.service.app import create_app
 from shardwise.service.celery_app import CeleryRunner, WorkerSettings
@@ -292,10 +293,8 @@ def request_body(model: Any = None, fleet_: Any = None, **options: Any) -> dict[
 
 
 def slow_body(name: str, time_limit_s: float = 5, **options: Any) -> dict[str, Any]:
-    """A CP-SAT solve that runs for about ``time_limit_s`` (30 tables on 8 GPUs)."""
-    return request_body(
-        small_model(name, tables=30), fleet(gpus=8), solver="cpsat", time_limit_s=time_limit_s, **options
-    )
+    """A CP-SAT solve that runs for about ``time_limit_s`` (``service_support.slow_model`` on 8 GPUs)."""
+    return request_body(slow_model(name), fleet(gpus=8), **SLOW, time_limit_s=time_limit_s, **options)
 
 
 def job_row(url: str, job_id: str) -> JobRow:

@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 import shardwise
-from service_support import empty_tables
+from service_support import SLOW, empty_tables, slow_model
 from shardwise.service.app import create_app
 from shardwise.service.routers.ui.formatting import rate
 from shardwise.service.routers.ui.plan import kernels_view
@@ -688,8 +688,8 @@ def test_throughput_wherever_the_step_time_is(client: TestClient) -> None:
 
 
 def test_a_cpsat_plan_shows_how_the_solver_got_there(client: TestClient) -> None:
-    body = {"model": small_model("conv", tables=12), "fleet": fleet("h100x8", gpus=8)}
-    body["options"] = {"solver": "cpsat", "time_limit_s": 3, "random_seed": 7}
+    body = {"model": slow_model("conv"), "fleet": fleet("h100x8", gpus=8)}
+    body["options"] = {**SLOW, "time_limit_s": 3, "random_seed": 7}
     response = client.post("/api/v1/plans", json=body)
     assert response.status_code in (200, 201), response.text
     plan = response.json()
