@@ -98,6 +98,14 @@ class GroupCharge:
                 count[r] += 1
         return count
 
+    def add(self, key: GroupKey, rank: int) -> None:
+        """A shard of group ``key`` on ``rank`` (placed before the planner's pass: a kept table's)."""
+        if key not in self.member:
+            self.member[key] = np.zeros(len(self.count), dtype=bool)
+        if not self.member[key][rank]:
+            self.member[key][rank] = True
+            self.count[rank] += 1
+
     def commit(self, cand: Candidate, ranks: list[int]) -> None:
         self.count = self.count_after(cand, ranks)
         for r, key in zip(ranks, self.keys(cand), strict=True):

@@ -56,12 +56,12 @@ from shardwise.hwprofiles import HardwareProfile
 from shardwise.solver import cost_model as cm
 from shardwise.solver import engine
 from shardwise.solver.build import placed_to_table
-from shardwise.solver.cost_model import inter_host_bw, intra_host_bw
+from shardwise.solver.cost_model import inter_host_bw, intra_host_bw, shard_group_key
 from shardwise.solver.cost_model.memory import optimizer_state_bytes
 from shardwise.solver.cpsat.candidates import Candidate, enumerate_candidates
 from shardwise.solver.cpsat.keep import Fleet, KeepResult, Option, Piece, solve_keep
 from shardwise.solver.evaluate import evaluate
-from shardwise.solver.greedy import _try
+from shardwise.solver.greedy import _try, charges_groups
 from shardwise.solver.load import Placed, initial_state
 from shardwise.solver.plan_walk import grouped, walk
 from shardwise.solver.planner import make_plan, score_plan
@@ -514,11 +514,24 @@ class _Placer:
         the cost model's evaluation of the kept tables and the dense layers (the greedy's own load model adds the
         free tables' candidates to it)."""
         topo = self.topo
-        state = initial_state(topo, self.model, [])
+        groups = charges_groups(topo)
+        state = initial_state(topo, self.model, [], groups=groups)
         ev = evaluate(topo, self.model, list(kept.values()), self.fresh.dense)
-        state.load = np.array([r.predicted_ms.total for r in ev.ranks], dtype=float)
         state.hbm = np.array([r.hbm_used_bytes for r in ev.ranks], dtype=np.int64)
         state.host = np.array(ev.host_memory_used, dtype=np.int64)
+        charge = state.groups
+        if charge is None:
+            state.load = np.array([r.predicted_ms.total for r in ev.ranks], dtype=float)
+        else:  # the device's time, and the kept tables' groups of shards on each rank for the host's side
+            state.load = np.array([r.predicted_ms.compute + r.predicted_ms.comm for r in ev.ranks], dtype=float)
+            for t in kept.values():
+                if t.sharding_type is ShardingType.data_parallel:
+                    continue
+                spec = self.model.table(t.name)
+                for sh in t.shards:
+                    charge.add(
+                        shard_group_key(spec, sh.num_cols, sh.placement, t.sharding_type, topo.executor), sh.rank
+                    )
         out: dict[str, TablePlan] = {}
         order = sorted(free, key=lambda n: -min((c.placed_ms for c in self.candidates(n)), default=0.0))
         for name in order:
@@ -528,12 +541,17 @@ class _Placer:
                 if got is None:
                     continue
                 ranks, load, hbm, host = got
-                score = (float(load.max()), float(load.sum()), int(hbm.sum()))
+                score: tuple[float, ...] = (float(load.max()), float(load.sum()), int(hbm.sum()))
+                if charge is not None:
+                    steps = charge.step(load, charge.host_ms(charge.count_after(cand, ranks)))
+                    score = (float(steps.max()), *score)
                 if best is None or score < best[0]:
                     best = (score, cand, ranks, load, hbm, host)
             if best is None:
                 return None
             _, cand, ranks, state.load, state.hbm, state.host = best
+            if charge is not None:
+                charge.commit(cand, ranks)
             out[name] = placed_to_table(self.model, Placed(cand, ranks))
         return out
 
