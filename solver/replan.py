@@ -745,6 +745,7 @@ def _fleet_side(topo: Topology, model: ModelSpec, dense: Sequence[DensePlan]) ->
         hbm_limit=np.array([topo.hbm_limit(r) for r in range(topo.world_size)], dtype=np.int64),
         host_of=[r.host for r in topo.ranks],
         host_memory=np.array([h.host_memory_bytes for h in topo.hosts], dtype=np.int64),
+        per_group_ms=np.array([r.profile.overheads.per_group_us / 1000.0 for r in topo.ranks]),
     )
 
 
@@ -769,6 +770,13 @@ def _option(
     table_wise or column_wise layout where ``free``, its data side fixed and each shard a piece free to go to any
     rank (priced there by the cost model, with the bytes it moves there)."""
     n = topo.world_size
+    sharded = layout.sharding_type is not ShardingType.data_parallel
+
+    def group(sh: ShardPlan) -> tuple[object, ...] | None:
+        return (
+            shard_group_key(spec, sh.num_cols, sh.placement, layout.sharding_type, topo.executor) if sharded else None
+        )
+
     if not free or layout.sharding_type not in _MOVABLE:
         totals = walk(topo, model, grouped([layout]), []).totals
         moved = sum(moved_at(spec, sh, sh.rank, regions, mapping) for sh in layout.shards)
@@ -780,6 +788,7 @@ def _option(
             totals.hbm,
             _per_host(topo, totals.host),
             moved,
+            groups=[(sh.rank, key) for sh in layout.shards if (key := group(sh)) is not None],
         )
     batch = model.batch_size_per_gpu
     side = np.zeros(n)
@@ -815,6 +824,7 @@ def _option(
                 host_bytes=[c.memory.host for c in at],
                 moved=[moved_at(spec, sh, r, regions, mapping) for r in ranks],
                 at=sh.rank,
+                group=group(sh),
             )
         )
     return option

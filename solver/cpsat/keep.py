@@ -22,7 +22,10 @@ Constraints
 * per rank ``r``: ``base_r + Σ dev·(x, a) ≤ L_r`` — ``base_r`` the dense layers' device time, ``L_r`` the step
   limit less the rank's host floor where the floor is device time (graphed steps); and, where the host enqueues
   every kernel, ``floor_r + Σ host·(x, a) ≤ L`` (the host's side of the step);
-* per rank HBM: ``dense_r + Σ hbm·(x, a) ≤ κ_r``; per host: ``Σ host memory·(x, a) ≤ H_h``.
+* per rank HBM: ``dense_r + Σ hbm·(x, a) ≤ κ_r``; per host: ``Σ host memory·(x, a) ≤ H_h``;
+* the groups of shards (``Option.groups``, ``Piece.group``: ``cost_model.shard_group_key``): ``g_{r,k} ≥`` every
+  variable that puts a shard of group ``k`` on rank ``r``, ``e_r ≥ Σ_k g_{r,k} − 1``, ``e_r ≥ 0``, and the rank's
+  host time takes ``per_group_r · e_r`` besides (``Fleet.per_group_ms``; none where it is not given).
 
 Objective
 ---------
@@ -32,7 +35,7 @@ where ``T`` is the slowest rank's time (at least the host floor).
 What the bound means
 --------------------
 Times and sizes are floored when scaled and the limits floored with them, and the model leaves out what only adds
-to a step — each collective's fixed latency, the host floor's per-group term — so every layout of the options that
+to a step — each collective's fixed latency — so every layout of the options that
 the full cost model keeps within the limit is a solution here: CP-SAT's bound on the objective is a lower bound on
 the bytes any such layout moves (``bound_bytes``). The layout it returns is priced by the full cost model after;
 the caller keeps it only where that still holds.
@@ -76,6 +79,7 @@ class Piece:
     host_bytes: list[int]
     moved: list[int]
     at: int  # the rank it holds in the layout given (the hint)
+    group: tuple[object, ...] | None = None  # the group of shards it is looked up with (None: none)
 
 
 @dataclass
@@ -91,6 +95,7 @@ class Option:
     host_bytes: IntArray
     moved: int
     pieces: list[Piece] = field(default_factory=list)
+    groups: list[tuple[int, tuple[object, ...]]] = field(default_factory=list)  # its fixed shards' (rank, group)
 
 
 @dataclass
@@ -105,6 +110,7 @@ class Fleet:
     hbm_limit: IntArray
     host_of: list[int]
     host_memory: IntArray
+    per_group_ms: FloatArray | None = None  # per rank: host time a group of shards past the first costs
 
 
 @dataclass
@@ -150,6 +156,7 @@ def solve_keep(
     hbm: list[list[tuple[cp_model.IntVar, int]]] = [[] for _ in range(n)]
     hmem: list[list[tuple[cp_model.IntVar, int]]] = [[] for _ in range(hosts)]
     moved: list[tuple[cp_model.IntVar, int]] = []
+    members: list[dict[tuple[object, ...], list[cp_model.IntVar]]] = [{} for _ in range(n)]
     xs: list[list[cp_model.IntVar]] = []
     ays: list[list[list[dict[int, cp_model.IntVar]]]] = []
 
@@ -170,6 +177,8 @@ def solve_keep(
         a_t: list[list[dict[int, cp_model.IntVar]]] = []
         for o, opt in enumerate(opts):
             add(x_t[o], opt.device_ms, opt.host_ms, opt.hbm, opt.host_bytes)
+            for r, key in opt.groups:
+                members[r].setdefault(key, []).append(x_t[o])
             if opt.moved:
                 moved.append((x_t[o], _mib(opt.moved)))
             per_rank: dict[int, list[cp_model.IntVar]] = {}
@@ -188,6 +197,8 @@ def solve_keep(
                         hmem[fleet.host_of[r]].append((v, _mib(p.host_bytes[k])))
                     if p.moved[k]:
                         moved.append((v, _mib(p.moved[k])))
+                    if p.group is not None:
+                        members[r].setdefault(p.group, []).append(v)
                 a_o.append(a)
             for vs in per_rank.values():
                 if len(vs) > 1:
@@ -205,6 +216,22 @@ def solve_keep(
     for k in range(hosts):
         if hmem[k]:
             m.add(total(hmem[k]) <= int(fleet.host_memory[k]) // MIB)
+    # the groups of shards each rank looks up: a group past the first costs the host's time (cost_model.RankStep)
+    extra: list[tuple[cp_model.IntVar, int, int]] = []  # per rank: groups past the first, units a group, most groups
+    for r in range(n):
+        pg = 0 if fleet.per_group_ms is None else _t(float(fleet.per_group_ms[r]))
+        if pg <= 0 or not members[r]:
+            continue
+        gs: list[cp_model.IntVar] = []
+        for vs in members[r].values():
+            g = m.new_bool_var(f"g{r}_{len(gs)}")
+            for v in vs:
+                m.add_implication(v, g)
+            gs.append(g)
+        e = m.new_int_var(0, len(gs), f"e{r}")
+        m.add(e >= sum(gs) - 1)
+        extra.append((e, pg, len(gs)))
+        host[r].append((e, pg))
     move_expr = total(moved) if moved else cp_model.LinearExpr.constant(0)
     if limit_ms is not None:
         for r in range(n):
@@ -230,6 +257,7 @@ def solve_keep(
                 max((float(o.host_ms.max()) + sum(max(p.host_ms) for p in o.pieces)) for o in opts) for opts in options
             )
         )
+        worst += sum(pg * most for _, pg, most in extra)
         step = m.new_int_var(_t(floor), max(_t(floor), worst), "T")
         for r in range(n):
             g = fleet.graphed[r] > 0

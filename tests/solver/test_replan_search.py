@@ -54,7 +54,8 @@ def test_the_search_prices_each_layout_as_the_cost_model_does(
 ) -> None:
     """Every option's figures, with each piece on the GPU its layout gives it, add up per rank to what the plan walk
     (the evaluator's) gives the whole plan — device time without the collectives' latency, HBM, host memory, host
-    work — so a layout the cost model keeps within a limit is a solution of the search's model."""
+    work, the groups of shards — so a layout the cost model keeps within a limit is a solution of the search's
+    model."""
     old = make_plan(small_model, old_fleet, GREEDY)
     fresh = make_plan(small_model, new_fleet, GREEDY)
     topo = Topology.for_params(new_fleet, GREEDY, {})
@@ -64,6 +65,7 @@ def test_the_search_prices_each_layout_as_the_cost_model_does(
     device, hbm, work = side.dense_ms.copy(), side.dense_hbm.copy(), np.zeros(n)
     host = np.zeros(len(topo.hosts), dtype=np.int64)
     movable = 0
+    groups: list[set[tuple[object, ...]]] = [set() for _ in range(n)]
     for t in fresh.tables:
         spec = small_model.table(t.name)
         _, regions = rp._old_regions(old.table(t.name), spec)
@@ -72,7 +74,11 @@ def test_the_search_prices_each_layout_as_the_cost_model_does(
         work += opt.host_ms
         hbm += opt.hbm
         host += opt.host_bytes
+        for r, key in opt.groups:
+            groups[r].add(key)
         for p in opt.pieces:
+            if p.group is not None:
+                groups[p.at].add(p.group)
             movable += 1
             k = p.ranks.index(p.at)
             device[p.at] += p.device_ms[k]
@@ -86,6 +92,7 @@ def test_the_search_prices_each_layout_as_the_cost_model_does(
     np.testing.assert_allclose(device, totals.compute + totals.comm, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(work, totals.host_work, rtol=1e-12, atol=1e-12)
     assert hbm.tolist() == totals.hbm.tolist()
+    assert groups == totals.groups  # the groups of shards each rank looks up, whose host time the model charges
     expected_host = np.zeros(len(topo.hosts), dtype=np.int64)
     np.add.at(expected_host, side.host_of, totals.host)
     assert host.tolist() == expected_host.tolist()
