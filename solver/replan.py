@@ -955,6 +955,23 @@ def replan(
         chosen, kept, line = _adopt(result, names, chosen, kept, draft.kept, fresh, model, new_fleet, profiles, budget,
                                     moved_bytes)  # fmt: skip
         search = (result.bound_bytes, line, space)
+    if chosen is not fresh:  # an answer that moves more than the fresh plan (or costs more, priced) is not taken
+        ours, theirs = moved_bytes({t.name: t for t in chosen.tables}), moved_bytes({t.name: t for t in fresh.tables})
+        price = budget.ms_per_gb
+        worse = (
+            ours > theirs
+            if price is None
+            else (chosen.predicted_step_ms or 0.0) + price * ours / GB
+            > (fresh.predicted_step_ms or 0.0) + price * theirs / GB
+        )
+        if worse:
+            line = (
+                f"the kept layout moves {fmt_bytes(ours)} against the fresh plan's {fmt_bytes(theirs)}"
+                + (" (its step and bytes priced higher)" if price is not None else "")
+                + ": the fresh plan"
+            )
+            bound = search[0] if search is not None else None
+            chosen, kept, search = fresh, 0, (bound, line, search[2] if search is not None else "")
     return _report(old, model, old_fleet, new_fleet, budget, mapping, topo, chosen, fresh, kept, search)
 
 
