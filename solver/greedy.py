@@ -520,7 +520,22 @@ def _weigh_groups(
     """The greedy pass again weighing each rank's groups of shards (``greedy_assign(groups=True)``), and whichever of
     the two layouts predicts the smaller step (ties keep the first): a group past the first costs a rank host time
     (2.4 ms on eager steps), which the first pass, placing by the device's time alone, spends freely."""
-    other, seen = best_of_passes(topo, model, cands, dense, deadline, groups=True)
+    return _the_faster(topo, model, cands, dense, dense_plans, chosen, deadline, groups=True)
+
+
+def _the_faster(
+    topo: Topology,
+    model: ModelSpec,
+    cands: list[list[Candidate]],
+    dense: list[tuple[str, DenseStyle]],
+    dense_plans: list[DensePlan],
+    chosen: list[Placed | None],
+    deadline: Deadline,
+    groups: bool = False,
+) -> list[Placed | None]:
+    """The passes again over ``cands`` (``groups``: weighing each rank's groups), and whichever of their layout and
+    ``chosen`` the evaluator prices faster (ties keep ``chosen``); ``chosen`` where the passes do not finish."""
+    other, seen = best_of_passes(topo, model, cands, dense, deadline, groups=groups)
     if seen < len(other) or any(c is None for c in other) or deadline.expired():
         return chosen
     better = _priced_step(topo, model, dense_plans, other) < _priced_step(topo, model, dense_plans, chosen) - 1e-9
@@ -546,11 +561,7 @@ def _fewer_groups(
     narrow = [[c for c in cs if c.sharding is not ShardingType.column_wise] or cs for cs in cands]
     if all(len(a) == len(b) for a, b in zip(narrow, cands, strict=True)):
         return chosen  # no column-wise candidate anywhere: the same pass
-    other, seen = best_of_passes(topo, model, narrow, dense, deadline)
-    if seen < len(other) or any(c is None for c in other) or deadline.expired():
-        return chosen
-    better = _priced_step(topo, model, dense_plans, other) < _priced_step(topo, model, dense_plans, chosen) - 1e-9
-    return other if better else chosen
+    return _the_faster(topo, model, narrow, dense, dense_plans, chosen, deadline)
 
 
 def plan_greedy(

@@ -65,9 +65,9 @@ from shardwise.solver.greedy import _try, charges_groups
 from shardwise.solver.load import Placed, initial_state
 from shardwise.solver.plan_walk import grouped, walk
 from shardwise.solver.planner import make_plan, score_plan
-from shardwise.solver.pricing import data_side, shard_cost
+from shardwise.solver.pricing import ShardCost, data_side, shard_cost
 from shardwise.solver.size import ProblemTooLargeError
-from shardwise.solver.topology import Topology
+from shardwise.solver.topology import DeviceClass, Topology
 from shardwise.solver.two_d import candidate_groups, replicate_tables
 from shardwise.solver.two_d import describe as two_d_words
 from shardwise.wire.replan_spec import Move, RankMapping, ReplanBudget, ReplanReport
@@ -348,7 +348,15 @@ def _shard_cost(
     topo: Topology, batch: int, spec: EmbeddingTableSpec, table: TablePlan, s: ShardPlan, rank: int
 ) -> tuple[float, int]:
     """A shard's predicted time (compute and communication, ms) and HBM on ``rank``, by the cost model."""
-    c = shard_cost(
+    c = _priced(topo, batch, spec, table, s, topo.class_of(rank))
+    return c.compute_ms + c.comm_ms, c.memory.hbm
+
+
+def _priced(
+    topo: Topology, batch: int, spec: EmbeddingTableSpec, table: TablePlan, s: ShardPlan, cls: DeviceClass
+) -> ShardCost:
+    """Shard ``s`` of ``table`` priced by the cost model on a GPU of class ``cls``."""
+    return shard_cost(
         topo,
         spec,
         sharding=table.sharding_type,
@@ -356,10 +364,9 @@ def _shard_cost(
         num_cols=s.num_cols,
         placement=s.placement,
         cache_fraction=s.cache_fraction,
-        cls=topo.class_of(rank),
+        cls=cls,
         batch=batch,
     )
-    return c.compute_ms + c.comm_ms, c.memory.hbm
 
 
 _ROW_CUT = (ShardingType.row_wise, ShardingType.table_row_wise)
@@ -799,20 +806,7 @@ def _option(
     )
     ranks = list(range(n))
     for i, sh in enumerate(layout.shards):
-        costs = [
-            shard_cost(
-                topo,
-                spec,
-                sharding=layout.sharding_type,
-                num_rows=sh.num_rows,
-                num_cols=sh.num_cols,
-                placement=sh.placement,
-                cache_fraction=sh.cache_fraction,
-                cls=cls,
-                batch=batch,
-            )
-            for cls in topo.classes
-        ]
+        costs = [_priced(topo, batch, spec, layout, sh, cls) for cls in topo.classes]
         at = [costs[c] for c in topo.rank_class.tolist()]
         option.pieces.append(
             Piece(
