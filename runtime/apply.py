@@ -15,7 +15,10 @@ plan fails the same way on every rank instead of hanging one of them. Then, in p
   :class:`~shardwise.runtime.embedding.bag.ShardedEmbeddingBag` holding this rank's shards (table_wise, row_wise,
   column_wise, table_row_wise, data_parallel; ids and pooled rows exchanged with all-to-all, row-sparse gradients —
   see :mod:`shardwise.runtime.embedding.bag`). The model's own code keeps working (``self.t(ids, offsets)``); one
-  exchange for all tables: ``ShardedEmbeddingBagCollection.from_module(model)(features)``. Only this rank's shards
+  exchange for all tables: ``ShardedEmbeddingBagCollection.from_module(model)(features)``. Every ``nn.Embedding``
+  the plan names (an unpooled, sequence table: pooling ``none``) becomes a
+  :class:`~shardwise.runtime.embedding.bag.ShardedEmbedding` the same way, one row per id back to the rank that
+  asked, in input order (``emb(ids)`` as before). Only this rank's shards
   are copied to the device, never the whole table; a table on the meta device gets shards drawn by its ``init_fns``
   entry, else N(0, 1) (data_parallel copies broadcast from the group's first rank).
 * **dense layers**, by the plan's dense entries:

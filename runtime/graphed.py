@@ -113,6 +113,11 @@ def capture_problems(tables: Sequence[ShardedEmbeddingBag], padded: Iterable[str
     pad = set(padded)
     for t in tables:
         why: list[str] = []
+        if t.name in pad and t.sequence:
+            why.append(
+                "it is unpooled (a row per id), so a padded buffer's padding would come back as rows: give it ids of "
+                "a fixed shape (histories padded to a length, as sequence models batch them) and no capacity"
+            )
         if t.name in pad and t.data_parallel:
             why.append(
                 "it is data_parallel, whose dense gradient would see the padding of its ids: give it no capacity"

@@ -22,7 +22,6 @@ from shardwise.wire.spec import (
     Placement,
     Plan,
     PlanStatus,
-    Pooling,
     ShardingType,
     TablePlan,
 )
@@ -58,7 +57,7 @@ class PlanMismatchError(ValueError):
 
 @dataclass
 class Checked:
-    tables: list[tuple[TablePlan, nn.EmbeddingBag]] = field(default_factory=list)
+    tables: list[tuple[TablePlan, nn.EmbeddingBag | nn.Embedding]] = field(default_factory=list)
     dense: list[tuple[DensePlan, nn.Module]] = field(default_factory=list)
     hosts: list[int] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -129,13 +128,16 @@ def _check_table(
     if mod is None:
         problems.append(f"{where}: the model has no module named {tp.name!r}")
         return
-    if not isinstance(mod, nn.EmbeddingBag):
-        problems.append(f"{where}: is a {type(mod).__name__}; apply_plan shards nn.EmbeddingBag modules only")
+    if not isinstance(mod, (nn.EmbeddingBag, nn.Embedding)):
+        problems.append(
+            f"{where}: is a {type(mod).__name__}; apply_plan shards nn.EmbeddingBag and nn.Embedding modules only"
+        )
         return
     before = len(problems)
     rows, cols = mod.num_embeddings, mod.embedding_dim
-    if mod.mode not in ("sum", "mean"):
-        problems.append(f"{where}: pooling mode {mod.mode!r} is not supported (sum or mean)")
+    mode = mod.mode if isinstance(mod, nn.EmbeddingBag) else "none"  # nn.Embedding: unpooled, a row per id
+    if mode not in ("sum", "mean", "none"):
+        problems.append(f"{where}: pooling mode {mode!r} is not supported (sum or mean)")
     for attr in ("padding_idx", "max_norm"):
         if getattr(mod, attr) is not None:
             problems.append(f"{where}: {attr} is not supported")
@@ -158,8 +160,11 @@ def _check_table(
                 problems.append(f"{where}: dtype {t.dtype.value} has no executable torch dtype here")
             elif want != mod.weight.dtype:
                 problems.append(f"{where}: the spec says {t.dtype.value}, the module's weight is {mod.weight.dtype}")
-            if t.pooling is Pooling.none or t.pooling.value != mod.mode:
-                problems.append(f"{where}: the spec says pooling {t.pooling.value}, the module's mode is {mod.mode}")
+            if t.pooling.value != mode:
+                problems.append(
+                    f"{where}: the spec says pooling {t.pooling.value}, the module "
+                    + ("is an nn.Embedding (unpooled: pooling none)" if mode == "none" else f"pools by {mode}")
+                )
     problems.extend(_check_tiling(tp, rows, cols, W, checked.hosts if hosts is None else hosts))
     if len(problems) == before:
         checked.tables.append((tp, mod))

@@ -2,7 +2,8 @@
 alone.
 
 :class:`ShardedEmbeddingBag` replaces one ``nn.EmbeddingBag`` and holds this rank's shards of it; called like the
-module it replaces (``bag(ids, offsets)``), it runs the exchange for that table alone.
+module it replaces (``bag(ids, offsets)``), it runs the exchange for that table alone. :class:`ShardedEmbedding`
+replaces an ``nn.Embedding`` the same way ("Unpooled tables" below).
 :class:`ShardedEmbeddingBagCollection` groups the tables of a model and runs one exchange for all of them::
 
     ebc = ShardedEmbeddingBagCollection.from_module(model)
@@ -26,6 +27,17 @@ concatenates the bands in column order, and for ``mean`` divides by the bag leng
 back the way the pooled rows came, then runs the local lookup's backward. At world size one nothing is exchanged and
 nothing synchronises (bad ids are then reported at the next call on CUDA). data_parallel tables never communicate in
 forward: a full copy on every rank, looked up locally.
+
+Unpooled tables
+---------------
+An ``nn.Embedding`` (a sequence model's table: pooling ``none`` in the plan) becomes a :class:`ShardedEmbedding`:
+the same shards, groups, placements, update and gradient convention, with every id its own bag of one, so the call
+returns one row per id, in the order of the ids (``emb(ids)`` as ``nn.Embedding``: any shape of ids, rows in that
+shape). What differs is what travels. No bag counts go with the ids (a shard's bags are its ids). A band of several
+row blocks sends each block only the ids in its rows, and each block sends back one row per id it got, not a
+partial row for every bag: the requesting rank receives exactly ``ids · dim`` values, in the order it sent them
+(sorted by block), and puts them back in input order with the inverse of that sort. That is the per-id exchange the
+cost model prices for pooling ``none``. table_wise, column_wise, data_parallel and every placement work as for bags.
 
 The update rule: the optimizer in backward, or row-sparse gradients
 ------------------------------------------------------------------
@@ -130,10 +142,11 @@ its cache (store and cache both in CPU memory, which is how the tests exercise i
 Bag lengths travel as int64 (one per bag and destination shard), as do ids. Create the module on its device
 (``apply_plan(device=...)``); ``.to()`` afterwards would not update ``device`` and would move ``host`` shards.
 
-Limits: pooling ``sum`` and ``mean`` only (``nn.EmbeddingBag`` mode ``max``, ``padding_idx``, ``max_norm``,
-``scale_grad_by_freq`` and ``per_sample_weights`` are refused); every rank must call the same tables in the same
-order (a collection call sorts them) and run backward whenever any rank does (the reverse all-to-all is a
-collective); ids outside ``[0, num_embeddings)`` raise on the rank that holds them (and leave the others waiting).
+Limits: pooling ``sum``, ``mean`` and none (unpooled); ``nn.EmbeddingBag`` mode ``max``, ``padding_idx`` (of either
+module), ``max_norm``, ``scale_grad_by_freq`` and ``per_sample_weights`` are refused; every rank must call the same
+tables in the same order (a collection call sorts them) and run backward whenever any rank does (the reverse
+all-to-all is a collective); ids outside ``[0, num_embeddings)`` raise on the rank that holds them (and leave the
+others waiting).
 """
 
 from __future__ import annotations
@@ -149,7 +162,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from shardwise.runtime.embedding.cache_prefetch import overlapped_prefetch
-from shardwise.runtime.embedding.exchange import Routed, _ShardLookup, pooled_lookup
+from shardwise.runtime.embedding.exchange import Routed, _ShardLookup, cat, pooled_lookup
 from shardwise.runtime.embedding.groups import ShardGroup, fused_data_parallel_hook
 from shardwise.runtime.embedding.id_checks import CapturedIdCheck, PendingIdCheck
 from shardwise.runtime.embedding.padding import PaddedIds, padded_input
@@ -161,7 +174,7 @@ from shardwise.wire.spec import Placement, ShardingType, ShardPlan
 #: a table's initialiser: called on each shard's weight tensor, in place (TorchRec's ``EmbeddingBagConfig.init_fn``)
 InitFn = Callable[[Tensor], Any]
 
-__all__ = ["HOST_ACCESS", "Features", "ShardedEmbeddingBag", "average_grad_hook", "prefetching"]
+__all__ = ["HOST_ACCESS", "Features", "ShardedEmbedding", "ShardedEmbeddingBag", "average_grad_hook", "prefetching"]
 
 Features = Mapping[str, tuple[Tensor, Tensor | None] | Tensor]
 #: where a shard's weight comes from: (shard index, shard, dtype, device) → a view into a group, or None (allocate)
@@ -250,13 +263,15 @@ class ShardedEmbeddingBag(nn.Module):
         super().__init__()
         if host_access not in HOST_ACCESS:
             raise ValueError(f"host_access must be one of {', '.join(HOST_ACCESS)}, got {host_access!r}")
-        if mode not in ("sum", "mean"):
-            raise ValueError(f"table {name}: pooling mode {mode!r} is not supported (sum or mean)")
+        if mode not in ("sum", "mean", "none"):
+            raise ValueError(f"table {name}: pooling mode {mode!r} is not supported (sum, mean, or none: unpooled)")
         self.name = name
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
         self.sharding_type = ShardingType(sharding_type)
         self.mode = mode
+        #: unpooled (mode ``none``, :class:`ShardedEmbedding`): one row per id, every id its own bag of one
+        self.sequence = mode == "none"
         self.include_last_offset = include_last_offset
         self.dtype = dtype
         self.host_access = host_access
@@ -455,6 +470,9 @@ class ShardedEmbeddingBag(nn.Module):
         ``ids`` that are the table's padded buffer (``padded``: :mod:`shardwise.runtime.embedding.padding`) get one
         more bag, the padding's, after the real ones: ``lengths`` is then ``(bags + 1,)``.
         """
+        if self.sequence:  # every id its own bag: any shape of ids, offsets (a jagged batch's) not needed
+            flat = ids.reshape(-1).to(device=self.device, dtype=torch.int64)
+            return flat, torch.ones(flat.numel(), dtype=torch.int64, device=self.device)
         pad = padded_input(self.padded, ids) if offsets is not None else None
         if pad is not None and offsets is not None:
             starts = pad.bag_starts((offsets[:-1] if self.include_last_offset else offsets).to(self.device))
@@ -493,11 +511,12 @@ class ShardedEmbeddingBag(nn.Module):
             return Routed(self.name, ids, lengths, bags, None, [None] * len(self.bands), bad)
         sizes = torch.full((len(self.shards),), n, dtype=torch.int64, device=ids.device)
         bag: Tensor | None = None
-        for band in self.bands:
+        inverse: list[Tensor | None] = [None] * len(self.bands)
+        for b, band in enumerate(self.bands):
             if len(band.shards) == 1:
                 blocks.append(None)  # a whole-row shard takes every id as is
                 continue
-            if bag is None:
+            if bag is None and not self.sequence:
                 bag = torch.repeat_interleave(torch.arange(bags, device=ids.device), lengths, output_size=n)
             bounds, starts, index = self._band_tensors(band, ids.device)
             nblocks = len(band.shards)
@@ -505,21 +524,27 @@ class ShardedEmbeddingBag(nn.Module):
             order = torch.argsort(block, stable=True)
             ones = torch.ones_like(block)
             per_block = torch.zeros(nblocks, dtype=torch.int64, device=ids.device).scatter_add_(0, block, ones)
-            counts = torch.zeros(nblocks * bags, dtype=torch.int64, device=ids.device)
-            counts.scatter_add_(0, block * bags + bag, ones)
             sizes.index_copy_(0, index, per_block)
-            blocks.append((counts.view(nblocks, bags), (ids - starts[block])[order]))
-        return Routed(self.name, ids, lengths, bags, sizes, blocks, bad)
+            if self.sequence:  # no bag counts: a block's rows come back one per id, in the order sent
+                counts = per_block.new_empty((nblocks, 0))
+                inverse[b] = torch.empty_like(order).index_copy_(0, order, torch.arange(n, device=ids.device))
+            else:
+                assert bag is not None
+                counts = torch.zeros(nblocks * bags, dtype=torch.int64, device=ids.device)
+                counts.scatter_add_(0, block * bags + bag, ones)
+                counts = counts.view(nblocks, bags)
+            blocks.append((counts, (ids - starts[block])[order]))
+        return Routed(self.name, ids, lengths, bags, sizes, blocks, bad, inverse)
 
     def shard_input(self, routed: Routed, i: int, size_of: Mapping[int, int]) -> tuple[Tensor, Tensor]:
         """Bag counts and shard-local ids that shard ``i`` gets from this rank (``size_of``: host id counts by
-        shard index, as the split exchange sent them)."""
+        shard index, as the split exchange sent them). An unpooled table sends no counts (every id is a bag)."""
         for b, band in enumerate(self.bands):
             if i not in band.shards:
                 continue
             got = routed.blocks[b]
             if got is None:
-                return routed.lengths, routed.ids
+                return (routed.lengths[:0] if self.sequence else routed.lengths), routed.ids
             counts, local = got
             k = band.shards.index(i)
             sizes = [size_of[j] for j in band.shards]
@@ -546,17 +571,24 @@ class ShardedEmbeddingBag(nn.Module):
         assert isinstance(pooled, Tensor)
         return pooled.to(self.device)
 
-    def combine(self, parts: Mapping[int, Tensor], lengths: Tensor) -> Tensor:
-        """The pooled rows of this rank's bags from every shard's block (keyed by shard index)."""
+    def combine(self, parts: Mapping[int, Tensor], routed: Routed) -> Tensor:
+        """The pooled rows of this rank's bags from every shard's block (keyed by shard index). Unpooled: each row
+        block sent back the rows of the ids it got, in the order they went (sorted by block): put back in input
+        order."""
         bands = []
-        for band in self.bands:
+        for b, band in enumerate(self.bands):
+            if self.sequence:
+                got = cat([parts[i] for i in band.shards])
+                inverse = routed.inverse[b] if routed.inverse else None
+                bands.append(got if inverse is None else got.index_select(0, inverse))
+                continue
             total = parts[band.shards[0]]
             for i in band.shards[1:]:
                 total = total + parts[i]
             bands.append(total)
         out = bands[0] if len(bands) == 1 else torch.cat(bands, dim=1)
         if self.mode == "mean":
-            out = out / lengths.clamp(min=1).to(out.dtype).unsqueeze(1)
+            out = out / routed.lengths.clamp(min=1).to(out.dtype).unsqueeze(1)
         return out
 
     def local_forward(self, ids: Tensor, lengths: Tensor) -> Tensor:
@@ -565,6 +597,8 @@ class ShardedEmbeddingBag(nn.Module):
         offsets = torch.cumsum(lengths, 0) - lengths
         if lengths.numel() == 0:
             return w.new_zeros((0, self.embedding_dim)).to(self.device)
+        if self.sequence:
+            return F.embedding(ids.to(w.device), w).to(self.device)
         pooled: Tensor = F.embedding_bag(ids.to(w.device), w, offsets.to(w.device), mode=self.mode)
         return pooled.to(self.device)
 
@@ -601,6 +635,53 @@ class ShardedEmbeddingBag(nn.Module):
             )
         dist.all_reduce(full, group=self.group)
         return full
+
+
+class ShardedEmbedding(ShardedEmbeddingBag):
+    """This rank's part of one unpooled table — an ``nn.Embedding``, a sequence model's table — sharded as a plan
+    says: one row per id, back to the rank that asked for it, in the order of its ids (module docstring,
+    "Unpooled tables").
+
+    Called like ``nn.Embedding`` (``emb(ids)``, ids of any shape → ``ids.shape + (dim,)``); in a collection call a
+    table takes ``ids`` (any shape, the same output) or a jagged feature's ``(ids, offsets)`` (1-D ids → ``(ids,
+    dim)``, the offsets unused: the rows come in the ids' order, so the caller's offsets still delimit them).
+    """
+
+    def __init__(self, name: str, num_embeddings: int, embedding_dim: int, **kwargs: Any) -> None:
+        if kwargs.get("mode", "none") != "none":
+            raise ValueError(f"table {name}: an unpooled table takes no pooling mode, got {kwargs['mode']!r}")
+        kwargs["mode"] = "none"
+        super().__init__(name, num_embeddings, embedding_dim, **kwargs)
+
+    @classmethod
+    def from_embedding(
+        cls, name: str, emb: nn.Embedding, sharding_type: ShardingType, shards: Sequence[ShardPlan], **kwargs: Any
+    ) -> ShardedEmbedding:
+        """Shard an existing ``nn.Embedding`` (weights copied; a meta weight drawn as
+        :meth:`ShardedEmbeddingBag.from_embedding_bag` says); keyword arguments as the constructor's."""
+        return cls(
+            name,
+            emb.num_embeddings,
+            emb.embedding_dim,
+            sharding_type=sharding_type,
+            shards=shards,
+            weight=emb.weight,
+            dtype=emb.weight.dtype,
+            **kwargs,
+        )
+
+    def forward(self, ids: Tensor, offsets: Tensor | None = None, per_sample_weights: Tensor | None = None) -> Tensor:
+        if per_sample_weights is not None:
+            raise ValueError(f"table {self.name}: per_sample_weights are not supported")
+        for c in self.row_caches():
+            c.join()
+        rows = pooled_lookup([self], {self.name: self.normalise(ids, offsets)})[self.name]
+        return self.shaped(rows, ids, offsets)
+
+    def shaped(self, rows: Tensor, ids: Tensor, offsets: Tensor | None) -> Tensor:
+        """``rows`` (one per id, flat) in the shape of the call: ``ids.shape + (dim,)``, or flat for a jagged
+        ``(ids, offsets)`` feature."""
+        return rows if offsets is not None else rows.view(*ids.shape, self.embedding_dim)
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from shardwise.runtime.embedding.bag import Features, ShardedEmbeddingBag, prefetching
+from shardwise.runtime.embedding.bag import Features, ShardedEmbedding, ShardedEmbeddingBag, prefetching
 from shardwise.runtime.embedding.exchange import pooled_lookup
 from shardwise.runtime.embedding.id_checks import check_pending_ids
 from shardwise.runtime.embedding.one_group import group_layouts, one_group_lookup
@@ -104,13 +104,19 @@ class ShardedEmbeddingBagCollection(nn.Module):
         for name in features:  # what an overlapped prefetch made (routing included) is ready
             for c in self._by_name[name].row_caches():
                 c.join()
+        out: dict[str, Tensor] = {}
         if self._layouts is not None and len(features) == len(self._by_name):
-            out: dict[str, Tensor] = {}
             for layout in self._layouts:
                 out |= one_group_lookup(layout, {n: self._by_name[n] for n in layout.names}, features)
-            return out
-        inputs: dict[str, tuple[Tensor, Tensor]] = {}
-        for name, value in features.items():
-            ids, offsets = value if isinstance(value, tuple) else (value, None)
-            inputs[name] = self._by_name[name].normalise(ids, offsets)
-        return pooled_lookup([self._by_name[n] for n in inputs], inputs)
+        else:
+            inputs: dict[str, tuple[Tensor, Tensor]] = {}
+            for name, value in features.items():
+                ids, offsets = value if isinstance(value, tuple) else (value, None)
+                inputs[name] = self._by_name[name].normalise(ids, offsets)
+            out = pooled_lookup([self._by_name[n] for n in inputs], inputs)
+        for name, value in features.items():  # unpooled tables: their rows in the shape of the ids
+            t = self._by_name[name]
+            if isinstance(t, ShardedEmbedding):
+                ids, offsets = value if isinstance(value, tuple) else (value, None)
+                out[name] = t.shaped(out[name], ids, offsets)
+        return out

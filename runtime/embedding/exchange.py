@@ -23,6 +23,10 @@ call. For the tables of one dtype it runs (the layout of bands and blocks: :mod:
    by the tables' ``grad_scale``: ``1/W`` (the mean over ranks), in a 2D plan ``1/fleet`` or ``1/G``
    (:mod:`shardwise.runtime.replicas`).
 
+An unpooled table (:class:`~shardwise.runtime.embedding.bag.ShardedEmbedding`) rides in the same exchange with every
+id its own bag: step 3 sends its ids without counts, and step 5 sends each row block's rows for the ids it got, one
+per id, which the requesting rank puts back in input order (nothing to sum).
+
 At world size one there is nothing to exchange (:func:`_exchange_alone`; not for a group of one rank in a 2D plan,
 whose gradients the exchange scales, see :mod:`shardwise.runtime.replicas`): no collective runs and no split sizes
 are read, so a step makes no host synchronisation. Bad ids then raise at once on the CPU; on a CUDA device they are
@@ -37,7 +41,7 @@ the first call and cached, so the first step synchronises more than the later on
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -130,7 +134,9 @@ class Routed:
     ``sizes[i]``: ids for shard ``i`` (None when every shard takes every id: ``ids.numel()`` each); ``blocks[b]``
     for a band of several row blocks: the per-(block, bag) counts ``(blocks, bags)`` and the shard-local ids sorted
     by block (None for a whole-row band: every id as is);
-    ``bad``: ids outside ``[0, num_embeddings)`` (a 0-d tensor, checked by everyone after the split exchange).
+    ``bad``: ids outside ``[0, num_embeddings)`` (a 0-d tensor, checked by everyone after the split exchange);
+    ``inverse[b]`` for an unpooled table's band of several row blocks: where each id's row lies among the rows the
+    blocks send back (they come sorted by block), to put them back in input order.
     """
 
     table: str
@@ -140,6 +146,7 @@ class Routed:
     sizes: Tensor | None
     blocks: list[tuple[Tensor, Tensor] | None]
     bad: Tensor
+    inverse: list[Tensor | None] = field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------------------------ the plan
@@ -290,17 +297,22 @@ def _exchange(
     recv_counts = [
         [(got[s * per_src + 2 * k], got[s * per_src + 2 * k + 1]) for k in range(len(plan.mine))] for s in range(W)
     ]
-    recv_splits = [sum(b + n for b, n in recv_counts[s]) for s in range(W)]
+    # an unpooled shard's bags are its ids, one each: no counts travel, the receiver makes them
+    unpooled = [tables[ti].sequence for ti, _ in plan.mine]
+    sent_counts = [[0 if unpooled[k] else b for k, (b, _) in enumerate(recv_counts[s])] for s in range(W)]
+    recv_splits = [sum(sent_counts[s]) + sum(n for _, n in recv_counts[s]) for s in range(W)]
     recv = torch.empty(sum(recv_splits), dtype=torch.int64, device=device)
     dist.all_to_all_single(recv, send.to(device), recv_splits, send_splits, group=group)
-    split_sizes = [x for s in range(W) for b, n in recv_counts[s] for x in (b, n)]
+    split_sizes = [x for s in range(W) for k, (_, n) in enumerate(recv_counts[s]) for x in (sent_counts[s][k], n)]
     received = iter(torch.split(recv, split_sizes))
     lengths_by: list[list[Tensor]] = [[] for _ in plan.mine]
     ids_by: list[list[Tensor]] = [[] for _ in plan.mine]
     for _src in range(W):
         for k in range(len(plan.mine)):
-            lengths_by[k].append(next(received))
-            ids_by[k].append(next(received))
+            counts = next(received)
+            ids_k = next(received)
+            lengths_by[k].append(torch.ones_like(ids_k) if unpooled[k] else counts)
+            ids_by[k].append(ids_k)
 
     # 4. look up: grouped shards together, the others one by one
     bags_of = [[recv_counts[s][k][0] for s in range(W)] for k in range(len(plan.mine))]
@@ -324,15 +336,16 @@ def _exchange(
     for d in range(W):
         for ti, i in plan.order[d]:
             t = tables[ti]
-            recv_splits[d] += rt[ti].bags * t.shards[i].num_cols
-            theirs.append((t, i, rt[ti].bags))
+            bags = size_of[ti][i] if t.sequence else rt[ti].bags  # unpooled: a row per id sent to the shard
+            recv_splits[d] += bags * t.shards[i].num_cols
+            theirs.append((t, i, bags))
     y = AllToAll.apply(x, send_splits, recv_splits, group, tables[0].grad_scale)  # type: ignore[no-untyped-call]
     assert isinstance(y, Tensor)
     sizes = [bags * t.shards[i].num_cols for t, i, bags in theirs]
     per_table: dict[str, dict[int, Tensor]] = {t.name: {} for t in tables}
     for (t, i, bags), block in zip(theirs, torch.split(y, sizes), strict=True):
         per_table[t.name][i] = block.view(bags, t.shards[i].num_cols)
-    return {t.name: t.combine(per_table[t.name], routed[t.name].lengths) for t in tables}
+    return {t.name: t.combine(per_table[t.name], routed[t.name]) for t in tables}
 
 
 def _split_rows(table: ShardedEmbeddingBag, r: Routed) -> Tensor:
@@ -341,6 +354,8 @@ def _split_rows(table: ShardedEmbeddingBag, r: Routed) -> Tensor:
         meta = torch.full((len(table.shards), 2), r.bags, dtype=torch.int64, device=r.ids.device)
         meta[:, 1] = r.ids.numel()
         return meta
+    if table.sequence:  # unpooled: a shard's bags are its ids
+        return torch.stack([r.sizes, r.sizes], dim=1)
     return torch.stack([torch.full_like(r.sizes, r.bags), r.sizes], dim=1)
 
 
@@ -396,7 +411,7 @@ def _exchange_alone(
     per_table: dict[int, dict[int, Tensor]] = {ti: {} for ti in range(len(tables))}
     for (ti, i), rows in zip(plan.mine, pooled, strict=True):
         per_table[ti][i] = rows
-    return {t.name: t.combine(per_table[ti], rt[ti].lengths) for ti, t in enumerate(tables)}
+    return {t.name: t.combine(per_table[ti], rt[ti]) for ti, t in enumerate(tables)}
 
 
 def _look_up(

@@ -119,7 +119,11 @@ def one_group_lookup(
         ids, offsets = value if isinstance(value, tuple) else (value, None)
         pad = padded_input(t.padded, ids)
         pads.append(pad)
-        if pad is not None and offsets is not None and offsets.dim() == 1:
+        if t.sequence:  # unpooled: every id its own bag
+            flat = ids.reshape(-1)
+            bags = flat.numel()
+            starts = torch.arange(bags, device=device)
+        elif pad is not None and offsets is not None and offsets.dim() == 1:
             if prefetch:
                 raise ValueError(f"table {name}: a padded buffer is not prefetched (cached groups take no padding)")
             starts = pad.bag_starts(

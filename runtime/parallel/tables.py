@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shardwise.runtime.embedding.bag import InitFn, ShardedEmbeddingBag
+from shardwise.runtime.embedding.bag import InitFn, ShardedEmbedding, ShardedEmbeddingBag
 from shardwise.runtime.embedding.groups import plan_groups
 from shardwise.runtime.embedding.update import UpdateConfig
 from shardwise.runtime.plan_check import Checked, PlanMismatchError
@@ -120,9 +120,14 @@ def shard_tables(
     storage = plan_groups(local, cache_ways=cache_ways, replicas=replicas, step_ids=step_ids)
     for tp, bag in checked.tables:
         grouped = {i: g for (name, i), g in storage.place.items() if name == tp.name}
-        sharded = ShardedEmbeddingBag.from_embedding_bag(
+        make = (
+            ShardedEmbeddingBag.from_embedding_bag
+            if isinstance(bag, nn.EmbeddingBag)
+            else ShardedEmbedding.from_embedding
+        )
+        sharded = make(
             tp.name,
-            bag,
+            bag,  # type: ignore[arg-type]
             tp.sharding_type,
             tp.shards,
             device=device,

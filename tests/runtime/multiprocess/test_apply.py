@@ -140,8 +140,17 @@ def _splits(total: int, parts: int) -> list[tuple[int, int]]:
     return list(zip(starts, sizes, strict=True))
 
 
-def table_plan(fqn: str, st: ShardingType, world: int, k: int, placement: Placement = Placement.hbm) -> TablePlan:
-    rows, dim, _ = TABLES[fqn]
+def table_plan(
+    fqn: str,
+    st: ShardingType,
+    world: int,
+    k: int,
+    placement: Placement = Placement.hbm,
+    shape: tuple[int, int] | None = None,
+) -> TablePlan:
+    """``fqn`` (``shape``: rows and dim, default ``TABLES[fqn]``'s) sharded ``st`` over ``world`` ranks, uneven cuts;
+    ``k`` varies the ranks from table to table."""
+    rows, dim = shape if shape is not None else TABLES[fqn][:2]
     cache = 0.5 if placement is Placement.uvm_cache else None
 
     def shard(rank: int, r0: int, nr: int, c0: int, nc: int) -> ShardPlan:
