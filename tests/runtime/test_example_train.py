@@ -62,3 +62,32 @@ def test_planning_without_the_planner_extra_says_so_in_one_line() -> None:
     (line,) = [x for x in done.stderr.splitlines() if x.strip()]
     assert line.startswith("error: planning here needs shardwise's planner extra (numpy is missing)")
     assert "--url" in line
+
+
+@pytest.mark.dist
+def test_the_sequence_example_plans_a_mixed_fleet_exports_and_trains(tmp_path: Path) -> None:
+    """examples/train_hstu.py under torchrun, 2 ranks on 2 hosts (an H100 and an H200): its unpooled tables are
+    planned, exported as TorchRec's plan for an EmbeddingCollection, and trained (a finite loss each step)."""
+    import json
+    import math
+
+    torchrun = Path(sys.executable).parent / "torchrun"
+    out = tmp_path / "tr.json"
+    done = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node", "2", "examples/train_hstu.py", "--steps", "2"]
+        + ["--export", str(out)],
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "fleet 1x1xnvidia-h100-sxm_1x1xnvidia-h200" in done.stdout
+    losses = [float(line.split("loss ")[1]) for line in done.stdout.splitlines() if line.startswith("step ")]
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses), done.stdout
+    exported = json.loads(out.read_text())["plan"]["sparse"]
+    assert set(exported) == {"sparse.item", "sparse.user"}
+    assert all(
+        e["sharding_type"] in ("table_wise", "row_wise", "column_wise", "data_parallel") for e in exported.values()
+    )
