@@ -73,9 +73,9 @@ def test_the_sequence_example_plans_a_mixed_fleet_exports_and_trains(tmp_path: P
 
     torchrun = Path(sys.executable).parent / "torchrun"
     out = tmp_path / "tr.json"
+    command = [str(torchrun), "--standalone", "--nproc-per-node", "2", "examples/train_hstu.py", "--steps", "2"]
     done = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc-per-node", "2", "examples/train_hstu.py", "--steps", "2"]
-        + ["--export", str(out)],
+        [*command, "--export", str(out)],
         cwd=ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         capture_output=True,
@@ -85,7 +85,8 @@ def test_the_sequence_example_plans_a_mixed_fleet_exports_and_trains(tmp_path: P
     assert done.returncode == 0, done.stdout + done.stderr
     assert "fleet 1x1xnvidia-h100-sxm_1x1xnvidia-h200" in done.stdout
     losses = [float(line.split("loss ")[1]) for line in done.stdout.splitlines() if line.startswith("step ")]
-    assert len(losses) == 2 and all(math.isfinite(x) for x in losses), done.stdout
+    assert len(losses) == 2, done.stdout
+    assert all(math.isfinite(x) for x in losses), done.stdout
     exported = json.loads(out.read_text())["plan"]["sparse"]
     assert set(exported) == {"sparse.item", "sparse.user"}
     assert all(
