@@ -7,7 +7,7 @@ half the hosts NVIDIA B200 and half AMD MI350X. Hardware: ``h100`` (nvidia-h100-
 many-GPUs regime — 64, 128, 256, 512 and 1,024 GPUs of H100 and of B200 + MI350X mixed — at the global batch below;
 ``mlperf-dcnv2-b8k-g{gpus}-{hardware}`` is the same model at its JSON's 8,192 samples per GPU whatever the fleet
 (weak scaling: the batch at which the issue about that regime measured it). ``t100-g512-mixed`` is 100 tables on
-512 mixed GPUs.
+512 mixed GPUs. ``dlrmv3-g256-mixed`` is a sequence model at DLRMv3's scale (:func:`dlrmv3_model`) on 256 mixed GPUs.
 
 Tables are drawn once per table count, from ``random.Random(f"shardwise-bench-tables-{n}")``, so an instance is
 the same on every machine and every run, and ``t200-g32-*`` and ``t200-g64-*`` share one model:
@@ -97,6 +97,73 @@ DCNV2_WEAK_FLEETS: tuple[tuple[int, str], ...] = tuple(
 MANY_GPU_GRID: tuple[tuple[int, int, str], ...] = ((100, 512, "mixed"),)
 
 
+#: the sequence model's shape (:func:`dlrmv3_model`): history and candidates a sample, the HSTU width and depth
+DLRMV3_HISTORY = 1024
+DLRMV3_CANDIDATES = 64
+DLRMV3_DIM = 512
+DLRMV3_LAYERS = 4
+DLRMV3_BATCH_PER_GPU = 32
+
+
+def dlrmv3_model() -> ModelSpec:
+    """A generative recommender at DLRMv3's scale, as the sequence-embedding issue sets it: an unpooled fp16 item
+    table of 1 B rows × 512 (1 TB of weights) looked up for every id of a history (1,024 a sample on average, 4,096 at
+    the 99th percentile) and of the candidates (64), as two features; a 100 M-row user table (one id a sample); a
+    small action table beside every history id; four HSTU layers of width 512 over the history and candidates
+    (``T`` tokens: a ``512 → 2048`` projection and a ``512 → 512`` output a token, bf16, and pointwise attention,
+    ``4·T²·512`` FLOPs a sample, a layer with no parameters). The layer sizes are this benchmark's assumptions, not a
+    published configuration."""
+    tokens = DLRMV3_HISTORY + DLRMV3_CANDIDATES
+    d = DLRMV3_DIM
+
+    def table(name: str, rows: int, ids: float, features: int = 1, p99: float | None = None) -> EmbeddingTableSpec:
+        return EmbeddingTableSpec(
+            name=name,
+            num_embeddings=rows,
+            embedding_dim=d,
+            dtype=Dtype.fp16,
+            pooling="none",
+            pooling_factor=ids,
+            pooling_factor_p99=p99,
+            num_features=features,
+            optimizer=Optimizer.rowwise_adagrad,
+            access_skew=ACCESS_SKEW,
+        )
+
+    layers: list[DenseLayerSpec] = []
+    for i in range(DLRMV3_LAYERS):
+        for part, width in (("uvqk", 4 * d), ("out", d)):
+            layers.append(
+                DenseLayerSpec(
+                    name=f"hstu.{i}.{part}",
+                    in_features=d,
+                    out_features=width,
+                    dtype=Dtype.bf16,
+                    flops_per_sample=2 * d * width * tokens,
+                )
+            )
+        layers.append(
+            DenseLayerSpec(
+                name=f"hstu.{i}.attention",
+                kind="unclassified",
+                param_count=0,
+                activation_bytes_per_sample=4 * tokens * d * 2,
+                flops_per_sample=4 * tokens * tokens * d,
+                dtype=Dtype.bf16,
+            )
+        )
+    return ModelSpec(
+        name="dlrmv3-scale",
+        batch_size_per_gpu=DLRMV3_BATCH_PER_GPU,
+        embedding_tables=[
+            table("item", 1_000_000_000, (DLRMV3_HISTORY + DLRMV3_CANDIDATES) / 2, features=2, p99=4096.0),
+            table("user", 100_000_000, 1.0),
+            table("action", 64, float(DLRMV3_HISTORY), p99=4096.0),
+        ],
+        dense_layers=layers,
+    )
+
+
 def batch_per_gpu(world: int) -> int:
     return max(MIN_BATCH_PER_GPU, GLOBAL_BATCH // world)
 
@@ -170,6 +237,7 @@ def _all() -> Iterator[tuple[str, Callable[[], tuple[ModelSpec, FleetSpec]]]]:
         yield f"mlperf-dcnv2-b8k-g{g}-{hw}", dcnv2(g, hw, True)
     for t, g, hw in MANY_GPU_GRID:
         yield f"t{t}-g{g}-{hw}", grid(t, g, hw)
+    yield "dlrmv3-g256-mixed", lambda: (dlrmv3_model(), make_fleet(256, "mixed"))
 
 
 def names() -> list[str]:

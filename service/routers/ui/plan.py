@@ -39,7 +39,7 @@ from shardwise.service.routers.ui.views import (
     reserve_of,
 )
 from shardwise.solver.engine import engine_words, export_problems
-from shardwise.wire.spec import DensePlan, ModelSpec, PlanStatus, TablePlan
+from shardwise.wire.spec import DensePlan, EmbeddingTableSpec, ModelSpec, PlanStatus, Pooling, TablePlan
 
 router = APIRouter()
 forms = APIRouter()
@@ -55,6 +55,19 @@ class TableView:
     shards: int
     shape: str  # "40,000,000 × 128 fp32"
     weight_bytes: int | None
+    lookups: str = ""  # "sum of 3 ids", "unpooled: 544 ids (p99 4,096) × 2 features"
+
+
+def lookups_label(spec: EmbeddingTableSpec) -> str:
+    """What a sample looks up in a table: the pooling and the ids per feature (mean, and the tail where the spec has
+    it), times the features it serves; an unpooled (sequence) table returns a row for every one of those ids."""
+    ids = f"{spec.pooling_factor:,.4g} id{'' if spec.pooling_factor == 1 else 's'}"
+    if spec.pooling_factor_p99 is not None:
+        ids += f" (p99 {spec.pooling_factor_p99:,.4g})"
+    features = f" × {spec.num_features} features" if spec.num_features > 1 else ""
+    if spec.pooling is Pooling.none:
+        return f"unpooled: {ids}{features}"
+    return f"{spec.pooling.value} of {ids}{features}"
 
 
 def table_views(loaded: PagePlan) -> list[TableView]:
@@ -75,6 +88,7 @@ def table_views(loaded: PagePlan) -> list[TableView]:
                 shards=len(tp.raw),
                 shape=shape,
                 weight_bytes=spec.weight_bytes if spec else None,
+                lookups=lookups_label(spec) if spec else "",
             )
         )
     return out

@@ -454,6 +454,31 @@ def test_plan_page_draws_the_fleet_one_row_per_host_at_512_gpus(client: TestClie
         assert text(groups[0]).startswith(f"{attr(groups[0], 'data-count')} ranks at ")
 
 
+def test_a_dlrmv3_scale_sequence_plan_reads_on_one_page(client: TestClient) -> None:
+    """The benchmark's DLRMv3-scale model (a 1 B-row fp16 item table, unpooled, on 256 B200 + MI350X GPUs): the page
+    stays compact, says what each table looks up a sample — a row per id for the sequence tables — and shows both GPU
+    types, one row per host."""
+    from benchmarks.instances import get
+
+    model, fleet_ = get("dlrmv3-g256-mixed")
+    plan = post_plan(client, model.model_dump(mode="json"), fleet_.model_dump(mode="json"))
+    response = client.get(f"/ui/plans/{plan['id']}")
+    assert response.status_code == 200
+    assert len(response.content) < 150_000
+    doc = LexborHTMLParser(response.text)
+    rows = {attr(tr, "data-table"): tr for tr in doc.css("#table-rows tr")}
+    item = text(rows["item"])
+    assert "1,000,000,000 × 512 fp16" in item
+    assert text(rows["item"].css_first(".lookups")) == "unpooled: 544 ids (p99 4,096) × 2 features"
+    assert text(rows["user"].css_first(".lookups")) == "unpooled: 1 id"
+    shards = {t["name"]: len(t["shards"]) for t in plan["tables"]}
+    assert item.split()[-1] == str(shards["item"])  # the shard count, last
+    hosts = doc.css("svg.fleet-map g.host")
+    assert len(hosts) == 32
+    assert {attr(g, "data-gpu") for g in hosts} == {"nvidia-b200", "amd-mi350x"}
+    assert "Lower bound (any plan)" in text(doc.css_first(".plan-head"))
+
+
 @pytest.mark.parametrize("metric", ["step", "compute", "comm", "fill"])
 def test_the_metric_switch_recolours_the_fleet(client: TestClient, metric: str) -> None:
     plan = post_plan(client, small_model("switch", tables=6, rows=1_000_000), fleet("h100x4x4", gpus=4, hosts=4))
