@@ -1,11 +1,15 @@
-"""A small EmbeddingBagCollection model run by TorchRec's DistributedModelParallel on CPU, against itself unsharded.
+"""A small EmbeddingBagCollection (or EmbeddingCollection) model run by TorchRec's DistributedModelParallel on CPU,
+against itself unsharded.
 
 What the torch integration tests share (``tests/torch_integration/test_torchrec_dmp.py``,
-``test_torchrec_engine_dmp.py``): :func:`build_model` makes the model from a list of tables, :func:`run_under_dmp`
-spawns ``world`` gloo processes on loopback that each wrap a fresh copy in DMP under every plan given, load the
-reference weights into their shards and compare the forward (pooled embeddings, logits) and one backward (the
-embedding weights updated by TorchRec's fused SGD, the dense gradients) with the unsharded model's on the global
-batch. Torch and TorchRec are imported where they are used: the offline tests import this module without them.
+``test_torchrec_engine_dmp.py``, ``test_torchrec_ec_dmp.py``): :func:`build_model` makes the model from a list of
+tables, :func:`run_under_dmp` spawns ``world`` gloo processes on loopback that each wrap a fresh copy in DMP under
+every plan given, load the reference weights into their shards and compare the forward (pooled embeddings, logits)
+and one backward (the embedding weights updated by TorchRec's fused SGD, the dense gradients) with the unsharded
+model's on the global batch. Tables whose pooling is ``"NONE"`` are sequence tables: the model is then
+:func:`build_sequence_model`'s, an EmbeddingCollection (one embedding per id, a JaggedTensor per feature) with a
+linear layer scoring every id, and the forward compares the per-feature values and lengths. Torch and TorchRec are
+imported where they are used: the offline tests import this module without them.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 
 from shardwise.wire.spec import ModelSpec, Plan
 
-#: (name, rows, dim, features, pooling: "SUM" | "MEAN")
+#: (name, rows, dim, features, pooling: "SUM" | "MEAN" | "NONE"); "NONE" for every table or none of them
 TableDef = tuple[str, int, int, list[str], str]
 
 LOCAL_BATCH = 4
@@ -70,6 +74,47 @@ def build_model(tables: Sequence[TableDef], seed: int = 0, device: str = "cpu") 
     return Model()
 
 
+def is_sequence(tables: Sequence[TableDef]) -> bool:
+    """Whether ``tables`` are an EmbeddingCollection's (every pooling "NONE"), not an EmbeddingBagCollection's."""
+    kinds = {pool == "NONE" for *_rest, pool in tables}
+    assert len(kinds) == 1, "a model here holds one collection: sequence tables or pooled ones, not both"
+    return kinds.pop()
+
+
+def build_sequence_model(tables: Sequence[TableDef], seed: int = 0, device: str = "cpu") -> Any:
+    """EmbeddingCollection at ``sparse.ec`` (TorchRec wants one embedding_dim for all its tables) + a linear layer
+    scoring each id's embedding; ``forward(kjt)`` returns the scores and the embeddings by feature (JaggedTensors)."""
+    import torch
+    from torch import nn
+    from torchrec import EmbeddingCollection, EmbeddingConfig
+
+    torch.manual_seed(seed)
+    order = features(tables)
+
+    class Sparse(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ec = EmbeddingCollection(
+                tables=[
+                    EmbeddingConfig(name=name, num_embeddings=rows, embedding_dim=dim, feature_names=feats)
+                    for name, rows, dim, feats, _pool in tables
+                ],
+                device=torch.device(device),
+            )
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sparse = Sparse()
+            self.over = nn.Linear(tables[0][2], 1, device=device)
+
+        def forward(self, kjt: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+            embedded = self.sparse.ec(kjt)
+            return self.over(torch.cat([embedded[f].values() for f in order])), embedded
+
+    return Model()
+
+
 def _global_batch(tables: Sequence[TableDef], size: int) -> tuple[list[list[int]], list[list[list[int]]]]:
     """Per feature, per sample of the global batch: the ids (some bags empty, ids at both ends of each table)."""
     import torch
@@ -113,6 +158,7 @@ def check_plan_under_dmp(
     import torch.distributed as dist
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv
@@ -121,16 +167,24 @@ def check_plan_under_dmp(
 
     close = {"rtol": 1e-5, "atol": 1e-6}
     size = world * LOCAL_BATCH
-    ref = build_model(tables, seed=0)
+    sequence = is_sequence(tables)
+    build = build_sequence_model if sequence else build_model
+    weights = "sparse.ec.embeddings" if sequence else "sparse.ebc.embedding_bags"
+    ref = build(tables, seed=0)
     init = {k: v.detach().clone() for k, v in ref.state_dict().items()}
-    logits, pooled = ref(_kjt(tables, size, 0, size))
+    logits, embedded = ref(_kjt(tables, size, 0, size))
     logits.sum().backward()
     ref_grads = {n: p.grad for n, p in ref.named_parameters()}
 
-    sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": LR})
+    fused = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": LR}
+    sharder = (
+        EmbeddingCollectionSharder(fused_params=fused)
+        if sequence
+        else EmbeddingBagCollectionSharder(fused_params=fused)
+    )
     dmp = DistributedModelParallel(
-        build_model(tables, seed=123),  # other weights on purpose: the reference's are loaded below
-        plan=to_torchrec(plan, spec, device_type="cpu"),
+        build(tables, seed=123),  # other weights on purpose: the reference's are loaded below
+        plan=to_torchrec(plan, spec, module_fqn="sparse.ec" if sequence else "sparse.ebc", device_type="cpu"),
         env=ShardingEnv.from_process_group(dist.group.WORLD),
         device=torch.device("cpu"),
         sharders=[sharder],
@@ -158,10 +212,27 @@ def check_plan_under_dmp(
                 value.copy_(init[key])
 
     lo, hi = rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH
-    got_logits, got_pooled = dmp(_kjt(tables, size, lo, hi))
-    for f in features(tables):
-        torch.testing.assert_close(got_pooled[f], pooled[f][lo:hi], **close, msg=lambda m, f=f: f"{label} {f}: {m}")
-    torch.testing.assert_close(got_logits, logits[lo:hi].detach(), **close, msg=lambda m: f"{label} logits: {m}")
+    got_logits, got_embedded = dmp(_kjt(tables, size, lo, hi))
+    if sequence:  # this rank's samples: its slice of every feature's ids (and of the scores, which follow them)
+        first = 0
+        want_logits = []
+        for f in features(tables):
+            jt, got = embedded[f], got_embedded[f]
+            offsets = jt.offsets().tolist()
+            ids = slice(offsets[lo], offsets[hi])
+            torch.testing.assert_close(got.lengths(), jt.lengths()[lo:hi], msg=lambda m, f=f: f"{label} {f}: {m}")
+            torch.testing.assert_close(got.values(), jt.values()[ids], **close, msg=lambda m, f=f: f"{label} {f}: {m}")
+            want_logits.append(logits[first + offsets[lo] : first + offsets[hi]])
+            first += offsets[-1]
+        torch.testing.assert_close(
+            got_logits, torch.cat(want_logits).detach(), **close, msg=lambda m: f"{label} scores: {m}"
+        )
+    else:
+        for f in features(tables):
+            torch.testing.assert_close(
+                got_embedded[f], embedded[f][lo:hi], **close, msg=lambda m, f=f: f"{label} {f}: {m}"
+            )
+        torch.testing.assert_close(got_logits, logits[lo:hi].detach(), **close, msg=lambda m: f"{label} logits: {m}")
 
     got_logits.sum().backward()
     # every gradient is the mean of the ranks' gradients, i.e. the global sum's divided by the world size: DDP
@@ -176,11 +247,9 @@ def check_plan_under_dmp(
                 shard.tensor, want[r0 : r0 + nr, c0 : c0 + nc], **close, msg=lambda m, k=key: f"{label} {k}: {m}"
             )
     replicated = {n for n, _p in dmp.named_parameters() if n not in sharded_tables}
-    data_parallel = {
-        f"sparse.ebc.embedding_bags.{t.name}.weight" for t in plan.tables if t.sharding_type == "data_parallel"
-    }
+    data_parallel = {f"{weights}.{t.name}.weight" for t in plan.tables if t.sharding_type == "data_parallel"}
     assert replicated == {"over.weight", "over.bias"} | data_parallel, label
-    assert sharded_tables | data_parallel == {f"sparse.ebc.embedding_bags.{name}.weight" for name, *_ in tables}
+    assert sharded_tables | data_parallel == {f"{weights}.{name}.weight" for name, *_ in tables}
     for name, param in dmp.named_parameters():
         if name in sharded_tables:
             continue

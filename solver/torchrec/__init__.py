@@ -8,6 +8,7 @@ use them alike (the ``base-install`` import contract holds them to it); :func:`t
 from shardwise.solver.torchrec.exporter import (
     COMPUTE_KERNELS,
     DEFAULT_MODULE_FQN,
+    DEFAULT_SEQUENCE_MODULE_FQN,
     TorchRecExportError,
     dmp_collection_kwargs,
     to_torchrec,
@@ -18,6 +19,7 @@ from shardwise.solver.torchrec.importer import TorchRecImportError, from_torchre
 __all__ = [
     "COMPUTE_KERNELS",
     "DEFAULT_MODULE_FQN",
+    "DEFAULT_SEQUENCE_MODULE_FQN",
     "TorchRecExportError",
     "TorchRecImportError",
     "dmp_collection_kwargs",

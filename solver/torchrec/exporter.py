@@ -29,6 +29,32 @@ the same ranks (a rank then holds at most one row more than planned). Row-wise o
 of a mixed fleet) has no TorchRec form and is refused. Every shard of a table must share one placement (TorchRec
 has one compute kernel per table).
 
+Sequence tables (``pooling == none`` in ``model``: one output row per id, not per bag) live in TorchRec's
+``EmbeddingCollection`` (EC), pooled tables in an ``EmbeddingBagCollection`` (EBC). The exporter tells them apart
+only when ``model`` is given. By default the pooled tables are keyed under ``sparse.ebc`` and the sequence tables
+under ``sparse.ec``. An EC and an EBC are different modules, so a ``module_fqn`` that maps both kinds into one
+module is refused. A sequence table is held to what TorchRec 1.8's ``EmbeddingCollectionSharder`` runs
+(``torchrec/distributed/embedding.py``):
+
+* sharding types data_parallel, table_wise, column_wise and row_wise (its ``sharding_types()``). table_row_wise,
+  which the EBC's sharder has, is refused. Sequence row-wise routes ids like the pooled kind (the same
+  ``RwSparseFeaturesDist``), so its row blocks are checked as above;
+* the same compute kernels as an EBC (the base sharder's ``compute_kernels``): ``fused``, on CPU too; on CUDA also
+  the UVM kernels; ``dense`` for data_parallel;
+* the tables of one EC share one embedding_dim: ``EmbeddingCollection`` refuses other tables when it is built, and
+  the sharded module reads one ``embedding_dim()`` for all of them. So the sequence tables that ``module_fqn`` maps
+  into one module must share one, else the tables and their dims are named;
+* every column slice of an EC's column_wise tables has one width. ``ShardedEmbeddingCollection`` takes the first
+  slice's width for all of them (``_local_embedding_dim``), and FBGEMM's sequence kernels take one dimension per
+  batch of tables. Run by DMP, slices of 12 and 4 columns fail when the output is split, and slices of 8 beside
+  slices of 4 fail in FBGEMM ("Mixed dimension tables only supported for pooling tables").
+
+Known FBGEMM defect, refused on ``device_type="cpu"`` while ``check_torchrec_issues`` is on (the model given): a
+data_parallel sequence table runs on TorchRec's ``dense`` kernel, FBGEMM's ``DenseTableBatchedEmbeddingBagsCodegen``
+with ``PoolingMode.NONE``. In fbgemm-gpu-cpu 1.8.0 its CPU op pools anyway and gives one summed row per sequence where
+the EC needs one row per id, so DMP fails when it splits the output by feature (``split_with_sizes``). For CUDA
+the table is emitted (FBGEMM's CUDA kernels were not run here).
+
 2D plans (``Plan.sparse_groups``) become TorchRec's 2D form, ``DMPCollection``: the ShardingPlan of ONE group (its
 ranks ``0..G-1``, what ``DMPCollection(plan=...)`` takes and remaps to every group) and the collection's arguments
 from :func:`dmp_collection_kwargs`::
@@ -60,7 +86,16 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from shardwise.wire.spec import EmbeddingTableSpec, ModelSpec, Placement, Plan, ShardingType, ShardPlan, TablePlan
+from shardwise.wire.spec import (
+    EmbeddingTableSpec,
+    ModelSpec,
+    Placement,
+    Plan,
+    Pooling,
+    ShardingType,
+    ShardPlan,
+    TablePlan,
+)
 
 if TYPE_CHECKING:
     from torchrec.distributed.types import ShardingPlan
@@ -68,6 +103,8 @@ if TYPE_CHECKING:
 __all__ = [
     "COMPUTE_KERNELS",
     "DEFAULT_MODULE_FQN",
+    "DEFAULT_SEQUENCE_MODULE_FQN",
+    "EC_SHARDING_TYPES",
     "TorchRecExportError",
     "dmp_collection_kwargs",
     "dmp_layout",
@@ -83,6 +120,14 @@ COMPUTE_KERNELS: Final[Mapping[Placement, str]] = {
 }
 DATA_PARALLEL_KERNEL: Final = "dense"
 DEFAULT_MODULE_FQN: Final = "sparse.ebc"
+DEFAULT_SEQUENCE_MODULE_FQN: Final = "sparse.ec"
+#: what TorchRec 1.8's EmbeddingCollectionSharder.sharding_types() offers a sequence table (no table_row_wise)
+EC_SHARDING_TYPES: Final = (
+    ShardingType.data_parallel,
+    ShardingType.table_wise,
+    ShardingType.column_wise,
+    ShardingType.row_wise,
+)
 
 
 class TorchRecExportError(ValueError):
@@ -93,7 +138,7 @@ def to_torchrec_dict(
     plan: Plan,
     model: ModelSpec | None = None,
     *,
-    module_fqn: str | Mapping[str, str] = DEFAULT_MODULE_FQN,
+    module_fqn: str | Mapping[str, str] | None = None,
     device_type: str = "cuda",
     world_size: int | None = None,
     local_world_size: int | None = None,
@@ -104,7 +149,10 @@ def to_torchrec_dict(
 
     - ``model``: when given, the plan must cover exactly its tables, inside their shapes.
     - ``module_fqn``: the FQN of the embedding collection in the model DistributedModelParallel wraps, or a mapping
-      table name → FQN for models with several collections.
+      table name → FQN for models with several collections. By default the pooled tables are under
+      :data:`DEFAULT_MODULE_FQN` (``sparse.ebc``) and, when ``model`` says which tables are sequence tables, those
+      under :data:`DEFAULT_SEQUENCE_MODULE_FQN` (``sparse.ec``): a model of one EmbeddingBagCollection and one
+      EmbeddingCollection. A collection holds sequence tables or pooled ones, not both (module docstring).
     - ``device_type``: ``"cuda"`` (placements ``rank:R/cuda:L``), ``"cpu"``, or another torch device type.
     - ``world_size``: the number of ranks; by default the plan's rank list, else one past the highest shard rank.
     - ``local_world_size``: GPUs per host (table_row_wise blocks, local device indices); by default from the plan's
@@ -112,6 +160,9 @@ def to_torchrec_dict(
     - ``relayout_rows``: emit TorchRec's row blocks where the plan's differ (see the module docstring).
     - ``check_torchrec_issues``: refuse plans TorchRec is known to compute wrongly (see the module docstring);
       needs ``model`` (without it the pooling of the tables is unknown and nothing is checked).
+
+    With ``model``, a sequence table (``pooling == none``) is exported for TorchRec's EmbeddingCollection and held to
+    its rules (module docstring); without it every table is taken for a pooled one.
 
     A 2D plan gives ONE group's plan (ranks ``0..G-1``) for ``DMPCollection`` (module docstring); ``world_size``,
     if given, is then the fleet's, ``local_world_size`` a group's GPUs per host.
@@ -128,20 +179,26 @@ def to_torchrec_dict(
     specs = {t.name: t for t in model.embedding_tables} if model is not None else {}  # by name, once: 2,000 tables
     if model is not None:
         _check_against_model(plan, model, specs)
-    modules: dict[str, dict[str, Any]] = {}
-    for tp in plan.tables:
-        fqn = module_fqn if isinstance(module_fqn, str) else module_fqn.get(tp.name)
-        if not fqn:
-            raise TorchRecExportError(f"table {tp.name}: module_fqn names no module for it")
-        shape = (specs[tp.name].num_embeddings, specs[tp.name].embedding_dim) if model else None
-        modules.setdefault(fqn, {})[tp.name] = _entry(tp, shape, world, local, hosts, device_type, relayout_rows)
-    if not isinstance(module_fqn, str):
-        unused = sorted(set(module_fqn) - {t.name for t in plan.tables})
+    fqns = {tp.name: _module_of(tp.name, module_fqn, specs.get(tp.name)) for tp in plan.tables}
+    if isinstance(module_fqn, Mapping):
+        unused = sorted(set(module_fqn) - set(fqns))
         if unused:
             raise TorchRecExportError(f"module_fqn names table(s) the plan does not have: {', '.join(unused)}")
-    if model is not None and check_torchrec_issues:
-        for tables in modules.values():
-            _check_mean_pooling(tables, specs)
+    if model is not None:
+        _check_collections(fqns, specs)
+    modules: dict[str, dict[str, Any]] = {}
+    for tp in plan.tables:
+        shape = (specs[tp.name].num_embeddings, specs[tp.name].embedding_dim) if model else None
+        entry = _entry(tp, shape, world, local, hosts, device_type, relayout_rows)
+        # the layout as such first (the messages pooled tables get), then what the EC adds
+        if model is not None and specs[tp.name].pooling is Pooling.none:
+            _check_sequence_table(tp, fqns[tp.name], device_type, check_torchrec_issues)
+        modules.setdefault(fqns[tp.name], {})[tp.name] = entry
+    if model is not None:
+        for fqn, tables in modules.items():
+            _check_column_widths(fqn, tables, specs)
+            if check_torchrec_issues:
+                _check_mean_pooling(tables, specs)
     return {"plan": modules}
 
 
@@ -149,7 +206,7 @@ def to_torchrec(
     plan: Plan,
     model: ModelSpec | None = None,
     *,
-    module_fqn: str | Mapping[str, str] = DEFAULT_MODULE_FQN,
+    module_fqn: str | Mapping[str, str] | None = None,
     device_type: str = "cuda",
     world_size: int | None = None,
     local_world_size: int | None = None,
@@ -337,6 +394,86 @@ def _check_against_model(plan: Plan, model: ModelSpec, specs: Mapping[str, Embed
                 problems.append(f"table {tp.name}: shard {i} lies outside {t.num_embeddings} × {t.embedding_dim}")
     if problems:
         raise TorchRecExportError("; ".join(problems))
+
+
+def _module_of(name: str, module_fqn: str | Mapping[str, str] | None, spec: EmbeddingTableSpec | None) -> str:
+    """The FQN of the collection that holds table ``name`` (``spec`` None: the model was not given)."""
+    if module_fqn is None:
+        sequence = spec is not None and spec.pooling is Pooling.none
+        return DEFAULT_SEQUENCE_MODULE_FQN if sequence else DEFAULT_MODULE_FQN
+    fqn = module_fqn if isinstance(module_fqn, str) else module_fqn.get(name)
+    if not fqn:
+        raise TorchRecExportError(f"table {name}: module_fqn names no module for it")
+    return fqn
+
+
+def _check_collections(fqns: Mapping[str, str], specs: Mapping[str, EmbeddingTableSpec]) -> None:
+    """Each collection is an EmbeddingCollection (sequence tables, all of one embedding_dim) or an
+    EmbeddingBagCollection (pooled tables), never both (module docstring)."""
+    members: dict[str, list[str]] = {}
+    for name, fqn in fqns.items():
+        members.setdefault(fqn, []).append(name)
+    for fqn, names in members.items():
+        sequence = [n for n in names if specs[n].pooling is Pooling.none]
+        pooled = [n for n in names if specs[n].pooling is not Pooling.none]
+        if sequence and pooled:
+            raise TorchRecExportError(
+                f"module {fqn}: sequence table(s) {', '.join(sequence)} (pooling none: a TorchRec "
+                f"EmbeddingCollection) and pooled table(s) {', '.join(pooled)} (an EmbeddingBagCollection) cannot be "
+                "one module; give module_fqn a mapping table → FQN naming each table's own collection"
+            )
+        dims = {n: specs[n].embedding_dim for n in sequence}
+        if len(set(dims.values())) > 1:
+            listed = ", ".join(f"{n} ({d})" for n, d in dims.items())
+            raise TorchRecExportError(
+                f"module {fqn}: TorchRec's EmbeddingCollection holds tables of one embedding_dim; its sequence "
+                f"tables have dims {listed}: map the tables of each dim to an EmbeddingCollection of their own"
+            )
+
+
+def _check_sequence_table(tp: TablePlan, fqn: str, device_type: str, check_torchrec_issues: bool) -> None:
+    """A sequence table's sharding is one TorchRec's EmbeddingCollectionSharder runs (module docstring)."""
+    st = tp.sharding_type
+    if st not in EC_SHARDING_TYPES:
+        accepted = ", ".join(t.value for t in EC_SHARDING_TYPES)
+        raise TorchRecExportError(
+            f"table {tp.name}: sequence table (pooling none, EmbeddingCollection {fqn}) sharded {st.value}; "
+            f"TorchRec's EmbeddingCollection accepts {accepted}"
+        )
+    widths = sorted({s.num_cols for s in tp.shards})
+    if st is ShardingType.column_wise and len(widths) > 1:
+        raise TorchRecExportError(
+            f"table {tp.name}: sequence table sharded column_wise in slices of {_describe_widths(widths)} columns; "
+            "TorchRec's EmbeddingCollection needs every column slice of one width"
+        )
+    if st is ShardingType.data_parallel and device_type == "cpu" and check_torchrec_issues:
+        raise TorchRecExportError(
+            f"table {tp.name}: a sequence table sharded data_parallel runs on FBGEMM's dense kernel, which on CPU "
+            "(fbgemm-gpu-cpu 1.8) sums each sequence into one row instead of giving a row per id: TorchRec's "
+            "EmbeddingCollection then fails or returns sums; shard it table_wise, row_wise or column_wise on CPU "
+            "(check_torchrec_issues=False emits it anyway)"
+        )
+
+
+def _check_column_widths(
+    fqn: str, tables: Mapping[str, Mapping[str, Any]], specs: Mapping[str, EmbeddingTableSpec]
+) -> None:
+    """The column slices of an EmbeddingCollection's column_wise tables are all of one width (module docstring)."""
+    widths = {
+        name: sorted({s["shard_sizes"][1] for s in entry["shards"]})
+        for name, entry in tables.items()
+        if entry["sharding_type"] == ShardingType.column_wise.value and specs[name].pooling is Pooling.none
+    }
+    if len({w for ws in widths.values() for w in ws}) > 1:
+        listed = ", ".join(f"{n} ({_describe_widths(w)})" for n, w in widths.items())
+        raise TorchRecExportError(
+            f"module {fqn}: TorchRec's EmbeddingCollection needs one width for the column slices of all its "
+            f"column_wise tables; they are {listed} columns wide: slice them alike"
+        )
+
+
+def _describe_widths(widths: Sequence[int]) -> str:
+    return ", ".join(str(w) for w in widths)
 
 
 _ROW_TYPES: Final = (ShardingType.row_wise.value, ShardingType.table_row_wise.value)
