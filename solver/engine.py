@@ -12,6 +12,9 @@ refused). For ``torchrec`` the planners only make layouts it emits:
 * **no row_wise over part of the fleet** (one host group of a mixed fleet, a block of hosts): TorchRec's row_wise
   spans every rank;
 * **table_row_wise only on a fleet whose hosts all hold as many GPUs** (TorchRec has one ``local_world_size``);
+* **no table_row_wise for a sequence table** (pooling none): TorchRec's EmbeddingCollection has none; the export
+  puts the sequence tables in one EmbeddingCollection where they can share one, else one each
+  (:func:`~shardwise.solver.torchrec.exporter.default_modules`);
 * **no row-wise sharding of a mean-pooled table** (the TorchRec defect the exporter refuses: its row-wise mean
   pooling divides the pooled output of the collection's other tables by their bag lengths too);
 * **2D plans only in DMPCollection's form**: replicas kept in sync by ``average_weights`` — and so only where the
@@ -59,6 +62,7 @@ __all__ = [
     "model_problems",
     "row_sharding_allowed",
     "syncs_allowed",
+    "table_row_wise_allowed",
     "uniform_hosts",
 ]
 
@@ -80,6 +84,14 @@ def row_sharding_allowed(executor: Executor, table: EmbeddingTableSpec) -> bool:
     """Whether ``table`` may be sharded row-wise (row_wise, table_row_wise) for ``executor``: not a mean-pooled one
     on TorchRec (module docstring)."""
     return executor is not Executor.torchrec or table.pooling is not Pooling.mean
+
+
+def table_row_wise_allowed(executor: Executor, table: EmbeddingTableSpec) -> bool:
+    """Whether ``table`` may be sharded table_row_wise for ``executor``: on TorchRec not a sequence table (its
+    EmbeddingCollection's sharder has no table_row_wise), nor where no row-wise sharding is allowed."""
+    if not row_sharding_allowed(executor, table):
+        return False
+    return executor is not Executor.torchrec or table.pooling is not Pooling.none
 
 
 def syncs_allowed(executor: Executor, allow_weight_averaging: bool) -> tuple[SparseSync, ...]:

@@ -14,6 +14,8 @@ imported where they are used: the offline tests import this module without them.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 from collections.abc import Sequence
 from datetime import timedelta
@@ -285,6 +287,12 @@ def _worker(
         for label, plan in plans:
             check_plan_under_dmp(rank, world, tables, plan, label, spec)
     finally:
+        # the DMP models collected and every rank past its last collective before the group goes: with a model still
+        # alive (in a reference cycle) at destroy_process_group, gloo now and then aborts the process ("terminate
+        # called without an active exception"), as examples/train_dlrm.py found
+        with contextlib.suppress(Exception):
+            dist.barrier()
+        gc.collect()
         dist.destroy_process_group()
 
 

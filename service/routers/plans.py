@@ -36,7 +36,7 @@ from shardwise.service.plan_service import Begun, Outcome, finished
 from shardwise.service.resolve import profiles_context
 from shardwise.service.routers.common import JsonBody, MetricsDep, PageDep, RunnerDep, SettingsDep, body_schema, parse
 from shardwise.solver.engine import export_relayout
-from shardwise.solver.torchrec.exporter import DEFAULT_MODULE_FQN, TorchRecExportError, to_torchrec_dict
+from shardwise.solver.torchrec.exporter import TorchRecExportError, to_torchrec_dict
 from shardwise.solver.version import solver_version
 from shardwise.wire.hashing import DIGEST_PATTERN, request_hash
 from shardwise.wire.replan_spec import ReplanReport
@@ -268,7 +268,7 @@ def get_plan(plan_id: str, session: SessionDep) -> JSONResponse:
 def export_torchrec(
     plan_id: str,
     session: SessionDep,
-    module_fqn: Annotated[str, Query(min_length=1, max_length=300)] = DEFAULT_MODULE_FQN,
+    module_fqn: Annotated[str | None, Query(min_length=1, max_length=300)] = None,
     device_type: Annotated[str, Query(pattern=r"^[a-z][a-z0-9_]{0,31}$")] = "cuda",
 ) -> dict[str, Any]:
     row = _row(session, plan_id)

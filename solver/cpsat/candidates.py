@@ -286,7 +286,8 @@ def candidate_specs(topo: Topology, table: EmbeddingTableSpec, tables: int = 0) 
 
     For TorchRec (``topo.executor``) only the layouts it runs (:mod:`shardwise.solver.engine`): row blocks of
     ``⌈R / n⌉`` rows where each block holds a row, no row-wise sharding of a mean-pooled table, table_row_wise only
-    where every host holds as many GPUs, no row_wise over a host group or a block of hosts."""
+    where every host holds as many GPUs and never for a sequence table, no row_wise over a host group or a block of
+    hosts."""
     W = topo.world_size
     R, D = table.num_embeddings, table.embedding_dim
     ncls = len(topo.classes)
@@ -313,7 +314,10 @@ def candidate_specs(topo: Topology, table: EmbeddingTableSpec, tables: int = 0) 
     host_rows = {
         cls.index: Tiling(R, D, cls.gpus_per_host, "rows", blocks)
         for cls in topo.classes
-        if topo.num_hosts > 1 and splits(cls.gpus_per_host) and (not torchrec or engine.uniform_hosts(topo))
+        if topo.num_hosts > 1
+        and splits(cls.gpus_per_host)
+        and engine.table_row_wise_allowed(topo.executor, table)
+        and (not torchrec or engine.uniform_hosts(topo))
     }
     multi_host = (
         {

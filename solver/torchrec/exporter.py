@@ -106,6 +106,7 @@ __all__ = [
     "DEFAULT_SEQUENCE_MODULE_FQN",
     "EC_SHARDING_TYPES",
     "TorchRecExportError",
+    "default_modules",
     "dmp_collection_kwargs",
     "dmp_layout",
     "to_torchrec",
@@ -152,7 +153,9 @@ def to_torchrec_dict(
       table name → FQN for models with several collections. By default the pooled tables are under
       :data:`DEFAULT_MODULE_FQN` (``sparse.ebc``) and, when ``model`` says which tables are sequence tables, those
       under :data:`DEFAULT_SEQUENCE_MODULE_FQN` (``sparse.ec``): a model of one EmbeddingBagCollection and one
-      EmbeddingCollection. A collection holds sequence tables or pooled ones, not both (module docstring).
+      EmbeddingCollection — or, where the sequence tables cannot share one EmbeddingCollection (several dims or
+      column-slice widths), one each (:func:`default_modules`). A collection holds sequence tables or pooled ones,
+      not both (module docstring).
     - ``device_type``: ``"cuda"`` (placements ``rank:R/cuda:L``), ``"cpu"``, or another torch device type.
     - ``world_size``: the number of ranks; by default the plan's rank list, else one past the highest shard rank.
     - ``local_world_size``: GPUs per host (table_row_wise blocks, local device indices); by default from the plan's
@@ -179,7 +182,8 @@ def to_torchrec_dict(
     specs = {t.name: t for t in model.embedding_tables} if model is not None else {}  # by name, once: 2,000 tables
     if model is not None:
         _check_against_model(plan, model, specs)
-    fqns = {tp.name: _module_of(tp.name, module_fqn, specs.get(tp.name)) for tp in plan.tables}
+    given = module_fqn if module_fqn is not None or model is None else default_modules(plan, specs)
+    fqns = {tp.name: _module_of(tp.name, given, specs.get(tp.name)) for tp in plan.tables}
     if isinstance(module_fqn, Mapping):
         unused = sorted(set(module_fqn) - set(fqns))
         if unused:
@@ -394,6 +398,24 @@ def _check_against_model(plan: Plan, model: ModelSpec, specs: Mapping[str, Embed
                 problems.append(f"table {tp.name}: shard {i} lies outside {t.num_embeddings} × {t.embedding_dim}")
     if problems:
         raise TorchRecExportError("; ".join(problems))
+
+
+def default_modules(plan: Plan, specs: Mapping[str, EmbeddingTableSpec]) -> dict[str, str]:
+    """Each table's collection when ``module_fqn`` is not given (the model is): the pooled tables in one
+    EmbeddingBagCollection at :data:`DEFAULT_MODULE_FQN`; the sequence tables in one EmbeddingCollection at
+    :data:`DEFAULT_SEQUENCE_MODULE_FQN` where they can share one — one embedding_dim, one width of column slices —
+    else each in an EmbeddingCollection of its own, ``sparse.ec_<table>`` (dots in the name as ``_``). So whatever
+    layout a table has, its collection never refuses it for the other tables' sake: only its own rules apply."""
+    sequence = [tp for tp in plan.tables if tp.name in specs and specs[tp.name].pooling is Pooling.none]
+    dims = {specs[tp.name].embedding_dim for tp in sequence}
+    widths = {s.num_cols for tp in sequence if tp.sharding_type is ShardingType.column_wise for s in tp.shards}
+    shared = len(dims) <= 1 and len(widths) <= 1
+    out = {tp.name: DEFAULT_MODULE_FQN for tp in plan.tables}
+    for tp in sequence:
+        out[tp.name] = (
+            DEFAULT_SEQUENCE_MODULE_FQN if shared else f"{DEFAULT_SEQUENCE_MODULE_FQN}_{tp.name.replace('.', '_')}"
+        )
+    return out
 
 
 def _module_of(name: str, module_fqn: str | Mapping[str, str] | None, spec: EmbeddingTableSpec | None) -> str:

@@ -413,6 +413,22 @@ def test_torchrec_export(client: TestClient) -> None:
     assert list(fqn["plan"]) == ["model.emb"]
 
 
+def test_torchrec_export_of_pooled_and_sequence_tables(client: TestClient) -> None:
+    """A model with sequence tables (pooling none) beside pooled ones: by default the export puts them in an
+    EmbeddingCollection and the pooled ones in an EmbeddingBagCollection; one module named for all is refused."""
+    model = small_model("seq-mix", tables=3, dim=32)
+    model["embedding_tables"][0] |= {"pooling": "none", "pooling_factor": 40.0}
+    model["embedding_tables"][1] |= {"pooling": "none"}
+    plan = client.post("/api/v1/plans", json={"model": model, "fleet": fleet(), "options": {"solver": "greedy"}}).json()
+    exported = client.get(f"/api/v1/plans/{plan['id']}/torchrec")
+    assert exported.status_code == 200, exported.text
+    modules = {fqn: sorted(tables) for fqn, tables in exported.json()["plan"].items()}
+    assert modules == {"sparse.ec": ["t0", "t1"], "sparse.ebc": ["t2"]}
+    one = client.get(f"/api/v1/plans/{plan['id']}/torchrec", params={"module_fqn": "model.emb"})
+    assert_problem(one, 422, "not-exportable")
+    assert "cannot be" in one.json()["detail"]
+
+
 # ------------------------------------------------------------------------------------------------- auth
 
 

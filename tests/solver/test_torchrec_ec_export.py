@@ -12,7 +12,12 @@ from typing import Any
 
 import pytest
 
-from shardwise.solver.torchrec.exporter import EC_SHARDING_TYPES, TorchRecExportError, to_torchrec_dict
+from shardwise.solver.torchrec.exporter import (
+    EC_SHARDING_TYPES,
+    TorchRecExportError,
+    default_modules,
+    to_torchrec_dict,
+)
 from shardwise.solver.torchrec.importer import from_torchrec
 from shardwise.wire.spec import FleetSpec, ModelSpec, Plan, ShardingType, ShardPlan, TablePlan
 
@@ -157,9 +162,15 @@ def test_the_tables_of_one_ec_share_one_dim() -> None:
         _export(
             _plan(), module_fqn={**MODULES, "s_tw": "seq.ec", "s_rw": "seq.ec", "s_cw": "seq.ec", "s_wide": "seq.ec"}
         )
-    # by default every sequence table is in sparse.ec: two dims there are refused too
+    # a single module named for all of them is refused the same way (by default they would go to one EC each)
     with pytest.raises(TorchRecExportError, match=r"module sparse\.ec: .* s_wide \(32\)"):
-        to_torchrec_dict(_plan(), MODEL, world_size=4, local_world_size=2)
+        to_torchrec_dict(
+            _plan(),
+            MODEL,
+            world_size=4,
+            local_world_size=2,
+            module_fqn={**MODULES} | dict.fromkeys(MODULES, "sparse.ec") | {"pooled": "sparse.ebc"},
+        )
 
 
 def test_column_slices_of_an_ec_are_of_one_width() -> None:
@@ -251,3 +262,68 @@ def test_round_trip_through_from_torchrec() -> None:
     plan = _one_dim_plan()
     back = from_torchrec(to_torchrec_dict(plan, ONE_DIM, world_size=4, local_world_size=2), ONE_DIM, FLEET)
     assert by_table(back) == by_table(plan)
+
+
+def test_sequence_tables_that_cannot_share_an_ec_get_one_each_by_default() -> None:
+    """MODEL's sequence tables have two dims: by default each goes to an EmbeddingCollection of its own, so the export
+    refuses none of them for another's sake; with one dim they share ``sparse.ec``."""
+    plan = _plan()
+    out = to_torchrec_dict(plan, MODEL, world_size=4, local_world_size=2)["plan"]
+    assert {fqn: sorted(tables) for fqn, tables in out.items()} == {
+        "sparse.ec_s_tw": ["s_tw"],
+        "sparse.ec_s_rw": ["s_rw"],
+        "sparse.ec_s_cw": ["s_cw"],
+        "sparse.ec_s_wide": ["s_wide"],
+        "sparse.ebc": ["pooled"],
+    }
+    assert default_modules(_one_dim_plan(), {t.name: t for t in ONE_DIM.embedding_tables}) == {
+        "s_tw": "sparse.ec",
+        "s_rw": "sparse.ec",
+        "s_cw": "sparse.ec",
+        "pooled": "sparse.ebc",
+    }
+
+
+@pytest.mark.parametrize("solver", ["greedy", "cpsat"])
+def test_plans_for_torchrec_of_sequence_models_always_export(solver: str) -> None:
+    """The planner, asked for TorchRec's engine on a fleet of several hosts (where table_row_wise is a candidate for
+    pooled tables), gives no sequence table table_row_wise, and every plan exports with the default modules."""
+    from shardwise.solver.engine import export_problems
+    from shardwise.solver.planner import make_plan
+    from shardwise.wire.spec import SolveParams
+
+    fleet = FleetSpec(name="h100-2x8", hosts=[{"gpu": "nvidia-h100-sxm", "count": 2, "gpus_per_host": 8}])
+    big = ModelSpec.model_validate(
+        MODEL.model_dump()
+        | {
+            "embedding_tables": [
+                t | {"num_embeddings": t["num_embeddings"] * 100_000} for t in MODEL.model_dump()["embedding_tables"]
+            ]
+        }
+    )
+    plan = make_plan(big, fleet, SolveParams(solver=solver, executor="torchrec", time_limit_s=10))
+    assert plan.status.value != "infeasible", plan.explanation
+    kinds = {t.name: t.sharding_type for t in plan.tables}
+    assert kinds["pooled"] is not None
+    assert all(kinds[n] is not ShardingType.table_row_wise for n in ("s_tw", "s_rw", "s_cw", "s_wide"))
+    assert export_problems(plan, big) == []
+
+
+def test_no_table_row_wise_candidate_for_a_sequence_table_on_torchrec() -> None:
+    """table_row_wise is a candidate for a sequence table on shardwise's executor and for a pooled table on TorchRec,
+    never for a sequence table on TorchRec (its EmbeddingCollection has none)."""
+    from shardwise.solver.cpsat.candidates import candidate_specs
+    from shardwise.solver.topology import Topology
+    from shardwise.wire.spec import Executor
+
+    fleet = FleetSpec(name="h100-2x8", hosts=[{"gpu": "nvidia-h100-sxm", "count": 2, "gpus_per_host": 8}])
+    seq = _with("s_rw", num_embeddings=400_000).table("s_rw")
+    pooled = _with("s_rw", num_embeddings=400_000, pooling="sum").table("s_rw")
+
+    def kinds(executor: Executor, table: Any) -> set[ShardingType]:
+        return {s.sharding for s in candidate_specs(Topology(fleet, executor=executor), table)}
+
+    assert ShardingType.table_row_wise in kinds(Executor.shardwise, seq)
+    assert ShardingType.table_row_wise in kinds(Executor.torchrec, pooled)
+    assert ShardingType.table_row_wise not in kinds(Executor.torchrec, seq)
+    assert ShardingType.row_wise in kinds(Executor.torchrec, seq)
