@@ -26,6 +26,7 @@ refused). For ``torchrec`` the planners only make layouts it emits:
   contiguous nor strided — so a TorchRec plan there is 1D;
 * **fp32 and fp16 tables only** (:func:`model_problems`): FBGEMM's training kernels take no other cache precision,
   and TorchRec gives them the table's — a torchrec request with a bf16 table is answered infeasible, with the reason;
+  likewise a weighted sequence table, whose weights TorchRec's EmbeddingCollection does not read;
 * one placement per table (TorchRec has one compute kernel per table) holds for every engine: a candidate places all
   of a table's shards alike.
 
@@ -124,16 +125,23 @@ TORCHREC_DTYPES: Final = frozenset({Dtype.fp32, Dtype.fp16})
 
 def model_problems(executor: Executor, model: ModelSpec) -> list[str]:
     """What of ``model`` the engine cannot train, whatever the layout (empty: nothing): on TorchRec, tables of a
-    dtype FBGEMM's training kernels do not take (:data:`TORCHREC_DTYPES`)."""
+    dtype FBGEMM's training kernels do not take (:data:`TORCHREC_DTYPES`), and weighted sequence tables."""
     if executor is not Executor.torchrec:
         return []
-    return [
+    dtypes = [
         f"table {t.name} is {t.dtype.value}: TorchRec + FBGEMM train fp32 and fp16 tables only (FBGEMM's training "
         "kernels take an fp32 or fp16 cache precision, which TorchRec sets to the table's); store it as fp16, or "
         "plan for shardwise's executor"
         for t in model.embedding_tables
         if t.dtype not in TORCHREC_DTYPES
     ]
+    weighted = [
+        f"table {t.name} is a weighted sequence table: TorchRec's EmbeddingCollection looks its ids up without their "
+        "weights (it reads the KeyedJaggedTensor's values alone); plan for shardwise's executor, or drop the weights"
+        for t in model.embedding_tables
+        if t.weighted and t.pooling is Pooling.none
+    ]
+    return dtypes + weighted
 
 
 def export_relayout(plan: Plan) -> bool:

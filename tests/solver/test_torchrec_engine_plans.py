@@ -222,6 +222,25 @@ def test_a_table_fbgemm_does_not_train_gets_an_answer_not_a_plan() -> None:
     assert any("t_bf16 is bf16" in p for p in problems)
 
 
+def test_a_weighted_sequence_table_gets_an_answer_for_torchrec_not_a_plan() -> None:
+    """TorchRec's EmbeddingCollection reads a KeyedJaggedTensor's values alone, so a weighted sequence table would
+    train without its weights: a torchrec request is answered infeasible, naming it; a weighted pooled table and
+    shardwise's executor plan as before."""
+    tables = [
+        {"name": "seq", "num_embeddings": 10_000, "embedding_dim": 32, "pooling": "none", "weighted": True},
+        {"name": "bag", "num_embeddings": 10_000, "embedding_dim": 32, "weighted": True},
+    ]
+    model = ModelSpec.model_validate({"name": "w", "batch_size_per_gpu": 256, "embedding_tables": tables})
+    fleet = FleetSpec.model_validate(
+        {"name": "one", "hosts": [{"gpu": "nvidia-h100-sxm", "count": 1, "gpus_per_host": 2}]}
+    )
+    theirs = make_plan(model, fleet, SolveParams(solver="greedy", executor="torchrec"))
+    assert theirs.status is PlanStatus.infeasible
+    assert any("seq is a weighted sequence table" in line for line in theirs.explanation)
+    assert not any("table bag" in line for line in theirs.explanation)
+    assert make_plan(model, fleet, SolveParams(solver="greedy")).status is not PlanStatus.infeasible
+
+
 def test_a_plan_for_shardwise_exports_in_torchrecs_row_blocks_on_the_same_ranks() -> None:
     """shardwise's executor splits a row-wise table's remainder evenly, TorchRec routes ids by ceil(rows / n): the
     service exports a plan priced for shardwise with TorchRec's blocks on the plan's ranks (at most one row more on a
