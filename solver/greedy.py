@@ -22,8 +22,9 @@ where. It is CP-SAT's hint and fallback and the baseline in benchmarks.
 
 5. Where a group of shards past the first costs a rank host time (the executor profile's ``per_group_us``: 2.4 ms
    on eager steps), the pass runs again weighing each rank's groups (one per dtype, width, optimizer and placement
-   kind: ``greedy_assign(groups=True)``), then once more by the device's time without column-wise splits, and the
-   plan the evaluator prices fastest is kept (:func:`_weigh_groups`, :func:`_fewer_groups`). The first pass places
+   kind: ``greedy_assign(groups=True)``), then once more by the device's time without column-wise splits (with
+   target packing as in step 4 where it ran), and the plan the evaluator prices fastest is kept
+   (:func:`_weigh_groups`, :func:`_fewer_groups`). The first pass places
    by the device's time alone and spreads a model's table kinds over every rank.
 
 The time limit (``SolveParams.time_limit_s``, one :class:`~shardwise.solver.deadline.Deadline` for the solve) holds
@@ -474,7 +475,8 @@ def run_greedy(
     if charges_groups(topo) and not deadline.before(finish_s).expired():
         chosen = _weigh_groups(topo, model, cands, dense, dense_plans, chosen, deadline.before(finish_s))
     if charges_groups(topo) and not deadline.before(finish_s).expired():
-        chosen = _fewer_groups(topo, model, cands, dense, dense_plans, chosen, deadline.before(finish_s))
+        spread_bound = bound if spread_out(topo, n) else None
+        chosen = _fewer_groups(topo, model, cands, dense, dense_plans, chosen, deadline.before(finish_s), spread_bound)
     priced = time.perf_counter()
     tables = [placed_to_table(model, p) for p in chosen if p is not None]
     # the plan first, then a bound
@@ -532,12 +534,18 @@ def _the_faster(
     chosen: list[Placed | None],
     deadline: Deadline,
     groups: bool = False,
+    spread_bound: float | None = None,
 ) -> list[Placed | None]:
     """The passes again over ``cands`` (``groups``: weighing each rank's groups), and whichever of their layout and
-    ``chosen`` the evaluator prices faster (ties keep ``chosen``); ``chosen`` where the passes do not finish."""
+    ``chosen`` the evaluator prices faster (ties keep ``chosen``); ``chosen`` where the passes do not finish.
+    ``spread_bound``: few tables on many GPUs — target packing from that bound as well (step 4, over ``cands``)."""
     other, seen = best_of_passes(topo, model, cands, dense, deadline, groups=groups)
     if seen < len(other) or any(c is None for c in other) or deadline.expired():
         return chosen
+    if spread_bound is not None:
+        other = _spread_start(topo, model, cands, dense, other, spread_bound, deadline)
+        if deadline.expired():
+            return chosen
     better = _priced_step(topo, model, dense_plans, other) < _priced_step(topo, model, dense_plans, chosen) - 1e-9
     return other if better else chosen
 
@@ -550,8 +558,11 @@ def _fewer_groups(
     dense_plans: list[DensePlan],
     chosen: list[Placed | None],
     deadline: Deadline,
+    spread_bound: float | None = None,
 ) -> list[Placed | None]:
-    """The greedy pass again without column-wise splits, and whichever of the two layouts predicts the smaller step.
+    """The greedy pass again without column-wise splits — and, for few tables on many GPUs (``spread_bound``: the
+    bound over every candidate, valid for fewer), target packing without them too — and whichever of the layouts
+    predicts the smaller step.
 
     The passes weigh the device's work, not the groups of shards a rank looks up (one per dtype, width, optimizer and
     placement: ``cost_model.shard_group_key``), which the step is charged for once the plan is priced; a table cut
@@ -561,7 +572,7 @@ def _fewer_groups(
     narrow = [[c for c in cs if c.sharding is not ShardingType.column_wise] or cs for cs in cands]
     if all(len(a) == len(b) for a, b in zip(narrow, cands, strict=True)):
         return chosen  # no column-wise candidate anywhere: the same pass
-    return _the_faster(topo, model, narrow, dense, dense_plans, chosen, deadline)
+    return _the_faster(topo, model, narrow, dense, dense_plans, chosen, deadline, spread_bound=spread_bound)
 
 
 def plan_greedy(
