@@ -214,6 +214,16 @@ def calibrate(
         torchrec_parts(device, current, figures, measured, where, quick=quick, log=log, out=out)
     else:
         _executor_parts(clock, device, profile, current, figures, measured, where, quick, graphed, reps, log, out)
+    if gpu:
+        reserve, outside, slack = runtime_reserve(device, profile)
+        figures["runtime_reserve_bytes"] = Figure(
+            value=float(reserve),
+            source=f"{where}: HBM the process held beyond its tensors after the calibration's steps — "
+            f"{outside:,} B outside the caching allocator (the driver's reserve, the context, libraries) and "
+            f"{slack:,} B of the allocator's peak slack",
+            samples=1,
+        )
+        log(f"{'runtime_reserve_bytes':<28} {reserve / 2**30:8.2f} GiB")
     cal = Calibration(
         profile=profile.name,
         device=str(info["device"]),
@@ -227,6 +237,19 @@ def calibrate(
     )
     cal.apply(profile)  # the calibrated profile must be valid
     return cal, out
+
+
+def runtime_reserve(device: torch.device, profile: HardwareProfile) -> tuple[int, int, int]:
+    """``(reserve, outside, slack)`` in bytes, measured now on ``device``: what the process holds of the GPU's HBM
+    (the profile's ``hbm_bytes``) beyond the caching allocator's blocks — the driver's own reserve, the CUDA/HIP
+    context, cuBLAS and the collective library's buffers where they ran — plus the allocator's peak slack (blocks
+    reserved but not allocated at the peak): HBM a plan's tensors cannot have. Call it after the steps whose
+    footprint it should cover."""
+    torch.cuda.synchronize(device)
+    free, _ = torch.cuda.mem_get_info(device)
+    outside = max(profile.hbm_bytes - free - torch.cuda.memory_reserved(device), 0)
+    slack = max(torch.cuda.max_memory_reserved(device) - torch.cuda.max_memory_allocated(device), 0)
+    return outside + slack, outside, slack
 
 
 def _executor_parts(

@@ -45,7 +45,10 @@ CALIBRATABLE: Final = (
     "overheads.host_ns_per_row_byte",
     "overheads.cache_fetch_us",
     "overheads.cache_fetch_ns_per_row",
+    "runtime_reserve_bytes",
 )
+#: calibratable figures that are whole bytes (a Figure's value is a float)
+INTEGER_FIGURES: Final = frozenset({"runtime_reserve_bytes"})
 
 
 class Figure(BaseModel):
@@ -149,6 +152,8 @@ def with_figures(
     data: dict[str, Any] = profile.model_dump()
     for path, value in values.items():
         head, _, tail = path.partition(".")
+        if path in INTEGER_FIGURES:
+            value = round(value)
         data[head] = {**data[head], tail: value} if tail else value
     if sources is not None:
         data["sources"] = sources

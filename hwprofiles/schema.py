@@ -226,6 +226,17 @@ class HardwareProfile(BaseModel):
     gpus_per_host: int = Field(gt=0, le=MAX_GPUS_PER_HOST, description="default GPUs per node; ≤ 1024")
     host_memory_bytes: int = Field(gt=0, le=MAX_MEMORY_BYTES, description="default host DRAM per node; ≤ 1e15")
 
+    runtime_reserve_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_MEMORY_BYTES,
+        exclude_if=lambda v: v is None,  # unmeasured: the profile dumps (and hashes) as before the field existed
+        description="HBM a training process holds on each GPU beyond the tensors a plan places — the driver's "
+        "reserve, the CUDA/HIP context and libraries, the caching allocator's slack — measured by shardwise "
+        "calibrate; a fleet reserves this much on GPUs of this type instead of its hbm_reserve_fraction. None: "
+        "unmeasured",
+    )
+
     achieved: AchievedFractions
     overheads: StepOverheads = StepOverheads()
     microarch: Microarchitecture | None = Field(
@@ -259,6 +270,8 @@ class HardwareProfile(BaseModel):
     def _consistent_links(self) -> HardwareProfile:
         if self.scale_up_per_peer_bytes_per_s > self.scale_up_bytes_per_s:
             raise ValueError("scale_up_per_peer_bytes_per_s cannot exceed scale_up_bytes_per_s (all peers)")
+        if self.runtime_reserve_bytes is not None and self.runtime_reserve_bytes >= self.hbm_bytes:
+            raise ValueError("runtime_reserve_bytes must be below hbm_bytes (the reserve would leave no HBM)")
         return self
 
     def peak_flops(self, dtype: str) -> int:
@@ -286,6 +299,8 @@ class HardwareProfile(BaseModel):
             "microarch",
         }
         paths = [k for k in type(self).model_fields if k not in skip]
+        if self.runtime_reserve_bytes is None:  # unmeasured: no figure to source
+            paths.remove("runtime_reserve_bytes")
         paths += [f"peak_flops_per_s.{k}" for k in self.peak_flops_per_s]
         paths += [f"achieved.{k}" for k in AchievedFractions.model_fields]
         # overheads are zero (not modelled) until calibrated; a set one needs its source like any figure

@@ -39,7 +39,7 @@ def smallest_shortage(topo: Topology, state: LoadState, cands: list[Candidate]) 
             over = float(hbm_over.min())
             msg = (
                 f"as {c.label} it needs {fmt_bytes(state.hbm[r] + hbm_need[r])} of HBM on rank {r}, which offers "
-                f"{fmt_bytes(state.hbm_limit[r])} after the {topo.fleet.hbm_reserve_fraction:.0%} reserve: "
+                f"{fmt_bytes(state.hbm_limit[r])} after {topo.reserve_words(r)}: "
                 f"short by {fmt_bytes(over)}"
             )
         elif host_over.min() > 0:
@@ -67,7 +67,7 @@ def explain_infeasible(
     lines: list[str] = []
     hbm_total = sum(c.hbm_limit_bytes * len(c.ranks) for c in topo.classes)
     host_total = sum(h.host_memory_bytes for h in topo.hosts)
-    reserve = topo.fleet.hbm_reserve_fraction
+    reserve = topo.reserves_words()
     n = len(model.embedding_tables)
     # least memory each table can live with (HBM + host), whatever the candidate
     need_any = 0
@@ -86,7 +86,7 @@ def explain_infeasible(
     if need_any > hbm_total + host_total:
         lines.append(
             f"needs {fmt_bytes(need_any)} of HBM+host memory for {n} tables; the fleet offers "
-            f"{fmt_bytes(hbm_total)} HBM (after the {reserve:.0%} reserve) and {fmt_bytes(host_total)} host memory: "
+            f"{fmt_bytes(hbm_total)} HBM (after {reserve}) and {fmt_bytes(host_total)} host memory: "
             f"short by {fmt_bytes(need_any - hbm_total - host_total)}"
         )
     if need_hbm_min > hbm_total:

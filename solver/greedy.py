@@ -335,7 +335,7 @@ def dense_shortage(topo: Topology, model: ModelSpec, dense: list[tuple[str, Dens
         return []
     return [
         f"dense layers need {fmt_bytes(int(state.hbm[r]))} of HBM on rank {r}, which offers "
-        f"{fmt_bytes(int(state.hbm_limit[r]))} after the {topo.fleet.hbm_reserve_fraction:.0%} reserve: "
+        f"{fmt_bytes(int(state.hbm_limit[r]))} after {topo.reserve_words(r)}: "
         f"short by {fmt_bytes(int(over[r]))}"
     ]
 

@@ -43,7 +43,7 @@ from shardwise.solver.planner import make_plan, score_plan
 from shardwise.solver.port_direct import Carried, carry_over, direct_port, direct_port_in_hbm_ms
 from shardwise.solver.port_findings import Fallback, PortFindings, StillOffloaded, TableShift, offloaded
 from shardwise.solver.pricing import ShardCost, data_side_ms, shard_cost
-from shardwise.solver.topology import Topology
+from shardwise.solver.topology import Topology, reserves_by_gpu
 from shardwise.solver.validate import assert_valid_plan
 from shardwise.wire.port_spec import DirectPort, PortReport, RankFill, TableChange, TableLayout
 from shardwise.wire.spec import (
@@ -319,7 +319,7 @@ def port_analysis(
     findings = PortFindings(
         target=target_fleet.name,
         source_fleet=source_fleet.name,
-        hbm_reserve_fraction=target_fleet.hbm_reserve_fraction,
+        reserves=reserves_by_gpu(topo),
         source=source,
         direct=direct,
         replan=replan,

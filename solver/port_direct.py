@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from shardwise.solver import port_words as words
 from shardwise.solver.build import build_plan
 from shardwise.solver.evaluate import Evaluation, evaluate
-from shardwise.solver.topology import Topology
+from shardwise.solver.topology import Topology, reserves_by_gpu
 from shardwise.solver.validate import check_structure, group_alignment
 from shardwise.solver.version import solver_version
 from shardwise.wire.hashing import canonical_json
@@ -106,7 +106,7 @@ def _direct_identity(model: ModelSpec, source: Plan, target: FleetSpec) -> tuple
 def direct_port(topo: Topology, model: ModelSpec, source: Plan, source_fleet: str = "the source fleet") -> DirectPort:
     """Step 2 of the module docstring: ``source`` carried rank for rank onto ``topo`` and priced there."""
     target = topo.fleet
-    reserve = target.hbm_reserve_fraction
+    reserve = reserves_by_gpu(topo)
     if source.status is PlanStatus.infeasible:
         return DirectPort(feasible=False, problems=[words.nothing_to_port(source_fleet), *source.explanation])
     sg = source.sparse_groups

@@ -7,6 +7,7 @@ sits below both, so that the analysis can hand its findings to the words without
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from shardwise.wire.port_spec import DirectPort, TableChange, TableLayout
@@ -65,7 +66,7 @@ class PortFindings:
 
     target: str  # the target fleet's name
     source_fleet: str
-    hbm_reserve_fraction: float  # of the target
+    reserves: Mapping[str, str]  # of the target: per GPU type, how its HBM reserve is said
     source: Plan
     direct: DirectPort
     replan: Plan

@@ -8,7 +8,7 @@ number of the hints.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from shardwise.solver.port_findings import Fallback, PortFindings, StillOffloaded, TableShift, offloaded
 from shardwise.solver.summary import summarize
@@ -51,10 +51,11 @@ def missing_shards_problem(
     )
 
 
-def short_rank_line(s: ShortRank, hbm_reserve_fraction: float) -> str:
+def short_rank_line(s: ShortRank, reserves: Mapping[str, str]) -> str:
+    """``reserves``: per GPU type, how its HBM reserve is said (:func:`~shardwise.solver.topology.hbm_reserve`)."""
     return (
         f"rank {s.rank} ({s.gpu}) needs {fmt_bytes(s.hbm_used_bytes)} of HBM, {fmt_bytes(s.hbm_limit_bytes)} usable "
-        f"after the {hbm_reserve_fraction:.0%} reserve: over by {fmt_bytes(s.over_by_bytes)}"
+        f"after {reserves.get(s.gpu, 'the reserve')}: over by {fmt_bytes(s.over_by_bytes)}"
     )
 
 
@@ -66,11 +67,11 @@ def short_host_line(s: ShortHost) -> str:
 
 
 def shortage_lines(
-    short_ranks: Sequence[ShortRank], short_hosts: Sequence[ShortHost], hbm_reserve_fraction: float
+    short_ranks: Sequence[ShortRank], short_hosts: Sequence[ShortHost], reserves: Mapping[str, str]
 ) -> list[str]:
     """One line per short rank, then one per short host."""
     return [
-        *(short_rank_line(s, hbm_reserve_fraction) for s in short_ranks),
+        *(short_rank_line(s, reserves) for s in short_ranks),
         *(short_host_line(s) for s in short_hosts),
     ]
 
@@ -247,7 +248,7 @@ def hints(f: PortFindings) -> list[str]:
         out.append(direct.problems[0])
     worst = max((s.over_by_bytes for s in direct.short_ranks), default=0)
     for s in direct.short_ranks[:MAX_SHORT_HINTS]:
-        out.append(f"direct port: {short_rank_line(s, f.hbm_reserve_fraction)}")
+        out.append(f"direct port: {short_rank_line(s, f.reserves)}")
     if len(direct.short_ranks) > MAX_SHORT_HINTS:
         out.append(f"direct port: … and {len(direct.short_ranks) - MAX_SHORT_HINTS} more ranks over capacity")
     if worst and len(direct.problems) == len(direct.short_ranks):  # HBM is all it lacks

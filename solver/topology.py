@@ -19,6 +19,7 @@ from shardwise.hwprofiles import HardwareProfile, get_profile
 from shardwise.hwprofiles.executors import executor_profile, with_executor
 from shardwise.solver.cost_model import CommContext, inter_host_bw, intra_host_bw, sync_collectives
 from shardwise.wire.spec import Executor, FleetSpec, Plan, SolveParams, SparseSync
+from shardwise.wire.units import fmt_bytes
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,30 @@ class DeviceClass:
     gpus_per_host: int
     hosts: tuple[int, ...]
     ranks: tuple[int, ...]
-    hbm_limit_bytes: int  # capacity × (1 − reserve)
+    hbm_limit_bytes: int  # capacity less the reserve (hbm_reserve)
     host_memory_bytes: int
+    reserve_words: str = "the reserve"  # how the reserve is said: "the 10% reserve", "the 4.0 GB runtime reserve"
+
+
+def reserves_by_gpu(topo: Topology) -> dict[str, str]:
+    """Per GPU type of ``topo``, how its HBM reserve is said (:func:`hbm_reserve`)."""
+    return {c.profile.name: c.reserve_words for c in topo.classes}
+
+
+def hbm_reserve(fleet: FleetSpec, profile: HardwareProfile) -> tuple[int, str]:
+    """The HBM a GPU of ``profile``'s type offers a plan in ``fleet``, and how its reserve is said: the fleet's
+    ``hbm_reserve_bytes`` for the type where it names it, else the profile's measured ``runtime_reserve_bytes``
+    (a calibration's), else the fleet's ``hbm_reserve_fraction`` of the GPU's HBM."""
+    given = (fleet.hbm_reserve_bytes or {}).get(profile.name)
+    if given is not None:
+        return max(profile.hbm_bytes - given, 0), f"the fleet's {fmt_bytes(given)} reserve for {profile.name}"
+    if profile.runtime_reserve_bytes is not None:
+        return (
+            profile.hbm_bytes - profile.runtime_reserve_bytes,
+            f"the {fmt_bytes(profile.runtime_reserve_bytes)} runtime reserve measured for {profile.name}",
+        )
+    fraction = fleet.hbm_reserve_fraction
+    return math.floor(profile.hbm_bytes * (1 - fraction)), f"the {fraction:.0%} reserve"
 
 
 @dataclass
@@ -92,8 +115,9 @@ class Topology:
                     gpus_per_host=group.gpus_per_host,
                     hosts=tuple(range(first_host, len(hosts))),
                     ranks=tuple(range(first_rank, len(ranks))),
-                    hbm_limit_bytes=math.floor(profile.hbm_bytes * (1 - self.fleet.hbm_reserve_fraction)),
+                    hbm_limit_bytes=hbm_reserve(self.fleet, profile)[0],
                     host_memory_bytes=host_mem,
+                    reserve_words=hbm_reserve(self.fleet, profile)[1],
                 )
             )
         self.ranks: list[RankInfo] = ranks
@@ -121,6 +145,15 @@ class Topology:
         engine = executor or plan.executor
         graphed = plan.solver.params.graphed_steps and engine is Executor.shardwise
         return cls(fleet, dict(profiles or {}), executor=engine, graphed=graphed)
+
+    def reserve_words(self, rank: int) -> str:
+        """How the HBM reserve of ``rank``'s GPU type is said (:func:`hbm_reserve`): "the 10% reserve"."""
+        return self.classes[self.ranks[rank].group].reserve_words
+
+    def reserves_words(self) -> str:
+        """The fleet's reserves in words: one, or each GPU type's where they differ."""
+        said = list(dict.fromkeys(c.reserve_words for c in self.classes))
+        return said[0] if len(said) == 1 else "; ".join(said)
 
     def _lookup(self, name: str) -> HardwareProfile:
         return self.profiles[name] if name in self.profiles else get_profile(name)

@@ -267,7 +267,7 @@ def check_plan(topo: Topology, model: ModelSpec, plan: Plan, *, allow_stacked: b
     for rank, over in ev.overfull_ranks():
         out.append(
             f"rank {rank} HBM over capacity by {fmt_bytes(over)} (limit {fmt_bytes(ev.hbm_limits[rank])} "
-            f"after the {topo.fleet.hbm_reserve_fraction:.0%} reserve)"
+            f"after {topo.reserve_words(rank)})"
         )
     for host, over in ev.overfull_hosts():
         out.append(f"host {host} memory over capacity by {fmt_bytes(over)}")

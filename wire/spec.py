@@ -429,7 +429,36 @@ class FleetSpec(_Frozen):
     schema_version: Literal[1] = SCHEMA_VERSION
     name: Name
     hosts: list[HostGroupSpec] = Field(min_length=1, max_length=MAX_HOST_GROUPS)
-    hbm_reserve_fraction: float = Field(default=0.1, ge=0, lt=1, allow_inf_nan=False)
+    hbm_reserve_fraction: float = Field(
+        default=0.1,
+        ge=0,
+        lt=1,
+        allow_inf_nan=False,
+        description="the share of each GPU's HBM kept back for what a plan does not place (the runtime's context, "
+        "buffers, allocator slack), on GPU types for which neither hbm_reserve_bytes nor a calibrated profile gives "
+        "an absolute reserve",
+    )
+    hbm_reserve_bytes: dict[Name, Annotated[int, Field(ge=0, le=MAX_MEMORY_BYTES)]] | None = Field(
+        default=None,
+        max_length=MAX_HOST_GROUPS,
+        exclude_if=lambda v: v is None,  # unset, a fleet dumps (and hashes) as before the field existed
+        description="per GPU type (its profile name), the bytes of HBM kept back on each GPU of that type: an "
+        "absolute figure, the same on a 141 GB and a 288 GB part, where the fraction would keep back 14 and 29 GB. "
+        "Before hbm_reserve_fraction and a calibrated profile's runtime_reserve_bytes",
+    )
+
+    @model_validator(mode="after")
+    def _reserves_name_the_fleets_gpus(self) -> FleetSpec:
+        if self.hbm_reserve_bytes is None:
+            return self
+        gpus = {g.gpu if isinstance(g.gpu, str) else g.gpu.name for g in self.hosts}
+        unknown = sorted(set(self.hbm_reserve_bytes) - gpus)
+        if unknown:
+            raise ValueError(
+                f"hbm_reserve_bytes names GPU type(s) the fleet has no host of: {', '.join(unknown)} "
+                f"(its types: {', '.join(sorted(gpus))})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _hosts_named_once(self) -> FleetSpec:

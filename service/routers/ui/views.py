@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
 from typing import Any, TypeVar
@@ -23,6 +23,7 @@ from shardwise.service.routers.ui.formatting import HOT_FILL, gpu_mix, placement
 from shardwise.solver.engine import ENGINE_NAMES
 from shardwise.wire.resources import StoredPlan
 from shardwise.wire.spec import FleetSpec, HbmBreakdown, ModelSpec, Placement, RankPlan, ShardingType
+from shardwise.wire.units import fmt_bytes
 
 SpecT = TypeVar("SpecT", ModelSpec, FleetSpec)
 
@@ -131,11 +132,47 @@ def load_plan(session: Session, plan_id: str) -> PagePlan | None:
     )
 
 
-def reserve_of(row: PlanRow) -> float:
-    """The HBM reserve fraction the plan was made with (the fleet's default, 0.1, when the request lacks it)."""
-    fleet = row.request.get("fleet") if isinstance(row.request, Mapping) else None
-    value = fleet.get("hbm_reserve_fraction", 0.1) if isinstance(fleet, Mapping) else 0.1
-    return float(value)
+@dataclass(frozen=True)
+class Reserve:
+    """The HBM reserve a plan was made with: the fleet's fraction, and the absolute bytes per GPU type that replace
+    it (the fleet's ``hbm_reserve_bytes``, a calibrated profile's ``runtime_reserve_bytes``), as the planner took
+    them (:func:`~shardwise.solver.topology.hbm_reserve`)."""
+
+    fraction: float = 0.1
+    per_gpu: Mapping[str, int] = field(default_factory=dict)
+
+    def limit(self, gpu: str, capacity: int) -> int:
+        """The HBM a plan may fill on a GPU of type ``gpu`` with ``capacity`` bytes."""
+        if gpu in self.per_gpu:
+            return max(capacity - self.per_gpu[gpu], 0)
+        return math.floor(capacity * (1 - self.fraction))
+
+    @property
+    def label(self) -> str:
+        """``10%``, or with the absolute reserves: ``10%; nvidia-h200 4.0 GB``."""
+        fixed = "; ".join(f"{gpu} {fmt_bytes(n)}" for gpu, n in sorted(self.per_gpu.items()))
+        return f"{self.fraction:.0%}" + (f"; {fixed}" if fixed else "")
+
+
+def reserve_of(row: PlanRow) -> Reserve:
+    """The HBM reserve the plan was made with (the fleet's defaults when the request lacks them)."""
+    from shardwise.hwprofiles import HardwareProfile, ProfileError, get_profile
+    from shardwise.solver.topology import hbm_reserve
+
+    raw = row.request.get("fleet") if isinstance(row.request, Mapping) else None
+    try:
+        fleet = FleetSpec.model_validate(raw)
+    except ValueError:  # a request stored before the fleet's fields were what they are: the defaults
+        return Reserve()
+    per_gpu: dict[str, int] = {}
+    for group in fleet.hosts:
+        try:
+            profile = group.gpu if isinstance(group.gpu, HardwareProfile) else get_profile(group.gpu)
+        except ProfileError:  # a GPU type the catalogue no longer has: its fraction, as drawn before
+            continue
+        if profile.name in (fleet.hbm_reserve_bytes or {}) or profile.runtime_reserve_bytes is not None:
+            per_gpu[profile.name] = profile.hbm_bytes - hbm_reserve(fleet, profile)[0]
+    return Reserve(fleet.hbm_reserve_fraction, per_gpu)
 
 
 # ------------------------------------------------------------------------------------------------- throughput
@@ -251,7 +288,7 @@ def _parts(b: HbmBreakdown, used: int) -> list[tuple[str, str, int]]:
     return [p for p in parts if p[2] > 0]
 
 
-def rank_views(ranks: Sequence[RankPlan], reserve: float, *, bars: bool = True) -> list[RankView]:
+def rank_views(ranks: Sequence[RankPlan], reserve: Reserve, *, bars: bool = True) -> list[RankView]:
     """Bars on one scale for the whole plan: ``BAR_UNITS`` is the largest capacity (HBM) or the slowest rank's
     step (time), so that lengths compare across GPUs of different sizes. ``bars=False`` leaves the HBM segments
     out (a page that draws no per-rank bars)."""
@@ -269,7 +306,7 @@ def rank_views(ranks: Sequence[RankPlan], reserve: float, *, bars: bool = True) 
             x += w
         cap = r.hbm_capacity_bytes
         fill = r.hbm_used_bytes / cap if cap else 0.0
-        limit = math.floor(cap * (1 - reserve))
+        limit = reserve.limit(r.gpu, cap)
         t = r.predicted_ms
         out.append(
             RankView(

@@ -454,6 +454,32 @@ def test_plan_page_draws_the_fleet_one_row_per_host_at_512_gpus(client: TestClie
         assert text(groups[0]).startswith(f"{attr(groups[0], 'data-count')} ranks at ")
 
 
+def test_the_page_draws_each_gpu_types_own_reserve(client: TestClient) -> None:
+    """A fleet keeping back 6 GiB on its B300s and 10 % on its H200s: the head says both, and each rank's bar keeps
+    its own type's reserve free."""
+    fleet_ = {
+        "name": "h200-b300",
+        "hosts": [
+            {"gpu": "nvidia-h200", "count": 1, "gpus_per_host": 2},
+            {"gpu": "nvidia-b300", "count": 1, "gpus_per_host": 2},
+        ],
+        "hbm_reserve_bytes": {"nvidia-b300": 6 * 2**30},
+    }
+    plan = post_plan(client, small_model("reserved"), fleet_)
+    doc = page(client, f"/ui/plans/{plan['id']}")
+    assert "HBM reserve 10%; nvidia-b300 6.44 GB" in text(doc.css_first(".plan-head"))
+    kept = {}
+    for rank in plan["ranks"]:
+        bar = doc.css_first(f"svg.hbm-bar[data-rank='{rank['rank']}'] rect.reserve title")
+        kept[rank["gpu"]] = text(bar)
+    cap = {r["gpu"]: r["hbm_capacity_bytes"] for r in plan["ranks"]}
+    assert kept["nvidia-b300"] == f"reserve: 6.4 GB kept free (limit {(cap['nvidia-b300'] - 6 * 2**30) / 1e9:.1f} GB)"
+    h200_limit = math.floor(cap["nvidia-h200"] * 0.9)
+    assert kept["nvidia-h200"] == (
+        f"reserve: {(cap['nvidia-h200'] - h200_limit) / 1e9:.1f} GB kept free (limit {h200_limit / 1e9:.1f} GB)"
+    )
+
+
 def test_a_dlrmv3_scale_sequence_plan_reads_on_one_page(client: TestClient) -> None:
     """The benchmark's DLRMv3-scale model (a 1 B-row fp16 item table, unpooled, on 256 B200 + MI350X GPUs): the page
     stays compact, says what each table looks up a sample — a row per id for the sequence tables — and shows both GPU
