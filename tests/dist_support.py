@@ -104,3 +104,31 @@ class Checks:
         except BaseException:
             self.results[name] = traceback.format_exc()
         dist.barrier()
+
+
+def jagged_slices(ids: torch.Tensor, lengths: torch.Tensor, world: int, per_rank: int) -> list[tuple[Any, Any]]:
+    """A global jagged feature (``ids``, one length a sample) cut into each rank's ``per_rank`` samples: per rank its
+    ids and its bags' offsets, as the rank passes them."""
+    starts = torch.cumsum(lengths, 0) - lengths
+    out = []
+    for r in range(world):
+        ln = lengths[r * per_rank : (r + 1) * per_rank]
+        first = int(starts[r * per_rank])
+        out.append((ids[first : first + int(ln.sum())], torch.cumsum(ln, 0) - ln))
+    return out
+
+
+def rank_failures(per_rank: list[dict[str, str]], check: str, ranks: Callable[[int], bool] | None = None) -> list[str]:
+    """What ``check`` reported on each rank (``ranks``: only those it holds for; every rank by default) that failed,
+    crashed or did not run it, one entry a rank."""
+    failures = []
+    for rank, res in enumerate(per_rank):
+        if "__error__" in res:
+            failures.append(f"rank {rank} crashed:\n{res['__error__']}")
+        elif ranks is not None and not ranks(rank):
+            continue
+        elif check not in res:
+            failures.append(f"rank {rank}: {check} did not run")
+        elif res[check]:
+            failures.append(f"rank {rank}: {res[check]}")
+    return failures

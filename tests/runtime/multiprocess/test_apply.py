@@ -30,7 +30,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402  (after the importorskip)
 from torch import Tensor, nn  # noqa: E402
 
-from dist_support import Checks, run  # noqa: E402
+from dist_support import Checks, jagged_slices, rank_failures, run  # noqa: E402
 from fleet_support import tiny_fleet  # noqa: E402
 from shardwise.runtime.apply import PlanMismatchError, apply_plan, param_groups, split_parameters  # noqa: E402
 from shardwise.runtime.embedding.bag import ShardedEmbeddingBag  # noqa: E402
@@ -113,13 +113,9 @@ def global_batch(world: int, seed: int) -> tuple[Batch, list[Batch]]:
     for fqn, (rows, _, _) in TABLES.items():
         lengths = torch.randint(0, 5, (n,), generator=g)
         ids = torch.randint(0, rows, (int(lengths.sum()),), generator=g)
-        starts = torch.cumsum(lengths, 0) - lengths
-        feats[fqn] = (ids, starts)
-        for r in range(world):
-            lo, hi = r * LOCAL_BATCH, (r + 1) * LOCAL_BATCH
-            ln = lengths[lo:hi]
-            first = int(starts[lo])
-            local[r][fqn] = (ids[first : first + int(ln.sum())], torch.cumsum(ln, 0) - ln)
+        feats[fqn] = (ids, torch.cumsum(lengths, 0) - lengths)
+        for r, piece in enumerate(jagged_slices(ids, lengths, world, LOCAL_BATCH)):
+            local[r][fqn] = piece
     rows_of = [slice(r * LOCAL_BATCH, (r + 1) * LOCAL_BATCH) for r in range(world)]
     return (dense, feats, target), [(dense[s], local[r], target[s]) for r, s in enumerate(rows_of)]
 
@@ -765,16 +761,8 @@ def results_for(world: int) -> list[dict[str, str]]:
 
 def assert_passed(world: int, check: str, per_rank: list[dict[str, str]] | None = None) -> None:
     per_rank = results_for(world) if per_rank is None else per_rank
-    failures = []
-    for rank, res in enumerate(per_rank):
-        if "__error__" in res:
-            failures.append(f"rank {rank} crashed:\n{res['__error__']}")
-        elif check.startswith("validation:") and rank != 0:
-            continue  # validation runs on rank 0 alone
-        elif check not in res:
-            failures.append(f"rank {rank}: {check} did not run")
-        elif res[check]:
-            failures.append(f"rank {rank}: {res[check]}")
+    # validation runs on rank 0 alone
+    failures = rank_failures(per_rank, check, (lambda r: r == 0) if check.startswith("validation:") else None)
     assert not failures, "\n".join(failures)
 
 

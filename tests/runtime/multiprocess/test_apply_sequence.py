@@ -28,7 +28,7 @@ import torch.distributed as dist  # noqa: E402
 from test_apply import FUSED_LR, _close, _full, _reference_optimizer, make_plan, table_plan  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
-from dist_support import Checks, run  # noqa: E402
+from dist_support import Checks, jagged_slices, rank_failures, run  # noqa: E402
 from shardwise.runtime.apply import PlanMismatchError, apply_plan, param_groups, split_parameters  # noqa: E402
 from shardwise.runtime.embedding.bag import ShardedEmbedding, ShardedEmbeddingBag  # noqa: E402
 from shardwise.runtime.embedding.collection import ShardedEmbeddingBagCollection  # noqa: E402
@@ -107,12 +107,9 @@ def global_batch(world: int, seed: int) -> tuple[tuple[Features, Tensor], list[t
     for fqn, longest in (("sparse.item", 6), ("sparse.cats", 3)):
         lengths = torch.randint(0, longest + 1, (n,), generator=g)
         ids = torch.randint(0, TABLES[fqn][0], (int(lengths.sum()),), generator=g)
-        starts = torch.cumsum(lengths, 0) - lengths
-        whole[fqn] = (ids, starts)
-        for r in range(world):
-            ln = lengths[r * LOCAL_BATCH : (r + 1) * LOCAL_BATCH]
-            first = int(starts[r * LOCAL_BATCH])
-            local[r][fqn] = (ids[first : first + int(ln.sum())], torch.cumsum(ln, 0) - ln)
+        whole[fqn] = (ids, torch.cumsum(lengths, 0) - lengths)
+        for r, piece in enumerate(jagged_slices(ids, lengths, world, LOCAL_BATCH)):
+            local[r][fqn] = piece
     whole["sparse.users"] = torch.randint(0, TABLES["sparse.users"][0], (n, 2), generator=g)
     whole["sparse.genres"] = torch.randint(0, TABLES["sparse.genres"][0], (n,), generator=g)
     for r in range(world):
@@ -321,14 +318,7 @@ _RESULTS: dict[int, list[dict[str, str]]] = {}
 def assert_passed(world: int, check: str) -> None:
     if world not in _RESULTS:
         _RESULTS[world] = run(worker, world)
-    failures = []
-    for rank, res in enumerate(_RESULTS[world]):
-        if "__error__" in res:
-            failures.append(f"rank {rank} crashed:\n{res['__error__']}")
-        elif check not in res:
-            failures.append(f"rank {rank}: {check} did not run")
-        elif res[check]:
-            failures.append(f"rank {rank}: {res[check]}")
+    failures = rank_failures(_RESULTS[world], check)
     assert not failures, "\n".join(failures)
 
 

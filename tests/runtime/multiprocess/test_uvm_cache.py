@@ -37,7 +37,7 @@ torch = pytest.importorskip("torch")
 
 from torch import Tensor, nn  # noqa: E402
 
-from dist_support import Checks, run  # noqa: E402
+from dist_support import Checks, jagged_slices, run  # noqa: E402
 from shardwise.runtime.apply import apply_plan  # noqa: E402
 from shardwise.runtime.embedding.bag import ShardedEmbeddingBag  # noqa: E402
 from shardwise.runtime.embedding.collection import ShardedEmbeddingBagCollection  # noqa: E402
@@ -101,12 +101,9 @@ def batches(world: int, seed: int) -> tuple[Feats, list[Feats]]:
         total = int(lengths.sum())
         hot = torch.randint(0, rows // 4, (total,), generator=g)
         ids = torch.where(torch.rand(total, generator=g) < 0.6, hot, torch.randint(0, rows, (total,), generator=g))
-        starts = torch.cumsum(lengths, 0) - lengths
-        whole[fqn] = (ids, starts)
-        for r in range(world):
-            ln = lengths[r * LOCAL_BATCH : (r + 1) * LOCAL_BATCH]
-            first = int(starts[r * LOCAL_BATCH])
-            local[r][fqn] = (ids[first : first + int(ln.sum())], torch.cumsum(ln, 0) - ln)
+        whole[fqn] = (ids, torch.cumsum(lengths, 0) - lengths)
+        for r, piece in enumerate(jagged_slices(ids, lengths, world, LOCAL_BATCH)):
+            local[r][fqn] = piece
     return whole, local
 
 
