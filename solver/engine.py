@@ -26,7 +26,9 @@ refused). For ``torchrec`` the planners only make layouts it emits:
   contiguous nor strided — so a TorchRec plan there is 1D;
 * **fp32 and fp16 tables only** (:func:`model_problems`): FBGEMM's training kernels take no other cache precision,
   and TorchRec gives them the table's — a torchrec request with a bf16 table is answered infeasible, with the reason;
-  likewise a weighted sequence table, whose weights TorchRec's EmbeddingCollection does not read;
+  likewise a table whose width is not a multiple of 4 (FBGEMM's kernels refuse it; column slices for TorchRec are
+  cut to multiples of 4 too) and a weighted sequence table, whose weights TorchRec's EmbeddingCollection does not
+  read;
 * one placement per table (TorchRec has one compute kernel per table) holds for every engine: a candidate places all
   of a table's shards alike.
 
@@ -38,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
+from shardwise.solver.torchrec.exporter import FBGEMM_WIDTH_MULTIPLE
 from shardwise.wire.spec import (  # the engines' names live on the wire, for the client side too
     ENGINE_NAMES,
     Dtype,
@@ -56,6 +59,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ENGINE_NAMES",
+    "FBGEMM_WIDTH_MULTIPLE",
     "ceil_blocks_fit",
     "engine_words",
     "export_problems",
@@ -125,7 +129,8 @@ TORCHREC_DTYPES: Final = frozenset({Dtype.fp32, Dtype.fp16})
 
 def model_problems(executor: Executor, model: ModelSpec) -> list[str]:
     """What of ``model`` the engine cannot train, whatever the layout (empty: nothing): on TorchRec, tables of a
-    dtype FBGEMM's training kernels do not take (:data:`TORCHREC_DTYPES`), and weighted sequence tables."""
+    dtype FBGEMM's training kernels do not take (:data:`TORCHREC_DTYPES`), tables of a width that is not a multiple
+    of 4, and weighted sequence tables."""
     if executor is not Executor.torchrec:
         return []
     dtypes = [
@@ -135,13 +140,20 @@ def model_problems(executor: Executor, model: ModelSpec) -> list[str]:
         for t in model.embedding_tables
         if t.dtype not in TORCHREC_DTYPES
     ]
+    narrow = [
+        f"table {t.name} is {t.embedding_dim} columns wide: FBGEMM's table-batched kernels take widths that are "
+        f"multiples of {FBGEMM_WIDTH_MULTIPLE} only; pad it to {-(-t.embedding_dim // 4) * 4}, or plan for shardwise's "
+        "executor"
+        for t in model.embedding_tables
+        if t.embedding_dim % FBGEMM_WIDTH_MULTIPLE
+    ]
     weighted = [
         f"table {t.name} is a weighted sequence table: TorchRec's EmbeddingCollection looks its ids up without their "
         "weights (it reads the KeyedJaggedTensor's values alone); plan for shardwise's executor, or drop the weights"
         for t in model.embedding_tables
         if t.weighted and t.pooling is Pooling.none
     ]
-    return dtypes + weighted
+    return dtypes + narrow + weighted
 
 
 def export_relayout(plan: Plan) -> bool:

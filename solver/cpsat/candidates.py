@@ -355,6 +355,8 @@ def _column_tilings(topo: Topology, table: EmbeddingTableSpec, spread: bool) -> 
         splits += [
             n for n in SPREAD_COLUMN_SPLITS if D // n >= SPREAD_MIN_COLUMN_WIDTH and n <= SPREAD_MAX_COLUMN_SHARE * W
         ]
+    if topo.executor is Executor.torchrec:  # FBGEMM's kernels take slices whose width is a multiple of 4
+        splits = [n for n in splits if (D // n) % engine.FBGEMM_WIDTH_MULTIPLE == 0]
     return [Tiling(R, D, n, "cols") for n in splits if D % n == 0 and n <= W]
 
 

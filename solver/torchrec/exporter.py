@@ -120,6 +120,9 @@ COMPUTE_KERNELS: Final[Mapping[Placement, str]] = {
     Placement.host: "fused_uvm",
 }
 DATA_PARALLEL_KERNEL: Final = "dense"
+#: FBGEMM's table-batched embedding kernels take a table (or a shard's slice) only in widths that are multiples of
+#: this (``embedding_dim must be a multiple of 4``; TorchRec's ``_assert_local_cols_divisible_by_4``)
+FBGEMM_WIDTH_MULTIPLE: Final = 4
 DEFAULT_MODULE_FQN: Final = "sparse.ebc"
 DEFAULT_SEQUENCE_MODULE_FQN: Final = "sparse.ec"
 #: what TorchRec 1.8's EmbeddingCollectionSharder.sharding_types() offers a sequence table (no table_row_wise)
@@ -554,6 +557,12 @@ def _entry(
             raise TorchRecExportError(f"{where}: a data_parallel copy lives in HBM, not {placement.value}")
         return {"sharding_type": st.value, "compute_kernel": DATA_PARALLEL_KERNEL, "ranks": ranks}
 
+    odd = sorted({s.num_cols for s in tp.shards if s.num_cols % FBGEMM_WIDTH_MULTIPLE})
+    if odd:
+        raise TorchRecExportError(
+            f"{where}: shards {_describe_widths(odd)} columns wide; FBGEMM's table-batched kernels take widths that "
+            f"are multiples of {FBGEMM_WIDTH_MULTIPLE} (TorchRec asserts local_cols % {FBGEMM_WIDTH_MULTIPLE} == 0)"
+        )
     if device_type == "cpu" and placement is not Placement.hbm:
         raise TorchRecExportError(
             f"{where}: placement {placement.value} needs TorchRec's UVM kernels, which exist on CUDA only"

@@ -271,3 +271,52 @@ def test_a_plan_for_shardwise_exports_in_torchrecs_row_blocks_on_the_same_ranks(
             rank = int(shard["placement"].split(":")[1].split("/")[0])
             assert shard["shard_sizes"][0] <= planned[rank] + 1  # the same ranks, none a row more than planned
     assert not export_relayout(plan.model_copy(update={"executor": Executor.torchrec}))
+
+
+def test_widths_fbgemm_refuses_are_never_planned_for_torchrec() -> None:
+    """FBGEMM's table-batched kernels take only widths that are multiples of 4: a torchrec request with a 30-wide
+    table is answered infeasible, naming it; a 72-wide table is cut into 36-wide column slices for TorchRec, never
+    18-wide ones (which shardwise's executor may run); the export refuses a slice FBGEMM would refuse."""
+    from shardwise.solver.cpsat.candidates import candidate_specs
+    from shardwise.solver.topology import Topology
+    from shardwise.solver.torchrec.exporter import TorchRecExportError, to_torchrec_dict
+    from shardwise.wire.spec import ShardingType, TablePlan
+
+    fleet = FleetSpec.model_validate(
+        {"name": "h", "hosts": [{"gpu": "nvidia-h100-sxm", "count": 1, "gpus_per_host": 8}]}
+    )
+    odd = ModelSpec.model_validate(
+        {
+            "name": "odd",
+            "batch_size_per_gpu": 64,
+            "embedding_tables": [{"name": "t30", "num_embeddings": 1000, "embedding_dim": 30}],
+        }
+    )
+    answer = make_plan(odd, fleet, SolveParams(solver="greedy", executor="torchrec"))
+    assert answer.status is PlanStatus.infeasible
+    assert any("t30 is 30 columns wide" in line for line in answer.explanation)
+    wide = ModelSpec.model_validate(
+        {
+            "name": "w",
+            "batch_size_per_gpu": 64,
+            "embedding_tables": [{"name": "t72", "num_embeddings": 10**6, "embedding_dim": 72}],
+        }
+    )
+
+    def widths(executor: Executor) -> set[int]:
+        specs = candidate_specs(Topology(fleet, executor=executor), wide.table("t72"))
+        return {72 // len(s.shapes) for s in specs if s.sharding is ShardingType.column_wise}
+
+    assert widths(Executor.torchrec) == {36}
+    assert widths(Executor.shardwise) == {36, 18}
+    slices = TablePlan.model_validate(
+        {
+            "name": "t72",
+            "sharding_type": "column_wise",
+            "shards": [
+                {"rank": r, "row_offset": 0, "num_rows": 10**6, "col_offset": 18 * r, "num_cols": 18} for r in range(4)
+            ],
+        }
+    )
+    with pytest.raises(TorchRecExportError, match="shards 18 columns wide; FBGEMM's table-batched kernels"):
+        to_torchrec_dict(Plan(status="feasible", predicted_step_ms=1.0, tables=[slices]), wide, world_size=8)
