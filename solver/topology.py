@@ -108,6 +108,7 @@ class Topology:
                 for local, r in enumerate(rank_ids):
                     ranks.append(RankInfo(rank=r, host=h, group=gi, local_rank=local, profile=profile))
                 hosts.append(HostInfo(index=h, group=gi, profile=profile, ranks=rank_ids, host_memory_bytes=host_mem))
+            usable, reserve_words = hbm_reserve(self.fleet, profile)
             classes.append(
                 DeviceClass(
                     index=gi,
@@ -115,9 +116,9 @@ class Topology:
                     gpus_per_host=group.gpus_per_host,
                     hosts=tuple(range(first_host, len(hosts))),
                     ranks=tuple(range(first_rank, len(ranks))),
-                    hbm_limit_bytes=hbm_reserve(self.fleet, profile)[0],
+                    hbm_limit_bytes=usable,
                     host_memory_bytes=host_mem,
-                    reserve_words=hbm_reserve(self.fleet, profile)[1],
+                    reserve_words=reserve_words,
                 )
             )
         self.ranks: list[RankInfo] = ranks

@@ -32,7 +32,8 @@ has one compute kernel per table).
 Sequence tables (``pooling == none`` in ``model``: one output row per id, not per bag) live in TorchRec's
 ``EmbeddingCollection`` (EC), pooled tables in an ``EmbeddingBagCollection`` (EBC). The exporter tells them apart
 only when ``model`` is given. By default the pooled tables are keyed under ``sparse.ebc`` and the sequence tables
-under ``sparse.ec``. An EC and an EBC are different modules, so a ``module_fqn`` that maps both kinds into one
+under ``sparse.ec``, or each under an EC of its own (``sparse.ec_<table>``) where they cannot share one
+(:func:`default_modules`). An EC and an EBC are different modules, so a ``module_fqn`` that maps both kinds into one
 module is refused. A sequence table is held to what TorchRec 1.8's ``EmbeddingCollectionSharder`` runs
 (``torchrec/distributed/embedding.py``):
 
