@@ -11,8 +11,10 @@ refused). For ``torchrec`` the planners only make layouts it emits:
   executor splits remainders evenly instead;
 * **no row_wise over part of the fleet** (one host group of a mixed fleet, a block of hosts): TorchRec's row_wise
   spans every rank;
-* **table_row_wise only on a fleet whose hosts all hold as many GPUs** (TorchRec has one ``local_world_size``);
-* **no table_row_wise for a sequence table** (pooling none): TorchRec's EmbeddingCollection has none; the export
+* **table_row_wise and grid_shard only on a fleet whose hosts all hold as many GPUs** (TorchRec has one
+  ``local_world_size``); a grid's bands are of one width, each on a host of its own (TorchRec's ``grid_shard``);
+* **no table_row_wise or grid_shard for a sequence table** (pooling none): TorchRec's EmbeddingCollection has
+  neither; the export
   puts the sequence tables in one EmbeddingCollection where they can share one, else one each
   (:func:`~shardwise.solver.torchrec.exporter.default_modules`);
 * **no row-wise sharding of a mean-pooled table** (the TorchRec defect the exporter refuses: its row-wise mean
@@ -63,6 +65,7 @@ __all__ = [
     "ceil_blocks_fit",
     "engine_words",
     "export_problems",
+    "grid_allowed",
     "groups_allowed",
     "model_problems",
     "row_sharding_allowed",
@@ -97,6 +100,14 @@ def table_row_wise_allowed(executor: Executor, table: EmbeddingTableSpec) -> boo
     if not row_sharding_allowed(executor, table):
         return False
     return executor is not Executor.torchrec or table.pooling is not Pooling.none
+
+
+def grid_allowed(topo: Topology, table: EmbeddingTableSpec) -> bool:
+    """Whether ``table`` may be sharded grid_shard on ``topo`` for its engine: on TorchRec only where it may be
+    table_row_wise (not a sequence table nor a mean-pooled one) on hosts of one size."""
+    if topo.executor is not Executor.torchrec:
+        return True
+    return table_row_wise_allowed(topo.executor, table) and uniform_hosts(topo)
 
 
 def syncs_allowed(executor: Executor, allow_weight_averaging: bool) -> tuple[SparseSync, ...]:
@@ -178,4 +189,4 @@ def export_problems(plan: Plan, model: ModelSpec) -> list[str]:
     return problems
 
 
-ROW_SHARDINGS: Final = frozenset({ShardingType.row_wise, ShardingType.table_row_wise})
+ROW_SHARDINGS: Final = frozenset(st for st in ShardingType if st.splits_rows)

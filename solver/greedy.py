@@ -560,19 +560,22 @@ def _fewer_groups(
     deadline: Deadline,
     spread_bound: float | None = None,
 ) -> list[Placed | None]:
-    """The greedy pass again without column-wise splits — and, for few tables on many GPUs (``spread_bound``: the
-    bound over every candidate, valid for fewer), target packing without them too — and whichever of the layouts
-    predicts the smaller step.
+    """The greedy pass again without column cuts (column_wise, grid_shard) — and, for few tables on many GPUs
+    (``spread_bound``: the bound over every candidate, valid for fewer), target packing without them too — and
+    whichever of the layouts predicts the smaller step.
 
     The passes weigh the device's work, not the groups of shards a rank looks up (one per dtype, width, optimizer and
     placement: ``cost_model.shard_group_key``), which the step is charged for once the plan is priced; a table cut
     into columns of a width no other table has is a group more on every rank holding a slice, and on eager steps a
-    group costs more host time than most DLRMs' whole device step. A table whose only candidates are column-wise
+    group costs more host time than most DLRMs' whole device step. A table whose only candidates cut columns
     keeps them. The layout kept is the one whose priced step (groups included) is smaller; ties keep the first."""
-    narrow = [[c for c in cs if c.sharding is not ShardingType.column_wise] or cs for cs in cands]
+    narrow = [[c for c in cs if c.sharding not in _COLUMN_CUTS] or cs for cs in cands]
     if all(len(a) == len(b) for a, b in zip(narrow, cands, strict=True)):
-        return chosen  # no column-wise candidate anywhere: the same pass
+        return chosen  # no column cut anywhere: the same pass
     return _the_faster(topo, model, narrow, dense, dense_plans, chosen, deadline, spread_bound=spread_bound)
+
+
+_COLUMN_CUTS = (ShardingType.column_wise, ShardingType.grid_shard)  # the shardings that cut a table's columns
 
 
 def plan_greedy(

@@ -254,7 +254,12 @@ def _walk(
         sharded = sharding is not ST.data_parallel
         shapes = tp.shape_groups
         group = None  # the ranks that share a row-sharded table's rows
-        if sharding in (ST.row_wise, ST.table_row_wise):
+        band_of: dict[int, tuple[int, ...]] = {}  # grid_shard: per host, the ranks of its band
+        if sharding is ST.grid_shard:
+            for r in sorted({r for rs in shapes.values() for r in rs}):
+                band_of.setdefault(topo.ranks[r].host, ())
+                band_of[topo.ranks[r].host] += (r,)
+        elif sharding.splits_rows:
             group = tuple(sorted({r for rs in shapes.values() for r in rs}))
         slowest, slowest_rank, slowest_ms = None, -1, -math.inf
         for (rows, cols, placement, fraction), on in shapes.items():
@@ -273,7 +278,7 @@ def _walk(
                     cache_fraction=fraction,
                     cls=topo.classes[ci],
                     batch=B,
-                    group=group,
+                    group=band_of[topo.ranks[members[0]].host] if band_of else group,
                     phases=sink is not None,
                 )
                 totals.add_shard(members, c)

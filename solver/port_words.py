@@ -18,7 +18,7 @@ from shardwise.wire.units import fmt_bytes
 
 MAX_CHANGE_HINTS = 6  # table changes spelled out as hints (all of them are in ``table_changes``)
 MAX_SHORT_HINTS = 4  # short ranks spelled out as hints
-ROW_SPLITS = (ShardingType.row_wise, ShardingType.table_row_wise)
+ROW_SPLITS = tuple(st for st in ShardingType if st.splits_rows)
 
 
 def ranges(ranks: Sequence[int]) -> str:

@@ -127,7 +127,7 @@ def shard_costs(
         phases=phases,
         engine=topo.executor,
     )
-    ctx = topo.context(cls, batch, group if sharding in (ShardingType.row_wise, ShardingType.table_row_wise) else None)
+    ctx = topo.context(cls, batch, group if sharding.splits_rows else None)
     comm_ms = cm.shard_comm_ms(table, sharding, num_rows, num_cols, ctx)
     comm = cm.shard_comm(table, sharding, num_rows, num_cols, ctx) if phases else None
     return [ShardCost(m, c, comm_ms, comm) for m, c in zip(memories, computes, strict=True)]
@@ -175,7 +175,7 @@ def collective_groups(sharding: ShardingType) -> frozenset[str]:
     """The :data:`COLLECTIVES` groups a table sharded this way needs."""
     if sharding is ShardingType.data_parallel:
         return frozenset({"ar"})
-    if sharding in (ShardingType.row_wise, ShardingType.table_row_wise):
+    if sharding.splits_rows:
         return frozenset({"a2a", "rs"})
     return frozenset({"a2a"})
 

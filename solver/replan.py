@@ -369,7 +369,7 @@ def _priced(
     )
 
 
-_ROW_CUT = (ShardingType.row_wise, ShardingType.table_row_wise)
+_ROW_CUT = tuple(st for st in ShardingType if st.splits_rows)
 
 
 def kept_layouts(old: Plan, model: ModelSpec, mapping: Mapping[int, int], topo: Topology) -> dict[str, TablePlan]:
@@ -416,12 +416,22 @@ def kept_layouts(old: Plan, model: ModelSpec, mapping: Mapping[int, int], topo: 
             load[s.rank] += ms
             hbm[s.rank] += mem
         out[table.name] = table.model_copy(update={"shards": shards})
+    for name in sorted({name for _, name, _s in orphans}):
+        if name in out and name not in spread and out[name].sharding_type is ShardingType.grid_shard:
+            lost = [s for _, n, s in orphans if n == name]
+            moved = _move_lost_bands(topo, batch, model.table(name), out[name], lost, load, hbm)
+            if moved is None:
+                del out[name]  # a band whose host is gone has no host to go to: the table is not kept
+                continue
+            out[name] = moved
     for _, name, s in sorted(orphans, key=lambda o: (-o[0], o[1], o[2].row_offset, o[2].col_offset)):
         if name not in out or name in spread:
             continue  # an earlier shard of it found no room: the table is not kept, or its survivors take it
         table = out[name]
+        if table.sharding_type is ShardingType.grid_shard and any(_same_place(x, s) for x in table.shards):
+            continue  # its band moved whole (above)
         spec = model.table(name)
-        options = _free_ranks(topo, table)
+        options = _free_ranks(topo, table, s)
         priced = {r: _shard_cost(topo, batch, spec, table, s, r) for r in options}
         fits = [r for r in options if hbm[r] + priced[r][1] <= topo.hbm_limit(r)] or options
         if not fits:
@@ -441,21 +451,82 @@ def kept_layouts(old: Plan, model: ModelSpec, mapping: Mapping[int, int], topo: 
     return out
 
 
-def _free_ranks(topo: Topology, table: TablePlan) -> list[int]:
-    """The ranks a shard of ``table`` may go to: those holding none of it (table_row_wise: on its host)."""
+def _free_ranks(topo: Topology, table: TablePlan, shard: ShardPlan | None = None) -> list[int]:
+    """The ranks a shard of ``table`` may go to: those holding none of it (table_row_wise: on its host; grid_shard:
+    on the host of ``shard``'s band)."""
     taken = {x.rank for x in table.shards}
     options = [r for r in range(topo.world_size) if r not in taken]
-    if table.sharding_type is ShardingType.table_row_wise and table.shards:
-        host = topo.ranks[table.shards[0].rank].host
+    mates = table.shards
+    if table.sharding_type is ShardingType.grid_shard and shard is not None:
+        mates = [x for x in table.shards if (x.col_offset, x.num_cols) == (shard.col_offset, shard.num_cols)]
+    if table.sharding_type in (ShardingType.table_row_wise, ShardingType.grid_shard) and mates:
+        host = topo.ranks[mates[0].rank].host
         options = [r for r in options if topo.ranks[r].host == host]
     return options
 
 
+def _same_place(a: ShardPlan, b: ShardPlan) -> bool:
+    """Whether ``a`` covers the rows and columns ``b`` does (wherever each lies)."""
+    return (a.row_offset, a.num_rows, a.col_offset, a.num_cols) == (b.row_offset, b.num_rows, b.col_offset, b.num_cols)
+
+
+def _move_lost_bands(
+    topo: Topology,
+    batch: int,
+    spec: EmbeddingTableSpec,
+    table: TablePlan,
+    lost: Sequence[ShardPlan],
+    load: list[float],
+    hbm: list[int],
+) -> TablePlan | None:
+    """A grid_shard table whose bands lost every shard with a host: each such band moves whole, its blocks in order
+    onto the GPUs of a host of the same type holding nothing of the table (the one that finishes earliest with the
+    HBM for it). Bands that kept a shard are left to the shard-by-shard pass. None where a band finds no host."""
+    kept_bands = {(x.col_offset, x.num_cols) for x in table.shards}
+    homeless: dict[tuple[int, int], list[ShardPlan]] = {}
+    for s in lost:
+        if (s.col_offset, s.num_cols) not in kept_bands:
+            homeless.setdefault((s.col_offset, s.num_cols), []).append(s)
+    shards = list(table.shards)
+    gpu = topo.ranks[shards[0].rank].profile.name if shards else None
+    for band in sorted(homeless):
+        blocks = sorted(homeless[band], key=lambda x: x.row_offset)
+        used = {topo.ranks[x.rank].host for x in shards}
+        best: tuple[float, int] | None = None
+        for h, info in enumerate(topo.hosts):
+            ranks = list(info.ranks)
+            if h in used or len(ranks) < len(blocks) or (gpu and topo.ranks[ranks[0]].profile.name != gpu):
+                continue
+            priced = [_shard_cost(topo, batch, spec, table, b, r) for b, r in zip(blocks, ranks, strict=False)]
+            if any(hbm[r] + mem > topo.hbm_limit(r) for (_ms, mem), r in zip(priced, ranks, strict=False)):
+                continue
+            finish = max(load[r] + ms for (ms, _mem), r in zip(priced, ranks, strict=False))
+            if best is None or finish < best[0]:
+                best = (finish, h)
+        if best is None:
+            return None
+        for b, r in zip(blocks, topo.hosts[best[1]].ranks, strict=False):
+            ms, mem = _shard_cost(topo, batch, spec, table, b, r)
+            load[r] += ms
+            hbm[r] += mem
+            shards.append(b.model_copy(update={"rank": r}))
+    return table.model_copy(update={"shards": shards})
+
+
 def _spread(table: TablePlan, spec: EmbeddingTableSpec) -> TablePlan:
     """``table``'s shards re-cut to tile ``spec`` again (its rows now, or the part of it a lost GPU held), on the same
-    GPUs, each its share in proportion to what it held: row blocks (row_wise, table_row_wise) by rows, column slices
-    (column_wise) by the slices' common width. The new cuts go to the GPUs by the most of what each held that it
-    keeps (the largest overlap first), so that the least moves."""
+    GPUs, each its share in proportion to what it held: row blocks (row_wise, table_row_wise, each band of a
+    grid_shard) by rows, column slices (column_wise) by the slices' common width. The new cuts go to the GPUs by the
+    most of what each held that it keeps (the largest overlap first), so that the least moves."""
+    if table.sharding_type is ShardingType.grid_shard:
+        bands: dict[tuple[int, int], list[ShardPlan]] = {}
+        for x in table.shards:
+            bands.setdefault((x.col_offset, x.num_cols), []).append(x)
+        rows = [
+            _spread(table.model_copy(update={"sharding_type": ShardingType.table_row_wise, "shards": b}), spec)
+            for _band, b in sorted(bands.items())
+        ]
+        return table.model_copy(update={"shards": [x for band in rows for x in band.shards]})
     columns = table.sharding_type is ShardingType.column_wise
     key = "col" if columns else "row"
     kept = sorted(table.shards, key=lambda s: getattr(s, f"{key}_offset"))

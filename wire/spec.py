@@ -117,11 +117,29 @@ class Optimizer(StrEnum):
 
 
 class ShardingType(StrEnum):
+    """How a table's shards cut it: ``table_wise`` one whole shard; ``column_wise`` column slices holding every row;
+    ``row_wise`` row blocks holding every column (over the fleet, a GPU type or a block of hosts);
+    ``table_row_wise`` row blocks on the GPUs of one host; ``grid_shard`` column bands, each cut into row blocks on
+    the GPUs of one host (TorchRec's ``grid_shard``: the bands spread a table over several hosts while each band's
+    partial rows are summed inside its host); ``data_parallel`` a full copy on every rank."""
+
     table_wise = "table_wise"
     row_wise = "row_wise"
     column_wise = "column_wise"
     table_row_wise = "table_row_wise"
+    grid_shard = "grid_shard"
     data_parallel = "data_parallel"
+
+    @property
+    def splits_rows(self) -> bool:
+        """Whether the shards cut the rows: a shard serves only the ids in its rows and returns partial pooled rows
+        that the ranks sharing its columns sum (row_wise, table_row_wise, grid_shard)."""
+        return self in _ROW_SPLITS
+
+
+_ROW_SPLITS: frozenset[ShardingType] = frozenset(
+    {ShardingType.row_wise, ShardingType.table_row_wise, ShardingType.grid_shard}
+)
 
 
 class Placement(StrEnum):
@@ -566,10 +584,11 @@ class TablePlan(_Frozen):
         self, rows: int, cols: int, world_size: int, host_of: Callable[[int], int], ranks_in: str = "the fleet"
     ) -> list[str]:
         """What is wrong with how the shards lay out a ``rows`` × ``cols`` table on ranks ``0..world_size-1``
-        (empty = nothing): ranks out of range, shards out of bounds, overlaps and gaps (the shards must tile the
-        table exactly once; data_parallel: full copies in HBM on distinct ranks), and the sharding type's shape
-        (table_wise one shard, column_wise every row, row_wise / table_row_wise every column, table_row_wise
-        inside one host). The one check of a plan's geometry, for the solver's validator and the executor."""
+        (empty = nothing): ranks out of range, shards out of bounds, overlaps and gaps (the shards must tile the table
+        exactly once; data_parallel: full copies in HBM on distinct ranks), and the sharding type's shape (table_wise
+        one shard, column_wise every row, row_wise / table_row_wise every column, table_row_wise inside one host,
+        grid_shard column bands each inside one host). The one check of a plan's geometry, for the solver's validator
+        and the executor."""
         out: list[str] = []
         where = f"table {self.name}"
         for i, s in enumerate(self.shards):
@@ -627,6 +646,26 @@ class TablePlan(_Frozen):
             out.append(f"{where}: {st.value} shards must hold every column")
         if st is ShardingType.table_row_wise and len({host_of(s.rank) for s in self.shards}) > 1:
             out.append(f"{where}: table_row_wise shards must stay inside one host")
+        if st is ShardingType.grid_shard:
+            out.extend(self._grid_problems(cols, host_of))
+        return out
+
+    def _grid_problems(self, cols: int, host_of: Callable[[int], int]) -> list[str]:
+        """A grid_shard table's bands: shards of one column range each (no band cut again by columns), each band's
+        row blocks inside one host, at least two bands or the table_row_wise it would be."""
+        where = f"table {self.name}"
+        bands: dict[tuple[int, int], set[int]] = {}
+        for s in self.shards:
+            bands.setdefault((s.col_offset, s.num_cols), set()).add(host_of(s.rank))
+        edges = sorted(bands)
+        out: list[str] = []
+        if any(a[0] + a[1] > b[0] for a, b in pairwise(edges)):
+            out.append(f"{where}: grid_shard bands must not cut each other's columns (bands {edges})")
+        if len(bands) < 2:
+            out.append(f"{where}: grid_shard needs at least two column bands (one band is table_row_wise)")
+        for (c0, nc), hosts in sorted(bands.items()):
+            if len(hosts) > 1:
+                out.append(f"{where}: grid_shard band of cols {c0}..{c0 + nc} spans hosts {sorted(hosts)}, not one")
         return out
 
 

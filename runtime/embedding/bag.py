@@ -1,4 +1,4 @@
-"""Sharded embedding bags for :func:`shardwise.runtime.apply.apply_plan`: the five sharding types on torch.distributed
+"""Sharded embedding bags for :func:`shardwise.runtime.apply.apply_plan`: the six sharding types on torch.distributed
 alone.
 
 :class:`ShardedEmbeddingBag` replaces one ``nn.EmbeddingBag`` and holds this rank's shards of it; called like the
@@ -17,10 +17,10 @@ The exchange (one per call, carrying every sharded table of the call)
 --------------------------------------------------------------------
 Its steps are :mod:`shardwise.runtime.embedding.exchange`'s; what it computes is this. A table's shards are column bands
 (``col_offset``, ``num_cols``), each cut into row blocks; table_wise is one band of one block, column_wise several bands
-of one block, row_wise / table_row_wise one band of several blocks (a grid of both works too). For each band, every id
-goes to the one block holding its row; every shard sums its rows per bag (``embedding_bag`` mode ``sum``) for every
-rank's bags — a row block *partial* sums, a whole-row band full ones; with an embedding optimizer the shards of one
-group (same device, dtype, width and optimizer) are one weight and one lookup
+of one block, row_wise / table_row_wise one band of several blocks, grid_shard several bands of several blocks. For each
+band, every id goes to the one block holding its row; every shard sums its rows per bag (``embedding_bag`` mode ``sum``)
+for every rank's bags — a row block *partial* sums, a whole-row band full ones; with an embedding optimizer the shards
+of one group (same device, dtype, width and optimizer) are one weight and one lookup
 (:mod:`shardwise.runtime.embedding.groups`) — and the rank that owns a bag adds the row blocks of each band,
 concatenates the bands in column order, and for ``mean`` divides by the bag length (empty bags give zeros, as
 ``nn.EmbeddingBag`` does). A step synchronises the host once, for the split sizes; backward sends the output gradient
@@ -334,7 +334,7 @@ class ShardedEmbeddingBag(nn.Module):
             for p in self.weights:
                 if p.requires_grad:  # row-sparse gradients (no optimizer in backward): summed over the replicas
                     p.register_post_accumulate_grad_hook(_replica_sum_hook(replicas))
-        self._boundaries: dict[tuple[tuple[int, ...], str], tuple[Tensor, Tensor, Tensor]] = {}
+        self._boundaries: dict[tuple[tuple[int, ...], tuple[int, ...], str], tuple[Tensor, Tensor, Tensor]] = {}
         self.exchange_plans: dict[Any, Any] = {}  # the exchange's per-table-set plans (runtime.embedding.exchange)
         self.pending_ids: PendingIdCheck | None = None  # a deferred bad-id check (world size one on CUDA)
         self.captured_ids: CapturedIdCheck | None = None  # the bad-id counts of a graphed step (GraphedStep sets it)
@@ -553,7 +553,7 @@ class ShardedEmbeddingBag(nn.Module):
         raise KeyError(i)
 
     def _band_tensors(self, band: _Band, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-        key = (band.row_starts, str(device))
+        key = (band.row_starts, band.shards, str(device))  # a grid's bands may share their row cuts, not shards
         cached = self._boundaries.get(key)
         if cached is None:
             cached = (

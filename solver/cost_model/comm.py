@@ -5,10 +5,11 @@ The links and how bytes cross them: :mod:`shardwise.solver.cost_model.links`. Pe
 
 * table_wise / column_wise: input-id all-to-all ``(n·8 + Nb·8)·(W−1)/W``; pooled-output all-to-all forward and its
   gradient backward ``2·o·c·ob·(W−1)/W``.
-* row_wise / table_row_wise over a group of ``k`` ranks on ``h`` hosts: ids as above; partial outputs
-  ``P = o·c·ob`` are reduce-scattered (forward) and all-gathered (backward) hierarchically — inside each host
-  ``(k_h−1)/k_h·P`` over the fabric, then across hosts ``(h−1)/h·P/k_h`` over the NIC, one stage after the other.
-  A group smaller than the fleet then sends each rank its pooled rows (``P/k``) with an all-to-all, both ways.
+* row_wise / table_row_wise over a group of ``k`` ranks on ``h`` hosts (grid_shard: each band over the ``k`` GPUs
+  of its host, ``c`` the band's width): ids as above; partial outputs ``P = o·c·ob`` are reduce-scattered (forward)
+  and all-gathered (backward) hierarchically — inside each host ``(k_h−1)/k_h·P`` over the fabric, then across hosts
+  ``(h−1)/h·P/k_h`` over the NIC, one stage after the other. A group smaller than the fleet then sends each rank its
+  pooled rows (``P/k``) with an all-to-all, both ways.
 * data_parallel: the dense gradient ``S = r·c·b`` is all-reduced over the fleet:
   ``2·((g−1)/g·S / intra + (H−1)/H·S/g / inter)``.
 

@@ -5,8 +5,8 @@ wherever ``·8`` multiplies ids), pooled outputs and their gradients are fp32 (4
 (``ob``, :func:`out_bytes`).
 
 * global ids of a table ``N = W·B·F·L``, global bags ``Nb = W·B·F``.
-* ids a shard serves ``n``: table_wise / column_wise ``N``; row_wise / table_row_wise ``N·r/R`` (rows are hashed
-  uniformly over row blocks); data_parallel ``B·F·L`` (its own batch only).
+* ids a shard serves ``n``: table_wise / column_wise ``N``; row_wise / table_row_wise / grid_shard ``N·r/R`` (rows are
+  hashed uniformly over row blocks); data_parallel ``B·F·L`` (its own batch only).
 * output rows a shard writes ``o``: pooled tables ``Nb`` (row-wise shards write partial sums for every bag),
   data_parallel ``B·F``; sequence tables (pooling ``none``) one row per id, ``o = n``.
 
@@ -73,7 +73,7 @@ def shard_traffic(table: EmbeddingTableSpec, sharding: ST, num_rows: int, batch:
     if sharding is ST.data_parallel:
         bags = bags_global / world
         ids = ids_global / world
-    elif sharding in (ST.row_wise, ST.table_row_wise):
+    elif sharding.splits_rows:
         bags = bags_global
         ids = ids_global * num_rows / table.num_embeddings
     else:

@@ -24,10 +24,14 @@ row_wise over m hosts     ``host``    one row block per GPU of ``m`` consecutive
                                       starts at a multiple of m)
 column_wise (n = 16, …)   ``rank``    column splits sized to the fleet: n up to a quarter of the fleet,
                                       slices of at least :data:`SPREAD_MIN_COLUMN_WIDTH` columns
+grid_shard (n = 2,4,8)    ``host``    n column bands on a block of n consecutive hosts of one group
+                                      (``span`` = n), band j cut into one row block per GPU of the block's
+                                      j-th host: the lookups of n hosts, the partial sums inside each host
 ========================  ==========  ====================================================================
 
 A ``host``-scope candidate's shard ``i`` goes to the ``i``-th rank of its block (GPU ``i mod g`` of the block's
-``i div g``-th host): table_row_wise is the block of one host.
+``i div g``-th host): table_row_wise is the block of one host; a grid's shard ``i`` is block ``i mod g`` of band
+``i div g``.
 
 No shape is empty: a split is enumerated only when every part gets at least one row (and
 :data:`MIN_COLUMN_WIDTH` columns), and the wire refuses ``num_rows`` or ``num_cols`` of 0 anyway.
@@ -100,7 +104,7 @@ class Candidate:
     comm_ms: FloatArray
     every_rank_ms: FloatArray
     every_total_ms: float = 0.0  # the every-rank term summed over all ranks
-    span: int = 1  # scope ``host``: the hosts of one block (1: table_row_wise on a host; more: row_wise over them)
+    span: int = 1  # scope ``host``: the hosts of one block (1: table_row_wise on a host; more: row_wise or a grid)
     # figures read for every candidate (the greedy's order and look-ahead, the bound), computed once when it is made
     time_ms: FloatArray = field(init=False, repr=False)
     placed_ms: float = field(init=False, repr=False)  # sum over shards of the time on the cheapest class
@@ -132,6 +136,8 @@ class Candidate:
             where = f" over {self.span} hosts"
         place = self.placement.value + (f"@{self.cache_fraction:g}" if self.cache_fraction else "")
         parts = f"×{len(self.shapes)}" if self.sharding is ShardingType.column_wise else ""
+        if self.sharding is ShardingType.grid_shard:
+            parts, where = f"×{self.span}", f" over {self.span} hosts"
         return f"{self.sharding.value}{parts}{where} [{place}]"
 
 
@@ -161,7 +167,7 @@ class Tiling(Sequence[Shape]):
     (:func:`~shardwise.solver.engine.ceil_blocks_fit`).
     """
 
-    __slots__ = ("axis", "blocks", "cols", "parts", "rows")
+    __slots__ = ("axis", "bands", "blocks", "cols", "parts", "rows")
 
     def __init__(
         self,
@@ -170,8 +176,10 @@ class Tiling(Sequence[Shape]):
         parts: int,
         axis: Literal["rows", "cols", "copies"],
         blocks: Literal["even", "ceil"] = "even",
+        bands: int = 1,
     ) -> None:
         self.rows, self.cols, self.parts, self.axis, self.blocks = rows, cols, parts, axis, blocks
+        self.bands = bands  # axis "rows": that many column bands of equal width, each cut into parts / bands blocks
 
     def __len__(self) -> int:
         return self.parts
@@ -195,32 +203,51 @@ class Tiling(Sequence[Shape]):
     def _shape(self, i: int) -> Shape:
         if self.axis == "copies":
             return Shape(0, self.rows, 0, self.cols)
-        if self.blocks == "ceil" and self.axis == "rows":
-            q = -(-self.rows // self.parts)
-            return Shape(i * q, min(q, self.rows - i * q), 0, self.cols)
-        base, extra = divmod(self.rows if self.axis == "rows" else self.cols, self.parts)
-        off, size = i * base + min(i, extra), base + (1 if i < extra else 0)
-        return Shape(off, size, 0, self.cols) if self.axis == "rows" else Shape(0, self.rows, off, size)
+        if self.axis == "rows":  # band i // per, its block i % per
+            per, width = self.parts // self.bands, self.cols // self.bands
+            band, k = divmod(i, per)
+            if self.blocks == "ceil":
+                q = -(-self.rows // per)
+                return Shape(k * q, min(q, self.rows - k * q), band * width, width)
+            base, extra = divmod(self.rows, per)
+            return Shape(k * base + min(k, extra), base + (1 if k < extra else 0), band * width, width)
+        base, extra = divmod(self.cols, self.parts)
+        return Shape(0, self.rows, i * base + min(i, extra), base + (1 if i < extra else 0))
 
     def distinct(self) -> list[tuple[tuple[int, int], int]]:
-        """Each distinct (rows, cols) of the shards with how many shards in a row have it, in shard order."""
+        """Each distinct (rows, cols) of the shards with how many shards in a row have it, in shard order (a grid's
+        bands repeat its blocks' sizes band by band)."""
         if self.axis == "copies":
             return [((self.rows, self.cols), self.parts)]
-        if self.blocks == "ceil" and self.axis == "rows":
-            q = -(-self.rows // self.parts)
-            last = self.rows - (self.parts - 1) * q
-            if last == q:
-                return [((q, self.cols), self.parts)]
-            return [((q, self.cols), self.parts - 1), ((last, self.cols), 1)]
-        base, extra = divmod(self.rows if self.axis == "rows" else self.cols, self.parts)
-        sizes = ((base + 1, extra), (base, self.parts - extra))
         if self.axis == "rows":
-            return [((size, self.cols), n) for size, n in sizes if n]
+            per, width = self.parts // self.bands, self.cols // self.bands
+            if self.blocks == "ceil":
+                q = -(-self.rows // per)
+                runs = [(q, per - 1), (self.rows - (per - 1) * q, 1)]
+            else:
+                base, extra = divmod(self.rows, per)
+                runs = [(base + 1, extra), (base, per - extra)]
+            return _repeat_runs([((size, width), n) for size, n in runs if n], self.bands)
+        base, extra = divmod(self.cols, self.parts)
+        sizes = ((base + 1, extra), (base, self.parts - extra))
         return [((self.rows, size), n) for size, n in sizes if n]
 
     def __repr__(self) -> str:
         tail = ", blocks='ceil'" if self.blocks == "ceil" else ""
+        tail += f", bands={self.bands}" if self.bands > 1 else ""
         return f"Tiling({self.rows}, {self.cols}, {self.parts}, {self.axis!r}{tail})"
+
+
+def _repeat_runs(runs: list[tuple[tuple[int, int], int]], times: int) -> list[tuple[tuple[int, int], int]]:
+    """``runs`` (shape, count) repeated ``times`` in shard order, neighbours of one shape merged: one run when every
+    block of a band has one size."""
+    out: list[tuple[tuple[int, int], int]] = []
+    for shape, n in runs * times:
+        if out and out[-1][0] == shape:
+            out[-1] = (shape, out[-1][1] + n)
+        else:
+            out.append((shape, n))
+    return out
 
 
 def _placements(table: EmbeddingTableSpec) -> Iterator[tuple[Placement, float | None]]:
@@ -329,6 +356,16 @@ def candidate_specs(topo: Topology, table: EmbeddingTableSpec, tables: int = 0) 
         if spread and not torchrec
         else {}
     )
+    grids = (
+        {
+            (cls.index, n): Tiling(R, D, n * cls.gpus_per_host, "rows", blocks, bands=n)
+            for cls in topo.classes
+            for n in _grid_bands(topo, table, cls.index)
+            if splits(cls.gpus_per_host) and (not torchrec or engine.grid_allowed(topo, table))
+        }
+        if spread
+        else {}
+    )
     everyone = topo.all_ranks
     out: list[Spec] = []
     for placement, frac in _placements(table):
@@ -345,7 +382,20 @@ def candidate_specs(topo: Topology, table: EmbeddingTableSpec, tables: int = 0) 
         for (ci, m), shapes in multi_host.items():
             group = block_ranks(topo, host_blocks(topo, ci, m)[0])
             out.append(Spec(ShardingType.row_wise, "host", ci, shapes, placement, frac, group, ncls, m))
+        for (ci, n), shapes in grids.items():
+            band = topo.hosts[topo.classes[ci].hosts[0]].ranks  # a band's rows are shared inside its host
+            out.append(Spec(ShardingType.grid_shard, "host", ci, shapes, placement, frac, band, ncls, n))
     return out + _data_parallel(topo, table)
+
+
+def _grid_bands(topo: Topology, table: EmbeddingTableSpec, cls: int) -> list[int]:
+    """Column bands of a grid_shard candidate on hosts of class ``cls``: 2, 4, 8 bands (a block of that many
+    hosts), each at least :data:`MIN_COLUMN_WIDTH` wide (for TorchRec a multiple of 4), the width dividing evenly."""
+    D, hosts = table.embedding_dim, len(topo.classes[cls].hosts)
+    out = [n for n in COLUMN_SPLITS if n <= hosts and D % n == 0 and D // n >= MIN_COLUMN_WIDTH]
+    if topo.executor is Executor.torchrec:
+        out = [n for n in out if (D // n) % engine.FBGEMM_WIDTH_MULTIPLE == 0]
+    return out
 
 
 def _column_tilings(topo: Topology, table: EmbeddingTableSpec, spread: bool) -> list[Tiling]:

@@ -10,7 +10,7 @@ the real ``torchrec.distributed.types.ShardingPlan`` from it (TorchRec imported 
 
 One ``ParameterSharding`` per table, keyed by the table's name under its module's FQN:
 
-* sharding type as is (table_wise, row_wise, column_wise, table_row_wise, data_parallel);
+* sharding type as is (table_wise, row_wise, column_wise, table_row_wise, grid_shard, data_parallel);
 * compute kernel from the placement: ``hbm`` → ``fused``, ``uvm_cache`` → ``fused_uvm_caching`` with
   ``CacheParams(load_factor=cache_fraction)``, ``host`` → ``fused_uvm``; data_parallel → ``dense`` (TorchRec's only
   data-parallel kernel). On ``device_type="cpu"`` ``fused`` is TorchRec's sharded CPU kernel too; TorchRec has no
@@ -37,8 +37,8 @@ under ``sparse.ec``, or each under an EC of its own (``sparse.ec_<table>``) wher
 module is refused. A sequence table is held to what TorchRec 1.8's ``EmbeddingCollectionSharder`` runs
 (``torchrec/distributed/embedding.py``):
 
-* sharding types data_parallel, table_wise, column_wise and row_wise (its ``sharding_types()``). table_row_wise,
-  which the EBC's sharder has, is refused. Sequence row-wise routes ids like the pooled kind (the same
+* sharding types data_parallel, table_wise, column_wise and row_wise (its ``sharding_types()``). table_row_wise and
+  grid_shard, which the EBC's sharder has, are refused. Sequence row-wise routes ids like the pooled kind (the same
   ``RwSparseFeaturesDist``), so its row blocks are checked as above;
 * the same compute kernels as an EBC (the base sharder's ``compute_kernels``): ``fused``, on CPU too; on CUDA also
   the UVM kernels; ``dense`` for data_parallel;
@@ -73,7 +73,15 @@ layouts DMPCollection builds for ``W = R·G`` ranks — contiguous (group ``i`` 
 ``m``-th smallest rank of every group holding the shards of the ``m``-th smallest rank of group 0 (DMPCollection's
 remapping). ``node_group_size`` is a group's GPUs per host.
 
-Known TorchRec defect, refused while ``check_torchrec_issues`` is on (the default) and the model is given: in
+grid_shard (column bands, each cut into row blocks on the GPUs of one host) is TorchRec's ``grid_shard``, as its
+``sharding_plan.grid_shard(host_indexes)`` lays it out: bands of one width in column order, each on a host of its own
+(holding ``local_world_size`` GPUs in rank order), band ``j``'s ``ceil(rows / local)`` row blocks on its host's GPUs
+in order; the entry lists the shards band by band. TorchRec's EmbeddingCollection has no grid_shard.
+
+Known TorchRec defects, refused while ``check_torchrec_issues`` is on (the default) and the model is given: a
+mean-pooled grid_shard table (TorchRec 1.8 applies its mean-pooling divisor only to the features of row_wise and
+table_row_wise tables, ``_pooling_type_to_rs_features``; run by DMP on CPU, such a grid's pooled rows were up to twice
+the unsharded table's). And in
 TorchRec 1.8, when a collection holds a mean-pooled table sharded row_wise or table_row_wise, ShardedEmbeddingBag-
 Collection divides the pooled output of every table of that collection *not* sharded row-wise (table_wise,
 column_wise, data_parallel) by its bag length as well (``_create_mean_pooling_divisor`` resets the divisor to 1 only
@@ -502,11 +510,21 @@ def _describe_widths(widths: Sequence[int]) -> str:
     return ", ".join(str(w) for w in widths)
 
 
+#: the sharding types whose mean-pooled features TorchRec 1.8's EBC divides after the reduce-scatter
+#: (``_pooling_type_to_rs_features``); grid_shard is not among them
 _ROW_TYPES: Final = (ShardingType.row_wise.value, ShardingType.table_row_wise.value)
 
 
 def _check_mean_pooling(tables: Mapping[str, Mapping[str, Any]], specs: Mapping[str, EmbeddingTableSpec]) -> None:
-    """Refuse the layout TorchRec 1.8 mis-scales (module docstring): a row-wise mean table beside other shardings."""
+    """Refuse the layouts TorchRec 1.8 mis-scales (module docstring): a row-wise mean table beside other shardings,
+    and a mean-pooled grid_shard table."""
+    grid = [n for n, e in tables.items() if e["sharding_type"] == "grid_shard" and specs[n].pooling.value == "mean"]
+    if grid:
+        raise TorchRecExportError(
+            f"table {grid[0]}: mean pooling sharded grid_shard; TorchRec 1.8 applies its mean-pooling divisor to "
+            "row_wise and table_row_wise features only, and the grid's pooled rows come out wrong (shard it another "
+            "way; check_torchrec_issues=False emits it anyway)"
+        )
     mean_rw = [n for n, e in tables.items() if e["sharding_type"] in _ROW_TYPES and specs[n].pooling.value == "mean"]
     others = [n for n, e in tables.items() if e["sharding_type"] not in _ROW_TYPES]
     if mean_rw and others:
@@ -589,18 +607,13 @@ def _entry(
             raise TorchRecExportError(f"{where}: column_wise shards must hold every row and tile the {cols} columns")
     elif st is ShardingType.row_wise:
         layout = _row_layout(tp, list(range(world)), rows, cols, relayout_rows, f"over all {world} ranks")
-    else:  # table_row_wise
-        first = {hosts[s.rank][0] for s in tp.shards}
-        if len(first) != 1:
-            raise TorchRecExportError(f"{where}: table_row_wise shards must stay on one host")
-        base = first.pop()
-        if base % local or any(hosts[r] != (base, r - base) for r in range(base, min(base + local, world))):
-            raise TorchRecExportError(
-                f"{where}: TorchRec's table_row_wise needs hosts of local_world_size={local} GPUs in rank order"
-            )
+    elif st is ShardingType.table_row_wise:
+        base = _host_base(tp, tp.shards, hosts, local, world, "table_row_wise shards")
         layout = _row_layout(
             tp, list(range(base, base + local)), rows, cols, relayout_rows, f"over the {local} GPUs of its host"
         )
+    else:  # grid_shard
+        layout = _grid_layout(tp, rows, cols, world, local, hosts, relayout_rows)
 
     entry: dict[str, Any] = {
         "sharding_type": st.value,
@@ -618,6 +631,66 @@ def _entry(
     if placement is Placement.uvm_cache:
         entry["cache_params"] = {"load_factor": fraction}
     return entry
+
+
+def _host_base(
+    tp: TablePlan, shards: Sequence[ShardPlan], hosts: Sequence[tuple[int, int]], local: int, world: int, what: str
+) -> int:
+    """The first rank of the one host ``shards`` lie on, which must hold ``local`` GPUs in rank order (TorchRec
+    routes a table_row_wise table's or a grid band's ids over its host's GPUs by local index)."""
+    first = {hosts[s.rank][0] for s in shards}
+    if len(first) != 1:
+        raise TorchRecExportError(f"table {tp.name}: {what} must stay on one host")
+    base = first.pop()
+    if base % local or any(hosts[r] != (base, r - base) for r in range(base, min(base + local, world))):
+        raise TorchRecExportError(
+            f"table {tp.name}: TorchRec's {tp.sharding_type.value} needs hosts of local_world_size={local} GPUs "
+            "in rank order"
+        )
+    return base
+
+
+def _grid_layout(
+    tp: TablePlan,
+    rows: int,
+    cols: int,
+    world: int,
+    local: int,
+    hosts: Sequence[tuple[int, int]],
+    relayout: bool,
+) -> list[tuple[int, int, int, int, int]]:
+    """TorchRec's ``grid_shard`` (``sharding_plan.grid_shard``): column bands of one width, band ``j`` cut into
+    ``ceil(rows / local)`` row blocks on the GPUs of one host, listed band by band, each on its own host."""
+    where = f"table {tp.name}"
+    bands: dict[int, list[ShardPlan]] = {}
+    for s in tp.shards:
+        bands.setdefault(s.col_offset, []).append(s)
+    widths = {s.num_cols for s in tp.shards}
+    if len(widths) != 1 or cols % next(iter(widths)):
+        raise TorchRecExportError(
+            f"{where}: TorchRec's grid_shard cuts columns into bands of one width that tile the {cols} columns; the "
+            f"plan has bands {_describe_widths(sorted(widths))} columns wide"
+        )
+    layout: list[tuple[int, int, int, int, int]] = []
+    used: list[int] = []
+    for c0 in sorted(bands):
+        band = tp.model_copy(update={"shards": bands[c0]})
+        base = _host_base(tp, bands[c0], hosts, local, world, "each grid_shard band's shards")
+        if base in used:
+            raise TorchRecExportError(f"{where}: TorchRec's grid_shard puts each column band on a host of its own")
+        used.append(base)
+        width = bands[c0][0].num_cols
+        flat = [s.model_copy(update={"col_offset": 0, "num_cols": width}) for s in bands[c0]]
+        blocks = _row_layout(
+            band.model_copy(update={"shards": flat}),
+            list(range(base, base + local)),
+            rows,
+            width,
+            relayout,
+            f"over the {local} GPUs of its band's host",
+        )
+        layout += [(r, r0, nr, c0, width) for r, r0, nr, _c, _w in blocks]
+    return layout
 
 
 def _row_layout(

@@ -13,9 +13,9 @@ The outer ``"plan"`` key may be left out. A ``data_parallel`` table may have no 
 
 Mapping:
 
-* sharding types — ``table_wise``, ``row_wise``, ``column_wise``, ``table_row_wise``, ``data_parallel`` as is;
-  ``table_column_wise`` → ``column_wise`` (the same shard shapes, TorchRec only restricts them to one rank);
-  ``grid_shard`` is refused (shardwise has no grid sharding).
+* sharding types — ``table_wise``, ``row_wise``, ``column_wise``, ``table_row_wise``, ``grid_shard``,
+  ``data_parallel`` as is; ``table_column_wise`` → ``column_wise`` (the same shard shapes, TorchRec only restricts
+  them to one rank).
 * compute kernels → placements — ``dense``, ``fused``, ``quant`` and the key-value / virtual-table kernels →
   ``hbm``; ``fused_uvm_caching`` / ``quant_uvm_caching`` → ``uvm_cache`` with ``cache_params.load_factor`` as the
   cache fraction (else ``default_cache_fraction``, 0.2 = TorchRec's own default); ``fused_uvm`` / ``quant_uvm`` →
@@ -55,13 +55,9 @@ SHARDING_TYPES: Final[Mapping[str, ShardingType]] = {
     "row_wise": ShardingType.row_wise,
     "column_wise": ShardingType.column_wise,
     "table_row_wise": ShardingType.table_row_wise,
+    "grid_shard": ShardingType.grid_shard,
     "data_parallel": ShardingType.data_parallel,
     "table_column_wise": ShardingType.column_wise,
-}
-
-#: TorchRec sharding types shardwise cannot represent, and why.
-REFUSED_SHARDING_TYPES: Final[Mapping[str, str]] = {
-    "grid_shard": "grid_shard (row- and column-sharded at once) has no shardwise equivalent",
 }
 
 #: TorchRec compute kernel → where the weights live.
@@ -200,8 +196,6 @@ def _table_plan(
 ) -> TablePlan:
     where = f"table {name}"
     raw_type = entry.get("sharding_type")
-    if isinstance(raw_type, str) and raw_type in REFUSED_SHARDING_TYPES:
-        raise TorchRecImportError(f"{where}: {REFUSED_SHARDING_TYPES[raw_type]}")
     if not isinstance(raw_type, str) or raw_type not in SHARDING_TYPES:
         raise TorchRecImportError(
             f"{where}: unknown sharding type {raw_type!r}; known: {', '.join(sorted(SHARDING_TYPES))}"

@@ -308,6 +308,69 @@ def test_a_grown_row_wise_table_is_re_cut_on_its_own_gpus(small_model: ModelSpec
     assert sum(m.bytes for m in report.moves) == block_bytes(spec, 25_000, spec.embedding_dim)
 
 
+def _grid_plan(model: ModelSpec, old_fleet: FleetSpec, name: str, hosts: tuple[int, ...]) -> Any:
+    """``model``'s plan on ``old_fleet`` with table ``name`` laid out grid_shard: one column band per host of
+    ``hosts``, each cut into a row block per GPU of its host."""
+    from shardwise.solver.planner import score_plan
+    from shardwise.wire.spec import ShardingType, ShardPlan, TablePlan
+
+    plan = make_plan(model, old_fleet, GREEDY)
+    spec, topo = model.table(name), Topology(old_fleet)
+    width, g = spec.embedding_dim // len(hosts), len(topo.hosts[0].ranks)
+    rows = [(k * spec.num_embeddings // g, (k + 1) * spec.num_embeddings // g) for k in range(g)]
+    shards = [
+        ShardPlan(rank=r, row_offset=a, num_rows=b - a, col_offset=j * width, num_cols=width)
+        for j, h in enumerate(hosts)
+        for r, (a, b) in zip(topo.hosts[h].ranks, rows, strict=True)
+    ]
+    tables = [TablePlan(name=name, sharding_type=ShardingType.grid_shard, shards=shards) if t.name == name else t
+              for t in plan.tables]  # fmt: skip
+    problems, scored = score_plan(model, old_fleet, plan.model_copy(update={"tables": tables}))
+    assert problems == []
+    return scored
+
+
+def test_a_grid_band_whose_host_is_lost_moves_whole_to_a_host_of_its_own(small_model: ModelSpec) -> None:
+    old_fleet, new_fleet = fleet((H100, 3, 2), name="h100-3x2"), fleet((H100, 2, 2), name="h100-2x2")
+    old = _grid_plan(small_model, old_fleet, "t_big", (0, 2))  # host 2 is the one lost
+    topo = Topology(new_fleet)
+    mapping = map_ranks(Topology(old_fleet), topo)
+    kept = kept_layouts(old, small_model, mapping, topo)
+    grid = kept["t_big"]
+    assert grid.sharding_type.value == "grid_shard"
+    bands: dict[int, set[int]] = {}
+    for s in grid.shards:
+        bands.setdefault(s.col_offset, set()).add(topo.ranks[s.rank].host)
+    assert bands == {0: {0}, 32: {1}}  # band 0 stays where it was, band 1 on the host holding none of the table
+    before = sorted((s.row_offset, s.num_rows, s.col_offset) for s in old.table("t_big").shards)
+    assert sorted((s.row_offset, s.num_rows, s.col_offset) for s in grid.shards) == before  # moved, not re-cut
+    report = replan(old, small_model, new_fleet, ReplanBudget(max_slowdown=0.5), GREEDY, old_fleet=old_fleet)
+    assert check_plan(Topology(new_fleet, graphed=True), small_model, report.replan) == []
+
+
+def test_a_grown_grid_table_is_re_cut_band_by_band(small_model: ModelSpec) -> None:
+    old_fleet = fleet((H100, 2, 2), name="h100-2x2")
+    old = _grid_plan(small_model, old_fleet, "t_big", (0, 1))
+    grown = small_model.model_copy(
+        update={
+            "embedding_tables": [
+                t.model_copy(update={"num_embeddings": 3 * t.num_embeddings}) if t.name == "t_big" else t
+                for t in small_model.embedding_tables
+            ]
+        }
+    )
+    topo = Topology(old_fleet)
+    grid = kept_layouts(old, grown, map_ranks(topo, topo), topo)["t_big"]
+    spec = grown.table("t_big")
+    for band in (0, 32):
+        shards = sorted((s for s in grid.shards if s.col_offset == band), key=lambda s: s.row_offset)
+        assert [s.rank for s in shards] == [s.rank for s in old.table("t_big").shards if s.col_offset == band]
+        half = spec.num_embeddings // 2
+        assert [(s.row_offset, s.num_rows) for s in shards] == [(0, half), (half, spec.num_embeddings - half)]
+    host_of = [info.host for info in topo.ranks]
+    assert grid.layout_problems(spec.num_embeddings, spec.embedding_dim, topo.world_size, host_of.__getitem__) == []
+
+
 # ------------------------------------------------------------------------------------------------ 2D plans
 
 

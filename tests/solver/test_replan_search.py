@@ -103,13 +103,16 @@ def lose_a_host(load_model: Callable[[str], ModelSpec]) -> dict[str, Any]:
     """DLRM-DCNv2 on 8 x 8 H100, one host lost: the greedy's trade and CP-SAT's search from the same old and fresh
     plans (greedy both). Both are the greedy's first layouts, with their column slices: the greedy now keeps layouts
     without them on these fleets, from which its trade already moves the least there is (CP-SAT proves it), so the
-    case where the trade gives whole tables up is set with the plans an earlier planner made."""
+    case where the trade gives whole tables up is set with the plans an earlier planner made — one without grid_shard
+    layouts too (their bands move whole or not at all; ``test_replan_moves_a_lost_grid_band_whole`` has them)."""
     from shardwise.solver import greedy as greedy_planner
+    from shardwise.solver.cpsat import candidates
 
     model = load_model("dlrm_dcnv2")
     old_fleet, new_fleet = fleet("h100-8x8", (H100, 8, 8)), fleet("h100-7x8", (H100, 7, 8))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(greedy_planner, "_fewer_groups", lambda *args, **kwargs: args[5])  # the layout as it was chosen
+        mp.setattr(candidates, "_grid_bands", lambda *args: [])
         old = make_plan(model, old_fleet, EAGER_GREEDY)
         fresh = make_plan(model, new_fleet, EAGER_GREEDY)
     assert any(t.sharding_type is ShardingType.column_wise for t in old.tables)

@@ -140,17 +140,25 @@ def test_block_candidates_in_the_greedy_target_packing_and_cpsat_make_valid_plan
     m = model(4)
     cands = [enumerate_candidates(topo, m, i) for i in range(len(m.embedding_tables))]
     dense = choose_dense(topo, m)
-    # only the block candidates for table 0: every planner must place it on a whole block
-    only = [[c for c in cands[0] if c.scope == "host" and c.span == 2 and c.placement.value == "hbm"], *cands[1:]]
-    greedy = run_greedy(topo, m, candidates=only).plan
-    assert greedy.status is not PlanStatus.infeasible
-    assert check_plan(topo, m, greedy) == []
-    packed = target_packing(topo, m, only, dense, 0.0, 10 * (greedy.predicted_step_ms or 1.0), Deadline.never())
-    assert packed is not None
     blocks = [set(block_ranks(topo, b)) for b in host_blocks(topo, 0, 2)]
-    assert set(packed[0].ranks) in blocks
-    tp = [placed_to_table(m, p) for p in packed]
-    assert all(t.sharding_type is ShardingType.row_wise for t in tp[:1])
+    # only the block candidates of one kind for table 0 (row_wise over 2 hosts, a grid of 2 bands on 2 hosts): every
+    # planner must place it on a whole block
+    for kind in (ShardingType.row_wise, ShardingType.grid_shard):
+        only = [
+            [c for c in cands[0] if c.sharding is kind and c.span == 2 and c.placement.value == "hbm"],
+            *cands[1:],
+        ]
+        assert only[0]
+        assert all(c.scope == "host" for c in only[0])
+        greedy = run_greedy(topo, m, candidates=only).plan
+        assert greedy.status is not PlanStatus.infeasible
+        assert check_plan(topo, m, greedy) == []
+        assert greedy.table(m.embedding_tables[0].name).sharding_type is kind
+        packed = target_packing(topo, m, only, dense, 0.0, 10 * (greedy.predicted_step_ms or 1.0), Deadline.never())
+        assert packed is not None
+        assert set(packed[0].ranks) in blocks
+        tp = [placed_to_table(m, p) for p in packed]
+        assert tp[0].sharding_type is kind
     plan = make_plan(m, fleet(8), SolveParams(time_limit_s=8, max_deterministic_time=2.0, num_workers=2))
     assert plan.status is not PlanStatus.infeasible
     assert check_plan(topo, m, plan) == []

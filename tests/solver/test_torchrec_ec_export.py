@@ -90,8 +90,9 @@ def _export(plan: Plan, **kw: Any) -> dict[str, Any]:
 
 
 def test_ec_sharding_types_are_torchrecs() -> None:
-    """What TorchRec 1.8's EmbeddingCollectionSharder.sharding_types() lists: every type but table_row_wise."""
-    assert set(EC_SHARDING_TYPES) == set(ShardingType) - {ShardingType.table_row_wise}
+    """What TorchRec 1.8's EmbeddingCollectionSharder.sharding_types() lists: every type but table_row_wise and
+    grid_shard."""
+    assert set(EC_SHARDING_TYPES) == set(ShardingType) - {ShardingType.table_row_wise, ShardingType.grid_shard}
 
 
 def test_sequence_tables_export_in_their_own_modules() -> None:

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from shardwise.clients.cli import app
 from shardwise.solver.planner import score_plan
 from shardwise.solver.topology import Topology
-from shardwise.solver.torchrec.importer import TorchRecImportError, from_torchrec
+from shardwise.solver.torchrec.importer import from_torchrec
 from shardwise.solver.validate import check_plan
 from shardwise.wire.spec import DenseStyle, FleetSpec, ModelSpec, Placement, PlanStatus, ShardingType
 
@@ -171,11 +171,41 @@ def test_missing_table_refused() -> None:
         from_torchrec(doc, MODEL, FLEET)
 
 
-def test_grid_shard_refused() -> None:
+def _grid_doc() -> dict[str, Any]:
+    """``twrw`` as TorchRec's ``grid_shard(host_indexes=[0, 1])`` lays it out: two bands of 32 columns, band 0 row-cut
+    over host 0's GPUs, band 1 over host 1's."""
     doc = serialized_plan()
-    doc["plan"]["sparse.ebc"]["tw"]["sharding_type"] = "grid_shard"
-    with pytest.raises(TorchRecImportError, match="grid_shard"):
-        from_torchrec(doc, MODEL, FLEET)
+    doc["plan"]["sparse.ebc"]["twrw"] = _entry(
+        "grid_shard",
+        "fused",
+        [_shard(2000 * k, 32 * band, 2000, 32, 2 * band + k) for band in (0, 1) for k in (0, 1)],
+    )
+    return doc
+
+
+def test_grid_shard_imported_and_scored() -> None:
+    plan = from_torchrec(_grid_doc(), MODEL, FLEET)
+    grid = plan.table("twrw")
+    assert grid.sharding_type is ShardingType.grid_shard
+    assert sorted((s.rank, s.row_offset, s.col_offset) for s in grid.shards) == [
+        (0, 0, 0), (1, 2000, 0), (2, 0, 32), (3, 2000, 32)
+    ]  # fmt: skip
+    problems, scored = score_plan(MODEL, FLEET, plan)
+    assert problems == []
+    assert scored.table("twrw").sharding_type is ShardingType.grid_shard
+    assert check_plan(Topology(FLEET), MODEL, scored, allow_stacked=True) == []  # tcw stacks, as above
+
+
+def test_grid_shard_of_one_band_or_across_hosts_refused() -> None:
+    doc = serialized_plan()
+    doc["plan"]["sparse.ebc"]["tw"]["sharding_type"] = "grid_shard"  # one band: table_row_wise, not a grid
+    problems, _ = score_plan(MODEL, FLEET, from_torchrec(doc, MODEL, FLEET))
+    assert any("tw: grid_shard needs at least two column bands" in p for p in problems), problems
+    doc = _grid_doc()
+    doc["plan"]["sparse.ebc"]["twrw"]["shards"][1]["placement"] = "rank:2/cuda:0"  # band 0 on hosts 0 and 1
+    doc["plan"]["sparse.ebc"]["twrw"]["shards"][2]["placement"] = "rank:1/cuda:1"
+    problems, _ = score_plan(MODEL, FLEET, from_torchrec(doc, MODEL, FLEET))
+    assert any("grid_shard band of cols 0..32 spans hosts [0, 1]" in p for p in problems), problems
 
 
 @pytest.mark.parametrize(
@@ -210,11 +240,11 @@ def test_cli_evaluate_torchrec(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "predicted step" in result.output
     doc = serialized_plan()
-    doc["plan"]["sparse.ebc"]["tw"]["sharding_type"] = "grid_shard"
+    doc["plan"]["sparse.ebc"]["tw"]["sharding_type"] = "diagonal"
     plan_path.write_text(json.dumps(doc))
     result = CliRunner().invoke(app, ["evaluate", str(model_path), str(fleet_path), str(plan_path), "--torchrec"])
     assert result.exit_code == 2
-    assert "grid_shard" in result.output
+    assert "unknown sharding type 'diagonal'" in result.output
 
 
 @pytest.mark.parametrize("outer", [True, False])

@@ -438,10 +438,12 @@ def test_two_d_wins_with_small_hot_tables(solver: str) -> None:
     assert plan.predicted_step_ms is not None
     assert one_d.predicted_step_ms is not None
     topo = Topology(fleet)
-    # 2D wins by the device's time: both steps are the device's, and the 2D plan's is clearly the shorter
+    # 2D wins by the device's time: both steps are the device's, and the 2D plan's is the shorter. The margin was
+    # over 10 % while the 1D catalogue had no grid_shard; a grid over the 8 hosts (each band's partial sums kept
+    # inside its host) is a much better 1D layout for these tables, and 2D now wins by a few percent
     assert_device_bound(topo, model, one_d)
     assert_device_bound(topo, model, plan)
-    assert plan.predicted_step_ms < 0.9 * one_d.predicted_step_ms
+    assert plan.predicted_step_ms < 0.97 * one_d.predicted_step_ms
     assert check_plan(topo, model, plan) == []
     assert_every_group_holds_every_table_once(plan, model)
     assert plan.lower_bound_ms is not None

@@ -166,6 +166,14 @@ def table_plan(
         host = hosts_of(world)[-1]
         ranks = [r for r, h in enumerate(hosts_of(world)) if h == host]
         shards = [shard(ranks[i], r0, nr, 0, dim) for i, (r0, nr) in enumerate(_splits(rows, len(ranks)))]
+    elif st is ST.grid_shard:  # two column bands of uneven widths, each cut into uneven row blocks on one host
+        hosts = hosts_of(world)
+        shards = []
+        for band, (c0, nc) in enumerate(_splits(dim, 2)):
+            host = hosts[-1] if band == 0 else hosts[0]  # at worlds 1 and 2 both bands on host 0
+            ranks = [r for r, h in enumerate(hosts) if h == host]
+            ranks = ranks if (band + k) % 2 == 0 else ranks[::-1]
+            shards += [shard(ranks[i], r0, nr, c0, nc) for i, (r0, nr) in enumerate(_splits(rows, len(ranks)))]
     else:
         shards = [ShardPlan(rank=r, row_offset=0, num_rows=rows, col_offset=0, num_cols=dim) for r in range(world)]
     return TablePlan(name=fqn, sharding_type=st, shards=shards)
@@ -349,6 +357,7 @@ FUSED_OPTIMIZER = {
     ST.row_wise: RowOptimizer.adam,
     ST.column_wise: RowOptimizer.adagrad,
     ST.table_row_wise: RowOptimizer.rowwise_adagrad,
+    ST.grid_shard: RowOptimizer.adagrad,  # column bands: the row-wise one's state would be per band
     ST.data_parallel: RowOptimizer.adam,
 }
 FUSED_LR = {

@@ -140,6 +140,7 @@ FUSED = {
     ST.row_wise: RowOptimizer.adam,
     ST.column_wise: RowOptimizer.adagrad,
     ST.table_row_wise: RowOptimizer.sgd,
+    ST.grid_shard: RowOptimizer.adam,
     ST.data_parallel: RowOptimizer.adam,
 }
 

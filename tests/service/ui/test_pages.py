@@ -505,6 +505,43 @@ def test_a_dlrmv3_scale_sequence_plan_reads_on_one_page(client: TestClient) -> N
     assert "Lower bound (any plan)" in text(doc.css_first(".plan-head"))
 
 
+def test_a_grid_plan_reads_on_its_page_and_exports_to_torchrec(client: TestClient) -> None:
+    """Four small hot tables on 8 hosts of 8 H100s (1D): each is a grid — column bands, one to a host, each band cut
+    into a row block per GPU of its host. The page names the layout, its GPUs and shards; the TorchRec export linked
+    from it is TorchRec's grid_shard."""
+    tables = [
+        {"name": f"t{i}", "num_embeddings": 200_000, "embedding_dim": 256, "pooling_factor": 20.0} for i in range(4)
+    ]
+    model = {"name": "hot-grid", "batch_size_per_gpu": 8192, "embedding_tables": tables}
+    options = {"solver": "greedy", "sparse_2d": False}
+    response = client.post(
+        "/api/v1/plans", json={"model": model, "fleet": fleet("h100-8x8", gpus=8, hosts=8), "options": options}
+    )
+    assert response.status_code == 201, response.text
+    plan = response.json()
+    assert {t["sharding_type"] for t in plan["tables"]} == {"grid_shard"}
+    doc = page(client, f"/ui/plans/{plan['id']}")
+    rows = {attr(tr, "data-table"): tr for tr in doc.css("#table-rows tr")}
+    for t in plan["tables"]:
+        hosts: dict[int, set[int]] = {}
+        for sh in t["shards"]:
+            hosts.setdefault(sh["col_offset"], set()).add(sh["rank"] // 8)
+        assert len(hosts) >= 2
+        assert all(len(h) == 1 for h in hosts.values())  # a band per host
+        cells = text(rows[t["name"]])
+        assert "grid_shard" in cells
+        assert cells.split()[-1] == str(len(t["shards"]))  # the shard count, last
+        ranks = sorted(sh["rank"] for sh in t["shards"])
+        assert text(rows[t["name"]].css_first(".ranks-cell")) == f"{ranks[0]}–{ranks[-1]}"  # whole hosts, in a run
+    export = f"/api/v1/plans/{plan['id']}/torchrec"
+    assert export in {attr(a, "href") for a in doc.css(".links a")}
+    exported = client.get(export)
+    assert exported.status_code == 200, exported.text
+    entry = exported.json()["plan"]["sparse.ebc"]["t0"]
+    assert entry["sharding_type"] == "grid_shard"
+    assert len(entry["shards"]) == len(next(t for t in plan["tables"] if t["name"] == "t0")["shards"])
+
+
 @pytest.mark.parametrize("metric", ["step", "compute", "comm", "fill"])
 def test_the_metric_switch_recolours_the_fleet(client: TestClient, metric: str) -> None:
     plan = post_plan(client, small_model("switch", tables=6, rows=1_000_000), fleet("h100x4x4", gpus=4, hosts=4))
