@@ -26,8 +26,8 @@ Variables
 ---------
 * ``x_{t,c} ∈ {0,1}`` — table ``t`` uses candidate ``c``;
 * ``a_{t,c,i,b} ∈ {0,1}`` — shard ``i`` of a rank-scope candidate (table_wise, column_wise) sits in bin ``b``;
-* ``y_{t,c,h} ∈ {0,1}`` — a host-scope candidate (table_row_wise on a host, row_wise over a block of hosts) uses
-  the host (block) starting at host ``h`` (its shard ``i`` on the block's ``i``-th GPU);
+* ``y_{t,c,h} ∈ {0,1}`` — a host-scope candidate (table_row_wise on a host, row_wise or a grid_shard over a block of
+  hosts) uses the host (block) starting at host ``h`` (its shard ``i`` on the block's ``i``-th GPU);
 * ``d_{l,s} ∈ {0,1}`` — dense layer ``l`` uses style ``s``, one of the styles the layer allows on this fleet
   (:func:`~shardwise.solver.pricing.dense_styles`: its pinned style, else every style of its kind — replicate and
   fsdp for an unclassified layer — less a tensor-parallel split that would leave a GPU of a host without a slice);

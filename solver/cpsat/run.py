@@ -25,15 +25,15 @@ Order of work:
    :data:`CONFIGURATION_SHARE` of ``B``, the start's GPUs its first configurations), which raises the bound over the
    whole catalogue where a few lumps decide the step and which level one gets as its cut ``T ≥ LB``;
 2. the candidate space the model searches (:func:`model_candidates`): every table keeps its whole-table options
-   (table_wise, data_parallel); splits (column_wise, row_wise, table_row_wise, in HBM) are kept for the tables
-   heavy enough for a split to matter — a whole-table time of at least :data:`SPLIT_SHARE` of the start's step
-   time, the heaviest :data:`SPLITS_PER_BIN` per bin at most; offloaded table_wise placements (uvm_cache, host)
-   only when memory is tight (the greedy plan fills some GPU to :data:`MEMORY_TIGHT` or more; with room to spare
-   they only add time) and for tables of at least :data:`OFFLOAD_SHARE` of a GPU; the greedy's own pick is always
-   kept, and so is the start's. The reported bound is proven over this space. Few tables on many GPUs
-   (:func:`~shardwise.solver.cpsat.candidates.spread_out`) the model gets the whole catalogue instead, as long as
-   level one stays under :data:`CATALOGUE_MAX_BOOLEANS` booleans (:func:`catalogue_booleans`): there a few tables
-   decide the step and every layout of theirs matters, and CP-SAT's bound is then one over every plan;
+   (table_wise, data_parallel); splits (column_wise, row_wise, table_row_wise, grid_shard, in HBM) are kept for the
+   tables heavy enough for a split to matter — a whole-table time of at least :data:`SPLIT_SHARE` of the start's step
+   time, the heaviest :data:`SPLITS_PER_BIN` per bin at most; offloaded table_wise placements (uvm_cache, host) only
+   when memory is tight (the greedy plan fills some GPU to :data:`MEMORY_TIGHT` or more; with room to spare they only
+   add time) and for tables of at least :data:`OFFLOAD_SHARE` of a GPU; the greedy's own pick is always kept, and so is
+   the start's. The reported bound is proven over this space. Few tables on many GPUs
+   (:func:`~shardwise.solver.cpsat.candidates.spread_out`) the model gets the whole catalogue instead, as long as level
+   one stays under :data:`CATALOGUE_MAX_BOOLEANS` booleans (:func:`catalogue_booleans`): there a few tables decide the
+   step and every layout of theirs matters, and CP-SAT's bound is then one over every plan;
 3. level one, CP-SAT on :class:`~shardwise.solver.cpsat.formulation.Formulation` (rank mode up to
    :data:`~shardwise.solver.cpsat.formulation.RANK_BINS_MAX` GPUs, host mode beyond), for what is left of ``B``
    in rank mode and :data:`LEVEL1_SHARE` of it in host mode; in host mode, when it finds no solution in that
