@@ -666,7 +666,7 @@ def _grid_layout(
     for s in tp.shards:
         bands.setdefault(s.col_offset, []).append(s)
     widths = {s.num_cols for s in tp.shards}
-    if len(widths) != 1 or cols % next(iter(widths)):
+    if len(widths) != 1 or sorted(bands) != list(range(0, cols, next(iter(widths)))):
         raise TorchRecExportError(
             f"{where}: TorchRec's grid_shard cuts columns into bands of one width that tile the {cols} columns; the "
             f"plan has bands {_describe_widths(sorted(widths))} columns wide"
@@ -674,7 +674,6 @@ def _grid_layout(
     layout: list[tuple[int, int, int, int, int]] = []
     used: list[int] = []
     for c0 in sorted(bands):
-        band = tp.model_copy(update={"shards": bands[c0]})
         base = _host_base(tp, bands[c0], hosts, local, world, "each grid_shard band's shards")
         if base in used:
             raise TorchRecExportError(f"{where}: TorchRec's grid_shard puts each column band on a host of its own")
@@ -682,7 +681,7 @@ def _grid_layout(
         width = bands[c0][0].num_cols
         flat = [s.model_copy(update={"col_offset": 0, "num_cols": width}) for s in bands[c0]]
         blocks = _row_layout(
-            band.model_copy(update={"shards": flat}),
+            tp.model_copy(update={"shards": flat}),
             list(range(base, base + local)),
             rows,
             width,
