@@ -51,7 +51,6 @@ from shardwise.wire.spec import (  # the engines' names live on the wire, for th
     ModelSpec,
     Plan,
     Pooling,
-    ShardingType,
     SparseSync,
     engine_words,
 )
@@ -187,6 +186,3 @@ def export_problems(plan: Plan, model: ModelSpec) -> list[str]:
     except TorchRecExportError as exc:
         problems.insert(0, f"TorchRec cannot run this layout: {exc}")
     return problems
-
-
-ROW_SHARDINGS: Final = frozenset(st for st in ShardingType if st.splits_rows)

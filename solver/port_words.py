@@ -18,7 +18,6 @@ from shardwise.wire.units import fmt_bytes
 
 MAX_CHANGE_HINTS = 6  # table changes spelled out as hints (all of them are in ``table_changes``)
 MAX_SHORT_HINTS = 4  # short ranks spelled out as hints
-ROW_SPLITS = tuple(st for st in ShardingType if st.splits_rows)
 
 
 def ranges(ranks: Sequence[int]) -> str:
@@ -132,7 +131,7 @@ def change_reason(c: TableShift) -> str:
             f"state move from HBM to host memory: {timing}"
         )
     placement = "" if a.placement == b.placement else f" ({b.placement} → {a.placement})"
-    if b.sharding_type in ROW_SPLITS and a.sharding_type not in ROW_SPLITS:
+    if b.sharding_type.splits_rows and not a.sharding_type.splits_rows:
         comm = f"communication {b.comm_ms:.3f} → {a.comm_ms:.3f} ms summed over its shards"
         if c.sequence:
             rs = f"its ids and rows go by all-to-all either way: {comm}"

@@ -369,9 +369,6 @@ def _priced(
     )
 
 
-_ROW_CUT = tuple(st for st in ShardingType if st.splits_rows)
-
-
 def kept_layouts(old: Plan, model: ModelSpec, mapping: Mapping[int, int], topo: Topology) -> dict[str, TablePlan]:
     """Every table's old layout on the new fleet (module docstring, step 2), where it can be kept (the same width).
 
@@ -396,7 +393,7 @@ def kept_layouts(old: Plan, model: ModelSpec, mapping: Mapping[int, int], topo: 
         cols = max(s.col_offset + s.num_cols for s in table.shards)
         if cols != spec.embedding_dim:
             continue
-        recut = rows != spec.num_embeddings and table.sharding_type in _ROW_CUT
+        recut = rows != spec.num_embeddings and table.sharding_type.splits_rows
         if rows != spec.num_embeddings and not recut:
             table = table.model_copy(update={"shards": [s.model_copy(update={"num_rows": spec.num_embeddings})
                                                         for s in table.shards]})  # fmt: skip
@@ -458,7 +455,7 @@ def _free_ranks(topo: Topology, table: TablePlan, shard: ShardPlan | None = None
     options = [r for r in range(topo.world_size) if r not in taken]
     mates = table.shards
     if table.sharding_type is ShardingType.grid_shard and shard is not None:
-        mates = [x for x in table.shards if (x.col_offset, x.num_cols) == (shard.col_offset, shard.num_cols)]
+        mates = table.bands().get((shard.col_offset, shard.num_cols), [])
     if table.sharding_type in (ShardingType.table_row_wise, ShardingType.grid_shard) and mates:
         host = topo.ranks[mates[0].rank].host
         options = [r for r in options if topo.ranks[r].host == host]
@@ -482,19 +479,16 @@ def _move_lost_bands(
     """A grid_shard table whose bands lost every shard with a host: each such band moves whole, its blocks in order
     onto the GPUs of a host of the same type holding nothing of the table (the one that finishes earliest with the
     HBM for it). Bands that kept a shard are left to the shard-by-shard pass. None where a band finds no host."""
-    kept_bands = {(x.col_offset, x.num_cols) for x in table.shards}
-    homeless: dict[tuple[int, int], list[ShardPlan]] = {}
-    for s in lost:
-        if (s.col_offset, s.num_cols) not in kept_bands:
-            homeless.setdefault((s.col_offset, s.num_cols), []).append(s)
+    kept_bands = table.bands()
+    homeless = table.model_copy(update={"shards": [s for s in lost if (s.col_offset, s.num_cols) not in kept_bands]})
     shards = list(table.shards)
     gpu = topo.ranks[shards[0].rank].profile.name if shards else None
-    for band in sorted(homeless):
-        blocks = sorted(homeless[band], key=lambda x: x.row_offset)
+    for band in homeless.bands().values():
+        blocks = sorted(band, key=lambda x: x.row_offset)
         used = {topo.ranks[x.rank].host for x in shards}
-        best: tuple[float, int] | None = None
+        best: tuple[float, list[tuple[float, int]], tuple[int, ...]] | None = None  # finish, priced, ranks
         for h, info in enumerate(topo.hosts):
-            ranks = list(info.ranks)
+            ranks = info.ranks
             if h in used or len(ranks) < len(blocks) or (gpu and topo.ranks[ranks[0]].profile.name != gpu):
                 continue
             priced = [_shard_cost(topo, batch, spec, table, b, r) for b, r in zip(blocks, ranks, strict=False)]
@@ -502,11 +496,11 @@ def _move_lost_bands(
                 continue
             finish = max(load[r] + ms for (ms, _mem), r in zip(priced, ranks, strict=False))
             if best is None or finish < best[0]:
-                best = (finish, h)
+                best = (finish, priced, tuple(ranks))
         if best is None:
             return None
-        for b, r in zip(blocks, topo.hosts[best[1]].ranks, strict=False):
-            ms, mem = _shard_cost(topo, batch, spec, table, b, r)
+        _finish, priced, ranks = best
+        for b, (ms, mem), r in zip(blocks, priced, ranks, strict=False):
             load[r] += ms
             hbm[r] += mem
             shards.append(b.model_copy(update={"rank": r}))
@@ -519,12 +513,9 @@ def _spread(table: TablePlan, spec: EmbeddingTableSpec) -> TablePlan:
     grid_shard) by rows, column slices (column_wise) by the slices' common width. The new cuts go to the GPUs by the
     most of what each held that it keeps (the largest overlap first), so that the least moves."""
     if table.sharding_type is ShardingType.grid_shard:
-        bands: dict[tuple[int, int], list[ShardPlan]] = {}
-        for x in table.shards:
-            bands.setdefault((x.col_offset, x.num_cols), []).append(x)
         rows = [
             _spread(table.model_copy(update={"sharding_type": ShardingType.table_row_wise, "shards": b}), spec)
-            for _band, b in sorted(bands.items())
+            for b in table.bands().values()
         ]
         return table.model_copy(update={"shards": [x for band in rows for x in band.shards]})
     columns = table.sharding_type is ShardingType.column_wise

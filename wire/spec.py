@@ -647,23 +647,30 @@ class TablePlan(_Frozen):
         if st is ShardingType.table_row_wise and len({host_of(s.rank) for s in self.shards}) > 1:
             out.append(f"{where}: table_row_wise shards must stay inside one host")
         if st is ShardingType.grid_shard:
-            out.extend(self._grid_problems(cols, host_of))
+            out.extend(self._grid_problems(host_of))
         return out
 
-    def _grid_problems(self, cols: int, host_of: Callable[[int], int]) -> list[str]:
+    def bands(self) -> dict[tuple[int, int], list[ShardPlan]]:
+        """The shards by column band, keyed ``(col_offset, num_cols)`` in column order, each band's shards in the
+        plan's order (a grid_shard table's bands; one band for row_wise and table_row_wise)."""
+        out: dict[tuple[int, int], list[ShardPlan]] = {}
+        for s in self.shards:
+            out.setdefault((s.col_offset, s.num_cols), []).append(s)
+        return dict(sorted(out.items()))
+
+    def _grid_problems(self, host_of: Callable[[int], int]) -> list[str]:
         """A grid_shard table's bands: shards of one column range each (no band cut again by columns), each band's
         row blocks inside one host, at least two bands or the table_row_wise it would be."""
         where = f"table {self.name}"
-        bands: dict[tuple[int, int], set[int]] = {}
-        for s in self.shards:
-            bands.setdefault((s.col_offset, s.num_cols), set()).add(host_of(s.rank))
-        edges = sorted(bands)
+        bands = self.bands()
+        edges = list(bands)
         out: list[str] = []
         if any(a[0] + a[1] > b[0] for a, b in pairwise(edges)):
             out.append(f"{where}: grid_shard bands must not cut each other's columns (bands {edges})")
         if len(bands) < 2:
             out.append(f"{where}: grid_shard needs at least two column bands (one band is table_row_wise)")
-        for (c0, nc), hosts in sorted(bands.items()):
+        for (c0, nc), shards in bands.items():
+            hosts = {host_of(s.rank) for s in shards}
             if len(hosts) > 1:
                 out.append(f"{where}: grid_shard band of cols {c0}..{c0 + nc} spans hosts {sorted(hosts)}, not one")
         return out

@@ -662,24 +662,21 @@ def _grid_layout(
     """TorchRec's ``grid_shard`` (``sharding_plan.grid_shard``): column bands of one width, band ``j`` cut into
     ``ceil(rows / local)`` row blocks on the GPUs of one host, listed band by band, each on its own host."""
     where = f"table {tp.name}"
-    bands: dict[int, list[ShardPlan]] = {}
-    for s in tp.shards:
-        bands.setdefault(s.col_offset, []).append(s)
-    widths = {s.num_cols for s in tp.shards}
-    if len(widths) != 1 or sorted(bands) != list(range(0, cols, next(iter(widths)))):
+    bands = tp.bands()
+    widths = {nc for _c0, nc in bands}
+    if len(widths) != 1 or [c0 for c0, _nc in bands] != list(range(0, cols, next(iter(widths)))):
         raise TorchRecExportError(
             f"{where}: TorchRec's grid_shard cuts columns into bands of one width that tile the {cols} columns; the "
             f"plan has bands {_describe_widths(sorted(widths))} columns wide"
         )
     layout: list[tuple[int, int, int, int, int]] = []
     used: list[int] = []
-    for c0 in sorted(bands):
-        base = _host_base(tp, bands[c0], hosts, local, world, "each grid_shard band's shards")
+    for (c0, width), band in bands.items():
+        base = _host_base(tp, band, hosts, local, world, "each grid_shard band's shards")
         if base in used:
             raise TorchRecExportError(f"{where}: TorchRec's grid_shard puts each column band on a host of its own")
         used.append(base)
-        width = bands[c0][0].num_cols
-        flat = [s.model_copy(update={"col_offset": 0, "num_cols": width}) for s in bands[c0]]
+        flat = [s.model_copy(update={"col_offset": 0}) for s in band]
         blocks = _row_layout(
             tp.model_copy(update={"shards": flat}),
             list(range(base, base + local)),

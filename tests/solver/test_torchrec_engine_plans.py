@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 
 from shardwise.hwprofiles import catalogue
 from shardwise.solver import plan2d
-from shardwise.solver.engine import ROW_SHARDINGS
 from shardwise.solver.planner import make_plan, score_plan
 from shardwise.solver.topology import Topology
 from shardwise.solver.torchrec.exporter import dmp_collection_kwargs, to_torchrec_dict
@@ -110,7 +109,7 @@ def assert_exports(plan: Plan, model: ModelSpec, allow_averaging: bool) -> None:
         event(t.sharding_type.value)
         event(t.shards[0].placement.value)
         rows = model.table(t.name).num_embeddings
-        if t.sharding_type in ROW_SHARDINGS and rows % len(t.shards):
+        if t.sharding_type.splits_rows and rows % len(t.shards):
             event("row-sharded in uneven ceil blocks")
     sg = plan.sparse_groups
     event(f"2D: {sg is not None}")
