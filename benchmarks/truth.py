@@ -35,7 +35,7 @@ import json
 import math
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -241,10 +241,18 @@ def plan(cfg: Config) -> Plan:
 # ------------------------------------------------------------------------------------------------ predict
 
 
-def predict(calibration: Path | None, graphed: bool = False) -> dict[str, Any]:
+def predict(
+    calibration: Path | None,
+    graphed: bool = False,
+    *,
+    configs: Sequence[Any] = ALL_CONFIGS,
+    spec_of: Callable[[Any], ModelSpec] = model_spec,
+    plan_of: Callable[[Any], Plan] = plan,
+) -> dict[str, Any]:
     """Every configuration's predicted step, embedding part and memory: ``uncalibrated`` — the catalogue profile
     with the executor profile of the steps measured (``graphed`` or eager), what a plan is priced with by default —
-    and, with ``calibration``, ``calibrated``."""
+    and, with ``calibration``, ``calibrated``. ``configs``, ``spec_of`` and ``plan_of``: another configuration set
+    with its model spec and plan (``benchmarks/truth_sequence.py``'s)."""
     from shardwise.hwprofiles import load_calibration
     from shardwise.solver import cost_model as cm
     from shardwise.solver.planner import score_plan
@@ -264,11 +272,13 @@ def predict(calibration: Path | None, graphed: bool = False) -> dict[str, Any]:
         "configs": {},
     }
     solver = SolverInfo(params=SolveParams(graphed_steps=graphed))
-    for cfg in ALL_CONFIGS:
-        spec = model_spec(cfg)
+    for cfg in configs:
+        spec = spec_of(cfg)
+        the_plan = plan_of(cfg)
+        placements = {t.name: t.shards[0] for t in the_plan.tables}
         row: dict[str, Any] = {"split": cfg.split}
         for label, fl in fleets.items():
-            the_plan = plan(cfg).model_copy(update={"solver": solver})
+            the_plan = the_plan.model_copy(update={"solver": solver})
             problems, scored = score_plan(spec, fl, the_plan)
             r = scored.ranks[0]
             profile = fl.hosts[0].gpu if not isinstance(fl.hosts[0].gpu, str) else None
@@ -281,8 +291,8 @@ def predict(calibration: Path | None, graphed: bool = False) -> dict[str, Any]:
                     sharding=ShardingType.table_wise,
                     num_rows=t.num_embeddings,
                     num_cols=t.embedding_dim,
-                    placement=Placement(cfg.placement),
-                    cache_fraction=None,
+                    placement=placements[t.name].placement,
+                    cache_fraction=placements[t.name].cache_fraction,
                     profile=prof,
                     batch=cfg.batch,
                     world=1,
@@ -526,7 +536,18 @@ def _one_rank_group(backend: str) -> None:
                             timeout=timedelta(minutes=5))  # fmt: skip
 
 
-def measure(names: Sequence[str], steps: int, warmup: int, graphed: bool = False) -> dict[str, Any]:
+def measure(
+    names: Sequence[str],
+    steps: int,
+    warmup: int,
+    graphed: bool = False,
+    *,
+    configs: Sequence[Any] = ALL_CONFIGS,
+    build_of: Callable[..., Rig] | None = None,
+) -> dict[str, Any]:
+    """Every configuration of ``configs`` named in ``names`` (all when empty) built (``build_of``, default
+    :func:`build`) and measured (:func:`measure_rig`) on CUDA device 0, with the HBM the process holds beyond its
+    tensors after each (``runtime_reserve``: the driver's and libraries' share, the allocator's slack)."""
     import torch
     import torch.distributed as dist
 
@@ -535,7 +556,7 @@ def measure(names: Sequence[str], steps: int, warmup: int, graphed: bool = False
     _one_rank_group("nccl")
     results: dict[str, Any] = {}
     try:
-        for cfg in ALL_CONFIGS:
+        for cfg in configs:
             if names and cfg.name not in names:
                 continue
             gc.collect()
@@ -543,14 +564,25 @@ def measure(names: Sequence[str], steps: int, warmup: int, graphed: bool = False
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats(device)
             base = torch.cuda.memory_allocated(device)
-            rig = build(cfg, device, graphed=graphed)
+            rig = (build_of or build)(cfg, device, graphed=graphed)
             results[cfg.name] = {"split": cfg.split, **measure_rig(rig, steps, warmup, device, base)}
+            results[cfg.name]["runtime_reserve"] = _reserve(device)
             print(f"{cfg.name:<16} {results[cfg.name]}", flush=True)
             del rig
     finally:
         dist.destroy_process_group()
     machine = {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__}
     return {"machine": machine, "executor": "graphed" if graphed else "eager", "configs": results}
+
+
+def _reserve(device: Any) -> dict[str, int]:
+    """What the process holds of the GPU beyond the allocator's blocks, and the allocator's peak slack, now
+    (``shardwise calibrate``'s ``runtime_reserve``, against the catalogue's HBM figure)."""
+    from shardwise.calibrate.run import runtime_reserve
+    from shardwise.hwprofiles import get_profile
+
+    reserve, outside, slack = runtime_reserve(device, get_profile(GPU))
+    return {"reserve_bytes": reserve, "outside_bytes": outside, "slack_bytes": slack}
 
 
 def measure_rig(rig: Rig, steps: int, warmup: int, device: Any, base: int) -> dict[str, Any]:
