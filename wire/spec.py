@@ -216,8 +216,11 @@ class EmbeddingTableSpec(_Frozen):
         le=MAX_POOLING_FACTOR,
         allow_inf_nan=False,
         exclude_if=lambda v: v is None,  # unset, a table dumps (and hashes) as before the field existed
-        description="99th percentile of ids per sample per feature: a sequence table's long sequences, which a step "
-        "waits for; None = not known. describe() measures it; the cost model prices pooling_factor alone for now",
+        description="99th percentile of ids per sample per feature: a sequence table's long sequences (a pooled "
+        "table's long bags), which a step waits for; None = not known (lengths priced at pooling_factor). describe() "
+        "measures it. The cost model takes the lengths' tail as normal (deviation (p99 - pooling_factor) / 2.326, "
+        "none at or below the mean) and prices the ids each rank exchanges for a sharded table, and looks up in a "
+        "data_parallel copy, as the most of the ranks' totals",
     )
     pooling: Pooling = Pooling.sum
     num_features: int = Field(default=1, gt=0, le=MAX_FEATURES_PER_TABLE, description="at most 10000")

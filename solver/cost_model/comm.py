@@ -14,7 +14,9 @@ The links and how bytes cross them: :mod:`shardwise.solver.cost_model.links`. Pe
   ``2·((g−1)/g·S / intra + (H−1)/H·S/g / inter)``.
 
 Every rank also sends its own batch's ids and receives its own pooled outputs for every sharded table
-(:func:`table_data_side`): ``(B·F·L·8 + B·F·8 + 2·B·F·D·ob)·(W−1)/W`` over the same intra/inter split.
+(:func:`table_data_side`): ``(B·F·L·8 + B·F·8 + 2·B·F·D·ob)·(W−1)/W`` over the same intra/inter split, ``B·F·L`` (and
+a sequence table's ``B·F·L`` rows) being the slowest rank's ids where the table gives a tail (``pooling_factor_p99``:
+:func:`~shardwise.solver.cost_model.traffic.rank_ids`).
 
 The fixed latency of each collective is charged once per rank and step by :func:`collective_latency_ms` (one
 all-to-all carries every table).
@@ -56,6 +58,7 @@ from shardwise.solver.cost_model.traffic import (
     ROW_INDEX_BYTES,
     id_bytes,
     out_bytes,
+    rank_ids,
     shard_traffic,
     touched_rows,
 )
@@ -189,14 +192,16 @@ class DataSide:
 
 def table_data_side(table: EmbeddingTableSpec, ctx: CommContext) -> DataSide:
     """What every rank sends and receives for a sharded (not data_parallel) table (module docstring):
-    ``(B·F·L·8 + B·F·8 + 2·B·F·D·ob)·(W−1)/W``."""
+    ``(B·F·L·8 + B·F·8 + 2·B·F·D·ob)·(W−1)/W``, its ``B·F·L`` ids the slowest of the ``W`` ranks' where the table
+    gives a tail (:func:`~shardwise.solver.cost_model.traffic.rank_ids`; ``W`` the group's ranks in a 2D plan)."""
     W = ctx.world_size
     if W <= 1:
         return DataSide()
     B, F = ctx.batch_size, table.num_features
     ob = out_bytes(table.dtype)
-    rows_out = B * F * (table.pooling_factor if table.pooling is Pooling.none else 1.0)
-    inputs = B * F * table.pooling_factor * id_bytes(table) + B * F * LENGTH_BYTES
+    ids = rank_ids(table, B, W)  # the slowest rank's (traffic's module docstring, the tail)
+    rows_out = ids if table.pooling is Pooling.none else B * F * 1.0
+    inputs = ids * id_bytes(table) + B * F * LENGTH_BYTES
     nbytes = inputs + 2 * rows_out * table.embedding_dim * ob
     return DataSide(split_transfer(nbytes * (W - 1) / W, ctx).scaled(MS), inputs / nbytes if nbytes > 0 else 0.0)
 
