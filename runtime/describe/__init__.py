@@ -50,6 +50,12 @@ parameterless block such as HSTU's pointwise attention) become a parameterless u
 module that spends them, so the spec's FLOPs are the forward's. Attention over padded sequences is counted padded,
 as the forward computes it.
 
+**Attention over jagged lengths.** Where the forward pads its sequences, :func:`hstu_attention` (``attention``) gives
+the attention's layer by a stated formula over the samples' own lengths (``Q·Kᵀ`` and ``A·V``, ``2·P·d`` FLOPs each
+for the ``P`` query-key pairs a sample scores, causal or not, averaged over the samples) and ``describe(...,
+extra_layers=[hstu_attention("block", lengths, dim)])`` puts it in place of the parameterless layer the forward
+counted padded (``block``, the module that spent those FLOPs), or beside the others under a new name.
+
 **Sequence tables.** A step's lookups follow its sequences' lengths, and a step waits for its longest sequences:
 a sequence table (pooling ``none``) gets its mean ids per sample per feature (``pooling_factor``) and their 99th
 percentile (``pooling_factor_p99``, nearest rank), given, measured from ``sample_batch``, or else from
@@ -70,13 +76,14 @@ is the table's FQN (an ``nn.Embedding`` called k times a sample: k bags a sample
 (``pooling_factors``, ``pooling_factors_p99``, ``access_skew``) win over the measured ones, and a sample batch's over
 an example's.
 
-The walk is ``walk``, the FLOPs ``flops``, the batch statistics ``batch`` and the entry point ``spec``. torch is
-imported lazily; these modules otherwise import the wire models only.
+The walk is ``walk``, the FLOPs ``flops``, the batch statistics ``batch``, the attention formula ``attention`` and the
+entry point ``spec``. torch is imported lazily; these modules otherwise import the wire models only.
 """
 
 from __future__ import annotations
 
+from shardwise.runtime.describe.attention import hstu_attention
 from shardwise.runtime.describe.batch import zipf_exponent
 from shardwise.runtime.describe.spec import describe
 
-__all__ = ["describe", "zipf_exponent"]
+__all__ = ["describe", "hstu_attention", "zipf_exponent"]

@@ -35,6 +35,7 @@ def describe(
     example_batch_size: int | None = None,
     sample_batch: Any = None,
     dense_styles: Mapping[str, str] | None = None,
+    extra_layers: Sequence[DenseLayerSpec] = (),
 ) -> ModelSpec:
     """The :class:`ModelSpec` of ``module`` (:mod:`shardwise.runtime.describe` says what becomes a table or a layer).
 
@@ -59,6 +60,11 @@ def describe(
     - ``sample_batch``: a real batch of sparse features (``KeyedJaggedTensor`` or feature → ``(ids, offsets)``) to
       measure pooling factors, access skews and sequence tables' tails from (the package docstring).
     - ``dense_styles``: per dense-layer name, a style to pin (replicate, fsdp; colwise or rowwise for a linear one).
+    - ``extra_layers``: dense layers described by hand (attention over jagged lengths:
+      :func:`~shardwise.runtime.describe.attention.hstu_attention`). One named as a parameterless layer of the
+      description (FLOPs the example forward spent outside every layer, under the name of the module that spent them)
+      replaces it; one of a new name is added, after the described layers. Naming a layer that holds parameters is an
+      error (its parameters would go uncounted).
 
     Raises ``ValueError`` for a module shardwise cannot describe (an EmbeddingBag in mode ``max``, a weight dtype
     with no wire equivalent, parameters left out or shared other than a table's weight with an ``nn.Linear``, a
@@ -129,8 +135,34 @@ def describe(
         name=name or type(module).__name__,
         batch_size_per_gpu=batch_size_per_gpu,
         embedding_tables=specs,
-        dense_layers=[_layer_spec(layer, dense_opt, styles.get(layer.name)) for layer in layers],
+        dense_layers=_with_extra(
+            [_layer_spec(layer, dense_opt, styles.get(layer.name)) for layer in layers], extra_layers
+        ),
     )
+
+
+def _with_extra(described: list[DenseLayerSpec], extra: Sequence[DenseLayerSpec]) -> list[DenseLayerSpec]:
+    """``described`` with each of ``extra`` in place of the parameterless layer of its name, or added after them."""
+    names = [layer.name for layer in extra]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"extra_layers names a layer twice: {', '.join(twice)}")
+    out = list(described)
+    at = {layer.name: i for i, layer in enumerate(described)}
+    for layer in extra:
+        i = at.get(layer.name)
+        if i is None:
+            at[layer.name] = len(out)
+            out.append(layer)
+        elif out[i].num_params:
+            raise ValueError(
+                f"extra_layers: {layer.name} is a described layer holding {out[i].num_params:,} parameters, which "
+                "the replacement would leave uncounted: name a parameterless layer (FLOPs spent outside every layer) "
+                "or a new one"
+            )
+        else:
+            out[i] = layer
+    return out
 
 
 def _layer_spec(layer: Layer, optimizer: Optimizer, style: str | None) -> DenseLayerSpec:
