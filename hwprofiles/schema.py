@@ -79,6 +79,11 @@ class StepOverheads(BaseModel):
       synchronisations) plus, per row moved between the host store and the cache (a missing row copied in, or an
       evicted dirty row written back, zero-copy across the host link), ``cache_fetch_ns_per_row``. Measured on one
       row width (``shardwise calibrate``: 512-B rows); charged as host and as device time (see the cost model).
+    - ``host_map_ns_per_doubling``, ``host_map_reach_bytes``: what a row access to pinned host memory from a GPU kernel
+      (a ``host`` shard's zero-copy lookup and update, a cache fetch's row moves on shardwise's executor) costs beyond
+      its bytes once the shard's host memory outgrows what the GPU's address translation covers: ``ns ×
+      log2(footprint / reach)`` per row access past the reach, nothing within it (random rows of a large table miss
+      the translation caches; each doubling of the footprint adds a roughly constant cost). Device time.
 
     The host terms bound a step from below when the device waits for the host (small batches); see the cost model.
 
@@ -101,6 +106,8 @@ class StepOverheads(BaseModel):
     host_ns_per_row_byte: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
     cache_fetch_us: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
     cache_fetch_ns_per_row: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
+    host_map_ns_per_doubling: float = Field(default=0.0, ge=0, le=MAX_LATENCY_US, allow_inf_nan=False)
+    host_map_reach_bytes: int = Field(default=0, ge=0, le=MAX_MEMORY_BYTES)
     graphed_steps: bool = False
 
 

@@ -31,6 +31,13 @@ calibrated: ``shardwise calibrate`` fits what host placement adds to a step) is 
 time is the larger of the reads and it. (The executor's earlier CPU lookup, ``apply_plan(host_access="cpu")``, measured
 slower than zero-copy — ``docs/truth.md``, "Host rows read from the GPU" — and is not priced.)
 
+Rows far apart in a large table cost more than their bytes: every row access to pinned host memory from a GPU kernel
+is translated, and once the shard's host memory (``r·c·b``) outgrows what the GPU's translation caches cover, random
+rows miss them. Each access then costs ``host_map_ns_per_doubling · log2(r·c·b / host_map_reach_bytes)`` more
+(:func:`host_map_ns`; device time, nothing within the reach, zero until measured): ``n + 2·d`` accesses a step for a
+``host`` shard (its forward reads, the update's reads and writes), ``2·m`` for a cache fetch's row moves. Fitted on
+host shards of 1–100 M rows on one H200 (``docs/truth.md``, "Sequence tables").
+
 Cache fetches (:func:`cache_fetch_ms`)
 -------------------------------------
 shardwise's executor does not read a ``uvm_cache`` miss over the host link from its lookup kernel: before the lookup it
@@ -95,6 +102,7 @@ Gathers run at ``hbm_bw·achieved.embedding_gather``, streams at ``hbm_bw·achie
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -241,8 +249,12 @@ def shard_computes(
             whole_s = all_g / hbm_gather
         elif placement is Placement.host:  # zero-copy: what crosses the host link (module docstring, "Host shards")
             link_bytes, device_bytes = host_update_bytes(table, num_rows, num_cols, t.ids, row, g)
-            fwd_s, upd_s = fwd_g / link, device_bytes / hbm_gather + link_bytes / link
-            whole_s = device_bytes / hbm_gather + (fwd_g + link_bytes) / link
+            miss_ns = host_map_ns(profile, num_rows * num_cols * table.dtype.nbytes)  # far rows (docstring)
+            fwd_map = t.ids * miss_ns * 1e-9
+            upd_map = 2 * distinct_rows(t.ids, num_rows, table.access_skew) * miss_ns * 1e-9
+            fwd_s = fwd_g / link + fwd_map
+            upd_s = device_bytes / hbm_gather + link_bytes / link + upd_map
+            whole_s = device_bytes / hbm_gather + (fwd_g + link_bytes) / link + fwd_map + upd_map
         else:
             fetch = cache_fetch_ms(table, sharding, num_rows, cache_fraction, profile, batch, world)
             hit = cache_hit_rate(num_rows, cache_fraction, table.access_skew)
@@ -427,13 +439,24 @@ def cache_fetch_ms(
 ) -> float:
     """Host time per step of a ``uvm_cache`` shard's synchronous fetch on shardwise's executor (module docstring,
     "Cache fetches"): ``cache_fetch_us + 2·m·cache_fetch_ns_per_row`` with ``m = touched(n, r)·(1 − h)`` the
-    distinct rows missing; 0 until calibrated."""
+    distinct rows missing, each row move also paying :func:`host_map_ns` of the store; 0 until calibrated."""
     o = profile.overheads
     if not (o.cache_fetch_us or o.cache_fetch_ns_per_row):
         return 0.0
     n = shard_traffic(table, sharding, num_rows, batch, world).ids
     missing = touched_rows(n, num_rows) * (1.0 - cache_hit_rate(num_rows, cache_fraction, table.access_skew))
-    return o.cache_fetch_us / 1e3 + 2.0 * missing * o.cache_fetch_ns_per_row * 1e-6
+    per_row = o.cache_fetch_ns_per_row + host_map_ns(profile, num_rows * table.embedding_dim * table.dtype.nbytes)
+    return o.cache_fetch_us / 1e3 + 2.0 * missing * per_row * 1e-6
+
+
+def host_map_ns(profile: HardwareProfile, footprint_bytes: float) -> float:
+    """What one row access to ``footprint_bytes`` of pinned host memory costs a GPU kernel beyond its bytes (module
+    docstring, "Host shards"): ``host_map_ns_per_doubling · log2(footprint / host_map_reach_bytes)`` past the
+    reach, 0 within it or unmeasured."""
+    o = profile.overheads
+    if not (o.host_map_ns_per_doubling and o.host_map_reach_bytes) or footprint_bytes <= o.host_map_reach_bytes:
+        return 0.0
+    return o.host_map_ns_per_doubling * math.log2(footprint_bytes / o.host_map_reach_bytes)
 
 
 def host_lookup_ms(

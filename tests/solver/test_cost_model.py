@@ -689,6 +689,40 @@ def test_shard_compute_host_placement_prices_the_measured_host_term_as_device_ti
     assert cost.host_ms == 0.0  # read zero-copy by the device's kernels: no host time
 
 
+def test_far_host_rows_pay_the_translation_term_per_access_past_the_reach(
+    make_profile: Callable[..., HardwareProfile],
+) -> None:
+    # 1000 rows × 4 fp32 columns = 16,000 B of host memory; reach 4,000 B → log2(4) = 2 doublings at 3 ns: 6 ns per
+    # access, over the forward's 80 reads and the update's read and write of each distinct row
+    base = make_profile()
+    far = make_profile(overheads={"host_map_ns_per_doubling": 3.0, "host_map_reach_bytes": 4_000})
+    near = make_profile(overheads={"host_map_ns_per_doubling": 3.0, "host_map_reach_bytes": 16_000})
+    t = table(embedding_dim=4)
+    kw: dict[str, Any] = {"sharding": ST.table_wise, "num_rows": 1000, "num_cols": 4, "batch": B, "world": W}
+
+    def host(p: HardwareProfile) -> float:
+        return cm.shard_compute_ms(t, placement=Placement.host, cache_fraction=None, profile=p, **kw)
+
+    assert cm.host_map_ns(far, 16_000) == approx(6.0)
+    assert cm.host_map_ns(near, 16_000) == 0.0  # within the reach: its bytes alone
+    assert cm.host_map_ns(base, 1e12) == 0.0  # unmeasured
+    distinct = 1000 * -math.expm1(-80 / 1000)
+    assert host(far) - host(base) == approx((80 + 2 * distinct) * 6.0 * 1e-6)
+    assert host(near) == approx(host(base))
+    # an HBM shard reads no host memory
+    hbm = cm.shard_compute_ms(t, placement=Placement.hbm, cache_fraction=None, profile=far, **kw)
+    assert hbm == approx(cm.shard_compute_ms(t, placement=Placement.hbm, cache_fraction=None, profile=base, **kw))
+    # a cache fetch's row moves between the host store and the cache pay it too: 2·m moves
+    fetched = {"cache_fetch_us": 100.0, "cache_fetch_ns_per_row": 5.0}
+    cached = make_profile(overheads=fetched)
+    cached_far = make_profile(overheads={**fetched, "host_map_ns_per_doubling": 3.0, "host_map_reach_bytes": 4_000})
+    args = (t, ST.table_wise, 1000, 0.5, B, W)
+    missing = 1000 * -math.expm1(-80 / 1000) * 0.5
+    assert cm.cache_fetch_ms(*args[:4], cached_far, *args[4:]) - cm.cache_fetch_ms(
+        *args[:4], cached, *args[4:]
+    ) == approx(2 * missing * 6.0 * 1e-6)
+
+
 def test_host_lookup_is_zero_until_calibrated(round_profile: HardwareProfile) -> None:
     assert cm.host_lookup_ms(table(), ST.table_wise, 1000, 8, round_profile, B, W) == 0.0
 
