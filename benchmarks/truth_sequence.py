@@ -106,6 +106,36 @@ def _configs() -> list[SeqConfig]:
 CONFIGS = _configs()
 
 
+def _micro() -> list[SeqConfig]:
+    """Parts measured beside the set, none of them a configuration of it (split ``micro``, never in its
+    statistics): the embedding part of host tables of 1–100 M rows at 128- and 256-byte rows (zero-copy reads
+    as the table outgrows what the device maps at once), and cached tables at 128-, 256- and 512-byte rows (the
+    host's fetch per row)."""
+    m = 1_000_000
+    host = [(rows, dim) for rows in (1 * m, 10 * m, 30 * m, 100 * m) for dim in (32,)] + [(1 * m, 64), (100 * m, 64)]
+    cached = [("fp16", 64), ("fp32", 64), ("fp32", 128)]
+    return [
+        SeqConfig(f"micro-host-{rows // m}m-d{dim}", "micro", 4096, 200, rows, dim, placement="host")
+        for rows, dim in host
+    ] + [
+        SeqConfig(
+            f"micro-cache-{dt}-d{dim}",
+            "micro",
+            4096,
+            200,
+            20 * m,
+            dim,
+            dtype=dt,
+            placement="uvm_cache",
+            cache_fraction=0.1,
+        )
+        for dt, dim in cached
+    ]
+
+
+MICRO = _micro()
+
+
 # ------------------------------------------------------------------------------------------------ specs
 
 
@@ -243,9 +273,16 @@ class SeqRig(truth.Rig):
         torch.autograd.backward([rows[n] for n in names_], grads)
 
 
+#: batches a cached configuration streams (:attr:`truth.Rig.fresh`): four repeated batches would all stay cached
+#: and every lookup hit. ``measure --steps 10`` uses 55 of them (warm-up, waited, three back-to-back runs, the
+#: embedding part) before any repeats
+FRESH_BATCHES = 60
+
+
 def build(cfg: SeqConfig, device: Any, *, batches: int = 4, graphed: bool = False) -> SeqRig:
     """The configuration's model applied to ``device`` with :func:`plan` (a process group of one must exist), on
-    ``batches`` batches; ``graphed``: the step and the embedding part captured as CUDA graphs."""
+    ``batches`` batches (a ``uvm_cache`` configuration: a stream of :data:`FRESH_BATCHES`, none repeated while they
+    last); ``graphed``: the step and the embedding part captured as CUDA graphs."""
     import torch
     from torch import nn
 
@@ -286,12 +323,15 @@ def build(cfg: SeqConfig, device: Any, *, batches: int = 4, graphed: bool = Fals
     )
     _, dense = split_parameters(model)
     most = 2 * cfg.history * cfg.batch
+    fresh = cfg.placement == "uvm_cache"  # repeated batches would stay cached: a stream of new ones instead
+    batches = max(batches, FRESH_BATCHES) if fresh else batches
     rig = SeqRig(
         model=model,
         ebc=ShardedEmbeddingBagCollection.from_module(model),
         opt=torch.optim.Adam(dense, lr=1e-3, fused=device.type == "cuda", capturable=graphed),
         batches=make_batches(cfg, device, batches, graphed=graphed),
         grads={ITEM: torch.randn(most, cfg.dim, device=device), USER: torch.randn(cfg.batch, cfg.dim, device=device)},
+        fresh=fresh,
     )
     if graphed:
         rig.capture()
@@ -312,8 +352,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     m.add_argument("--steps", type=int, default=20)
     m.add_argument("--warmup", type=int, default=5)
     m.add_argument("--graphed", action="store_true", help="capture each step as a CUDA graph and replay it")
+    m.add_argument("--micro", action="store_true", help="the parts measured beside the set (MICRO), not the set")
     p = sub.add_parser("predict")
     p.add_argument("--graphed", action="store_true", help="price graphed steps (the executor profile's)")
+    p.add_argument("--micro", action="store_true", help="the parts measured beside the set (MICRO), not the set")
     p.add_argument("-o", "--output", type=Path, required=True)
     r = sub.add_parser("report")
     r.add_argument("predicted", type=Path)
@@ -323,11 +365,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.cmd == "measure":
         names = [n for n in args.only.split(",") if n]
-        configs = [c for c in CONFIGS if graphable(c)] if args.graphed else CONFIGS
+        chosen = MICRO if args.micro else CONFIGS
+        configs = [c for c in chosen if graphable(c)] if args.graphed else chosen
         doc = truth.measure(names, args.steps, args.warmup, args.graphed, configs=configs, build_of=build)
         args.output.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     elif args.cmd == "predict":
-        doc = truth.predict(None, args.graphed, configs=CONFIGS, spec_of=model_spec, plan_of=plan)
+        chosen = MICRO if args.micro else CONFIGS
+        doc = truth.predict(None, args.graphed, configs=chosen, spec_of=model_spec, plan_of=plan)
         args.output.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     else:
         pred = json.loads(args.predicted.read_text(encoding="utf-8"))
