@@ -22,7 +22,8 @@ from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams
 #: takes the bias in its epilogue; 7: executor profiles — every plan is charged its engine's host terms (eager,
 #: graphed or TorchRec) unless a calibration sets them — the H200's measured gather fraction and id sort (derived on
 #: the other parts), and the fused update's workspace per id in memory; 8: a table's ``pooling_factor_p99`` priced —
-#: each rank's exchange takes the most of W ranks' ids — so a request that gives one is priced again
+#: each rank's exchange takes the most of W ranks' ids — and far host rows: a row access to a large host shard or a
+#: cache's store pays the GPU's address translation (``overheads.host_map_*``)
 COST_MODEL_VERSION = "8"
 #: what a plan's ``status`` and ``lower_bound_ms`` mean. 2: ``lower_bound_ms`` holds over the whole candidate
 #: catalogue and ``optimal`` meets it; what a search proved over its own space is ``solver.searched_*``. It is in the
