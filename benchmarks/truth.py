@@ -789,6 +789,23 @@ def report(predicted: dict[str, Any], measured: dict[str, Any], measure_key: str
     return lines, stats
 
 
+def print_report(
+    predicted: Path, measured: Path, measure_key: str, stats_json: Path | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The table and the statistics of :func:`report` for two files, printed (the statistics also written to
+    ``stats_json``); returns the two documents read."""
+    pred = json.loads(predicted.read_text(encoding="utf-8"))
+    meas = json.loads(measured.read_text(encoding="utf-8"))
+    lines, stats = report(pred, meas, measure_key)
+    print("\n".join(lines))
+    print()
+    for key, value in stats.items():
+        print(f"{key}: {value}")
+    if stats_json:
+        stats_json.write_text(json.dumps(stats, indent=1) + "\n", encoding="utf-8")
+    return pred, meas
+
+
 Row = tuple[Any, ...]  # (name, split, measured, prediction, prediction, memory error)
 
 
@@ -889,15 +906,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         doc = predict(args.calibration, args.graphed)
         args.output.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     else:
-        pred = json.loads(args.predicted.read_text(encoding="utf-8"))
-        meas = json.loads(args.measured.read_text(encoding="utf-8"))
-        lines, stats = report(pred, meas, args.measure)
-        print("\n".join(lines))
-        print()
-        for key, value in stats.items():
-            print(f"{key}: {value}")
-        if args.json:
-            args.json.write_text(json.dumps(stats, indent=1) + "\n", encoding="utf-8")
+        pred, meas = print_report(args.predicted, args.measured, args.measure, args.json)
         if args.plot:
             plot(pred, meas, args.measure, args.plot)
 

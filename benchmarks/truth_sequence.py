@@ -374,15 +374,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         doc = truth.predict(None, args.graphed, configs=chosen, spec_of=model_spec, plan_of=plan)
         args.output.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     else:
-        pred = json.loads(args.predicted.read_text(encoding="utf-8"))
-        meas = json.loads(args.measured.read_text(encoding="utf-8"))
-        lines, stats = truth.report(pred, meas, args.measure)
-        print("\n".join(lines))
-        print()
-        for key, value in stats.items():
-            print(f"{key}: {value}")
-        if args.json:
-            args.json.write_text(json.dumps(stats, indent=1) + "\n", encoding="utf-8")
+        truth.print_report(args.predicted, args.measured, args.measure, args.json)
 
 
 if __name__ == "__main__":
