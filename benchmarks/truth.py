@@ -204,36 +204,51 @@ def fleet() -> FleetSpec:
 
 
 def plan(cfg: Config) -> Plan:
-    """Every table table_wise on the one GPU, every linear layer replicated with the kernels the kernel model chooses
-    for it on the catalogue's H200 (what a plan from the planner carries, and what ``apply_plan`` then runs)."""
+    """Every table table_wise on the one GPU with the configuration's placement (:func:`one_gpu_plan`)."""
+    return one_gpu_plan(model_spec(cfg), dict.fromkeys((f"sparse.t{i}" for i in range(len(cfg.tables))),
+                                                       (Placement(cfg.placement), None)))  # fmt: skip
+
+
+def one_gpu_plan(spec: ModelSpec, placements: dict[str, tuple[Placement, float | None]]) -> Plan:
+    """``spec`` on one GPU: every table table_wise, placed as ``placements`` says (table → placement and cache
+    fraction; HBM where it says nothing), every dense layer replicated, a linear one with the kernels the kernel model
+    chooses for it on the catalogue's H200 (what a plan from the planner carries, and what ``apply_plan`` then
+    runs)."""
     from shardwise.hwprofiles import get_profile
     from shardwise.solver.kernels import kernel_choices
 
-    placement = Placement(cfg.placement)
-    layers = {layer.name: layer for layer in model_spec(cfg).dense_layers}
     targets = [(get_profile(GPU), 1)]
+    batch = spec.batch_size_per_gpu
     return Plan(
         status=PlanStatus.feasible,
         predicted_step_ms=1.0,
         ranks=[RankPlan(rank=0, host=0, gpu=GPU, hbm_capacity_bytes=1, hbm_used_bytes=0)],
         tables=[
             TablePlan(
-                name=f"sparse.t{i}",
+                name=t.name,
                 sharding_type=ShardingType.table_wise,
                 shards=[
-                    ShardPlan(rank=0, row_offset=0, num_rows=rows, col_offset=0, num_cols=cfg.dim, placement=placement)
+                    ShardPlan(
+                        rank=0,
+                        row_offset=0,
+                        num_rows=t.num_embeddings,
+                        col_offset=0,
+                        num_cols=t.embedding_dim,
+                        placement=placements.get(t.name, (Placement.hbm, None))[0],
+                        cache_fraction=placements.get(t.name, (Placement.hbm, None))[1],
+                    )
                 ],
             )
-            for i, (rows, _) in enumerate(cfg.tables)
+            for t in spec.embedding_tables
         ],
         dense=[
             DensePlan(
-                name=n,
+                name=layer.name,
                 style=DenseStyle.replicate,
                 ranks=[0],
-                kernels=kernel_choices(layers[n], DenseStyle.replicate, cfg.batch, targets),
+                kernels=kernel_choices(layer, DenseStyle.replicate, batch, targets),
             )
-            for n, _, _ in _layers(cfg)
+            for layer in spec.dense_layers
         ],
     )
 

@@ -43,20 +43,13 @@ import truth  # the protocol: measure_rig, predict, report
 
 from shardwise.wire.spec import (
     DenseLayerSpec,
-    DensePlan,
-    DenseStyle,
     Dtype,
     EmbeddingTableSpec,
     ModelSpec,
     Optimizer,
     Placement,
     Plan,
-    PlanStatus,
     Pooling,
-    RankPlan,
-    ShardingType,
-    ShardPlan,
-    TablePlan,
 )
 
 GPU = truth.GPU
@@ -189,48 +182,9 @@ def model_spec(cfg: SeqConfig) -> ModelSpec:
 
 
 def plan(cfg: SeqConfig) -> Plan:
-    """Both tables table_wise on the one GPU (the item table with the configuration's placement), every linear
-    layer replicated with the kernels the kernel model chooses for it on the catalogue's H200."""
-    from shardwise.hwprofiles import get_profile
-    from shardwise.solver.kernels import kernel_choices
-
-    spec = model_spec(cfg)
-    layers = {layer.name: layer for layer in spec.dense_layers}
-    targets = [(get_profile(GPU), 1)]
-    where = {ITEM: (Placement(cfg.placement), cfg.cache_fraction), USER: (Placement.hbm, None)}
-    return Plan(
-        status=PlanStatus.feasible,
-        predicted_step_ms=1.0,
-        ranks=[RankPlan(rank=0, host=0, gpu=GPU, hbm_capacity_bytes=1, hbm_used_bytes=0)],
-        tables=[
-            TablePlan(
-                name=t.name,
-                sharding_type=ShardingType.table_wise,
-                shards=[
-                    ShardPlan(
-                        rank=0,
-                        row_offset=0,
-                        num_rows=t.num_embeddings,
-                        col_offset=0,
-                        num_cols=t.embedding_dim,
-                        placement=where[t.name][0],
-                        cache_fraction=where[t.name][1],
-                    )
-                ],
-            )
-            for t in spec.embedding_tables
-        ],
-        dense=[
-            DensePlan(
-                name=n,
-                style=DenseStyle.replicate,
-                ranks=[0],
-                kernels=kernel_choices(layers[n], DenseStyle.replicate, cfg.batch, targets),
-            )
-            for n, *_ in _layers(cfg)
-        ]
-        + [DensePlan(name="pool", style=DenseStyle.replicate, ranks=[0])],
-    )
+    """Both tables table_wise on the one GPU, the item table with the configuration's placement, every dense layer
+    replicated (:func:`truth.one_gpu_plan`)."""
+    return truth.one_gpu_plan(model_spec(cfg), {ITEM: (Placement(cfg.placement), cfg.cache_fraction)})
 
 
 # ------------------------------------------------------------------------------------------------ measure
