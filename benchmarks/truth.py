@@ -876,15 +876,21 @@ def plot(predicted: dict[str, Any], measured: dict[str, Any], measure_key: str, 
     fig.savefig(path)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
+def measure_parser(sub: Any) -> Any:
+    """The ``measure`` command and its options, added to ``sub`` (an ``add_subparsers`` result); returned for more."""
     m = sub.add_parser("measure")
     m.add_argument("-o", "--output", type=Path, required=True)
     m.add_argument("--only", default="", help="comma-separated configuration names")
     m.add_argument("--steps", type=int, default=20)
     m.add_argument("--warmup", type=int, default=5)
     m.add_argument("--graphed", action="store_true", help="capture each step as a CUDA graph and replay it")
+    return m
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    measure_parser(sub)
     p = sub.add_parser("predict")
     p.add_argument("--calibration", type=Path)
     p.add_argument("--graphed", action="store_true", help="price graphed steps (the executor profile's)")

@@ -300,12 +300,7 @@ def graphable(cfg: SeqConfig) -> bool:
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    m = sub.add_parser("measure")
-    m.add_argument("-o", "--output", type=Path, required=True)
-    m.add_argument("--only", default="", help="comma-separated configuration names")
-    m.add_argument("--steps", type=int, default=20)
-    m.add_argument("--warmup", type=int, default=5)
-    m.add_argument("--graphed", action="store_true", help="capture each step as a CUDA graph and replay it")
+    m = truth.measure_parser(sub)
     m.add_argument("--micro", action="store_true", help="the parts measured beside the set (MICRO), not the set")
     p = sub.add_parser("predict")
     p.add_argument("--graphed", action="store_true", help="price graphed steps (the executor profile's)")
