@@ -256,7 +256,7 @@ def shard_computes(
             upd_s = device_bytes / hbm_gather + link_bytes / link + upd_map
             whole_s = device_bytes / hbm_gather + (fwd_g + link_bytes) / link + fwd_map + upd_map
         else:
-            fetch = cache_fetch_ms(table, sharding, num_rows, cache_fraction, profile, batch, world)
+            fetch = cache_fetch_ms(table, sharding, num_rows, cache_fraction, profile, batch, world, num_cols=num_cols)
             hit = cache_hit_rate(num_rows, cache_fraction, table.access_skew)
             miss = 1.0 - hit
             fill = t.ids * miss * row  # misses written into the cache
@@ -436,16 +436,20 @@ def cache_fetch_ms(
     profile: HardwareProfile,
     batch: int,
     world: int,
+    *,
+    num_cols: int | None = None,
 ) -> float:
     """Host time per step of a ``uvm_cache`` shard's synchronous fetch on shardwise's executor (module docstring,
     "Cache fetches"): ``cache_fetch_us + 2·m·cache_fetch_ns_per_row`` with ``m = touched(n, r)·(1 − h)`` the
-    distinct rows missing, each row move also paying :func:`host_map_ns` of the store; 0 until calibrated."""
+    distinct rows missing, each row move also paying :func:`host_map_ns` of the shard's store (``num_rows ×
+    num_cols``, the table's width unless given); 0 until calibrated."""
     o = profile.overheads
     if not (o.cache_fetch_us or o.cache_fetch_ns_per_row):
         return 0.0
     n = shard_traffic(table, sharding, num_rows, batch, world).ids
     missing = touched_rows(n, num_rows) * (1.0 - cache_hit_rate(num_rows, cache_fraction, table.access_skew))
-    per_row = o.cache_fetch_ns_per_row + host_map_ns(profile, num_rows * table.embedding_dim * table.dtype.nbytes)
+    store = num_rows * (num_cols or table.embedding_dim) * table.dtype.nbytes
+    per_row = o.cache_fetch_ns_per_row + host_map_ns(profile, store)
     return o.cache_fetch_us / 1e3 + 2.0 * missing * per_row * 1e-6
 
 
