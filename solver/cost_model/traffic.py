@@ -104,9 +104,7 @@ def rank_ids(table: EmbeddingTableSpec, batch: int, ranks: int) -> float:
     """Ids of ``table`` the slowest of ``ranks`` ranks looks up a step, ``batch`` samples each:
     ``B·F·μ + z_W·σ·√(B·F)`` (module docstring); ``B·F·μ`` without a tail."""
     bags = batch * table.num_features
-    ids = bags * table.pooling_factor
-    tail = tail_ids(table, bags, ranks)
-    return ids + tail if tail else ids
+    return bags * table.pooling_factor + tail_ids(table, bags, ranks)
 
 
 @dataclass(frozen=True)
@@ -125,10 +123,7 @@ def shard_traffic(table: EmbeddingTableSpec, sharding: ST, num_rows: int, batch:
     ids_global = bags_global * table.pooling_factor
     if sharding is ST.data_parallel:  # the rank's own batch: the slowest rank's (module docstring, the tail)
         bags = bags_global / world
-        ids = ids_global / world
-        tail = tail_ids(table, bags, world)
-        if tail:
-            ids += tail
+        ids = ids_global / world + tail_ids(table, bags, world)
     elif sharding.splits_rows:
         bags = bags_global
         ids = ids_global * num_rows / table.num_embeddings
