@@ -352,6 +352,13 @@ class Rig:
     graph: Any = None
     emb_graph: Any = None
 
+    @property
+    def harness_bytes(self) -> int:
+        """Bytes of the rig's own tensors that a training job does not hold: the output gradients the embedding
+        part's timing back-propagates (:meth:`embedding_part`), and every batch but the largest (a job holds the
+        batch it trains on). They stay allocated through every step, so the job's own peak is the peak less them."""
+        return harness_bytes(self.batches, self.grads)
+
     def capture(self) -> None:
         """Capture the step and the embedding part as CUDA graphs (each warmed up on batch 0 first): from now on
         :meth:`step` and :meth:`emb` replay them. The batches must share one shape (``build(..., graphed=True)``)."""
@@ -411,6 +418,37 @@ class Rig:
         pooled = self.ebc(features)
         names_ = sorted(pooled)
         torch.autograd.backward([pooled[n] for n in names_], [self.grads[n].to(pooled[n].dtype) for n in names_])
+
+
+def harness_bytes(batches: Sequence[Any], grads: Any) -> int:
+    """:attr:`Rig.harness_bytes` of a rig with these batches and output gradients."""
+    sizes = [tensor_bytes(b) for b in batches]
+    return tensor_bytes(grads) + sum(sizes) - max(sizes, default=0)
+
+
+def output_grads(cfg: Config, device: Any) -> dict[str, Any]:
+    """The output gradient of each table the embedding part's timing back-propagates (one pooled row a sample)."""
+    import torch
+
+    return {f"sparse.t{i}": torch.randn(cfg.batch, cfg.dim, device=device) for i in range(len(cfg.tables))}
+
+
+def rebuilt_harness(cfg: Config, batches: int, graphed: bool) -> int:
+    """The harness bytes of :func:`build`'s rig of ``batches`` batches, computed on the CPU (the batches are drawn
+    on the CPU from fixed seeds, the gradients' sizes are fixed): for a measurement made before rigs recorded them."""
+    import torch
+
+    data, _ = make_batches(cfg, torch.device("cpu"), batches, graphed=graphed)
+    return harness_bytes(data, output_grads(cfg, torch.device("meta")))
+
+
+def tensor_bytes(x: Any) -> int:
+    """Bytes of every tensor in ``x`` (a tensor, or tuples, lists and dicts of them)."""
+    if isinstance(x, (list, tuple)):
+        return sum(tensor_bytes(y) for y in x)
+    if isinstance(x, dict):
+        return sum(tensor_bytes(y) for y in x.values())
+    return int(x.numel() * x.element_size()) if hasattr(x, "element_size") else 0
 
 
 #: ``draw(table index, rows, count, generator) -> ids`` (int64, CPU): how a batch's ids of one table are drawn
@@ -531,7 +569,7 @@ def build(
         ebc=ShardedEmbeddingBagCollection.from_module(model),
         opt=torch.optim.Adam(dense, lr=1e-3, fused=fused, capturable=graphed),
         batches=batches_,
-        grads={f"sparse.t{i}": torch.randn(cfg.batch, cfg.dim, device=device) for i in range(len(cfg.tables))},
+        grads=output_grads(cfg, device),
         host_features=host_features,
     )
     if graphed:
@@ -602,8 +640,10 @@ def _reserve(device: Any) -> dict[str, int]:
 
 def measure_rig(rig: Rig, steps: int, warmup: int, device: Any, base: int) -> dict[str, Any]:
     """One built configuration measured: ``warmup`` steps, ``steps`` steps waited one by one, three runs of ``steps``
-    back to back (their median is the pipelined step), the embedding part, and the peak memory allocated since
-    ``base`` bytes were (reset the peak before building)."""
+    back to back (their median is the pipelined step), the embedding part, the peak memory allocated since ``base``
+    bytes were (reset the peak before building; ``peak_bytes``), and, for a rig that states its
+    :attr:`Rig.harness_bytes`, the job's own peak (``job_peak_bytes``: less them, what the model's prediction is
+    compared with)."""
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -618,15 +658,20 @@ def measure_rig(rig: Rig, steps: int, warmup: int, device: Any, base: int) -> di
     pipelined, host = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
     emb_ms = timed(rig.emb, steps, device)
     rig.check_ids()
-    return {
+    peak = torch.cuda.max_memory_allocated(device) - base if device.type == "cuda" else 0
+    out: dict[str, Any] = {
         "step_ms": statistics.median(waited),
         "pipelined_ms": pipelined,
         "host_ms": host,
         "pipelined_runs_ms": [r[0] for r in runs],
         "embedding_ms": statistics.median(emb_ms),
-        "peak_bytes": torch.cuda.max_memory_allocated(device) - base if device.type == "cuda" else 0,
+        "peak_bytes": peak,
         "base_bytes": base,  # allocated before building: what an earlier configuration left (should be ~0)
     }
+    harness = getattr(rig, "harness_bytes", None)  # another engine's rig (benchmarks/vs_fbgemm.py) may not say
+    if harness is not None:
+        out |= {"harness_bytes": harness, "job_peak_bytes": peak - harness if device.type == "cuda" else 0}
+    return out
 
 
 def profile(names: Sequence[str], steps: int, device_name: str) -> str:
@@ -778,11 +823,19 @@ def percentile(xs: Sequence[float], q: float) -> float:
     return ys[lo] + (ys[hi] - ys[lo]) * (k - lo)
 
 
-def report(predicted: dict[str, Any], measured: dict[str, Any], measure_key: str) -> tuple[list[str], dict[str, Any]]:
+def report(
+    predicted: dict[str, Any],
+    measured: dict[str, Any],
+    measure_key: str,
+    harness: Callable[[str], int] | None = None,
+) -> tuple[list[str], dict[str, Any]]:
+    """The table (one row per configuration) and the statistics per split (:func:`split_stats`, and the memory
+    errors' largest and median). Memory is the job's peak (:func:`job_peak`); ``harness(name)``: the harness bytes of
+    a measurement that did not record them (:func:`rebuilt_harness`)."""
     lines = [
         f"| configuration | split | measured step ({measure_key.removesuffix('_ms')}) | predicted, uncalibrated "
         "| predicted, calibrated | measured / calibrated | embedding part, measured | its device time, predicted "
-        "| peak HBM measured | predicted HBM | memory error |",
+        "| peak HBM measured (the job's) | predicted HBM | memory error |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     stats: dict[str, Any] = {}
@@ -791,27 +844,53 @@ def report(predicted: dict[str, Any], measured: dict[str, Any], measure_key: str
         p = predicted["configs"][name]
         meas = m[measure_key]
         un, ca = p["uncalibrated"]["step_ms"], p.get("calibrated", p["uncalibrated"])["step_ms"]
-        mem_err = m["peak_bytes"] / p["uncalibrated"]["hbm_bytes"] - 1
+        peak = job_peak(m, harness(name) if harness is not None and "job_peak_bytes" not in m else 0)
+        mem_err = peak / p["uncalibrated"]["hbm_bytes"] - 1
         rows.append((name, m["split"], meas, un, ca, mem_err))
         emb_pred = p.get("calibrated", p["uncalibrated"])["embedding_ms"]
         lines.append(
             f"| {name} | {m['split']} | {meas:.2f} ms | {un:.2f} ms | {ca:.2f} ms | {meas / ca:.2f} "
             f"| {m['embedding_ms']:.2f} ms | {emb_pred:.2f} ms "
-            f"| {m['peak_bytes'] / 2**30:.2f} GiB | {p['uncalibrated']['hbm_bytes'] / 2**30:.2f} GiB | {mem_err:+.1%} |"
+            f"| {peak / 2**30:.2f} GiB | {p['uncalibrated']['hbm_bytes'] / 2**30:.2f} GiB | {mem_err:+.1%} |"
         )
     for split, sel in split_stats(rows, ("uncalibrated", "calibrated"), stats):
         stats[f"{split}/memory_max_abs_error"] = max(abs(r[5]) for r in sel)
+        stats[f"{split}/memory_median_abs_error"] = statistics.median(abs(r[5]) for r in sel)
     return lines, stats
 
 
+def job_peak(m: dict[str, Any], harness: int = 0) -> int:
+    """A measurement's peak HBM as the model predicts it: the job's own (``job_peak_bytes``, the harness's tensors
+    excluded, :attr:`Rig.harness_bytes`), or for a measurement from before the rig recorded them (runs 1–16) its raw
+    peak less ``harness`` (0: the raw peak, harness included)."""
+    return int(m["job_peak_bytes"]) if "job_peak_bytes" in m else int(m["peak_bytes"]) - harness
+
+
 def print_report(
-    predicted: Path, measured: Path, measure_key: str, stats_json: Path | None
+    predicted: Path,
+    measured: Path,
+    measure_key: str,
+    stats_json: Path | None,
+    harness_batches: int | None = None,
+    *,
+    configs: Sequence[Any] = ALL_CONFIGS,
+    harness_of: Callable[[Any, int, bool], int] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The table and the statistics of :func:`report` for two files, printed (the statistics also written to
-    ``stats_json``); returns the two documents read."""
+    ``stats_json``); returns the two documents read. ``harness_batches``: a measurement that did not record its
+    harness had a rig of that many batches (``harness_of(cfg, batches, graphed)``, default :func:`rebuilt_harness`,
+    over ``configs``): its job's peak is computed with it."""
     pred = json.loads(predicted.read_text(encoding="utf-8"))
     meas = json.loads(measured.read_text(encoding="utf-8"))
-    lines, stats = report(pred, meas, measure_key)
+    harness: Callable[[str], int] | None = None
+    if harness_batches is not None:
+        by_name, of = {c.name: c for c in configs}, harness_of or rebuilt_harness
+        graphed = meas.get("executor") == "graphed"
+
+        def harness(name: str) -> int:
+            return of(by_name[name], harness_batches, graphed)
+
+    lines, stats = report(pred, meas, measure_key, harness)
     print("\n".join(lines))
     print()
     for key, value in stats.items():
@@ -887,6 +966,22 @@ def measure_parser(sub: Any) -> Any:
     return m
 
 
+def report_parser(sub: Any) -> Any:
+    """The ``report`` command and its options, added to ``sub``; returned for more."""
+    r = sub.add_parser("report")
+    r.add_argument("predicted", type=Path)
+    r.add_argument("measured", type=Path)
+    r.add_argument("--measure", default="pipelined_ms", choices=["pipelined_ms", "step_ms"])
+    r.add_argument("--json", type=Path, help="write the statistics here")
+    r.add_argument(
+        "--harness-batches",
+        type=int,
+        help="a measurement that did not record its harness (runs 1–16) had a rig of this many batches (runs 14 "
+        "and 12: 4): its job's peak is the raw peak less that rig's harness, rebuilt on the CPU",
+    )
+    return r
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -907,12 +1002,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     q.add_argument("--only", default="base-16k", help="comma-separated configuration names")
     q.add_argument("--steps", type=int, default=20)
     q.add_argument("--device", default="cuda")
-    r = sub.add_parser("report")
-    r.add_argument("predicted", type=Path)
-    r.add_argument("measured", type=Path)
-    r.add_argument("--measure", default="pipelined_ms", choices=["pipelined_ms", "step_ms"])
+    r = report_parser(sub)
     r.add_argument("--plot", type=Path)
-    r.add_argument("--json", type=Path, help="write the statistics here")
     args = ap.parse_args(argv)
     if args.cmd == "measure":
         doc = measure([n for n in args.only.split(",") if n], args.steps, args.warmup, args.graphed)
@@ -927,7 +1018,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         doc = predict(args.calibration, args.graphed)
         args.output.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     else:
-        pred, meas = print_report(args.predicted, args.measured, args.measure, args.json)
+        pred, meas = print_report(args.predicted, args.measured, args.measure, args.json, args.harness_batches)
         if args.plot:
             plot(pred, meas, args.measure, args.plot)
 

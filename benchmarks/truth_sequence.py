@@ -276,7 +276,6 @@ def build(cfg: SeqConfig, device: Any, *, batches: int = 4, graphed: bool = Fals
         init_fns=lambda w: nn.init.uniform_(w, -0.01, 0.01),
     )
     _, dense = split_parameters(model)
-    most = 2 * cfg.history * cfg.batch
     fresh = cfg.placement == "uvm_cache"  # repeated batches would stay cached: a stream of new ones instead
     batches = max(batches, FRESH_BATCHES) if fresh else batches
     rig = SeqRig(
@@ -284,12 +283,29 @@ def build(cfg: SeqConfig, device: Any, *, batches: int = 4, graphed: bool = Fals
         ebc=ShardedEmbeddingBagCollection.from_module(model),
         opt=torch.optim.Adam(dense, lr=1e-3, fused=device.type == "cuda", capturable=graphed),
         batches=make_batches(cfg, device, batches, graphed=graphed),
-        grads={ITEM: torch.randn(most, cfg.dim, device=device), USER: torch.randn(cfg.batch, cfg.dim, device=device)},
+        grads=output_grads(cfg, device),
         fresh=fresh,
     )
     if graphed:
         rig.capture()
     return rig
+
+
+def output_grads(cfg: SeqConfig, device: Any) -> dict[str, Any]:
+    """The output gradients the embedding part's timing back-propagates (:meth:`SeqRig.embedding_part`): the item
+    table's for the most history rows a batch may have (``2·L·B``), cut to each batch's; the user table's."""
+    import torch
+
+    most = 2 * cfg.history * cfg.batch
+    return {ITEM: torch.randn(most, cfg.dim, device=device), USER: torch.randn(cfg.batch, cfg.dim, device=device)}
+
+
+def rebuilt_harness(cfg: SeqConfig, batches: int, graphed: bool) -> int:
+    """:func:`truth.rebuilt_harness` for this set's rig."""
+    import torch
+
+    data = make_batches(cfg, torch.device("cpu"), batches, graphed=graphed)
+    return truth.harness_bytes(data, output_grads(cfg, torch.device("meta")))
 
 
 def graphable(cfg: SeqConfig) -> bool:
@@ -306,11 +322,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--graphed", action="store_true", help="price graphed steps (the executor profile's)")
     p.add_argument("--micro", action="store_true", help="the parts measured beside the set (MICRO), not the set")
     p.add_argument("-o", "--output", type=Path, required=True)
-    r = sub.add_parser("report")
-    r.add_argument("predicted", type=Path)
-    r.add_argument("measured", type=Path)
-    r.add_argument("--measure", default="pipelined_ms", choices=["pipelined_ms", "step_ms"])
-    r.add_argument("--json", type=Path, help="write the statistics here")
+    truth.report_parser(sub)
     args = ap.parse_args(argv)
     if args.cmd == "measure":
         names = [n for n in args.only.split(",") if n]
@@ -323,7 +335,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         doc = truth.predict(None, args.graphed, configs=chosen, spec_of=model_spec, plan_of=plan)
         args.output.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     else:
-        truth.print_report(args.predicted, args.measured, args.measure, args.json)
+        truth.print_report(
+            args.predicted,
+            args.measured,
+            args.measure,
+            args.json,
+            args.harness_batches,
+            configs=CONFIGS + MICRO,
+            harness_of=rebuilt_harness,
+        )
 
 
 if __name__ == "__main__":

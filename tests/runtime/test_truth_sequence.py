@@ -62,3 +62,39 @@ def test_the_catalogue_prices_every_configuration() -> None:
     assert by["seq-100m-host-fp16"]["embedding_ms"] > by["seq-100m-hbm-fp16"]["embedding_ms"]
     # and the HBM it needs is the 100 M rows only when they live there
     assert by["seq-100m-hbm-fp16"]["hbm_bytes"] > 100_000_000 * 64 * 2 > by["seq-100m-host-fp16"]["hbm_bytes"]
+
+
+def harness_of_a_shrunk_rig(rank: int, world: int) -> dict[str, Any]:
+    cfg = dataclasses.replace(ts.CONFIGS[0], batch=16, history=5, items=4000, users=300)
+    rig = ts.build(cfg, torch.device("cpu"), batches=3)
+    per_batch = []
+    for (sample_of, lengths), feats, labels in rig.batches:
+        ids, offsets = feats[ts.ITEM]
+        per_batch.append(
+            8 * (sample_of.numel() + ids.numel() + offsets.numel() + feats[ts.USER].numel())
+            + 4 * (lengths.numel() + labels.numel())
+        )
+    grads = (2 * cfg.history * cfg.batch + cfg.batch) * cfg.dim * 4
+    return {"harness": rig.harness_bytes, "grads": grads, "per_batch": per_batch}
+
+
+def test_the_harness_bytes_are_the_gradients_and_every_batch_but_one() -> None:
+    """The job's peak leaves out what only the measuring rig holds: the item gradient sized for the longest histories
+    a batch may have (2·L·B rows), the user's, and the batches a job would not hold at once."""
+    (got,) = run(harness_of_a_shrunk_rig, 1)
+    per_batch = got["per_batch"]
+    assert len(set(per_batch)) > 1  # jagged: the batches differ, and the largest is the one a job holds
+    assert got["harness"] == got["grads"] + sum(per_batch) - max(per_batch)
+
+
+def test_the_report_compares_the_jobs_peak_where_it_was_recorded() -> None:
+    """A measurement with ``job_peak_bytes`` is compared by it; one from before the harness was recorded, raw."""
+    pred = {"configs": {n: {"split": "test", "uncalibrated": {"step_ms": 2.0, "embedding_ms": 1.0,
+                                                               "hbm_bytes": 1000}} for n in ("a", "b")}}  # fmt: skip
+    base = {"split": "test", "pipelined_ms": 2.0, "embedding_ms": 1.0, "peak_bytes": 1300}
+    meas = {"configs": {"a": {**base, "harness_bytes": 250, "job_peak_bytes": 1050}, "b": base}}
+    lines, stats = ts.truth.report(pred, meas, "pipelined_ms")
+    assert lines[2].endswith("| +5.0% |")
+    assert lines[3].endswith("| +30.0% |")
+    assert stats["test/memory_max_abs_error"] == pytest.approx(0.30)
+    assert stats["test/memory_median_abs_error"] == pytest.approx(0.175)
