@@ -52,6 +52,21 @@ stretched upward by the cheap check alone; probes then bisect between the larges
 LP could fit, to :data:`PRECISION`. Configurations found at one ``T`` are kept and offered to the next probe when
 they fit. Whatever is cut off, the answer is the largest ``T`` a certificate proved (or the bound it started from).
 
+Groups of shards
+----------------
+On an eager step (the host enqueues every kernel, ``cost_model.host``) a GPU's step is at least its host's time, the
+floor plus ``per_group`` for each group of shards it looks up past the first (a group: one dtype, width, optimizer
+and placement kind, ``cost_model.shard_group_key``; a data-parallel copy is in none). So a plan of step ``T`` below
+``floor_k + per_group_k`` has every GPU of class ``k`` look up one group at most: at such a ``T`` a configuration of
+class ``k`` holds the shards of one group, beside every-rank terms, which belong to none (a fleet-wide candidate's
+items take its shards' group where they share one, else none — fewer rules, never a configuration too few). The
+knapsack then takes the best over the groups of the knapsack over that group's items, and the start plan's GPUs are
+offered only where they meet the rule. This is what sees that a column slice or a grid band of a width no other
+table has costs a GPU that also holds whole tables the host time of a second group (2.4 ms on shardwise's eager
+executor as calibrated), where the device's figures alone say it is free. A figure found with the rule bounds the
+step, not the device's time; it is used only where every class's steps are eager and some group costs time
+(:func:`step_groups`).
+
 Cost: seconds on the few-tables catalogues it is for (26 DCNv2 tables on 64 GPUs: a few hundred candidates), so it
 runs in the CP-SAT solve, on its time (:mod:`shardwise.solver.cpsat.run`), not in the greedy's answer.
 """
@@ -59,18 +74,20 @@ runs in the CP-SAT solve, on its time (:mod:`shardwise.solver.cpsat.run`), not i
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 from ortools.linear_solver import pywraplp
 
 from shardwise.solver.bounds import lower_bound_ms
+from shardwise.solver.cost_model import host_floor_ms, shard_group_key
 from shardwise.solver.cpsat.candidates import Candidate, FloatArray, IntArray
 from shardwise.solver.deadline import Deadline
 from shardwise.solver.load import Placed
 from shardwise.solver.topology import Topology
-from shardwise.wire.spec import ModelSpec
+from shardwise.wire.spec import ModelSpec, ShardingType
 
 #: knapsack capacity steps (each item rounded down to one: the check errs towards proving less)
 GRID = 2048
@@ -88,6 +105,44 @@ PRECISION = 1e-4
 SLACK = 1e-9
 
 
+@dataclass(frozen=True)
+class Groups:
+    """The host's side of an eager step, for the configurations (module docstring, "Groups of shards"): ``keys(c)``
+    the group of each of a candidate's shards (-1: none), ``below[k]`` the step under which a GPU of class ``k``
+    looks up one group at most."""
+
+    keys: Callable[[Candidate], list[int]]
+    below: FloatArray
+
+    def one_group(self, k: int, T: float) -> bool:
+        return float(self.below[k]) > T
+
+
+def step_groups(topo: Topology, model: ModelSpec) -> Groups | None:
+    """:class:`Groups` where the host's side of a step has a groups term to prove with — every class's steps
+    enqueued by the host (not graphed: there the term adds to the device's time, which this rule does not price)
+    and some class paying for a group past the first — else ``None``."""
+    profiles = [c.profile for c in topo.classes]
+    if any(p.overheads.graphed_steps for p in profiles) or not any(p.overheads.per_group_us > 0 for p in profiles):
+        return None
+    tables, layers = len(model.embedding_tables), len(model.dense_layers)
+    below = np.array(
+        [host_floor_ms(p, tables, layers, 2) if p.overheads.per_group_us > 0 else -math.inf for p in profiles]
+    )
+    ids: dict[tuple[object, ...], int] = {}
+
+    def keys(c: Candidate) -> list[int]:
+        if c.sharding is ShardingType.data_parallel:  # a copy is no shard of a group (cost_model.host)
+            return [-1] * len(c.shapes)
+        table = model.embedding_tables[c.table]
+        return [
+            ids.setdefault(shard_group_key(table, sh.num_cols, c.placement, c.sharding, topo.executor), len(ids))
+            for sh in c.shapes
+        ]
+
+    return Groups(keys, below)
+
+
 class _Items:
     """The item kinds of one set of candidates (one list per table, none empty) with ``fixed[k]`` on every GPU of
     class ``k`` (``class_sizes[k]`` GPUs; ``rank_class[r]``: rank ``r``'s class), and each class's knapsack choices
@@ -100,8 +155,11 @@ class _Items:
         class_sizes: Sequence[int],
         rank_class: IntArray,
         start: Sequence[Placed] | None = None,
+        groups: Groups | None = None,
     ) -> None:
         ncls = len(class_sizes)
+        self.groups = groups
+        keys: list[int] = []  # per kind: its group of shards (-1: none, an every-rank term or a copy)
         self.n = np.array(class_sizes, dtype=np.float64)
         self.ncls = ncls
         self.ntables = len(cands)
@@ -122,7 +180,10 @@ class _Items:
                 j = len(cand_table)
                 cand_table.append(t)
                 first = len(sizes)
+                shard_keys = groups.keys(c) if groups is not None else [-1] * len(c.shapes)
                 if c.scope == "fleet":  # the rank's own shard and term, one item per rank
+                    # one group for all of its shards, or none known (never fewer configurations than there are)
+                    key = shard_keys[0] if shard_keys and len(set(shard_keys)) == 1 else -1
                     per_rank = [-1] * len(rank_class)
                     for k in range(ncls):
                         on_k = np.flatnonzero(rank_class == k)
@@ -135,16 +196,20 @@ class _Items:
                                 choices[k].append((t, len(sizes), -1))
                                 sizes.append(np.where(np.arange(ncls) == k, v, math.inf))
                                 counts.append(float(m))
+                                keys.append(key)
                         for r, w in zip(on_k.tolist(), which.tolist(), strict=True):
                             per_rank[r] = kinds[w]
                     kind_of[id(c)] = (per_rank, [])
                 else:
-                    rows, which, times = np.unique(c.time_ms, axis=0, return_inverse=True, return_counts=True)
+                    # a kind per distinct time and group: shards of one time but two widths are two kinds
+                    keyed = np.column_stack((c.time_ms, np.asarray(shard_keys, dtype=np.float64)))
+                    rows, which, times = np.unique(keyed, axis=0, return_inverse=True, return_counts=True)
                     shard_kinds = []
                     for row, m in zip(rows, times, strict=True):
                         shard_kinds.append(len(sizes))
-                        sizes.append(np.where(np.isfinite(row), np.maximum(row, 0.0), math.inf))
+                        sizes.append(np.where(np.isfinite(row[:-1]), np.maximum(row[:-1], 0.0), math.inf))
                         counts.append(float(m))
+                        keys.append(int(row[-1]))
                     terms = []
                     for k in range(ncls):
                         term = float(c.every_rank_ms[k] - floors[t, k])
@@ -153,6 +218,7 @@ class _Items:
                             q_term = len(sizes)
                             sizes.append(np.where(np.arange(ncls) == k, term, math.inf))
                             counts.append(float(self.n[k]))
+                            keys.append(-1)
                             choices[k].append((t, q_term, -1))
                         terms.append(q_term)
                         for q in shard_kinds:
@@ -163,6 +229,7 @@ class _Items:
                     kind_of[id(c)] = ([shard_kinds[w] for w in np.ravel(which).tolist()], terms)
                 kind_cand.extend([j] * (len(sizes) - first))
         self.sizes = np.array(sizes, dtype=np.float64).reshape(-1, ncls)
+        self.keys = np.array(keys, dtype=np.int64)
         self.counts = np.array(counts, dtype=np.float64)
         self.kind_cand = np.array(kind_cand, dtype=np.int64)
         self.cand_table = np.array(cand_table, dtype=np.int64)
@@ -240,7 +307,23 @@ class _Items:
         keep = (value > 0.0) & (weight <= GRID) & usable[self.kind_cand[first]]
         if not keep.any():
             return 0.0, []
-        idx = np.nonzero(keep)[0]
+        if self.groups is None or not self.groups.one_group(k, room + float(self.base[k])):
+            return self._dp(ch, np.nonzero(keep)[0], weight, value)
+        # one group of shards on a GPU at this step (Groups): the best configuration of each group's shards, with
+        # the every-rank terms, which belong to none
+        key = self.keys[first]
+        best: tuple[float, list[int]] = (0.0, [])
+        for g in np.unique(key[keep & (key >= 0)]).tolist() or [-1]:
+            found = self._dp(ch, np.nonzero(keep & ((key == g) | (key < 0)))[0], weight, value)
+            best = max(best, found, key=lambda x: x[0])
+        return best
+
+    @staticmethod
+    def _dp(ch: IntArray, idx: IntArray, weight: FloatArray, value: FloatArray) -> tuple[float, list[int]]:
+        """The knapsack of :meth:`knapsack` over the choices ``idx`` of ``ch`` (each with its rounded ``weight`` and
+        ``value``): the most value, and the kinds of one configuration reaching it."""
+        if len(idx) == 0:
+            return 0.0, []
         tables, weights, values = ch[idx, 0], weight[idx].astype(np.int64), value[idx]
         order = np.lexsort((-values, weights, tables))
         idx, tables, weights, values = idx[order], tables[order], weights[order], values[order]
@@ -283,6 +366,12 @@ class _Items:
         knapsack steps fit (every configuration is one; the LP is over these)."""
         size = self.sizes[list(kinds), k]
         return bool(np.all(np.isfinite(size)) and np.floor(size * self.scale(room)).sum() <= GRID)
+
+    def grouped_fit(self, k: int, kinds: Sequence[int], T: float) -> bool:
+        """Whether ``kinds`` meets the groups rule on class ``k`` at step ``T`` (one group there, or no rule)."""
+        if self.groups is None or not self.groups.one_group(k, T):
+            return True
+        return len({int(g) for g in self.keys[list(kinds)] if g >= 0}) <= 1
 
     def proves(self, T: float, pi: FloatArray) -> bool:
         """Whether ``pi`` proves that no plan has step ``T`` (the module docstring's certificate)."""
@@ -345,7 +434,8 @@ class _Search:
             for k in np.flatnonzero(fits[q]).tolist():
                 add(k, [q])
         for k, kept in self.pool:
-            if len(kept) > 1 and all(q in cover for q in kept) and it.rounded_fit(k, kept, float(room[k])):
+            fits = it.rounded_fit(k, kept, float(room[k])) and it.grouped_fit(k, kept, T)
+            if len(kept) > 1 and all(q in cover for q in kept) and fits:
                 add(k, kept)
 
         center: FloatArray | None = None
@@ -437,13 +527,15 @@ def raise_by_configurations(
     start: float,
     deadline: Deadline,
     plan: Sequence[Placed] | None = None,
+    groups: Groups | None = None,
 ) -> float:
     """``start`` (a bound over ``cands``, every list non-empty, with ``fixed[k]`` on every GPU of class ``k``)
     raised by the configuration bound, as far as ``deadline`` allows; ``plan`` (a plan over them, one per table):
-    its GPUs are the first configurations offered (they cut the rounds)."""
+    its GPUs are the first configurations offered (they cut the rounds). ``groups``: the groups rule (the figure is
+    then a bound on the step, no longer on the device's time alone)."""
     if not start * FIRST_STEP > 0.0 or math.isinf(start) or deadline.expired():
         return start  # (a subnormal start: its steps would underflow to nothing)
-    return _Search(_Items(cands, fixed, class_sizes, rank_class, plan), deadline).raise_bound(start)
+    return _Search(_Items(cands, fixed, class_sizes, rank_class, plan, groups), deadline).raise_bound(start)
 
 
 def configuration_bound_ms(
@@ -452,13 +544,15 @@ def configuration_bound_ms(
     cands: Sequence[Sequence[Candidate]],
     deadline: Deadline,
     plan: Sequence[Placed] | None = None,
+    groups: Groups | None = None,
 ) -> float:
     """:func:`shardwise.solver.bounds.lower_bound_ms` with each set of collective groups' figure raised by the
     configuration bound (until ``deadline``; cut off, a set keeps what was proved by then); ``plan``: a plan over
-    ``cands`` whose GPUs seed the search."""
+    ``cands`` whose GPUs seed the search. With ``groups`` (:func:`step_groups`) the figure bounds the step, the
+    host's side included, not the device's time: no CP-SAT model may take it for its device makespan."""
     sizes = [len(c.ranks) for c in topo.classes]
 
     def then(figure: float, allowed: list[list[Candidate]], fixed: list[float]) -> float:
-        return raise_by_configurations(allowed, fixed, sizes, topo.rank_class, figure, deadline, plan)
+        return raise_by_configurations(allowed, fixed, sizes, topo.rank_class, figure, deadline, plan, groups)
 
     return lower_bound_ms(topo, model, cands, then=then)

@@ -73,12 +73,18 @@ def small_cases(draw: st.DrawFn) -> tuple[list[list[Candidate]], list[float], li
 
 
 def optimum(
-    cands: list[list[Candidate]], fixed: list[float], rank_class: npt.NDArray[np.int64], distinct: bool = False
+    cands: list[list[Candidate]],
+    fixed: list[float],
+    rank_class: npt.NDArray[np.int64],
+    distinct: bool = False,
+    host: tuple[dict[int, list[int]], list[float], list[float]] | None = None,
 ) -> float:
     """The least step time over every choice of candidate per table and every rank for every shard where it may land
     (a fleet-wide candidate's shard ``r`` stays on rank ``r``). ``distinct``: no two shards of one candidate on one
     rank, as in every valid plan; without it two may share a rank (a relaxation of a valid plan, so a bound below
-    that figure is below every valid plan)."""
+    that figure is below every valid plan). ``host = (keys, floor, per_group)``: an eager step's host side as well —
+    ``keys[id(c)]`` the group of each shard of candidate ``c`` (-1: none), and a rank of class ``k`` whose shards are
+    of ``G`` groups takes at least ``floor[k] + per_group[k]·(G − 1)``."""
     best = math.inf
     ranks = range(len(rank_class))
     for choice in itertools.product(*cands):
@@ -97,5 +103,17 @@ def optimum(
             load = list(base)
             for (_, c, s), r in zip(shards, where, strict=True):
                 load[r] += c.time_ms[s, rank_class[r]]
+            if host is not None:
+                keys, floor, per_group = host
+                held: list[set[int]] = [set() for _ in ranks]
+                for (_, c, s), r in zip(shards, where, strict=True):
+                    held[r].add(keys[id(c)][s])
+                for c in choice:
+                    if c.scope == "fleet":
+                        for r in ranks:
+                            held[r].add(keys[id(c)][r])
+                for r in ranks:
+                    k, groups = rank_class[r], len(held[r] - {-1})
+                    load[r] = max(load[r], floor[k] + per_group[k] * max(0, groups - 1))
             best = min(best, max(load))
     return best

@@ -71,7 +71,7 @@ from collections.abc import Callable, Sequence
 from ortools.sat.python import cp_model
 
 from shardwise.solver.build import build_plan, device_ms, floor_lift, placed_to_table
-from shardwise.solver.configurations import configuration_bound_ms
+from shardwise.solver.configurations import configuration_bound_ms, step_groups
 from shardwise.solver.cpsat.candidates import Candidate, spread_out
 from shardwise.solver.cpsat.formulation import RANK_BINS_MAX, Assignment, Formulation, Mode
 from shardwise.solver.cpsat.lns import lns_fleet
@@ -348,18 +348,21 @@ def plan_cpsat(
     # the bound over the whole catalogue: the greedy's, raised by the configuration bound where few tables sit on
     # many GPUs (there the shards are lumps the greedy's facts cannot see)
     catalogue_ms = g.device_bound_ms
-    configured: float | None = None  # the configuration bound, where it raised the greedy's
+    configured: float | None = None  # the configuration bound, where it raised the greedy's and bounds the device (T)
     if (
         catalogue_ms is not None
         and spread_out(topo, n)
         and sum(len(cs) for cs in all_cands) <= CONFIGURATION_MAX_CANDIDATES
     ):
+        groups = step_groups(topo, model)
         raised = configuration_bound_ms(
-            topo, model, all_cands, work if det else work.within(CONFIGURATION_SHARE * budget_s), placed
+            topo, model, all_cands, work if det else work.within(CONFIGURATION_SHARE * budget_s), placed, groups
         )
         log.info("configuration bound %.4f ms (greedy's bound %.4f ms)", raised, catalogue_ms)
         if raised > catalogue_ms:
-            catalogue_ms = configured = raised
+            catalogue_ms = raised
+            # with the groups rule the figure bounds the step, not the model's device makespan T
+            configured = raised if groups is None else None
             if on_progress:
                 on_progress(start_ms, lift(catalogue_ms))
     if catalogue_ms is not None and meets_bound(start_ms, lift(catalogue_ms)):

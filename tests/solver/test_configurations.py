@@ -10,11 +10,12 @@ import numpy.typing as npt
 import pytest
 from bound_support import optimum, priced, small_cases
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from benchmarks.instances import get
 from shardwise.solver.bounds import _least_step_refined, lower_bound_ms
 from shardwise.solver.build import floor_lift
-from shardwise.solver.configurations import _Items, configuration_bound_ms, raise_by_configurations
+from shardwise.solver.configurations import Groups, _Items, configuration_bound_ms, raise_by_configurations
 from shardwise.solver.cpsat.candidates import Candidate
 from shardwise.solver.cpsat.run import plan_cpsat
 from shardwise.solver.deadline import Deadline
@@ -34,6 +35,51 @@ def test_the_configuration_bound_never_exceeds_a_valid_plan(case: Case) -> None:
     raised = raise_by_configurations(cands, fixed, sizes, rank_class, start, Deadline.never())
     assert raised >= start
     assert raised <= optimum(cands, fixed, rank_class, distinct=True) * (1 + 1e-9) + 1e-12
+
+
+@st.composite
+def grouped_cases(draw: st.DrawFn) -> tuple[Case, dict[int, list[int]], list[float], list[float]]:
+    """A small case whose shards each belong to one of two groups (or none), with each class's host floor and cost
+    of a group past the first."""
+    case = draw(small_cases())
+    cands, _, sizes, _ = case
+    keys = {id(c): [draw(st.integers(-1, 1)) for _ in range(len(c.time_ms))] for cs in cands for c in cs}
+    floor = [draw(st.floats(0.0, 8.0)) for _ in sizes]
+    per_group = [draw(st.sampled_from([0.0, 0.5, 3.0])) for _ in sizes]
+    return case, keys, floor, per_group
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(grouped_cases())
+def test_the_groups_rule_never_exceeds_a_valid_plans_step(grouped: tuple[Case, dict[int, list[int]], list[float],
+                                                                       list[float]]) -> None:  # fmt: skip
+    # a GPU looking up shards of two groups pays a group more on its host's side: at a step under floor + per_group
+    # a configuration holds one group's shards; the figure proved so never exceeds the best plan's step, host side
+    # included (a fleet-wide candidate whose shards are of several groups is taken as of none)
+    (cands, fixed, sizes, rank_class), keys, floor, per_group = grouped
+    below = np.array([f + g if g > 0 else -np.inf for f, g in zip(floor, per_group, strict=True)])
+    groups = Groups(lambda c: keys[id(c)], below)
+    start = _least_step_refined(cands, fixed, sizes, rank_class)
+    raised = raise_by_configurations(cands, fixed, sizes, rank_class, start, Deadline.never(), groups=groups)
+    best = optimum(cands, fixed, rank_class, distinct=True, host=(keys, floor, per_group))
+    assert raised <= best * (1 + 1e-9) + 1e-12
+
+
+def test_a_band_of_its_own_width_costs_the_gpu_that_shares_it_a_group() -> None:
+    # 2 GPUs, three whole tables of 1 ms (group 0), or the third cut in two 0.5-ms bands (group 1). On the device
+    # alone the bands make 1.5 on each GPU the best; but a GPU with a whole table and a band looks up two groups and
+    # its host takes 1.0 + 2.0 = 3.0: under that, the best is 2.0 (two whole tables on one GPU, one on the other)
+    whole = [[priced(t, [(1.0,)], every=(0.0,), sizes=(2,))] for t in range(2)]
+    third = [priced(2, [(1.0,)], every=(0.0,), sizes=(2,)), priced(2, [(0.5,), (0.5,)], every=(0.0,), sizes=(2,))]
+    cands = [*whole, third]
+    keys = {id(c): [0] * len(c.time_ms) for cs in whole for c in cs} | {id(third[0]): [0], id(third[1]): [1, 1]}
+    rank_class = np.array([0, 0])
+    device = raise_by_configurations(cands, [0.0], [2], rank_class, 1.0, Deadline.never())
+    assert device == pytest.approx(1.5, rel=1e-3)
+    groups = Groups(lambda c: keys[id(c)], np.array([3.0]))
+    stepped = raise_by_configurations(cands, [0.0], [2], rank_class, 1.0, Deadline.never(), groups=groups)
+    assert stepped == pytest.approx(2.0, rel=1e-3)
+    assert stepped <= optimum(cands, [0.0], rank_class, distinct=True, host=(keys, [1.0], [2.0]))
 
 
 def test_three_lumps_of_two_sizes_on_two_gpus() -> None:
