@@ -53,7 +53,7 @@ CASES: tuple[tuple[str, str, float, str], ...] = (
     ("mlperf-dcnv2-b8k-g128-h100", "cpsat", 20.0, "manygpu"),
     ("mlperf-dcnv2-g1024-mixed", "cpsat", 20.0, "manygpu"),
     ("mlperf-dcnv2-g1024-h100", "greedy", 3.0, "manygpu"),
-    # the configuration bound's quarter of a short budget ends mid-search (column generation checks the deadline)
+    # the configuration bound's half of a short budget ends mid-search (column generation checks the deadline)
     ("mlperf-dcnv2-g64-mixed", "cpsat", 6.0, "manygpu"),
 )
 GREEDY_ALONE = ("t2000-g512-mixed", "greedy", 600.0, "large")  # a limit that does not cut it off
