@@ -434,8 +434,8 @@ class _Search:
             for k in np.flatnonzero(fits[q]).tolist():
                 add(k, [q])
         for k, kept in self.pool:
-            fits = it.rounded_fit(k, kept, float(room[k])) and it.grouped_fit(k, kept, T)
-            if len(kept) > 1 and all(q in cover for q in kept) and fits:
+            ok = it.rounded_fit(k, kept, float(room[k])) and it.grouped_fit(k, kept, T)
+            if len(kept) > 1 and all(q in cover for q in kept) and ok:
                 add(k, kept)
 
         center: FloatArray | None = None

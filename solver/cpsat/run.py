@@ -19,9 +19,9 @@ Order of work:
 
 1. the start: the greedy plan (:mod:`shardwise.solver.greedy`, also the benchmark baseline) or, when it is faster,
    target packing's (:mod:`shardwise.solver.target`, at most :data:`TARGET_SHARE` of ``B``) — CP-SAT's hint,
-   incumbent and fallback; then, few tables on many GPUs
-   (:func:`~shardwise.solver.cpsat.candidates.spread_out`, a catalogue of at most
-   :data:`CONFIGURATION_MAX_CANDIDATES`), the configuration bound (:mod:`shardwise.solver.configurations`, at most
+   incumbent and fallback; then, on more than one host with a catalogue of at most
+   :data:`CONFIGURATION_MAX_CANDIDATES` (few shards a GPU: 26 DCNv2 tables on 16 GPUs as on 1,024), the configuration
+   bound (:mod:`shardwise.solver.configurations`, at most
    :data:`CONFIGURATION_SHARE` of ``B``, the start's GPUs its first configurations), which raises the bound over the
    whole catalogue where a few lumps decide the step and which level one gets as its cut ``T ≥ LB``;
 2. the candidate space the model searches (:func:`model_candidates`): every table keeps its whole-table options
@@ -345,13 +345,13 @@ def plan_cpsat(
             start_phase = "target packing"
             if on_progress:
                 on_progress(start_ms, greedy.lower_bound_ms or 0.0)
-    # the bound over the whole catalogue: the greedy's, raised by the configuration bound where few tables sit on
-    # many GPUs (there the shards are lumps the greedy's facts cannot see)
+    # the bound over the whole catalogue: the greedy's, raised by the configuration bound where a small catalogue
+    # meets several hosts (few shards a GPU: lumps the greedy's facts cannot see)
     catalogue_ms = g.device_bound_ms
     configured: float | None = None  # the configuration bound, where it raised the greedy's and bounds the device (T)
     if (
         catalogue_ms is not None
-        and spread_out(topo, n)
+        and topo.num_hosts > 1
         and sum(len(cs) for cs in all_cands) <= CONFIGURATION_MAX_CANDIDATES
     ):
         groups = step_groups(topo, model)

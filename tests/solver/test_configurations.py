@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -28,7 +29,7 @@ from shardwise.solver.deadline import Deadline
 from shardwise.solver.greedy import enumerate_all
 from shardwise.solver.planner import make_plan
 from shardwise.solver.topology import Topology
-from shardwise.wire.spec import SolveParams
+from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams
 
 Case = tuple[list[list[Candidate]], list[float], list[int], npt.NDArray[np.int64]]
 
@@ -197,3 +198,21 @@ def test_dcnv2_at_8192_per_gpu_on_64_h100_is_proved_within_a_hair_of_its_plan() 
     assert stepped > 1.05 * device
     assert stepped <= plan.predicted_step_ms
     assert stepped >= 0.995 * plan.predicted_step_ms
+
+
+@pytest.mark.slow  # a CP-SAT solve with a deterministic-time limit: several seconds on the 2-core machine
+def test_a_small_catalogue_on_two_hosts_gets_the_configuration_bound() -> None:
+    # DCNv2's 26 tables on the example's 16 B200 + MI350X GPUs (two hosts), graphed steps: not few tables on many
+    # GPUs (1.6 a GPU), but a catalogue of some 500 candidates, which the configuration bound handles in about a
+    # second; the plan's bound rises above the facts' figure, and never above the plan
+    root = Path(__file__).resolve().parents[2] / "examples"
+    model = ModelSpec.model_validate_json((root / "dlrm_dcnv2.json").read_text(encoding="utf-8"))
+    fleet = FleetSpec.model_validate_json((root / "fleet_mixed_b200_mi350x.json").read_text(encoding="utf-8"))
+    topo = Topology(fleet, {}, graphed=True)
+    facts = floor_lift(topo, model)(lower_bound_ms(topo, model, enumerate_all(topo, model)))
+    params = SolveParams(solver="cpsat", time_limit_s=60, max_deterministic_time=1.0, num_workers=1, graphed_steps=True)
+    plan = plan_cpsat(topo, model, params)
+    assert plan.lower_bound_ms is not None
+    assert plan.predicted_step_ms is not None
+    assert plan.lower_bound_ms > 1.02 * facts
+    assert plan.lower_bound_ms <= plan.predicted_step_ms
