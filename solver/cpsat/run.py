@@ -108,7 +108,7 @@ FINISH_FACTOR = 2.5  # or this many times what pricing the greedy plan took, if 
 LEVEL1_SHARE = 0.7  # of the budget left once level one is built, for it in host mode (level two and the LNS: the rest)
 CATALOGUE_MAX_BOOLEANS = 200_000  # few tables on many GPUs: level one gets every candidate up to this size
 TARGET_SHARE = 0.1  # of the run's budget, at most, for target packing (shardwise.solver.target)
-CONFIGURATION_SHARE = 0.5  # of the run's budget, at most, for the configuration bound (few tables on many GPUs)
+CONFIGURATION_SHARE = 0.5  # of the run's budget, at most, for the configuration bound (small catalogues, several hosts)
 CONFIGURATION_MAX_CANDIDATES = 2_000  # catalogues it is tried on (beyond, its column generation converges too slowly)
 
 #: CP-SAT's status → the name the plan reports in ``solver.status``
