@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -41,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 import torch
 
+from shardwise.runtime.embedding import one_group
 from shardwise.runtime.embedding.update import segments
 from shardwise.runtime.kernels import fused_update as fk
 
@@ -69,8 +71,10 @@ CASES = (
     Case("pool-200-bf16-16k", 16384, 128, HIGH_POOL, "bf16", "uniform"),
     Case("dim-512-8k", 8192, 512, ((500_000, 10.0),) * 4, "fp32", "uniform"),
 )
-#: (elements, ids, warps, LONG_SEGMENT) of the grouped kernels; the first is the update's default
-VARIANTS = ((512, 4, 2, 64), (1024, 4, 4, 64), (512, 4, 2, 16), (512, 8, 2, 64))
+#: (elements, ids, warps, LONG_SEGMENT, SPLIT_SEGMENT) of the grouped kernels; the first is the update's default, the
+#: second the same with no segment split (each hot row summed by one program, the kernel before the split)
+NO_SPLIT = 1 << 62
+VARIANTS = ((512, 4, 2, 64, 1024), (512, 4, 2, 64, NO_SPLIT), (1024, 4, 4, 64, 1024), (512, 8, 2, 64, 1024))
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -130,9 +134,11 @@ def copy_bandwidth(device: torch.device) -> float:
     return 2 * x.numel() / (ms / 1e3)
 
 
-def with_constants(values: tuple[int, int, int, int], fn: Callable[[], Any]) -> Callable[[], Any]:
+def with_constants(values: tuple[int, int, int, int, int], fn: Callable[[], Any]) -> Callable[[], Any]:
     """``fn`` run with the grouped kernels' constants set to ``values`` (the update's and the forward's alike)."""
-    names = ("UPDATE_ELEMENTS", "GROUP_IDS", "UPDATE_WARPS", "LONG_SEGMENT", "POOL_ELEMENTS", "POOL_WARPS")
+    names = (
+        "UPDATE_ELEMENTS", "GROUP_IDS", "UPDATE_WARPS", "LONG_SEGMENT", "SPLIT_SEGMENT", "POOL_ELEMENTS", "POOL_WARPS"
+    )  # fmt: skip
     values = (*values, values[0], values[2])  # type: ignore[assignment]
 
     def run() -> Any:
@@ -201,6 +207,7 @@ def measure_case(case: Case, device: torch.device, reps: int, bandwidth: float) 
         "segments_int64_ms": timed(lambda: segments(ids, bags), reps, device),
         "segments_int32_ms": timed(lambda: segments(ids, bags, narrow=True), reps, device),
         "update_per_segment_ms": timed(update(per_segment=True), reps, device),
+        **prepare_ids(case, ids, offsets, reps, device),
         "forward_per_bag_ms": timed(forward(per_bag=True), reps, device),
         "variants": [],
     }
@@ -211,11 +218,45 @@ def measure_case(case: Case, device: torch.device, reps: int, bandwidth: float) 
                 "group_ids": v[1],
                 "warps": v[2],
                 "long_segment": v[3],
+                "split_segment": v[4] if v[4] != NO_SPLIT else None,
                 "update_ms": timed(with_constants(v, update()), reps, device),
                 "forward_ms": timed(with_constants(v, forward()), reps, device),
             }
         )
     return out
+
+
+def prepare_ids(
+    case: Case, ids: torch.Tensor, offsets: torch.Tensor, reps: int, device: torch.device
+) -> dict[str, float | bool]:
+    """The lookup's id preparation of the case's call (``one_group.group_ids``: each bag's offset, each id's group row,
+    range check and bag), by its two Triton kernels and by the torch ops they replaced, on the same call: the
+    tables' own ids and bag starts, as a lookup receives them."""
+    rows = torch.tensor([r for r, _ in case.tables], dtype=torch.int64)
+    per = torch.tensor([max(1, round(p)) * case.batch for _, p in case.tables], dtype=torch.int64)
+    lo = (torch.cumsum(rows, 0) - rows).to(device)
+    id_firsts = (torch.cumsum(per, 0) - per).to(device)
+    bag_firsts = (torch.arange(len(case.tables), dtype=torch.int64) * case.batch).to(device)
+    table_of = torch.repeat_interleave(torch.arange(len(case.tables), device=device), per.to(device))
+    raw = ids - lo.index_select(0, table_of)
+    local = offsets - id_firsts.repeat_interleave(case.batch)
+    call = (raw, local, id_firsts, bag_firsts, lo, lo + rows.to(device) - 1)
+    kernels = one_group._kernels()
+    assert kernels is not None
+
+    def by_torch() -> Any:
+        os.environ["SHARDWISE_FUSED_BACKEND"] = "torch"
+        try:
+            return one_group.group_ids(*call)
+        finally:
+            os.environ.pop("SHARDWISE_FUSED_BACKEND")
+
+    same = all(torch.equal(a, b) for a, b in zip(kernels.group_ids(*call), by_torch(), strict=True))
+    return {
+        "prepare_kernels_ms": timed(lambda: kernels.group_ids(*call), reps, device),
+        "prepare_torch_ms": timed(by_torch, reps, device),
+        "prepare_same": same,
+    }
 
 
 def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -227,18 +268,27 @@ def table(doc: dict[str, Any]) -> list[str]:
         f"{doc['machine']}; median of {doc['reps']} launches, ms; floor = the bytes at the measured copy bandwidth "
         f"({doc['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s)",
         "",
-        "| case | ids | distinct | longest | segments i64 / i32 | update: per segment | grouped (default) | best "
-        "variant | floor | forward: per bag | grouped | floor | grouped vs per-segment (rel.) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| case | ids | distinct | longest | id preparation: torch / kernels | segments i64 / i32 | update: per "
+        "segment | grouped (default) | no split | best variant | floor | forward: per bag | grouped | floor | grouped "
+        "vs per-segment (rel.) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in doc["cases"]:
         d = r["variants"][0]
+        unsplit = next((v for v in r["variants"] if v.get("split_segment", 0) is None), None)
         best = min(r["variants"], key=lambda v: v["update_ms"])
         label = f"{best['group_elements']}/{best['group_ids']}/w{best['warps']}/L{best['long_segment']}"
+        label += f"/S{best['split_segment']}" if best.get("split_segment") else ""
+        prep = (
+            f"{r['prepare_torch_ms']:.3f} / {r['prepare_kernels_ms']:.3f}" + ("" if r["prepare_same"] else " (differ!)")
+            if "prepare_torch_ms" in r
+            else "—"
+        )
         lines.append(
-            f"| {r['case']} | {r['ids']:,} | {r['distinct_rows']:,} | {r['longest_segment']:,} | "
+            f"| {r['case']} | {r['ids']:,} | {r['distinct_rows']:,} | {r['longest_segment']:,} | {prep} | "
             f"{r['segments_int64_ms']:.3f} / {r['segments_int32_ms']:.3f} | {r['update_per_segment_ms']:.3f} | "
-            f"{d['update_ms']:.3f} | {label} {best['update_ms']:.3f} | {r['update_floor_ms']:.3f} | "
+            f"{d['update_ms']:.3f} | {unsplit['update_ms'] if unsplit else float('nan'):.3f} | "
+            f"{label} {best['update_ms']:.3f} | {r['update_floor_ms']:.3f} | "
             f"{r['forward_per_bag_ms']:.3f} | {d['forward_ms']:.3f} | {r['forward_floor_ms']:.3f} | "
             f"{r['grouped_vs_per_segment_max_rel']:.1e} / {r['forward_max_rel']:.1e} |"
         )

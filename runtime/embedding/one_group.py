@@ -2,16 +2,20 @@
 (:class:`OneGroup` per group, :func:`group_layouts`) is looked up with one call per group (:func:`one_group_lookup`)
 instead of the exchange's general path (:mod:`shardwise.runtime.embedding.exchange`).
 
-It costs one offset add per table, one range check and one ``bucketize`` for all of a group's tables, one lookup —
-a fixed number of kernels per group whatever the number of tables, where the general path launches about ten per
-table (a plan with ``host`` or ``uvm_cache`` tables beside ``hbm`` ones has two or three groups on one GPU).
+It costs the ids' concatenation, two launches that give every bag its offset and every id its group row, range
+check and bag (:func:`group_ids`), one lookup — a fixed number of kernels per group whatever the number of tables,
+where the general path launches about ten per table (a plan with ``host`` or ``uvm_cache`` tables beside ``hbm`` ones
+has two or three groups on one GPU).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final
 
 import torch
@@ -25,7 +29,7 @@ from shardwise.runtime.embedding.padding import PaddedIds, padded_input
 if TYPE_CHECKING:
     from shardwise.runtime.embedding.bag import ShardedEmbeddingBag
 
-__all__ = ["OneGroup", "group_layouts", "one_group_lookup"]
+__all__ = ["OneGroup", "group_ids", "group_layouts", "one_group_lookup"]
 
 
 @dataclass
@@ -74,6 +78,51 @@ class OneGroup:
 _SHAPES_KEPT: Final = 64
 
 
+@functools.cache
+def _kernels() -> ModuleType | None:
+    """The id preparation's Triton kernels, or None when Triton does not import."""
+    try:
+        from shardwise.runtime.kernels import group_ids as kernels
+    except ImportError:
+        return None
+    return kernels
+
+
+def group_ids(
+    raw: Tensor, local: Tensor, id_firsts: Tensor, bag_firsts: Tensor, lo: Tensor, hi: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """A group's call made ready for its lookup: ``(offsets, rows, flags, bags)``.
+
+    ``raw`` (n,) the tables' ids concatenated (each its table's own row numbers), ``local`` (B,) int64 the bags' starts
+    within their tables, ``id_firsts`` / ``bag_firsts`` (T,) int64 each table's first id and first bag in the call,
+    ``lo`` / ``hi`` (T,) int64 each table's first and last row in the group. ``offsets`` (B,): each bag's first
+    position in the call; ``rows`` (n,): each id's group row, clamped into its table; ``flags`` (n,) bool: where the
+    clamp moved an id (a bad id); ``bags`` (n,): each id's bag.
+
+    Two Triton launches (:mod:`shardwise.runtime.kernels.group_ids`) on a GPU, or on CPU tensors under Triton's
+    interpreter; else torch ops (about fifteen launches over the ids and bags), which also run where
+    ``SHARDWISE_FUSED_BACKEND=torch`` asks for the reference path. Both give the same values.
+    """
+    kernels = _kernels()
+    if (
+        kernels is not None
+        and os.environ.get("SHARDWISE_FUSED_BACKEND", "auto") != "torch"
+        and (raw.is_cuda or kernels.interpreting())
+    ):
+        found: tuple[Tensor, Tensor, Tensor, Tensor] = kernels.group_ids(raw, local, id_firsts, bag_firsts, lo, hi)
+        return found
+    device = raw.device
+    bag_table = torch.bucketize(torch.arange(local.numel(), device=device), bag_firsts, right=True) - 1
+    offsets = local + id_firsts.index_select(0, bag_table)  # bag_firsts[0] = id_firsts[0] = 0: no table is -1
+    positions = torch.arange(raw.numel(), device=device)
+    table_of = torch.bucketize(positions, id_firsts, right=True) - 1
+    lo_of = lo.index_select(0, table_of)
+    shifted = raw.to(torch.int64) + lo_of
+    rows = torch.clamp(shifted, lo_of, hi.index_select(0, table_of))
+    bags = torch.bucketize(positions, offsets, right=True) - 1
+    return offsets, rows, rows != shifted, bags
+
+
 def group_layouts(tables: Sequence[ShardedEmbeddingBag]) -> list[OneGroup] | None:
     """One :class:`OneGroup` per group when every table of ``tables`` is one whole shard of a group at world size one
     (the groups in the order of their first table by name), else None."""
@@ -99,11 +148,12 @@ def one_group_lookup(
     """Every table of ``layout`` looked up with one ``embedding_bag`` over the group, its update in backward.
 
     ``tables``: the layout's tables by name (their pending id checks are this call's to run and to set).
-    The per-table work is one offset add; ids are range-checked for all tables at once (clamped into their table,
-    counted per table, checked as :mod:`shardwise.runtime.embedding.id_checks` says), bags found by one
-    ``bucketize``. ``prefetch``: bring the rows into a cached group's cache instead, and return ``{}``. A table
-    handed its padded buffer (:mod:`shardwise.runtime.embedding.padding`) gets a bag for the padding, dropped from
-    its output, and the update and the bad-id counts leave the padding out.
+    The tables' ids and bag starts are concatenated; every bag's offset, every id's group row and bag, and the range
+    check of every table at once (ids clamped into their table, counted per table, checked as
+    :mod:`shardwise.runtime.embedding.id_checks` says) are :func:`group_ids`'s. ``prefetch``: bring the rows into a
+    cached group's cache instead, and return ``{}``. A table handed its padded buffer
+    (:mod:`shardwise.runtime.embedding.padding`) gets a bag for the padding, dropped from its output, and the update
+    and the bad-id counts leave the padding out.
     """
     check_pending_ids(list(tables.values()))
     device = layout.group.device
@@ -158,14 +208,8 @@ def one_group_lookup(
     # table cost host time a table: docs/truth.md, "The executor changed on the way")
     starts_dev = layout.starts_on_device(counts, bag_counts, device)
     id_firsts, bag_firsts_dev = starts_dev[: len(counts)], starts_dev[len(counts) :]
-    bag_table = torch.bucketize(torch.arange(sum(bag_counts), device=device), bag_firsts_dev, right=True) - 1
-    offsets_g = cat(offset_parts) + id_firsts.index_select(0, bag_table)
-    positions = torch.arange(n, device=device)
-    table_of = torch.bucketize(positions, id_firsts, right=True) - 1
-    lo = layout.lo.index_select(0, table_of)
-    shifted = raw + lo
-    ids_g = torch.clamp(shifted, lo, layout.hi.index_select(0, table_of))
-    flags = ids_g != shifted
+    local = cat(offset_parts)
+    offsets_g, ids_g, flags, bag_ids = group_ids(raw, local, id_firsts, bag_firsts_dev, layout.lo, layout.hi)
     valid: Tensor | None = None
     if any(p is not None for p in pads):  # the real ids: every id of an unpadded table, the first count of a padded one
         valid = cat([p.valid() if p is not None else flags.new_ones(c) for p, c in zip(pads, counts, strict=True)])
@@ -186,7 +230,6 @@ def one_group_lookup(
     if prefetch:
         group_prefetch(layout.group, ids_g)
         return {}
-    bag_ids = torch.bucketize(positions, offsets_g, right=True) - 1
     rows = group_lookup(layout.group, layout.names, ids_g, offsets_g, bag_ids, valid)
     out: dict[str, Tensor] = {}
     for k, (name, block) in enumerate(zip(layout.names, torch.split(rows, bag_counts), strict=True)):

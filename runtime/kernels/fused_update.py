@@ -29,17 +29,24 @@ repeat — cost more than the work (``docs/benchmarks.md``, "The embedding kerne
    bags and then their ``grad_out`` rows gathered as one ``SEGS × GROUP_IDS × BLOCK_C`` tile and summed over the ids
    into an fp32 ``SEGS × BLOCK_C`` block, until the block's longest such segment is done; their weight rows are read
    before the loop, and the optimizer updates the ``SEGS`` rows as one tile;
-2. each longer segment (a hot row) is appended to a list (an ``atomic_add`` on a second counter gives its slot).
+2. each longer segment (a hot row) is appended to a list (an ``atomic_add`` on a second counter gives its slot) —
+   or, past :data:`SPLIT_SEGMENT` ids, split: one entry per chunk of :data:`SPLIT_CHUNK` ids appended to a third
+   list (one ``atomic_add`` reserves the segment's entries).
 
-The second kernel takes the list: each program claims the next long segment (a third counter) and sums its ids
+The second kernel takes the lists. Each program claims the next long segment (a counter) and sums its ids
 ``BLOCK_L`` at a time while a whole tile of them remains (``BLOCK_L = clamp(4096 // BLOCK_C, BLOCK_N, 32)``: 32 ids of
-128 columns, 8 of 512), then ``BLOCK_N`` at a time — each step waits for one round of loads, so a Zipf-hot row of
-90,000 ids takes about 2,800 steps — and updates its row. Hot rows are neighbours in sorted order (a table's hottest
-rows are its first ones under Zipf ids), so summing them inside their block ran them one after another in one
-program; listed, they run side by side, a program each (a hot row still runs in one program, where FBGEMM would
-split it over several).
+128 columns, 8 of 512), then ``BLOCK_N`` at a time, and updates its row. Hot rows are neighbours in sorted order (a
+table's hottest rows are its first ones under Zipf ids), so summing them inside their block ran them one after
+another in one program; listed, they run side by side, a program each. But each step of a program's loop waits for
+one round of loads, so one program on a Zipf-hot row of 90,000 ids took about 2,800 steps while the rest of the GPU
+idled. So the longest segments are split: when the long list is done, programs claim chunks (another counter), sum
+one chunk's ids into an fp32 row of a workspace, and count the chunk's arrival on a counter of its segment; the
+program whose count is the segment's last adds the segment's partial sums in chunk order and updates the row.
+Chunks of one segment run side by side, as FBGEMM's kernel for long segments splits them over a block's warps. A
+barrier and the counter's acquire-release order each partial's store before the last program reads it.
 
-No other program owns a segment's row, so there are no atomics on rows and no races. Both kernels are compiled for a
+No other program owns a segment's row (a split segment's row is written by its last chunk's program alone), so
+there are no atomics on rows and no races. Both kernels are compiled for a
 specialisation before the first update runs either: where they do not build (a Triton this module was not checked
 on), the update says why once (a ``RuntimeWarning``) and every update takes the per-segment kernel below.
 
@@ -52,26 +59,27 @@ block, the second recomputes ``g`` per block and updates it), reading the segmen
 ``BLOCK_N = clamp(512 // BLOCK_C, 1, 4)``, ``num_warps = clamp(BLOCK_C // 128, 1, 4)``.
 
 Memory traffic (``C`` columns, ``b_g`` / ``b_w`` bytes per gradient / weight element): per id, 8 B of bag index and
-``C·b_g`` of gradient row (twice for row-wise Adagrad when ``C > 512``); per touched row, 16 B of segment bounds and
+``C·b_g`` of gradient row (twice for row-wise Adagrad when ``C > 512``), and a split segment's partial sums
+(``4·BLOCK_C`` B per chunk, written and read once); per touched row, 16 B of segment bounds and
 8 B (or 4) of row id, ``2·C·b_w`` of weight (read + write), and the state's read + write: SGD 0, row-wise Adagrad 8 B,
 Adagrad ``8·C``, Adam ``16·C`` (fp32 state). ``OPT``, the tile sizes and ``NUM_CB`` (column blocks) are
 compile-time constants, so one compiled kernel per (optimizer, width class, dtypes).
 
-Numerics: the sums are fp32 in a fixed order per segment (the tiles' order), so the kernels are deterministic run to
-run (the torch backend's ``index_add_`` on CUDA is not); ``tl.sqrt`` and ``/`` are Triton's fast fp32 versions and
-multiply-adds may fuse, a few units in the last place from torch's arithmetic. The kernels enqueue no host work and
-capture into a CUDA graph (the counter is allocated and zeroed in the captured stream). Adam's step size is a scalar
-argument (a graph captured with it replays the step it was captured at) or, with ``STEP_PTR``, a one-element fp32
-tensor the kernel loads: what :class:`shardwise.runtime.graphed.GraphedStep` passes, its step counter living on the
-device.
+Numerics: the sums are fp32 in a fixed order per segment (the tiles' order; a split segment's chunks in chunk order,
+whichever program ran them), so the kernels are deterministic run to run (the torch backend's ``index_add_`` on CUDA
+is not); ``tl.sqrt`` and ``/`` are Triton's fast fp32 versions and multiply-adds may fuse, a few units in the last
+place from torch's arithmetic. The kernels enqueue no host work and capture into a CUDA graph (the counter is
+allocated and zeroed in the captured stream). Adam's step size is a scalar argument (a graph captured with it
+replays the step it was captured at) or, with ``STEP_PTR``, a one-element fp32 tensor the kernel loads: what
+:class:`shardwise.runtime.graphed.GraphedStep` passes, its step counter living on the device.
 
 Version tolerance: ``tl.load`` / ``tl.store`` with masks, ``tl.program_id``, ``tl.arange``, ``tl.zeros``, ``tl.sum``,
 ``tl.max``, ``tl.sqrt``, ``tl.atomic_add``, a scalar ``if`` and ``while`` loops. The loops over ids are ``while``
 loops, not a ``range`` over loaded bounds, and the column blocks loop over a constant count: Triton 3.6's interpreter
 cannot use a runtime scalar as a ``range`` bound under NumPy 2. Checked: the interpreter on Triton 3.9 (CPU); compiled
-on an H200 with torch 2.11 and Triton 3.6: the per-segment kernels, the grouped forward, and the grouped update as it
-was before its long segments moved to a kernel of their own — that kernel has run under the interpreter only (and
-where it does not build, the per-segment kernel runs).
+on an H200 with torch 2.11 and Triton 3.6: the per-segment kernels, the grouped forward, the grouped update and the
+long segments' kernel (the split of the longest ones is checked there by the CUDA tests; where a kernel does not
+build, the per-segment kernel runs).
 
 The forward: rows of up to 512 columns by ``_pooled_groups_kernel`` — ``POOL_ELEMENTS // BLOCK_C`` bags a program,
 ``GROUP_IDS`` ids of each gathered a step as one tile, until the program's longest bag is done — and wider ones by
@@ -115,6 +123,10 @@ GROUP_PROGRAMS_PER_SM = 16
 GROUP_CLAIM = 4
 #: programs per multiprocessor of the long segments' kernel (one warp each at up to 128 columns)
 LONG_PROGRAMS_PER_SM = 32
+#: a segment with more ids than this (a hot row) is split: chunks of :data:`SPLIT_CHUNK` ids summed by programs side
+#: by side, their partial sums added in chunk order by the last chunk's program, which updates the row
+SPLIT_SEGMENT = 1024
+SPLIT_CHUNK = 512
 
 
 @triton.jit
@@ -328,6 +340,8 @@ def _update_block(  # type: ignore[no-untyped-def]
     grad_ptr,
     long_ptr,
     long_count_ptr,
+    split_ptr,
+    split_stride,
     first,
     n,
     C,
@@ -346,11 +360,15 @@ def _update_block(  # type: ignore[no-untyped-def]
     BLOCK_J: tl.constexpr,
     BLOCK_C: tl.constexpr,
     LONG: tl.constexpr,
+    SPLIT: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
     """Segments ``first … first + SEGS - 1``: those of at most ``LONG`` ids summed side by side — a ``SEGS × BLOCK_J ×
     BLOCK_C`` tile of gradient rows a step, ``BLOCK_J`` ids of each, until the longest of them is done — and their rows
     updated as one ``SEGS × BLOCK_C`` tile; each longer one (a hot row) appended to the long segments' list
-    (``long_ptr``, its length at ``long_count_ptr``) for :func:`_fused_long_kernel`."""
+    (``long_ptr``, its length at ``long_count_ptr``) for :func:`_fused_long_kernel` — or, past ``SPLIT`` ids, one entry
+    per chunk of ``CHUNK`` ids to the split list (``split_ptr``: the segments, then ``split_stride`` on each entry's
+    first entry of its segment; its length at ``long_count_ptr + 2``)."""
     segs = tl.arange(0, SEGS)
     js = tl.arange(0, BLOCK_J)
     cols = tl.arange(0, BLOCK_C)
@@ -381,11 +399,22 @@ def _update_block(  # type: ignore[no-untyped-def]
         weight_ptr, state1_ptr, state2_ptr, rows, w, acc, mask, short, cols, C, stride_w, stride_s, lr, eps,
         one_minus_beta1, one_minus_beta2, step_size, step_size_ptr, OPT, STEP_PTR,
     )  # fmt: skip
-    for k in range(SEGS):  # the long segments: listed, for a program each
+    for k in range(SEGS):  # the long segments: listed, for a program each, or split into chunks
         at_k = first + k
         sk = tl.load(starts_ptr + at_k, mask=at_k < n, other=0)
         ek = tl.load(starts_ptr + at_k + 1, mask=at_k < n, other=0)
-        if ek - sk > LONG:
+        if ek - sk > SPLIT:
+            # one entry per chunk: (segment, its first entry) side by side in split_ptr's two rows
+            chunks = (ek - sk + CHUNK - 1) // CHUNK
+            base = tl.atomic_add(long_count_ptr + 2, chunks.to(tl.int32)).to(tl.int64)
+            c0 = base * 0
+            while c0 < chunks:
+                at = c0 + tl.arange(0, 32)
+                live = at < chunks
+                tl.store(split_ptr + base + at, at_k + at * 0, mask=live)
+                tl.store(split_ptr + split_stride + base + at, base + at * 0, mask=live)
+                c0 += 32
+        elif ek - sk > LONG:
             tl.store(long_ptr + tl.atomic_add(long_count_ptr, 1), at_k)
 
 
@@ -400,6 +429,8 @@ def _fused_groups_kernel(  # type: ignore[no-untyped-def]
     grad_ptr,
     counters_ptr,
     long_ptr,
+    split_ptr,
+    split_stride,
     n,
     C,
     stride_w,
@@ -417,11 +448,14 @@ def _fused_groups_kernel(  # type: ignore[no-untyped-def]
     BLOCK_J: tl.constexpr,
     BLOCK_C: tl.constexpr,
     LONG: tl.constexpr,
+    SPLIT: tl.constexpr,
+    CHUNK: tl.constexpr,
     CLAIM: tl.constexpr,
 ):
     """Rows of up to ``BLOCK_C`` columns, ``SEGS`` segments a block (:func:`_update_block`): each program claims the
     next ``CLAIM`` blocks at a time (one ``atomic_add`` on ``counters[0]``) until it claims blocks whose first segment
-    is empty (every later one is too). The long segments go to ``long_ptr``, their count to ``counters[1]``."""
+    is empty (every later one is too). The long segments go to ``long_ptr``, their count to ``counters[1]``; the
+    chunks of split ones to ``split_ptr``, their count to ``counters[3]``."""
     first = tl.atomic_add(counters_ptr, 1).to(tl.int64) * (SEGS * CLAIM)
     s0 = tl.load(starts_ptr + first, mask=first < n, other=0)
     e0 = tl.load(starts_ptr + first + 1, mask=first < n, other=0)
@@ -433,8 +467,9 @@ def _fused_groups_kernel(  # type: ignore[no-untyped-def]
             if sb < eb:
                 _update_block(
                     weight_ptr, state1_ptr, state2_ptr, sorted_ids_ptr, sorted_bags_ptr, starts_ptr, grad_ptr,
-                    long_ptr, counters_ptr + 1, blk, n, C, stride_w, stride_s, stride_g, lr, eps, one_minus_beta1,
-                    one_minus_beta2, step_size, step_size_ptr, OPT, STEP_PTR, SEGS, BLOCK_J, BLOCK_C, LONG,
+                    long_ptr, counters_ptr + 1, split_ptr, split_stride, blk, n, C, stride_w, stride_s, stride_g, lr,
+                    eps, one_minus_beta1, one_minus_beta2, step_size, step_size_ptr, OPT, STEP_PTR, SEGS, BLOCK_J,
+                    BLOCK_C, LONG, SPLIT, CHUNK,
                 )  # fmt: skip
         first = tl.atomic_add(counters_ptr, 1).to(tl.int64) * (SEGS * CLAIM)
         s0 = tl.load(starts_ptr + first, mask=first < n, other=0)
@@ -452,6 +487,9 @@ def _fused_long_kernel(  # type: ignore[no-untyped-def]
     grad_ptr,
     counters_ptr,
     long_ptr,
+    split_ptr,
+    split_stride,
+    partial_ptr,
     C,
     stride_w,
     stride_s,
@@ -467,11 +505,17 @@ def _fused_long_kernel(  # type: ignore[no-untyped-def]
     BLOCK_N: tl.constexpr,
     BLOCK_C: tl.constexpr,
     BLOCK_L: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK_P: tl.constexpr,
 ):
     """The segments :func:`_fused_groups_kernel` listed as long (``counters[1]`` of them at ``long_ptr``): each
     program claims the next one (``atomic_add`` on ``counters[2]``), sums its ids in tiles of ``BLOCK_L``
     (:func:`_segment_grad`) and updates its row, until the list is done — so hot rows run side by side, a program
-    each, whichever blocks they were found in."""
+    each, whichever blocks they were found in. Then the split list's chunks (``counters[3]`` entries; claimed on
+    ``counters[4]``): a chunk's ``CHUNK`` ids summed into its row of ``partial_ptr`` (fp32, ``BLOCK_C`` wide), its
+    arrival counted at its segment's first entry (``counters[5 + first]``); the program that counts the last chunk
+    adds the segment's partial sums in chunk order (so the sum does not depend on which program ran which chunk) and
+    updates the row."""
     count = tl.load(counters_ptr + 1).to(tl.int64)
     cols = tl.arange(0, BLOCK_C)
     col_mask = cols < C
@@ -489,6 +533,45 @@ def _fused_long_kernel(  # type: ignore[no-untyped-def]
             stride_w, stride_s, lr, eps, one_minus_beta1, one_minus_beta2, step_size, step_size_ptr, OPT, STEP_PTR,
         )  # fmt: skip
         i = tl.atomic_add(counters_ptr + 2, 1).to(tl.int64)
+    entries = tl.load(counters_ptr + 3).to(tl.int64)
+    ps = tl.arange(0, BLOCK_P)
+    e = tl.atomic_add(counters_ptr + 4, 1).to(tl.int64)
+    while e < entries:
+        seg = tl.load(split_ptr + e)
+        first = tl.load(split_ptr + split_stride + e)
+        start = tl.load(starts_ptr + seg)
+        end = tl.load(starts_ptr + seg + 1)
+        lo = start + (e - first) * CHUNK
+        hi = tl.minimum(lo + CHUNK, end)
+        g = _segment_grad(grad_ptr, sorted_bags_ptr, lo, hi, stride_g, cols, col_mask, BLOCK_N, BLOCK_C, BLOCK_L)
+        tl.store(partial_ptr + e * BLOCK_C + cols, g)
+        # every thread's store of the partial before the arrival (a barrier, then the atomic's release); the last
+        # arrival's acquire before any thread reads the others' partials (the atomic's result reaches every thread
+        # through a barrier)
+        tl.debug_barrier()
+        chunks = (end - start + CHUNK - 1) // CHUNK
+        arrived = tl.atomic_add(counters_ptr + 5 + first, 1, sem="acq_rel").to(tl.int64)
+        if arrived == chunks - 1:
+            total = tl.zeros([BLOCK_C], dtype=tl.float32)
+            p0 = first
+            while p0 < first + chunks:
+                at = p0 + ps
+                tile = tl.load(
+                    partial_ptr + at[:, None] * BLOCK_C + cols[None, :],
+                    mask=(at < first + chunks)[:, None],
+                    other=0.0,
+                    cache_modifier=".cg",
+                )
+                total += tl.sum(tile, axis=0)
+                p0 += BLOCK_P
+            row = tl.zeros([1], dtype=tl.int64) + tl.load(sorted_ids_ptr + start).to(tl.int64)
+            w = tl.load(weight_ptr + row[:, None] * stride_w + cols[None, :], mask=col_mask[None, :], other=0.0)
+            _apply_rows(
+                weight_ptr, state1_ptr, state2_ptr, row, w.to(tl.float32), total[None, :], col_mask[None, :], one,
+                cols, C, stride_w, stride_s, lr, eps, one_minus_beta1, one_minus_beta2, step_size, step_size_ptr, OPT,
+                STEP_PTR,
+            )  # fmt: skip
+        e = tl.atomic_add(counters_ptr + 4, 1).to(tl.int64)
 
 
 #: why the grouped update did not build with this Triton (every update then takes the per-segment kernel), or None
@@ -529,14 +612,20 @@ class _GroupedLaunch:
         n, cols = sorted_ids.numel(), weight.shape[1]
         segs = max(1, UPDATE_ELEMENTS // block_c)
         sms = _sm_count(weight.device)
-        # counters: [0] blocks claimed, [1] long segments listed, [2] long segments claimed; a segment is long past
-        # LONG_SEGMENT ids, so there are at most n // (LONG_SEGMENT + 1) of them
-        counters = torch.zeros(3, dtype=torch.int32, device=weight.device)
+        # counters: [0] blocks claimed, [1] long segments listed, [2] long segments claimed, [3] split entries
+        # listed, [4] split entries claimed, [5:] the chunks of a split segment that arrived, at its first entry. A
+        # segment is long past LONG_SEGMENT ids, so there are at most n // (LONG_SEGMENT + 1) of them; split past
+        # SPLIT_SEGMENT, into ceil(ids / SPLIT_CHUNK) entries, so at most n // SPLIT_CHUNK + n // (SPLIT_SEGMENT + 1)
+        split_at, chunk = max(SPLIT_SEGMENT, LONG_SEGMENT), SPLIT_CHUNK
+        entries = n // chunk + n // (split_at + 1) + 1
+        counters = torch.zeros(5 + entries, dtype=torch.int32, device=weight.device)
         longs = torch.empty(n // (LONG_SEGMENT + 1) + 1, dtype=torch.int64, device=weight.device)
+        split = torch.empty(2, entries, dtype=torch.int64, device=weight.device)
+        partials = torch.empty(entries, block_c, dtype=torch.float32, device=weight.device)
         pointer = isinstance(step_size, Tensor)
         scalars = (cols, weight.stride(0), stride_s, grad_out.stride(0), lr, eps, 1.0 - beta1, 1.0 - beta2)
         step = (0.0 if pointer else step_size, step_size if pointer else weight)
-        tensors = (weight, s1, s2, sorted_ids, sorted_bags, starts, grad_out, counters, longs)
+        tensors = (weight, s1, s2, sorted_ids, sorted_bags, starts, grad_out, counters, longs, split, entries)
         self.groups = (
             (min(triton.cdiv(n, segs * GROUP_CLAIM), sms * GROUP_PROGRAMS_PER_SM),),
             (*tensors, n, *scalars, *step),
@@ -547,19 +636,23 @@ class _GroupedLaunch:
                 "BLOCK_J": GROUP_IDS,
                 "BLOCK_C": block_c,
                 "LONG": LONG_SEGMENT,
+                "SPLIT": split_at,
+                "CHUNK": chunk,
                 "CLAIM": GROUP_CLAIM,
                 "num_warps": UPDATE_WARPS if num_warps is None else num_warps,
             },
         )
         self.longs = (
-            (min(longs.numel(), sms * LONG_PROGRAMS_PER_SM),),
-            (*tensors, *scalars, *step),
+            (min(longs.numel() + entries, sms * LONG_PROGRAMS_PER_SM),),
+            (*tensors, partials, *scalars, *step),
             {
                 "OPT": opt,
                 "STEP_PTR": pointer,
                 "BLOCK_N": block_n,
                 "BLOCK_C": block_c,
                 "BLOCK_L": block_l,
+                "CHUNK": chunk,
+                "BLOCK_P": max(1, min(32, LONG_TILE_ELEMENTS // block_c)),
                 "num_warps": max(1, min(4, block_c // 128)),
             },
         )

@@ -314,13 +314,15 @@ def test_bad_inputs_are_refused_before_any_work() -> None:
 #: side by side) and long ones in the same blocks. The cases run with ``LONG_TILE_ELEMENTS`` at 256 (a long tile of 8
 #: ids at these widths), so that long segments of these small batches take both loops (``BLOCK_L``, then ``BLOCK_N``),
 #: and ``UPDATE_ELEMENTS`` and ``POOL_ELEMENTS`` at 128 (blocks of 4-8 segments or bags), so that a batch spans
-#: several blocks
+#: several blocks. The last field is ``(SPLIT_SEGMENT, SPLIT_CHUNK)``: the fourth case's one live segment (about 48
+#: ids) is split into chunks of 5 that programs sum apart and the last one adds up; the fifth mixes split segments
+#: (over 6 ids, chunks of 4), long ones (3-6 ids) and short ones in the same blocks
 TRITON_CASES = [
-    ("fp32", 20, 512, 6, False, 64),
-    ("bf16", 20, 8, 5, False, 64),
-    ("fp16", 32, 512, 1, True, 64),
-    ("fp32", 20, 512, 3, True, 8),
-    ("fp16", 16, 512, 4, False, 2),
+    ("fp32", 20, 512, 6, False, 64, (1024, 512)),
+    ("bf16", 20, 8, 5, False, 64, (1024, 512)),
+    ("fp16", 32, 512, 1, True, 64, (1024, 512)),
+    ("fp32", 20, 512, 3, True, 8, (16, 5)),
+    ("fp16", 16, 512, 4, False, 2, (6, 4)),
 ]
 
 
@@ -330,10 +332,11 @@ def _triton_cases() -> Iterator[dict[str, Any]]:
 
     assert fused_kernel.interpreting(), "run with TRITON_INTERPRET=1 set before Triton is imported"
     default_block, default_long = fused_kernel.MAX_BLOCK_C, fused_kernel.LONG_SEGMENT
+    default_split = fused_kernel.SPLIT_SEGMENT, fused_kernel.SPLIT_CHUNK
     fused_kernel.LONG_TILE_ELEMENTS = 256
     fused_kernel.UPDATE_ELEMENTS = 128  # blocks of 4-8 segments at these widths: a batch spans several
     for opt in RowOptimizer:
-        for dtype_name, cols, max_block_c, pool, all_last, long_segment in TRITON_CASES:
+        for dtype_name, cols, max_block_c, pool, all_last, long_segment, split in TRITON_CASES:
             gen = torch.Generator().manual_seed(3)
             rows, dtype = 24, DTYPES[dtype_name]
             weight = torch.randn(rows, cols, generator=gen).to(dtype)
@@ -345,6 +348,7 @@ def _triton_cases() -> Iterator[dict[str, Any]]:
             touched = torch.zeros(rows, dtype=torch.bool)
             result: dict[str, Any] = {"opt": opt.value, "dtype": dtype_name, "cols": cols, "errors": []}
             fused_kernel.MAX_BLOCK_C, fused_kernel.LONG_SEGMENT = max_block_c, long_segment
+            fused_kernel.SPLIT_SEGMENT, fused_kernel.SPLIT_CHUNK = split
             try:
                 for step in (1, 2):
                     batch = make_batch(gen, rows, cols, bags=16, dtype=dtype, pool=pool)
@@ -375,6 +379,7 @@ def _triton_cases() -> Iterator[dict[str, Any]]:
                         result["errors"].append(f"step {step}: an untouched row's state changed")
             finally:
                 fused_kernel.MAX_BLOCK_C, fused_kernel.LONG_SEGMENT = default_block, default_long
+                fused_kernel.SPLIT_SEGMENT, fused_kernel.SPLIT_CHUNK = default_split
             yield result
 
 
@@ -504,7 +509,8 @@ def test_the_interpreter_stays_in_its_subprocess() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("opt", list(RowOptimizer))
 def test_triton_on_cuda_matches_torch_without_syncs(opt: RowOptimizer) -> None:
-    """Full widths (one column block up to 512, several past it), hot rows of thousands of ids, 3 steps.
+    """Full widths (one column block up to 512, several past it), hot rows of thousands of ids (row 0's, about 2,400,
+    split into chunks by the grouped kernel), 3 steps.
 
     The output gradients are multiples of 1/8 below 2 in magnitude, so every per-row sum is exact in fp32 whatever
     the order (the torch backend's atomics, the kernel's tiles): the backends then differ only by the optimizer's
@@ -567,7 +573,8 @@ def test_cuda_graph_capture(backend: str) -> None:
         config = UpdateConfig(opt, lr=LR[opt])
 
         def batch() -> tuple[Any, Any, Any]:
-            ids = (torch.rand(n, generator=gen).pow(3) * rows).long().to(dev)
+            # row 0 takes about 1,500 ids (a segment split into chunks), rows 1-20 tens to hundreds (long ones)
+            ids = (torch.rand(n, generator=gen).pow(8) * rows).long().to(dev)
             bag_of = torch.randint(0, bags, (n,), generator=gen).to(dev)
             grad_out = (torch.randint(-15, 16, (bags, cols), generator=gen) / 8).to(dev)  # exact sums
             return ids, bag_of, grad_out

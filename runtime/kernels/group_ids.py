@@ -1,0 +1,139 @@
+"""The Triton kernels behind :func:`shardwise.runtime.embedding.one_group.group_ids`: a group's ids made ready for its
+lookup in two launches, whatever the number of tables.
+
+A call of :func:`~shardwise.runtime.embedding.one_group.one_group_lookup` concatenates every table's ids (``raw``, the
+table's own row numbers) and bag starts (``local``, each table's counted from its own first id). The lookup needs, for
+every bag, its first position in the concatenation (``offsets``) and, for every id, its row in the group (the
+table's first group row added, clamped into the table), whether the clamp moved it (a bad id) and its bag. Done with
+torch ops that is about fifteen launches over the ids and the bags — three ``bucketize``, five gathers, three
+``arange`` s, adds, a clamp and a compare — each one pass over memory; here it is:
+
+1. ``_bag_offsets_kernel``, one lane per bag: the bag's table by a binary search over the tables' first bags (a few
+   hundred values at most, read from cache), its offset ``local[b] + id_firsts[table]``.
+2. ``_id_rows_kernel``, one lane per id: its table by a binary search over the tables' first ids, its bag by one
+   over the bags' offsets (the last bag whose offset is at or before it: an empty bag shares its offset with the next
+   one and holds no id), and its group row, clamped, and the clamp's flag. It reads 8 B and writes 17 B an id.
+
+The searches are ``torch.bucketize(..., right=True) - 1``'s: the same answers for any input, ill-formed ones
+included (an id before its table's first bag goes to the bag before). Loops are ``while`` loops over runtime bounds
+(Triton's interpreter under NumPy 2 takes no runtime ``range`` bound). Nothing is read back to the host, and both
+kernels capture into a CUDA graph. On CPU tensors they run under Triton's interpreter (``TRITON_INTERPRET=1`` set
+before Triton is imported), which the tests use.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+#: lanes (bags or ids) a program
+BLOCK = 1024
+WARPS = 4
+
+
+@triton.jit
+def _last_at_or_before(sorted_ptr, size, steps, value):  # type: ignore[no-untyped-def]
+    """For each lane, the last index ``k`` of the non-decreasing ``sorted_ptr[0:size]`` with ``sorted[k] <= value``,
+    or -1 — ``bucketize(value, sorted, right=True) - 1`` — in ``steps = bit_length(size)`` halvings."""
+    lo = value * 0
+    hi = lo + size
+    step = steps * 0
+    while step < steps:
+        active = lo < hi
+        mid = (lo + hi) // 2
+        v = tl.load(sorted_ptr + mid, mask=active, other=0)
+        right = active & (v <= value)
+        lo = tl.where(right, mid + 1, lo)
+        hi = tl.where(active & ~right, mid, hi)
+        step += 1
+    return lo - 1
+
+
+@triton.jit
+def _bag_offsets_kernel(  # type: ignore[no-untyped-def]
+    local_ptr,
+    bag_firsts_ptr,
+    id_firsts_ptr,
+    offsets_ptr,
+    num_bags,
+    tables,
+    table_steps,
+    BLOCK: tl.constexpr,
+):
+    """``offsets[b] = local[b] + id_firsts[t]``, ``t`` the table of bag ``b`` (the last with ``bag_firsts[t] <= b``)."""
+    b = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = b < num_bags
+    t = _last_at_or_before(bag_firsts_ptr, tables, table_steps, b)
+    t = tl.maximum(t, 0)
+    first = tl.load(id_firsts_ptr + t, mask=live, other=0)
+    local = tl.load(local_ptr + b, mask=live, other=0)
+    tl.store(offsets_ptr + b, local + first, mask=live)
+
+
+@triton.jit
+def _id_rows_kernel(  # type: ignore[no-untyped-def]
+    raw_ptr,
+    id_firsts_ptr,
+    lo_ptr,
+    hi_ptr,
+    offsets_ptr,
+    rows_ptr,
+    flags_ptr,
+    bags_ptr,
+    n,
+    tables,
+    table_steps,
+    num_bags,
+    bag_steps,
+    BLOCK: tl.constexpr,
+):
+    """For each position ``i``: its table ``t`` and bag (binary searches), ``rows[i] = clamp(raw[i] + lo[t], lo[t],
+    hi[t])``, ``flags[i] = rows[i] != raw[i] + lo[t]``, ``bags[i]``."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = i < n
+    t = tl.maximum(_last_at_or_before(id_firsts_ptr, tables, table_steps, i), 0)
+    bag = _last_at_or_before(offsets_ptr, num_bags, bag_steps, i)
+    lo = tl.load(lo_ptr + t, mask=live, other=0)
+    hi = tl.load(hi_ptr + t, mask=live, other=0)
+    shifted = tl.load(raw_ptr + i, mask=live, other=0).to(tl.int64) + lo
+    rows = tl.minimum(tl.maximum(shifted, lo), hi)
+    tl.store(rows_ptr + i, rows, mask=live)
+    tl.store(flags_ptr + i, (rows != shifted).to(tl.int8), mask=live)
+    tl.store(bags_ptr + i, bag, mask=live)
+
+
+def group_ids(
+    raw: Tensor, local: Tensor, id_firsts: Tensor, bag_firsts: Tensor, lo: Tensor, hi: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(offsets, rows, flags, bags)`` of a group's call (module docstring): ``raw`` (n,) the concatenated ids (any
+    integer dtype), ``local`` (B,) int64 the bags' starts within their tables, ``id_firsts`` / ``bag_firsts`` (T,)
+    int64 each table's first id and bag in the call, ``lo`` / ``hi`` (T,) int64 each table's first and last group
+    row; all on one device. ``offsets`` and ``bags`` are int64, ``rows`` int64, ``flags`` bool."""
+    n, num_bags, tables = raw.numel(), local.numel(), id_firsts.numel()
+    device = raw.device
+    offsets = torch.empty(num_bags, dtype=torch.int64, device=device)
+    rows = torch.empty(n, dtype=torch.int64, device=device)
+    flags = torch.empty(n, dtype=torch.bool, device=device)
+    bags = torch.empty(n, dtype=torch.int64, device=device)
+    table_steps = tables.bit_length()
+    if num_bags:
+        _bag_offsets_kernel[(triton.cdiv(num_bags, BLOCK),)](
+            local, bag_firsts, id_firsts, offsets, num_bags, tables, table_steps, BLOCK=BLOCK, num_warps=WARPS
+        )
+    if n:
+        _id_rows_kernel[(triton.cdiv(n, BLOCK),)](
+            raw, id_firsts, lo, hi, offsets, rows, flags.view(torch.int8), bags, n, tables, table_steps, num_bags,
+            num_bags.bit_length(), BLOCK=BLOCK, num_warps=WARPS,
+        )  # fmt: skip
+    return offsets, rows, flags, bags
+
+
+def interpreting() -> bool:
+    """Whether the kernels were built for Triton's interpreter (``TRITON_INTERPRET=1`` when this module was
+    imported)."""
+    return type(_id_rows_kernel).__name__ == "InterpretedFunction"
+
+
+__all__ = ["group_ids", "interpreting"]
