@@ -838,8 +838,9 @@ def format_report(
     lines += ["", "targets: geomean ≥ 95%, worst ≥ 80%, Triton picked against the vendor never over 1.05 × its time"]
     lines += [
         "",
-        "The same on device time for the kernel pick() runs (a plan's choice: Triton only where it also saves its "
-        "launch's extra host time, TRITON_HOST_S):",
+        "The same on device time for the kernel pick() runs on eager steps (a plan's choice there: Triton only where "
+        "it also saves its launch's extra host time, TRITON_HOST_S; on graphed steps pick() is the device-time rule "
+        "above):",
         "",
         "| dtype | GEMMs | picked / best of all (geomean) | worst shape | vendor picked |",
         "|---|---:|---:|---|---:|",

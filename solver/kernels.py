@@ -508,14 +508,22 @@ class Pick:
     vendor_us: float
 
 
+def launch_host_us(profile: HardwareProfile) -> float:
+    """µs of host time a Triton matmul's launch costs a step beyond the vendor GEMM's: :data:`TRITON_HOST_S`, or
+    nothing where the profile's steps are graphed (``overheads.graphed_steps``): a replayed CUDA graph launches
+    its kernels without the host, so only device time tells the kernels apart."""
+    return 0.0 if profile.overheads.graphed_steps else TRITON_HOST_S * US
+
+
 def pick(gemm: Gemm, profile: HardwareProfile, *, copies: bool = True) -> Pick:
     """The kernel that runs ``gemm`` on ``profile``: the vendor GEMM, unless the best Triton configuration
-    (:func:`choose`), with its launch's extra host time (:data:`TRITON_HOST_S`) added, is predicted to take at most
-    :data:`TRITON_MARGIN` of the vendor's time (:func:`vendor_us`; ``copies`` as there). The times the pick records
-    are device times. ValueError where no Triton configuration runs or the profile has no microarchitecture."""
+    (:func:`choose`), with its launch's extra host time (:func:`launch_host_us`: none on graphed steps) added, is
+    predicted to take at most :data:`TRITON_MARGIN` of the vendor's time (:func:`vendor_us`; ``copies`` as there).
+    The times the pick records are device times. ValueError where no Triton configuration runs or the profile has no
+    microarchitecture."""
     config, triton = choose(gemm, profile)
     vendor = vendor_us(gemm, profile, copies=copies)
-    if triton + TRITON_HOST_S * US <= TRITON_MARGIN * vendor:
+    if triton + launch_host_us(profile) <= TRITON_MARGIN * vendor:
         return Pick(KernelLibrary.triton, config, triton, triton, vendor)
     return Pick(KernelLibrary.vendor, config, vendor, triton, vendor)
 
@@ -575,7 +583,8 @@ def profile_ref(profile: HardwareProfile) -> _ProfileRef:
     """``profile`` keyed by the figures the kernel model reads (for :func:`pick_cached`)."""
     return _ProfileRef(
         profile.model_dump_json(include={"microarch", "peak_flops_per_s", "achieved"})
-        + str(profile.hbm_bandwidth_bytes_per_s),
+        + str(profile.hbm_bandwidth_bytes_per_s)
+        + str(profile.overheads.graphed_steps),
         profile,
     )
 

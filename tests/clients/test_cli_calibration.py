@@ -75,7 +75,12 @@ def test_a_graphed_calibration_adds_the_floor_to_each_rank_where_an_eager_one_ov
         for (device, host), r in zip(totals[executor], scored.ranks, strict=True):
             want = device + host if executor == "graphed" else max(device, host)
             assert r.predicted_ms.total == pytest.approx(want, abs=2e-6)
-    assert totals["eager"] == totals["graphed"]  # the same parts, composed otherwise
+    # the same host parts, composed otherwise; the device parts differ by the kernels alone: on graphed steps the
+    # GEMM pick drops Triton's launch host term, so it may take a Triton configuration the eager pick left to the
+    # vendor, and only where that is predicted faster on the device
+    assert [h for _, h in totals["eager"]] == [h for _, h in totals["graphed"]]
+    for (eager_device, _), (graphed_device, _) in zip(totals["eager"], totals["graphed"], strict=True):
+        assert graphed_device <= eager_device + 1e-9
     assert any(host > 0 for _, host in totals["graphed"])
     bounds = {}
     for executor in ("eager", "graphed"):

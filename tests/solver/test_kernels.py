@@ -291,6 +291,27 @@ def test_pick_runs_triton_only_where_it_is_predicted_clearly_faster_host_time_in
     assert kinds == set(KernelLibrary)
 
 
+def test_on_graphed_steps_the_pick_weighs_device_time_alone() -> None:
+    """A replayed CUDA graph launches Triton's kernels without the host: the pick drops the launch's host term there,
+    so a GEMM whose Triton configuration is clearly faster on the device but saves less than that term runs Triton on
+    a graphed profile and the vendor on an eager one; the cache keeps the two apart."""
+    graphed = H200.model_copy(update={"overheads": H200.overheads.model_copy(update={"graphed_steps": True})})
+    assert km.launch_host_us(graphed) == 0.0
+    assert km.launch_host_us(H200) == km.TRITON_HOST_S * 1e6
+    moved = 0
+    for m, n, k in [(1024, 512, 13), (4096, 256, 13), (16384, 13, 512), (65536, 1, 256), (4096, 256, 1)]:
+        for a_t, b_t in [(False, True), (False, False), (True, False)]:
+            gemm = Gemm(m, n, k, BF16, a_t=a_t, b_t=b_t)
+            eager, replayed = km.pick_cached(gemm, H200), km.pick_cached(gemm, graphed)
+            assert eager is not None
+            assert replayed is not None
+            assert (replayed.triton_us, replayed.vendor_us) == (eager.triton_us, eager.vendor_us)
+            clear = replayed.triton_us <= km.TRITON_MARGIN * replayed.vendor_us
+            assert replayed.kernel is (KernelLibrary.triton if clear else KernelLibrary.vendor)
+            moved += eager.kernel is KernelLibrary.vendor and replayed.kernel is KernelLibrary.triton
+    assert moved >= 3, "some small GEMMs should move to Triton once the host term goes"
+
+
 def test_the_vendor_fp8_gemm_pays_for_k_major_copies_on_hopper_only() -> None:
     fwd = Gemm(8192, 1024, 4096, Dtype.fp8, b_t=True)  # both operands K-major: no copy
     dgrad = Gemm(8192, 4096, 1024, Dtype.fp8)  # B = W, stored N-major
