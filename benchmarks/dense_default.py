@@ -12,7 +12,12 @@ entries carry ``kernel_choices`` for the GPU (the choices a solver records), ``t
 ``triton`` every phase on its best Triton configuration. Also per model: the predicted µs of the choices and how
 many GEMMs the vendor runs.
 
+``--graphed``: the choices are made for graphed steps (the profile's ``overheads.graphed_steps``: the pick weighs
+device time alone, no Triton launch host term) and each path's step is captured once as a CUDA graph and replayed, so
+the figures are the device's time for what a graphed plan runs.
+
     python3 benchmarks/dense_default.py -o dense.json            # one CUDA GPU (torch, Triton, numpy, pydantic)
+    python3 benchmarks/dense_default.py --graphed -o dense_graphed.json   # the same, graphed
     python3 benchmarks/dense_default.py --report dense.json      # the table again
     python3 benchmarks/dense_default.py --device cpu --small -o s.json   # the code path on the CPU (no Triton)
 """
@@ -122,6 +127,23 @@ def step_fn(layers: Any, model: DenseModel, device: Any) -> Callable[[], None]:
     return step
 
 
+def captured(step: Callable[[], None], warmup: int) -> Callable[[], None]:
+    """``step`` captured once as a CUDA graph (after ``warmup`` runs on a side stream, which compile the kernels and
+    set the gradients' memory aside): its replay."""
+    import torch
+
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(max(1, warmup)):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
 def timed(step: Callable[[], None], steps: int, warmup: int, device: Any) -> list[float]:
     import time
 
@@ -157,6 +179,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     device = torch.device(args.device)
     profile = get_profile(args.profile)
+    if args.graphed:
+        if device.type != "cuda":
+            raise SystemExit("--graphed captures CUDA graphs: it needs --device cuda")
+        profile = profile.model_copy(update={"overheads": profile.overheads.model_copy(update={"graphed_steps": True})})
     if not dist.is_initialized():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # type: ignore[attr-defined]
     doc: dict[str, Any] = {
@@ -167,6 +193,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "cuda": torch.version.cuda,
         },
         "profile": profile.name,
+        "graphed": bool(args.graphed),
         "steps": args.steps,
         "warmup": args.warmup,
         "models": {},
@@ -187,7 +214,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             if path != "torch":
                 apply_plan(layers, plan_for(model, profile, all_triton=path == "triton"), device=device.type)
             row.setdefault("swapped", {})[path] = sum(isinstance(m, KernelLinear) for m in layers.values())
-            ms = timed(step_fn(layers, model, device), args.steps, args.warmup, device)
+            step = step_fn(layers, model, device)
+            if args.graphed:
+                step = captured(step, args.warmup)
+            ms = timed(step, args.steps, args.warmup, device)
             row[path] = {"median_ms": statistics.median(ms), "ms": ms}
             del layers
             if device.type == "cuda":
@@ -215,8 +245,9 @@ def table_line(name: str, row: dict[str, Any]) -> str:
 
 def report(doc: dict[str, Any]) -> str:
     m = doc["machine"]
-    lines = [f"Measured on {m['device']} (torch {m['torch']}, CUDA {m['cuda']}); choices for {doc['profile']}", "",
-             HEADER]  # fmt: skip
+    steps = "graphed steps (each path's step captured and replayed)" if doc.get("graphed") else "eager steps"
+    lines = [f"Measured on {m['device']} (torch {m['torch']}, CUDA {m['cuda']}); choices for {doc['profile']}, "
+             f"{steps}", "", HEADER]  # fmt: skip
     lines += [table_line(name, row) for name, row in doc["models"].items()]
     return "\n".join(lines)
 
@@ -230,6 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--small", action="store_true", help="tiny layers and rows (the CPU)")
+    p.add_argument("--graphed", action="store_true", help="choices for graphed steps, each step a replayed CUDA graph")
     args = p.parse_args(argv)
     if args.report:
         print(report(json.loads(args.report.read_text(encoding="utf-8"))))
