@@ -41,6 +41,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         # world size one with every table one whole shard of a group: a call is one lookup per group
         # (runtime.embedding.exchange)
         self._layouts = group_layouts(tables)
+        # the row caches each table's cached shards hold (fixed at construction), for the forward's join
+        self._cached = {t.name: caches for t in tables if (caches := t.row_caches())}
 
     @classmethod
     def from_module(cls, module: nn.Module) -> ShardedEmbeddingBagCollection:
@@ -101,9 +103,10 @@ class ShardedEmbeddingBagCollection(nn.Module):
         unknown = sorted(set(features) - set(self._by_name))
         if unknown:
             raise KeyError(f"no sharded table named {', '.join(unknown)}")
-        for name in features:  # what an overlapped prefetch made (routing included) is ready
-            for c in self._by_name[name].row_caches():
-                c.join()
+        if self._cached:  # what an overlapped prefetch made (routing included) is ready
+            for name in features:
+                for c in self._cached.get(name, ()):
+                    c.join()
         out: dict[str, Tensor] = {}
         if self._layouts is not None and len(features) == len(self._by_name):
             for layout in self._layouts:

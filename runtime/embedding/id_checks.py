@@ -42,8 +42,8 @@ class PendingIdCheck:
                 raise IndexError(f"ids outside their table's rows [0, num_embeddings): {', '.join(locate())}")
             return False
         pending = PendingIdCheck(total, locate)
-        for t in tables:
-            t.pending_ids = pending
+        for t in tables:  # a plain attribute: object's setattr, not nn.Module's (its checks cost a table 1 us a call)
+            object.__setattr__(t, "pending_ids", pending)
         return True
 
     def check(self) -> None:
@@ -106,5 +106,5 @@ def check_pending_ids(tables: Sequence[ShardedEmbeddingBag]) -> None:
         seen.add(id(pending))
         for u in tables:
             if u.pending_ids is pending:
-                u.pending_ids = None
+                object.__setattr__(u, "pending_ids", None)
         pending.check()

@@ -49,6 +49,8 @@ class OneGroup:
     starts: dict[tuple[tuple[int, ...], tuple[int, ...]], Tensor] = field(default_factory=dict)
     #: the entries a CUDA graph captured: never evicted (the graph reads their memory at every replay)
     captured: dict[tuple[tuple[int, ...], tuple[int, ...]], Tensor] = field(default_factory=dict)
+    #: the tables whose outputs go to another device than the group's
+    elsewhere: frozenset[str] = frozenset()
 
     def starts_on_device(self, counts: list[int], bag_counts: list[int], device: torch.device) -> Tensor:
         key = (tuple(counts), tuple(bag_counts))
@@ -138,7 +140,8 @@ def group_layouts(tables: Sequence[ShardedEmbeddingBag]) -> list[OneGroup] | Non
     for group, placed in members.values():
         lo = torch.tensor([b for _, b in placed], dtype=torch.int64, device=group.device)
         hi = torch.tensor([b + t.num_embeddings - 1 for t, b in placed], dtype=torch.int64, device=group.device)
-        layouts.append(OneGroup(group, tuple(t.name for t, _ in placed), lo, hi))
+        away = frozenset(t.name for t, _ in placed if t.device != group.device)
+        layouts.append(OneGroup(group, tuple(t.name for t, _ in placed), lo, hi, elsewhere=away))
     return layouts
 
 
@@ -193,10 +196,10 @@ def one_group_lookup(
             flat = ids
             starts = offsets[:-1] if t.include_last_offset else offsets
             bags = starts.numel()
-            starts = starts.to(device=device, dtype=torch.int64)
+            starts = _int64_on(starts, device)
         else:
             raise ValueError(f"table {name}: ids must be 1-D (with offsets) or 2-D, got {ids.dim()}-D")
-        ids_parts.append(flat.to(device=device, dtype=torch.int64))
+        ids_parts.append(_int64_on(flat, device))
         offset_parts.append(starts)
         counts.append(flat.numel())
         bag_counts.append(bags)
@@ -204,7 +207,7 @@ def one_group_lookup(
     n = at
     raw = cat(ids_parts)
     # every table's first id and first bag in the call, one host-to-device copy; the table of every id (and of every
-    # bag) by one bucketize against them — a fixed number of kernels whatever the number of tables (an add per
+    # bag) found against them (group_ids) — a fixed number of kernels whatever the number of tables (an add per
     # table cost host time a table: docs/truth.md, "The executor changed on the way")
     starts_dev = layout.starts_on_device(counts, bag_counts, device)
     id_firsts, bag_firsts_dev = starts_dev[: len(counts)], starts_dev[len(counts) :]
@@ -240,5 +243,11 @@ def one_group_lookup(
             block = block / lengths.clamp(min=1).to(block.dtype).unsqueeze(1)
         if pads[k] is not None:  # the padding's bag: dropped
             block = block[:-1]
-        out[name] = block.to(t.device)
+        out[name] = block.to(t.device) if name in layout.elsewhere else block
     return out
+
+
+def _int64_on(x: Tensor, device: torch.device) -> Tensor:
+    """``x`` as int64 on ``device``: itself where it is already (a ``.to`` that changes nothing still costs a call's
+    dispatch, per table)."""
+    return x if x.dtype == torch.int64 and x.device == device else x.to(device=device, dtype=torch.int64)

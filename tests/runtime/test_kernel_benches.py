@@ -71,8 +71,13 @@ def test_fused_kernels_smoke_run_times_every_layout_and_they_agree(tmp_path: Pat
         assert case["longest_segment"] >= 1
         for key in ("segments_int64_ms", "segments_int32_ms", "update_per_segment_ms", "forward_per_bag_ms"):
             assert case[key] > 0
-        assert [v["group_elements"] for v in case["variants"]] == [512, 1024, 512, 512]
+        assert [v["group_elements"] for v in case["variants"]] == [512, 512, 1024, 512]
+        assert [v["split_segment"] for v in case["variants"]] == [1024, None, 1024, 1024]  # the second: no split
         assert all(v["update_ms"] > 0 and v["forward_ms"] > 0 for v in case["variants"])
+        # the id preparation's kernels give what the torch ops they replace give, bit for bit
+        assert case["prepare_same"] is True
+        assert case["prepare_kernels_ms"] > 0
+        assert case["prepare_torch_ms"] > 0
         # the grouped kernels compute what the per-segment and per-bag ones do
         assert case["grouped_vs_per_segment_max_rel"] < 1e-5
         assert case["forward_max_rel"] < 1e-5
