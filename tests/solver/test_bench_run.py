@@ -58,3 +58,23 @@ def test_print_row_prints_a_dash_for_a_missing_figure(row: dict[str, Any], capsy
     assert ("—" in line) == (row["greedy_ms"] is None or row["bound_ms"] is None)
     print_row({**row, "torchrec_ms": None, "torchrec_s": ">600"}, torchrec=True)  # TorchRec without a plan
     assert capsys.readouterr().out.rstrip().endswith("— >600")
+
+
+def test_rank_spread_prints_each_plans_device_spread_against_its_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/rank_spread.py on a small instance: one row, its device max the plan's step where the device sets
+    the pace, the mean between the least and the largest, and the two ratios from those figures."""
+    from benchmarks.rank_spread import main
+
+    assert main(["t50-g8-h100", "--time-limit-s", "20"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cells[0] == "t50-g8-h100"
+    step, high, mean, median, low, bound = (float(c) for c in cells[1:7])
+    assert low <= median <= high
+    assert low <= mean <= high
+    assert high <= step + 1e-3  # the step is the device or the host, whichever is larger
+    assert bound <= step + 1e-3
+    # the ratios from the unrounded figures: within the printed figures' rounding of the same ratios
+    assert float(cells[7].rstrip("%")) == pytest.approx((high / mean - 1) * 100, abs=0.02)
+    assert float(cells[8].rstrip("%")) == pytest.approx((mean / bound - 1) * 100, abs=0.02)
