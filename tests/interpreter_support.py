@@ -20,7 +20,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,15 @@ def child(request: pytest.FixtureRequest, test_prefix: str, entry: str) -> Itera
     if proc.poll() is None:
         proc.kill()
         proc.communicate()
+
+
+def emit(cases: Iterable[dict[str, Any]]) -> None:
+    """A child's entry point's body: one thread, one JSON line per case on stdout (what :func:`results` reads)."""
+    import torch
+
+    torch.set_num_threads(1)
+    for case in cases:
+        print(json.dumps(case), flush=True)  # noqa: T201
 
 
 def results(proc: subprocess.Popen[str] | None, reason: str) -> list[dict[str, Any]]:

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -121,9 +120,7 @@ def _interpreter_cases() -> Iterator[dict[str, Any]]:
 
 def run_interpreter_cases() -> None:
     """Entry point of the interpreter subprocess: one JSON line per case on stdout."""
-    torch.set_num_threads(1)
-    for result in _interpreter_cases():
-        print(json.dumps(result), flush=True)  # noqa: T201
+    interpreter_support.emit(_interpreter_cases())
 
 
 interpreter_child, interpreter_results = interpreter_support.module_fixtures(

@@ -11,7 +11,6 @@ reserves of 0 (every locking or spilling fetch synchronises), 40 (some fetches h
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -113,9 +112,7 @@ def _cases() -> Iterator[dict[str, Any]]:
 
 def run_interpreter_cases() -> None:
     """Entry point of the interpreter subprocess: one JSON line per case on stdout."""
-    torch.set_num_threads(1)
-    for result in _cases():
-        print(json.dumps(result), flush=True)  # noqa: T201
+    interpreter_support.emit(_cases())
 
 
 interpreter_child, interpreter_results = interpreter_support.module_fixtures(
