@@ -337,8 +337,10 @@ def kernels(
         int | None, typer.Option(help="samples per GPU (default: the model's batch_size_per_gpu)", min=1)
     ] = None,
     calibration: CalibrationOption = None,
+    graphed_steps: GraphedStepsOption = False,
 ) -> None:
-    """The kernel the kernel model chooses for each GEMM of MODEL's linear layers on each GPU type of FLEET: per
+    """The kernel the kernel model chooses for each GEMM of MODEL's linear layers on each GPU type of FLEET (for
+    eager steps, or with ``--graphed-steps`` for graphed ones, where Triton's launch costs no host time): per
     layer, phase and GPU, M N K and dtype, the kernel that runs it (``vendor``: the vendor GEMM through torch.matmul,
     cuBLAS / hipBLASLt; ``triton``: shardwise's Triton matmul), its predicted µs and TFLOP/s, and both candidates —
     the best Triton configuration and its µs, the vendor GEMM's µs — then each GPU type's GEMM time per step with the
@@ -351,7 +353,7 @@ def kernels(
     from shardwise.solver.topology import Topology
 
     try:
-        topo = Topology(fleet)
+        topo = Topology(fleet, graphed=graphed_steps)
     except ValueError as exc:  # a GPU name the catalogue does not know (ProfileError)
         fail(f"{fleet_path}: {exc}")
     targets = [(c.profile, c.gpus_per_host) for c in topo.classes]
@@ -393,7 +395,11 @@ def kernels(
                     f"{vendor_us:.1f}",
                 ]
             )
-    typer.echo(f"kernels for {model.name} on {fleet.name}, {samples:,} samples per GPU (predicted, no timing run)")
+    steps = "graphed" if graphed_steps else "eager"
+    typer.echo(
+        f"kernels for {model.name} on {fleet.name}, {samples:,} samples per GPU, {steps} steps (predicted, no timing "
+        "run)"
+    )
     header = ["layer", "style", "phase", "gpu", "M", "N", "K", "dtype", "runs", "pred µs", "TFLOP/s"]
     header += ["best Triton config", "Triton µs", "vendor µs"]
     for line in table(rows, header, right={4, 5, 6, 9, 10, 12, 13}):

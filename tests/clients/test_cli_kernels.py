@@ -61,6 +61,35 @@ def test_kernels_prints_each_linear_layers_choice_per_phase_and_gpu_type(runner:
         assert chosen != pytest.approx(triton, abs=0.05 * len(mine))
 
 
+def test_kernels_for_graphed_steps_pick_on_device_time(runner: CliRunner) -> None:
+    """``--graphed-steps``: every row is the pick of a profile whose steps are graphed (no Triton launch host term),
+    so the small 13-feature GEMMs that eager steps leave to the vendor run Triton, and only such moves happen."""
+    eager = runner.invoke(app, ["kernels", str(DLRM), MIXED])
+    graphed = runner.invoke(app, ["kernels", str(DLRM), MIXED, "--graphed-steps"])
+    assert eager.exit_code == 0, eager.output
+    assert graphed.exit_code == 0, graphed.output
+    assert "graphed steps" in graphed.stdout.splitlines()[0]
+    assert "eager steps" in eager.stdout.splitlines()[0]
+    model = ModelSpec.model_validate_json(DLRM.read_text(encoding="utf-8"))
+    before = [m for line in eager.stdout.splitlines() if (m := LINE.match(line))]
+    after = [m for line in graphed.stdout.splitlines() if (m := LINE.match(line))]
+    assert len(before) == len(after)
+    moved = 0
+    for e, g in zip(before, after, strict=True):
+        assert e.groups()[:8] == g.groups()[:8]  # the same layer, style, phase, GPU and GEMM
+        layer = next(d for d in model.dense_layers if d.name == g[1])
+        gemm = dict(gemms_of(layer, DenseStyle(g[2]), model.batch_size_per_gpu, 8))[GemmPhase(g[3])]
+        profile = get_profile(g[4])
+        steps = profile.overheads.model_copy(update={"graphed_steps": True})
+        replayed = profile.model_copy(update={"overheads": steps})
+        assert g[9] == pick(gemm, replayed).kernel.value
+        if e[9] != g[9]:
+            assert (e[9], g[9]) == ("vendor", "triton")
+            assert float(g[10]) < float(e[10])
+            moved += 1
+    assert moved >= 4  # the 13-feature layer's forward and input gradient on both GPU types at least
+
+
 def test_kernels_takes_the_style_and_batch_asked_for(runner: CliRunner) -> None:
     result = runner.invoke(app, ["kernels", str(DLRM), MIXED, "--style", "colwise", "--batch", "1024"])
     assert result.exit_code == 0, result.output
