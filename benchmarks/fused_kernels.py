@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import time
@@ -243,18 +242,12 @@ def prepare_ids(
     call = (raw, local, id_firsts, bag_firsts, lo, lo + rows.to(device) - 1)
     kernels = one_group._kernels()
     assert kernels is not None
-
-    def by_torch() -> Any:
-        os.environ["SHARDWISE_FUSED_BACKEND"] = "torch"
-        try:
-            return one_group.group_ids(*call)
-        finally:
-            os.environ.pop("SHARDWISE_FUSED_BACKEND")
-
-    same = all(torch.equal(a, b) for a, b in zip(kernels.group_ids(*call), by_torch(), strict=True))
+    same = all(
+        torch.equal(a, b) for a, b in zip(kernels.group_ids(*call), one_group.group_ids_torch(*call), strict=True)
+    )
     return {
         "prepare_kernels_ms": timed(lambda: kernels.group_ids(*call), reps, device),
-        "prepare_torch_ms": timed(by_torch, reps, device),
+        "prepare_torch_ms": timed(lambda: one_group.group_ids_torch(*call), reps, device),
         "prepare_same": same,
     }
 

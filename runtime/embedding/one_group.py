@@ -29,7 +29,7 @@ from shardwise.runtime.embedding.padding import PaddedIds, padded_input
 if TYPE_CHECKING:
     from shardwise.runtime.embedding.bag import ShardedEmbeddingBag
 
-__all__ = ["OneGroup", "group_ids", "group_layouts", "one_group_lookup"]
+__all__ = ["OneGroup", "group_ids", "group_ids_torch", "group_layouts", "one_group_lookup"]
 
 
 @dataclass
@@ -102,8 +102,8 @@ def group_ids(
     clamp moved an id (a bad id); ``bags`` (n,): each id's bag.
 
     Two Triton launches (:mod:`shardwise.runtime.kernels.group_ids`) on a GPU, or on CPU tensors under Triton's
-    interpreter; else torch ops (about fifteen launches over the ids and bags), which also run where
-    ``SHARDWISE_FUSED_BACKEND=torch`` asks for the reference path. Both give the same values.
+    interpreter; else :func:`group_ids_torch`, which also runs where ``SHARDWISE_FUSED_BACKEND=torch`` asks for the
+    reference path. Both give the same values.
     """
     kernels = _kernels()
     if (
@@ -113,6 +113,14 @@ def group_ids(
     ):
         found: tuple[Tensor, Tensor, Tensor, Tensor] = kernels.group_ids(raw, local, id_firsts, bag_firsts, lo, hi)
         return found
+    return group_ids_torch(raw, local, id_firsts, bag_firsts, lo, hi)
+
+
+def group_ids_torch(
+    raw: Tensor, local: Tensor, id_firsts: Tensor, bag_firsts: Tensor, lo: Tensor, hi: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`group_ids` by torch ops on any device (about fifteen launches over the ids and bags): the reference the
+    kernels are checked against."""
     device = raw.device
     bag_table = torch.bucketize(torch.arange(local.numel(), device=device), bag_firsts, right=True) - 1
     offsets = local + id_firsts.index_select(0, bag_table)  # bag_firsts[0] = id_firsts[0] = 0: no table is -1
