@@ -3,14 +3,15 @@ its plan chose (the vendor GEMM, or the Triton matmul where the kernel model pre
 faster), through plain ``nn.Linear`` (torch's path: cuBLAS), and through the best Triton configuration on every phase
 (the default before the vendor GEMM was a candidate), side by side in one run on the same operands.
 
-For each model (``examples/dlrm_dcnv2.json``'s 14 linear layers in bf16 at 8,192 and 32,768 samples per GPU, and in
-fp16 and fp32 at 8,192; a transformer block's projections at d = 1,024 over 200 tokens × 64 sequences, bf16) and
-each path, a step is every layer's forward and backward on its own input (rows × in → out, a random output
-gradient), the layers in the model's order; the figure is the median of ``--steps`` steps, each between CUDA events
-after ``--warmup``. ``default`` is what ``apply_plan(model, plan, device="cuda")`` makes of a plan whose dense
-entries carry ``kernel_choices`` for the GPU (the choices a solver records), ``torch`` the same modules untouched,
-``triton`` every phase on its best Triton configuration. Also per model: the predicted µs of the choices and how
-many GEMMs the vendor runs.
+For each model (``examples/dlrm_dcnv2.json``'s 14 linear layers in bf16 at 8,192 and 32,768 samples per GPU, and in fp16
+and fp32 at 8,192; a transformer block's projections at d = 1,024 over 200 tokens × 64 sequences, bf16) and each path, a
+step is every layer's forward and backward on its own input (rows × in → out, a random output gradient), the layers in
+the model's order; the figure is the median of ``--steps`` steps, each between CUDA events after ``--warmup``, the three
+paths' steps interleaved (one of each a round, the order rotated) so that the GPU's clock drift over a run does not fall
+on one path. ``default`` is what ``apply_plan(model, plan, device="cuda")`` makes of a plan whose dense entries carry
+``kernel_choices`` for the GPU (the choices a solver records), ``torch`` the same modules untouched, ``triton`` every
+phase on its best Triton configuration. Also per model: the predicted µs of the choices and how many GEMMs the vendor
+runs.
 
 ``--graphed``: the choices are made for graphed steps (the profile's ``overheads.graphed_steps``: the pick weighs
 device time alone, no Triton launch host term) and each path's step is captured once as a CUDA graph and replayed, so
@@ -144,27 +145,34 @@ def captured(step: Callable[[], None], warmup: int) -> Callable[[], None]:
     return graph.replay
 
 
-def timed(step: Callable[[], None], steps: int, warmup: int, device: Any) -> list[float]:
+def timed(paths: dict[str, Callable[[], None]], steps: int, warmup: int, device: Any) -> dict[str, list[float]]:
+    """Each path's step times in ms, the paths interleaved: after ``warmup`` steps of each, ``steps`` rounds of one
+    step of every path, the order rotated each round, so that a drift of the GPU's clocks or temperature over the run
+    falls on every path alike rather than on whichever ran last."""
     import time
 
     import torch
 
-    for _ in range(warmup):
-        step()
-    out = []
-    for _ in range(steps):
-        if device.type == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            torch.cuda.synchronize()
-            a.record()
+    for step in paths.values():
+        for _ in range(warmup):
             step()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b))
-        else:
-            t = time.perf_counter()
-            step()
-            out.append((time.perf_counter() - t) * 1e3)
+    names = list(paths)
+    out: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(steps):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            step = paths[name]
+            if device.type == "cuda":
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                torch.cuda.synchronize()
+                a.record()
+                step()
+                b.record()
+                b.synchronize()
+                out[name].append(a.elapsed_time(b))
+            else:
+                t = time.perf_counter()
+                step()
+                out[name].append((time.perf_counter() - t) * 1e3)
     return out
 
 
@@ -209,19 +217,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "triton": sum(k.triton_us or k.predicted_us for k in choices),
             "vendor": sum(k.vendor_us or 0.0 for k in choices),
         }
+        steps: dict[str, Callable[[], None]] = {}
         for path in PATHS:
             layers = build(model, device, seed=1)
             if path != "torch":
                 apply_plan(layers, plan_for(model, profile, all_triton=path == "triton"), device=device.type)
             row.setdefault("swapped", {})[path] = sum(isinstance(m, KernelLinear) for m in layers.values())
             step = step_fn(layers, model, device)
-            if args.graphed:
-                step = captured(step, args.warmup)
-            ms = timed(step, args.steps, args.warmup, device)
+            steps[path] = captured(step, args.warmup) if args.graphed else step
+        for path, ms in timed(steps, args.steps, args.warmup, device).items():
             row[path] = {"median_ms": statistics.median(ms), "ms": ms}
-            del layers
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+        del steps
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         for path in ("default", "triton"):
             row[f"{path}_over_torch"] = row[path]["median_ms"] / row["torch"]["median_ms"]
         doc["models"][model.name] = row

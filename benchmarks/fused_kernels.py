@@ -3,7 +3,8 @@ kernel layout timed on the same ids, beside the bytes they must move.
 
 For each case (:data:`CASES`: a group of tables as the one-lookup path builds it — the tables' rows concatenated, every
 table's ids offset into the group, fixed pooling per table, row-wise Adagrad) the script builds one batch of ids and
-their bags, sorts them into segments once (``segments``, int64 and int32 keys: both timed), and times:
+their bags, sorts them into segments once (``segments``, int64 and int32 keys: both timed, and the Triton backend's
+int32 sort with ``fused_update.segment_starts``), and times:
 
 * ``update``: ``fused_kernel.launch`` with one program per possible segment (``per_segment``, the layout before the
   grouped kernels) and with the grouped kernels under each of :data:`VARIANTS` (``UPDATE_ELEMENTS``, ``GROUP_IDS``,
@@ -42,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 import torch
 
 from shardwise.runtime.embedding import one_group
-from shardwise.runtime.embedding.update import segments
+from shardwise.runtime.embedding.update import segments, sort_by_id
 from shardwise.runtime.kernels import fused_update as fk
 
 
@@ -205,6 +206,9 @@ def measure_case(case: Case, device: torch.device, reps: int, bandwidth: float) 
         "forward_floor_ms": forward_bytes / bandwidth * 1e3,
         "segments_int64_ms": timed(lambda: segments(ids, bags), reps, device),
         "segments_int32_ms": timed(lambda: segments(ids, bags, narrow=True), reps, device),
+        # what the Triton backend runs: the int32 sort, then each head stores its start (no scatter of every id)
+        "segments_kernel_same": bool(torch.equal(fk.segment_starts(s_ids), starts)),
+        "segments_kernel_ms": timed(lambda: fk.segment_starts(sort_by_id(ids, bags, narrow=True)[0]), reps, device),
         "update_per_segment_ms": timed(update(per_segment=True), reps, device),
         **prepare_ids(case, ids, offsets, reps, device),
         "forward_per_bag_ms": timed(forward(per_bag=True), reps, device),
@@ -261,9 +265,9 @@ def table(doc: dict[str, Any]) -> list[str]:
         f"{doc['machine']}; median of {doc['reps']} launches, ms; floor = the bytes at the measured copy bandwidth "
         f"({doc['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s)",
         "",
-        "| case | ids | distinct | longest | id preparation: torch / kernels | segments i64 / i32 | update: per "
-        "segment | grouped (default) | no split | best variant | floor | forward: per bag | grouped | floor | grouped "
-        "vs per-segment (rel.) |",
+        "| case | ids | distinct | longest | id preparation: torch / kernels | segments i64 / i32 / i32 + kernel | "
+        "update: per segment | grouped (default) | no split | best variant | floor | forward: per bag | grouped | "
+        "floor | grouped vs per-segment (rel.) |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in doc["cases"]:
@@ -277,9 +281,12 @@ def table(doc: dict[str, Any]) -> list[str]:
             if "prepare_torch_ms" in r
             else "—"
         )
+        kernel_starts = f" / {r['segments_kernel_ms']:.3f}" if "segments_kernel_ms" in r else ""
+        kernel_starts += "" if r.get("segments_kernel_same", True) else " (differ!)"
         lines.append(
             f"| {r['case']} | {r['ids']:,} | {r['distinct_rows']:,} | {r['longest_segment']:,} | {prep} | "
-            f"{r['segments_int64_ms']:.3f} / {r['segments_int32_ms']:.3f} | {r['update_per_segment_ms']:.3f} | "
+            f"{r['segments_int64_ms']:.3f} / {r['segments_int32_ms']:.3f}{kernel_starts} | "
+            f"{r['update_per_segment_ms']:.3f} | "
             f"{d['update_ms']:.3f} | {unsplit['update_ms'] if unsplit else float('nan'):.3f} | "
             f"{label} {best['update_ms']:.3f} | {r['update_floor_ms']:.3f} | "
             f"{r['forward_per_bag_ms']:.3f} | {d['forward_ms']:.3f} | {r['forward_floor_ms']:.3f} | "

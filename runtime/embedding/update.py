@@ -45,7 +45,8 @@ Every size is static in ``n`` (the number of ids): the ids are sorted (``torch.s
 backend where the rows fit, half the radix passes of int64), segment heads marked where a sorted id differs from its
 predecessor, each position's segment index is the cumulative sum of the heads, and each head writes its position as
 its segment's start into an ``(n + 1)``-long buffer filled with ``n`` (no atomics: a hot row's many ids do not
-contend for one address). There are at
+contend for one address; the Triton backend's heads alone store, the torch one's other positions store into one
+slot past the end). There are at
 most ``n`` segments; those past the real count (which stays on the device) are inert. Nothing calls ``.item()``,
 ``.tolist()``, ``torch.unique``, ``nonzero`` or boolean-mask indexing, and no output size depends on the data.
 
@@ -238,11 +239,15 @@ def fused_backward_update(
     with torch.no_grad():
         # the Triton kernel takes int32 row ids: half the sort's radix passes where the rows fit
         narrow = chosen == "triton" and weight.shape[0] < _NARROW_LIMIT
-        sorted_ids, sorted_bags, seg, starts = segments(ids, bags, valid, narrow=narrow)
+        real = None if valid is None else valid.sum()
         if chosen == "triton":
+            mod = _triton_module()
+            assert mod is not None  # _choose_backend checked
+            sorted_ids, sorted_bags = sort_by_id(ids, bags, valid, narrow=narrow)
+            starts = mod.segment_starts(sorted_ids, real)
             _triton_update(weight, state, sorted_ids, sorted_bags, starts, grad_out, config, step)
         else:
-            real = None if valid is None else valid.sum()
+            sorted_ids, sorted_bags, seg, starts = segments(ids, bags, valid, narrow=narrow)
             _torch_update(weight, state, sorted_ids, sorted_bags, seg, starts, grad_out, config, step, real)
 
 
@@ -323,6 +328,18 @@ def _choose_backend(backend: str, weight: Tensor) -> str:
 _NARROW_LIMIT = torch.iinfo(torch.int32).max
 
 
+def sort_by_id(
+    ids: Tensor, bags: Tensor, valid: Tensor | None = None, *, narrow: bool = False
+) -> tuple[Tensor, Tensor]:
+    """``(sorted_ids, sorted_bags)``: the ids sorted (stable) and each one's bag beside it, as :func:`segments`
+    returns them (``narrow``: int32 keys; ``valid``: the left-out ids last, with the key dtype's maximum)."""
+    key = ids.to(torch.int32) if narrow else ids
+    if valid is not None:
+        key = torch.where(valid, key, torch.iinfo(key.dtype).max)
+    sorted_ids, perm = torch.sort(key, stable=True)
+    return sorted_ids, bags.index_select(0, perm)
+
+
 def segments(
     ids: Tensor, bags: Tensor, valid: Tensor | None = None, *, narrow: bool = False
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -342,11 +359,7 @@ def segments(
     the other positions write into one slot past the end, which is dropped.
     """
     n = ids.numel()
-    key = ids.to(torch.int32) if narrow else ids
-    if valid is not None:
-        key = torch.where(valid, key, torch.iinfo(key.dtype).max)
-    sorted_ids, perm = torch.sort(key, stable=True)
-    sorted_bags = bags.index_select(0, perm)
+    sorted_ids, sorted_bags = sort_by_id(ids, bags, valid, narrow=narrow)
     head = torch.ones(n, dtype=torch.bool, device=ids.device)
     head[1:] = sorted_ids[1:] != sorted_ids[:-1]
     seg = torch.cumsum(head, 0) - 1

@@ -907,6 +907,58 @@ def pooled_rows(weight: Tensor, ids: Tensor, offsets: Tensor, *, per_bag: bool =
     return out
 
 
+#: positions a program of :func:`segment_starts`'s kernel
+STARTS_BLOCK = 1024
+
+
+@triton.jit
+def _segment_starts_kernel(  # type: ignore[no-untyped-def]
+    sorted_ptr, seg_ptr, starts_ptr, real_ptr, n, HAS_REAL: tl.constexpr, BLOCK: tl.constexpr
+):
+    """Each segment's head (a position whose id differs from its predecessor's, or position 0) writes its position
+    — clamped to the real count with ``HAS_REAL`` — to ``starts[seg]``, ``seg`` its segment: ``seg_ptr[i - 1]`` for
+    ``i >= 1`` (the heads among positions 1..i counted), 0 for position 0. Other positions write nothing."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = i < n
+    later = live & (i > 0)
+    cur = tl.load(sorted_ptr + i, mask=live, other=0)
+    prev = tl.load(sorted_ptr + i - 1, mask=later, other=0)
+    head = live & ((i == 0) | (cur != prev))
+    seg = tl.load(seg_ptr + i - 1, mask=head & later, other=0)
+    pos = i
+    if HAS_REAL:
+        pos = tl.minimum(pos, tl.load(real_ptr).to(tl.int64))
+    tl.store(starts_ptr + seg, pos, mask=head)
+
+
+def segment_starts(sorted_ids: Tensor, real: Tensor | None = None) -> Tensor:
+    """``starts`` (n + 1,) int64 of the sorted ids, as the module docstring defines it; with ``real`` (a one-element
+    int64 count of real ids on the device, the padded ids sorted after them) the real count stands where the plain
+    form holds ``n``. The heads are counted by ``torch.cumsum`` over ``sorted_ids[1:] != sorted_ids[:-1]``, and one
+    kernel has each head store its position: no other position stores anything. The values are the torch path's
+    (:func:`shardwise.runtime.embedding.update.segments`), which scatters every position and sends the others to one
+    slot past the end — a store per id to one address."""
+    n = sorted_ids.numel()
+    if real is None:
+        starts = torch.full((n + 1,), n, dtype=torch.int64, device=sorted_ids.device)
+    else:
+        starts = real.reshape(1).to(torch.int64).expand(n + 1).clone()
+    if n == 0:
+        return starts
+    seg = torch.cumsum(sorted_ids[1:] != sorted_ids[:-1], 0)  # int64: the heads among positions 1..i
+    _segment_starts_kernel[(triton.cdiv(n, STARTS_BLOCK),)](
+        sorted_ids,
+        seg,
+        starts,
+        starts if real is None else real,
+        n,
+        HAS_REAL=real is not None,
+        BLOCK=STARTS_BLOCK,
+        num_warps=4,
+    )
+    return starts
+
+
 def interpreting() -> bool:
     """Whether the kernel was built for Triton's interpreter (``TRITON_INTERPRET=1`` when this module was imported).
 
@@ -915,4 +967,4 @@ def interpreting() -> bool:
     return type(_fused_rows_kernel).__name__ == "InterpretedFunction"
 
 
-__all__ = ["ADAGRAD", "ADAM", "MAX_BLOCK_C", "ROWWISE_ADAGRAD", "SGD", "interpreting", "launch"]
+__all__ = ["ADAGRAD", "ADAM", "MAX_BLOCK_C", "ROWWISE_ADAGRAD", "SGD", "interpreting", "launch", "segment_starts"]

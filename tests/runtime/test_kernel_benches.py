@@ -69,8 +69,12 @@ def test_fused_kernels_smoke_run_times_every_layout_and_they_agree(tmp_path: Pat
         assert 0 < case["distinct_rows"] <= case["ids"]
         # the hot case's longest segment is past the shortened long threshold of one variant
         assert case["longest_segment"] >= 1
-        for key in ("segments_int64_ms", "segments_int32_ms", "update_per_segment_ms", "forward_per_bag_ms"):
+        for key in (
+            "segments_int64_ms", "segments_int32_ms", "segments_kernel_ms", "update_per_segment_ms",
+            "forward_per_bag_ms",
+        ):  # fmt: skip
             assert case[key] > 0
+        assert case["segments_kernel_same"] is True  # the heads' stores give the scatter's starts
         assert [v["group_elements"] for v in case["variants"]] == [512, 512, 1024, 512]
         assert [v["split_segment"] for v in case["variants"]] == [1024, None, 1024, 1024]  # the second: no split
         assert all(v["update_ms"] > 0 and v["forward_ms"] > 0 for v in case["variants"])

@@ -465,10 +465,41 @@ def _fallback_case() -> Iterator[dict[str, Any]]:
     yield result
 
 
+def _starts_cases() -> Iterator[dict[str, Any]]:
+    """The Triton backend's segment starts (one store a head) against :func:`segments`' (a scatter of every
+    position): one id, all distinct, all equal, repeats, int32 and int64 keys, and padded calls whose real count is
+    none, some and all of the ids."""
+    from shardwise.runtime.kernels import fused_update as fused_kernel
+
+    result: dict[str, Any] = {"opt": "starts", "errors": [], "cases": 0}
+    gen = torch.Generator().manual_seed(12)
+    calls = [
+        torch.tensor([5]),
+        torch.arange(40).flip(0),
+        torch.full((33,), 7),
+        torch.randint(0, 9, (70,), generator=gen),
+        torch.randint(0, 3000, (2500,), generator=gen),  # several programs of the kernel
+    ]
+    for ids in calls:
+        bags = torch.arange(ids.numel())
+        masks: list[Any] = [None, torch.zeros(ids.numel(), dtype=torch.bool), torch.ones(ids.numel(), dtype=torch.bool)]
+        masks.append(torch.rand(ids.numel(), generator=gen) < 0.6)
+        for valid in masks:
+            for narrow in (False, True):
+                sorted_ids, _, _, want = segments(ids, bags, valid, narrow=narrow)
+                real = None if valid is None else valid.sum()
+                got = fused_kernel.segment_starts(sorted_ids, real)
+                result["cases"] += 1
+                if not torch.equal(got, want):
+                    kept = "all" if valid is None else int(valid.sum())
+                    result["errors"].append(f"n={ids.numel()} real={kept} narrow={narrow}: {got} != {want}")
+    yield result
+
+
 def run_triton_cases() -> None:
     """Entry point of the interpreter subprocess: one JSON line per case on stdout."""
     torch.set_num_threads(1)
-    for result in (*_triton_cases(), *_pooled_cases(), *_fallback_case()):
+    for result in (*_triton_cases(), *_pooled_cases(), *_fallback_case(), *_starts_cases()):
         print(json.dumps(result), flush=True)  # noqa: T201
 
 
@@ -496,6 +527,12 @@ def test_an_update_whose_grouped_kernel_does_not_build_runs_the_per_segment_kern
     interpreter_results: list[dict[str, Any]],
 ) -> None:
     (mine,) = [r for r in interpreter_results if r["opt"] == "fallback"]
+    assert mine["errors"] == []
+
+
+def test_triton_interpreter_segment_starts_match_the_torch_path(interpreter_results: list[dict[str, Any]]) -> None:
+    (mine,) = [r for r in interpreter_results if r["opt"] == "starts"]
+    assert mine["cases"] == 40
     assert mine["errors"] == []
 
 
