@@ -82,7 +82,7 @@ def _bag_offsets_kernel(  # type: ignore[no-untyped-def]
     offset = local + first
     tl.store(offsets_ptr + b, offset, mask=live)
     one = tl.full([BLOCK], 1, tl.int32)
-    tl.atomic_add(counts_ptr + tl.maximum(offset, 0), one, mask=live & (offset < n))
+    tl.atomic_add(counts_ptr + tl.maximum(offset, 0), one, mask=live & (offset < n), sem="relaxed")
     if pid == 0:
         tl.atomic_add(counts_ptr, -1)
 
