@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from shardwise.runtime.embedding.bag import Features, ShardedEmbedding, ShardedEmbeddingBag, prefetching
 from shardwise.runtime.embedding.exchange import pooled_lookup
 from shardwise.runtime.embedding.id_checks import check_pending_ids
-from shardwise.runtime.embedding.one_group import group_layouts, one_group_lookup
+from shardwise.runtime.embedding.one_group import OneGroup, group_layouts, one_group_lookup
 from shardwise.runtime.embedding.row_cache import CacheStats
 
 __all__ = ["ShardedEmbeddingBagCollection"]
@@ -43,6 +43,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self._layouts = group_layouts(tables)
         # the row caches each table's cached shards hold (fixed at construction), for the forward's join
         self._cached = {t.name: caches for t in tables if (caches := t.row_caches())}
+        #: on CUDA, look the mapped groups (rows in host memory) up on a side stream beside the others (``_grouped``)
+        self.overlap_mapped = True
+        self._side: torch.cuda.Stream | None = None
 
     @classmethod
     def from_module(cls, module: nn.Module) -> ShardedEmbeddingBagCollection:
@@ -94,6 +97,44 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 inputs[name] = self._by_name[name].normalise(ids, offsets)
             pooled_lookup([self._by_name[n] for n in inputs], inputs, prefetch=True)
 
+    def _grouped(self, layouts: Sequence[OneGroup], features: Features) -> dict[str, Tensor]:
+        """Each group looked up with one lookup (world size one). On CUDA, where some groups are mapped (their rows in
+        host memory, read over the host link) and some are not, the mapped ones run on a side stream beside the
+        others, so that the link's reads overlap HBM's — as a table-batched kernel over both memories overlaps them
+        — and their backward, which autograd runs on the forward's stream, overlaps too. The side stream starts after
+        the current stream's work so far and the current stream waits for it before it returns."""
+        out: dict[str, Tensor] = {}
+        mapped = [layout for layout in layouts if layout.group.key.mapped]
+        device = layouts[0].group.device
+        if not self.overlap_mapped or not mapped or len(mapped) == len(layouts) or device.type != "cuda":
+            for layout in layouts:
+                out |= one_group_lookup(layout, {n: self._by_name[n] for n in layout.names}, features)
+            return out
+        main = torch.cuda.current_stream(device)
+        if self._side is None:
+            self._side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        side = self._side
+        side.wait_stream(main)
+        # the allocator told which stream uses which block; not while a graph is captured (a graph's blocks are
+        # its pool's until it is freed, and the join below orders every use)
+        record = not torch.cuda.is_current_stream_capturing()
+        aside: dict[str, Tensor] = {}
+        with torch.cuda.stream(side):
+            for layout in mapped:
+                for name in layout.names:  # read on the side stream: not reused before its work is done
+                    value = features[name]
+                    for t in value if isinstance(value, tuple) else (value,):
+                        if record and isinstance(t, Tensor) and t.is_cuda:
+                            t.record_stream(side)
+                aside |= one_group_lookup(layout, {n: self._by_name[n] for n in layout.names}, features)
+        for layout in layouts:
+            if not layout.group.key.mapped:
+                out |= one_group_lookup(layout, {n: self._by_name[n] for n in layout.names}, features)
+        main.wait_stream(side)
+        for rows in aside.values() if record else ():
+            rows.record_stream(main)  # made on the side stream, used on this one
+        return out | aside
+
     def check_ids(self) -> None:
         """Raise ``IndexError`` now for bad ids of the last call whose check was deferred (world size one on a CUDA
         device checks a call's ids at the start of the next one): call it after the last step."""
@@ -109,8 +150,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
                     c.join()
         out: dict[str, Tensor] = {}
         if self._layouts is not None and len(features) == len(self._by_name):
-            for layout in self._layouts:
-                out |= one_group_lookup(layout, {n: self._by_name[n] for n in layout.names}, features)
+            out = self._grouped(self._layouts, features)
         else:
             inputs: dict[str, tuple[Tensor, Tensor]] = {}
             for name, value in features.items():

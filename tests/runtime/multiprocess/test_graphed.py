@@ -61,13 +61,14 @@ def shard(rows: int, dim: int, placement: Placement, fraction: float | None) -> 
     )
 
 
-def plan_for(placement: Placement) -> Plan:
+def plan_for(placement: Placement, in_hbm: tuple[str, ...] = ()) -> Plan:
+    """Every table one whole shard with ``placement``, but those of ``in_hbm`` in HBM."""
     fraction = 0.2 if placement is Placement.uvm_cache else None
     tables = [
         TablePlan(
             name=f,
             sharding_type=ShardingType.table_wise,
-            shards=[shard(r, d, placement, fraction)],
+            shards=[shard(r, d, Placement.hbm, None) if f in in_hbm else shard(r, d, placement, fraction)],
         )
         for f, (r, d) in TABLES.items()
     ]
@@ -95,12 +96,13 @@ def batch(seed: int, device: torch.device, *, bad: bool = False) -> Any:
 
 
 def built(
-    placement: Placement, device: torch.device, opt: RowOptimizer | None, seed: int = 0
+    placement: Placement, device: torch.device, opt: RowOptimizer | None, seed: int = 0, in_hbm: tuple[str, ...] = ()
 ) -> tuple[nn.Module, Any, Any]:
-    """The model applied with ``placement``, its collection and a dense Adam (capturable on CUDA)."""
+    """The model applied with ``placement`` (the tables of ``in_hbm`` in HBM), its collection and a dense Adam
+    (capturable on CUDA)."""
     torch.manual_seed(seed)
     config = UpdateConfig(opt, lr=LR[opt]) if opt is not None else None
-    model = apply_plan(Model(), plan_for(placement), device=device, embedding_optimizer=config)
+    model = apply_plan(Model(), plan_for(placement, in_hbm), device=device, embedding_optimizer=config)
     _, dense = split_parameters(model)
     cuda = device.type == "cuda"
     return model, ShardedEmbeddingBagCollection.from_module(model), torch.optim.Adam(dense, lr=1e-3, capturable=cuda)
@@ -234,12 +236,16 @@ def test_captured_id_counts_name_their_tables_and_restart_once_reported() -> Non
 # ------------------------------------------------------------------------------------------------ CUDA
 
 
-def check_graphed_on_cuda(rank: int, world: int, opt: RowOptimizer, placement: Placement) -> list[str]:
-    """Eager twin: 3 warm-up steps on the example, then 5 batches; graphed: the same through GraphedStep."""
+def check_graphed_on_cuda(
+    rank: int, world: int, opt: RowOptimizer, placement: Placement, in_hbm: tuple[str, ...] = ()
+) -> list[str]:
+    """Eager twin: 3 warm-up steps on the example, then 5 batches; graphed: the same through GraphedStep. With
+    ``in_hbm`` beside ``host`` tables, the host group's lookup and update run on the collection's side stream in
+    both (captured in the graph)."""
     device = torch.device("cuda", 0)
     errors: list[str] = []
-    eager, e_ebc, e_opt = built(placement, device, opt)
-    graphed, g_ebc, g_opt = built(placement, device, opt)
+    eager, e_ebc, e_opt = built(placement, device, opt, in_hbm=in_hbm)
+    graphed, g_ebc, g_opt = built(placement, device, opt, in_hbm=in_hbm)
     errors += differences(graphed, eager, "before", 0.0)
     example = batch(0, device)
     eager_step = stepper(eager, e_ebc, e_opt)
@@ -261,10 +267,12 @@ def check_graphed_on_cuda(rank: int, world: int, opt: RowOptimizer, placement: P
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("placement", ["hbm", "host"])
+@pytest.mark.parametrize("placement", ["hbm", "host", "host+hbm"])
 @pytest.mark.parametrize("opt", [o.value for o in RowOptimizer])
 def test_graphed_steps_train_as_eager_steps(opt: str, placement: str) -> None:
-    (errors,) = run(check_graphed_on_cuda, 1, RowOptimizer(opt), Placement(placement), backend="nccl")
+    where, _, beside = placement.partition("+")
+    in_hbm = ("emb.a",) if beside else ()
+    (errors,) = run(check_graphed_on_cuda, 1, RowOptimizer(opt), Placement(where), in_hbm, backend="nccl")
     assert errors == [], errors
 
 

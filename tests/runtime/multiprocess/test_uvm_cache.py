@@ -606,3 +606,63 @@ def check_host_on_cuda(rank: int, world: int, kind: RowOptimizer) -> list[str]:
 def test_host_shards_read_and_written_zero_copy_train_like_hbm(optimizer: str) -> None:
     (errors,) = run(check_host_on_cuda, 1, RowOptimizer(optimizer), backend="nccl")
     assert errors == [], errors
+
+
+def mixed_plan(placements: dict[str, Placement]) -> Plan:
+    """One GPU, every table one whole shard (one lookup per group) with the placement ``placements`` gives it."""
+    base = plan_for(1, Placement.hbm)
+    tables = [
+        TablePlan(
+            name=fqn,
+            sharding_type=ST.table_wise,
+            shards=[
+                ShardPlan(rank=0, row_offset=0, num_rows=rows, col_offset=0, num_cols=dim, placement=placements[fqn])
+            ],
+        )
+        for fqn, (rows, dim, _) in TABLES.items()
+    ]
+    return base.model_copy(update={"tables": tables})
+
+
+def check_mixed_on_cuda(rank: int, world: int, kind: RowOptimizer) -> list[str]:
+    """Some tables in HBM, some ``host`` (a mapped group): the mapped group's lookup and update run on a side
+    stream beside the HBM group's, and the collection trains as with every table in HBM, bit for bit — and as the
+    same tables looked up one group after the other on one stream."""
+    errors: list[str] = []
+    device = torch.device("cuda", 0)
+    torch.manual_seed(0)
+    ref = Tables()
+    config = UpdateConfig(kind, lr=LR[kind])
+    hbm = dict.fromkeys(TABLES, Placement.hbm)
+    mixed = {**hbm, "emb.b": Placement.host, "emb.c": Placement.host}
+    models = [
+        apply_plan(copy.deepcopy(ref), mixed_plan(p), device=device, embedding_optimizer=config)
+        for p in (hbm, mixed, mixed)
+    ]
+    e_hbm, e_side, e_one = (ShardedEmbeddingBagCollection.from_module(m) for m in models)
+    e_one.overlap_mapped = False
+    for step in range(STEPS):
+        feats = {k: (i.to(device), o.to(device)) for k, (i, o) in batches(1, seed=500 + step)[1][rank].items()}
+        outs = [e(feats) for e in (e_hbm, e_side, e_one)]
+        for out in outs:
+            loss_of(out).backward()
+        for fqn in TABLES:
+            for label, out in (("side stream", outs[1]), ("one stream", outs[2])):
+                if not torch.equal(out[fqn], outs[0][fqn]):
+                    errors.append(f"{kind.value} step {step}: {fqn} forward differs from hbm ({label})")
+    torch.cuda.synchronize(device)
+    if e_side._side is None or e_one._side is not None:
+        errors.append(f"{kind.value}: the side stream was not used where it should be ({e_side._side}, {e_one._side})")
+    for fqn in TABLES:
+        want = table(models[0], fqn).full_tensor().cpu()
+        for label, m in (("side stream", models[1]), ("one stream", models[2])):
+            if not torch.equal(table(m, fqn).full_tensor().cpu(), want):
+                errors.append(f"{kind.value}: {fqn} weights differ from hbm ({label})")
+    return errors
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_host_groups_beside_hbm_ones_run_on_a_side_stream_and_train_like_hbm(optimizer: str) -> None:
+    (errors,) = run(check_mixed_on_cuda, 1, RowOptimizer(optimizer), backend="nccl")
+    assert errors == [], errors
