@@ -110,6 +110,28 @@ ENGINES = ("shardwise", "shardwise_graphed", "fbgemm", "torch")
 BUILT = ("shardwise", "fbgemm", "torch")
 LR = 0.01
 SORT_WORDS = re.compile(r"sort|segment|unique|radix|scan", re.IGNORECASE)
+#: what each kernel of a profiled step is, in order (the first that matches): the embedding update (ours: the
+#: grouped, long and per-segment kernels; FBGEMM: its backward's kernels), the lookup's forward, the sort and the
+#: id preparation around it (ours: the radix sort, the segment scan, the preparation kernels, gathers; FBGEMM: the
+#: radix sort, bounds check, linearize, run-length encoding), the dense GEMMs (cuBLAS, CUTLASS, the Triton matmul),
+#: concatenations, and the rest
+KERNEL_KINDS = (
+    ("sort and id preparation", re.compile(
+        r"radix|scan|_id_rows|_bag_offsets|_segment_starts|bucketize|scatter_gather|arange|bounds_check|linearize"
+        r"|ReduceByKey|find_long_segments|index_select|indexSelect|fill_reverse_indices|cumsum", re.IGNORECASE)),
+    ("update", re.compile(r"_fused_(groups|long|rows)_kernel|split_embedding_backward")),
+    ("forward", re.compile(r"_pooled_(groups|rows)_kernel|embedding_codegen_forward")),
+    ("dense GEMMs", re.compile(r"gemm|cutlass|xmma|_matmul_kernel|splitKreduce", re.IGNORECASE)),
+    ("concatenation", re.compile(r"CatArrayBatchedCopy")),
+)  # fmt: skip
+KIND_NAMES = (*(k for k, _ in KERNEL_KINDS), "other")
+
+
+def kernel_kind(name: str) -> str:
+    """The :data:`KERNEL_KINDS` entry a kernel's name falls under, or ``other``."""
+    return next((kind for kind, words in KERNEL_KINDS if words.search(name)), "other")
+
+
 say = pm.say
 
 
@@ -474,7 +496,11 @@ def top_kernels(rig: Any, device: Any, count: int = 8) -> dict[str, Any]:
     if cuda:
         cpu = [e for e in averages if getattr(e, "device_type", None) == torch.autograd.DeviceType.CPU]
         cpu.sort(key=lambda e: -e.self_cpu_time_total)
+        kinds = dict.fromkeys(KIND_NAMES, 0.0)
+        for e in events:
+            kinds[kernel_kind(e.key)] += getattr(e, attr) / 1e3
         out |= {
+            "kinds_ms": kinds,
             "kernel_ms": sum(getattr(e, attr) for e in events) / 1e3,
             "kernel_launches": sum(e.count for e in events),
             "annotations": [row(e) for e in sorted(notes, key=lambda e: -getattr(e, attr))],
@@ -798,7 +824,36 @@ def table(doc: dict[str, Any]) -> list[str]:
         f"{machine.get('fbgemm_gpu')}; steps {doc.get('steps')}, warm-up {doc.get('warmup')}; step = pipelined "
         "(back to back), ms; byte floor at the catalogue H200's peak bandwidths",
     )
-    return lines + [""] + [f"- {n}" for n in notes]
+    return lines + [""] + [f"- {n}" for n in notes] + kinds_table(doc)
+
+
+def kinds_table(doc: dict[str, Any]) -> list[str]:
+    """Where the profiled steps' device time goes: every kernel of one eager step summed by kind (:data:`KERNEL_KINDS`;
+    from the listed top kernels, the rest as ``other``, where a JSON predates the sums), beside the host's enqueue
+    time and launch calls. Empty when no step was profiled on a GPU."""
+    rows = []
+    for name, rec in doc["models"].items():
+        for batch, case in rec.get("cases", {}).items():
+            for eng in ("shardwise", "fbgemm"):
+                e = case.get(eng) or {}
+                if "kernel_ms" not in e:
+                    continue
+                kinds = e.get("kinds_ms")
+                if kinds is None:
+                    kinds = dict.fromkeys(KIND_NAMES, 0.0)
+                    for k in e.get("top_kernels", []):
+                        kinds[kernel_kind(k["name"])] += k["ms"]
+                    kinds["other"] += e["kernel_ms"] - sum(kinds.values())
+                cells = " | ".join(f"{kinds.get(k, 0.0):.2f}" for k in KIND_NAMES)
+                rows.append(
+                    f"| {name} | {batch} | {eng} | {e['kernel_ms']:.2f} ({e['kernel_launches']}) | {cells} | "
+                    f"{e.get('host_ms', float('nan')):.2f} | {e.get('launch_calls', 0)} |"
+                )
+    if not rows:
+        return []
+    head = "| model | batch | engine | all kernels (count) | " + " | ".join(KIND_NAMES) + " | host | launches |"
+    return ["", "Where the device time goes (one profiled eager step, ms):", "", head,
+            "|" + " --- |" * 3 + " ---: |" * (len(KIND_NAMES) + 3), *rows]  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------ main

@@ -85,3 +85,55 @@ def test_smoke_run_measures_every_engine_and_computes_the_ratios(tmp_path: Path)
     table = _run("--report", str(out), cwd=tmp_path).stdout
     assert table.count("| small-tables |") == 2
     assert "FBGEMM ran fp16 tables, not bf16" in table
+
+
+def _bench_module() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("vs_fbgemm_for_test", SCRIPT)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_profiled_kernels_are_summed_by_kind_in_the_report() -> None:
+    pytest.importorskip("torch")
+    bench = _bench_module()
+    names = {
+        "_fused_groups_kernel": "update",
+        "void split_embedding_backward_codegen_rowwise_adagrad_unweighted_kernel_warp_per_row_1<float>": "update",
+        "_pooled_groups_kernel": "forward",
+        "void split_embedding_codegen_forward_unweighted_kernel<c10::Half>": "forward",
+        "_id_rows_kernel": "sort and id preparation",
+        "_segment_starts_kernel": "sort and id preparation",
+        "void cub::detail::radix_sort::DeviceRadixSortOnesweepKernel<int>": "sort and id preparation",
+        "void bounds_check_indices_kernel_v1<long, false>": "sort and id preparation",
+        "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8": "dense GEMMs",
+        "_matmul_kernel": "dense GEMMs",
+        "void at::native::CatArrayBatchedCopy<OpaqueType<4u>>": "concatenation",
+        "void at::native::reduce_kernel<128, 4>": "other",
+    }
+    assert {n: bench.kernel_kind(n) for n in names} == names
+    # a JSON without the sums (an older run): the listed kernels summed by kind, the rest of the step as "other"
+    profiled = {
+        "kernel_ms": 10.0,
+        "kernel_launches": 7,
+        "host_ms": 4.5,
+        "launch_calls": 6,
+        "top_kernels": [{"name": "_fused_groups_kernel", "ms": 3.0}, {"name": "_pooled_groups_kernel", "ms": 2.0}],
+    }
+    doc = {"models": {"m": {"cases": {"64": {"shardwise": profiled, "fbgemm": {"status": "ok"}}}}}}
+    lines = bench.kinds_table(doc)
+    row = next(line for line in lines if line.startswith("| m | 64 | shardwise"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    by_kind = dict(zip(bench.KIND_NAMES, cells[4 : 4 + len(bench.KIND_NAMES)], strict=True))
+    assert by_kind == {
+        "sort and id preparation": "0.00", "update": "3.00", "forward": "2.00", "dense GEMMs": "0.00",
+        "concatenation": "0.00", "other": "5.00",
+    }  # fmt: skip
+    assert cells[3] == "10.00 (7)"
+    assert cells[-2:] == ["4.50", "6"]
+    assert bench.kinds_table({"models": {"m": {"cases": {"64": {"shardwise": {"status": "ok"}}}}}}) == []
