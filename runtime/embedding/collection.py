@@ -43,8 +43,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self._layouts = group_layouts(tables)
         # the row caches each table's cached shards hold (fixed at construction), for the forward's join
         self._cached = {t.name: caches for t in tables if (caches := t.row_caches())}
-        #: on CUDA, look the mapped groups (rows in host memory) up on a side stream beside the others (``_grouped``)
-        self.overlap_mapped = True
+        #: on CUDA, look the mapped groups (rows in host memory) up on a side stream beside the others (``_grouped``);
+        #: off until it has been measured on a GPU (docs/benchmarks.md, "Since run 3")
+        self.overlap_mapped = False
         self._side: torch.cuda.Stream | None = None
 
     @classmethod
@@ -98,11 +99,11 @@ class ShardedEmbeddingBagCollection(nn.Module):
             pooled_lookup([self._by_name[n] for n in inputs], inputs, prefetch=True)
 
     def _grouped(self, layouts: Sequence[OneGroup], features: Features) -> dict[str, Tensor]:
-        """Each group looked up with one lookup (world size one). On CUDA, where some groups are mapped (their rows in
-        host memory, read over the host link) and some are not, the mapped ones run on a side stream beside the
-        others, so that the link's reads overlap HBM's — as a table-batched kernel over both memories overlaps them
-        — and their backward, which autograd runs on the forward's stream, overlaps too. The side stream starts after
-        the current stream's work so far and the current stream waits for it before it returns."""
+        """Each group looked up with one lookup (world size one). With ``overlap_mapped`` on CUDA, where some groups are
+        mapped (their rows in host memory, read over the host link) and some are not, the mapped ones run on a side
+        stream beside the others, so that the link's reads overlap HBM's — as a table-batched kernel over both memories
+        overlaps them — and their backward, which autograd runs on the forward's stream, overlaps too. The side stream
+        starts after the current stream's work so far and the current stream waits for it before it returns."""
         out: dict[str, Tensor] = {}
         mapped = [layout for layout in layouts if layout.group.key.mapped]
         device = layouts[0].group.device

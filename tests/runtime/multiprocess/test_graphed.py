@@ -105,7 +105,9 @@ def built(
     model = apply_plan(Model(), plan_for(placement, in_hbm), device=device, embedding_optimizer=config)
     _, dense = split_parameters(model)
     cuda = device.type == "cuda"
-    return model, ShardedEmbeddingBagCollection.from_module(model), torch.optim.Adam(dense, lr=1e-3, capturable=cuda)
+    ebc = ShardedEmbeddingBagCollection.from_module(model)
+    ebc.overlap_mapped = bool(in_hbm)  # host tables beside HBM ones: their group on the side stream
+    return model, ebc, torch.optim.Adam(dense, lr=1e-3, capturable=cuda)
 
 
 def stepper(model: nn.Module, ebc: Any, opt: Any) -> Any:
