@@ -943,7 +943,8 @@ def segment_starts(sorted_ids: Tensor, real: Tensor | None = None) -> Tensor:
         starts = torch.full((n + 1,), n, dtype=torch.int64, device=sorted_ids.device)
     else:
         starts = real.reshape(1).to(torch.int64).expand(n + 1).clone()
-    if n == 0:
+    if n <= 1:  # no comparison to count (and no empty tensor handed to a launch): position 0 heads segment 0
+        starts[:n] = 0
         return starts
     seg = torch.cumsum(sorted_ids[1:] != sorted_ids[:-1], 0)  # int64: the heads among positions 1..i
     _segment_starts_kernel[(triton.cdiv(n, STARTS_BLOCK),)](
