@@ -105,11 +105,15 @@ class ShardedEmbeddingBagCollection(nn.Module):
         overlaps them — and their backward, which autograd runs on the forward's stream, overlaps too. The side stream
         starts after the current stream's work so far and the current stream waits for it before it returns."""
         out: dict[str, Tensor] = {}
+
+        def lookup(layout: OneGroup) -> dict[str, Tensor]:
+            return one_group_lookup(layout, {n: self._by_name[n] for n in layout.names}, features)
+
         mapped = [layout for layout in layouts if layout.group.key.mapped]
         device = layouts[0].group.device
         if not self.overlap_mapped or not mapped or len(mapped) == len(layouts) or device.type != "cuda":
             for layout in layouts:
-                out |= one_group_lookup(layout, {n: self._by_name[n] for n in layout.names}, features)
+                out |= lookup(layout)
             return out
         main = torch.cuda.current_stream(device)
         if self._side is None:
@@ -127,10 +131,10 @@ class ShardedEmbeddingBagCollection(nn.Module):
                     for t in value if isinstance(value, tuple) else (value,):
                         if record and isinstance(t, Tensor) and t.is_cuda:
                             t.record_stream(side)
-                aside |= one_group_lookup(layout, {n: self._by_name[n] for n in layout.names}, features)
+                aside |= lookup(layout)
         for layout in layouts:
             if not layout.group.key.mapped:
-                out |= one_group_lookup(layout, {n: self._by_name[n] for n in layout.names}, features)
+                out |= lookup(layout)
         main.wait_stream(side)
         for rows in aside.values() if record else ():
             rows.record_stream(main)  # made on the side stream, used on this one

@@ -101,9 +101,9 @@ def group_ids(
     position in the call; ``rows`` (n,): each id's group row, clamped into its table; ``flags`` (n,) bool: where the
     clamp moved an id (a bad id); ``bags`` (n,): each id's bag.
 
-    Two Triton launches (:mod:`shardwise.runtime.kernels.group_ids`) on a GPU, or on CPU tensors under Triton's
-    interpreter; else :func:`group_ids_torch`, which also runs where ``SHARDWISE_FUSED_BACKEND=torch`` asks for the
-    reference path. Both give the same values.
+    Two Triton kernels and a cumulative sum (:mod:`shardwise.runtime.kernels.group_ids`) on a GPU, or on CPU tensors
+    under Triton's interpreter; else :func:`group_ids_torch`, which also runs where ``SHARDWISE_FUSED_BACKEND=torch``
+    asks for the reference path. Both give the same values.
     """
     kernels = _kernels()
     if (

@@ -17,7 +17,7 @@ torch ops that is about fifteen launches over the ids and the bags — three ``b
    clamped, and the clamp's flag. It reads 8 B and writes 9 B an id.
 
 A binary search over the bags' offsets for each id's bag takes about 21 dependent loads an id at 2 million bags,
-where the count and its sum pass over memory once (``docs/benchmarks.md``, "The embedding kernels", has the times).
+where the count and its sum pass over memory once (``docs/benchmarks.md``, "Run 3", has what the search took).
 
 The table searches are ``torch.bucketize(..., right=True) - 1``'s, and the bags are its answers where the offsets
 are non-decreasing (as a call's are, built from lengths): the count of offsets at or before each position, less one
