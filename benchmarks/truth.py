@@ -398,12 +398,17 @@ class Rig:
         import torch
 
         d, f, y = batch
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(self.model.head(d, self.ebc(f)), y)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(self.model.head(d, self.lookup(f)), y)
         loss.backward()
         if upcoming is not None:
             self.ebc.prefetch(upcoming)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+
+    def lookup(self, features: Any) -> Any:
+        """What the model's head takes: the tables' pooled rows side by side, in name order (the collection writes
+        them so where it can: ``side_by_side``)."""
+        return self.ebc.side_by_side(features)
 
     def emb(self, i: int) -> None:
         """The embedding part alone: lookup forward, backward and the fused update of every table."""
@@ -413,11 +418,8 @@ class Rig:
         self.embedding_part(self._batch(i)[1])
 
     def embedding_part(self, features: Any) -> None:
-        import torch
-
-        pooled = self.ebc(features)
-        names_ = sorted(pooled)
-        torch.autograd.backward([pooled[n] for n in names_], [self.grads[n].to(pooled[n].dtype) for n in names_])
+        rows = self.ebc.side_by_side(features)  # the tables' pooled rows side by side, in name order
+        rows.backward(side_by_side(self.grads).to(rows.dtype))
 
 
 def harness_bytes(batches: Sequence[Any], grads: Any) -> int:
@@ -426,16 +428,40 @@ def harness_bytes(batches: Sequence[Any], grads: Any) -> int:
     return tensor_bytes(grads) + sum(sizes) - max(sizes, default=0)
 
 
-def output_grads(cfg: Config, device: Any, *, pooled_dtype: bool = True) -> dict[str, Any]:
-    """The output gradient of each table the embedding part's timing back-propagates (one pooled row a sample), in
-    the pooled rows' dtype (the tables'), so that the timed part casts nothing: a cast per table cost the
-    many-small-table model 128 copies a call that a job does not make. ``pooled_dtype=False``: fp32, as rigs built
-    them before (what :func:`rebuilt_harness` sizes for the runs that did not record their harness)."""
+def output_grads(cfg: Config, device: Any, *, pooled_dtype: bool = True, batch: int | None = None) -> dict[str, Any]:
+    """The output gradient of each table the embedding part's timing back-propagates (one pooled row a sample, ``batch``
+    samples: default the configuration's), in the pooled rows' dtype (the tables'), so that the timed part casts
+    nothing: a cast per table cost the many-small-table model 128 copies a call that a job does not make. They are
+    the column blocks, in name order, of one ``(batch, tables × dim)`` tensor (:func:`side_by_side` gives it back),
+    the gradient of the collection's rows side by side. ``pooled_dtype=False``: fp32, as rigs built them before (what
+    :func:`rebuilt_harness` sizes for the runs that did not record their harness)."""
     import torch
 
     dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
     dtype = dtypes.get(cfg.dtype, torch.float32) if pooled_dtype else torch.float32
-    return {f"sparse.t{i}": torch.randn(cfg.batch, cfg.dim, device=device, dtype=dtype) for i in range(len(cfg.tables))}
+    names_ = sorted(f"sparse.t{i}" for i in range(len(cfg.tables)))
+    whole = torch.randn(cfg.batch if batch is None else batch, cfg.dim * len(names_), device=device, dtype=dtype)
+    return {n: whole[:, k * cfg.dim : (k + 1) * cfg.dim] for k, n in enumerate(names_)}
+
+
+def side_by_side(grads: dict[str, Any]) -> Any:
+    """The output gradients of :func:`output_grads` as the one tensor whose column blocks they are (in name order),
+    or, where they are not such blocks, their concatenation."""
+    import torch
+
+    parts = [grads[n] for n in sorted(grads)]
+    whole = parts[0]._base
+    width = sum(p.shape[1] for p in parts)
+    if (
+        whole is not None
+        and whole.dim() == 2
+        and whole.shape == (parts[0].shape[0], width)
+        and all(p._base is whole for p in parts)
+        and [p.storage_offset() - whole.storage_offset() for p in parts]
+        == [sum(q.shape[1] for q in parts[:k]) for k in range(len(parts))]
+    ):
+        return whole
+    return torch.cat(parts, dim=1)
 
 
 def rebuilt_harness(cfg: Config, batches: int, graphed: bool) -> int:
@@ -548,11 +574,14 @@ def build(
             )
             self.top = mlp((cfg.dim * (1 + len(cfg.tables)), *cfg.top, 1))
 
-        def head(self, dense: torch.Tensor, pooled: dict[str, torch.Tensor]) -> torch.Tensor:
-            # the pooled rows concatenated, then cast once, as the TorchRec model casts its KeyedTensor
-            # (torchrec_engine.build_dlrm); a cast per table cost 256 launches a step at 128 fp16 tables
-            # (docs/benchmarks.md, "With the grouped kernels (run 2)")
-            rows = torch.cat([pooled[n] for n in sorted(pooled)], dim=1).float()
+        def head(self, dense: torch.Tensor, pooled: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
+            # the pooled rows side by side (the collection's side_by_side, or a dict of them concatenated in name
+            # order), cast once, as the TorchRec model casts its KeyedTensor (torchrec_engine.build_dlrm); a cast
+            # per table cost 256 launches a step at 128 fp16 tables (docs/benchmarks.md, "With the grouped kernels
+            # (run 2)")
+            if isinstance(pooled, dict):
+                pooled = torch.cat([pooled[n] for n in sorted(pooled)], dim=1)
+            rows = pooled.float()
             z = torch.cat([self.bottom(dense), rows], dim=1)
             out: torch.Tensor = self.top(z).squeeze(1)
             return out

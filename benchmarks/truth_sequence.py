@@ -216,7 +216,10 @@ def make_batches(cfg: SeqConfig, device: Any, count: int, *, graphed: bool = Fal
 
 class SeqRig(truth.Rig):
     """:class:`truth.Rig` for a sequence model: its embedding part back-propagates a gradient of each output's
-    shape (the item rows vary in number from batch to batch)."""
+    shape (the item rows vary in number from batch to batch); its head takes the rows by table."""
+
+    def lookup(self, features: Any) -> Any:
+        return self.ebc(features)
 
     def embedding_part(self, features: Any) -> None:
         import torch

@@ -30,6 +30,9 @@ replays), the same for every engine (uniform ids; Zipf for ``dcnv2-capped``). Th
 * ``shardwise_graphed`` — the same rig, its step and embedding part captured as CUDA graphs
   (``runtime/graphed.py``'s ``GraphedStep``, a capturable Adam), where ``capture_problems`` allows; its refusal
   recorded otherwise (and on the CPU);
+* ``shardwise_overlap`` — the same rig again with the collection's ``overlap_mapped`` on (the groups whose rows
+  are in host memory looked up on a side stream beside the HBM ones), measured after the eager cases where the plan
+  has both kinds of group on CUDA; skipped, with the reason, elsewhere;
 * ``fbgemm`` — the same plan through ``to_torchrec`` and DistributedModelParallel (``torchrec_engine.build_dlrm``,
   ``wrap``: FBGEMM's ``EXACT_ROWWISE_ADAGRAD`` fused in backward);
 * ``torch`` — plain torch: one ``nn.EmbeddingBag(mode="sum", sparse=True)`` per table, its sparse gradient applied by
@@ -105,7 +108,7 @@ from shardwise.calibrate.torchrec import failure, release  # noqa: E402
 from shardwise.wire.spec import Placement, Plan, PlanStatus  # noqa: E402
 
 GIB = 2**30
-ENGINES = ("shardwise", "shardwise_graphed", "fbgemm", "torch")
+ENGINES = ("shardwise", "shardwise_graphed", "fbgemm", "torch", "shardwise_overlap")
 #: the engines built (the graphed one is the shardwise rig captured)
 BUILT = ("shardwise", "fbgemm", "torch")
 LR = 0.01
@@ -389,6 +392,8 @@ class DmpRig(te.Rig):
     grad: Any = None
     fresh: bool = False
     _next: int = 0
+    #: the dtype of the tables DMP was built with ("fp32", "fp16", "bf16")
+    table_dtype: str = "fp32"
     #: step ``i``'s batch, on the device (with ``fresh``, the next of the stream): truth.py's rig's
     batch = truth.Rig._batch
 
@@ -400,24 +405,21 @@ class DmpRig(te.Rig):
         pass
 
 
-def grads(cfg: truth.Config, batch: int, device: Any) -> dict[str, Any]:
-    """The embedding part's output gradients, as truth.py's ``build`` makes them."""
-    import torch
-
-    return {f"sparse.t{i}": torch.randn(batch, cfg.dim, device=device) for i in range(len(cfg.tables))}
-
-
 def set_batches(rig: Any, engine: str, cfg: truth.Config, data: tuple[list[Any], list[Any]], device: Any) -> None:
-    """Give ``rig`` (of ``engine``) the batches ``data`` of ``cfg.batch`` samples and their output gradients."""
+    """Give ``rig`` (of ``engine``) the batches ``data`` of ``cfg.batch`` samples and their output gradients: truth.py's
+    ``output_grads``, in the dtype of the rows each engine pools (FBGEMM's tables may be fp16 where the model's are
+    bf16), so that no engine's embedding part casts them."""
     import torch
 
-    g = grads(cfg, cfg.batch, device)
+    g = truth.output_grads(cfg, device)
     rig._next = 0
     if engine == "fbgemm":
         rig.batches = [(d, te.to_kjt(f), y) for d, f, y in data[0]]
-        rig.grad = torch.cat(list(g.values()), dim=1)  # the collection's pooled rows side by side, in table order
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(rig.table_dtype, torch.float32)
+        # the collection's pooled rows side by side (the order of random rows does not matter)
+        rig.grad = truth.side_by_side(g).to(dtype)
     elif engine == "torch":
-        rig.batches, rig.grads = data[0], list(g.values())
+        rig.batches, rig.grads = data[0], [g[n] for n in sorted(g)]
     else:
         rig.batches, rig.grads, rig.host_features = data[0], g, data[1]
 
@@ -432,7 +434,7 @@ def build_fbgemm(m: Model, sharding_plan: Any, device: Any, rec: dict[str, Any])
     def dmp_rig(dtype: str) -> DmpRig:
         dmp, opt = te.wrap(te.build_dlrm(dataclasses.replace(m.cfg, dtype=dtype), device), sharding_plan, device)
         rec["kernels"] = te.kernels(dmp)
-        return DmpRig(dmp, opt, [], device)
+        return DmpRig(dmp, opt, [], device, table_dtype=dtype)
 
     problems = model_problems(Executor.torchrec, truth.model_spec(m.cfg))
     rec |= {"fbgemm_dtype": m.cfg.dtype, "fbgemm_dtype_note": None, "model_problems": problems}
@@ -670,6 +672,7 @@ def run_model(m: Model, args: argparse.Namespace, device: Any, doc: te.Doc, cloc
                 report_row(m.cfg.name, b, engine, row)
                 doc.save()
             if engine == "shardwise":
+                overlapped(rig, m, args, device, base, rec, clock, doc)
                 graphed(rig, m, args, device, base, rec, clock, doc)
         except Exception as e:
             erec |= failure(e)
@@ -690,6 +693,55 @@ def guarded(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return fn()
     except Exception as e:
         return failure(e)
+
+
+def overlapped(
+    rig: Any, m: Model, args: argparse.Namespace, device: Any, base: int, rec: dict[str, Any], clock: Clock, doc: Any
+) -> None:
+    """The shardwise rig measured again at each batch with ``overlap_mapped`` on (``shardwise_overlap``), where its
+    collection has groups in host memory beside groups in HBM on CUDA; the reason recorded where not. The rig is left
+    as it was found (off)."""
+    erec: dict[str, Any] = rec["engines"].setdefault("shardwise_overlap", {})
+    cases = rec["cases"]
+    layouts = getattr(rig.ebc, "_layouts", None) or []
+    mapped = sum(1 for layout in layouts if layout.group.key.mapped)
+    why = None
+    if device.type != "cuda":
+        why = "the side stream needs a CUDA device: skipped on the CPU"
+    elif not mapped or mapped == len(layouts):
+        why = f"nothing to overlap: {mapped} of {len(layouts)} groups have their rows in host memory"
+    if why is not None:
+        erec |= skipped(why)
+        for b in m.batches:
+            cases[str(b)]["shardwise_overlap"] = skipped(why)
+        return
+    erec |= {"status": "ok", "groups": len(layouts), "mapped_groups": mapped}
+    profile_at = None if args.no_profile else ("every" if args.profile_every_batch else max(m.batches))
+    rig.ebc.overlap_mapped = True
+    try:
+        for b in m.batches:
+            key = str(b)
+            if clock.over():
+                cases[key]["shardwise_overlap"] = skipped("budget")
+                continue
+            cfg = at_batch(m.cfg, b)
+            set_batches(rig, "shardwise", cfg, make_data(m, b, device, n_batches(m, args.steps, args.warmup)), device)
+            cases[key]["shardwise_overlap"] = row = guarded(
+                functools.partial(
+                    measure,
+                    rig,
+                    args.steps,
+                    args.warmup,
+                    device,
+                    base,
+                    profiled=profile_at in (b, "every"),
+                    top=args.top,
+                )
+            )
+            report_row(m.cfg.name, b, "shardwise_overlap", row)
+            doc.save()
+    finally:
+        rig.ebc.overlap_mapped = False
 
 
 def graphed(
@@ -759,6 +811,8 @@ def ratios(case: dict[str, Any]) -> dict[str, float | None]:
         "step_graphed": ratio("shardwise_graphed", "pipelined_ms"),
         "embedding": ratio("shardwise", "embedding_ms"),
         "embedding_graphed": ratio("shardwise_graphed", "embedding_ms"),
+        "step_overlap": ratio("shardwise_overlap", "pipelined_ms"),
+        "embedding_overlap": ratio("shardwise_overlap", "embedding_ms"),
     }
 
 
@@ -793,7 +847,8 @@ def table(doc: dict[str, Any]) -> list[str]:
         "| peak GiB: ours / FBGEMM / torch |"
     )
     lines = [head, "|" + " --- |" * 2 + " ---: |" * 13]
-    notes = []
+    notes: list[str] = []
+    overlap: list[str] = []
     for name, rec in doc["models"].items():
         if rec.get("fbgemm_dtype_note"):
             notes.append(f"{name}: {rec['fbgemm_dtype_note']}")
@@ -803,7 +858,7 @@ def table(doc: dict[str, Any]) -> list[str]:
             if e.get("status") in ("skipped", "error"):
                 notes.append(f"{name}: {eng} {e['status']}: {e.get('reason') or e.get('error')}")
         for batch, case in rec.get("cases", {}).items():
-            o, g, f, t = (case.get(k) for k in ENGINES)
+            o, g, f, t, v = (case.get(k) for k in ENGINES)
             r = case.get("ratios") or ratios(case)
 
             def peak(row: dict[str, Any] | None) -> str:
@@ -817,6 +872,14 @@ def table(doc: dict[str, Any]) -> list[str]:
                 f"| {_ms(o, 'host_ms')} / {_ms(f, 'host_ms')} / {_ms(t, 'host_ms')} "
                 f"| {peak(o)} / {peak(f)} / {peak(t)} |"
             )
+            if v and v.get("status") == "ok":
+                overlap.append(
+                    f"| {name} | {batch} | {_ms(o, 'pipelined_ms')} | {_ms(v, 'pipelined_ms')} "
+                    f"| {_ms(f, 'pipelined_ms')} "
+                    f"| {_x(r['step'])} → {_x(r.get('step_overlap'))} | {_ms(o, 'embedding_ms')} "
+                    f"| {_ms(v, 'embedding_ms')} | {_ms(f, 'embedding_ms')} "
+                    f"| {_x(r['embedding'])} → {_x(r.get('embedding_overlap'))} |"
+                )
     machine = doc.get("machine", {})
     lines.insert(
         0,
@@ -824,7 +887,15 @@ def table(doc: dict[str, Any]) -> list[str]:
         f"{machine.get('fbgemm_gpu')}; steps {doc.get('steps')}, warm-up {doc.get('warmup')}; step = pipelined "
         "(back to back), ms; byte floor at the catalogue H200's peak bandwidths",
     )
-    return lines + [""] + [f"- {n}" for n in notes] + kinds_table(doc)
+    if overlap:
+        notes.append("the host groups on a side stream (overlap_mapped), ms; ratios ours / FBGEMM, off → on:")
+        overlap = [
+            "",
+            "| model | batch | step: off | on | FBGEMM | ratio | embedding: off | on | FBGEMM | ratio |",
+            "|" + " --- |" * 2 + " ---: |" * 8,
+            *overlap,
+        ]
+    return lines + [""] + [f"- {n}" for n in notes] + overlap + kinds_table(doc)
 
 
 def kinds_table(doc: dict[str, Any]) -> list[str]:
@@ -834,7 +905,7 @@ def kinds_table(doc: dict[str, Any]) -> list[str]:
     rows = []
     for name, rec in doc["models"].items():
         for batch, case in rec.get("cases", {}).items():
-            for eng in ("shardwise", "fbgemm"):
+            for eng in ("shardwise", "shardwise_overlap", "fbgemm"):
                 e = case.get(eng) or {}
                 if "kernel_ms" not in e:
                     continue

@@ -3,6 +3,7 @@
 
     ebc = ShardedEmbeddingBagCollection.from_module(model)
     pooled = ebc({"sparse.t_user": (ids, offsets), "sparse.t_item": (ids2, offsets2)})  # name → (local_batch, dim)
+    rows = ebc.side_by_side(features)  # (local_batch, Σ dims): the tables' pooled rows side by side, in name order
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ from torch import Tensor, nn
 from shardwise.runtime.embedding.bag import Features, ShardedEmbedding, ShardedEmbeddingBag, prefetching
 from shardwise.runtime.embedding.exchange import pooled_lookup
 from shardwise.runtime.embedding.id_checks import check_pending_ids
-from shardwise.runtime.embedding.one_group import OneGroup, group_layouts, one_group_lookup
+from shardwise.runtime.embedding.one_group import (
+    OneGroup,
+    group_layouts,
+    one_group_lookup,
+    one_group_side_by_side,
+    side_by_side_ok,
+)
 from shardwise.runtime.embedding.row_cache import CacheStats
 
 __all__ = ["ShardedEmbeddingBagCollection"]
@@ -145,14 +152,53 @@ class ShardedEmbeddingBagCollection(nn.Module):
         device checks a call's ids at the start of the next one): call it after the last step."""
         check_pending_ids(list(self.tables))  # type: ignore[arg-type]
 
-    def forward(self, features: Features) -> dict[str, Tensor]:
+    def side_by_side(self, features: Features) -> Tensor:
+        """The pooled rows of every table in ``features`` side by side: one ``(local_batch, Σ dims)`` tensor, the
+        tables in name order (``sorted(features)``) — what a model that concatenates its pooled rows (a DLRM's
+        interaction, TorchRec's ``KeyedTensor.values()``) takes. Every table must be pooled.
+
+        Where the collection is one group at world size one, every table is summed over the same number of bags and
+        none is handed a padded buffer, the group's kernels write the rows in this layout and read the gradient from
+        it (:func:`~shardwise.runtime.embedding.one_group.one_group_side_by_side`): no concatenation forward, and
+        no per-table gradients concatenated backward. Elsewhere, :meth:`forward`'s rows concatenated (the same
+        values)."""
+        self._check_names(features)
+        layouts = self._layouts
+        if (
+            layouts is not None
+            and len(layouts) == 1
+            and len(features) == len(self._by_name)
+            and side_by_side_ok(layouts[0], self._by_name, features)
+        ):
+            self._join_caches(features)
+            return one_group_side_by_side(layouts[0], {n: self._by_name[n] for n in layouts[0].names}, features)
+        out = self(features)
+        names = sorted(features)
+        unpooled = [n for n in names if isinstance(self._by_name[n], ShardedEmbedding)]
+        if unpooled:
+            raise ValueError(f"side_by_side takes pooled tables only: {', '.join(unpooled)} are not pooled")
+        samples = {n: out[n].shape[0] for n in names}
+        if len(set(samples.values())) > 1:
+            raise ValueError(
+                "side_by_side needs every table looked up for the same number of samples: "
+                + ", ".join(f"{n}: {k} samples" for n, k in samples.items())
+            )
+        return torch.cat([out[n] for n in names], dim=1)
+
+    def _check_names(self, features: Features) -> None:
         unknown = sorted(set(features) - set(self._by_name))
         if unknown:
             raise KeyError(f"no sharded table named {', '.join(unknown)}")
+
+    def _join_caches(self, features: Features) -> None:
         if self._cached:  # what an overlapped prefetch made (routing included) is ready
             for name in features:
                 for c in self._cached.get(name, ()):
                     c.join()
+
+    def forward(self, features: Features) -> dict[str, Tensor]:
+        self._check_names(features)
+        self._join_caches(features)
         out: dict[str, Tensor] = {}
         if self._layouts is not None and len(features) == len(self._by_name):
             out = self._grouped(self._layouts, features)

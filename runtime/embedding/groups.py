@@ -276,15 +276,17 @@ class _GroupLookup(torch.autograd.Function):
         offsets: Tensor,
         bags: Tensor,
         valid: Tensor | None,
+        interleave: int,
     ) -> Tensor:
         ctx.group = group  # type: ignore[attr-defined]
         ctx.tables = tables  # type: ignore[attr-defined]
         ctx.padded = valid is not None  # type: ignore[attr-defined]
         ctx.save_for_backward(ids, bags, *(() if valid is None else (valid,)))
-        return pooled_sum(group.weight, ids, offsets, backend=os.environ.get("SHARDWISE_FUSED_BACKEND", "auto"))
+        backend = os.environ.get("SHARDWISE_FUSED_BACKEND", "auto")
+        return pooled_sum(group.weight, ids, offsets, backend=backend, interleave=interleave)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None, None, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None, None, None, None]:
         ids, bags, *rest = ctx.saved_tensors
         valid: Tensor | None = rest[0] if ctx.padded else None
         group: ShardGroup = ctx.group
@@ -301,7 +303,7 @@ class _GroupLookup(torch.autograd.Function):
             )
             if replicas is not None and replicas.averages_at(step):
                 replicas.average([group.weight, *group.state.values()])
-        return group.trigger.new_zeros(0), None, None, None, None, None, None
+        return group.trigger.new_zeros(0), None, None, None, None, None, None, None
 
 
 class _CachedGroupLookup(torch.autograd.Function):
@@ -322,6 +324,7 @@ class _CachedGroupLookup(torch.autograd.Function):
         fetched: Fetched,
         offsets: Tensor,
         bags: Tensor,
+        interleave: int,
     ) -> Tensor:
         cache = group.cache
         assert cache is not None
@@ -332,10 +335,10 @@ class _CachedGroupLookup(torch.autograd.Function):
         canon = fetched.canon if fetched.canon is not None else fetched.inverse.new_zeros(0)
         ctx.save_for_backward(fetched.rows_u, fetched.slots_u, fetched.inverse, bags, canon)
         backend = os.environ.get("SHARDWISE_FUSED_BACKEND", "auto")
-        return pooled_sum(cache.weight, fetched.slots, offsets, backend=backend)
+        return pooled_sum(cache.weight, fetched.slots, offsets, backend=backend, interleave=interleave)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None, None, None]:
         rows_u, slots_u, inverse, bags, canon = ctx.saved_tensors
         group: ShardGroup = ctx.group
         cache = group.cache
@@ -356,7 +359,7 @@ class _CachedGroupLookup(torch.autograd.Function):
                 scatter_rows(t, rows_u, state[name])
         if ctx.hold is not None:
             ctx.hold.release()
-        return group.trigger.new_zeros(0), None, None, None, None, None
+        return group.trigger.new_zeros(0), None, None, None, None, None, None
 
 
 def next_step(group: ShardGroup, tables: tuple[str, ...]) -> int:
@@ -395,6 +398,8 @@ def group_lookup(
     offsets: Tensor,
     bags: Tensor,
     valid: Tensor | None = None,
+    *,
+    interleave: int = 0,
 ) -> Tensor:
     """Pooled rows ``(len(offsets), C)`` of ``group`` for group-row ``ids`` of ``tables``; updates them in backward.
 
@@ -407,6 +412,11 @@ def group_lookup(
     (:mod:`shardwise.runtime.embedding.padding`): the caller gives the padding bags of their own, whose rows it drops,
     and the update leaves the padding out (:func:`~shardwise.runtime.embedding.update.fused_backward_update`). Not
     for a cached group (its fetch would bring the padding's rows in) nor a 2D plan's row-summing replicas.
+
+    ``interleave`` (T > 1): the bags are T equal runs, one per table, and the rows come out sample-major (table
+    ``t``'s bag ``s`` at row ``s·T + t``: :func:`~shardwise.runtime.embedding.update.pooled_sum`); ``bags`` must then
+    number the output rows the same way (``group_ids(..., interleave=True)`` does), since the update reads each id's
+    gradient row by it.
     """
     if valid is not None and (group.cache is not None or group.replicas is not None):
         raise ValueError(
@@ -415,9 +425,9 @@ def group_lookup(
         )
     if group.cache is not None:
         fetched = group.cache.fetch(ids, lock=torch.is_grad_enabled())
-        out = _CachedGroupLookup.apply(group.trigger, group, tables, fetched, offsets, bags)  # type: ignore[no-untyped-call]
+        out = _CachedGroupLookup.apply(group.trigger, group, tables, fetched, offsets, bags, interleave)  # type: ignore[no-untyped-call]
     else:
-        out = _GroupLookup.apply(group.trigger, group, tables, ids, offsets, bags, valid)  # type: ignore[no-untyped-call]
+        out = _GroupLookup.apply(group.trigger, group, tables, ids, offsets, bags, valid, interleave)  # type: ignore[no-untyped-call]
     assert isinstance(out, Tensor)
     return out
 

@@ -29,7 +29,15 @@ from shardwise.runtime.embedding.padding import PaddedIds, padded_input
 if TYPE_CHECKING:
     from shardwise.runtime.embedding.bag import ShardedEmbeddingBag
 
-__all__ = ["OneGroup", "group_ids", "group_ids_torch", "group_layouts", "one_group_lookup"]
+__all__ = [
+    "OneGroup",
+    "group_ids",
+    "group_ids_torch",
+    "group_layouts",
+    "one_group_lookup",
+    "one_group_side_by_side",
+    "side_by_side_ok",
+]
 
 
 @dataclass
@@ -91,7 +99,14 @@ def _kernels() -> ModuleType | None:
 
 
 def group_ids(
-    raw: Tensor, local: Tensor, id_firsts: Tensor, bag_firsts: Tensor, lo: Tensor, hi: Tensor
+    raw: Tensor,
+    local: Tensor,
+    id_firsts: Tensor,
+    bag_firsts: Tensor,
+    lo: Tensor,
+    hi: Tensor,
+    *,
+    interleave: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """A group's call made ready for its lookup: ``(offsets, rows, flags, bags)``.
 
@@ -99,7 +114,9 @@ def group_ids(
     within their tables, ``id_firsts`` / ``bag_firsts`` (T,) int64 each table's first id and first bag in the call,
     ``lo`` / ``hi`` (T,) int64 each table's first and last row in the group. ``offsets`` (B,): each bag's first
     position in the call; ``rows`` (n,): each id's group row, clamped into its table; ``flags`` (n,) bool: where the
-    clamp moved an id (a bad id); ``bags`` (n,): each id's bag.
+    clamp moved an id (a bad id); ``bags`` (n,): each id's bag — with ``interleave`` (the T tables have equal numbers
+    of bags, ``S`` each), numbered sample-major: table ``t``'s bag ``s`` is ``s·T + t``, the row its pooled sum takes
+    in a sample-major output (:func:`one_group_side_by_side`).
 
     Two Triton kernels and a cumulative sum (:mod:`shardwise.runtime.kernels.group_ids`) on a GPU, or on CPU tensors
     under Triton's interpreter; else :func:`group_ids_torch`, which also runs where ``SHARDWISE_FUSED_BACKEND=torch``
@@ -111,16 +128,28 @@ def group_ids(
         and os.environ.get("SHARDWISE_FUSED_BACKEND", "auto") != "torch"
         and (raw.is_cuda or kernels.interpreting())
     ):
-        found: tuple[Tensor, Tensor, Tensor, Tensor] = kernels.group_ids(raw, local, id_firsts, bag_firsts, lo, hi)
+        found: tuple[Tensor, Tensor, Tensor, Tensor] = kernels.group_ids(
+            raw, local, id_firsts, bag_firsts, lo, hi, interleave=interleave
+        )
         return found
-    return group_ids_torch(raw, local, id_firsts, bag_firsts, lo, hi)
+    return group_ids_torch(raw, local, id_firsts, bag_firsts, lo, hi, interleave=interleave)
 
 
 def group_ids_torch(
-    raw: Tensor, local: Tensor, id_firsts: Tensor, bag_firsts: Tensor, lo: Tensor, hi: Tensor
+    raw: Tensor,
+    local: Tensor,
+    id_firsts: Tensor,
+    bag_firsts: Tensor,
+    lo: Tensor,
+    hi: Tensor,
+    *,
+    interleave: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """:func:`group_ids` by torch ops on any device (about fifteen launches over the ids and bags): the reference the
     kernels are checked against."""
+    tables = id_firsts.numel()
+    if interleave and (tables == 0 or local.numel() % tables):
+        raise ValueError(f"interleave needs the {local.numel()} bags in {tables} equal runs")
     device = raw.device
     bag_table = torch.bucketize(torch.arange(local.numel(), device=device), bag_firsts, right=True) - 1
     offsets = local + id_firsts.index_select(0, bag_table)  # bag_firsts[0] = id_firsts[0] = 0: no table is -1
@@ -130,6 +159,9 @@ def group_ids_torch(
     shifted = raw.to(torch.int64) + lo_of
     rows = torch.clamp(shifted, lo_of, hi.index_select(0, table_of))
     bags = torch.bucketize(positions, offsets, right=True) - 1
+    if interleave and tables > 1:
+        per = local.numel() // tables
+        bags = torch.where(bags < 0, bags, (bags % per) * tables + bags // per)
     return offsets, rows, rows != shifted, bags
 
 
@@ -166,6 +198,83 @@ def one_group_lookup(
     (:mod:`shardwise.runtime.embedding.padding`) gets a bag for the padding, dropped from its output, and the update
     and the bad-id counts leave the padding out.
     """
+    call = _prepare(layout, tables, features, prefetch=prefetch, interleave=False)
+    if call is None:
+        return {}
+    rows = group_lookup(layout.group, layout.names, call.ids, call.offsets, call.bags, call.valid)
+    out: dict[str, Tensor] = {}
+    for k, (name, block) in enumerate(zip(layout.names, torch.split(rows, call.bag_counts), strict=True)):
+        t = tables[name]
+        if t.mode == "mean":
+            starts = call.local[k]
+            lengths = torch.diff(starts, append=starts.new_full((1,), call.counts[k]))
+            block = block / lengths.clamp(min=1).to(block.dtype).unsqueeze(1)
+        if call.pads[k] is not None:  # the padding's bag: dropped
+            block = block[:-1]
+        out[name] = block.to(t.device) if name in layout.elsewhere else block
+    return out
+
+
+def side_by_side_ok(layout: OneGroup, tables: Mapping[str, ShardedEmbeddingBag], features: Mapping[str, Any]) -> bool:
+    """Whether :func:`one_group_side_by_side` takes this call: every table of ``layout`` pooled by sum on the group's
+    device, handed no padded buffer, and looked up for the same number of bags (samples) as the others (read from
+    the inputs' shapes: nothing is enqueued)."""
+    samples: set[int] = set()
+    for name in layout.names:
+        t = tables[name]
+        value = features[name]
+        ids, offsets = value if isinstance(value, tuple) else (value, None)
+        if t.sequence or t.mode != "sum" or name in layout.elsewhere or padded_input(t.padded, ids) is not None:
+            return False
+        if ids.dim() == 2 and offsets is None:
+            samples.add(ids.shape[0])
+        elif ids.dim() == 1 and offsets is not None and offsets.dim() == 1:
+            samples.add(offsets.numel() - (1 if t.include_last_offset else 0))
+        else:
+            return False  # the lookup's own checks say what is wrong
+    return len(samples) == 1
+
+
+def one_group_side_by_side(
+    layout: OneGroup, tables: Mapping[str, ShardedEmbeddingBag], features: Mapping[str, Any]
+) -> Tensor:
+    """Every table of ``layout`` looked up as :func:`one_group_lookup` does, the pooled rows side by side: one
+    ``(samples, T·C)`` tensor whose columns ``t·C .. (t+1)·C`` are the ``t``-th table's (in ``layout.names`` order),
+    where :func:`side_by_side_ok` holds. The lookup's kernel writes each pooled row there, and the backward reads
+    each id's gradient row there (its bag numbered sample-major by :func:`group_ids`): no concatenation forward and
+    no per-table gradients to concatenate backward — what a model that concatenates the pooled rows would copy."""
+    call = _prepare(layout, tables, features, prefetch=False, interleave=True)
+    assert call is not None
+    width = len(layout.names)
+    rows = group_lookup(layout.group, layout.names, call.ids, call.offsets, call.bags, call.valid, interleave=width)
+    return rows.view(-1, width * rows.shape[1])
+
+
+@dataclass
+class _Call:
+    """A group's call made ready for its lookup (:func:`_prepare`)."""
+
+    ids: Tensor
+    offsets: Tensor
+    bags: Tensor
+    valid: Tensor | None
+    #: per table: its ids, its bags, its padding (or None), its bags' starts within its ids
+    counts: list[int]
+    bag_counts: list[int]
+    pads: list[PaddedIds | None]
+    local: list[Tensor]
+
+
+def _prepare(
+    layout: OneGroup,
+    tables: Mapping[str, ShardedEmbeddingBag],
+    features: Mapping[str, Any],
+    *,
+    prefetch: bool,
+    interleave: bool,
+) -> _Call | None:
+    """The ids, offsets and bags of one lookup over ``layout`` (:func:`one_group_lookup`'s docstring), the pending id
+    checks run and the new one set; with ``prefetch``, the rows brought into the cache and None returned."""
     check_pending_ids(list(tables.values()))
     device = layout.group.device
     ids_parts: list[Tensor] = []
@@ -220,7 +329,9 @@ def one_group_lookup(
     starts_dev = layout.starts_on_device(counts, bag_counts, device)
     id_firsts, bag_firsts_dev = starts_dev[: len(counts)], starts_dev[len(counts) :]
     local = cat(offset_parts)
-    offsets_g, ids_g, flags, bag_ids = group_ids(raw, local, id_firsts, bag_firsts_dev, layout.lo, layout.hi)
+    offsets_g, ids_g, flags, bag_ids = group_ids(
+        raw, local, id_firsts, bag_firsts_dev, layout.lo, layout.hi, interleave=interleave
+    )
     valid: Tensor | None = None
     if any(p is not None for p in pads):  # the real ids: every id of an unpadded table, the first count of a padded one
         valid = cat([p.valid() if p is not None else flags.new_ones(c) for p, c in zip(pads, counts, strict=True)])
@@ -240,19 +351,8 @@ def one_group_lookup(
         PendingIdCheck.defer(list(tables.values()), flags.sum(), locate)
     if prefetch:
         group_prefetch(layout.group, ids_g)
-        return {}
-    rows = group_lookup(layout.group, layout.names, ids_g, offsets_g, bag_ids, valid)
-    out: dict[str, Tensor] = {}
-    for k, (name, block) in enumerate(zip(layout.names, torch.split(rows, bag_counts), strict=True)):
-        t = tables[name]
-        if t.mode == "mean":
-            starts = offset_parts[k]
-            lengths = torch.diff(starts, append=starts.new_full((1,), counts[k]))
-            block = block / lengths.clamp(min=1).to(block.dtype).unsqueeze(1)
-        if pads[k] is not None:  # the padding's bag: dropped
-            block = block[:-1]
-        out[name] = block.to(t.device) if name in layout.elsewhere else block
-    return out
+        return None
+    return _Call(ids_g, offsets_g, bag_ids, valid, counts, bag_counts, pads, offset_parts)
 
 
 def _int64_on(x: Tensor, device: torch.device) -> Tensor:

@@ -251,21 +251,28 @@ def fused_backward_update(
             _torch_update(weight, state, sorted_ids, sorted_bags, seg, starts, grad_out, config, step, real)
 
 
-def pooled_sum(weight: Tensor, ids: Tensor, offsets: Tensor, *, backend: str = "auto") -> Tensor:
+def pooled_sum(weight: Tensor, ids: Tensor, offsets: Tensor, *, backend: str = "auto", interleave: int = 0) -> Tensor:
     """Sum-pooled rows ``(len(offsets), C)`` of ``weight``: ``embedding_bag(ids, weight, offsets, mode="sum")``, by the
     Triton kernel where :func:`fused_backward_update` would use Triton (``backend`` as there), else by torch.
 
     The lookup's forward beside its fused backward: one program per bag gathers and sums its rows in fp32, in id
-    order. Ids must lie in ``[0, len(weight))`` (not checked: the caller clamps them).
+    order. Ids must lie in ``[0, len(weight))`` (not checked: the caller clamps them). ``interleave`` (T > 0): the
+    bags are T equal runs (one per table) and the rows come out sample-major, table ``t``'s bag ``s`` at row
+    ``s·T + t`` (the Triton kernel writes them there; torch's result is reordered).
     """
     if offsets.numel() == 0:
         return weight.new_zeros((0, weight.shape[1]))
+    if interleave < 0 or (interleave and offsets.numel() % interleave):
+        raise ValueError(f"interleave={interleave} must divide the {offsets.numel()} bags into equal runs")
     if _choose_backend(backend, weight) == "triton" and weight.stride(1) == 1:
         mod = _triton_module()
         assert mod is not None
-        out: Tensor = mod.pooled_rows(weight, ids, offsets)
+        out: Tensor = mod.pooled_rows(weight, ids, offsets, interleave=interleave)
         return out
-    return F.embedding_bag(ids, weight, offsets, mode="sum")
+    rows = F.embedding_bag(ids, weight, offsets, mode="sum")
+    if interleave > 1:
+        rows = rows.view(interleave, -1, rows.shape[1]).transpose(0, 1).reshape(-1, rows.shape[1])
+    return rows
 
 
 def _check(

@@ -786,13 +786,20 @@ def _pooled_rows_kernel(  # type: ignore[no-untyped-def]
     C,
     stride_w,
     stride_o,
+    per,
+    tables,
     BLOCK_N: tl.constexpr,
     BLOCK_C: tl.constexpr,
     NUM_CB: tl.constexpr,
+    INTERLEAVE: tl.constexpr,
 ):
-    """One program per bag ``b``: ``out[b] = Σ weight[ids[i]]`` over ``offsets[b] ≤ i < offsets[b + 1]`` (the last
-    bag ends at ``n``), summed in fp32 in id order, stored in the weight's dtype; an empty bag gives zeros."""
+    """One program per bag ``b``: ``out[o] = Σ weight[ids[i]]`` over ``offsets[b] ≤ i < offsets[b + 1]`` (the last
+    bag ends at ``n``), summed in fp32 in id order, stored in the weight's dtype; an empty bag gives zeros. ``o`` is
+    ``b``, or with ``INTERLEAVE`` (``tables`` runs of ``per`` bags) ``(b % per) * tables + b // per``."""
     b = tl.program_id(0)
+    o = b
+    if INTERLEAVE:
+        o = (b % per) * tables + b // per
     start = tl.load(offsets_ptr + b)
     end = tl.load(offsets_ptr + b + 1, mask=b + 1 < num_bags, other=n)
     cols0 = tl.arange(0, BLOCK_C)
@@ -812,7 +819,7 @@ def _pooled_rows_kernel(  # type: ignore[no-untyped-def]
             )
             acc += tl.sum(tile.to(tl.float32), axis=0)
             i0 += BLOCK_N
-        tl.store(out_ptr + b * stride_o + cols, acc.to(out_ptr.dtype.element_ty), mask=col_mask)
+        tl.store(out_ptr + o * stride_o + cols, acc.to(out_ptr.dtype.element_ty), mask=col_mask)
 
 
 @triton.jit
@@ -826,13 +833,17 @@ def _pooled_groups_kernel(  # type: ignore[no-untyped-def]
     C,
     stride_w,
     stride_o,
+    per,
+    tables,
     BAGS: tl.constexpr,
     BLOCK_J: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    INTERLEAVE: tl.constexpr,
 ):
     """Rows of up to ``BLOCK_C`` columns, ``BAGS`` bags a program, side by side: ``BLOCK_J`` ids of each bag a step
     (a ``BAGS × BLOCK_J × BLOCK_C`` tile of weight rows) until the program's longest bag is done, each bag summed in
-    fp32 in id order of its tiles, stored in the weight's dtype; an empty bag gives zeros."""
+    fp32 in id order of its tiles, stored in the weight's dtype (at its output row, as :func:`_pooled_rows_kernel`
+    places it); an empty bag gives zeros."""
     b = tl.program_id(0).to(tl.int64) * BAGS + tl.arange(0, BAGS)
     live = b < num_bags
     start = tl.load(offsets_ptr + b, mask=live, other=0)
@@ -856,24 +867,34 @@ def _pooled_groups_kernel(  # type: ignore[no-untyped-def]
         )
         acc += tl.sum(tile.to(tl.float32), axis=1)
         j0 += BLOCK_J
-    out = out_ptr + b[:, None] * stride_o + cols[None, :]
+    o = b
+    if INTERLEAVE:
+        o = (b % per) * tables + b // per
+    out = out_ptr + o[:, None] * stride_o + cols[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=live[:, None] & col_mask[None, :])
 
 
-def pooled_rows(weight: Tensor, ids: Tensor, offsets: Tensor, *, per_bag: bool = False) -> Tensor:
+def pooled_rows(weight: Tensor, ids: Tensor, offsets: Tensor, *, per_bag: bool = False, interleave: int = 0) -> Tensor:
     """Sum-pooled rows ``(len(offsets), C)`` of ``weight`` (unit column stride) for int64 ``ids`` in bags starting
     at int64 ``offsets`` (non-decreasing, the last bag ending at ``len(ids)``): ``embedding_bag(mode="sum")``'s
     result, enqueued without a host synchronisation. Ids are not range-checked (the caller clamps them). Rows of up to
     :data:`MAX_BLOCK_C` columns are pooled by the grouped kernel, several bags a program, unless ``per_bag`` (one
-    program per bag, the kernel of wider rows)."""
+    program per bag, the kernel of wider rows).
+
+    ``interleave`` (T > 0): the bags are T tables' runs of ``len(offsets) / T`` bags each, and the rows come out
+    sample-major — table ``t``'s bag ``s`` at row ``s·T + t`` — so that the result viewed as ``(bags / T, T·C)`` holds
+    each sample's T pooled rows side by side, written there by the kernel (no concatenation)."""
     bags, cols = offsets.numel(), weight.shape[1]
     out = torch.empty((bags, cols), dtype=weight.dtype, device=weight.device)
     if bags == 0 or cols == 0:
         return out
+    if interleave < 0 or (interleave and bags % interleave):
+        raise ValueError(f"interleave={interleave} must divide the {bags} bags into equal runs")
+    per = bags // interleave if interleave else 1
     block_c = min(triton.next_power_of_2(cols), MAX_BLOCK_C)
     if cols <= block_c and not per_bag:
-        per = max(1, POOL_ELEMENTS // block_c)
-        _pooled_groups_kernel[(triton.cdiv(bags, per),)](
+        n_per = max(1, POOL_ELEMENTS // block_c)
+        _pooled_groups_kernel[(triton.cdiv(bags, n_per),)](
             weight,
             ids,
             offsets,
@@ -883,9 +904,12 @@ def pooled_rows(weight: Tensor, ids: Tensor, offsets: Tensor, *, per_bag: bool =
             cols,
             weight.stride(0),
             out.stride(0),
-            BAGS=per,
+            per,
+            max(interleave, 1),
+            BAGS=n_per,
             BLOCK_J=GROUP_IDS,
             BLOCK_C=block_c,
+            INTERLEAVE=interleave > 1,
             num_warps=POOL_WARPS,
         )
         return out
@@ -899,9 +923,12 @@ def pooled_rows(weight: Tensor, ids: Tensor, offsets: Tensor, *, per_bag: bool =
         cols,
         weight.stride(0),
         out.stride(0),
+        per,
+        max(interleave, 1),
         BLOCK_N=max(1, min(8, 1024 // block_c)),
         BLOCK_C=block_c,
         NUM_CB=triton.cdiv(cols, block_c),
+        INTERLEAVE=interleave > 1,
         num_warps=max(1, min(4, block_c // 128)),
     )
     return out

@@ -89,10 +89,23 @@ def _bag_offsets_kernel(  # type: ignore[no-untyped-def]
 
 @triton.jit
 def _id_rows_kernel(  # type: ignore[no-untyped-def]
-    raw_ptr, id_firsts_ptr, lo_ptr, hi_ptr, rows_ptr, flags_ptr, n, tables, table_steps, BLOCK: tl.constexpr
+    raw_ptr,
+    id_firsts_ptr,
+    lo_ptr,
+    hi_ptr,
+    rows_ptr,
+    flags_ptr,
+    bags_ptr,
+    n,
+    tables,
+    table_steps,
+    per,
+    BLOCK: tl.constexpr,
+    INTERLEAVE: tl.constexpr,
 ):
     """For each position ``i``: its table ``t`` (a binary search), ``rows[i] = clamp(raw[i] + lo[t], lo[t], hi[t])``,
-    ``flags[i] = rows[i] != raw[i] + lo[t]``."""
+    ``flags[i] = rows[i] != raw[i] + lo[t]``; with ``INTERLEAVE``, its bag ``c`` renumbered sample-major in place,
+    ``(c % per) * tables + c // per`` (``-1``, no bag, kept)."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = i < n
     t = tl.maximum(_last_at_or_before(id_firsts_ptr, tables, table_steps, i), 0)
@@ -102,15 +115,28 @@ def _id_rows_kernel(  # type: ignore[no-untyped-def]
     rows = tl.minimum(tl.maximum(shifted, lo), hi)
     tl.store(rows_ptr + i, rows, mask=live)
     tl.store(flags_ptr + i, (rows != shifted).to(tl.int8), mask=live)
+    if INTERLEAVE:
+        c = tl.load(bags_ptr + i, mask=live, other=0)
+        c = tl.where(c < 0, c, (c % per) * tables + c // per)
+        tl.store(bags_ptr + i, c, mask=live)
 
 
 def group_ids(
-    raw: Tensor, local: Tensor, id_firsts: Tensor, bag_firsts: Tensor, lo: Tensor, hi: Tensor
+    raw: Tensor,
+    local: Tensor,
+    id_firsts: Tensor,
+    bag_firsts: Tensor,
+    lo: Tensor,
+    hi: Tensor,
+    *,
+    interleave: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(offsets, rows, flags, bags)`` of a group's call (module docstring): ``raw`` (n,) the concatenated ids (any
     integer dtype), ``local`` (B,) int64 the bags' starts within their tables, ``id_firsts`` / ``bag_firsts`` (T,)
     int64 each table's first id and bag in the call, ``lo`` / ``hi`` (T,) int64 each table's first and last group
-    row; all on one device. ``offsets`` and ``bags`` are int64, ``rows`` int64, ``flags`` bool."""
+    row; all on one device. ``offsets`` and ``bags`` are int64, ``rows`` int64, ``flags`` bool. ``interleave``: the T
+    tables have B / T bags each, and each id's bag is numbered sample-major (table ``t``'s bag ``s`` is ``s·T + t``)
+    by the id kernel, as it stores the rows."""
     n, num_bags, tables = raw.numel(), local.numel(), id_firsts.numel()
     device = raw.device
     offsets = torch.empty(num_bags, dtype=torch.int64, device=device)
@@ -126,10 +152,13 @@ def group_ids(
         bags = torch.cumsum(counts[:n], 0, dtype=torch.int64)
     else:
         bags = torch.full((n,), -1, dtype=torch.int64, device=device)
+    if interleave and (tables == 0 or num_bags % tables):
+        raise ValueError(f"interleave needs the {num_bags} bags in {tables} equal runs")
     if n:
         _id_rows_kernel[(triton.cdiv(n, BLOCK),)](
-            raw, id_firsts, lo, hi, rows, flags.view(torch.int8), n, tables, table_steps, BLOCK=BLOCK, num_warps=WARPS
-        )
+            raw, id_firsts, lo, hi, rows, flags.view(torch.int8), bags, n, tables, table_steps,
+            num_bags // max(tables, 1), BLOCK=BLOCK, INTERLEAVE=interleave and tables > 1, num_warps=WARPS,
+        )  # fmt: skip
     return offsets, rows, flags, bags
 
 

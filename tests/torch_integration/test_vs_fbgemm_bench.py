@@ -51,7 +51,7 @@ def test_smoke_run_measures_every_engine_and_computes_the_ratios(tmp_path: Path)
     assert set(doc["models"]) == set(MODELS)
     for name, model in doc["models"].items():
         assert "error" not in model, model.get("traceback")
-        assert set(model["engines"]) == {"shardwise", "shardwise_graphed", "fbgemm", "torch"}, name
+        assert set(model["engines"]) == {"shardwise", "shardwise_graphed", "fbgemm", "torch", "shardwise_overlap"}
         assert model["torchrec_plan"]["plan"]["sparse"]
         assert [int(b) for b in model["cases"]] == model["batches"]
         for case in model["cases"].values():
@@ -71,6 +71,10 @@ def test_smoke_run_measures_every_engine_and_computes_the_ratios(tmp_path: Path)
             assert r["embedding"] == case["shardwise"]["embedding_ms"] / case["fbgemm"]["embedding_ms"]
             assert r["step_graphed"] is None
             assert r["embedding_graphed"] is None
+            # the side stream for host groups is CUDA's: skipped with the reason, no ratio
+            assert case["shardwise_overlap"]["status"] == "skipped"
+            assert "CUDA" in case["shardwise_overlap"]["reason"]
+            assert r["step_overlap"] is None
         # one profiled step an engine, at the largest batch
         last = model["cases"][str(max(model["batches"]))]
         assert all(last[e]["top_kernels"] for e in ("shardwise", "fbgemm", "torch")), name
@@ -85,6 +89,32 @@ def test_smoke_run_measures_every_engine_and_computes_the_ratios(tmp_path: Path)
     table = _run("--report", str(out), cwd=tmp_path).stdout
     assert table.count("| small-tables |") == 2
     assert "FBGEMM ran fp16 tables, not bf16" in table
+    assert "overlap_mapped" not in table  # no case measured it
+
+
+def test_the_side_stream_variant_gets_its_own_table_and_ratios() -> None:
+    pytest.importorskip("torch")
+    bench = _bench_module()
+
+    def row(step: float, emb: float) -> dict[str, Any]:
+        return {"status": "ok", "pipelined_ms": step, "embedding_ms": emb, "host_ms": 1.0, "peak_bytes": 2**30}
+
+    case = {
+        "floor": {"ms": 1.0},
+        "shardwise": row(9.0, 5.0),
+        "shardwise_overlap": row(7.5, 3.0),
+        "fbgemm": row(7.8, 3.0),
+    }
+    r = bench.ratios(case)
+    assert r["step_overlap"] == 7.5 / 7.8
+    assert r["embedding_overlap"] == 1.0
+    assert r["step"] == 9.0 / 7.8
+    doc = {"machine": {}, "models": {"capped": {"engines": {}, "cases": {"8192": case}}}}
+    lines = bench.table(doc)
+    assert any("overlap_mapped" in line for line in lines)
+    on = next(line for line in lines if line.startswith("| capped | 8192 | 9.00 | 7.50 |"))
+    assert "1.15× → 0.96×" in on
+    assert "1.67× → 1.00×" in on
 
 
 def _bench_module() -> Any:
