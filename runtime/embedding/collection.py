@@ -21,7 +21,7 @@ from shardwise.runtime.embedding.one_group import (
     group_layouts,
     one_group_lookup,
     one_group_side_by_side,
-    side_by_side_ok,
+    side_by_side_of,
 )
 from shardwise.runtime.embedding.row_cache import CacheStats
 
@@ -161,29 +161,17 @@ class ShardedEmbeddingBagCollection(nn.Module):
         none is handed a padded buffer, the group's kernels write the rows in this layout and read the gradient from
         it (:func:`~shardwise.runtime.embedding.one_group.one_group_side_by_side`): no concatenation forward, and
         no per-table gradients concatenated backward. Elsewhere, :meth:`forward`'s rows concatenated (the same
-        values)."""
+        values). Tables looked up for different numbers of samples cannot sit side by side: ``ValueError``."""
         self._check_names(features)
-        layouts = self._layouts
-        if (
-            layouts is not None
-            and len(layouts) == 1
-            and len(features) == len(self._by_name)
-            and side_by_side_ok(layouts[0], self._by_name, features)
-        ):
-            self._join_caches(features)
-            return one_group_side_by_side(layouts[0], {n: self._by_name[n] for n in layouts[0].names}, features)
-        out = self(features)
         names = sorted(features)
         unpooled = [n for n in names if isinstance(self._by_name[n], ShardedEmbedding)]
         if unpooled:
             raise ValueError(f"side_by_side takes pooled tables only: {', '.join(unpooled)} are not pooled")
-        samples = {n: out[n].shape[0] for n in names}
-        if len(set(samples.values())) > 1:
-            raise ValueError(
-                "side_by_side needs every table looked up for the same number of samples: "
-                + ", ".join(f"{n}: {k} samples" for n, k in samples.items())
-            )
-        return torch.cat([out[n] for n in names], dim=1)
+        layouts = self._layouts
+        if layouts is not None and len(layouts) == 1 and len(features) == len(self._by_name):
+            self._join_caches(features)
+            return one_group_side_by_side(layouts[0], self._by_name, features)
+        return side_by_side_of(self(features), names)
 
     def _check_names(self, features: Features) -> None:
         unknown = sorted(set(features) - set(self._by_name))

@@ -36,7 +36,7 @@ __all__ = [
     "group_layouts",
     "one_group_lookup",
     "one_group_side_by_side",
-    "side_by_side_ok",
+    "side_by_side_of",
 ]
 
 
@@ -59,6 +59,9 @@ class OneGroup:
     captured: dict[tuple[tuple[int, ...], tuple[int, ...]], Tensor] = field(default_factory=dict)
     #: the tables whose outputs go to another device than the group's
     elsewhere: frozenset[str] = frozenset()
+    #: every table pooled by sum with its output on the group's device: a call whose tables have equal numbers of
+    #: bags and no padded buffer can be written side by side (:func:`one_group_side_by_side`)
+    sums: bool = False
 
     def starts_on_device(self, counts: list[int], bag_counts: list[int], device: torch.device) -> Tensor:
         key = (tuple(counts), tuple(bag_counts))
@@ -181,7 +184,8 @@ def group_layouts(tables: Sequence[ShardedEmbeddingBag]) -> list[OneGroup] | Non
         lo = torch.tensor([b for _, b in placed], dtype=torch.int64, device=group.device)
         hi = torch.tensor([b + t.num_embeddings - 1 for t, b in placed], dtype=torch.int64, device=group.device)
         away = frozenset(t.name for t, _ in placed if t.device != group.device)
-        layouts.append(OneGroup(group, tuple(t.name for t, _ in placed), lo, hi, elsewhere=away))
+        sums = not away and all(not t.sequence and t.mode == "sum" for t, _ in placed)
+        layouts.append(OneGroup(group, tuple(t.name for t, _ in placed), lo, hi, elsewhere=away, sums=sums))
     return layouts
 
 
@@ -198,9 +202,15 @@ def one_group_lookup(
     (:mod:`shardwise.runtime.embedding.padding`) gets a bag for the padding, dropped from its output, and the update
     and the bad-id counts leave the padding out.
     """
-    call = _prepare(layout, tables, features, prefetch=prefetch, interleave=False)
+    call = _prepare(layout, tables, features, prefetch=prefetch, side_by_side=False)
     if call is None:
         return {}
+    return _per_table(layout, tables, call)
+
+
+def _per_table(layout: OneGroup, tables: Mapping[str, ShardedEmbeddingBag], call: _Call) -> dict[str, Tensor]:
+    """The lookup of a call prepared table-major, its pooled rows cut per table (mean pooling divided, padding's bag
+    dropped, rows sent where their table lives)."""
     rows = group_lookup(layout.group, layout.names, call.ids, call.offsets, call.bags, call.valid)
     out: dict[str, Tensor] = {}
     for k, (name, block) in enumerate(zip(layout.names, torch.split(rows, call.bag_counts), strict=True)):
@@ -215,39 +225,39 @@ def one_group_lookup(
     return out
 
 
-def side_by_side_ok(layout: OneGroup, tables: Mapping[str, ShardedEmbeddingBag], features: Mapping[str, Any]) -> bool:
-    """Whether :func:`one_group_side_by_side` takes this call: every table of ``layout`` pooled by sum on the group's
-    device, handed no padded buffer, and looked up for the same number of bags (samples) as the others (read from
-    the inputs' shapes: nothing is enqueued)."""
-    samples: set[int] = set()
-    for name in layout.names:
-        t = tables[name]
-        value = features[name]
-        ids, offsets = value if isinstance(value, tuple) else (value, None)
-        if t.sequence or t.mode != "sum" or name in layout.elsewhere or padded_input(t.padded, ids) is not None:
-            return False
-        if ids.dim() == 2 and offsets is None:
-            samples.add(ids.shape[0])
-        elif ids.dim() == 1 and offsets is not None and offsets.dim() == 1:
-            samples.add(offsets.numel() - (1 if t.include_last_offset else 0))
-        else:
-            return False  # the lookup's own checks say what is wrong
-    return len(samples) == 1
-
-
 def one_group_side_by_side(
     layout: OneGroup, tables: Mapping[str, ShardedEmbeddingBag], features: Mapping[str, Any]
 ) -> Tensor:
     """Every table of ``layout`` looked up as :func:`one_group_lookup` does, the pooled rows side by side: one
-    ``(samples, T·C)`` tensor whose columns ``t·C .. (t+1)·C`` are the ``t``-th table's (in ``layout.names`` order),
-    where :func:`side_by_side_ok` holds. The lookup's kernel writes each pooled row there, and the backward reads
-    each id's gradient row there (its bag numbered sample-major by :func:`group_ids`): no concatenation forward and
-    no per-table gradients to concatenate backward — what a model that concatenates the pooled rows would copy."""
-    call = _prepare(layout, tables, features, prefetch=False, interleave=True)
+    ``(samples, Σ dims)`` tensor whose column blocks are the tables' (in ``layout.names`` order).
+
+    Where every table is pooled by sum (``layout.sums``), is handed no padded buffer and has as many bags as the
+    others, the lookup's kernel writes each pooled row in its place — table ``t``'s bag ``s`` at row ``s·T + t`` of
+    ``(T·samples, C)``, which viewed as ``(samples, T·C)`` is the tables side by side — and the backward reads each
+    id's gradient row there (its bag numbered so by :func:`group_ids`): no concatenation forward and no per-table
+    gradients to concatenate backward, which is what a model that concatenates the pooled rows would copy. Elsewhere
+    the per-table rows are concatenated; tables of different numbers of samples cannot sit side by side
+    (``ValueError``)."""
+    call = _prepare(layout, tables, features, prefetch=False, side_by_side=True)
     assert call is not None
-    width = len(layout.names)
-    rows = group_lookup(layout.group, layout.names, call.ids, call.offsets, call.bags, call.valid, interleave=width)
-    return rows.view(-1, width * rows.shape[1])
+    if call.interleaved:
+        width = len(layout.names)
+        rows = group_lookup(layout.group, layout.names, call.ids, call.offsets, call.bags, call.valid, interleave=width)
+        return rows.view(-1, width * rows.shape[1])
+    out = _per_table(layout, tables, call)
+    return side_by_side_of(out, list(layout.names))
+
+
+def side_by_side_of(rows: Mapping[str, Tensor], names: Sequence[str]) -> Tensor:
+    """Per-table pooled rows concatenated side by side in ``names`` order, after checking that every table pooled
+    the same number of samples."""
+    samples = {n: rows[n].shape[0] for n in names}
+    if len(set(samples.values())) > 1:
+        raise ValueError(
+            "the pooled rows side by side need every table looked up for the same number of samples: "
+            + ", ".join(f"{n}: {k} samples" for n, k in samples.items())
+        )
+    return torch.cat([rows[n] for n in names], dim=1)
 
 
 @dataclass
@@ -263,6 +273,8 @@ class _Call:
     bag_counts: list[int]
     pads: list[PaddedIds | None]
     local: list[Tensor]
+    #: the bags numbered sample-major (``group_ids(..., interleave=True)``): the lookup writes the rows side by side
+    interleaved: bool = False
 
 
 def _prepare(
@@ -271,10 +283,12 @@ def _prepare(
     features: Mapping[str, Any],
     *,
     prefetch: bool,
-    interleave: bool,
+    side_by_side: bool,
 ) -> _Call | None:
     """The ids, offsets and bags of one lookup over ``layout`` (:func:`one_group_lookup`'s docstring), the pending id
-    checks run and the new one set; with ``prefetch``, the rows brought into the cache and None returned."""
+    checks run and the new one set; with ``prefetch``, the rows brought into the cache and None returned. With
+    ``side_by_side``, the bags are numbered sample-major where the call allows it (``interleaved``: every table
+    summed, unpadded, with equal numbers of bags)."""
     check_pending_ids(list(tables.values()))
     device = layout.group.device
     ids_parts: list[Tensor] = []
@@ -329,6 +343,9 @@ def _prepare(
     starts_dev = layout.starts_on_device(counts, bag_counts, device)
     id_firsts, bag_firsts_dev = starts_dev[: len(counts)], starts_dev[len(counts) :]
     local = cat(offset_parts)
+    interleave = (
+        side_by_side and layout.sums and all(p is None for p in pads) and all(b == bag_counts[0] for b in bag_counts)
+    )
     offsets_g, ids_g, flags, bag_ids = group_ids(
         raw, local, id_firsts, bag_firsts_dev, layout.lo, layout.hi, interleave=interleave
     )
@@ -352,7 +369,7 @@ def _prepare(
     if prefetch:
         group_prefetch(layout.group, ids_g)
         return None
-    return _Call(ids_g, offsets_g, bag_ids, valid, counts, bag_counts, pads, offset_parts)
+    return _Call(ids_g, offsets_g, bag_ids, valid, counts, bag_counts, pads, offset_parts, interleave)
 
 
 def _int64_on(x: Tensor, device: torch.device) -> Tensor:
