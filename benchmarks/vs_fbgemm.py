@@ -42,16 +42,16 @@ replays), the same for every engine (uniform ids; Zipf for ``dcnv2-capped``). Th
 
 Each engine's rig is timed by truth.py's ``measure_rig`` (``--warmup`` steps, ``--steps`` waited steps, three
 back-to-back runs of ``--steps`` — their median the ``pipelined_ms`` step, ``host_ms`` the host's time to enqueue a
-step — and ``--steps`` waited embedding parts: forward + backward + update of the tables alone, ``embedding_ms``),
-the peak memory allocated over the measurement (from what was allocated before the build), then, at the model's
-largest batch (``--profile-every-batch``: at every batch), one step under ``torch.profiler`` (its top kernels by
-device time, ``--top`` of them, eager engines only; ``sort_kernels``: those whose names say sort, segment, unique,
-radix or scan; the kernels' and the host's totals beside them: :func:`top_kernels`). Beside them, per model and batch,
-the embedding part's **byte floor**: what FBGEMM's kernels must move (``solver/cost_model``'s ``fbgemm_bytes``:
-every id's row gathered, its pooled gradient read, each distinct row and its row-wise state read and written once,
-the pooled rows written and their gradient read; a cached or host table's misses across the host link) at the
-catalogue H200's peak HBM and host-link bandwidths, no efficiency applied; and
-``ratios``: ours / FBGEMM of the pipelined step and of the embedding part, eager and graphed.
+step — and ``--steps`` waited embedding parts: forward + backward + update of the tables alone, ``embedding_ms``), the
+peak memory allocated over the measurement (from what was allocated before the build), then, at the model's largest
+batch (``--profile-every-batch``: at every batch), one step under ``torch.profiler`` (its top kernels by device time,
+``--top`` of them; the graphed engine's step is one replay; ``sort_kernels``: those whose names say sort, segment,
+unique, radix or scan; the kernels' and the host's totals beside them: :func:`top_kernels`). Beside them, per model
+and batch, the embedding part's **byte floor**: what FBGEMM's kernels must move (``solver/cost_model``'s
+``fbgemm_bytes``: every id's row gathered, its pooled gradient read, each distinct row and its row-wise state read and
+written once, the pooled rows written and their gradient read; a cached or host table's misses across the host link)
+at the catalogue H200's peak HBM and host-link bandwidths, no efficiency applied; and ``ratios``: ours / FBGEMM of the
+pipelined step and of the embedding part, eager and graphed.
 
 The time budget (``--budget-s``) is checked before each engine's build (which needs the model's ``engine_s`` left:
 about what one engine takes on an H200 at the default steps, 15 s for the small models, 40 s for the DCNv2 ones) and
@@ -763,6 +763,15 @@ def graphed(
         for b in m.batches:
             cases[str(b)]["shardwise_graphed"] = skipped(why)
         return
+    if rig.fresh or rig.prefetch:
+        why = (
+            "a graphed step replays its batches: this model streams a fresh batch every step (and prefetches) so that "
+            "its caches' hit rate is not inflated by repeats"
+        )
+        erec |= skipped(why)
+        for b in m.batches:
+            cases[str(b)]["shardwise_graphed"] = skipped(why)
+        return
     problems = capture_problems([t for t in rig.model.modules() if isinstance(t, ShardedEmbeddingBag)])
     erec["graph_problems"] = problems
     if problems:
@@ -774,6 +783,8 @@ def graphed(
             cases[str(b)]["shardwise_graphed"] = skipped(why)
         return
     erec["status"] = "ok"
+    # one profiled replay at the largest batch, as the eager engines (the kernels of a replayed graph are traced)
+    profile_at = None if args.no_profile else ("every" if args.profile_every_batch else max(m.batches))
     _, dense = split_parameters(rig.model)
     rig.opt = torch.optim.Adam(dense, lr=1e-3, fused=True, capturable=True)  # a captured step needs capturable
     for b in m.batches:
@@ -783,10 +794,12 @@ def graphed(
             continue
         set_batches(rig, "shardwise", at_batch(m.cfg, b), make_data(m, b, device, 4), device)
 
-        def one() -> dict[str, Any]:
+        profiled = profile_at in (b, "every")
+
+        def one(profiled: bool = profiled) -> dict[str, Any]:
             t = time.monotonic()
             rig.capture()
-            out = measure(rig, args.steps, args.warmup, device, base, profiled=False)
+            out = measure(rig, args.steps, args.warmup, device, base, profiled=profiled, top=args.top)
             return {**out, "capture_s": time.monotonic() - t}
 
         cases[key]["shardwise_graphed"] = row = guarded(one)
@@ -905,7 +918,7 @@ def kinds_table(doc: dict[str, Any]) -> list[str]:
     rows = []
     for name, rec in doc["models"].items():
         for batch, case in rec.get("cases", {}).items():
-            for eng in ("shardwise", "shardwise_overlap", "fbgemm"):
+            for eng in ("shardwise", "shardwise_graphed", "shardwise_overlap", "fbgemm"):
                 e = case.get(eng) or {}
                 if "kernel_ms" not in e:
                     continue
