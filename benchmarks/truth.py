@@ -351,6 +351,8 @@ class Rig:
     #: the step and the embedding part captured as CUDA graphs (``runtime/graphed.py``), once :meth:`capture` ran
     graph: Any = None
     emb_graph: Any = None
+    #: (the grads dict, its gradients side by side): :attr:`grad`
+    _grad: Any = None
 
     @property
     def harness_bytes(self) -> int:
@@ -419,7 +421,14 @@ class Rig:
 
     def embedding_part(self, features: Any) -> None:
         rows = self.ebc.side_by_side(features)  # the tables' pooled rows side by side, in name order
-        rows.backward(side_by_side(self.grads).to(rows.dtype))
+        rows.backward(self.grad.to(rows.dtype))
+
+    @property
+    def grad(self) -> Any:
+        """The output gradients side by side (:func:`side_by_side`), found once per ``grads`` dict given."""
+        if self._grad is None or self._grad[0] is not self.grads:
+            self._grad = (self.grads, side_by_side(self.grads))
+        return self._grad[1]
 
 
 def harness_bytes(batches: Sequence[Any], grads: Any) -> int:
@@ -446,20 +455,19 @@ def output_grads(cfg: Config, device: Any, *, pooled_dtype: bool = True, batch: 
 
 def side_by_side(grads: dict[str, Any]) -> Any:
     """The output gradients of :func:`output_grads` as the one tensor whose column blocks they are (in name order),
-    or, where they are not such blocks, their concatenation."""
+    or, where they are not such blocks, their concatenation. Linear in the number of tables (the embedding part asks
+    for it every call: :meth:`Rig.grad` keeps it)."""
     import torch
 
     parts = [grads[n] for n in sorted(grads)]
     whole = parts[0]._base
-    width = sum(p.shape[1] for p in parts)
-    if (
-        whole is not None
-        and whole.dim() == 2
-        and whole.shape == (parts[0].shape[0], width)
-        and all(p._base is whole for p in parts)
-        and [p.storage_offset() - whole.storage_offset() for p in parts]
-        == [sum(q.shape[1] for q in parts[:k]) for k in range(len(parts))]
-    ):
+    at, blocks = 0, whole is not None and whole.dim() == 2
+    for p in parts if blocks else ():
+        if p._base is not whole or p.storage_offset() - whole.storage_offset() != at or p.shape[0] != whole.shape[0]:
+            blocks = False
+            break
+        at += p.shape[1]
+    if blocks and at == whole.shape[1]:
         return whole
     return torch.cat(parts, dim=1)
 

@@ -62,6 +62,9 @@ class OneGroup:
     #: every table pooled by sum with its output on the group's device: a call whose tables have equal numbers of
     #: bags and no padded buffer can be written side by side (:func:`one_group_side_by_side`)
     sums: bool = False
+    #: every table pooled and given its bags' starts without a last offset: 1-D int64 inputs on the device go
+    #: through as they are (:func:`_plain_inputs`)
+    plain: bool = False
 
     def starts_on_device(self, counts: list[int], bag_counts: list[int], device: torch.device) -> Tensor:
         key = (tuple(counts), tuple(bag_counts))
@@ -185,7 +188,9 @@ def group_layouts(tables: Sequence[ShardedEmbeddingBag]) -> list[OneGroup] | Non
         hi = torch.tensor([b + t.num_embeddings - 1 for t, b in placed], dtype=torch.int64, device=group.device)
         away = frozenset(t.name for t, _ in placed if t.device != group.device)
         sums = not away and all(not t.sequence and t.mode == "sum" for t, _ in placed)
-        layouts.append(OneGroup(group, tuple(t.name for t, _ in placed), lo, hi, elsewhere=away, sums=sums))
+        plain = all(not t.sequence and not t.include_last_offset for t, _ in placed)
+        names = tuple(t.name for t, _ in placed)
+        layouts.append(OneGroup(group, names, lo, hi, elsewhere=away, sums=sums, plain=plain))
     return layouts
 
 
@@ -291,12 +296,18 @@ def _prepare(
     summed, unpadded, with equal numbers of bags)."""
     check_pending_ids(list(tables.values()))
     device = layout.group.device
-    ids_parts: list[Tensor] = []
-    offset_parts: list[Tensor] = []
-    counts: list[int] = []
-    bag_counts: list[int] = []
-    pads: list[PaddedIds | None] = []  # a fixed-capacity buffer's padding (runtime.embedding.padding) per table
-    at = 0
+    found = _plain_inputs(layout, tables, features)
+    if found is not None:  # every table 1-D int64 ids and offsets on the device, none padded: no per-table branches
+        ids_parts, offset_parts = found
+        counts = [x.numel() for x in ids_parts]
+        bag_counts = [x.numel() for x in offset_parts]
+        pads: list[PaddedIds | None] = [None] * len(ids_parts)
+        return _group_call(layout, tables, ids_parts, offset_parts, counts, bag_counts, pads, prefetch, side_by_side)
+    ids_parts = []
+    offset_parts = []
+    counts = []
+    bag_counts = []
+    pads = []  # a fixed-capacity buffer's padding (runtime.embedding.padding) per table
     for name in layout.names:
         t = tables[name]
         value = features[name]
@@ -334,8 +345,57 @@ def _prepare(
         offset_parts.append(starts)
         counts.append(flat.numel())
         bag_counts.append(bags)
-        at += flat.numel()
-    n = at
+    return _group_call(layout, tables, ids_parts, offset_parts, counts, bag_counts, pads, prefetch, side_by_side)
+
+
+def _plain_inputs(
+    layout: OneGroup, tables: Mapping[str, ShardedEmbeddingBag], features: Mapping[str, Any]
+) -> tuple[list[Tensor], list[Tensor]] | None:
+    """Every table's ids and bag starts as they are, where each table of ``layout`` is pooled, takes its offsets
+    without the last one, has no padded buffer, and was handed 1-D int64 ids and offsets on the group's device (what
+    a data loader gives a job); else None (the general loop of :func:`_prepare`)."""
+    device = layout.group.device
+    if not layout.plain or device.type not in ("cpu", "cuda"):
+        return None
+    # get_device() is an int (-1 on the CPU): comparing it costs no torch.device per tensor
+    want = -1 if device.type == "cpu" else (torch.cuda.current_device() if device.index is None else device.index)
+    ids_parts: list[Tensor] = []
+    offset_parts: list[Tensor] = []
+    for name in layout.names:
+        value = features[name]
+        if type(value) is not tuple or tables[name].padded is not None:
+            return None
+        ids, offsets = value
+        if (
+            offsets is None
+            or ids.dtype is not torch.int64
+            or offsets.dtype is not torch.int64
+            or ids.dim() != 1
+            or offsets.dim() != 1
+            or ids.get_device() != want
+            or offsets.get_device() != want
+        ):
+            return None
+        ids_parts.append(ids)
+        offset_parts.append(offsets)
+    return ids_parts, offset_parts
+
+
+def _group_call(
+    layout: OneGroup,
+    tables: Mapping[str, ShardedEmbeddingBag],
+    ids_parts: list[Tensor],
+    offset_parts: list[Tensor],
+    counts: list[int],
+    bag_counts: list[int],
+    pads: list[PaddedIds | None],
+    prefetch: bool,
+    side_by_side: bool,
+) -> _Call | None:
+    """:func:`_prepare` once every table's ids and bag starts are on the device: the ids made ready for the lookup,
+    the id check set."""
+    device = layout.group.device
+    n = sum(counts)
     raw = cat(ids_parts)
     # every table's first id and first bag in the call, one host-to-device copy; the table of every id (and of every
     # bag) found against them (group_ids) — a fixed number of kernels whatever the number of tables (an add per
