@@ -12,6 +12,12 @@ int32 sort with ``fused_update.segment_starts``), and times:
 * ``forward``: ``pooled_rows`` with one program per bag (``per_bag``, the layout before) and grouped (each variant's
   elements, ids and warps as ``POOL_ELEMENTS``, ``GROUP_IDS``, ``POOL_WARPS``).
 
+A case whose ``memory`` is ``host`` keeps its weight and state in pinned host memory and hands the kernels its mapped
+CUDA view (``runtime/embedding/host_memory.py``, what a ``host`` group runs): every row read or written crosses the
+host link. Its floor beside the HBM one: each distinct row across the link once (forward: read; update: read and
+write, with its state), at the measured pinned host-to-device copy bandwidth; the report prints such cases in a table
+of their own, beside the same case in HBM.
+
 The grouped update's result is checked against the per-segment one's from the same weights and state (the touched
 rows after one update each: relative difference), and the grouped forward's against the per-bag one's.
 
@@ -55,6 +61,7 @@ class Case:
     tables: tuple[tuple[int, float], ...]  # (rows, ids per sample)
     dtype: str
     ids: str  # uniform | loguniform (about Zipf 1: a few hot rows)
+    memory: str = "hbm"  # hbm | host: weight and state in pinned host memory, read and written across the host link
 
 
 def _dcn_tables(cap: int) -> tuple[tuple[int, float], ...]:
@@ -63,6 +70,7 @@ def _dcn_tables(cap: int) -> tuple[tuple[int, float], ...]:
 
 
 HIGH_POOL = ((4_000_000, 100.0), (2_000_000, 150.0), (4_000_000, 200.0))
+BIG3 = tuple(sorted(_dcn_tables(4_000_000), key=lambda t: -t[0])[:3])
 SMALL = tuple((round(10_000 * 100 ** (i / 127)), float(1 + (i % 20))) for i in range(128))
 CASES = (
     Case("small-tables-16k", 16384, 32, SMALL, "fp16", "uniform"),
@@ -70,6 +78,10 @@ CASES = (
     Case("dcnv2-zipf-8k", 8192, 128, _dcn_tables(4_000_000), "fp32", "loguniform"),
     Case("pool-200-bf16-16k", 16384, 128, HIGH_POOL, "bf16", "uniform"),
     Case("dim-512-8k", 8192, 512, ((500_000, 10.0),) * 4, "fp32", "uniform"),
+    # the capped DCNv2 plan's host group (its three largest tables, here capped at 4 M rows), in host memory and,
+    # for the same ids, in HBM
+    Case("dcnv2-3big-zipf-8k", 8192, 128, BIG3, "fp32", "loguniform"),
+    Case("dcnv2-3big-zipf-8k-host", 8192, 128, BIG3, "fp32", "loguniform", memory="host"),
 )
 #: (elements, ids, warps, LONG_SEGMENT, SPLIT_SEGMENT) of the grouped kernels; the first is the update's default, the
 #: second the same with no segment split (each hot row summed by one program, the kernel before the split)
@@ -82,6 +94,7 @@ def small_cases() -> tuple[Case, ...]:
     return (
         Case("tiny-uniform", 16, 8, ((50, 3.0), (20, 2.0)), "fp32", "uniform"),
         Case("tiny-hot", 16, 16, ((30, 6.0),), "fp16", "loguniform"),
+        Case("tiny-host", 16, 8, ((40, 4.0), (25, 2.0)), "fp32", "loguniform", memory="host"),
     )
 
 
@@ -124,6 +137,28 @@ def timed(fn: Callable[[], Any], reps: int, device: torch.device) -> float:
     return float(statistics.median(out))
 
 
+def link_bandwidth(device: torch.device) -> float:
+    """Bytes per second of a copy from pinned host memory to the device (one direction of the host link)."""
+    if device.type != "cuda":
+        return 1e10
+    x = torch.empty(2**30, dtype=torch.uint8, pin_memory=True)
+    y = torch.empty(x.numel(), dtype=torch.uint8, device=device)
+    ms = timed(lambda: y.copy_(x, non_blocking=True), 5, device)
+    return x.numel() / (ms / 1e3)
+
+
+def on_memory(x: torch.Tensor, memory: str, device: torch.device) -> torch.Tensor:
+    """``x`` where the case keeps its tables: as it is (HBM), or copied to pinned host memory and handed to the
+    kernels as the mapped CUDA view a ``host`` group's executor uses."""
+    if memory == "hbm" or device.type != "cuda":
+        return x
+    from shardwise.runtime.embedding.host_memory import device_view, pinned_empty
+
+    store = pinned_empty(tuple(x.shape), x.dtype, device)
+    store.copy_(x)
+    return device_view(store, device)
+
+
 def copy_bandwidth(device: torch.device) -> float:
     """Bytes per second of a device-to-device copy (read + write)."""
     if device.type != "cuda":
@@ -154,13 +189,15 @@ def with_constants(values: tuple[int, int, int, int, int], fn: Callable[[], Any]
     return run
 
 
-def measure_case(case: Case, device: torch.device, reps: int, bandwidth: float) -> dict[str, Any]:
+def measure_case(
+    case: Case, device: torch.device, reps: int, bandwidth: float, link: float | None = None
+) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(7)
     ids, bags, offsets = batch(case, device, gen)
     rows = sum(r for r, _ in case.tables)
     dtype = DTYPES[case.dtype]
-    weight = torch.randn(rows, case.dim, device=device, dtype=torch.float32).to(dtype)
-    state = torch.zeros(rows, device=device)
+    weight = on_memory(torch.randn(rows, case.dim, device=device, dtype=torch.float32).to(dtype), case.memory, device)
+    state = on_memory(torch.zeros(rows, device=device), case.memory, device)
     grad = torch.randn(offsets.numel(), case.dim, device=device, dtype=dtype)
     n = ids.numel()
     s_ids, s_bags, _, starts = segments(ids, bags, narrow=True)
@@ -192,6 +229,7 @@ def measure_case(case: Case, device: torch.device, reps: int, bandwidth: float) 
     scale = float(after[0][0].abs().max()) or 1.0
     out: dict[str, Any] = {
         "case": case.name,
+        "memory": case.memory,
         "grouped_vs_per_segment_max_rel": float((after[0][0] - after[1][0]).abs().max()) / scale,
         "state_max_rel": float((after[0][1] - after[1][1]).abs().max()) / (float(after[0][1].abs().max()) or 1.0),
         "forward_max_rel": _rel(forward()(), forward(per_bag=True)()),
@@ -204,6 +242,16 @@ def measure_case(case: Case, device: torch.device, reps: int, bandwidth: float) 
         "longest_segment": longest,
         "update_floor_ms": update_bytes / bandwidth * 1e3,
         "forward_floor_ms": forward_bytes / bandwidth * 1e3,
+        # over the host link, each distinct row crossing once (its repeats read from the L2 at best): the forward
+        # reads it, the update reads and writes it and its state
+        **(
+            {
+                "forward_link_floor_ms": unique * case.dim * b / link * 1e3,
+                "update_link_floor_ms": unique * (2 * case.dim * b + 8) / link * 1e3,
+            }
+            if case.memory == "host" and link
+            else {}
+        ),
         "segments_int64_ms": timed(lambda: segments(ids, bags), reps, device),
         "segments_int32_ms": timed(lambda: segments(ids, bags, narrow=True), reps, device),
         # what the Triton backend runs: the int32 sort, then each head stores its start (no scatter of every id)
@@ -292,6 +340,34 @@ def table(doc: dict[str, Any]) -> list[str]:
             f"{r['forward_per_bag_ms']:.3f} | {d['forward_ms']:.3f} | {r['forward_floor_ms']:.3f} | "
             f"{r['grouped_vs_per_segment_max_rel']:.1e} / {r['forward_max_rel']:.1e} |"
         )
+    host = [r for r in doc["cases"] if r.get("memory") == "host"]
+    if host:
+        lines += [
+            "",
+            f"Tables in host memory (the kernels read and write them across the host link, "
+            f"{doc.get('link_bandwidth_bytes_per_s', float('nan')) / 1e9:.1f} GB/s measured host to device); the same "
+            "case in HBM beside it where it ran; link floor = each distinct row across the link once, ms:",
+            "",
+            "| case | update: grouped | in HBM | link floor | best variant | forward: grouped | in HBM | link floor | "
+            "best variant |",
+            "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |",
+        ]
+        by_name = {r["case"]: r for r in doc["cases"]}
+        for r in host:
+            twin = by_name.get(r["case"].removesuffix("-host"), {})
+            d, t = r["variants"][0], (twin.get("variants") or [{}])[0]
+            up = min(r["variants"], key=lambda v: v["update_ms"])
+            fw = min(r["variants"], key=lambda v: v["forward_ms"])
+
+            def name(v: dict[str, Any]) -> str:
+                return f"{v['group_elements']}/{v['group_ids']}/w{v['warps']}"
+
+            lines.append(
+                f"| {r['case']} | {d['update_ms']:.3f} | {t.get('update_ms', float('nan')):.3f} | "
+                f"{r.get('update_link_floor_ms', float('nan')):.3f} | {name(up)} {up['update_ms']:.3f} | "
+                f"{d['forward_ms']:.3f} | {t.get('forward_ms', float('nan')):.3f} | "
+                f"{r.get('forward_link_floor_ms', float('nan')):.3f} | {name(fw)} {fw['forward_ms']:.3f} |"
+            )
     return lines
 
 
@@ -302,6 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--small", action="store_true", help="tiny cases (the CPU, under TRITON_INTERPRET=1)")
+    p.add_argument("--only", default="", help="comma-separated case names (default: every case)")
     args = p.parse_args(argv)
     if args.report:
         print("\n".join(table(json.loads(args.report.read_text(encoding="utf-8")))))
@@ -315,10 +392,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": f"{name}, torch {torch.__version__}, Triton {triton.__version__}",
         "reps": args.reps,
         "copy_bandwidth_bytes_per_s": copy_bandwidth(device),
+        "link_bandwidth_bytes_per_s": link_bandwidth(device),
         "cases": [],
     }
-    for case in small_cases() if args.small else CASES:
-        doc["cases"].append(measure_case(case, device, args.reps, doc["copy_bandwidth_bytes_per_s"]))
+    chosen = [c for c in (small_cases() if args.small else CASES) if not args.only or c.name in args.only.split(",")]
+    for case in chosen:
+        bandwidths = (doc["copy_bandwidth_bytes_per_s"], doc["link_bandwidth_bytes_per_s"])
+        doc["cases"].append(measure_case(case, device, args.reps, *bandwidths))
         print(f"{case.name}: done", flush=True)
         if args.output:
             args.output.write_text(json.dumps(doc, indent=1), encoding="utf-8")

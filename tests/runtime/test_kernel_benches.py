@@ -64,7 +64,8 @@ def test_fused_kernels_smoke_run_times_every_layout_and_they_agree(tmp_path: Pat
     doc: dict[str, Any] = json.loads(out.read_text())
     assert doc["kind"] == "fused_kernels"
     names = [c["case"] for c in doc["cases"]]
-    assert names == ["tiny-uniform", "tiny-hot"]
+    assert names == ["tiny-uniform", "tiny-hot", "tiny-host"]
+    assert [c["memory"] for c in doc["cases"]] == ["hbm", "hbm", "host"]
     for case in doc["cases"]:
         assert 0 < case["distinct_rows"] <= case["ids"]
         # the hot case's longest segment is past the shortened long threshold of one variant
@@ -87,3 +88,9 @@ def test_fused_kernels_smoke_run_times_every_layout_and_they_agree(tmp_path: Pat
         assert case["forward_max_rel"] < 1e-5
     assert max(c["longest_segment"] for c in doc["cases"]) > 4
     assert "tiny-hot" in printed
+    # a case in host memory gets its own table, with its link floors (on the CPU: the host's own memory)
+    host = doc["cases"][2]
+    assert host["forward_link_floor_ms"] > 0
+    assert host["update_link_floor_ms"] > host["forward_link_floor_ms"]
+    assert "Tables in host memory" in printed
+    assert "| tiny-host |" in printed.split("Tables in host memory")[1]
