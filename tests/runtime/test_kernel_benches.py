@@ -94,3 +94,31 @@ def test_fused_kernels_smoke_run_times_every_layout_and_they_agree(tmp_path: Pat
     assert host["update_link_floor_ms"] > host["forward_link_floor_ms"]
     assert "Tables in host memory" in printed
     assert "| tiny-host |" in printed.split("Tables in host memory")[1]
+
+
+def test_host_link_reports_every_memory_kind_and_refuses_without_cuda(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    doc = {
+        "machine": "a GPU",
+        "case": "dcnv2-3big-zipf-8k",
+        "reps": 10,
+        "link_bandwidth_bytes_per_s": 48e9,
+        "kinds": [
+            {"kind": "hbm", "forward_ms": 0.08, "update_ms": 0.32, "gather_ms": 0.01, "link_read_floor_ms": 0.9},
+            {"kind": "pinned-wc", "error": "RuntimeError: cudaHostAlloc failed (CUDA error 2)"},
+        ],
+    }
+    saved = tmp_path / "host_link.json"
+    saved.write_text(json.dumps(doc))
+    printed = _run("host_link.py", "--report", str(saved))
+    assert "48.0 GB/s" in printed
+    assert "| hbm | 0.080 | 0.320 | 0.010 | 0.900 |" in printed
+    assert "| pinned-wc | error: RuntimeError: cudaHostAlloc failed (CUDA error 2) |" in printed
+    if not torch.cuda.is_available():
+        full = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / "host_link.py"), "-o", str(tmp_path / "x.json")],
+            env=full, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode != 0
+        assert "needs a CUDA device" in proc.stderr
