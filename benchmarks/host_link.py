@@ -16,8 +16,11 @@ capped at 4 M rows, fp32, dim 128, log-uniform ids, row-wise Adagrad), with the 
 For each: the grouped forward (``pooled_rows``), the grouped update (``fused_update.launch``), and a gather of the
 batch's distinct rows (``index_select``, the link's plain read rate), median of ``--reps`` launches between CUDA
 events, ms; beside them the bytes each must move across the link at the measured pinned host-to-device copy rate.
+With ``--fbgemm``, FBGEMM's table-batched kernels over the same tables and ids, in HBM and managed (its forward, and
+its forward + backward with the fused update).
 
     python3 benchmarks/host_link.py -o host_link.json     # one CUDA GPU
+    python3 benchmarks/host_link.py -o host_link.json --fbgemm     # and FBGEMM's kernels (fbgemm_gpu importable)
     python3 benchmarks/host_link.py --report host_link.json
 """
 
@@ -164,6 +167,53 @@ def measure(kind: str, device: torch.device, reps: int, link: float) -> dict[str
     return out
 
 
+def measure_fbgemm(location: str, device: torch.device, reps: int) -> dict[str, Any]:
+    """FBGEMM's table-batched kernels (``SplitTableBatchedEmbeddingBagsCodegen``, EXACT_ROWWISE_ADAGRAD, fp32) over
+    the same tables and ids, the tables in ``location`` (``DEVICE``: HBM; ``MANAGED``: FBGEMM's UVM): its forward alone
+    (no autograd) and its forward + backward with the fused update (its backward sorts the ids itself)."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        ComputeDevice,
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    gen = torch.Generator().manual_seed(7)
+    ids, _, offsets = fkb.batch(CASE, device, gen)
+    bases, at = [], 0
+    for rows, pool in CASE.tables:  # fkb.batch's ids are group rows: each table's own rows for FBGEMM
+        bases.append(torch.full((CASE.batch * max(1, round(pool)),), at, dtype=torch.int64))
+        at += rows
+    local = ids - torch.cat(bases).to(device)
+    offs = torch.cat([offsets, offsets.new_full((1,), ids.numel())])
+    where = getattr(EmbeddingLocation, location)
+    tbe = SplitTableBatchedEmbeddingBagsCodegen(
+        embedding_specs=[(rows, CASE.dim, where, ComputeDevice.CUDA) for rows, _ in CASE.tables],
+        optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+        learning_rate=1e-4,
+        eps=1e-8,
+        weights_precision=SparseType.FP32,
+        output_dtype=SparseType.FP32,
+        pooling_mode=PoolingMode.SUM,
+        device=device,
+    )
+    grad = torch.randn(CASE.batch, CASE.dim * len(CASE.tables), device=device)
+
+    def forward() -> Any:
+        with torch.no_grad():
+            return tbe(local, offs)
+
+    def train() -> None:
+        tbe(local, offs).backward(grad)
+
+    return {
+        "kind": f"fbgemm-{location.lower()}",
+        "ids": ids.numel(),
+        "forward_ms": fkb.timed(forward, reps, device),
+        "forward_backward_ms": fkb.timed(train, reps, device),
+    }
+
+
 def table(doc: dict[str, Any]) -> list[str]:
     lines = [
         f"{doc['machine']}; {doc['case']}; median of {doc['reps']} launches, ms; link floor = the distinct rows read "
@@ -180,6 +230,19 @@ def table(doc: dict[str, Any]) -> list[str]:
             f"| {r['kind']} | {r['forward_ms']:.3f} | {r['update_ms']:.3f} | {r['gather_ms']:.3f} | "
             f"{r['link_read_floor_ms']:.3f} |"
         )
+    if doc.get("fbgemm"):
+        lines += [
+            "",
+            "FBGEMM's table-batched kernels on the same tables and ids (ms; forward + backward includes its sort):",
+            "",
+            "| tables in | forward | forward + backward (fused update) |",
+            "| --- | ---: | ---: |",
+        ]
+        for r in doc["fbgemm"]:
+            if "error" in r:
+                lines.append(f"| {r['kind']} | error: {r['error']} | |")
+            else:
+                lines.append(f"| {r['kind']} | {r['forward_ms']:.3f} | {r['forward_backward_ms']:.3f} |")
     return lines
 
 
@@ -188,6 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("-o", "--output", type=Path)
     p.add_argument("--report", type=Path)
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--fbgemm", action="store_true", help="FBGEMM's kernels on the same tables too (fbgemm_gpu)")
     args = p.parse_args(argv)
     if args.report:
         print("\n".join(table(json.loads(args.report.read_text(encoding="utf-8")))))
@@ -213,6 +277,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{kind}: done", flush=True)
         if args.output:
             args.output.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+    if args.fbgemm:
+        doc["fbgemm"] = []
+        for location in ("DEVICE", "MANAGED"):
+            try:
+                doc["fbgemm"].append(measure_fbgemm(location, device, args.reps))
+            except Exception as e:  # FBGEMM absent or refusing: recorded
+                doc["fbgemm"].append({"kind": f"fbgemm-{location.lower()}", "error": f"{type(e).__name__}: {e}"})
+            torch.cuda.empty_cache()
+            if args.output:
+                args.output.write_text(json.dumps(doc, indent=1), encoding="utf-8")
     print("\n".join(table(doc)))
     return 0
 
