@@ -655,20 +655,7 @@ def run_model(m: Model, args: argparse.Namespace, device: Any, doc: te.Doc, cloc
                 if clock.over():
                     cases[key][engine] = skipped("budget")
                     continue
-                cfg = at_batch(m.cfg, b)
-                set_batches(rig, engine, cfg, make_data(m, b, device, n_batches(m, args.steps, args.warmup)), device)
-                cases[key][engine] = row = guarded(
-                    functools.partial(
-                        measure,
-                        rig,
-                        args.steps,
-                        args.warmup,
-                        device,
-                        base,
-                        profiled=profile_at in (b, "every"),
-                        top=args.top,
-                    )
-                )
+                cases[key][engine] = row = measure_at(rig, engine, m, b, args, device, base, profile_at)
                 report_row(m.cfg.name, b, engine, row)
                 doc.save()
             if engine == "shardwise":
@@ -686,6 +673,25 @@ def run_model(m: Model, args: argparse.Namespace, device: Any, doc: te.Doc, cloc
     for b in m.batches:
         cases[str(b)]["ratios"] = ratios(cases[str(b)])
     doc.save()
+
+
+def measure_at(
+    rig: Any,
+    engine: str,
+    m: Model,
+    b: int,
+    args: argparse.Namespace,
+    device: Any,
+    base: int,
+    profile_at: int | str | None,
+) -> dict[str, Any]:
+    """``rig`` (of ``engine``) given the batches of ``m`` at ``b`` samples and measured (:func:`measure`, profiled
+    where ``profile_at`` is ``b`` or ``"every"``), or the failure recorded."""
+    set_batches(rig, engine, at_batch(m.cfg, b), make_data(m, b, device, n_batches(m, args.steps, args.warmup)), device)
+    profiled = profile_at in (b, "every")
+    return guarded(
+        functools.partial(measure, rig, args.steps, args.warmup, device, base, profiled=profiled, top=args.top)
+    )
 
 
 def guarded(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -724,20 +730,7 @@ def overlapped(
             if clock.over():
                 cases[key]["shardwise_overlap"] = skipped("budget")
                 continue
-            cfg = at_batch(m.cfg, b)
-            set_batches(rig, "shardwise", cfg, make_data(m, b, device, n_batches(m, args.steps, args.warmup)), device)
-            cases[key]["shardwise_overlap"] = row = guarded(
-                functools.partial(
-                    measure,
-                    rig,
-                    args.steps,
-                    args.warmup,
-                    device,
-                    base,
-                    profiled=profile_at in (b, "every"),
-                    top=args.top,
-                )
-            )
+            cases[key]["shardwise_overlap"] = row = measure_at(rig, "shardwise", m, b, args, device, base, profile_at)
             report_row(m.cfg.name, b, "shardwise_overlap", row)
             doc.save()
     finally:
