@@ -74,14 +74,18 @@ Output::
      batch the largest), "batches": [B, ...], "ids": "uniform"|"zipf", "skews", "cap_bytes", "memory_fraction",
      "plan": shardwise Plan JSON, "torchrec_plan": what DMP was given, "fbgemm_dtype", "fbgemm_dtype_note",
      "engines": {ENGINE: {"status": "ok"|"skipped"|"error", "reason"|"error"+"traceback", "setup_s",
-        "memory_after_build_bytes", "warm" (cached tables: ids done and wanted), "kernels" (fbgemm: the TBEs DMP
-        built), "graph_problems" (shardwise_graphed)}},
+        "memory_after_build_bytes", "outside_torch_after_build_bytes", "outside_torch_after_warm_bytes", "warm"
+        (cached tables: ids done and wanted), "kernels" (fbgemm: the TBEs DMP built), "graph_problems"
+        (shardwise_graphed)}},
      "cases": {B: {"floor": {"hbm_bytes", "link_bytes", "ms", ...}, ENGINE: {"status", "step_ms", "pipelined_ms",
-        "host_ms", "pipelined_runs_ms", "embedding_ms", "peak_bytes", "base_bytes", "top_kernels": [{"name", "ms",
-        "calls"}], "sort_kernels": [...]}, "ratios": {"step", "step_graphed", "embedding", "embedding_graphed"}}}}}}
+        "host_ms", "pipelined_runs_ms", "embedding_ms", "peak_bytes", "base_bytes", "outside_torch_bytes",
+        "top_kernels": [{"name", "ms", "calls"}], "sort_kernels": [...]}, "ratios": {"step", "step_graphed",
+        "embedding", "embedding_graphed", "step_overlap", "embedding_overlap"}}}}}}
 
-ENGINE is ``shardwise``, ``shardwise_graphed``, ``fbgemm`` or ``torch``; a ratio is null where either figure is
-missing.
+ENGINE is ``shardwise``, ``shardwise_graphed``, ``shardwise_overlap``, ``fbgemm`` or ``torch``; a ratio is null
+where either figure is missing. ``outside_torch*``: device memory in use that torch's allocator did not reserve
+(:func:`outside_torch`), which shows managed pages the driver moved into the device past a capped model's memory
+fraction.
 """
 
 from __future__ import annotations
@@ -524,12 +528,24 @@ def measure(
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
     out = {"status": "ok", **truth.measure_rig(rig, steps, warmup, device, base)}
+    if device.type == "cuda":
+        out["outside_torch_bytes"] = outside_torch(device)
     if profiled:
         try:
             out |= top_kernels(rig, device, top)
         except Exception as e:
             out["top_kernels"] = failure(e)
     return out
+
+
+def outside_torch(device: Any) -> int:
+    """Device memory in use that torch's caching allocator did not reserve: the CUDA context, libraries' own
+    allocations — and managed (UVM) pages the driver has moved into the device, which a per-process memory fraction
+    does not cap (FBGEMM's ``fused_uvm`` tables are managed memory)."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info(device)
+    return int(total - free - torch.cuda.memory_reserved(device))
 
 
 class Clock:
@@ -574,11 +590,13 @@ def build_engine(
         torch.cuda.synchronize(device)
     rec["setup_s"] = time.monotonic() - t
     rec["memory_after_build_bytes"] = torch.cuda.memory_allocated(device) if cuda else None
+    rec["outside_torch_after_build_bytes"] = outside_torch(device) if cuda else None
     rig.fresh = m.port is not None
     if m.port is not None and engine in ("shardwise", "fbgemm"):
         t = time.monotonic()
         rec["warm"] = warm(engine, rig, m, the_plan, exported[0], device, warm_budget_s)
         rec["warm_s"] = time.monotonic() - t
+        rec["outside_torch_after_warm_bytes"] = outside_torch(device) if cuda else None
     return rig
 
 
@@ -863,6 +881,17 @@ def table(doc: dict[str, Any]) -> list[str]:
         for eng, e in rec.get("engines", {}).items():
             if e.get("status") in ("skipped", "error"):
                 notes.append(f"{name}: {eng} {e['status']}: {e.get('reason') or e.get('error')}")
+        if rec.get("memory_fraction") is not None:  # a capped model: what each engine held beyond torch's allocator
+            for eng in BUILT:
+                e = rec.get("engines", {}).get(eng, {})
+                after = [c.get(eng, {}).get("outside_torch_bytes") for c in rec.get("cases", {}).values()]
+                after = [a for a in after if a is not None]
+                if e.get("outside_torch_after_build_bytes") is not None and after:
+                    notes.append(
+                        f"{name}: {eng} held {e['outside_torch_after_build_bytes'] / GIB:.1f} GiB of device memory "
+                        f"outside torch's allocator after its build, {max(after) / GIB:.1f} GiB after its steps "
+                        "(the cap does not count it)"
+                    )
         for batch, case in rec.get("cases", {}).items():
             o, g, f, t, v = (case.get(k) for k in ENGINES)
             r = case.get("ratios") or ratios(case)

@@ -271,8 +271,14 @@ class GraphedStep:
         ]
         if not pairs:  # the graph's own input tensors, filled by the caller
             pass
-        elif all(x.device == b.device for b, x in pairs):  # one call for all (not a copy_ each: host time per tensor)
-            torch._foreach_copy_([b for b, _ in pairs], [x for _, x in pairs], non_blocking=True)
+        elif all(x.device == b.device for b, x in pairs):
+            # one call per dtype (not a copy_ each: host time per tensor): a list of one dtype takes the multi-tensor
+            # kernel, a mixed list a device-to-device copy per tensor (259 at 128 tables: 0.74 ms of a replay)
+            by_dtype: dict[tuple[torch.dtype, torch.dtype], list[tuple[Tensor, Tensor]]] = {}
+            for b, x in pairs:
+                by_dtype.setdefault((b.dtype, x.dtype), []).append((b, x))
+            for group in by_dtype.values():
+                torch._foreach_copy_([b for b, _ in group], [x for _, x in group], non_blocking=True)
         else:  # some on the host (pinned: without waiting)
             for b, x in pairs:
                 b.copy_(x, non_blocking=True)
