@@ -60,7 +60,7 @@ class Case:
     dim: int
     tables: tuple[tuple[int, float], ...]  # (rows, ids per sample)
     dtype: str
-    ids: str  # uniform | loguniform (about Zipf 1: a few hot rows)
+    ids: str  # uniform | loguniform (about Zipf 1: a few hot rows) | zipf<s>, e.g. zipf1.05: P(r) ∝ (r + 1)^-s
     memory: str = "hbm"  # hbm | host: weight and state in pinned host memory, read and written across the host link
 
 
@@ -108,6 +108,10 @@ def batch(case: Case, device: torch.device, gen: torch.Generator) -> tuple[torch
         u = torch.rand(n, generator=gen, device="cpu")
         if case.ids == "uniform":
             local = (u * rows).long().clamp_(max=rows - 1)
+        elif case.ids.startswith("zipf"):  # the continuous inverse of P(r) ∝ (r + 1)^-s over [0, rows)
+            a = 1.0 - float(case.ids[4:])
+            top = (rows + 1.0) ** a
+            local = ((1.0 + u.double() * (top - 1.0)) ** (1.0 / a) - 1.0).long().clamp_(0, rows - 1)
         else:  # log-uniform: P(r) ∝ 1/(r+1)
             local = (torch.exp(u * math.log(rows + 1)) - 1).long().clamp_(0, rows - 1)
         ids.append(local + base)

@@ -2,7 +2,9 @@
 allocated: an experiment for the ``host`` placement, whose group lost to FBGEMM's on the capped DCNv2 model.
 
 The same tables, ids and kernels as ``fused_kernels.py``'s ``dcnv2-3big-zipf-8k`` case (DCNv2's three largest tables
-capped at 4 M rows, fp32, dim 128, log-uniform ids, row-wise Adagrad), with the weight and its state in each of:
+capped at 4 M rows, fp32, dim 128, log-uniform ids, row-wise Adagrad; ``--case dcnv2-capped-host-zipf1.05-8k``: the
+three tables the capped plan of ``vs_fbgemm.py`` puts in host memory, at its sizes and Zipf 1.05 ids), with the weight
+and its state in each of:
 
 * ``hbm`` — device memory (the reference);
 * ``pinned`` — what a ``host`` group holds today: torch's pinned host memory, mapped for the GPU
@@ -21,6 +23,7 @@ its forward + backward with the fused update).
 
     python3 benchmarks/host_link.py -o host_link.json     # one CUDA GPU
     python3 benchmarks/host_link.py -o host_link.json --fbgemm     # and FBGEMM's kernels (fbgemm_gpu importable)
+    python3 benchmarks/host_link.py -o capped.json --fbgemm --case dcnv2-capped-host-zipf1.05-8k   # the plan's
     python3 benchmarks/host_link.py --report host_link.json
 """
 
@@ -44,7 +47,21 @@ from shardwise.runtime.embedding.update import segments
 from shardwise.runtime.kernels import fused_update as fk
 
 KINDS = ("hbm", "pinned", "pinned-wc", "managed")
-CASE = next(c for c in fkb.CASES if c.name == "dcnv2-3big-zipf-8k")
+#: the cases it can run: fused_kernels.py's (DCNv2's three largest tables capped at 4 M rows, log-uniform ids), and
+#: the host group of the capped DCNv2 plan vs_fbgemm.py runs — tables 0, 9 and 10 of DCNv2 (14 M, 14 M and 3.07 M
+#: rows; pooling 3, 7 and 3), Zipf 1.05 ids, as that plan offloads them
+CASES = {
+    "dcnv2-3big-zipf-8k": next(c for c in fkb.CASES if c.name == "dcnv2-3big-zipf-8k"),
+    "dcnv2-capped-host-zipf1.05-8k": fkb.Case(
+        "dcnv2-capped-host-zipf1.05-8k",
+        8192,
+        128,
+        tuple(fkb._dcn_tables(14_000_000)[i] for i in (0, 9, 10)),
+        "fp32",
+        "zipf1.05",
+    ),
+}
+DEFAULT_CASE = "dcnv2-3big-zipf-8k"
 
 
 class _Raw:
@@ -122,20 +139,20 @@ def _advise(lib: Any, pointer: int, nbytes: int, advice: int, *, host: bool, ind
         _check(lib.cudaMemAdvise(*args, ctypes.c_int(-1 if host else index)), "cudaMemAdvise")
 
 
-def measure(kind: str, device: torch.device, reps: int, link: float) -> dict[str, Any]:
+def measure(case: fkb.Case, kind: str, device: torch.device, reps: int, link: float) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(7)
-    ids, bags, offsets = fkb.batch(CASE, device, gen)
-    rows = sum(r for r, _ in CASE.tables)
-    weight = allocate(kind, (rows, CASE.dim), torch.float32, device)
+    ids, bags, offsets = fkb.batch(case, device, gen)
+    rows = sum(r for r, _ in case.tables)
+    weight = allocate(kind, (rows, case.dim), torch.float32, device)
     state = allocate(kind, (rows,), torch.float32, device)
-    weight.copy_(torch.randn(rows, CASE.dim, device=device))  # the GPU writes them: no CPU read of the memory
+    weight.copy_(torch.randn(rows, case.dim, device=device))  # the GPU writes them: no CPU read of the memory
     state.zero_()
-    grad = torch.randn(offsets.numel(), CASE.dim, device=device)
+    grad = torch.randn(offsets.numel(), case.dim, device=device)
     n = ids.numel()
     s_ids, s_bags, _, starts = segments(ids, bags, narrow=True)
     unique = int((starts[:n] < n).sum())
     distinct = s_ids.index_select(0, starts[:unique]).long()
-    row = CASE.dim * 4
+    row = case.dim * 4
     out = {
         "kind": kind,
         "ids": n,
@@ -167,7 +184,7 @@ def measure(kind: str, device: torch.device, reps: int, link: float) -> dict[str
     return out
 
 
-def measure_fbgemm(location: str, device: torch.device, reps: int) -> dict[str, Any]:
+def measure_fbgemm(case: fkb.Case, location: str, device: torch.device, reps: int) -> dict[str, Any]:
     """FBGEMM's table-batched kernels (``SplitTableBatchedEmbeddingBagsCodegen``, EXACT_ROWWISE_ADAGRAD, fp32) over
     the same tables and ids, the tables in ``location`` (``DEVICE``: HBM; ``MANAGED``: FBGEMM's UVM): its forward alone
     (no autograd) and its forward + backward with the fused update (its backward sorts the ids itself)."""
@@ -179,16 +196,16 @@ def measure_fbgemm(location: str, device: torch.device, reps: int) -> dict[str, 
     )
 
     gen = torch.Generator().manual_seed(7)
-    ids, _, offsets = fkb.batch(CASE, device, gen)
+    ids, _, offsets = fkb.batch(case, device, gen)
     bases, at = [], 0
-    for rows, pool in CASE.tables:  # fkb.batch's ids are group rows: each table's own rows for FBGEMM
-        bases.append(torch.full((CASE.batch * max(1, round(pool)),), at, dtype=torch.int64))
+    for rows, pool in case.tables:  # fkb.batch's ids are group rows: each table's own rows for FBGEMM
+        bases.append(torch.full((case.batch * max(1, round(pool)),), at, dtype=torch.int64))
         at += rows
     local = ids - torch.cat(bases).to(device)
     offs = torch.cat([offsets, offsets.new_full((1,), ids.numel())])
     where = getattr(EmbeddingLocation, location)
     tbe = SplitTableBatchedEmbeddingBagsCodegen(
-        embedding_specs=[(rows, CASE.dim, where, ComputeDevice.CUDA) for rows, _ in CASE.tables],
+        embedding_specs=[(rows, case.dim, where, ComputeDevice.CUDA) for rows, _ in case.tables],
         optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
         learning_rate=1e-4,
         eps=1e-8,
@@ -197,7 +214,7 @@ def measure_fbgemm(location: str, device: torch.device, reps: int) -> dict[str, 
         pooling_mode=PoolingMode.SUM,
         device=device,
     )
-    grad = torch.randn(CASE.batch, CASE.dim * len(CASE.tables), device=device)
+    grad = torch.randn(case.batch, case.dim * len(case.tables), device=device)
 
     def forward() -> Any:
         with torch.no_grad():
@@ -252,7 +269,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--report", type=Path)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--fbgemm", action="store_true", help="FBGEMM's kernels on the same tables too (fbgemm_gpu)")
+    p.add_argument("--case", default=DEFAULT_CASE, choices=sorted(CASES), help="the tables and ids")
     args = p.parse_args(argv)
+    case = CASES[args.case]
     if args.report:
         print("\n".join(table(json.loads(args.report.read_text(encoding="utf-8")))))
         return 0
@@ -264,14 +283,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc: dict[str, Any] = {
         "kind": "host_link",
         "machine": f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, Triton {triton.__version__}",
-        "case": CASE.name,
+        "case": case.name,
         "reps": args.reps,
         "link_bandwidth_bytes_per_s": fkb.link_bandwidth(device),
         "kinds": [],
     }
     for kind in KINDS:
         try:
-            doc["kinds"].append(measure(kind, device, args.reps, doc["link_bandwidth_bytes_per_s"]))
+            doc["kinds"].append(measure(case, kind, device, args.reps, doc["link_bandwidth_bytes_per_s"]))
         except Exception as e:  # a kind this machine's runtime refuses: recorded, the others still run
             doc["kinds"].append({"kind": kind, "error": f"{type(e).__name__}: {e}"})
         print(f"{kind}: done", flush=True)
@@ -281,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc["fbgemm"] = []
         for location in ("DEVICE", "MANAGED"):
             try:
-                doc["fbgemm"].append(measure_fbgemm(location, device, args.reps))
+                doc["fbgemm"].append(measure_fbgemm(case, location, device, args.reps))
             except Exception as e:  # FBGEMM absent or refusing: recorded
                 doc["fbgemm"].append({"kind": f"fbgemm-{location.lower()}", "error": f"{type(e).__name__}: {e}"})
             torch.cuda.empty_cache()

@@ -513,8 +513,27 @@ def top_kernels(rig: Any, device: Any, count: int = 8) -> dict[str, Any]:
             "cpu_ms": sum(e.self_cpu_time_total for e in cpu) / 1e3,
             "launch_calls": sum(e.count for e in cpu if "LaunchKernel" in e.key or "GraphLaunch" in e.key),
             "cpu_ops": [row(e, "self_cpu_time_total") for e in cpu[:count]],
+            "embedding_launches": embedding_launches(prof),
         }
     return out
+
+
+def embedding_launches(prof: Any) -> list[dict[str, Any]]:
+    """Each forward and update kernel of a profiled step on its own, in the order they started (``name``, ``ms``,
+    ``start_ms`` from the first): the sums by name add a group in HBM and a group in host memory together, and these
+    keep them apart."""
+    import torch
+
+    found = []
+    for e in prof.events():
+        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue
+        if kernel_kind(e.name) not in ("forward", "update"):
+            continue
+        found.append((e.time_range.start, e.name[:80], e.time_range.elapsed_us() / 1e3))
+    found.sort()
+    first = found[0][0] if found else 0
+    return [{"name": n, "ms": ms, "start_ms": (t - first) / 1e3} for t, n, ms in found]
 
 
 def measure(

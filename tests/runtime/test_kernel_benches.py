@@ -122,3 +122,24 @@ def test_host_link_reports_every_memory_kind_and_refuses_without_cuda(tmp_path: 
         )  # fmt: skip
         assert proc.returncode != 0
         assert "needs a CUDA device" in proc.stderr
+
+
+def test_zipf_ids_stay_in_their_table_and_crowd_its_first_rows() -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    import importlib
+
+    fkb = importlib.import_module("benchmarks.fused_kernels")
+    case = fkb.Case("z", 4096, 8, ((1_000_000, 2.0), (50, 1.0)), "fp32", "zipf1.05")
+    ids = fkb.batch(case, torch.device("cpu"), torch.Generator().manual_seed(3))[0]
+    first, second = ids[: 2 * 4096], ids[2 * 4096 :] - 1_000_000
+    assert int(first.min()) >= 0
+    assert int(first.max()) < 1_000_000
+    assert int(second.min()) >= 0
+    assert int(second.max()) < 50
+    # the continuous P(r) ∝ (r + 1)^-1.05 over a million rows puts 41 % of the draws on the first hundred rows
+    head = float((first < 100).double().mean())
+    assert 0.37 < head < 0.45, head
+    uniform = fkb.Case("u", 4096, 8, ((1_000_000, 2.0),), "fp32", "uniform")
+    flat = fkb.batch(uniform, torch.device("cpu"), torch.Generator().manual_seed(3))[0]
+    assert float((flat < 100).double().mean()) < 0.01
