@@ -160,25 +160,12 @@ def varying_batch(seed: int) -> Any:
 def check_padded_lookups(rank: int, world: int) -> list[str]:
     from torch.utils._pytree import tree_flatten_with_path, tree_unflatten
 
+    from plan_support import one_rank_plan
     from shardwise.runtime.apply import apply_plan, split_parameters
     from shardwise.runtime.embedding.bag import ShardedEmbeddingBag
     from shardwise.runtime.embedding.collection import ShardedEmbeddingBagCollection
-    from shardwise.wire.spec import Placement, Plan, PlanStatus, RankPlan, ShardingType, ShardPlan, TablePlan
 
-    plan = Plan(
-        status=PlanStatus.feasible,
-        predicted_step_ms=1.0,
-        ranks=[RankPlan(rank=0, host=0, gpu="nvidia-h200", hbm_capacity_bytes=1 << 30, hbm_used_bytes=0)],
-        tables=[
-            TablePlan(
-                name=f,
-                sharding_type=ShardingType.table_wise,
-                shards=[ShardPlan(rank=0, row_offset=0, num_rows=r, col_offset=0, num_cols=d, placement=Placement.hbm)],
-            )
-            for f, (r, d, _) in TABLES.items()
-        ],
-        dense=[],
-    )
+    plan = one_rank_plan({f: (r, d) for f, (r, d, _) in TABLES.items()})
     cpu = torch.device("cpu")
     errors: list[str] = []
     for opt in RowOptimizer:

@@ -122,34 +122,11 @@ def batch(tables: dict[str, tuple[int, int, str]], seed: int, sizes: dict[str, i
     return torch.randn(BATCH, DENSE, generator=g), feats, torch.randint(0, 2, (BATCH,), generator=g).float()
 
 
-def one_rank_plan(tables: dict[str, tuple[int, int, str]], placement: str) -> Any:
-    from shardwise.wire.spec import Placement, Plan, PlanStatus, RankPlan, ShardingType, ShardPlan, TablePlan
+def plan_of(tables: dict[str, tuple[int, int, str]], placement: str) -> Any:
+    from plan_support import one_rank_plan
+    from shardwise.wire.spec import Placement
 
-    where = Placement(placement)
-    return Plan(
-        status=PlanStatus.feasible,
-        predicted_step_ms=1.0,
-        ranks=[RankPlan(rank=0, host=0, gpu="nvidia-h200", hbm_capacity_bytes=1 << 30, hbm_used_bytes=0)],
-        tables=[
-            TablePlan(
-                name=f,
-                sharding_type=ShardingType.table_wise,
-                shards=[
-                    ShardPlan(
-                        rank=0,
-                        row_offset=0,
-                        num_rows=r,
-                        col_offset=0,
-                        num_cols=d,
-                        placement=where,
-                        cache_fraction=0.25 if where is Placement.uvm_cache else None,
-                    )
-                ],
-            )
-            for f, (r, d, _) in tables.items()
-        ],
-        dense=[],
-    )
+    return one_rank_plan({f: (r, d) for f, (r, d, _) in tables.items()}, Placement(placement))
 
 
 def train_both(
@@ -170,7 +147,7 @@ def train_both(
     for _ in range(2):
         torch.manual_seed(0)
         config = UpdateConfig(opt, LR[opt])
-        m = apply_plan(Model(tables), one_rank_plan(tables, placement), device=where, embedding_optimizer=config)
+        m = apply_plan(Model(tables), plan_of(tables, placement), device=where, embedding_optimizer=config)
         copies.append((m, ShardedEmbeddingBagCollection.from_module(m), torch.optim.SGD(split_parameters(m)[1], 0.1)))
     errors: list[str] = []
     nodes: list[str] = []
@@ -225,7 +202,7 @@ def check_collections(rank: int, world: int) -> list[str]:
             from shardwise.runtime.apply import apply_plan
             from shardwise.runtime.embedding.collection import ShardedEmbeddingBagCollection
 
-            m = apply_plan(Model(tables), one_rank_plan(tables, "hbm"), device=torch.device("cpu"))
+            m = apply_plan(Model(tables), plan_of(tables, "hbm"), device=torch.device("cpu"))
             ebc = ShardedEmbeddingBagCollection.from_module(m)
             try:
                 ebc.side_by_side(batch(tables, 0, sizes)[1])

@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 from torch import Tensor, nn  # noqa: E402
 
 from dist_support import run  # noqa: E402
+from plan_support import one_rank_plan  # noqa: E402
 from shardwise.runtime.apply import apply_plan, split_parameters  # noqa: E402
 from shardwise.runtime.embedding.bag import ShardedEmbeddingBag  # noqa: E402
 from shardwise.runtime.embedding.collection import ShardedEmbeddingBagCollection  # noqa: E402
@@ -27,15 +28,7 @@ from shardwise.runtime.embedding.groups import ShardGroup  # noqa: E402
 from shardwise.runtime.embedding.one_group import OneGroup, group_layouts  # noqa: E402
 from shardwise.runtime.embedding.update import RowOptimizer, UpdateConfig  # noqa: E402
 from shardwise.runtime.graphed import GraphedStep, capture_problems  # noqa: E402
-from shardwise.wire.spec import (  # noqa: E402
-    Placement,
-    Plan,
-    PlanStatus,
-    RankPlan,
-    ShardingType,
-    ShardPlan,
-    TablePlan,
-)
+from shardwise.wire.spec import Placement, Plan  # noqa: E402
 
 #: fqn -> (rows, width): two tables of width 8 share a group, the third is a group of its own
 TABLES = {"emb.a": (300, 8), "emb.b": (200, 8), "emb.c": (100, 16)}
@@ -55,30 +48,9 @@ class Model(nn.Module):
         return out
 
 
-def shard(rows: int, dim: int, placement: Placement, fraction: float | None) -> ShardPlan:
-    return ShardPlan(
-        rank=0, row_offset=0, num_rows=rows, col_offset=0, num_cols=dim, placement=placement, cache_fraction=fraction
-    )
-
-
 def plan_for(placement: Placement, in_hbm: tuple[str, ...] = ()) -> Plan:
     """Every table one whole shard with ``placement``, but those of ``in_hbm`` in HBM."""
-    fraction = 0.2 if placement is Placement.uvm_cache else None
-    tables = [
-        TablePlan(
-            name=f,
-            sharding_type=ShardingType.table_wise,
-            shards=[shard(r, d, Placement.hbm, None) if f in in_hbm else shard(r, d, placement, fraction)],
-        )
-        for f, (r, d) in TABLES.items()
-    ]
-    return Plan(
-        status=PlanStatus.feasible,
-        predicted_step_ms=1.0,
-        ranks=[RankPlan(rank=0, host=0, gpu="nvidia-h200", hbm_capacity_bytes=1 << 30, hbm_used_bytes=0)],
-        tables=tables,
-        dense=[],
-    )
+    return one_rank_plan(TABLES, {f: Placement.hbm if f in in_hbm else placement for f in TABLES}, cache_fraction=0.2)
 
 
 def batch(seed: int, device: torch.device, *, bad: bool = False) -> Any:
