@@ -273,7 +273,7 @@ class GraphedStep:
             pass
         elif all(x.device == b.device for b, x in pairs):
             # one call per dtype (not a copy_ each: host time per tensor): a list of one dtype takes the multi-tensor
-            # kernel, a mixed list a device-to-device copy per tensor (259 at 128 tables: 0.74 ms of a replay)
+            # kernel, a mixed list a device-to-device copy per tensor (docs/benchmarks.md, "Run 4")
             by_dtype: dict[tuple[torch.dtype, torch.dtype], list[tuple[Tensor, Tensor]]] = {}
             for b, x in pairs:
                 by_dtype.setdefault((b.dtype, x.dtype), []).append((b, x))
