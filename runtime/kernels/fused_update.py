@@ -776,6 +776,14 @@ def launch(
 
 
 @triton.jit
+def sample_major(b, per, tables):  # type: ignore[no-untyped-def]
+    """Bag ``b`` of ``tables`` runs of ``per`` bags (one run a table) renumbered sample-major: table ``b // per``'s
+    bag ``b % per`` is ``(b % per) * tables + b // per`` — the row its pooled sum takes when the tables' rows sit side
+    by side (the pooled kernels' output rows, the id preparation's bags)."""
+    return (b % per) * tables + b // per
+
+
+@triton.jit
 def _pooled_rows_kernel(  # type: ignore[no-untyped-def]
     weight_ptr,
     ids_ptr,
@@ -795,11 +803,11 @@ def _pooled_rows_kernel(  # type: ignore[no-untyped-def]
 ):
     """One program per bag ``b``: ``out[o] = Σ weight[ids[i]]`` over ``offsets[b] ≤ i < offsets[b + 1]`` (the last
     bag ends at ``n``), summed in fp32 in id order, stored in the weight's dtype; an empty bag gives zeros. ``o`` is
-    ``b``, or with ``INTERLEAVE`` (``tables`` runs of ``per`` bags) ``(b % per) * tables + b // per``."""
+    ``b``, or with ``INTERLEAVE`` (``tables`` runs of ``per`` bags) :func:`sample_major`'s row for it."""
     b = tl.program_id(0)
     o = b
     if INTERLEAVE:
-        o = (b % per) * tables + b // per
+        o = sample_major(b, per, tables)
     start = tl.load(offsets_ptr + b)
     end = tl.load(offsets_ptr + b + 1, mask=b + 1 < num_bags, other=n)
     cols0 = tl.arange(0, BLOCK_C)
@@ -869,7 +877,7 @@ def _pooled_groups_kernel(  # type: ignore[no-untyped-def]
         j0 += BLOCK_J
     o = b
     if INTERLEAVE:
-        o = (b % per) * tables + b // per
+        o = sample_major(b, per, tables)
     out = out_ptr + o[:, None] * stride_o + cols[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=live[:, None] & col_mask[None, :])
 
@@ -995,4 +1003,14 @@ def interpreting() -> bool:
     return type(_fused_rows_kernel).__name__ == "InterpretedFunction"
 
 
-__all__ = ["ADAGRAD", "ADAM", "MAX_BLOCK_C", "ROWWISE_ADAGRAD", "SGD", "interpreting", "launch", "segment_starts"]
+__all__ = [
+    "ADAGRAD",
+    "ADAM",
+    "MAX_BLOCK_C",
+    "ROWWISE_ADAGRAD",
+    "SGD",
+    "interpreting",
+    "launch",
+    "sample_major",
+    "segment_starts",
+]

@@ -34,6 +34,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from shardwise.runtime.kernels.fused_update import sample_major
+
 #: lanes (bags or ids) a program
 BLOCK = 1024
 WARPS = 4
@@ -104,8 +106,8 @@ def _id_rows_kernel(  # type: ignore[no-untyped-def]
     INTERLEAVE: tl.constexpr,
 ):
     """For each position ``i``: its table ``t`` (a binary search), ``rows[i] = clamp(raw[i] + lo[t], lo[t], hi[t])``,
-    ``flags[i] = rows[i] != raw[i] + lo[t]``; with ``INTERLEAVE``, its bag ``c`` renumbered sample-major in place,
-    ``(c % per) * tables + c // per`` (``-1``, no bag, kept)."""
+    ``flags[i] = rows[i] != raw[i] + lo[t]``; with ``INTERLEAVE``, its bag renumbered sample-major in place
+    (:func:`~shardwise.runtime.kernels.fused_update.sample_major`; ``-1``, no bag, kept)."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = i < n
     t = tl.maximum(_last_at_or_before(id_firsts_ptr, tables, table_steps, i), 0)
@@ -117,7 +119,7 @@ def _id_rows_kernel(  # type: ignore[no-untyped-def]
     tl.store(flags_ptr + i, (rows != shifted).to(tl.int8), mask=live)
     if INTERLEAVE:
         c = tl.load(bags_ptr + i, mask=live, other=0)
-        c = tl.where(c < 0, c, (c % per) * tables + c // per)
+        c = tl.where(c < 0, c, sample_major(c, per, tables))
         tl.store(bags_ptr + i, c, mask=live)
 
 
