@@ -583,6 +583,13 @@ def skipped(reason: str) -> dict[str, Any]:
     return {"status": "skipped", "reason": reason}
 
 
+def skip_engine(rec: dict[str, Any], m: Model, engine: str, why: str) -> None:
+    """``engine`` of model ``rec`` recorded as skipped for ``why``, on the engine and at every batch."""
+    rec["engines"].setdefault(engine, {}).update(skipped(why))
+    for b in m.batches:
+        rec["cases"][str(b)][engine] = skipped(why)
+
+
 def build_engine(
     engine: str,
     m: Model,
@@ -658,10 +665,9 @@ def run_model(m: Model, args: argparse.Namespace, device: Any, doc: te.Doc, cloc
     for engine in BUILT:
         erec: dict[str, Any] = rec["engines"].setdefault(engine, {})
         if engine == "torch" and moved:
-            why = f"plain torch has no host or cached placement: the plan offloads {len(moved)} tables"
-            erec |= skipped(why)
-            for b in m.batches:
-                cases[str(b)][engine] = skipped(why)
+            skip_engine(
+                rec, m, engine, f"plain torch has no host or cached placement: the plan offloads {len(moved)} tables"
+            )
             continue
         if clock.over(m.engine_s):
             erec |= skipped(
@@ -754,9 +760,7 @@ def overlapped(
     elif not mapped or mapped == len(layouts):
         why = f"nothing to overlap: {mapped} of {len(layouts)} groups have their rows in host memory"
     if why is not None:
-        erec |= skipped(why)
-        for b in m.batches:
-            cases[str(b)]["shardwise_overlap"] = skipped(why)
+        skip_engine(rec, m, "shardwise_overlap", why)
         return
     erec |= {"status": "ok", "groups": len(layouts), "mapped_groups": mapped}
     profile_at = None if args.no_profile else ("every" if args.profile_every_batch else max(m.batches))
@@ -787,30 +791,23 @@ def graphed(
 
     erec: dict[str, Any] = rec["engines"].setdefault("shardwise_graphed", {})
     cases = rec["cases"]
+    why = None
     if device.type != "cuda":
         why = "CUDA graphs need a CUDA device: skipped on the CPU"
-        erec |= skipped(why)
-        for b in m.batches:
-            cases[str(b)]["shardwise_graphed"] = skipped(why)
-        return
-    if rig.fresh or rig.prefetch:
+    elif rig.fresh or rig.prefetch:
         why = (
             "a graphed step replays its batches: this model streams a fresh batch every step (and prefetches) so that "
             "its caches' hit rate is not inflated by repeats"
         )
-        erec |= skipped(why)
-        for b in m.batches:
-            cases[str(b)]["shardwise_graphed"] = skipped(why)
-        return
-    problems = capture_problems([t for t in rig.model.modules() if isinstance(t, ShardedEmbeddingBag)])
-    erec["graph_problems"] = problems
-    if problems:
-        why = f"capture_problems refuses the capture: {'; '.join(problems[:3])}" + (
-            f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        )
-        erec |= skipped(why)
-        for b in m.batches:
-            cases[str(b)]["shardwise_graphed"] = skipped(why)
+    else:
+        problems = capture_problems([t for t in rig.model.modules() if isinstance(t, ShardedEmbeddingBag)])
+        erec["graph_problems"] = problems
+        if problems:
+            why = f"capture_problems refuses the capture: {'; '.join(problems[:3])}" + (
+                f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+            )
+    if why is not None:
+        skip_engine(rec, m, "shardwise_graphed", why)
         return
     erec["status"] = "ok"
     # one profiled replay at the largest batch, as the eager engines (the kernels of a replayed graph are traced)
