@@ -552,6 +552,19 @@ class Formulation:
             val[v.index] = int(q in used)
         return val
 
+    def latency_units(self, a: Assignment) -> list[int]:
+        """Per device class, the scaled collective latency each of its GPUs carries under ``a`` (family 4 and the
+        dense layers' kind, rounded up): what level two's loads (:func:`~shardwise.solver.cpsat.packing.fixed_loads`)
+        leave out."""
+        used: set[str] = set()
+        for t, j in enumerate(a.choice):
+            used |= collective_groups(self.cands[t][j].sharding)
+        kinds = sum(group_kinds(q, self.topo.a2a_extra_kinds) for q in used) + (1 if self.spec.dense_layers else 0)
+        return [
+            math.ceil(collective_latency_ms(cls.profile, kinds, self.topo.multi_host) * Scale.TIME_PER_MS)
+            for cls in self.topo.classes
+        ]
+
     def bin_loads(self, a: Assignment) -> list[int]:
         """Scaled load of every bin under ``a`` (the model's arithmetic)."""
         val = self._values(a)

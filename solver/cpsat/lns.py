@@ -140,6 +140,10 @@ class FleetState:
     def peak(self) -> int:
         return max(self.load)
 
+    def meets(self, enough: Sequence[int] | None) -> bool:
+        """Every GPU ``r`` carries at most ``enough[r]`` (False without a target)."""
+        return enough is not None and all(load <= e for load, e in zip(self.load, enough, strict=True))
+
     def tables_on(self, gpus: Sequence[int]) -> list[int]:
         """The tables with a shard on any of ``gpus``, in table order."""
         return sorted({t for r in gpus for t in self.on[r]})
@@ -331,10 +335,13 @@ def lns_fleet(
     start: ShardRanks,
     params: SolveParams,
     deadline: Deadline,
+    enough: Sequence[int] | None = None,
 ) -> tuple[list[int], ShardRanks] | None:
     """The search of the module docstring from the placement ``start`` of ``a``'s rank-scope shards, until
-    ``deadline`` (or ``max_deterministic_time`` of deterministic time). Returns the candidate of every table and
-    the GPU of every rank-scope shard, or None when no round helped."""
+    ``deadline`` (or ``max_deterministic_time`` of deterministic time), or until every GPU ``r`` carries at most
+    ``enough[r]`` (scaled): level one's proven bound less the collectives' latency its loads leave out — the plan
+    then meets the bound, and no round can lower it. Returns the candidate of every table and the GPU of every
+    rank-scope shard, or None when no round helped."""
     W = form.topo.world_size
     state = FleetState(form.topo, cands, a.choice, start, base_load, base_hbm, base_host)
     first = state.peak()
@@ -342,7 +349,7 @@ def lns_fleet(
     det_left = params.max_deterministic_time
     rounds = improved = 0
     size = LNS_GPUS
-    while deadline.remaining() > 0.05 and (det_left is None or det_left > 0):
+    while deadline.remaining() > 0.05 and (det_left is None or det_left > 0) and not state.meets(enough):
         peak = state.peak()
         hood = Neighbourhood(state, state.pick(size, rng), peak)
         hood.hint()

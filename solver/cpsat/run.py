@@ -44,7 +44,8 @@ Order of work:
    back to the start), then moves and swaps shards between hosts (the shardings stay fixed) while that helps;
    the LNS (:mod:`shardwise.solver.cpsat.lns`) spends the time left until the deadline re-solving the slowest
    GPU with a few others exactly (shards move, and a table wholly on them may switch between table_wise and
-   column_wise);
+   column_wise), or until every GPU meets level one's proven bound (then no round can lower the slowest; the
+   time goes back to the caller — in a 2D solve, to the next option);
 5. the better of the CP-SAT plan and the start (by the evaluator's figures) is returned, with the bound.
 
 Status: the bound CP-SAT proves holds over the candidate space of step 2 only, so it is the plan's
@@ -230,9 +231,11 @@ def host_mode_tables(
     params: SolveParams,
     deadline: Deadline,
     start: Sequence[Placed],
+    bound_units: int | None = None,
 ) -> list[TablePlan] | None:
     """Step 4: level two from level one's (or the start's) assignment ``a`` — pack every host, repack between
-    hosts, then the LNS while time is left. None when some host cannot be packed (the caller keeps the start).
+    hosts, then the LNS while time is left, or until the slowest GPU meets ``bound_units``, level one's proven bound
+    (scaled; then no LNS round can lower it). None when some host cannot be packed (the caller keeps the start).
 
     Level two packs by the device's time; a GPU's step also grows with the groups of shards it looks up (the host
     term a group past the first costs), which the start may have kept low. So where the evaluator prices the packed
@@ -249,7 +252,11 @@ def host_mode_tables(
         if moved is not None:
             ranks_for = moved
     if items and deadline.remaining() > 0.1:
-        better = lns_fleet(form, cands, a, fixed.load, fixed.hbm, base_host, ranks_for, params, deadline)
+        enough = None
+        if bound_units is not None:
+            latency = form.latency_units(a)
+            enough = [bound_units - latency[info.group] for info in topo.ranks]
+        better = lns_fleet(form, cands, a, fixed.load, fixed.hbm, base_host, ranks_for, params, deadline, enough)
         if better is not None:
             a = Assignment(choice=better[0], shard_bins=a.shard_bins, host=a.host, dense=a.dense)
             ranks_for = better[1]
@@ -469,7 +476,9 @@ def plan_cpsat(
                     ),
                 )
             else:
-                tables = host_mode_tables(form, cands, a, params, work, placed)
+                # over every plan of this space (the device's time, T): the LNS stops there
+                proved = int(solver.best_objective_bound) if form.S is form.T else None
+                tables = host_mode_tables(form, cands, a, params, work, placed, proved)
         elif mode == "host" and status_name != "MODEL_INVALID" and not work.expired():
             tables = host_mode_tables(form, cands, hint, params, work, placed)  # no level-one answer: from the start
             cp_phase = f"level two and the LNS from the {start_phase} start"

@@ -4,6 +4,7 @@ same seed → same plan."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from shardwise.solver.build import build_plan
 from shardwise.solver.cpsat.candidates import enumerate_candidates
 from shardwise.solver.cpsat.formulation import Formulation
+from shardwise.solver.cpsat.packing import fixed_loads
 from shardwise.solver.cpsat.run import host_mode_tables, model_candidates, to_assignment
 from shardwise.solver.deadline import Deadline
 from shardwise.solver.greedy import plan_greedy, run_greedy
@@ -75,3 +77,23 @@ def test_level_two_from_the_start_keeps_a_valid_plan_no_slower_than_the_start() 
     assert check_plan(topo, model, plan) == []
     assert plan.predicted_step_ms is not None
     assert plan.predicted_step_ms <= g.plan.predicted_step_ms + 1e-9
+
+
+def test_the_fleet_search_stops_once_the_plan_meets_level_ones_bound() -> None:
+    # without max_deterministic_time the LNS runs until the deadline; a bound the packed plan already meets ends it
+    # at once (no round could lower the slowest GPU below it), and the plan is the packed one
+    model, fleet = _model(), _fleet(2)
+    topo = Topology(fleet)
+    params = SolveParams(time_limit_s=30, num_workers=1, random_seed=3)
+    cands = [enumerate_candidates(topo, model, i) for i in range(len(model.embedding_tables))]
+    g = run_greedy(topo, model, params, cands)
+    assert g.plan.predicted_step_ms is not None
+    space = model_candidates(cands, g.chosen, g.plan.predicted_step_ms)
+    form = Formulation(topo, model, space, "host", horizon_ms=4 * g.plan.predicted_step_ms)
+    start = to_assignment(form, space, g.placed)
+    start.dense = [s for _, s in g.dense]
+    assert fixed_loads(form, space, start).items  # rank-scope shards: the search would run
+    begun = time.monotonic()
+    tables = host_mode_tables(form, space, start, params, Deadline(15), g.placed, bound_units=2**62)
+    assert time.monotonic() - begun < 8
+    assert tables is not None

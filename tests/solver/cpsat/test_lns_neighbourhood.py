@@ -166,3 +166,12 @@ def test_two_slices_of_a_table_never_share_a_gpu() -> None:
     # the twin: the same 1-ms shards as two tables may share a GPU
     twin = state(topo, [[cand(0, 1)], [cand(1, 1)], [cand(2, 2)], [cand(3, 2)]], [[0], [1], [0], [1]])
     assert solve(twin, [0, 1, 2]) == ("OPTIMAL", 2 * MS, 2 * MS)
+
+
+def test_the_state_meets_a_per_gpu_target_only_on_every_gpu() -> None:
+    # lns_fleet stops once every GPU carries at most its target (level one's bound less its latency)
+    topo = fleet(1, 3)
+    s = state(topo, [[cand(0, 3)], [cand(1, 2)], [cand(2, 1)]], [[0], [1], [2]])
+    assert not s.meets(None)
+    assert s.meets([3 * MS, 2 * MS, 1 * MS])
+    assert not s.meets([3 * MS, 2 * MS, 1 * MS - 1])
