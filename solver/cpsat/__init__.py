@@ -8,6 +8,8 @@ module                                             holds
 :mod:`~shardwise.solver.cpsat.scale`               the integer scaling of every coefficient
 :mod:`~shardwise.solver.cpsat.params`              the CP-SAT solver every model runs on, from ``SolveParams``
 :mod:`~shardwise.solver.cpsat.formulation`         level one: candidates, bins (GPUs, or hosts beyond 8 GPUs), makespan
+:mod:`~shardwise.solver.cpsat.layouts`             host mode's first neighbourhood: every table's layout over whole
+                                                   hosts, solved before level one (its hint)
 :mod:`~shardwise.solver.cpsat.packing`             level two: each host's shards onto its GPUs, then between hosts
 :mod:`~shardwise.solver.cpsat.lns`                 the large-neighbourhood search over the GPUs after level two
 :mod:`~shardwise.solver.cpsat.run`                 the run: start, candidate space, levels, LNS, time, status

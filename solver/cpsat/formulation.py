@@ -615,6 +615,11 @@ class Formulation:
         if self.S is not self.T:
             self.model.add_hint(self.S, max(per_gpu, Scale.time(step_ms * (1 + 1e-6)) + 1))
 
+    def replace_hint(self, a: Assignment, step_ms: float = 0.0) -> None:
+        """:meth:`add_hint` in place of the hint the model has (a better start found since it was built)."""
+        self.model.clear_hints()  # type: ignore[no-untyped-call]  # OR-Tools leaves this one method unannotated
+        self.add_hint(a, step_ms)
+
     def read(self, solver: cp_model.CpSolver) -> Assignment:
         choice, shard_bins, host = [], {}, {}
         for t, row in enumerate(self.vars):

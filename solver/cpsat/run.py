@@ -36,8 +36,12 @@ Order of work:
    step and every layout of theirs matters, and CP-SAT's bound is then one over every plan;
 3. level one, CP-SAT on :class:`~shardwise.solver.cpsat.formulation.Formulation` (rank mode up to
    :data:`~shardwise.solver.cpsat.formulation.RANK_BINS_MAX` GPUs, host mode beyond), for what is left of ``B``
-   in rank mode and :data:`LEVEL1_SHARE` of it in host mode; in host mode, when it finds no solution in that
-   time, step 4 starts from the start's assignment;
+   in rank mode and :data:`LEVEL1_SHARE` of it in host mode; in host mode, where the catalogue is mostly column
+   slices (:func:`~shardwise.solver.cpsat.layouts.worth_it`), the layouts' neighbourhood
+   (:mod:`shardwise.solver.cpsat.layouts`: every table's fixed-rank layouts and the start's own candidate, a model
+   a quarter of level one's size or less) runs first, in at most :data:`LAYOUT_SHARE` of level one's share, and a
+   better answer of it becomes level one's hint; when level one finds no solution in its time, step 4 starts from
+   the layouts' answer, else from the start's assignment;
 4. host mode (:func:`host_mode_tables`): level two (:mod:`shardwise.solver.cpsat.packing`) packs each host's
    shards onto its GPUs by a small exact model with each GPU's own HBM (each host an equal share of the time
    left, at most :data:`~shardwise.solver.cpsat.packing.PACK_HOST_MAX_S`; a host that cannot be packed sends us
@@ -75,6 +79,7 @@ from shardwise.solver.build import build_plan, device_ms, floor_lift, placed_to_
 from shardwise.solver.configurations import configuration_bound_ms, step_groups
 from shardwise.solver.cpsat.candidates import Candidate, spread_out
 from shardwise.solver.cpsat.formulation import RANK_BINS_MAX, Assignment, Formulation, Mode
+from shardwise.solver.cpsat.layouts import Layouts, layout_candidates, search_layouts, worth_it
 from shardwise.solver.cpsat.lns import lns_fleet
 from shardwise.solver.cpsat.packing import fixed_loads, fixed_ranks, pack_hosts, repack_fleet
 from shardwise.solver.cpsat.params import cp_solver
@@ -107,6 +112,7 @@ FINISH_MARGIN_S = 0.5  # kept from the time limit for evaluation and validation 
 FINISH_MARGIN_SHARE = 0.04  # plus this share of it,
 FINISH_FACTOR = 2.5  # or this many times what pricing the greedy plan took, if more (2,000 x 512: ~1 s, loaded ~2x)
 LEVEL1_SHARE = 0.7  # of the budget left once level one is built, for it in host mode (level two and the LNS: the rest)
+LAYOUT_SHARE = 0.3  # of level one's share, at most, for the layouts' neighbourhood first (host mode, small catalogues)
 CATALOGUE_MAX_BOOLEANS = 200_000  # few tables on many GPUs: level one gets every candidate up to this size
 TARGET_SHARE = 0.1  # of the run's budget, at most, for target packing (shardwise.solver.target)
 CONFIGURATION_SHARE = 0.5  # of the run's budget, at most, for the configuration bound (small catalogues, several hosts)
@@ -445,6 +451,25 @@ def plan_cpsat(
         budget = work.remaining()
         if mode == "host":
             budget *= LEVEL1_SHARE
+        layouts: Layouts | None = None
+        if mode == "host" and worth_it(topo, cands, layout_candidates(cands, placed)):
+            begun = time.perf_counter()
+            layouts = search_layouts(
+                topo,
+                model,
+                cands,
+                placed,
+                dense_styles,
+                start_ms,
+                params,
+                work.within(LAYOUT_SHARE * budget),
+                configured,
+            )
+            budget = max(budget - (time.perf_counter() - begun), 0.0)  # level one's share, the layouts' included
+            if layouts is not None:
+                form.replace_hint(layouts.assignment, layouts.ms)
+                if on_progress:  # the model's objective, before packing (as _Progress reports level one's)
+                    on_progress(lift(layouts.ms), lift(catalogue_ms or 0.0))
         solver = cp_solver(params, budget, len(form.model.proto.variables))
         callback = _Progress(on_progress, lift) if on_progress else None
         status = solver.solve(form.model, callback) if callback else solver.solve(form.model)
@@ -464,6 +489,8 @@ def plan_cpsat(
             a = form.read(solver)
             dense_styles = a.dense
             cp_phase = "CP-SAT (rank mode)" if mode == "rank" else "CP-SAT level one, then level two and the LNS"
+            if layouts is not None:
+                cp_phase = f"CP-SAT layouts, then {cp_phase.removeprefix('CP-SAT ')}"
             if mode == "rank":
                 tables = _tables_from(
                     model,
@@ -479,6 +506,11 @@ def plan_cpsat(
                 # over every plan of this space (the device's time, T): the LNS stops there
                 proved = int(solver.best_objective_bound) if form.S is form.T else None
                 tables = host_mode_tables(form, cands, a, params, work, placed, proved)
+        elif layouts is not None and not work.expired():  # no level-one answer: from the layouts' (better) one
+            status_name = "FEASIBLE"  # a CP-SAT model over part of the catalogue found it
+            dense_styles = layouts.assignment.dense
+            tables = host_mode_tables(form, cands, layouts.assignment, params, work, placed)
+            cp_phase = "CP-SAT layouts, then level two and the LNS"
         elif mode == "host" and status_name != "MODEL_INVALID" and not work.expired():
             tables = host_mode_tables(form, cands, hint, params, work, placed)  # no level-one answer: from the start
             cp_phase = f"level two and the LNS from the {start_phase} start"
