@@ -79,6 +79,7 @@ Output::
         (shardwise_graphed)}},
      "cases": {B: {"floor": {"hbm_bytes", "link_bytes", "ms", ...}, ENGINE: {"status", "step_ms", "pipelined_ms",
         "host_ms", "pipelined_runs_ms", "embedding_ms", "peak_bytes", "base_bytes", "outside_torch_bytes",
+        "allocator" (:data:`ALLOCATOR_COUNTS`' change over the measured steps), "reserved_peak_bytes",
         "top_kernels": [{"name", "ms", "calls"}], "sort_kernels": [...]}, "ratios": {"step", "step_graphed",
         "embedding", "embedding_graphed", "step_overlap", "embedding_overlap"}}}}}}
 
@@ -546,15 +547,32 @@ def measure(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
+        before = allocator_counts(device)
     out = {"status": "ok", **truth.measure_rig(rig, steps, warmup, device, base)}
     if device.type == "cuda":
         out["outside_torch_bytes"] = outside_torch(device)
+        out["allocator"] = {k: v - before[k] for k, v in allocator_counts(device).items()}
+        out["reserved_peak_bytes"] = int(torch.cuda.memory_stats(device).get("reserved_bytes.all.peak", 0))
     if profiled:
         try:
             out |= top_kernels(rig, device, top)
         except Exception as e:
             out["top_kernels"] = failure(e)
     return out
+
+
+#: torch's caching allocator's counters that tell a step synchronised with the device to allocate: a retry frees
+#: the cached blocks (a device synchronisation) after an allocation failed under the memory fraction's cap, and every
+#: ``cudaMalloc`` / ``cudaFree`` may synchronise
+ALLOCATOR_COUNTS = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_ooms")
+
+
+def allocator_counts(device: Any) -> dict[str, int]:
+    """:data:`ALLOCATOR_COUNTS` as torch's allocator reports them now (the measurement records their change)."""
+    import torch
+
+    stats = torch.cuda.memory_stats(device)
+    return {k: int(stats.get(k, 0)) for k in ALLOCATOR_COUNTS}
 
 
 def outside_torch(device: Any) -> int:
@@ -861,6 +879,7 @@ def report_row(model: str, batch: int, engine: str, row: dict[str, Any]) -> None
         say(
             f"  {model} @ {batch} {engine:<18} step {row['pipelined_ms']:8.3f} ms (waited {row['step_ms']:.3f}, host "
             f"{row['host_ms']:.3f}), embedding {row['embedding_ms']:.3f} ms, peak {row['peak_bytes'] / GIB:.2f} GiB"
+            + (f", allocator {row['allocator']}" if row.get("allocator") else "")
         )
     else:
         say(f"  {model} @ {batch} {engine:<18} {row.get('status')}: {row.get('reason') or row.get('error')}")
@@ -909,6 +928,10 @@ def table(doc: dict[str, Any]) -> list[str]:
                         "(the cap does not count it)"
                     )
         for batch, case in rec.get("cases", {}).items():
+            for eng in ENGINES:
+                moved = {k: n for k, n in (case.get(eng) or {}).get("allocator", {}).items() if n}
+                if moved:  # the steps waited on the allocator: a device synchronisation each
+                    notes.append(f"{name} @ {batch}: {eng}'s measured steps made the allocator {moved}")
             o, g, f, t, v = (case.get(k) for k in ENGINES)
             r = case.get("ratios") or ratios(case)
 

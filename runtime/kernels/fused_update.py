@@ -784,6 +784,16 @@ def sample_major(b, per, tables):  # type: ignore[no-untyped-def]
 
 
 @triton.jit
+def row_start(rows, stride_w, split, far_delta, FAR: tl.constexpr):  # type: ignore[no-untyped-def]
+    """The offset of each row in ``rows`` from the weight's pointer: ``rows · stride_w``, and with ``FAR`` the rows
+    from ``split`` on read from the second memory (:func:`far_rows`: ``far_delta`` elements further)."""
+    start = rows * stride_w
+    if FAR:
+        start = tl.where(rows >= split, start + far_delta, start)
+    return start
+
+
+@triton.jit
 def _pooled_rows_kernel(  # type: ignore[no-untyped-def]
     weight_ptr,
     ids_ptr,
@@ -796,10 +806,13 @@ def _pooled_rows_kernel(  # type: ignore[no-untyped-def]
     stride_o,
     per,
     tables,
+    split,
+    far_delta,
     BLOCK_N: tl.constexpr,
     BLOCK_C: tl.constexpr,
     NUM_CB: tl.constexpr,
     INTERLEAVE: tl.constexpr,
+    FAR: tl.constexpr,
 ):
     """One program per bag ``b``: ``out[o] = Σ weight[ids[i]]`` over ``offsets[b] ≤ i < offsets[b + 1]`` (the last
     bag ends at ``n``), summed in fp32 in id order, stored in the weight's dtype; an empty bag gives zeros. ``o`` is
@@ -821,7 +834,7 @@ def _pooled_rows_kernel(  # type: ignore[no-untyped-def]
             id_mask = offs < end
             rows = tl.load(ids_ptr + offs, mask=id_mask, other=0)
             tile = tl.load(
-                weight_ptr + rows[:, None] * stride_w + cols[None, :],
+                weight_ptr + row_start(rows, stride_w, split, far_delta, FAR)[:, None] + cols[None, :],
                 mask=id_mask[:, None] & col_mask[None, :],
                 other=0.0,
             )
@@ -843,10 +856,13 @@ def _pooled_groups_kernel(  # type: ignore[no-untyped-def]
     stride_o,
     per,
     tables,
+    split,
+    far_delta,
     BAGS: tl.constexpr,
     BLOCK_J: tl.constexpr,
     BLOCK_C: tl.constexpr,
     INTERLEAVE: tl.constexpr,
+    FAR: tl.constexpr,
 ):
     """Rows of up to ``BLOCK_C`` columns, ``BAGS`` bags a program, side by side: ``BLOCK_J`` ids of each bag a step
     (a ``BAGS × BLOCK_J × BLOCK_C`` tile of weight rows) until the program's longest bag is done, each bag summed in
@@ -869,7 +885,7 @@ def _pooled_groups_kernel(  # type: ignore[no-untyped-def]
         take = at[None, :] < length[:, None]
         rows = tl.load(ids_ptr + start[:, None] + at[None, :], mask=take, other=0)
         tile = tl.load(
-            weight_ptr + rows[:, :, None] * stride_w + cols[None, None, :],
+            weight_ptr + row_start(rows, stride_w, split, far_delta, FAR)[:, :, None] + cols[None, None, :],
             mask=take[:, :, None] & col_mask[None, None, :],
             other=0.0,
         )
@@ -882,7 +898,36 @@ def _pooled_groups_kernel(  # type: ignore[no-untyped-def]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=live[:, None] & col_mask[None, :])
 
 
-def pooled_rows(weight: Tensor, ids: Tensor, offsets: Tensor, *, per_bag: bool = False, interleave: int = 0) -> Tensor:
+def far_rows(weight: Tensor, split: int, far: Tensor) -> int:
+    """The ``far_delta`` that makes a kernel read row ``r ≥ split`` of ``weight``'s row numbering from row
+    ``r − split`` of ``far`` — a second tensor, in another memory (a host group's rows beside an hbm group's): the
+    distance between the two tensors' first elements, in elements, less ``split`` rows. One launch then reads both
+    memories, the way FBGEMM's table-batched kernel holds device and managed tables in one launch. ``far`` must have
+    ``weight``'s dtype, column count and row stride, and a unit column stride; the two must be reachable from the
+    same device (a host tensor as its device view)."""
+    if far.dtype != weight.dtype or far.dim() != 2 or far.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"far rows must be {weight.dtype} with {weight.shape[1]} columns, got {far.dtype} {tuple(far.shape)}"
+        )
+    if far.stride(0) != weight.stride(0) or far.stride(1) != 1 or weight.stride(1) != 1:
+        raise ValueError("far rows need the weight's row stride and a unit column stride")
+    if split < 0:
+        raise ValueError(f"split={split} must not be negative")
+    gap = far.data_ptr() - weight.data_ptr()
+    if gap % weight.element_size():
+        raise ValueError("far rows must be aligned to the weight's element size")
+    return gap // weight.element_size() - split * weight.stride(0)
+
+
+def pooled_rows(
+    weight: Tensor,
+    ids: Tensor,
+    offsets: Tensor,
+    *,
+    per_bag: bool = False,
+    interleave: int = 0,
+    far: tuple[int, Tensor] | None = None,
+) -> Tensor:
     """Sum-pooled rows ``(len(offsets), C)`` of ``weight`` (unit column stride) for int64 ``ids`` in bags starting
     at int64 ``offsets`` (non-decreasing, the last bag ending at ``len(ids)``): ``embedding_bag(mode="sum")``'s
     result, enqueued without a host synchronisation. Ids are not range-checked (the caller clamps them). Rows of up to
@@ -891,8 +936,12 @@ def pooled_rows(weight: Tensor, ids: Tensor, offsets: Tensor, *, per_bag: bool =
 
     ``interleave`` (T > 0): the bags are T tables' runs of ``len(offsets) / T`` bags each, and the rows come out
     sample-major — table ``t``'s bag ``s`` at row ``s·T + t`` — so that the result viewed as ``(bags / T, T·C)`` holds
-    each sample's T pooled rows side by side, written there by the kernel (no concatenation)."""
+    each sample's T pooled rows side by side, written there by the kernel (no concatenation).
+
+    ``far`` ``(split, rows)``: ids from ``split`` on are rows of ``rows`` (:func:`far_rows`), numbered after
+    ``weight``'s first ``split`` — two memories looked up in one launch."""
     bags, cols = offsets.numel(), weight.shape[1]
+    split, delta = (far[0], far_rows(weight, far[0], far[1])) if far is not None else (0, 0)
     out = torch.empty((bags, cols), dtype=weight.dtype, device=weight.device)
     if bags == 0 or cols == 0:
         return out
@@ -914,10 +963,13 @@ def pooled_rows(weight: Tensor, ids: Tensor, offsets: Tensor, *, per_bag: bool =
             out.stride(0),
             per,
             max(interleave, 1),
+            split,
+            delta,
             BAGS=n_per,
             BLOCK_J=GROUP_IDS,
             BLOCK_C=block_c,
             INTERLEAVE=interleave > 1,
+            FAR=far is not None,
             num_warps=POOL_WARPS,
         )
         return out
@@ -933,10 +985,13 @@ def pooled_rows(weight: Tensor, ids: Tensor, offsets: Tensor, *, per_bag: bool =
         out.stride(0),
         per,
         max(interleave, 1),
+        split,
+        delta,
         BLOCK_N=max(1, min(8, 1024 // block_c)),
         BLOCK_C=block_c,
         NUM_CB=triton.cdiv(cols, block_c),
         INTERLEAVE=interleave > 1,
+        FAR=far is not None,
         num_warps=max(1, min(4, block_c // 128)),
     )
     return out
@@ -1009,8 +1064,10 @@ __all__ = [
     "MAX_BLOCK_C",
     "ROWWISE_ADAGRAD",
     "SGD",
+    "far_rows",
     "interpreting",
     "launch",
+    "pooled_rows",
     "sample_major",
     "segment_starts",
 ]

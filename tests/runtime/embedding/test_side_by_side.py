@@ -260,7 +260,7 @@ def _interpreter_cases() -> Iterator[dict[str, Any]]:
             result["errors"].append(f"bags {got[3].tolist()}")
         yield result
     for cols, per_bag in [(6, False), (6, True)]:
-        result = {"case": f"pooled_rows, {cols} columns, per_bag {per_bag}", "errors": []}
+        result = {"case": f"pooled_rows, {cols} columns, per_bag {per_bag} (and over two memories)", "errors": []}
         gen = torch.Generator().manual_seed(cols)
         weight = torch.randn(30, cols, generator=gen)
         lengths = torch.randint(0, 4, (12,), generator=gen)
@@ -270,6 +270,11 @@ def _interpreter_cases() -> Iterator[dict[str, Any]]:
         got = fk.pooled_rows(weight, ids, offsets, per_bag=per_bag, interleave=4)
         if not torch.equal(got, plain.view(4, 3, cols).transpose(0, 1).reshape(12, cols)):
             result["errors"].append("the rows are not the plain rows reordered")
+        # two memories in one launch: ids from 20 on are rows of a second tensor (far rows)
+        near, far = weight[:20].clone(), weight[20:].clone()
+        two = fk.pooled_rows(near, ids, offsets, per_bag=per_bag, far=(20, far))
+        if not torch.equal(two, plain):
+            result["errors"].append(f"far rows: {(two - plain).abs().max()} from one tensor's rows")
         yield result
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
