@@ -12,11 +12,11 @@ int32 sort with ``fused_update.segment_starts``), and times:
 * ``forward``: ``pooled_rows`` with one program per bag (``per_bag``, the layout before) and grouped (each variant's
   elements, ids and warps as ``POOL_ELEMENTS``, ``GROUP_IDS``, ``POOL_WARPS``).
 
-A case whose ``memory`` is ``host`` keeps its weight and state in pinned host memory and hands the kernels its mapped
-CUDA view (``runtime/embedding/host_memory.py``, what a ``host`` group runs): every row read or written crosses the
-host link. Its floor beside the HBM one: each distinct row across the link once (forward: read; update: read and
-write, with its state), at the measured pinned host-to-device copy bandwidth; the report prints such cases in a table
-of their own, beside the same case in HBM.
+A case whose ``memory`` is ``host`` keeps its weight and state in the host memory a ``host`` group holds (managed
+memory kept in host DRAM and mapped for the device, ``runtime/embedding/host_memory.py``): every row read or written
+crosses the host link. Its floor beside the HBM one: each distinct row across the link once (forward: read; update:
+read and write, with its state), at the measured pinned host-to-device copy bandwidth; the report prints such cases
+in a table of their own, beside the same case in HBM.
 
 The grouped update's result is checked against the per-segment one's from the same weights and state (the touched
 rows after one update each: relative difference), and the grouped forward's against the per-bag one's.
@@ -61,7 +61,9 @@ class Case:
     tables: tuple[tuple[int, float], ...]  # (rows, ids per sample)
     dtype: str
     ids: str  # uniform | loguniform (about Zipf 1: a few hot rows) | zipf<s>, e.g. zipf1.05: P(r) ∝ (r + 1)^-s
-    memory: str = "hbm"  # hbm | host: weight and state in pinned host memory, read and written across the host link
+    memory: str = (
+        "hbm"  # hbm | host: weight and state in host memory (a host group's), read and written across the link
+    )
 
 
 def _dcn_tables(cap: int) -> tuple[tuple[int, float], ...]:
@@ -152,15 +154,13 @@ def link_bandwidth(device: torch.device) -> float:
 
 
 def on_memory(x: torch.Tensor, memory: str, device: torch.device) -> torch.Tensor:
-    """``x`` where the case keeps its tables: as it is (HBM), or copied to pinned host memory and handed to the
-    kernels as the mapped CUDA view a ``host`` group's executor uses."""
+    """``x`` where the case keeps its tables: as it is (HBM), or copied to the host memory a ``host`` group's executor
+    holds (managed memory kept in host DRAM, mapped for the device)."""
     if memory == "hbm" or device.type != "cuda":
         return x
-    from shardwise.runtime.embedding.host_memory import device_view, pinned_empty
+    from shardwise.runtime.embedding.host_memory import managed_empty
 
-    store = pinned_empty(tuple(x.shape), x.dtype, device)
-    store.copy_(x)
-    return device_view(store, device)
+    return managed_empty(tuple(x.shape), x.dtype, device).copy_(x)
 
 
 def copy_bandwidth(device: torch.device) -> float:

@@ -25,8 +25,8 @@ on the device. Their lookup fetches the batch's rows into the cache and pools th
 same fused update on a compact copy of the batch's distinct rows and their state (ids renumbered in row order, so
 the arithmetic is the uncached group's) and writes it back, the rows into the cache (marked dirty).
 
-``host`` shards on CUDA form **mapped groups** (``GroupKey.mapped``): the weight and the per-weight state in pinned
-host memory, the row-wise state on the device, and the group holds the host memory's device views
+``host`` shards on CUDA form **mapped groups** (``GroupKey.mapped``): the weight and the per-weight state in host
+memory (managed memory kept in host DRAM), the row-wise state on the device, and the group holds them as CUDA tensors
 (:mod:`shardwise.runtime.embedding.host_memory`): its lookup and fused update are an hbm group's, their kernels reading
 and writing the rows in host memory across the host link (zero-copy) — FBGEMM's ``UVM`` / ``HOST_MAPPED`` tables.
 
@@ -51,7 +51,13 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.autograd.function import FunctionCtx
 
-from shardwise.runtime.embedding.host_memory import device_view, pinned_empty, pinned_zeros
+from shardwise.runtime.embedding.host_memory import (
+    device_view,
+    managed_empty,
+    managed_zeros,
+    pinned_empty,
+    pinned_zeros,
+)
 from shardwise.runtime.embedding.row_cache import Fetched, RowCache, gather_rows, scatter_rows
 from shardwise.runtime.embedding.update import (
     RowOptimizer,
@@ -86,7 +92,8 @@ class GroupKey:
     #: uvm_cache shards: weights in host memory, an LRU cache of them on ``device``
     # (:mod:`shardwise.runtime.embedding.row_cache`)
     cached: bool = False
-    #: host shards on CUDA: weights in pinned host memory that the lookup and the update read and write zero-copy
+    #: host shards on CUDA: weights in host memory mapped for the device (managed memory kept in host DRAM) that the
+    #: lookup and the update read and write zero-copy
     #: (:mod:`shardwise.runtime.embedding.host_memory`)
     mapped: bool = False
 
@@ -98,8 +105,9 @@ class ShardGroup:
     A cached group (``key.cached``) keeps ``weight`` — the store — and the per-weight state in host memory (pinned on
     CUDA), row-wise state on ``key.device``, and ``cache``, the rows' cache on ``key.device``; ``views`` holds the
     device views of its host-memory state on CUDA (what the update reads and writes). A mapped group
-    (``key.mapped``) keeps its weight and per-weight state in pinned host memory and holds their device views as
-    ``weight`` and ``state``: it is looked up and updated as an hbm group is, every row access crossing the host link.
+    (``key.mapped``) keeps its weight and per-weight state in host memory mapped for the device (CUDA tensors over
+    managed memory kept in host DRAM) as ``weight`` and ``state``: it is looked up and updated as an hbm group is,
+    every row access crossing the host link.
     """
 
     key: GroupKey
@@ -174,8 +182,8 @@ def plan_groups(
     it the cache fetches without a host synchronisation (:mod:`shardwise.runtime.embedding.row_cache`, "No
     synchronisation").
 
-    ``host`` shards on CUDA form mapped groups (``GroupKey.mapped``): the weight in pinned host memory, held as its
-    device view.
+    ``host`` shards on CUDA form mapped groups (``GroupKey.mapped``): the weight in host memory mapped for the
+    device (managed memory kept in host DRAM).
 
     ``replicas`` (2D plans): every group syncs with the same groups of the other replicas in its update
     (:class:`_GroupLookup`); the caller lists the shards in the same order on every replica, so that a group's row
@@ -219,15 +227,18 @@ def _group(key: GroupKey, rows: int, replicas: Replicas | None = None) -> ShardG
     )
 
 
-def _host_state(key: GroupKey, rows: int) -> dict[str, Tensor]:
-    """A host-memory group's optimizer state: row-wise state on the device, per-weight state in host memory (pinned
-    on CUDA) — FBGEMM's rules for a managed table, the cost model's ``s_dev`` / ``s_uvm``."""
+def _host_state(
+    key: GroupKey, rows: int, zeros: Callable[[tuple[int, ...], torch.dtype, torch.device], Tensor] = pinned_zeros
+) -> dict[str, Tensor]:
+    """A host-memory group's optimizer state: row-wise state on the device, per-weight state in host memory
+    (``zeros``' memory: pinned on CUDA by default) — FBGEMM's rules for a managed table, the cost model's ``s_dev`` /
+    ``s_uvm``."""
     optimizer = key.config.optimizer
     if optimizer is RowOptimizer.rowwise_adagrad:
         return init_state(optimizer, rows, key.num_cols, key.device)
-    # allocated pinned in place: a copy into pinned memory would hold the state twice for a moment
+    # allocated in host memory in place: a copy into it would hold the state twice for a moment
     shapes = init_state(optimizer, rows, key.num_cols, "meta")
-    return {name: pinned_zeros(tuple(t.shape), t.dtype, key.device) for name, t in shapes.items()}
+    return {name: zeros(tuple(t.shape), t.dtype, key.device) for name, t in shapes.items()}
 
 
 def _on_device(t: Tensor, device: torch.device) -> Tensor:
@@ -249,12 +260,13 @@ def _cached_group(
 
 
 def _mapped_group(key: GroupKey, rows: int) -> ShardGroup:
-    """The weight and the per-weight state in pinned host memory, held as their device views (zero-copy), the
+    """The weight and the per-weight state in host memory mapped for the device (managed memory kept in host DRAM,
+    :func:`~shardwise.runtime.embedding.host_memory.managed_empty`: CUDA tensors that kernels read zero-copy), the
     row-wise state on the device."""
-    store = pinned_empty((rows, key.num_cols), key.dtype, key.device)
-    state = {name: _on_device(t, key.device) for name, t in _host_state(key, rows).items()}
+    store = managed_empty((rows, key.num_cols), key.dtype, key.device)
+    state = _host_state(key, rows, managed_zeros)
     trigger = torch.empty(0, device=key.device, requires_grad=True)
-    return ShardGroup(key, _on_device(store, key.device), state, trigger=trigger)
+    return ShardGroup(key, store, state, trigger=trigger)
 
 
 class _GroupLookup(torch.autograd.Function):

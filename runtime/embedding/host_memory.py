@@ -20,6 +20,16 @@ it needs no host synchronisation (``docs/truth.md``, "Host rows read from the GP
 ``benchmarks/port_measured.py``). So on CUDA the executor reads host rows zero-copy, and
 ``apply_plan(host_access="cpu")`` keeps the CPU gather for comparison.
 
+**Managed memory for the rows a kernel reads at random** (:func:`managed_empty`): a ``host`` group's weight and
+per-weight state are CUDA managed memory (``cudaMallocManaged``) whose preferred location is the CPU and which the
+GPU maps (``cudaMemAdviseSetPreferredLocation`` the CPU, ``cudaMemAdviseSetAccessedBy`` the device) — FBGEMM's
+``new_managed_tensor``, what TorchRec's ``fused_uvm`` tables run on. The pages stay in host DRAM (the driver maps
+them for the GPU instead of moving them: no device memory is taken, which a capped device needs) and kernels read
+them across the host link as they read pinned memory. The difference is in how the GPU's page tables map them:
+with a table's hot rows scattered over gigabytes, the lookup and the update read pinned memory 1.3–1.8× slower than
+managed memory (``docs/benchmarks.md``, "Host rows: managed memory"). Where the runtime refuses managed memory, the
+group falls back to pinned memory and its device view.
+
 The device pointer is asked of the CUDA runtime (``cudaHostGetDevicePointer`` from the ``libcudart`` torch loads);
 where no runtime library can be found, the host pointer itself is used: under unified virtual addressing (every
 64-bit Linux CUDA system) pinned host memory has the same address on the host and on every device.
@@ -36,7 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["device_view", "is_mapped", "pinned_empty", "pinned_zeros"]
+__all__ = ["device_view", "is_mapped", "managed_empty", "managed_zeros", "pinned_empty", "pinned_zeros"]
 
 
 def pinned_empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -47,6 +57,86 @@ def pinned_empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devic
 def pinned_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
     """:func:`pinned_empty`, zeroed."""
     return torch.zeros(shape, dtype=dtype, pin_memory=device.type == "cuda")
+
+
+def managed_empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """An uninitialised tensor on CUDA ``device`` whose memory is managed memory kept in host DRAM and mapped for the
+    device (the module's docstring, "Managed memory"), freed when the last view of it is gone; on another device, or
+    where the CUDA runtime refuses managed memory, :func:`pinned_empty`'s memory (its :func:`device_view` on CUDA)."""
+    if device.type != "cuda":
+        return pinned_empty(shape, dtype, device)
+    nbytes = int(torch.Size(shape).numel()) * dtype.itemsize
+    pointer = _managed(nbytes, device) if nbytes else None
+    if pointer is None:
+        return device_view(pinned_empty(shape, dtype, device), device)
+    lib = _cudart()
+    with torch.cuda.device(device):
+        raw = torch.as_tensor(_Managed(pointer, nbytes, lib), device=device)
+    return raw.view(dtype).view(shape)
+
+
+def managed_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """:func:`managed_empty`, zeroed (by the device, across the host link)."""
+    return managed_empty(shape, dtype, device).zero_()
+
+
+class _Managed:
+    """``__cuda_array_interface__`` over managed memory that this object frees (``cudaFree``) when torch drops it,
+    with the last storage built from it."""
+
+    def __init__(self, pointer: int, nbytes: int, lib: Any) -> None:
+        self.pointer, self.lib = pointer, lib
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (pointer, False),
+            "version": 3,
+            "strides": None,
+        }
+
+    def __del__(self) -> None:
+        self.lib.cudaFree(ctypes.c_void_p(self.pointer))
+
+
+class _Location(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+def _managed(nbytes: int, device: torch.device) -> int | None:
+    """``nbytes`` of managed memory preferring the CPU and mapped for ``device`` (its pointer), or None where the
+    runtime refuses any step (the memory is freed again)."""
+    lib = _cudart()
+    if lib is None:
+        return None
+    torch.cuda.init()  # type: ignore[no-untyped-call]
+    pointer = ctypes.c_void_p()
+    if lib.cudaMallocManaged(ctypes.byref(pointer), ctypes.c_size_t(nbytes), ctypes.c_uint(1)) != 0:  # global
+        return None
+    assert pointer.value is not None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if _advise(lib, pointer.value, nbytes, 3, host=True, index=index) and _advise(  # preferred location: the CPU
+        lib,
+        pointer.value,
+        nbytes,
+        5,
+        host=False,
+        index=index,  # accessed by: this GPU (mapped, not migrated)
+    ):
+        return int(pointer.value)
+    lib.cudaFree(pointer)
+    return None
+
+
+def _advise(lib: Any, pointer: int, nbytes: int, advice: int, *, host: bool, index: int) -> bool:
+    """``cudaMemAdvise`` for the CPU (``host``) or GPU ``index``, whether it took: CUDA 13 takes a
+    ``cudaMemLocation`` (host 2, device 1), CUDA 12 a device ordinal (the CPU -1)."""
+    version = ctypes.c_int()
+    if lib.cudaRuntimeGetVersion(ctypes.byref(version)) != 0:
+        return False
+    args: tuple[Any, ...] = (ctypes.c_void_p(pointer), ctypes.c_size_t(nbytes), ctypes.c_int(advice))
+    if version.value >= 13000:
+        return bool(lib.cudaMemAdvise(*args, _Location(2 if host else 1, 0 if host else index)) == 0)
+    return bool(lib.cudaMemAdvise(*args, ctypes.c_int(-1 if host else index)) == 0)
 
 
 class _Interface:
@@ -85,7 +175,8 @@ def device_view(host: Tensor, device: torch.device) -> Tensor:
 
 
 def is_mapped(t: Tensor) -> bool:
-    """Whether CUDA tensor ``t`` lies in host memory (a :func:`device_view`), as the CUDA runtime reports it."""
+    """Whether CUDA tensor ``t`` lies in host memory mapped for the device — a :func:`device_view` of pinned memory or
+    :func:`managed_empty`'s managed memory — as the CUDA runtime reports it."""
     lib = _cudart()
     if t.device.type != "cuda" or lib is None or t.numel() == 0:
         return False
@@ -102,7 +193,7 @@ def is_mapped(t: Tensor) -> bool:
     attributes = _Attributes()
     if lib.cudaPointerGetAttributes(ctypes.byref(attributes), ctypes.c_void_p(t.data_ptr())) != 0:
         return False
-    return bool(attributes.type == 1)  # cudaMemoryTypeHost
+    return bool(attributes.type in (1, 3))  # cudaMemoryTypeHost, cudaMemoryTypeManaged
 
 
 def _device_pointer(host_pointer: int) -> int:
