@@ -1,4 +1,4 @@
-"""Pinned host memory that GPU kernels read and write in place (zero-copy), for ``host`` and ``uvm_cache`` shards.
+"""Host memory that GPU kernels read and write in place (zero-copy), for ``host`` and ``uvm_cache`` shards.
 
 A tensor in pinned (page-locked) host memory is reachable from the GPU: the driver maps it into the device's
 address space, and a kernel that dereferences the mapped address reads or writes the host's DRAM across the host
@@ -25,10 +25,10 @@ per-weight state are CUDA managed memory (``cudaMallocManaged``) whose preferred
 GPU maps (``cudaMemAdviseSetPreferredLocation`` the CPU, ``cudaMemAdviseSetAccessedBy`` the device) — FBGEMM's
 ``new_managed_tensor``, what TorchRec's ``fused_uvm`` tables run on. The pages stay in host DRAM (the driver maps
 them for the GPU instead of moving them: no device memory is taken, which a capped device needs) and kernels read
-them across the host link as they read pinned memory. The difference is in how the GPU's page tables map them:
-with a table's hot rows scattered over gigabytes, the lookup and the update read pinned memory 1.3–1.8× slower than
-managed memory (``docs/benchmarks.md``, "Host rows: managed memory"). Where the runtime refuses managed memory, the
-group falls back to pinned memory and its device view.
+them across the host link as they read pinned memory. The difference is measured, not derived: with a table's hot
+rows scattered over gigabytes, the lookup and the update read pinned memory 1.3–1.8× slower than managed memory
+(``docs/benchmarks.md``, "Host rows: managed memory"). Where the runtime refuses managed memory, the group falls
+back to pinned memory and its device view.
 
 The device pointer is asked of the CUDA runtime (``cudaHostGetDevicePointer`` from the ``libcudart`` torch loads);
 where no runtime library can be found, the host pointer itself is used: under unified virtual addressing (every
