@@ -34,7 +34,7 @@ import argparse
 import ctypes
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,23 +63,6 @@ CASES = {
     ),
 }
 DEFAULT_CASE = "dcnv2-3big-zipf-8k"
-
-
-class _Raw:
-    """Memory from the CUDA runtime as a CUDA tensor (``__cuda_array_interface__``), freed with the last view."""
-
-    def __init__(self, pointer: int, nbytes: int, free: Callable[[int], Any]) -> None:
-        self.pointer, self.free = pointer, free
-        self.__cuda_array_interface__ = {
-            "shape": (nbytes,),
-            "typestr": "|u1",
-            "data": (pointer, False),
-            "version": 3,
-            "strides": None,
-        }
-
-    def __del__(self) -> None:
-        self.free(self.pointer)
 
 
 def _check(err: int, what: str) -> None:
@@ -111,7 +94,7 @@ def allocate(kind: str, shape: tuple[int, ...], dtype: torch.dtype, device: torc
         def free_host(_device_pointer: int, host_pointer: int = host) -> Any:
             return lib.cudaFreeHost(ctypes.c_void_p(host_pointer))
 
-        owner = _Raw(dev.value, nbytes, free_host)
+        owner = host_memory.RawMemory(dev.value, nbytes, free_host)
     else:
         raise ValueError(f"unknown memory kind {kind!r}: one of {', '.join(KINDS)}")
     with torch.cuda.device(device):
@@ -168,46 +151,13 @@ def measure_fbgemm(case: fkb.Case, location: str, device: torch.device, reps: in
     """FBGEMM's table-batched kernels (``SplitTableBatchedEmbeddingBagsCodegen``, EXACT_ROWWISE_ADAGRAD, fp32) over
     the same tables and ids, the tables in ``location`` (``DEVICE``: HBM; ``MANAGED``: FBGEMM's UVM): its forward alone
     (no autograd) and its forward + backward with the fused update (its backward sorts the ids itself)."""
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
-    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
-    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-        ComputeDevice,
-        SplitTableBatchedEmbeddingBagsCodegen,
-    )
-
     gen = torch.Generator().manual_seed(7)
-    ids, _, offsets = fkb.batch(case, device, gen)
-    bases, at = [], 0
-    for rows, pool in case.tables:  # fkb.batch's ids are group rows: each table's own rows for FBGEMM
-        bases.append(torch.full((case.batch * max(1, round(pool)),), at, dtype=torch.int64))
-        at += rows
-    local = ids - torch.cat(bases).to(device)
-    offs = torch.cat([offsets, offsets.new_full((1,), ids.numel())])
-    where = getattr(EmbeddingLocation, location)
-    tbe = SplitTableBatchedEmbeddingBagsCodegen(
-        embedding_specs=[(rows, case.dim, where, ComputeDevice.CUDA) for rows, _ in case.tables],
-        optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-        learning_rate=1e-4,
-        eps=1e-8,
-        weights_precision=SparseType.FP32,
-        output_dtype=SparseType.FP32,
-        pooling_mode=PoolingMode.SUM,
-        device=device,
-    )
-    grad = torch.randn(case.batch, case.dim * len(case.tables), device=device)
-
-    def forward() -> Any:
-        with torch.no_grad():
-            return tbe(local, offs)
-
-    def train() -> None:
-        tbe(local, offs).backward(grad)
-
+    ids, _, _ = fkb.batch(case, device, gen)
+    specs = [(rows, location == "MANAGED") for rows, _ in case.tables]
     return {
         "kind": f"fbgemm-{location.lower()}",
         "ids": ids.numel(),
-        "forward_ms": fkb.timed(forward, reps, device),
-        "forward_backward_ms": fkb.timed(train, reps, device),
+        **_fbgemm_tables(specs, _local(case, ids), case.batch, device, reps, dim=case.dim),
     }
 
 
@@ -349,10 +299,17 @@ def _ours_split(
 
 
 def _fbgemm_tables(
-    specs: Sequence[tuple[int, bool]], ids: Sequence[torch.Tensor], batch: int, device: torch.device, reps: int
+    specs: Sequence[tuple[int, bool]],
+    ids: Sequence[torch.Tensor],
+    batch: int,
+    device: torch.device,
+    reps: int,
+    *,
+    dim: int = 128,
 ) -> dict[str, Any]:
-    """FBGEMM's TBE over tables ``(rows, managed)`` (dim 128, fp32, EXACT_ROWWISE_ADAGRAD) and each table's ids
-    (``batch`` bags of equal length each): its forward alone and its forward + backward."""
+    """FBGEMM's TBE over tables ``(rows, managed)`` (``dim`` columns, fp32, EXACT_ROWWISE_ADAGRAD; managed: FBGEMM's
+    UVM, else HBM) and each table's ids (``batch`` bags of equal length each): its forward alone (no autograd) and its
+    forward + backward with the fused update (its backward sorts the ids itself)."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
@@ -362,7 +319,7 @@ def _fbgemm_tables(
 
     where = {False: EmbeddingLocation.DEVICE, True: EmbeddingLocation.MANAGED}
     tbe = SplitTableBatchedEmbeddingBagsCodegen(
-        embedding_specs=[(rows, 128, where[managed], ComputeDevice.CUDA) for rows, managed in specs],
+        embedding_specs=[(rows, dim, where[managed], ComputeDevice.CUDA) for rows, managed in specs],
         optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
         learning_rate=1e-4,
         eps=1e-8,
@@ -374,7 +331,7 @@ def _fbgemm_tables(
     local = torch.cat(list(ids))
     lengths = torch.cat([torch.full((batch,), x.numel() // batch, device=device) for x in ids])
     offs = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
-    grad = torch.randn(batch, 128 * len(specs), device=device)
+    grad = torch.randn(batch, dim * len(specs), device=device)
 
     def forward() -> Any:
         with torch.no_grad():

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import ctypes
 import glob
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["device_view", "is_mapped", "managed_empty", "managed_zeros", "pinned_empty", "pinned_zeros"]
+__all__ = ["RawMemory", "device_view", "is_mapped", "managed_empty", "managed_zeros", "pinned_empty", "pinned_zeros"]
 
 
 def pinned_empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -71,7 +72,7 @@ def managed_empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devi
         return device_view(pinned_empty(shape, dtype, device), device)
     lib = _cudart()
     with torch.cuda.device(device):
-        raw = torch.as_tensor(_Managed(pointer, nbytes, lib), device=device)
+        raw = torch.as_tensor(RawMemory(pointer, nbytes, lambda p: lib.cudaFree(ctypes.c_void_p(p))), device=device)
     return raw.view(dtype).view(shape)
 
 
@@ -80,12 +81,12 @@ def managed_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devi
     return managed_empty(shape, dtype, device).zero_()
 
 
-class _Managed:
-    """``__cuda_array_interface__`` over managed memory that this object frees (``cudaFree``) when torch drops it,
-    with the last storage built from it."""
+class RawMemory:
+    """Memory the CUDA runtime handed out, as torch builds a CUDA tensor from it (``__cuda_array_interface__``):
+    ``free(pointer)`` runs when torch drops this object, with the last storage built from it."""
 
-    def __init__(self, pointer: int, nbytes: int, lib: Any) -> None:
-        self.pointer, self.lib = pointer, lib
+    def __init__(self, pointer: int, nbytes: int, free: Callable[[int], Any]) -> None:
+        self.pointer, self.free = pointer, free
         self.__cuda_array_interface__ = {
             "shape": (nbytes,),
             "typestr": "|u1",
@@ -95,7 +96,7 @@ class _Managed:
         }
 
     def __del__(self) -> None:
-        self.lib.cudaFree(ctypes.c_void_p(self.pointer))
+        self.free(self.pointer)
 
 
 class _Location(ctypes.Structure):
