@@ -59,6 +59,11 @@ Everything the tile, the warps, the stages and the shape cost comes on top, from
 * ``t = max(t_math + t_step + t_tr, t_L2, t_HBM, t_lat) + t_pro + t_epi + t_red + launch``
   (:data:`KERNEL_LAUNCH_S`).
 
+**Equals**: where several configurations are priced alike (within :data:`TIE_TOLERANCE`; the tiny-K GEMMs, where
+the HBM floor, the prologue and the launch bind for every tile, tie dozens), :func:`choose` takes the tile nearest
+:data:`TIE_TILE_OUTPUTS` outputs, then the squarest, then the fewest K steps, then the least K swept, then the
+space's order. It orders equals only: no choice whose predicted time is unique changes.
+
 The operand layouts (``a_t``, ``b_t``) change the prediction only for 8-bit operands on a ``k_major_8bit`` part:
 otherwise Triton's loads stage either layout through shared memory at the same bandwidth. Six constants
 (:data:`MEMORY_LATENCY_S`, :data:`STEP_OVERHEAD_CLOCKS`, :data:`KERNEL_LAUNCH_S`, :data:`WARP_MMA_FRACTION`,
@@ -185,6 +190,15 @@ RELAYOUT_SMEM_BYTES_PER_CLOCK: Final = 3
 KERNEL_LAUNCH_S: Final = 3e-6
 #: seconds → microseconds
 US: Final = 1e6
+#: configurations whose predicted times lie within this fraction of the least are priced alike (floating-point
+#: noise only: a tie is the model having no term that tells them apart)
+TIE_TOLERANCE: Final = 1e-9
+#: among configurations priced alike, :func:`choose` takes the tile of outputs nearest this many (64 × 128 or
+#: 128 × 64; distance in log2): on the H200 sweep's fit half the tied tiles of tiny-K and narrow GEMMs — one
+#: round of short programs, where the HBM floor, the one-latency prologue and the launch bind for every tile — ran
+#: fastest at 4,096–16,384 outputs, slower in smaller tiles (more programs per SM) and in 32 × 256 / 256 × 32 or
+#: 128 × 256 tiles (``docs/kernels.md``, "Tiny-K GEMMs")
+TIE_TILE_OUTPUTS: Final = 8192
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -397,13 +411,46 @@ def _index() -> dict[KernelConfig, int]:
     return {c: i for i, c in enumerate(config_space())}
 
 
+@cache
+def _tie_keys() -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+    """Per configuration of the space: the tile's distance from :data:`TIE_TILE_OUTPUTS` outputs and from a square
+    (``|log2(bm·bn / TIE_TILE_OUTPUTS)|``, ``|log2(bm / bn)|``), its K step and its split."""
+    space = config_space()
+    bm, bn, bk, split = (
+        np.array([getattr(c, f) for c in space], dtype=np.float64) for f in ("block_m", "block_n", "block_k", "split_k")
+    )
+    return np.abs(np.log2(bm * bn / TIE_TILE_OUTPUTS)), np.abs(np.log2(bm / bn)), bk, split
+
+
+def tied(gemm: Gemm, profile: HardwareProfile) -> npt.NDArray[np.intp]:
+    """Indices (into :func:`config_space`, in its order) of the configurations priced within
+    :data:`TIE_TOLERANCE` of the least predicted time for ``gemm``; empty where none can run."""
+    return _equals(predict_us(gemm, profile))
+
+
+def _equals(times: FloatArray) -> npt.NDArray[np.intp]:
+    least = float(np.min(times))
+    if not math.isfinite(least):
+        return np.empty(0, dtype=np.intp)
+    return np.flatnonzero(times <= least * (1.0 + TIE_TOLERANCE))
+
+
 def choose(gemm: Gemm, profile: HardwareProfile) -> tuple[KernelConfig, float]:
-    """The configuration with the least predicted time (the first of the space's order among equals) and that
-    time in µs. ValueError where none can run or the profile has no microarchitecture."""
+    """The configuration with the least predicted time and that time in µs. Among configurations the model prices
+    alike (:func:`tied`) the choice goes, in this order, to the tile nearest :data:`TIE_TILE_OUTPUTS` outputs, the
+    squarest tile, the fewest K steps ``⌈⌈K/split_k⌉/bk⌉``, the least K swept (steps × ``bk`` × ``split_k``: the
+    fewest masked elements), then the space's order: a rule that only orders equals, so it never changes a choice
+    where the predicted times differ (``docs/kernels.md``, "Tiny-K GEMMs"). ValueError where none can run or the
+    profile has no microarchitecture."""
     times = predict_us(gemm, profile)
-    best = int(np.argmin(times))
-    if not math.isfinite(times[best]):
+    equal = _equals(times)
+    if equal.size == 0:
         raise ValueError(f"no configuration of the space runs a {gemm.dtype.value} GEMM on {profile.name}")
+    best = int(equal[0])
+    if equal.size > 1:
+        size, aspect, bk, split = (a[equal] for a in _tie_keys())
+        steps = np.ceil(np.ceil(gemm.k / split) / bk)
+        best = int(equal[np.lexsort((equal, steps * bk * split, steps, aspect, size))[0]])
     return config_space()[best], float(times[best])
 
 
