@@ -39,8 +39,9 @@ Order of work:
    in rank mode and :data:`LEVEL1_SHARE` of it in host mode; in host mode, where the catalogue is mostly column
    slices (:func:`~shardwise.solver.cpsat.layouts.worth_it`), the layouts' neighbourhood
    (:mod:`shardwise.solver.cpsat.layouts`: every table's fixed-rank layouts and the start's own candidate, a model
-   a quarter of level one's size or less) runs first, in at most :data:`LAYOUT_SHARE` of level one's share, and a
-   better answer of it becomes level one's hint; when level one finds no solution in its time, step 4 starts from
+   a quarter of level one's size or less) runs first, in at most :data:`LAYOUT_SHARE` of level one's share (taken
+   from the time of level two and the LNS, so that level one keeps what its proofs need), and a better answer of it
+   becomes level one's hint; when level one finds no solution in its time, step 4 starts from
    the layouts' answer, else from the start's assignment;
 4. host mode (:func:`host_mode_tables`): level two (:mod:`shardwise.solver.cpsat.packing`) packs each host's
    shards onto its GPUs by a small exact model with each GPU's own HBM (each host an equal share of the time
@@ -112,7 +113,7 @@ FINISH_MARGIN_S = 0.5  # kept from the time limit for evaluation and validation 
 FINISH_MARGIN_SHARE = 0.04  # plus this share of it,
 FINISH_FACTOR = 2.5  # or this many times what pricing the greedy plan took, if more (2,000 x 512: ~1 s, loaded ~2x)
 LEVEL1_SHARE = 0.7  # of the budget left once level one is built, for it in host mode (level two and the LNS: the rest)
-LAYOUT_SHARE = 0.3  # of level one's share, at most, for the layouts' neighbourhood first (host mode, small catalogues)
+LAYOUT_SHARE = 0.3  # of level one's share, at most, for the layouts' neighbourhood first (taken from level two's)
 CATALOGUE_MAX_BOOLEANS = 200_000  # few tables on many GPUs: level one gets every candidate up to this size
 TARGET_SHARE = 0.1  # of the run's budget, at most, for target packing (shardwise.solver.target)
 CONFIGURATION_SHARE = 0.5  # of the run's budget, at most, for the configuration bound (small catalogues, several hosts)
@@ -453,7 +454,6 @@ def plan_cpsat(
             budget *= LEVEL1_SHARE
         layouts: Layouts | None = None
         if mode == "host" and worth_it(topo, cands, layout_candidates(cands, placed)):
-            begun = time.perf_counter()
             layouts = search_layouts(
                 topo,
                 model,
@@ -465,7 +465,8 @@ def plan_cpsat(
                 work.within(LAYOUT_SHARE * budget),
                 configured,
             )
-            budget = max(budget - (time.perf_counter() - begun), 0.0)  # level one's share, the layouts' included
+            # level one keeps its whole share (its proofs need it): the layouts' time comes out of level two's
+            budget = min(budget, work.remaining())
             if layouts is not None:
                 form.replace_hint(layouts.assignment, layouts.ms)
                 if on_progress:  # the model's objective, before packing (as _Progress reports level one's)
