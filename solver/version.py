@@ -23,8 +23,9 @@ from shardwise.wire.spec import FleetSpec, ModelSpec, SolveParams
 #: graphed or TorchRec) unless a calibration sets them — the H200's measured gather fraction and id sort (derived on
 #: the other parts), and the fused update's workspace per id in memory; 8: a table's ``pooling_factor_p99`` priced —
 #: each rank's exchange takes the most of W ranks' ids — and far host rows: a row access to a large host shard or a
-#: cache's store pays the GPU's address translation (``overheads.host_map_*``)
-COST_MODEL_VERSION = "8"
+#: cache's store pays the GPU's address translation (``overheads.host_map_*``); 9: a ``host`` shard no longer pays it
+#: (the executor keeps host shards in managed memory, whose far rows measured no such cost; a cache's store still does)
+COST_MODEL_VERSION = "9"
 #: what a plan's ``status`` and ``lower_bound_ms`` mean. 2: ``lower_bound_ms`` holds over the whole candidate
 #: catalogue and ``optimal`` meets it; what a search proved over its own space is ``solver.searched_*``. It is in the
 #: solver version, so a request answered under 1 (optimal over the searched space only) is solved again.

@@ -19,8 +19,9 @@ calibrated; data_parallel copies have no sort).
 Host shards (:func:`host_lookup_ms`)
 ------------------------------------
 shardwise's executor reads and writes a ``host`` shard's rows zero-copy on CUDA (``runtime/embedding/host_memory.py``):
-the weights and per-weight state in pinned host memory, the lookup and the fused update GPU kernels reading and writing
-them across the host link. What crosses it (:func:`host_shard_bytes`): the forward's row for every id, and the update's
+the weights and per-weight state in host memory (managed memory kept in host DRAM and mapped for the GPU, as FBGEMM's
+``fused_uvm`` tables), the lookup and the fused update GPU kernels reading and writing them across the host link.
+What crosses it (:func:`host_shard_bytes`): the forward's row for every id, and the update's
 read and write of each *distinct* row with its per-weight state — ``n·b_r + d·(2·b_r + state)`` with ``d`` the distinct
 rows among the ``n`` ids under the table's ``access_skew`` (:func:`distinct_rows`; Zipf 1.1 over 12 M rows: a quarter of
 327,680 ids); rowwise_adagrad's row-wise state is on the device, read and written in HBM. (Charging the update per id,
@@ -31,12 +32,14 @@ calibrated: ``shardwise calibrate`` fits what host placement adds to a step) is 
 time is the larger of the reads and it. (The executor's earlier CPU lookup, ``apply_plan(host_access="cpu")``, measured
 slower than zero-copy — ``docs/truth.md``, "Host rows read from the GPU" — and is not priced.)
 
-Rows far apart in a large table cost more than their bytes: every row access to pinned host memory from a GPU kernel
-is translated, and once the shard's host memory (``r·c·b``) outgrows what the GPU's translation caches cover, random
-rows miss them. Each access then costs ``host_map_ns_per_doubling · log2(r·c·b / host_map_reach_bytes)`` more
-(:func:`host_map_ns`; device time, nothing within the reach, zero until measured): ``n + 2·d`` accesses a step for a
-``host`` shard (its forward reads, the update's reads and writes), ``2·m`` for a cache fetch's row moves. Fitted on
-host shards of 1–100 M rows on one H200 (``docs/truth.md``, "Sequence tables").
+Rows far apart in a large store of *pinned* host memory cost more than their bytes: every row access to it from a GPU
+kernel is translated, and once the store (``r·c·b``) outgrows what the GPU's translation caches cover, random rows
+miss them. Each access then costs ``host_map_ns_per_doubling · log2(r·c·b / host_map_reach_bytes)`` more
+(:func:`host_map_ns`; device time, nothing within the reach, zero until measured): ``2·m`` accesses for a cache
+fetch's row moves (a ``uvm_cache`` shard's store is pinned). Fitted on host shards of 1–100 M rows on one H200 while
+they were pinned (``docs/truth.md``, "Sequence tables"). A ``host`` shard no longer pays it: in managed memory the same
+shards measured 4.7–5.6 ms where pinned memory took 4.7–30.9 (``docs/hardware_sources.md``), within 20 % of the
+smallest's time, which the byte terms above price.
 
 Cache fetches (:func:`cache_fetch_ms`)
 -------------------------------------
@@ -249,12 +252,9 @@ def shard_computes(
             whole_s = all_g / hbm_gather
         elif placement is Placement.host:  # zero-copy: what crosses the host link (module docstring, "Host shards")
             link_bytes, device_bytes = host_update_bytes(table, num_rows, num_cols, t.ids, row, g)
-            miss_ns = host_map_ns(profile, num_rows * num_cols * table.dtype.nbytes)  # far rows (docstring)
-            fwd_map = t.ids * miss_ns * 1e-9
-            upd_map = 2 * distinct_rows(t.ids, num_rows, table.access_skew) * miss_ns * 1e-9
-            fwd_s = fwd_g / link + fwd_map
-            upd_s = device_bytes / hbm_gather + link_bytes / link + upd_map
-            whole_s = device_bytes / hbm_gather + (fwd_g + link_bytes) / link + fwd_map + upd_map
+            fwd_s = fwd_g / link
+            upd_s = device_bytes / hbm_gather + link_bytes / link
+            whole_s = device_bytes / hbm_gather + (fwd_g + link_bytes) / link
         else:
             fetch = cache_fetch_ms(table, sharding, num_rows, cache_fraction, profile, batch, world, num_cols=num_cols)
             hit = cache_hit_rate(num_rows, cache_fraction, table.access_skew)
@@ -454,9 +454,9 @@ def cache_fetch_ms(
 
 
 def host_map_ns(profile: HardwareProfile, footprint_bytes: float) -> float:
-    """What one row access to ``footprint_bytes`` of pinned host memory costs a GPU kernel beyond its bytes (module
-    docstring, "Host shards"): ``host_map_ns_per_doubling · log2(footprint / host_map_reach_bytes)`` past the
-    reach, 0 within it or unmeasured."""
+    """What one row access to ``footprint_bytes`` of pinned host memory (a cache's store) costs a GPU kernel beyond its
+    bytes (module docstring, "Host shards"): ``host_map_ns_per_doubling · log2(footprint / host_map_reach_bytes)``
+    past the reach, 0 within it or unmeasured."""
     o = profile.overheads
     if not (o.host_map_ns_per_doubling and o.host_map_reach_bytes) or footprint_bytes <= o.host_map_reach_bytes:
         return 0.0
