@@ -142,7 +142,12 @@ def captured(step: Callable[[], None], warmup: int) -> Callable[[], None]:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    return graph.replay
+    held = (graph, step)  # the replay reads the step's modules and operands: they live as long as it does
+
+    def replay() -> None:
+        held[0].replay()
+
+    return replay
 
 
 def timed(paths: dict[str, Callable[[], None]], steps: int, warmup: int, device: Any) -> dict[str, list[float]]:
