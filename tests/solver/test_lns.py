@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,6 +37,21 @@ def _model() -> ModelSpec:
 
 
 @pytest.mark.slow  # a real solve or two, over 4 s on the 2-core machine: make test runs it, make test-fast does not
+def _greedy_start(params: SolveParams) -> tuple[Topology, ModelSpec, Any, Formulation, Any, Any]:
+    """Two hosts' toy problem in host mode: its topology, model, the greedy's result, level one's formulation, the
+    candidate space and the greedy's plan as level one's assignment (the dense styles included)."""
+    model = _model()
+    topo = Topology(_fleet(2))
+    cands = [enumerate_candidates(topo, model, i) for i in range(len(model.embedding_tables))]
+    g = run_greedy(topo, model, params, cands)
+    assert g.plan.predicted_step_ms is not None
+    space = model_candidates(cands, g.chosen, g.plan.predicted_step_ms)
+    form = Formulation(topo, model, space, "host", horizon_ms=4 * g.plan.predicted_step_ms)
+    start = to_assignment(form, space, g.placed)
+    start.dense = [s for _, s in g.dense]
+    return topo, model, g, form, space, start
+
+
 def test_host_mode_plan_valid_and_deterministic() -> None:
     model, fleet = _model(), _fleet(2)  # 16 GPUs: host mode, then packing and the fleet-wide search
     topo = Topology(fleet)
@@ -60,16 +76,8 @@ def test_host_mode_plan_valid_and_deterministic() -> None:
 
 def test_level_two_from_the_start_keeps_a_valid_plan_no_slower_than_the_start() -> None:
     # what plan_cpsat does when level one finds nothing in time: pack, repack and search from the start itself
-    model, fleet = _model(), _fleet(2)
-    topo = Topology(fleet)
     params = SolveParams(time_limit_s=30, max_deterministic_time=0.5, num_workers=1, random_seed=3)
-    cands = [enumerate_candidates(topo, model, i) for i in range(len(model.embedding_tables))]
-    g = run_greedy(topo, model, params, cands)
-    assert g.plan.predicted_step_ms is not None
-    space = model_candidates(cands, g.chosen, g.plan.predicted_step_ms)
-    form = Formulation(topo, model, space, "host", horizon_ms=4 * g.plan.predicted_step_ms)
-    start = to_assignment(form, space, g.placed)
-    start.dense = [s for _, s in g.dense]
+    topo, model, g, form, space, start = _greedy_start(params)
     tables = host_mode_tables(form, space, start, params, Deadline(20), g.placed)
     assert tables is not None
     dense = [DensePlan(name=n, style=s, ranks=list(range(topo.world_size))) for n, s in g.dense]
@@ -82,16 +90,8 @@ def test_level_two_from_the_start_keeps_a_valid_plan_no_slower_than_the_start() 
 def test_the_fleet_search_stops_once_the_plan_meets_level_ones_bound() -> None:
     # without max_deterministic_time the LNS runs until the deadline; a bound the packed plan already meets ends it
     # at once (no round could lower the slowest GPU below it), and the plan is the packed one
-    model, fleet = _model(), _fleet(2)
-    topo = Topology(fleet)
     params = SolveParams(time_limit_s=30, num_workers=1, random_seed=3)
-    cands = [enumerate_candidates(topo, model, i) for i in range(len(model.embedding_tables))]
-    g = run_greedy(topo, model, params, cands)
-    assert g.plan.predicted_step_ms is not None
-    space = model_candidates(cands, g.chosen, g.plan.predicted_step_ms)
-    form = Formulation(topo, model, space, "host", horizon_ms=4 * g.plan.predicted_step_ms)
-    start = to_assignment(form, space, g.placed)
-    start.dense = [s for _, s in g.dense]
+    _, _, g, form, space, start = _greedy_start(params)
     assert fixed_loads(form, space, start).items  # rank-scope shards: the search would run
     begun = time.monotonic()
     tables = host_mode_tables(form, space, start, params, Deadline(15), g.placed, bound_units=2**62)
