@@ -1,4 +1,4 @@
-"""Hand-priced candidates for the bound tests (tests/solver/test_bounds.py, test_configurations.py)."""
+"""Hand-priced candidates for the solver's tests (test_bounds, test_configurations, test_cpsat, test_layouts)."""
 
 from __future__ import annotations
 
@@ -46,6 +46,25 @@ def priced(
         comm_ms=np.zeros(times.shape),
         every_rank_ms=np.array(every, dtype=float),
         every_total_ms=float(np.dot(every, sizes)),
+    )
+
+
+def column_halves(table: int, rows: int, width: int, ms: float, hbm: int) -> Candidate:
+    """A hand-priced column split of a ``rows × 2·width`` table into two rank-scope halves, ``ms`` and ``hbm`` bytes
+    each on any GPU (one device class)."""
+    return Candidate(
+        table=table,
+        sharding=ShardingType.column_wise,
+        placement=Placement.hbm,
+        cache_fraction=None,
+        scope="rank",
+        scope_class=None,
+        shapes=(Shape(0, rows, 0, width), Shape(0, rows, width, width)),
+        hbm=np.full((2, 1), hbm, dtype=np.int64),
+        host=np.zeros((2, 1), dtype=np.int64),
+        compute_ms=np.full((2, 1), ms),
+        comm_ms=np.zeros((2, 1)),
+        every_rank_ms=np.zeros(1),
     )
 
 

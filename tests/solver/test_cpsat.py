@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from bound_support import column_halves
 from ortools.sat.python import cp_model
 
 from shardwise.solver import bounds
@@ -128,20 +129,7 @@ def test_choice_between_candidates_is_optimal() -> None:
     # never share a GPU (family 2), so the other table goes beside one of them → {1.5, 2} | {1.5} = 3.5 ms beats
     # {4} | {2}
     topo = Topology(toy_fleet(2))
-    halves = Candidate(
-        table=0,
-        sharding=ShardingType.column_wise,
-        placement=Placement.hbm,
-        cache_fraction=None,
-        scope="rank",
-        scope_class=None,
-        shapes=(Shape(0, 10, 0, 2), Shape(0, 10, 2, 2)),
-        hbm=np.full((2, 1), 1000, dtype=np.int64),
-        host=np.zeros((2, 1), dtype=np.int64),
-        compute_ms=np.full((2, 1), 1.5),
-        comm_ms=np.zeros((2, 1)),
-        every_rank_ms=np.zeros(1),
-    )
+    halves = column_halves(0, 10, 2, 1.5, 1000)
     cands = [[table_wise(0, 4.0, 1000), halves], [table_wise(1, 2.0, 1000)]]
     form = Formulation(topo, toy_model(2), cands, "rank", horizon_ms=100)
     status, objective, bound = solve(form)

@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from bound_support import column_halves
 
 from shardwise.solver.cpsat.candidates import Candidate, Shape, block_ranks
 from shardwise.solver.cpsat.formulation import Assignment, Formulation
@@ -92,20 +93,7 @@ def whole(table: int, ms: float) -> Candidate:
 def catalogue(a_split_hbm: int = 1024) -> list[list[Candidate]]:
     """A: one host at 8 ms a GPU, or two hosts at 4 ms (``a_split_hbm`` bytes a shard); B, C: one host at 4 ms;
     D: table_wise at 2 ms, or a column split (rank scope, dropped from the neighbourhood)."""
-    d_split = Candidate(
-        table=3,
-        sharding=ShardingType.column_wise,
-        placement=Placement.hbm,
-        cache_fraction=None,
-        scope="rank",
-        scope_class=None,
-        shapes=(Shape(0, 100_000, 0, 32), Shape(0, 100_000, 32, 32)),
-        hbm=np.full((2, 1), 512, dtype=np.int64),
-        host=np.zeros((2, 1), dtype=np.int64),
-        compute_ms=np.full((2, 1), 1.0),
-        comm_ms=np.zeros((2, 1)),
-        every_rank_ms=np.zeros(1),
-    )
+    d_split = column_halves(3, 100_000, 32, 1.0, 512)
     return [
         [block(0, 1, 8.0), block(0, 2, 4.0, hbm=a_split_hbm)],
         [block(1, 1, 4.0)],
