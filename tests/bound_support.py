@@ -49,23 +49,42 @@ def priced(
     )
 
 
-def column_halves(table: int, rows: int, width: int, ms: float, hbm: int) -> Candidate:
-    """A hand-priced column split of a ``rows × 2·width`` table into two rank-scope halves, ``ms`` and ``hbm`` bytes
-    each on any GPU (one device class)."""
+def hand_priced(
+    table: int,
+    sharding: ShardingType,
+    shapes: tuple[Shape, ...],
+    ms: float,
+    hbm: int,
+    *,
+    scope: Scope = "rank",
+    scope_class: int | None = None,
+    classes: int = 1,
+    span: int = 1,
+) -> Candidate:
+    """A hand-priced HBM candidate: one shard per entry of ``shapes``, each ``ms`` and ``hbm`` bytes on any of
+    ``classes`` device classes, nothing across the network or on every rank."""
+    n = len(shapes)
     return Candidate(
         table=table,
-        sharding=ShardingType.column_wise,
+        sharding=sharding,
         placement=Placement.hbm,
         cache_fraction=None,
-        scope="rank",
-        scope_class=None,
-        shapes=(Shape(0, rows, 0, width), Shape(0, rows, width, width)),
-        hbm=np.full((2, 1), hbm, dtype=np.int64),
-        host=np.zeros((2, 1), dtype=np.int64),
-        compute_ms=np.full((2, 1), ms),
-        comm_ms=np.zeros((2, 1)),
-        every_rank_ms=np.zeros(1),
+        scope=scope,
+        scope_class=scope_class,
+        shapes=shapes,
+        hbm=np.full((n, classes), hbm, dtype=np.int64),
+        host=np.zeros((n, classes), dtype=np.int64),
+        compute_ms=np.full((n, classes), ms),
+        comm_ms=np.zeros((n, classes)),
+        every_rank_ms=np.zeros(classes),
+        span=span,
     )
+
+
+def column_halves(table: int, rows: int, width: int, ms: float, hbm: int) -> Candidate:
+    """A column split of a ``rows × 2·width`` table into two rank-scope halves, ``ms`` and ``hbm`` bytes each."""
+    shapes = (Shape(0, rows, 0, width), Shape(0, rows, width, width))
+    return hand_priced(table, ShardingType.column_wise, shapes, ms, hbm)
 
 
 @st.composite

@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
-from bound_support import column_halves
+from bound_support import column_halves, hand_priced
 from ortools.sat.python import cp_model
 
 from shardwise.solver import bounds
@@ -23,7 +22,7 @@ from shardwise.solver.load import Placed
 from shardwise.solver.planner import make_plan
 from shardwise.solver.topology import Topology
 from shardwise.solver.validate import check_plan
-from shardwise.wire.spec import FleetSpec, ModelSpec, Placement, PlanStatus, ShardingType, SolveParams
+from shardwise.wire.spec import FleetSpec, ModelSpec, PlanStatus, ShardingType, SolveParams
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 
@@ -72,20 +71,7 @@ def toy_model(n: int) -> ModelSpec:
 
 def table_wise(table: int, ms: float, hbm: int, ncls: int = 1) -> Candidate:
     """A hand-priced whole-table candidate: ``ms`` and ``hbm`` bytes wherever it goes."""
-    return Candidate(
-        table=table,
-        sharding=ShardingType.table_wise,
-        placement=Placement.hbm,
-        cache_fraction=None,
-        scope="rank",
-        scope_class=None,
-        shapes=(Shape(0, 10, 0, 4),),
-        hbm=np.full((1, ncls), hbm, dtype=np.int64),
-        host=np.zeros((1, ncls), dtype=np.int64),
-        compute_ms=np.full((1, ncls), ms),
-        comm_ms=np.zeros((1, ncls)),
-        every_rank_ms=np.zeros(ncls),
-    )
+    return hand_priced(table, ShardingType.table_wise, (Shape(0, 10, 0, 4),), ms, hbm, classes=ncls)
 
 
 def solve(form: Formulation) -> tuple[str, float, float]:

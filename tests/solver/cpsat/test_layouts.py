@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import pytest
-from bound_support import column_halves
+from bound_support import column_halves, hand_priced
 
 from shardwise.solver.cpsat.candidates import Candidate, Shape, block_ranks
 from shardwise.solver.cpsat.formulation import Assignment, Formulation
@@ -18,7 +17,7 @@ from shardwise.solver.cpsat.scale import Scale
 from shardwise.solver.deadline import Deadline
 from shardwise.solver.load import Placed
 from shardwise.solver.topology import Topology
-from shardwise.wire.spec import FleetSpec, ModelSpec, Placement, ShardingType, SolveParams
+from shardwise.wire.spec import FleetSpec, ModelSpec, ShardingType, SolveParams
 
 GPUS = 4  # per host
 HOSTS = 4
@@ -54,40 +53,14 @@ def model() -> ModelSpec:
 def block(table: int, span: int, ms: float, hbm: int = 1024) -> Candidate:
     """A hand-priced row split over a block of ``span`` hosts (table_row_wise for one host): one shard per GPU of the
     block, ``ms`` each."""
-    n = span * GPUS
-    return Candidate(
-        table=table,
-        sharding=ShardingType.table_row_wise if span == 1 else ShardingType.row_wise,
-        placement=Placement.hbm,
-        cache_fraction=None,
-        scope="host",
-        scope_class=0,
-        shapes=tuple(Shape(10 * i, 10, 0, 64) for i in range(n)),
-        hbm=np.full((n, 1), hbm, dtype=np.int64),
-        host=np.zeros((n, 1), dtype=np.int64),
-        compute_ms=np.full((n, 1), ms),
-        comm_ms=np.zeros((n, 1)),
-        every_rank_ms=np.zeros(1),
-        span=span,
-    )
+    sharding = ShardingType.table_row_wise if span == 1 else ShardingType.row_wise
+    shapes = tuple(Shape(10 * i, 10, 0, 64) for i in range(span * GPUS))
+    return hand_priced(table, sharding, shapes, ms, hbm, scope="host", scope_class=0, span=span)
 
 
 def whole(table: int, ms: float) -> Candidate:
     """A hand-priced table_wise candidate (rank scope: one shard on any GPU)."""
-    return Candidate(
-        table=table,
-        sharding=ShardingType.table_wise,
-        placement=Placement.hbm,
-        cache_fraction=None,
-        scope="rank",
-        scope_class=None,
-        shapes=(Shape(0, 100_000, 0, 64),),
-        hbm=np.full((1, 1), 1024, dtype=np.int64),
-        host=np.zeros((1, 1), dtype=np.int64),
-        compute_ms=np.full((1, 1), ms),
-        comm_ms=np.zeros((1, 1)),
-        every_rank_ms=np.zeros(1),
-    )
+    return hand_priced(table, ShardingType.table_wise, (Shape(0, 100_000, 0, 64),), ms, 1024)
 
 
 def catalogue(a_split_hbm: int = 1024) -> list[list[Candidate]]:
