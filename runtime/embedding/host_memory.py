@@ -112,18 +112,14 @@ def _managed(nbytes: int, device: torch.device) -> int | None:
     torch.cuda.init()  # type: ignore[no-untyped-call]
     pointer = ctypes.c_void_p()
     if lib.cudaMallocManaged(ctypes.byref(pointer), ctypes.c_size_t(nbytes), ctypes.c_uint(1)) != 0:  # global
+        lib.cudaGetLastError()  # cleared: torch's next launch check would report it as its own
         return None
     assert pointer.value is not None
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if _advise(lib, pointer.value, nbytes, 3, host=True, index=index) and _advise(  # preferred location: the CPU
-        lib,
-        pointer.value,
-        nbytes,
-        5,
-        host=False,
-        index=index,  # accessed by: this GPU (mapped, not migrated)
-    ):
+    on_cpu = _advise(lib, pointer.value, nbytes, 3, host=True, index=index)  # preferred location: the CPU
+    if on_cpu and _advise(lib, pointer.value, nbytes, 5, host=False, index=index):  # this GPU maps it, no migration
         return int(pointer.value)
+    lib.cudaGetLastError()
     lib.cudaFree(pointer)
     return None
 
