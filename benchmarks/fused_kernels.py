@@ -100,22 +100,20 @@ def small_cases() -> tuple[Case, ...]:
     )
 
 
-def batch(case: Case, device: torch.device, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
-    """Group-row ids, their bags and the bags' offsets (fixed pooling per table, bags table-major)."""
+def batch(
+    case: Case,
+    device: torch.device,
+    gen: torch.Generator,
+    draw: Callable[[int, int, int], torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """Group-row ids, their bags and the bags' offsets (fixed pooling per table, bags table-major). ``draw(t, rows,
+    n)``: table ``t``'s ``n`` ids (its own row numbers, on the CPU) in place of ``case.ids``' sampler."""
     ids, bags, lengths = [], [], []
     base = 0
     for t, (rows, pool) in enumerate(case.tables):
         per = max(1, round(pool))
         n = case.batch * per
-        u = torch.rand(n, generator=gen, device="cpu")
-        if case.ids == "uniform":
-            local = (u * rows).long().clamp_(max=rows - 1)
-        elif case.ids.startswith("zipf"):  # the continuous inverse of P(r) ∝ (r + 1)^-s over [0, rows)
-            a = 1.0 - float(case.ids[4:])
-            top = (rows + 1.0) ** a
-            local = ((1.0 + u.double() * (top - 1.0)) ** (1.0 / a) - 1.0).long().clamp_(0, rows - 1)
-        else:  # log-uniform: P(r) ∝ 1/(r+1)
-            local = (torch.exp(u * math.log(rows + 1)) - 1).long().clamp_(0, rows - 1)
+        local = draw(t, rows, n) if draw is not None else _sample(case.ids, rows, n, gen)
         ids.append(local + base)
         bags.append(torch.arange(case.batch).repeat_interleave(per) + t * case.batch)
         lengths.append(torch.full((case.batch,), per))
@@ -123,6 +121,19 @@ def batch(case: Case, device: torch.device, gen: torch.Generator) -> tuple[torch
     length = torch.cat(lengths)
     offsets = torch.cumsum(length, 0) - length
     return tuple(x.to(device) for x in (torch.cat(ids), torch.cat(bags), offsets))
+
+
+def _sample(kind: str, rows: int, n: int, gen: torch.Generator) -> torch.Tensor:
+    """``n`` row numbers of ``[0, rows)`` drawn as ``kind`` (:class:`Case`'s ``ids``) says."""
+    u = torch.rand(n, generator=gen, device="cpu")
+    if kind == "uniform":
+        return (u * rows).long().clamp_(max=rows - 1)
+    if kind.startswith("zipf"):  # the continuous inverse of P(r) ∝ (r + 1)^-s over [0, rows)
+        a = 1.0 - float(kind[4:])
+        top = (rows + 1.0) ** a
+        return ((1.0 + u.double() * (top - 1.0)) ** (1.0 / a) - 1.0).long().clamp_(0, rows - 1)
+    # log-uniform: P(r) ∝ 1/(r+1)
+    return (torch.exp(u * math.log(rows + 1)) - 1).long().clamp_(0, rows - 1)
 
 
 def timed(fn: Callable[[], Any], reps: int, device: torch.device) -> float:

@@ -176,21 +176,17 @@ def _local(case: fkb.Case, ids: torch.Tensor) -> list[torch.Tensor]:
 
 
 def _rig_batch(case: fkb.Case, index: Sequence[int], device: torch.device) -> tuple[torch.Tensor, ...]:
-    """``fkb.batch``'s layout with the ids ``vs_fbgemm.py``'s capped rig draws: table ``index[k]`` of the model by
-    its Zipf sampler seeded ``100 + index[k]`` (its ranks mapped to rows by a seeded permutation: the hot rows
-    anywhere in the table, not its first rows)."""
+    """``fkb.batch`` with the ids ``vs_fbgemm.py``'s capped rig draws: table ``index[k]`` of the model by its Zipf
+    sampler seeded ``100 + index[k]`` (its ranks mapped to rows by a seeded permutation: the hot rows anywhere in the
+    table, not its first rows)."""
     from shardwise.calibrate.cache_fetch import ZipfIds
 
     skew = float(case.ids[4:])
-    ids, bags, lengths, base = [], [], [], 0
-    for t, ((rows, pool), i) in enumerate(zip(case.tables, index, strict=True)):
-        per = max(1, round(pool))
-        ids.append(ZipfIds(rows, skew, seed=100 + i, device=device).draw(case.batch * per) + base)
-        bags.append(torch.arange(case.batch, device=device).repeat_interleave(per) + t * case.batch)
-        lengths.append(torch.full((case.batch,), per, device=device))
-        base += rows
-    length = torch.cat(lengths)
-    return torch.cat(ids), torch.cat(bags), torch.cumsum(length, 0) - length
+
+    def draw(t: int, rows: int, n: int) -> torch.Tensor:
+        return ZipfIds(rows, skew, seed=100 + index[t]).draw(n)
+
+    return fkb.batch(case, device, torch.Generator(), draw)
 
 
 def measure_split(
