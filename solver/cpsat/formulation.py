@@ -102,6 +102,22 @@ RANK_BINS_MAX = 8
 Mode = Literal["rank", "host"]
 
 
+def catalogue_booleans(topo: Topology, cands: Sequence[Sequence[Candidate]], mode: Mode) -> int:
+    """How many booleans level one would have with every candidate: one per candidate, one per rank-scope shard and
+    bin, one per block of a host-scope candidate."""
+    nbins = topo.world_size if mode == "rank" else topo.num_hosts
+    total = 0
+    for cs in cands:
+        for c in cs:
+            total += 1
+            if c.scope == "rank":
+                total += len(c.shapes) * nbins
+            elif c.scope == "host":
+                assert c.scope_class is not None
+                total += len(topo.classes[c.scope_class].hosts) // c.span
+    return total
+
+
 @dataclass
 class CandidateVars:
     """The variables of one candidate, with query methods so constraints never index raw dicts."""

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from shardwise.solver.cpsat.candidates import Candidate
-from shardwise.solver.cpsat.formulation import Assignment, Formulation
+from shardwise.solver.cpsat.formulation import Assignment, Formulation, catalogue_booleans
 from shardwise.solver.cpsat.params import cp_solver
 from shardwise.solver.cpsat.scale import Scale
 from shardwise.solver.deadline import Deadline, DeadlineExpired
@@ -68,27 +68,14 @@ def layout_candidates(cands: Sequence[Sequence[Candidate]], start: Sequence[Plac
     return [[c for c in cs if c.scope != "rank" or c is p.candidate] for cs, p in zip(cands, start, strict=True)]
 
 
-def layout_booleans(topo: Topology, cands: Sequence[Sequence[Candidate]]) -> int:
-    """The booleans of level one (host mode) over ``cands`` (:func:`~shardwise.solver.cpsat.run.catalogue_booleans`
-    without the import cycle)."""
-    total = 0
-    for cs in cands:
-        for c in cs:
-            total += 1
-            if c.scope == "rank":
-                total += len(c.shapes) * topo.num_hosts
-            elif c.scope == "host":
-                assert c.scope_class is not None
-                total += len(topo.classes[c.scope_class].hosts) // c.span
-    return total
-
-
 def worth_it(topo: Topology, cands: Sequence[Sequence[Candidate]], space: Sequence[Sequence[Candidate]]) -> bool:
     """Whether the neighbourhood ``space`` is small beside the whole ``cands`` (:data:`LAYOUT_MAX_BOOLEANS_SHARE`)
     and leaves some table a choice."""
     if all(len(cs) <= 1 for cs in space):
         return False
-    return layout_booleans(topo, space) <= LAYOUT_MAX_BOOLEANS_SHARE * layout_booleans(topo, cands)
+    return catalogue_booleans(topo, space, "host") <= LAYOUT_MAX_BOOLEANS_SHARE * catalogue_booleans(
+        topo, cands, "host"
+    )
 
 
 def search_layouts(

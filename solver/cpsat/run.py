@@ -79,7 +79,7 @@ from ortools.sat.python import cp_model
 from shardwise.solver.build import build_plan, device_ms, floor_lift, placed_to_table
 from shardwise.solver.configurations import configuration_bound_ms, step_groups
 from shardwise.solver.cpsat.candidates import Candidate, spread_out
-from shardwise.solver.cpsat.formulation import RANK_BINS_MAX, Assignment, Formulation, Mode
+from shardwise.solver.cpsat.formulation import RANK_BINS_MAX, Assignment, Formulation, Mode, catalogue_booleans
 from shardwise.solver.cpsat.layouts import Layouts, layout_candidates, search_layouts, worth_it
 from shardwise.solver.cpsat.lns import lns_fleet
 from shardwise.solver.cpsat.packing import fixed_loads, fixed_ranks, pack_hosts, repack_fleet
@@ -173,22 +173,6 @@ def model_candidates(
             keep.append(pick.candidate)
         out.append(keep)
     return out
-
-
-def catalogue_booleans(topo: Topology, cands: Sequence[Sequence[Candidate]], mode: Mode) -> int:
-    """How many booleans level one would have with every candidate: one per candidate, one per rank-scope shard and
-    bin, one per block of a host-scope candidate."""
-    nbins = topo.world_size if mode == "rank" else topo.num_hosts
-    total = 0
-    for cs in cands:
-        for c in cs:
-            total += 1
-            if c.scope == "rank":
-                total += len(c.shapes) * nbins
-            elif c.scope == "host":
-                assert c.scope_class is not None
-                total += len(topo.classes[c.scope_class].hosts) // c.span
-    return total
 
 
 class _Progress(cp_model.CpSolverSolutionCallback):
