@@ -48,6 +48,28 @@ class over that class's GPUs, and :func:`_class_weighted_step` searches for it (
 powers of two, then halving steps around the best); whatever ``λ`` it ends on, the figure holds. This is done per
 set of collective groups, before the least over the sets is taken.
 
+Per-type HBM: the weighted average may still put on a class more tables than its GPUs' HBM holds. Every plan keeps
+within each GPU's usable HBM (after the reserve, as the greedy and CP-SAT check it: a shard's ``hbm`` bytes on its
+rank, plus the dense layers'), so summed over class ``k``'s ranks ``Σ_{r ∈ k} hbm_r ≤ n_k κ_k``, where ``κ_k`` is a
+GPU's usable HBM less the dense layers' bytes in each layer's smallest style (every GPU holds them, whatever the
+tables do: :func:`class_capacity`). For prices ``μ_k ≥ 0`` (ms per byte) adding ``μ_k (Σ_{r ∈ k} hbm_r − n_k κ_k) ≤ 0``
+to the weighted inequality above gives, for every ``λ > 0`` and ``μ ≥ 0``,
+
+    ``T · Σ_k λ_k n_k ≥ Σ_k λ_k n_k fixed_k − Σ_k μ_k n_k κ_k + Σ_t work_λ,μ,t(T)``
+
+where a shard's weighted time on class ``k`` becomes ``λ_k τ_{s,k} + μ_k m_{s,k}`` (``m``: its HBM bytes there, 0 for a
+table in host memory, the cache's part for a cached one): a fleet-wide shard or copy at its rank's class, a ``host``
+/ ``group`` shard at its scope class, a ``rank``-scope shard at ``min_k (λ_k τ_{s,k} + μ_k m_{s,k})``. The second fact
+is unchanged, so the same sweep gives a bound ``B_λ,μ`` for every ``(λ, μ)``, the constant ``−Σ_k μ_k n_k κ_k`` going
+with the fixed part. ``μ = 0`` is ``B_λ`` exactly, and the search starts from the ``λ`` found without prices, so the
+figure is never below it. Only a class whose capacity the catalogue could overfill (each table's candidate with the
+most bytes there, every shard that may land there on it) is priced — a price on any other only lowers the figure —
+so where no class can be overfilled nothing more is computed. The search (:func:`_priced_step`): every such class
+priced alike over powers of two of the catalogue's ms per byte (where the fleet's HBM binds as a whole, one price
+alone moves the tables to the other class), each class's price with its own weight (where its HBM binds, its GPUs
+may not be the slowest: the best ``λ_k`` is then near 0), each price alone, then the halving steps above on every
+weight and price, and a class's weight and price moved together; whatever it ends on, the figure holds.
+
 Few shards per GPU: where each GPU holds one or two large shards the average is reached by no packing of them (the
 shards are lumps), and :func:`_packing_step` adds a bin-packing fact. Every rank carries at least
 ``base = min_k fixed_k + Σ_t floor_t`` and, on top of it, *items*: each shard of its tables' candidates at its cheapest
@@ -120,6 +142,22 @@ def dense_min_per_class(topo: Topology, model: ModelSpec) -> list[float]:
     return out
 
 
+def class_capacity(topo: Topology, model: ModelSpec) -> list[float]:
+    """Per device class ``k``, ``n_k κ_k``: the HBM bytes its GPUs offer the tables in every plan — each GPU's usable
+    HBM (after the reserve) less the dense layers' bytes with each layer in its smallest style (every GPU holds the
+    dense layers, whatever the tables do), at least 0."""
+    out = []
+    for cls in topo.classes:
+        dense = 0
+        for layer in model.dense_layers:
+            dense += min(
+                dense_cost(topo, model.batch_size_per_gpu, model, layer.name, s, cls).hbm_bytes
+                for s in dense_styles(topo, layer)
+            )
+        out.append(float(max(cls.hbm_limit_bytes - dense, 0) * len(cls.ranks)))
+    return out
+
+
 def table_floors(cands: Sequence[Sequence[Candidate]]) -> list[float]:
     return [min((every_rank_floor(c) for c in cs), default=0.0) for cs in cands]
 
@@ -177,7 +215,9 @@ class _WeightedCatalogue:
         sizes = np.array(class_sizes, dtype=np.float64)
         flat = [c for cs in cands for c in cs]
         fixed_part = np.zeros((len(flat), k))
+        fixed_hbm = np.zeros((len(flat), k))
         rows: list[FloatArray] = []
+        hbm_rows: list[FloatArray] = []
         owners: list[int] = []
         for i, c in enumerate(flat):
             if c.every_total_ms:
@@ -185,27 +225,52 @@ class _WeightedCatalogue:
             if c.scope == "fleet":
                 # [rank, 1]: each rank's shard at its rank's class
                 fixed_part[i] += np.bincount(rank_class, weights=c.time_ms[:, 0], minlength=k)
+                fixed_hbm[i] += np.bincount(rank_class, weights=c.hbm[:, 0].astype(np.float64), minlength=k)
             elif c.scope_class is not None:
                 fixed_part[i, c.scope_class] += float(np.add.reduce(c.time_ms[:, c.scope_class]))
+                fixed_hbm[i, c.scope_class] += float(np.add.reduce(c.hbm[:, c.scope_class]))
             else:
                 rows.append(c.time_ms)
+                hbm_rows.append(np.broadcast_to(c.hbm, c.time_ms.shape).astype(np.float64))
                 owners.extend([i] * len(c.time_ms))
         self.size = len(flat)
         self.tables = len(cands)
         self.class_sizes = sizes
         self.fixed_part = fixed_part
+        self.fixed_hbm = fixed_hbm
         self.free_rows = np.concatenate(rows) if rows else np.zeros((0, k))
+        self.free_hbm = np.concatenate(hbm_rows) if hbm_rows else np.zeros((0, k))
         self.owners = np.array(owners, dtype=np.int64)
         self.table = np.repeat(np.arange(len(cands)), [len(cs) for cs in cands])
         self.unweighted = np.array([candidate_work(c) for c in flat])
+        self.least_hbm = np.array([float(c.least_hbm) for c in flat])
         self.heavy = np.array([heaviest_rank_time(c) for c in flat])
         self.floor = np.array([every_rank_floor(c) for c in flat])
         self.sharding = [c.sharding for c in flat]
 
-    def work(self, weights: FloatArray) -> FloatArray:
-        """``work_λ`` of every candidate (module docstring)."""
-        free = np.minimum.reduce(self.free_rows * weights, axis=1) if len(self.free_rows) else np.zeros(0)
-        return self.fixed_part @ weights + np.bincount(self.owners, weights=free, minlength=self.size)
+    def work(self, weights: FloatArray, prices: FloatArray | None = None) -> FloatArray:
+        """``work_λ`` of every candidate (module docstring); with ``prices`` ``μ`` (ms per byte of HBM, per class), each
+        shard's bytes on its class priced beside its weighted time (``work_λ,μ``, "Per-type HBM")."""
+        if prices is None:
+            free = np.minimum.reduce(self.free_rows * weights, axis=1) if len(self.free_rows) else np.zeros(0)
+            return self.fixed_part @ weights + np.bincount(self.owners, weights=free, minlength=self.size)
+        rows = self.free_rows * weights + self.free_hbm * prices
+        free = np.minimum.reduce(rows, axis=1) if len(rows) else np.zeros(0)
+        fixed = self.fixed_part @ weights + self.fixed_hbm @ prices
+        return fixed + np.bincount(self.owners, weights=free, minlength=self.size)
+
+    def most_bytes(self, allowed: npt.NDArray[np.bool_]) -> FloatArray:
+        """Per class, the most HBM bytes the ``allowed`` candidates can put there (each table's candidate that puts
+        the most, every shard that may land there landing there): a class whose capacity holds this never binds."""
+        usable = np.isfinite(self.free_rows)
+        free = np.where(usable, self.free_hbm, 0.0)
+        per_cand = self.fixed_hbm.copy()
+        for k in range(per_cand.shape[1]):
+            per_cand[:, k] += np.bincount(self.owners, weights=free[:, k], minlength=self.size)
+        most = np.full((self.tables, per_cand.shape[1]), -math.inf)
+        np.maximum.at(most, self.table[allowed], per_cand[allowed])
+        out: FloatArray = np.maximum(most, 0.0).sum(axis=0)
+        return out
 
 
 class _Sweep:
@@ -255,17 +320,29 @@ WEIGHT_SCAN: tuple[int, ...] = tuple(range(-6, 7))
 WEIGHT_STEPS: tuple[float, ...] = (0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625)
 WEIGHT_RANGE = 8.0
 WEIGHT_MOVES = 16
+#: "Per-type HBM": a class's HBM price ``μ_k`` is scanned over ``2**j`` times the catalogue's ms per byte for these
+#: ``j`` (with its weight over :data:`MEMORY_WEIGHT_SCAN`, the other classes' as found without prices), then moved by
+#: the halving steps above, kept within ``2**±MEMORY_RANGE`` of that unit
+MEMORY_SCAN: tuple[int, ...] = tuple(range(-4, 9, 2))
+MEMORY_WEIGHT_SCAN: tuple[float, ...] = (-WEIGHT_RANGE, -6.0, -4.0, -2.0, 0.0, 2.0)
+MEMORY_RANGE = 16.0
 
 
 def _class_weighted_step(
-    catalogue: _WeightedCatalogue, allowed: npt.NDArray[np.bool_], fixed: Sequence[float]
+    catalogue: _WeightedCatalogue,
+    allowed: npt.NDArray[np.bool_],
+    fixed: Sequence[float],
+    capacity: Sequence[float] | None = None,
 ) -> float:
     """The largest ``B_λ`` of the module docstring found over class weights ``λ``, for the ``allowed`` candidates of
-    ``catalogue``, with ``fixed[k]`` on every rank of class ``k``.
+    ``catalogue``, with ``fixed[k]`` on every rank of class ``k``; with ``capacity`` (``n_k κ_k``: the HBM bytes class
+    ``k``'s GPUs offer the tables, module docstring "Per-type HBM") also the largest ``B_λ,μ`` found over HBM prices
+    ``μ`` for the classes whose capacity could bind.
 
-    Every ``B_λ`` is a bound, so the search needs no optimality: each class's weight is scanned over powers of two
-    (the others at 1), then every weight is moved up and down by each of :data:`WEIGHT_STEPS` (in powers of two)
-    while that raises ``B_λ`` (within the limits of :data:`WEIGHT_RANGE` and :data:`WEIGHT_MOVES`)."""
+    Every ``B_λ`` (``B_λ,μ``) is a bound, so the search needs no optimality: each class's weight is scanned over powers
+    of two (the others at 1), then every weight is moved up and down by each of :data:`WEIGHT_STEPS` (in powers of two)
+    while that raises ``B_λ`` (within the limits of :data:`WEIGHT_RANGE` and :data:`WEIGHT_MOVES`). The prices start
+    from 0, so the figure is never below ``B_λ`` at the weights found without them."""
     table = catalogue.table
     floors = np.full(catalogue.tables, math.inf)  # table_floors over the allowed candidates
     np.minimum.at(floors, table[allowed], catalogue.floor[allowed])
@@ -281,32 +358,124 @@ def _class_weighted_step(
         ranks = float(weights @ sizes)
         return sweep.least_step(catalogue.work(weights)[mask], float((weights * sizes) @ fixed_by_class), ranks)
 
-    k = len(sizes)
-    best_x = np.zeros(k)
+    best, best_x = _ascend(bound, np.zeros(len(sizes)), list(range(len(sizes))), WEIGHT_RANGE)
+    if capacity is None:
+        return best
+    return max(best, _priced_step(catalogue, mask, sweep, fixed_by_class, np.array(capacity), best_x, best))
+
+
+def _ascend(
+    bound: Callable[[FloatArray], float],
+    start: FloatArray,
+    scan: Sequence[int],
+    limit: float,
+    pairs: Sequence[tuple[int, int]] = (),
+    limits: FloatArray | None = None,
+) -> tuple[float, FloatArray]:
+    """The search of :func:`_class_weighted_step` over log-scale coordinates from ``start``: each coordinate of
+    ``scan`` over :data:`WEIGHT_SCAN` (the others as found), then halving steps on every finite coordinate, one at a
+    time and, for each of ``pairs``, two together (a class's weight and its price move together where each alone
+    would lower the figure), each kept within ``±limit`` (per coordinate: ``limits``)."""
+    bounds = np.full(len(start), limit) if limits is None else limits
+    best_x = start.copy()
     best = bound(best_x)
-    for cls in range(k):
+    for i in scan:
         for j in WEIGHT_SCAN:
             if j:
                 x = best_x.copy()
-                x[cls] = j
+                x[i] = j
                 b = bound(x)
                 if b > best:
                     best, best_x = b, x
+    moves: list[FloatArray] = []
+    for i in range(len(start)):
+        for sign in (1.0, -1.0):
+            d = np.zeros(len(start))
+            d[i] = sign
+            moves.append(d)
+    for i, j in pairs:
+        for si, sj in itertools.product((1.0, -1.0), repeat=2):
+            d = np.zeros(len(start))
+            d[i], d[j] = si, sj
+            moves.append(d)
     for step in WEIGHT_STEPS:
         for _ in range(WEIGHT_MOVES):
             moved = False
-            for cls in range(k):
-                for sign in (1.0, -1.0):
-                    x = best_x.copy()
-                    x[cls] += sign * step
-                    if abs(x[cls]) > WEIGHT_RANGE:
-                        continue
-                    b = bound(x)
-                    if b > best:
-                        best, best_x, moved = b, x, True
+            for d in moves:
+                x = best_x + step * d
+                if not np.all(np.isfinite(x) | (d == 0)) or np.any(np.abs(np.where(d != 0, x, 0.0)) > bounds):
+                    continue  # an unpriced class (-inf) stays unpriced; every coordinate stays in its range
+                b = bound(x)
+                if b > best:
+                    best, best_x, moved = b, x, True
             if not moved:
                 break
-    return best
+    return best, best_x
+
+
+def _priced_step(
+    catalogue: _WeightedCatalogue,
+    mask: npt.NDArray[np.bool_],
+    sweep: _Sweep,
+    fixed_by_class: FloatArray,
+    capacity: FloatArray,
+    weights_found: FloatArray,
+    start: float,
+) -> float:
+    """The largest ``B_λ,μ`` (module docstring, "Per-type HBM") found from the weights found without prices
+    (``weights_found``, log scale, its figure ``start``), with a price only on the classes whose ``capacity`` (bytes)
+    the ``mask``-ed candidates could overfill; ``start`` where none could."""
+    binds = catalogue.most_bytes(mask) > capacity
+    if not binds.any():
+        return start
+    # the unit of a price: the catalogue's ms per byte, the work of each table's least-work candidate over its HBM
+    # (only a scale for the search: any price gives a bound)
+    index = np.flatnonzero(mask)
+    least = index[np.lexsort((catalogue.unweighted[index], catalogue.table[index]))]
+    first = least[np.r_[True, catalogue.table[least][1:] != catalogue.table[least][:-1]]]  # per table, least work
+    total_hbm = float(catalogue.least_hbm[first].sum())
+    unit = float(catalogue.unweighted[first].sum()) / total_hbm if total_hbm > 0 else 0.0
+    if not unit > 0 or not math.isfinite(unit):
+        return start
+    k = len(capacity)
+    sizes = catalogue.class_sizes
+
+    def bound(coords: FloatArray) -> float:
+        weights = np.exp2(coords[:k])
+        prices = unit * np.exp2(coords[k:])  # 2**-inf = 0: an unpriced class
+        ranks = float(weights @ sizes)
+        fixed_total = float((weights * sizes) @ fixed_by_class) - float(prices @ capacity)
+        return sweep.least_step(catalogue.work(weights, prices)[mask], fixed_total, ranks)
+
+    best = start
+    best_x = np.concatenate((weights_found, np.full(k, -math.inf)))
+    priced = [k + int(cls) for cls in np.flatnonzero(binds)]
+
+    def scan(settings: Sequence[dict[int, float]]) -> None:
+        """Try each of ``settings`` (coordinate → value) on the best coordinates so far, keeping what raises it."""
+        nonlocal best, best_x
+        for setting in settings:
+            x = best_x.copy()
+            for i, v in setting.items():
+                x[i] = v
+            b = bound(x)
+            if b > best:
+                best, best_x = b, x
+
+    # every class that may bind priced alike (where the fleet's HBM binds as a whole, one price alone moves the
+    # tables to the other class), then each class's price with its own weight (where its HBM binds, its time may
+    # not), then each price alone (on or off) with the others as found
+    scan([dict.fromkeys(priced, float(j)) for j in MEMORY_SCAN])
+    for i in priced:
+        scan([{i - k: xw, i: float(j)} for xw in MEMORY_WEIGHT_SCAN for j in MEMORY_SCAN])
+    for i in priced:
+        scan([{i: float(j)} for j in (-math.inf, *MEMORY_SCAN)])
+    if not np.isfinite(best_x[k:]).any():
+        return best
+    limits = np.concatenate((np.full(k, WEIGHT_RANGE), np.full(k, MEMORY_RANGE)))
+    pairs = [(i - k, i) for i in priced]
+    found, _ = _ascend(bound, best_x, (), WEIGHT_RANGE, pairs, limits)
+    return max(best, found)
 
 
 #: :func:`_packing_step`: the ``k`` of the dual feasible functions ``u_k``, the weights of ``x`` mixed into each, the
@@ -410,13 +579,16 @@ def lower_bound_ms(
     cands: Sequence[Sequence[Candidate]],
     refine: bool = True,
     then: Callable[[float, list[list[Candidate]], list[float]], float] | None = None,
+    memory: bool = True,
 ) -> float:
     """The bound of the module docstring over ``cands`` (one list per table; an empty list is left out): per set of
     collective groups the largest of the unweighted sweep, on a fleet of several classes the class-weighted one, and
     on a catalogue of at most :data:`PACKING_MAX_CANDIDATES` the packing fact; then the least over the sets.
     ``refine=False``: the unweighted sweep alone (the bound as it was before the other two, which the tests compare
     with). ``then(figure, allowed, fixed)``: a further fact raising a set's figure, given the set's candidates and
-    what every GPU of each class runs (:func:`shardwise.solver.configurations.configuration_bound_ms`)."""
+    what every GPU of each class runs (:func:`shardwise.solver.configurations.configuration_bound_ms`).
+    ``memory=False``: the class-weighted sweep without the per-type HBM prices (the bound as it was before them, which
+    the tests and ``benchmarks/hbm_bound.py`` compare with)."""
     tables = [list(cs) for cs in cands if cs]
     dense = dense_min_per_class(topo, model)
     sizes = [len(cls.ranks) for cls in topo.classes]
@@ -443,13 +615,18 @@ def lower_bound_ms(
     # the other facts only raise a set's figure: in increasing order of the unweighted figure, a set at or above the
     # least so far cannot lower it, nor can any after it
     catalogue = _WeightedCatalogue(tables, sizes, topo.rank_class) if weigh and refine else None
+    capacity = class_capacity(topo, model) if catalogue is not None and memory else None
     best = math.inf
     for unweighted, ok, fixed in sorted(options, key=lambda o: o[0]):
         if unweighted >= best:
             break
         allowed = [[c for c in cs if c.sharding in ok] for cs in tables]
         mask = None if catalogue is None else np.array([s in ok for s in catalogue.sharding])
-        figure = _refined(unweighted, allowed, fixed, topo.world_size, catalogue, mask, pack) if refine else unweighted
+        figure = (
+            _refined(unweighted, allowed, fixed, topo.world_size, catalogue, mask, pack, capacity)
+            if refine
+            else unweighted
+        )
         best = min(best, figure if then is None else then(figure, allowed, fixed))
     return best
 
@@ -462,23 +639,31 @@ def _refined(
     catalogue: _WeightedCatalogue | None,
     mask: npt.NDArray[np.bool_] | None,
     pack: bool,
+    capacity: Sequence[float] | None = None,
 ) -> float:
     """One set's figure in :func:`lower_bound_ms`: its unweighted bound, raised by the class-weighted sweep (with a
-    ``catalogue`` and the set's ``mask`` of it) and then by the packing fact (``pack``) over ``cands``."""
+    ``catalogue`` and the set's ``mask`` of it; with ``capacity``, :func:`class_capacity`, its HBM prices too) and then
+    by the packing fact (``pack``) over ``cands``."""
     figure = unweighted
     if catalogue is not None and mask is not None:
-        figure = max(figure, _class_weighted_step(catalogue, mask, fixed))
+        figure = max(figure, _class_weighted_step(catalogue, mask, fixed, capacity))
     if pack:
         figure = max(figure, _packing_step(cands, fixed, world, figure))
     return figure
 
 
 def _least_step_refined(
-    cands: Sequence[Sequence[Candidate]], fixed: Sequence[float], class_sizes: Sequence[int], rank_class: IntArray
+    cands: Sequence[Sequence[Candidate]],
+    fixed: Sequence[float],
+    class_sizes: Sequence[int],
+    rank_class: IntArray,
+    capacity: Sequence[float] | None = None,
+    pack: bool = True,
 ) -> float:
     """What :func:`lower_bound_ms` takes for one set of collective groups (``cands``, every list non-empty, all of
-    the set's): :func:`_least_step` raised by the class-weighted sweep (several classes) and the packing fact."""
+    the set's): :func:`_least_step` raised by the class-weighted sweep (several classes; with ``capacity[k]`` the HBM
+    bytes class ``k``'s GPUs offer the tables, its HBM prices too) and the packing fact (``pack``)."""
     unweighted = _least_step(cands, fixed, class_sizes)
     catalogue = _WeightedCatalogue(cands, class_sizes, rank_class) if len(class_sizes) > 1 else None
     mask = None if catalogue is None else np.ones(catalogue.size, dtype=bool)
-    return _refined(unweighted, cands, fixed, sum(class_sizes), catalogue, mask, pack=True)
+    return _refined(unweighted, cands, fixed, sum(class_sizes), catalogue, mask, pack, capacity)
