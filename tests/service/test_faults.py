@@ -3,8 +3,8 @@
 * ``kill -9`` of the API mid-solve leaves no process behind; the restarted API ends the job with its reason;
 * a solver process that stops beating (frozen with SIGSTOP) has its job ended by the reaper, an identical request
   starts a new job instead of joining the dead one, and the late result of the frozen attempt changes nothing;
-* PostgreSQL cut away for 10 s mid-solve (a TCP proxy in front of it): requests answer 503 with Retry-After, the
-  job's plan is stored once the database is back, every row reads back;
+* PostgreSQL cut away mid-solve (a TCP proxy in front of it) for longer than the rest of the solve takes: requests
+  answer 503 with Retry-After, the job's plan is stored once the database is back, every row reads back;
 * a read-only SQLite file: ``/readyz`` says so, writes answer 503.
 
 The solves are made slow with the fault drill ``SHARDWISE_FAULT_HANG`` (``tests/drills/sitecustomize.py``).
@@ -129,8 +129,10 @@ def test_kill_9_of_the_api_leaves_no_solver_and_the_restart_ends_the_job(clean_d
 
 @pytest.fixture
 def frozen_runner(clean_db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalRunner]:
-    """A runner of its own (two processes, a 2 s lease) whose processes hang 3 s on the model ``frozen``."""
-    fault_hang(monkeypatch, "frozen:3")
+    """A runner of its own (two processes, a 2 s lease) whose processes hang 1.5 s on the model ``frozen``: long enough
+    for the test to stop the process mid-hang (it polls every 0.1 s for the job to run), so that the frozen attempt
+    still holds its job; every later solve of ``frozen`` waits it out too."""
+    fault_hang(monkeypatch, "frozen:1.5")
     runner = LocalRunner(clean_db, workers=2, lease_s=2.0)
     runner.start()
     yield runner
@@ -207,12 +209,19 @@ def proxied_postgres(clean_db: str) -> Iterator[tuple[str, TcpProxy]]:
         yield url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False), proxy
 
 
+# The outage outlasts the rest of the solve (the drill's hang, then a greedy solve of a small model) by seconds: the
+# solve ends while the database is away, storing its plan fails and is retried (db.retry_unavailable: 0.25 s, 0.5 s,
+# 1 s, 2 s, ... apart) until it is back. 5 s covers four of those retries; 10 s added only waiting.
+OUTAGE_S = 5.0
+OUTAGE_HANG = "outage:1.5"
+
+
 @pytest.mark.slow
-def test_postgres_cut_for_10_s_mid_solve(
+def test_postgres_cut_for_5_s_mid_solve(
     clean_db: str, proxied_postgres: tuple[str, TcpProxy], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url, proxy = proxied_postgres
-    fault_hang(monkeypatch, "outage:2")
+    fault_hang(monkeypatch, OUTAGE_HANG)
     runner = LocalRunner(url, workers=1)
     runner.start()
     try:
@@ -233,7 +242,7 @@ def test_postgres_cut_for_10_s_mid_solve(
                 assert "Traceback" not in json.dumps(body)
             ready = assert_problem(client.get("/readyz"), 503, "not-ready")
             assert "not reachable" in ready["detail"]
-            time.sleep(max(0.0, 10.0 - (time.monotonic() - cut_at)))  # the solve ends meanwhile; storing waits
+            time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - cut_at)))  # the solve ends meanwhile; storing waits
             assert job(clean_db, job_id).state == "running"
             proxy.restore()
             restored_at = time.monotonic()
