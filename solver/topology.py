@@ -18,7 +18,7 @@ import numpy.typing as npt
 from shardwise.hwprofiles import HardwareProfile, get_profile
 from shardwise.hwprofiles.executors import executor_profile, with_executor
 from shardwise.solver.cost_model import CommContext, inter_host_bw, intra_host_bw, sync_collectives
-from shardwise.wire.spec import Executor, FleetSpec, Plan, SolveParams, SparseSync
+from shardwise.wire.spec import DEFAULT_RESERVE_FRACTION, Executor, FleetSpec, Plan, SolveParams, SparseSync
 from shardwise.wire.units import fmt_bytes
 
 
@@ -59,20 +59,39 @@ def reserves_by_gpu(topo: Topology) -> dict[str, str]:
     return {c.profile.name: c.reserve_words for c in topo.classes}
 
 
-def hbm_reserve(fleet: FleetSpec, profile: HardwareProfile) -> tuple[int, str]:
-    """The HBM a GPU of ``profile``'s type offers a plan in ``fleet``, and how its reserve is said: the fleet's
-    ``hbm_reserve_bytes`` for the type where it names it, else the profile's measured ``runtime_reserve_bytes``
-    (a calibration's), else the fleet's ``hbm_reserve_fraction`` of the GPU's HBM."""
+def absolute_reserve(fleet: FleetSpec, profile: HardwareProfile) -> int | None:
+    """The bytes of HBM a GPU of ``profile``'s type keeps back in ``fleet`` where its reserve is an absolute figure —
+    the fleet's ``hbm_reserve_bytes`` for the type, else, where the fleet sets no ``hbm_reserve_fraction``, the
+    profile's ``runtime_reserve_bytes`` (a calibration's, or the catalogue's figure for its type) — and None where a
+    fraction of its HBM is kept back instead (:func:`hbm_reserve`)."""
     given = (fleet.hbm_reserve_bytes or {}).get(profile.name)
     if given is not None:
-        return max(profile.hbm_bytes - given, 0), f"the fleet's {fmt_bytes(given)} reserve for {profile.name}"
-    if profile.runtime_reserve_bytes is not None:
-        return (
-            profile.hbm_bytes - profile.runtime_reserve_bytes,
-            f"the {fmt_bytes(profile.runtime_reserve_bytes)} runtime reserve measured for {profile.name}",
-        )
-    fraction = fleet.hbm_reserve_fraction
+        return given
+    return profile.runtime_reserve_bytes if fleet.hbm_reserve_fraction is None else None
+
+
+def hbm_reserve(fleet: FleetSpec, profile: HardwareProfile) -> tuple[int, str]:
+    """The HBM a GPU of ``profile``'s type offers a plan in ``fleet``, and how its reserve is said. In order: the
+    fleet's ``hbm_reserve_bytes`` for the type where it names it; the fleet's ``hbm_reserve_fraction`` of the GPU's
+    HBM where the fleet sets one; the profile's ``runtime_reserve_bytes``; else :data:`DEFAULT_RESERVE_FRACTION` of
+    the GPU's HBM (a profile of the caller's own without a figure)."""
+    kept = absolute_reserve(fleet, profile)
+    if kept is not None:
+        reserve = fmt_bytes(kept)
+        if profile.name in (fleet.hbm_reserve_bytes or {}):
+            said = f"the fleet's {reserve} reserve for {profile.name}"
+        elif profile.calibration is not None:
+            said = f"the {reserve} runtime reserve measured for {profile.name}"
+        else:
+            said = f"the {profile.name} profile's {reserve} runtime reserve"
+        return max(profile.hbm_bytes - kept, 0), said
+    fraction = reserve_fraction(fleet)
     return math.floor(profile.hbm_bytes * (1 - fraction)), f"the {fraction:.0%} reserve"
+
+
+def reserve_fraction(fleet: FleetSpec) -> float:
+    """The share of HBM kept back on the GPU types of ``fleet`` whose reserve is not absolute."""
+    return DEFAULT_RESERVE_FRACTION if fleet.hbm_reserve_fraction is None else fleet.hbm_reserve_fraction
 
 
 @dataclass

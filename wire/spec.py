@@ -46,6 +46,9 @@ from shardwise.hwprofiles.limits import (
 )
 
 SCHEMA_VERSION: Final = 1
+#: the share of HBM a GPU keeps back when neither the fleet nor its profile gives a reserve (a profile of the
+#: caller's own without ``runtime_reserve_bytes``; the catalogue's profiles all carry one)
+DEFAULT_RESERVE_FRACTION: Final = 0.1
 MAX_PROGRESS_POINTS: Final = 512  # a solve's recorded progress (SolverInfo.progress) keeps at most this many points
 
 #: what a name may hold, and a reference to a stored spec: "name", "name@latest" or "name@<version>" (a positive int32)
@@ -450,22 +453,24 @@ class FleetSpec(_Frozen):
     schema_version: Literal[1] = SCHEMA_VERSION
     name: Name
     hosts: list[HostGroupSpec] = Field(min_length=1, max_length=MAX_HOST_GROUPS)
-    hbm_reserve_fraction: float = Field(
-        default=0.1,
+    hbm_reserve_fraction: float | None = Field(
+        default=None,
         ge=0,
         lt=1,
         allow_inf_nan=False,
+        exclude_if=lambda v: v is None,  # unset: each GPU type keeps back its profile's absolute reserve
         description="the share of each GPU's HBM kept back for what a plan does not place (the runtime's context, "
-        "buffers, allocator slack), on GPU types for which neither hbm_reserve_bytes nor a calibrated profile gives "
-        "an absolute reserve",
+        "buffers, allocator slack), on every GPU type hbm_reserve_bytes does not name. Unset (the default): each "
+        "GPU type keeps back its profile's runtime_reserve_bytes, an absolute figure (the catalogue's, or a "
+        f"calibration's), and a profile without one {DEFAULT_RESERVE_FRACTION:.0%}",
     )
     hbm_reserve_bytes: dict[Name, Annotated[int, Field(ge=0, le=MAX_MEMORY_BYTES)]] | None = Field(
         default=None,
         max_length=MAX_HOST_GROUPS,
         exclude_if=lambda v: v is None,  # unset, a fleet dumps (and hashes) as before the field existed
         description="per GPU type (its profile name), the bytes of HBM kept back on each GPU of that type: an "
-        "absolute figure, the same on a 141 GB and a 288 GB part, where the fraction would keep back 14 and 29 GB. "
-        "Before hbm_reserve_fraction and a calibrated profile's runtime_reserve_bytes",
+        "absolute figure, the same on a 141 GB and a 288 GB part, where a fraction would keep back 14 and 29 GB. "
+        "Before hbm_reserve_fraction and the profile's runtime_reserve_bytes",
     )
 
     @model_validator(mode="after")

@@ -48,9 +48,9 @@ def write_json(path: Path, data: Any) -> str:
 
 
 def small_gpu_fleet(tmp_path: Path, name: str, hbm_bytes: int, gpus: int = 8) -> str:
-    """An inline profile: the B200 with less HBM."""
+    """An inline profile: the B200 with less HBM, keeping back the default 10 % (no runtime reserve of its own)."""
     profile = get_profile("nvidia-b200").model_dump(mode="json")
-    profile.update(name=name, hbm_bytes=hbm_bytes, sources={})
+    profile.update(name=name, hbm_bytes=hbm_bytes, runtime_reserve_bytes=None, sources={})
     fleet = {"name": f"{name}-1x{gpus}", "hosts": [{"gpu": profile, "count": 1, "gpus_per_host": gpus}]}
     return write_json(tmp_path / f"{name}.json", fleet)
 

@@ -231,7 +231,7 @@ def test_a_table_that_fits_nowhere_is_named() -> None:
 def test_a_small_table_that_is_too_wide_for_hbm_is_named() -> None:
     # below the offload threshold nothing leaves HBM; a GPU with 1 MB of HBM cannot hold 4 MB of weights
     tiny = get_profile("nvidia-h100-sxm").model_dump()
-    tiny.update(name="tiny-gpu", hbm_bytes=1_000_000, sources={})
+    tiny.update(name="tiny-gpu", hbm_bytes=1_000_000, runtime_reserve_bytes=None, sources={})
     fleet = FleetSpec.model_validate({"name": "tiny", "hosts": [{"gpu": tiny, "gpus_per_host": 1}]})
     model = ModelSpec.model_validate(
         {
@@ -255,7 +255,7 @@ def test_dense_layers_that_overflow_one_gpu_type_make_the_plan_infeasible() -> N
     weights 4 MB, state (weights + gradient) 8 MB. replicate 8 + 8, fsdp 8/2 + 4 + 8, colwise 8/1 + 8: every style
     needs 16 MB per rank, and the second GPU has 15 MB.
     """
-    base = get_profile("nvidia-h100-sxm").model_dump()
+    base = get_profile("nvidia-h100-sxm").model_dump() | {"runtime_reserve_bytes": None}  # toy GPUs: no runtime
     fleet = FleetSpec.model_validate(
         {
             "name": "big-and-small",

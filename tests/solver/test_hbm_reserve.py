@@ -1,6 +1,7 @@
-"""The HBM reserve per GPU type: an absolute figure where the fleet gives one (``hbm_reserve_bytes``) or a calibration
-measured one (a profile's ``runtime_reserve_bytes``), else the fleet's fraction — so a 141 GB and a 288 GB GPU keep
-back the same bytes for the same runtime, where 10 % keeps back 15 and 29 GB."""
+"""The HBM reserve per GPU type: an absolute figure where the fleet gives one (``hbm_reserve_bytes``), the fleet's
+fraction where it sets one, else the profile's ``runtime_reserve_bytes`` (a calibration's, or the catalogue's figure
+for its type) — so a 141 GB and a 288 GB GPU keep back the same bytes for the same runtime, where 10 % keeps back 15
+and 29 GB."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from shardwise.hwprofiles.calibration import Calibration, Figure
 from shardwise.solver.planner import make_plan
 from shardwise.solver.topology import Topology, hbm_reserve
 from shardwise.wire.hashing import request_key
-from shardwise.wire.spec import FleetSpec, ModelSpec, PlanStatus, SolveParams
+from shardwise.wire.spec import DEFAULT_RESERVE_FRACTION, FleetSpec, ModelSpec, PlanStatus, SolveParams
 
 GIB = 1 << 30
 MIXED = {
@@ -28,15 +29,40 @@ def _limits(fleet: FleetSpec) -> dict[str, int]:
     return {c.profile.name: c.hbm_limit_bytes for c in Topology(fleet).classes}
 
 
+def test_by_default_each_type_keeps_back_its_profiles_absolute_reserve() -> None:
+    h200, b300 = get_profile("nvidia-h200"), get_profile("nvidia-b300")
+    assert h200.runtime_reserve_bytes is not None
+    assert b300.runtime_reserve_bytes is not None
+    fleet = FleetSpec.model_validate(MIXED)
+    assert fleet.hbm_reserve_fraction is None
+    assert _limits(fleet) == {
+        "nvidia-h200": h200.hbm_bytes - h200.runtime_reserve_bytes,
+        "nvidia-b300": b300.hbm_bytes - b300.runtime_reserve_bytes,
+    }
+    # the same bytes on a 141 GB and a 288 GB part: what 10 % would keep back differs by 14 GB
+    assert h200.hbm_bytes - _limits(fleet)["nvidia-h200"] == b300.hbm_bytes - _limits(fleet)["nvidia-b300"]
+    assert Topology(fleet).reserves_words() == (
+        "the nvidia-h200 profile's 7.04 GB runtime reserve; the nvidia-b300 profile's 7.04 GB runtime reserve"
+    )
+
+
 def test_the_fraction_keeps_back_more_of_a_larger_gpu_an_absolute_reserve_the_same() -> None:
     h200, b300 = get_profile("nvidia-h200").hbm_bytes, get_profile("nvidia-b300").hbm_bytes
-    by_fraction = _limits(FleetSpec.model_validate(MIXED))
+    by_fraction = _limits(FleetSpec.model_validate(MIXED | {"hbm_reserve_fraction": 0.1}))
     assert by_fraction == {"nvidia-h200": int(h200 * 0.9), "nvidia-b300": int(b300 * 0.9)}
     absolute = FleetSpec.model_validate(MIXED | {"hbm_reserve_bytes": {"nvidia-h200": 6 * GIB, "nvidia-b300": 6 * GIB}})
     assert _limits(absolute) == {"nvidia-h200": h200 - 6 * GIB, "nvidia-b300": b300 - 6 * GIB}
-    # a type the mapping leaves out keeps the fraction
-    one = FleetSpec.model_validate(MIXED | {"hbm_reserve_bytes": {"nvidia-b300": 6 * GIB}})
+    # a type the mapping leaves out keeps the fleet's fraction where it sets one
+    one = FleetSpec.model_validate(MIXED | {"hbm_reserve_fraction": 0.1, "hbm_reserve_bytes": {"nvidia-b300": 6 * GIB}})
     assert _limits(one) == {"nvidia-h200": int(h200 * 0.9), "nvidia-b300": b300 - 6 * GIB}
+
+
+def test_a_profile_without_a_figure_keeps_back_the_default_fraction() -> None:
+    """A profile of the caller's own that carries no runtime reserve: 10 % of its HBM, said as such."""
+    h200 = get_profile("nvidia-h200")
+    own = h200.model_copy(update={"name": "my-h200", "runtime_reserve_bytes": None})
+    fleet = FleetSpec.model_validate({"name": "own", "hosts": [{"gpu": own, "count": 1, "gpus_per_host": 2}]})
+    assert hbm_reserve(fleet, own) == (int(own.hbm_bytes * (1 - DEFAULT_RESERVE_FRACTION)), "the 10% reserve")
 
 
 def test_a_calibrated_runtime_reserve_replaces_the_fraction_and_the_fleet_overrides_it() -> None:
@@ -58,6 +84,9 @@ def test_a_calibrated_runtime_reserve_replaces_the_fraction_and_the_fleet_overri
     )
     given = fleet.model_copy(update={"hbm_reserve_bytes": {"nvidia-h200": 8 * GIB}})
     assert hbm_reserve(given, measured)[0] == h200.hbm_bytes - 8 * GIB
+    # a fraction the fleet sets is what its owner asked for: it replaces the measured figure too
+    share = fleet.model_copy(update={"hbm_reserve_fraction": 0.2})
+    assert hbm_reserve(share, measured) == (int(h200.hbm_bytes * 0.8), "the 20% reserve")
 
 
 def test_a_reserve_for_a_gpu_the_fleet_lacks_is_refused() -> None:
@@ -100,4 +129,6 @@ def test_an_infeasible_answer_names_each_types_reserve() -> None:
     plan = make_plan(model, fleet, SolveParams(solver="greedy"))
     assert plan.status is PlanStatus.infeasible
     assert "after the fleet's 6.44 GB reserve for nvidia-b300: short by" in " ".join(plan.explanation)
-    assert Topology(fleet).reserves_words() == "the 10% reserve; the fleet's 6.44 GB reserve for nvidia-b300"
+    assert Topology(fleet).reserves_words() == (
+        "the nvidia-h200 profile's 7.04 GB runtime reserve; the fleet's 6.44 GB reserve for nvidia-b300"
+    )

@@ -31,9 +31,10 @@ EXAMPLE = Path(__file__).parents[2] / "examples" / "port_b200_to_mi350x"
 
 
 def shrunk(base: str, name: str, hbm_bytes: int) -> HardwareProfile:
-    """A catalogue GPU with less HBM (an inline profile)."""
+    """A catalogue GPU with less HBM (an inline profile), without the catalogue's runtime reserve: the fleet's
+    fraction keeps back its share."""
     data = catalogue()[base].model_dump()
-    data.update(name=name, hbm_bytes=hbm_bytes, sources={})
+    data.update(name=name, hbm_bytes=hbm_bytes, runtime_reserve_bytes=None, sources={})
     return HardwareProfile.model_validate(data)
 
 

@@ -134,7 +134,7 @@ def small_gpu_fleets(draw: st.DrawFn) -> FleetSpec:
     groups = []
     for i in range(draw(st.integers(1, 3))):
         profile = catalogue()[draw(st.sampled_from(GPU_NAMES))].model_dump()
-        profile.update(name=f"small-{i}", hbm_bytes=draw(log_uniform(2e7, 4e9)), sources={})
+        profile.update(name=f"small-{i}", hbm_bytes=draw(log_uniform(2e7, 4e9)), runtime_reserve_bytes=None, sources={})
         groups.append(
             {
                 "gpu": profile,

@@ -418,7 +418,7 @@ def test_rank_over_hbm_capacity(topo: Topology, big_model: ModelSpec) -> None:
     found = check_plan(topo, big_model, plan)
     assert len(found) == 1
     assert "rank 1 HBM over capacity by" in found[0]
-    assert "after the 10% reserve" in found[0]
+    assert "after the nvidia-h100-sxm profile's 7.04 GB runtime reserve" in found[0]
     # the same table spread over the four ranks (38.4 GB each) fits
     spread = TablePlan(
         name="t_huge",

@@ -22,7 +22,15 @@ from shardwise.service.models import PlanRow
 from shardwise.service.routers.ui.formatting import HOT_FILL, gpu_mix, placement_label
 from shardwise.solver.engine import ENGINE_NAMES
 from shardwise.wire.resources import StoredPlan
-from shardwise.wire.spec import FleetSpec, HbmBreakdown, ModelSpec, Placement, RankPlan, ShardingType
+from shardwise.wire.spec import (
+    DEFAULT_RESERVE_FRACTION,
+    FleetSpec,
+    HbmBreakdown,
+    ModelSpec,
+    Placement,
+    RankPlan,
+    ShardingType,
+)
 from shardwise.wire.units import fmt_bytes
 
 SpecT = TypeVar("SpecT", ModelSpec, FleetSpec)
@@ -135,11 +143,12 @@ def load_plan(session: Session, plan_id: str) -> PagePlan | None:
 @dataclass(frozen=True)
 class Reserve:
     """The HBM reserve a plan was made with: the fleet's fraction, and the absolute bytes per GPU type that replace
-    it (the fleet's ``hbm_reserve_bytes``, a calibrated profile's ``runtime_reserve_bytes``), as the planner took
-    them (:func:`~shardwise.solver.topology.hbm_reserve`)."""
+    it (the fleet's ``hbm_reserve_bytes``, a profile's ``runtime_reserve_bytes``), as the planner took them
+    (:func:`~shardwise.solver.topology.hbm_reserve`). ``gpus``: the fleet's GPU types (empty: not known)."""
 
-    fraction: float = 0.1
+    fraction: float = DEFAULT_RESERVE_FRACTION
     per_gpu: Mapping[str, int] = field(default_factory=dict)
+    gpus: tuple[str, ...] = ()
 
     def limit(self, gpu: str, capacity: int) -> int:
         """The HBM a plan may fill on a GPU of type ``gpu`` with ``capacity`` bytes."""
@@ -149,15 +158,16 @@ class Reserve:
 
     @property
     def label(self) -> str:
-        """``10%``, or with the absolute reserves: ``10%; nvidia-h200 4.0 GB``."""
-        fixed = "; ".join(f"{gpu} {fmt_bytes(n)}" for gpu, n in sorted(self.per_gpu.items()))
-        return f"{self.fraction:.0%}" + (f"; {fixed}" if fixed else "")
+        """``10%``, ``nvidia-h200 7.04 GB``, or both where some types keep the fraction: ``10%; nvidia-h200 4.0 GB``."""
+        fixed = [f"{gpu} {fmt_bytes(n)}" for gpu, n in sorted(self.per_gpu.items())]
+        some_fraction = not self.gpus or any(g not in self.per_gpu for g in self.gpus)
+        return "; ".join(([f"{self.fraction:.0%}"] if some_fraction else []) + fixed)
 
 
 def reserve_of(row: PlanRow) -> Reserve:
     """The HBM reserve the plan was made with (the fleet's defaults when the request lacks them)."""
     from shardwise.hwprofiles import HardwareProfile, ProfileError, get_profile
-    from shardwise.solver.topology import hbm_reserve
+    from shardwise.solver.topology import absolute_reserve, reserve_fraction
 
     raw = row.request.get("fleet") if isinstance(row.request, Mapping) else None
     try:
@@ -170,9 +180,10 @@ def reserve_of(row: PlanRow) -> Reserve:
             profile = group.gpu if isinstance(group.gpu, HardwareProfile) else get_profile(group.gpu)
         except ProfileError:  # a GPU type the catalogue no longer has: its fraction, as drawn before
             continue
-        if profile.name in (fleet.hbm_reserve_bytes or {}) or profile.runtime_reserve_bytes is not None:
-            per_gpu[profile.name] = profile.hbm_bytes - hbm_reserve(fleet, profile)[0]
-    return Reserve(fleet.hbm_reserve_fraction, per_gpu)
+        kept = absolute_reserve(fleet, profile)
+        if kept is not None:
+            per_gpu[profile.name] = min(kept, profile.hbm_bytes)
+    return Reserve(reserve_fraction(fleet), per_gpu, tuple(dict.fromkeys(g.gpu_name for g in fleet.hosts)))
 
 
 # ------------------------------------------------------------------------------------------------- throughput

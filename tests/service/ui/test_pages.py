@@ -464,6 +464,7 @@ def test_the_page_draws_each_gpu_types_own_reserve(client: TestClient) -> None:
             {"gpu": "nvidia-b300", "count": 1, "gpus_per_host": 2},
         ],
         "hbm_reserve_bytes": {"nvidia-b300": 6 * 2**30},
+        "hbm_reserve_fraction": 0.1,
     }
     plan = post_plan(client, small_model("reserved"), fleet_)
     doc = page(client, f"/ui/plans/{plan['id']}")
@@ -478,6 +479,29 @@ def test_the_page_draws_each_gpu_types_own_reserve(client: TestClient) -> None:
     assert kept["nvidia-h200"] == (
         f"reserve: {(cap['nvidia-h200'] - h200_limit) / 1e9:.1f} GB kept free (limit {h200_limit / 1e9:.1f} GB)"
     )
+
+
+def test_a_fleet_without_a_fraction_draws_each_types_runtime_reserve(client: TestClient) -> None:
+    """No fraction set: both types keep back their profile's absolute runtime reserve (the catalogue's), the head
+    names no percentage, and the H200's and the B300's bars keep the same bytes free."""
+    fleet_ = {
+        "name": "h200-b300-runtime",
+        "hosts": [
+            {"gpu": "nvidia-h200", "count": 1, "gpus_per_host": 2},
+            {"gpu": "nvidia-b300", "count": 1, "gpus_per_host": 2},
+        ],
+    }
+    plan = post_plan(client, small_model("runtime-reserved"), fleet_)
+    doc = page(client, f"/ui/plans/{plan['id']}")
+    head = text(doc.css_first(".plan-head"))
+    assert "HBM reserve nvidia-b300 7.04 GB; nvidia-h200 7.04 GB" in head
+    assert "%" not in head.split("HBM reserve")[1]
+    kept = {
+        r["gpu"]: text(doc.css_first(f"svg.hbm-bar[data-rank='{r['rank']}'] rect.reserve title")) for r in plan["ranks"]
+    }
+    cap = {r["gpu"]: r["hbm_capacity_bytes"] for r in plan["ranks"]}
+    for gpu in ("nvidia-h200", "nvidia-b300"):
+        assert kept[gpu] == f"reserve: 7.0 GB kept free (limit {(cap[gpu] - 7_037_879_808) / 1e9:.1f} GB)"
 
 
 def test_a_dlrmv3_scale_sequence_plan_reads_on_one_page(client: TestClient) -> None:
