@@ -42,7 +42,7 @@ from shardwise.wire.spec import FleetSpec, HostGroupSpec, ModelSpec, Plan, Solve
 ROOT = Path(shardwise.__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.instances import get  # noqa: E402  (from ROOT, the checkout under test)
+from benchmarks.instances import BENCH_RESERVE_FRACTION, get  # noqa: E402  (from ROOT, the checkout under test)
 
 EXAMPLES = ROOT / "examples"
 CATALOGUE_INSTANCES = (
@@ -70,6 +70,7 @@ def h100_h200_pair() -> tuple[ModelSpec, FleetSpec]:
             HostGroupSpec(gpu="nvidia-h100-sxm", count=1, gpus_per_host=8),
             HostGroupSpec(gpu="nvidia-h200", count=1, gpus_per_host=8),
         ],
+        hbm_reserve_fraction=BENCH_RESERVE_FRACTION,
     )
     return model, fleet
 

@@ -274,12 +274,21 @@ def fleets(cap_bytes: int, calibration: Path = CALIBRATION) -> tuple[Any, Any]:
     full = load_calibration(calibration).apply(get_profile(truth.GPU))
     gib = cap_bytes / GIB
     label = f"{gib:.3g}g" if gib >= 1 else f"{cap_bytes / 2**20:.0f}m"
-    capped = full.model_copy(update={"name": f"h200-capped-{label}", "hbm_bytes": cap_bytes})
+    # a cap may be below the whole GPU's runtime reserve: the capped part carries none (the fleet's fraction holds)
+    capped = full.model_copy(
+        update={"name": f"h200-capped-{label}", "hbm_bytes": cap_bytes, "runtime_reserve_bytes": None}
+    )
     capped = type(full).model_validate(capped.model_dump())
 
     def one(name: str, p: Any) -> Any:
+        # 10 % of each GPU's HBM, as the port was measured: the cap is torch's allocator's on a whole H200, so the
+        # runtime sits outside it, and the capped profile must not keep back the whole GPU's runtime reserve
         return FleetSpec.model_validate(
-            {"name": name, "hosts": [{"gpu": p.model_dump(), "count": 1, "gpus_per_host": 1}]}
+            {
+                "name": name,
+                "hosts": [{"gpu": p.model_dump(), "count": 1, "gpus_per_host": 1}],
+                "hbm_reserve_fraction": 0.1,
+            }
         )
 
     return one(f"one-{capped.name}", capped), one("one-h200", full)

@@ -31,6 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from benchmarks.instances import BENCH_RESERVE_FRACTION
 from shardwise.solver.planner import make_plan
 from shardwise.solver.replan import replan
 from shardwise.wire.replan_spec import ReplanBudget
@@ -41,7 +42,11 @@ GB = 1e9
 
 
 def _h100(hosts: int) -> FleetSpec:
-    return FleetSpec(name=f"h100-{hosts}x8", hosts=[{"gpu": "nvidia-h100-sxm", "count": hosts, "gpus_per_host": 8}])
+    return FleetSpec(
+        name=f"h100-{hosts}x8",
+        hosts=[{"gpu": "nvidia-h100-sxm", "count": hosts, "gpus_per_host": 8}],
+        hbm_reserve_fraction=BENCH_RESERVE_FRACTION,
+    )
 
 
 def cases() -> list[tuple[str, ModelSpec, FleetSpec, ModelSpec, FleetSpec]]:
@@ -56,6 +61,7 @@ def cases() -> list[tuple[str, ModelSpec, FleetSpec, ModelSpec, FleetSpec]]:
             {"gpu": "nvidia-h100-sxm", "count": 4, "gpus_per_host": 8},
             {"gpu": "nvidia-h200", "count": 1, "gpus_per_host": 8},
         ],
+        hbm_reserve_fraction=BENCH_RESERVE_FRACTION,
     )
     first = dcn.embedding_tables[0]
     grown_tables: list[EmbeddingTableSpec] = [

@@ -24,6 +24,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,18 @@ def print_row(row: dict[str, Any], torchrec: bool) -> None:
     print(line, flush=True)
 
 
+RESERVES = {"bench": "10% of every GPU's HBM", "catalogue": "each GPU type's absolute runtime reserve (its profile's)"}
+
+
+def _reserved(
+    rows: Iterable[tuple[str, ModelSpec, FleetSpec]], reserve: str
+) -> Iterator[tuple[str, ModelSpec, FleetSpec]]:
+    """The instances with the HBM reserve asked for: as built (``bench``), or without the fleet's fraction, so that
+    each GPU type keeps back its profile's ``runtime_reserve_bytes`` (``catalogue``, the service's default)."""
+    for name, model, fleet in rows:
+        yield name, model, fleet if reserve == "bench" else fleet.model_copy(update={"hbm_reserve_fraction": None})
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("filter", nargs="?", default=None, help="fnmatch pattern on instance names")
@@ -153,15 +166,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-torchrec", action="store_true", help="skip TorchRec even when installed")
     ap.add_argument("--greedy-only", action="store_true", help="time the greedy planner alone")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
+    ap.add_argument(
+        "--reserve",
+        choices=("bench", "catalogue"),
+        default="bench",
+        help="HBM reserve: the instances' 10%% (bench), or each GPU type's absolute runtime reserve (catalogue)",
+    )
     args = ap.parse_args(argv)
     missing = torchrec_available()
     use_torchrec = not args.no_torchrec and not args.greedy_only and missing is None
     print(f"# machine: {machine()}")
+    print(f"# HBM reserve: {RESERVES[args.reserve]}")
     print(f"# TorchRec baseline: {'on' if use_torchrec else 'off (' + (missing or '--no-torchrec') + ')'}")
     if args.greedy_only:
         print(f"{'instance':<28} {'tables':>6} {'gpus':>5} {'greedy ms':>9} {'greedy s':>8} {'bound ms':>9} {'gap':>7}")
         rows = []
-        for name, model, fleet in instances(args.filter):
+        for name, model, fleet in _reserved(instances(args.filter), args.reserve):
             row = run_one(name, model, fleet, None, None, greedy_only=True)
             rows.append(row)
             gap = _gap(row["greedy_ms"], row["greedy_bound_ms"])
@@ -181,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         header += f" {'torchrec ms':>10} {'trec s':>8} {'vs trec':>8}"
     print(header)
     rows = []
-    for name, model, fleet in instances(args.filter):
+    for name, model, fleet in _reserved(instances(args.filter), args.reserve):
         row = run_one(name, model, fleet, args.time_limit, args.torchrec_timeout if use_torchrec else None)
         rows.append(row)
         print_row(row, use_torchrec)
