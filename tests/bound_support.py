@@ -10,7 +10,8 @@ import numpy.typing as npt
 from hypothesis import strategies as st
 
 from shardwise.solver.cpsat.candidates import Candidate, Scope, Shape
-from shardwise.wire.spec import Placement, ShardingType
+from shardwise.solver.planner import make_plan
+from shardwise.wire.spec import FleetSpec, ModelSpec, Placement, ShardingType, SolveParams
 
 
 def priced(
@@ -155,3 +156,14 @@ def optimum(
                     load[r] = max(load[r], floor[k] + per_group[k] * max(0, groups - 1))
             best = min(best, max(load))
     return best
+
+
+def assert_below_real_plans(model: ModelSpec, fleet: FleetSpec, bound: float) -> None:
+    """``bound`` is at most the step of the greedy's and CP-SAT's plans (5 s, one worker), and so is each plan's own
+    ``lower_bound_ms``."""
+    for solver in ("greedy", "cpsat"):
+        plan = make_plan(model, fleet, SolveParams(solver=solver, time_limit_s=5, num_workers=1))
+        assert plan.predicted_step_ms is not None
+        assert bound <= plan.predicted_step_ms + 1e-9
+        assert plan.lower_bound_ms is not None
+        assert plan.lower_bound_ms <= plan.predicted_step_ms
