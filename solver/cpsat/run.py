@@ -80,6 +80,7 @@ from shardwise.solver.build import build_plan, device_ms, floor_lift, placed_to_
 from shardwise.solver.configurations import configuration_bound_ms, step_groups
 from shardwise.solver.cpsat.candidates import Candidate, spread_out
 from shardwise.solver.cpsat.formulation import RANK_BINS_MAX, Assignment, Formulation, Mode, catalogue_booleans
+from shardwise.solver.cpsat.grouped import GROUPED_SHARE, one_group_layouts
 from shardwise.solver.cpsat.layouts import Layouts, layout_candidates, search_layouts, worth_it
 from shardwise.solver.cpsat.lns import lns_fleet
 from shardwise.solver.cpsat.packing import fixed_loads, fixed_ranks, pack_hosts, repack_fleet
@@ -331,7 +332,7 @@ def plan_cpsat(
         greedy_device_ms,
         work if det else work.within(TARGET_SHARE * budget_s),
     )
-    start_device_ms = greedy_device_ms
+    start_device_ms, start_ranks = greedy_device_ms, greedy.ranks
     if packed is not None and not work.expired():
         packed_tables = [placed_to_table(model, p) for p in packed]
         packed_ev = evaluate(topo, model, packed_tables, dense_plans)
@@ -339,10 +340,32 @@ def plan_cpsat(
         log.info("target packing %.4f ms (greedy %.4f ms)", ms, greedy_ms)
         if ms < greedy_ms:
             placed, start_tables, start_ms = packed, packed_tables, ms
-            start_device_ms = device_ms(packed_ev.ranks)
+            start_device_ms, start_ranks = device_ms(packed_ev.ranks), packed_ev.ranks
             start_phase = "target packing"
             if on_progress:
                 on_progress(start_ms, greedy.lower_bound_ms or 0.0)
+    # eager steps, where a GPU's second group of shards costs host time: the whole-host layout with one group on
+    # every GPU (solver.cpsat.grouped), a start the greedy and level one, placing by the device's time, do not build
+    groups = step_groups(topo, model)
+    if (
+        groups is not None
+        and spread_out(topo, n)
+        and not meets_bound(start_ms, lift(g.device_bound_ms or 0.0))
+        and not work.expired()
+    ):
+        found = one_group_layouts(
+            topo, all_cands, placed, start_ranks, groups, params, work if det else work.within(GROUPED_SHARE * budget_s)
+        )
+        if found is not None:
+            found_tables = [placed_to_table(model, p) for p in found]
+            found_ev = evaluate(topo, model, found_tables, dense_plans)
+            log.info("one group a GPU %.4f ms (start %.4f ms)", found_ev.step_ms, start_ms)
+            if found_ev.step_ms < start_ms and not found_ev.overfull_ranks():
+                placed, start_tables, start_ms = found, found_tables, found_ev.step_ms
+                start_device_ms = device_ms(found_ev.ranks)
+                start_phase = "one group a GPU"
+                if on_progress:
+                    on_progress(start_ms, greedy.lower_bound_ms or 0.0)
     # the bound over the whole catalogue: the greedy's, raised by the configuration bound where a small catalogue
     # meets several hosts (few shards a GPU: lumps the greedy's facts cannot see)
     catalogue_ms = g.device_bound_ms
@@ -352,7 +375,6 @@ def plan_cpsat(
         and topo.num_hosts > 1
         and sum(len(cs) for cs in all_cands) <= CONFIGURATION_MAX_CANDIDATES
     ):
-        groups = step_groups(topo, model)
         raised = configuration_bound_ms(
             topo, model, all_cands, work if det else work.within(CONFIGURATION_SHARE * budget_s), placed, groups
         )
