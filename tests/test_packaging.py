@@ -50,11 +50,26 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return found
 
 
+def fresh_env(path: Path) -> Path:
+    """An empty virtual environment: not even pip, which the test process's pip installs into (``--python``), so
+    that nothing is in it but what the wheel pulls in."""
+    venv.create(path, with_pip=False, clear=True)
+    return path
+
+
+def pip_install(env: Path, requirement: str, *, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+    """``pip install requirement`` into ``env``, run by this process's pip. Without byte-compiling every module of
+    every dependency (pandas, numpy, OR-Tools: most of the install's time): a module is compiled when it is first
+    imported, as from any install whose bytecode is missing."""
+    command = [sys.executable, "-m", "pip", "--python", str(env / "bin" / "python"), "install", "-q", "--no-compile"]
+    return subprocess.run([*command, requirement], capture_output=True, text=True, timeout=timeout)
+
+
 @pytest.fixture(scope="module")
 def base_env(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    env = tmp_path_factory.mktemp("venv")
-    venv.create(env, with_pip=True, clear=True)
-    subprocess.run([env / "bin" / "pip", "install", "-q", str(wheel)], check=True, capture_output=True)
+    env = fresh_env(tmp_path_factory.mktemp("venv"))
+    out = pip_install(env, str(wheel))
+    assert out.returncode == 0, out.stdout + out.stderr
     return env
 
 
@@ -169,11 +184,8 @@ def test_the_base_install_names_the_extra_a_public_name_needs(base_env: Path) ->
 def planner_env(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel with its ``planner`` extra, in a fresh environment: numpy and OR-Tools come from the package index
     pip is configured with (this machine's, or PyPI), as they would for a user; skipped when pip cannot get them."""
-    env = tmp_path_factory.mktemp("planner-venv")
-    venv.create(env, with_pip=True, clear=True)
-    out = subprocess.run(
-        [env / "bin" / "pip", "install", "-q", f"{wheel}[planner]"], capture_output=True, text=True, timeout=600
-    )
+    env = fresh_env(tmp_path_factory.mktemp("planner-venv"))
+    out = pip_install(env, f"{wheel}[planner]", timeout=600)
     if out.returncode != 0:
         pytest.skip(f"pip could not install the planner extra's packages here: {out.stderr.strip()[-300:]}")
     return env
