@@ -4,6 +4,11 @@
 a rank that raised gives its traceback as ``{"__error__": text}``. A rank that hangs (a collective nobody else
 joins) is killed after ``timeout_s``; it and a rank that died are reported with an ``"__error__"`` too. ``fn`` must
 be importable by the children (a module-level function).
+
+The ranks are started by multiprocessing's fork server, not spawned afresh: the server imports torch and the
+runtime once (:data:`PRELOAD`), and each rank is a fork of it that then does what a spawned child does (takes this
+process's ``sys.path`` and working directory, imports ``fn``'s module). A clean process all the same: nothing of the
+test process is inherited, only the server's imports; the server's environment is this process's when it started.
 """
 
 from __future__ import annotations
@@ -20,6 +25,31 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+#: what the fork server imports before it forks any rank: torch and the parts of shardwise the ranks' modules import
+#: (installed packages: the server does not get the tests' ``sys.path``; an import that fails is skipped). Never
+#: Triton (so not TorchRec, which imports it): a rank may have to switch its interpreter on before Triton is imported.
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.multiprocessing",
+    "numpy",
+    "pytest",
+    "shardwise.wire.spec",
+    "shardwise.solver.planner",
+    "shardwise.runtime.apply",
+    "shardwise.runtime.checkpoint",
+    "shardwise.runtime.describe",
+    "shardwise.runtime.embedding.collection",
+)
+
+
+def context() -> Any:
+    """The multiprocessing context the ranks start in: the fork server, with :data:`PRELOAD` (which takes effect when
+    the server starts, at the first run of the session)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))
+    return ctx
 
 
 def free_port() -> int:
@@ -55,7 +85,7 @@ def _entry(
 def run(
     fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo", timeout_s: float = 240
 ) -> list[Any]:
-    ctx = mp.get_context("spawn")
+    ctx = context()
     out = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, backend, out, args)) for r in range(world_size)]
