@@ -64,7 +64,10 @@ is unchanged, so the same sweep gives a bound ``B_λ,μ`` for every ``(λ, μ)``
 with the fixed part. ``μ = 0`` is ``B_λ`` exactly, and the search starts from the ``λ`` found without prices, so the
 figure is never below it. Only a class whose capacity the catalogue could overfill (each table's candidate with the
 most bytes there, every shard that may land there on it) is priced — a price on any other only lowers the figure —
-so where no class can be overfilled nothing more is computed. The search (:func:`_priced_step`): every such class
+so where no class can be overfilled nothing more is computed; nor on catalogues of more than
+:data:`MEMORY_MAX_CANDIDATES` candidates, where the scans cost a solve's finish more than a second under load (2,000
+tables on 512 mixed GPUs: 50,507 candidates, the bound 1.0 → 1.4 s idle, and the time limit overrun). The search
+(:func:`_priced_step`): every such class
 priced alike over powers of two of the catalogue's ms per byte (where the fleet's HBM binds as a whole, one price
 alone moves the tables to the other class), each class's price with its own weight (where its HBM binds, its GPUs
 may not be the slowest: the best ``λ_k`` is then near 0), each price alone, then the halving steps above on every
@@ -98,6 +101,7 @@ The CP-SAT model adds the first two facts as constraints and this module's whole
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -215,9 +219,7 @@ class _WeightedCatalogue:
         sizes = np.array(class_sizes, dtype=np.float64)
         flat = [c for cs in cands for c in cs]
         fixed_part = np.zeros((len(flat), k))
-        fixed_hbm = np.zeros((len(flat), k))
         rows: list[FloatArray] = []
-        hbm_rows: list[FloatArray] = []
         owners: list[int] = []
         for i, c in enumerate(flat):
             if c.every_total_ms:
@@ -225,28 +227,50 @@ class _WeightedCatalogue:
             if c.scope == "fleet":
                 # [rank, 1]: each rank's shard at its rank's class
                 fixed_part[i] += np.bincount(rank_class, weights=c.time_ms[:, 0], minlength=k)
-                fixed_hbm[i] += np.bincount(rank_class, weights=c.hbm[:, 0].astype(np.float64), minlength=k)
             elif c.scope_class is not None:
                 fixed_part[i, c.scope_class] += float(np.add.reduce(c.time_ms[:, c.scope_class]))
-                fixed_hbm[i, c.scope_class] += float(np.add.reduce(c.hbm[:, c.scope_class]))
             else:
                 rows.append(c.time_ms)
-                hbm_rows.append(np.broadcast_to(c.hbm, c.time_ms.shape).astype(np.float64))
                 owners.extend([i] * len(c.time_ms))
+        self._flat, self._rank_class = flat, rank_class
         self.size = len(flat)
         self.tables = len(cands)
         self.class_sizes = sizes
         self.fixed_part = fixed_part
-        self.fixed_hbm = fixed_hbm
         self.free_rows = np.concatenate(rows) if rows else np.zeros((0, k))
-        self.free_hbm = np.concatenate(hbm_rows) if hbm_rows else np.zeros((0, k))
         self.owners = np.array(owners, dtype=np.int64)
         self.table = np.repeat(np.arange(len(cands)), [len(cs) for cs in cands])
         self.unweighted = np.array([candidate_work(c) for c in flat])
-        self.least_hbm = np.array([float(c.least_hbm) for c in flat])
         self.heavy = np.array([heaviest_rank_time(c) for c in flat])
         self.floor = np.array([every_rank_floor(c) for c in flat])
         self.sharding = [c.sharding for c in flat]
+
+    @functools.cached_property
+    def _hbm(self) -> tuple[FloatArray, FloatArray]:
+        """``(fixed_hbm, free_hbm)``: the HBM bytes laid out as ``fixed_part`` and ``free_rows`` lay out time. Built on
+        first use: only a bound that prices HBM ("Per-type HBM") reads them (on 50,000 candidates they cost half a
+        second)."""
+        k = len(self.class_sizes)
+        fixed_hbm = np.zeros((self.size, k))
+        rows: list[FloatArray] = []
+        for i, c in enumerate(self._flat):
+            if c.scope == "fleet":
+                fixed_hbm[i] += np.bincount(self._rank_class, weights=c.hbm[:, 0].astype(np.float64), minlength=k)
+            elif c.scope_class is not None:
+                fixed_hbm[i, c.scope_class] += float(np.add.reduce(c.hbm[:, c.scope_class]))
+            else:
+                rows.append(np.broadcast_to(c.hbm, c.time_ms.shape).astype(np.float64))
+        return fixed_hbm, np.concatenate(rows) if rows else np.zeros((0, k))
+
+    @property
+    def fixed_hbm(self) -> FloatArray:
+        """Per candidate and class, the HBM bytes whose class is fixed (as ``fixed_part`` for time)."""
+        return self._hbm[0]
+
+    @functools.cached_property
+    def least_hbm(self) -> FloatArray:
+        """Per candidate, the least HBM it takes (:attr:`Candidate.least_hbm`)."""
+        return np.array([float(c.least_hbm) for c in self._flat])
 
     def work(self, weights: FloatArray, prices: FloatArray | None = None) -> FloatArray:
         """``work_λ`` of every candidate (module docstring); with ``prices`` ``μ`` (ms per byte of HBM, per class), each
@@ -254,17 +278,19 @@ class _WeightedCatalogue:
         if prices is None:
             free = np.minimum.reduce(self.free_rows * weights, axis=1) if len(self.free_rows) else np.zeros(0)
             return self.fixed_part @ weights + np.bincount(self.owners, weights=free, minlength=self.size)
-        rows = self.free_rows * weights + self.free_hbm * prices
+        fixed_hbm, free_hbm = self._hbm
+        rows = self.free_rows * weights + free_hbm * prices
         free = np.minimum.reduce(rows, axis=1) if len(rows) else np.zeros(0)
-        fixed = self.fixed_part @ weights + self.fixed_hbm @ prices
+        fixed = self.fixed_part @ weights + fixed_hbm @ prices
         return fixed + np.bincount(self.owners, weights=free, minlength=self.size)
 
     def most_bytes(self, allowed: npt.NDArray[np.bool_]) -> FloatArray:
         """Per class, the most HBM bytes the ``allowed`` candidates can put there (each table's candidate that puts
         the most, every shard that may land there landing there): a class whose capacity holds this never binds."""
         usable = np.isfinite(self.free_rows)
-        free = np.where(usable, self.free_hbm, 0.0)
-        per_cand = self.fixed_hbm.copy()
+        fixed_hbm, free_hbm = self._hbm
+        free = np.where(usable, free_hbm, 0.0)
+        per_cand = fixed_hbm.copy()
         for k in range(per_cand.shape[1]):
             per_cand[:, k] += np.bincount(self.owners, weights=free[:, k], minlength=self.size)
         most = np.full((self.tables, per_cand.shape[1]), -math.inf)
@@ -324,6 +350,8 @@ WEIGHT_MOVES = 16
 #: ``j`` (with its weight over :data:`MEMORY_WEIGHT_SCAN`, the other classes' as found without prices), then moved by
 #: the halving steps above, kept within ``2**±MEMORY_RANGE`` of that unit
 MEMORY_SCAN: tuple[int, ...] = tuple(range(-4, 9, 2))
+#: the per-type HBM prices are searched only on catalogues of at most this many candidates (module docstring)
+MEMORY_MAX_CANDIDATES = 20_000
 MEMORY_WEIGHT_SCAN: tuple[float, ...] = (-WEIGHT_RANGE, -6.0, -4.0, -2.0, 0.0, 2.0)
 MEMORY_RANGE = 16.0
 
@@ -615,7 +643,8 @@ def lower_bound_ms(
     # the other facts only raise a set's figure: in increasing order of the unweighted figure, a set at or above the
     # least so far cannot lower it, nor can any after it
     catalogue = _WeightedCatalogue(tables, sizes, topo.rank_class) if weigh and refine else None
-    capacity = class_capacity(topo, model) if catalogue is not None and memory else None
+    priced = memory and sum(len(cs) for cs in tables) <= MEMORY_MAX_CANDIDATES
+    capacity = class_capacity(topo, model) if catalogue is not None and priced else None
     best = math.inf
     for unweighted, ok, fixed in sorted(options, key=lambda o: o[0]):
         if unweighted >= best:
