@@ -80,7 +80,9 @@ def hbm_reserve(fleet: FleetSpec, profile: HardwareProfile) -> tuple[int, str]:
         reserve = fmt_bytes(kept)
         if profile.name in (fleet.hbm_reserve_bytes or {}):
             said = f"the fleet's {reserve} reserve for {profile.name}"
-        elif profile.calibration is not None:
+        elif profile.calibration is not None and profile.sources.get("runtime_reserve_bytes", "").endswith(
+            f"; {profile.calibration})"
+        ):  # the calibration's own figure (Calibration.apply ends each source it sets with its label)
             said = f"the {reserve} runtime reserve measured for {profile.name}"
         else:
             said = f"the {profile.name} profile's {reserve} runtime reserve"

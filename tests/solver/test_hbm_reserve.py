@@ -82,6 +82,18 @@ def test_a_calibrated_runtime_reserve_replaces_the_fraction_and_the_fleet_overri
         h200.hbm_bytes - int(4.5 * GIB),
         "the 4.83 GB runtime reserve measured for nvidia-h200",
     )
+    # a calibration that measured no reserve keeps the catalogue's figure, and does not claim it as its own
+    other = Calibration(
+        profile="nvidia-h200",
+        device="NVIDIA H200",
+        torch="2.11.0",
+        date="2026-12-04",
+        figures={"achieved.gemm": Figure(value=0.7, source="measured on a test", samples=3)},
+    ).apply(h200)
+    assert hbm_reserve(fleet, other) == (
+        h200.hbm_bytes - 7_037_879_808,
+        "the nvidia-h200 profile's 7.04 GB runtime reserve",
+    )
     given = fleet.model_copy(update={"hbm_reserve_bytes": {"nvidia-h200": 8 * GIB}})
     assert hbm_reserve(given, measured)[0] == h200.hbm_bytes - 8 * GIB
     # a fraction the fleet sets is what its owner asked for: it replaces the measured figure too
