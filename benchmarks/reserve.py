@@ -74,10 +74,10 @@ def run(fleet: FleetSpec) -> list[dict[str, Any]]:
             "rows_factor": factor,
             "tables_bytes": base + slope * factor,
         }
-        for name, f in (("fraction", fraction), ("absolute", absolute)):
+        for name, f, room in (("fraction", fraction, room_frac), ("absolute", absolute, room_abs)):
             plan = make_plan(model, f, GREEDY)
             row[name] = {
-                "usable_bytes": usable(f),
+                "usable_bytes": room,
                 "status": plan.status.value,
                 "step_ms": plan.predicted_step_ms,
                 "tables_off_hbm": off_hbm_tables(plan),

@@ -240,8 +240,8 @@ class HardwareProfile(BaseModel):
         exclude_if=lambda v: v is None,  # unmeasured: the profile dumps (and hashes) as before the field existed
         description="HBM a training process holds on each GPU beyond the tensors a plan places — the driver's "
         "reserve, the CUDA/HIP context and libraries, the caching allocator's slack — measured by shardwise "
-        "calibrate; a fleet reserves this much on GPUs of this type instead of its hbm_reserve_fraction. None: "
-        "unmeasured",
+        "calibrate (the catalogue's: measured on an H200); a fleet that sets no hbm_reserve_fraction keeps this "
+        "much back on GPUs of this type. None: no figure (such a fleet keeps back 10 %)",
     )
 
     achieved: AchievedFractions
