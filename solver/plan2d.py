@@ -14,9 +14,13 @@ How the time limit is spent (one :class:`~shardwise.solver.deadline.Deadline` fo
 1. screening (at most :data:`SCREEN_SHARE` of the limit, split over the 2D options by group size): each option's group
    problem — the group fleet with the replica facts, :func:`~shardwise.solver.two_d.group_topology` — is solved by
    the greedy planner, which also gives the option's bound over its whole candidate catalogue;
-2. the 1D plan by the requested solver: with CP-SAT half of what is left, with the greedy all of it;
-3. with CP-SAT, the best 2D option of the screening solved again by CP-SAT in what is left (its greedy start is the
-   screening's plan or better).
+2. the 1D plan by the requested solver: with the greedy all of what is left; with CP-SAT its start (the candidates
+   and the greedy's plan) first, then half of what is left where some screened 2D option could still beat the 1D
+   plan — its bound below the greedy's step, since CP-SAT returns that plan or a faster one — and all of it where
+   none could;
+3. with CP-SAT, the best 2D option of the screening that could still beat the 1D plan (its bound below the 1D
+   plan's step) solved again by CP-SAT in what is left (its greedy start is the screening's plan or better); none
+   such, the answer comes now.
 
 The answer is the option with the least predicted step (a 2D plan is replicated over the fleet and priced there, the
 same figures as its group's). ``lower_bound_ms`` is the least of every option's bound (each holds over that
@@ -31,6 +35,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from shardwise.solver import engine, two_d
 from shardwise.solver.bounds import lower_bound_ms
@@ -41,6 +46,9 @@ from shardwise.solver.greedy import Progress, enumerate_all, run_greedy
 from shardwise.solver.status import meets_bound
 from shardwise.solver.topology import Topology
 from shardwise.wire.spec import DensePlan, ModelSpec, Plan, PlanStatus, SolveParams, SparseGroups, SparseSync
+
+if TYPE_CHECKING:
+    from shardwise.solver.cpsat.run import GreedyStart
 
 log = logging.getLogger(__name__)
 
@@ -110,14 +118,19 @@ def _limited(params: SolveParams, seconds: float) -> SolveParams:
 
 
 def _solve(
-    topo: Topology, model: ModelSpec, params: SolveParams, deadline: Deadline, on_progress: Progress | None
+    topo: Topology,
+    model: ModelSpec,
+    params: SolveParams,
+    deadline: Deadline,
+    on_progress: Progress | None,
+    begun: GreedyStart | None = None,
 ) -> Plan:
     limited = _limited(params, deadline.remaining())
     if params.solver == "greedy":
         return run_greedy(topo, model, limited, deadline=deadline, on_progress=on_progress).plan
     from shardwise.solver.cpsat.run import plan_cpsat  # OR-Tools only when asked for
 
-    return plan_cpsat(topo, model, limited, on_progress, deadline)
+    return plan_cpsat(topo, model, limited, on_progress, deadline, begun)
 
 
 def _screen(topo: Topology, model: ModelSpec, params: SolveParams, sg: SparseGroups, deadline: Deadline) -> Option:
@@ -186,11 +199,24 @@ def plan_with_groups(
     log.info("2D options screened in %.1f s: %s", deadline.elapsed(), [round(o.step, 3) for o in screened])
     cpsat = params.solver == "cpsat"
     contenders = [o for o in screened if not math.isinf(o.step)]
+    begun: GreedyStart | None = None
+    if cpsat and contenders:
+        # the 1D solve's start first: CP-SAT returns the greedy's plan or a faster one, so a 2D option whose bound is
+        # no less than the greedy's step cannot be chosen, and the 1D search keeps the time its search would take
+        from shardwise.solver.cpsat.run import greedy_start  # OR-Tools only when asked for
+
+        made = greedy_start(topo, model, _limited(params, deadline.remaining()), deadline, report)
+        if not isinstance(made, Plan):
+            begun = made
+            flat = Option(None, made.greedy.plan).step
+            contenders = [o for o in contenders if o.bound is None or o.bound < flat]
+            log.info("2D options that could beat the 1D greedy plan (%.3f ms): %d", flat, len(contenders))
     one_d_deadline = deadline.within(deadline.remaining() / 2) if cpsat and contenders else deadline
-    one_d = Option(None, _solve(topo, model, params, one_d_deadline, report))
+    one_d = Option(None, _solve(topo, model, params, one_d_deadline, report, begun))
     one_d.bound = one_d.plan.lower_bound_ms if one_d.plan is not None else None
     if one_d.bound is not None:  # the 2D solve's reports must not claim more than the 1D plan's bound allows
         best["bound"] = min(best["bound"], one_d.bound)
+    contenders = [o for o in contenders if o.bound is None or o.bound < one_d.step]  # none can beat the 1D plan
     if cpsat and contenders:
         top = min(contenders, key=lambda o: o.rank_key)
         assert top.groups is not None

@@ -116,7 +116,8 @@ def search_layouts(
     form.add_hint(hint, start_ms)
     start_units = max(-(-load // len(form.bin_ranks[b])) for b, load in enumerate(form.bin_loads(hint)))
     solver = cp_solver(params, deadline.remaining(), len(form.model.proto.variables))
-    status = solver.solve(form.model)
+    with deadline.stopping(solver.stop_search):  # the run may stop it early (the start proved optimal beside it)
+        status = solver.solve(form.model)
     name = solver.status_name(status)
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     log.info(

@@ -13,7 +13,8 @@ kept back: :data:`FINISH_MARGIN_S` plus :data:`FINISH_MARGIN_SHARE` of ``T``, or
 pricing the greedy plan took, whichever is more (measured on this machine under its present load). When less than
 that is left, the greedy plan is the answer. Every phase below ends by ``T`` less the finish (the run's budget
 ``B``): target packing checks it every pass, building the model table by table (cut off there, the start is the
-answer), each CP-SAT call gets at most what is left of ``B``, and level two and the LNS stop at its end.
+answer), each CP-SAT call gets at most what is left of ``B``, and level two and the LNS stop at its end (or when
+the configuration bound beside them stops them early: step 1).
 
 Order of work:
 
@@ -21,9 +22,14 @@ Order of work:
    target packing's (:mod:`shardwise.solver.target`, at most :data:`TARGET_SHARE` of ``B``) — CP-SAT's hint,
    incumbent and fallback; then, on more than one host with a catalogue of at most
    :data:`CONFIGURATION_MAX_CANDIDATES` (few shards a GPU: 26 DCNv2 tables on 16 GPUs as on 1,024), the configuration
-   bound (:mod:`shardwise.solver.configurations`, at most
-   :data:`CONFIGURATION_SHARE` of ``B``, the start's GPUs its first configurations), which raises the bound over the
-   whole catalogue where a few lumps decide the step and which level one gets as its cut ``T ≥ LB``;
+   bound (:mod:`shardwise.solver.configurations`, the start's GPUs its first configurations), which raises the bound
+   over the whole catalogue where a few lumps decide the step. On graphed steps its figure bounds the device's time
+   and level one gets it as its cut ``T ≥ LB``, so it runs first, in at most :data:`CONFIGURATION_SHARE` of ``B``.
+   On eager steps (the groups rule: its figure bounds the step, which no model takes for its device makespan) it
+   runs on a thread of its own beside steps 2–4, until ``B`` ends — a portfolio of both cores: its LP (GLOP) and
+   CP-SAT's solves release the interpreter — and where its figure proves the start optimal it stops the search
+   there and then (:meth:`~shardwise.solver.deadline.Deadline.stop`); where the search proves its plan over every
+   plan first, it stops the bound;
 2. the candidate space the model searches (:func:`model_candidates`): every table keeps its whole-table options
    (table_wise, data_parallel); splits (column_wise, row_wise, table_row_wise, grid_shard, in HBM) are kept for the
    tables heavy enough for a split to matter — a whole-table time of at least :data:`SPLIT_SHARE` of the start's step
@@ -62,8 +68,9 @@ meets ``lower_bound_ms`` (within :data:`OPTIMAL_GAP` or :data:`OPTIMAL_ABS_MS`, 
 meeting only the searched bound, it is ``feasible`` and ``solver.searched_optimal`` (optimal among the layouts
 searched); the plan's ``solver.status`` is level one's CP-SAT status (:data:`STATUS`). Same input + same ``SolveParams``
 (seed, workers, ``max_deterministic_time``) → the same plan: with ``max_deterministic_time`` set, target packing, the
-configuration bound (its rounds are capped: :data:`~shardwise.solver.configurations.ROUNDS_IN_ALL`) and every host's
-packing run until the deadline, every CP-SAT call stops on deterministic time (the LNS rounds share one such budget) and
+configuration bound (its rounds are capped: :data:`~shardwise.solver.configurations.ROUNDS_IN_ALL`; it runs first,
+never beside the search, whose stop would depend on the machine's speed) and every host's packing run until the
+deadline, every CP-SAT call stops on deterministic time (the LNS rounds share one such budget) and
 the wall clock only ends the whole solve (a run cut off by ``time_limit_s`` depends on the machine).
 """
 
@@ -71,13 +78,15 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
 from shardwise.solver.build import build_plan, device_ms, floor_lift, placed_to_table
-from shardwise.solver.configurations import configuration_bound_ms, step_groups
+from shardwise.solver.configurations import Groups, configuration_bound_ms, step_groups
 from shardwise.solver.cpsat.candidates import Candidate, spread_out
 from shardwise.solver.cpsat.formulation import RANK_BINS_MAX, Assignment, Formulation, Mode, catalogue_booleans
 from shardwise.solver.cpsat.grouped import GROUPED_SHARE, one_group_layouts
@@ -88,7 +97,7 @@ from shardwise.solver.cpsat.params import cp_solver
 from shardwise.solver.cpsat.scale import Scale
 from shardwise.solver.deadline import Deadline, DeadlineExpired
 from shardwise.solver.evaluate import evaluate
-from shardwise.solver.greedy import FINISH_SHARE, Progress, enumerate_all, out_of_time, run_greedy
+from shardwise.solver.greedy import FINISH_SHARE, GreedyResult, Progress, enumerate_all, out_of_time, run_greedy
 from shardwise.solver.load import Placed
 from shardwise.solver.status import OPTIMAL_ABS_MS, OPTIMAL_GAP, SolverStatus, meets_bound
 from shardwise.solver.target import target_packing
@@ -191,6 +200,46 @@ class _Progress(cp_model.CpSolverSolutionCallback):
         self.on_progress(self.lift(Scale.ms(self.objective_value)), self.lift(Scale.ms(self.best_objective_bound)))
 
 
+class _Beside:
+    """The configuration bound on a thread of its own, beside the search (its GLOP and CP-SAT's solves release the
+    interpreter, so each takes a core): until ``search`` ends, which it ends itself where ``proves(figure)`` —
+    the start meets the figure, so no search can find a faster plan."""
+
+    def __init__(
+        self,
+        topo: Topology,
+        model: ModelSpec,
+        cands: Sequence[Sequence[Candidate]],
+        search: Deadline,
+        plan: Sequence[Placed],
+        groups: Groups,
+        proves: Callable[[float], bool],
+    ) -> None:
+        self.proved_start = False
+        self._value: float | None = None
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self._value = configuration_bound_ms(topo, model, cands, search, plan, groups)
+                if proves(self._value):
+                    self.proved_start = True
+                    search.stop()
+            except BaseException as e:  # raised again in the caller's thread, by result()
+                self._error = e
+
+        self._thread = threading.Thread(target=run, name="shardwise-configuration-bound", daemon=True)
+        self._thread.start()
+
+    def result(self) -> float:
+        """The figure (waits for the thread: it ends by the search's deadline, or when that is stopped)."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._value is not None
+        return self._value
+
+
 def to_assignment(form: Formulation, cands: Sequence[Sequence[Candidate]], chosen: Sequence[Placed]) -> Assignment:
     """A greedy placement in the formulation's terms."""
     choice, shard_bins, host = [], {}, {}
@@ -271,26 +320,32 @@ def host_mode_tables(
     return own if slower else tables
 
 
-def plan_cpsat(
+@dataclass
+class GreedyStart:
+    """A CP-SAT solve's first step: every candidate and the greedy's run over them. Made apart by a caller that needs
+    the greedy's plan before it shares out its time (:mod:`shardwise.solver.plan2d`), then handed to
+    :func:`plan_cpsat`, which would otherwise make it itself."""
+
+    cands: list[list[Candidate]]
+    greedy: GreedyResult
+
+
+def greedy_start(
     topo: Topology,
     model: ModelSpec,
     params: SolveParams,
+    deadline: Deadline,
     on_progress: Progress | None = None,
-    deadline: Deadline | None = None,
-) -> Plan:
-    """A plan from CP-SAT with its proven bound; the start (greedy or target packing) when CP-SAT cannot do better.
-
-    ``deadline`` (default: ``params.time_limit_s`` from now) is the whole solve's: see "The time limit" in the
-    module docstring."""
-    deadline = deadline or Deadline(params.time_limit_s)
-    start = time.perf_counter()
+) -> GreedyStart | Plan:
+    """The candidates and the greedy over them, as a CP-SAT solve starts; an infeasible plan that says how far it got
+    where ``deadline`` came first."""
+    began = time.perf_counter()
     n = len(model.embedding_tables)
     all_cands = enumerate_all(topo, model, deadline)
     if len(all_cands) < n:
         return out_of_time(
             topo, model, params, deadline, f"candidates enumerated for {len(all_cands):,} of {n:,} tables", "cpsat"
         )
-    enumerated_s = time.perf_counter() - start
     g = run_greedy(
         topo,
         model,
@@ -298,9 +353,36 @@ def plan_cpsat(
         all_cands,
         solver_name="cpsat",
         deadline=deadline,
-        finish_s=FINISH_SHARE * enumerated_s,
+        finish_s=FINISH_SHARE * (time.perf_counter() - began),
         on_progress=on_progress,
     )
+    return GreedyStart(all_cands, g)
+
+
+def plan_cpsat(
+    topo: Topology,
+    model: ModelSpec,
+    params: SolveParams,
+    on_progress: Progress | None = None,
+    deadline: Deadline | None = None,
+    begun: GreedyStart | None = None,
+) -> Plan:
+    """A plan from CP-SAT with its proven bound; the start (greedy or target packing) when CP-SAT cannot do better.
+
+    ``deadline`` (default: ``params.time_limit_s`` from now) is the whole solve's: see "The time limit" in the
+    module docstring. ``begun``: the candidates and the greedy's run (:func:`greedy_start`) where the caller made
+    them already, over the same fleet and model."""
+    deadline = deadline or Deadline(params.time_limit_s)
+    start = time.perf_counter()
+    n = len(model.embedding_tables)
+    if begun is None:
+        made = greedy_start(topo, model, params, deadline, on_progress)
+        if isinstance(made, Plan):
+            return made
+        begun = made
+    elif on_progress and begun.greedy.plan.predicted_step_ms is not None:
+        on_progress(begun.greedy.plan.predicted_step_ms, begun.greedy.plan.lower_bound_ms or 0.0)
+    all_cands, g = begun.cands, begun.greedy
     greedy = g.plan
     if greedy.status is PlanStatus.infeasible:
         return greedy
@@ -370,21 +452,30 @@ def plan_cpsat(
     # meets several hosts (few shards a GPU: lumps the greedy's facts cannot see)
     catalogue_ms = g.device_bound_ms
     configured: float | None = None  # the configuration bound, where it raised the greedy's and bounds the device (T)
+    search = work  # what the search after the start runs under: stoppable where the configuration bound runs beside
+    beside: _Beside | None = None
     if (
         catalogue_ms is not None
         and topo.num_hosts > 1
         and sum(len(cs) for cs in all_cands) <= CONFIGURATION_MAX_CANDIDATES
     ):
-        raised = configuration_bound_ms(
-            topo, model, all_cands, work if det else work.within(CONFIGURATION_SHARE * budget_s), placed, groups
-        )
-        log.info("configuration bound %.4f ms (greedy's bound %.4f ms)", raised, catalogue_ms)
-        if raised > catalogue_ms:
-            catalogue_ms = raised
-            # with the groups rule the figure bounds the step, not the model's device makespan T
-            configured = raised if groups is None else None
-            if on_progress:
-                on_progress(start_ms, lift(catalogue_ms))
+        if groups is not None and not det:
+            # its figure bounds the step, not the model's device makespan T, so no model waits for it: it runs on a
+            # thread of its own beside the search, until the search's end, and stops the search where it proves
+            # the start optimal
+            search = work.stoppable()
+            beside = _Beside(topo, model, all_cands, search, placed, groups, lambda ms: meets_bound(start_ms, lift(ms)))
+        else:
+            raised = configuration_bound_ms(
+                topo, model, all_cands, work if det else work.within(CONFIGURATION_SHARE * budget_s), placed, groups
+            )
+            log.info("configuration bound %.4f ms (greedy's bound %.4f ms)", raised, catalogue_ms)
+            if raised > catalogue_ms:
+                catalogue_ms = raised
+                # with the groups rule the figure bounds the step, not the model's device makespan T
+                configured = raised if groups is None else None
+                if on_progress:
+                    on_progress(start_ms, lift(catalogue_ms))
     if catalogue_ms is not None and meets_bound(start_ms, lift(catalogue_ms)):
         # the start meets the bound over every plan: no search can find a faster one, so none runs
         final = build_plan(
@@ -435,11 +526,11 @@ def plan_cpsat(
             mode,
             horizon_ms=start_ms * 4 + 1,
             incumbent_ms=start_ms,
-            deadline=work,
+            deadline=search,
             bound_ms=configured,
             weigh_groups=True,
         )
-        work.check()
+        search.check()
         hint = to_assignment(form, cands, placed)
         hint.dense = dense_styles
         form.add_hint(hint, start_ms)
@@ -451,11 +542,11 @@ def plan_cpsat(
             built - start,
             time.perf_counter() - built,
         )
-        work.check()
+        search.check()
     except DeadlineExpired:
         log.info("the deadline came while the model was built (%.2fs): the start is the answer", deadline.elapsed())
     else:
-        budget = work.remaining()
+        budget = search.remaining()
         if mode == "host":
             budget *= LEVEL1_SHARE
         layouts: Layouts | None = None
@@ -468,18 +559,19 @@ def plan_cpsat(
                 dense_styles,
                 start_ms,
                 params,
-                work.within(LAYOUT_SHARE * budget),
+                search.within(LAYOUT_SHARE * budget),
                 configured,
             )
             # level one keeps its whole share (its proofs need it): the layouts' time comes out of level two's
-            budget = min(budget, work.remaining())
+            budget = min(budget, search.remaining())
             if layouts is not None:
                 form.replace_hint(layouts.assignment, layouts.ms)
                 if on_progress:  # the model's objective, before packing (as _Progress reports level one's)
                     on_progress(lift(layouts.ms), lift(catalogue_ms or 0.0))
         solver = cp_solver(params, budget, len(form.model.proto.variables))
         callback = _Progress(on_progress, lift) if on_progress else None
-        status = solver.solve(form.model, callback) if callback else solver.solve(form.model)
+        with search.stopping(solver.stop_search):
+            status = solver.solve(form.model, callback) if callback else solver.solve(form.model)
         status_name = STATUS.get(status, "UNKNOWN")
         log.info(
             "cp-sat %s in %.2fs: objective %.4f ms, bound %.4f ms",
@@ -512,14 +604,14 @@ def plan_cpsat(
             else:
                 # over every plan of this space (the device's time, T): the LNS stops there
                 proved = int(solver.best_objective_bound) if form.S is form.T else None
-                tables = host_mode_tables(form, cands, a, params, work, placed, proved)
-        elif layouts is not None and not work.expired():  # no level-one answer: from the layouts' (better) one
+                tables = host_mode_tables(form, cands, a, params, search, placed, proved)
+        elif layouts is not None and not search.expired():  # no level-one answer: from the layouts' (better) one
             status_name = "FEASIBLE"  # a CP-SAT model over part of the catalogue found it
             dense_styles = layouts.assignment.dense
-            tables = host_mode_tables(form, cands, layouts.assignment, params, work, placed)
+            tables = host_mode_tables(form, cands, layouts.assignment, params, search, placed)
             cp_phase = "CP-SAT layouts, then level two and the LNS"
-        elif mode == "host" and status_name != "MODEL_INVALID" and not work.expired():
-            tables = host_mode_tables(form, cands, hint, params, work, placed)  # no level-one answer: from the start
+        elif mode == "host" and status_name != "MODEL_INVALID" and not search.expired():
+            tables = host_mode_tables(form, cands, hint, params, search, placed)  # no level-one answer: from the start
             cp_phase = f"level two and the LNS from the {start_phase} start"
     cp_dense = [
         DensePlan(name=layer.name, style=s, ranks=list(range(topo.world_size)))
@@ -532,11 +624,21 @@ def plan_cpsat(
         tables, step, phase = start_tables, start_ms, start_phase
     else:
         dense_plans, step, phase = cp_dense, cp_ms, cp_phase
-    proved = bound_ms is not None and step - lift(bound_ms) <= max(OPTIMAL_GAP * step, OPTIMAL_ABS_MS)
     # CP-SAT's bound holds over the candidates it was given; over every plan only if nothing was pruned
     # (host mode's level one relaxes every GPU to its host's average and keeps only valid cuts, so its bound over the
     # whole catalogue holds for every plan too)
     whole = all(len(c) == len(a) for c, a in zip(cands, all_cands, strict=True))
+    if beside is not None:
+        if whole and bound_ms is not None and meets_bound(step, lift(bound_ms)):
+            search.stop()  # proved over every plan already: nothing for the configuration bound to add
+        raised = beside.result()
+        log.info("configuration bound %.4f ms beside the search (greedy's bound %.4f ms)", raised, catalogue_ms or 0.0)
+        if catalogue_ms is not None and raised > catalogue_ms:
+            catalogue_ms = raised  # a bound over every plan bounds the space searched too
+            bound_ms = max(bound_ms or 0.0, raised)
+        if beside.proved_start and phase == start_phase:
+            phase = f"{start_phase}, at the bound over every plan: the search beside it stopped"
+    proved = bound_ms is not None and step - lift(bound_ms) <= max(OPTIMAL_GAP * step, OPTIMAL_ABS_MS)
     final = build_plan(
         topo,
         model,

@@ -216,3 +216,26 @@ def test_a_small_catalogue_on_two_hosts_gets_the_configuration_bound() -> None:
     assert plan.predicted_step_ms is not None
     assert plan.lower_bound_ms > 1.02 * facts
     assert plan.lower_bound_ms <= plan.predicted_step_ms
+
+
+@pytest.mark.slow  # a CP-SAT solve of a few seconds on the 2-core machine
+def test_on_eager_steps_the_bound_runs_beside_the_search_and_bounds_its_plan(caplog: pytest.LogCaptureFixture) -> None:
+    # DCNv2 at 32,768 samples per GPU on the example's two hosts (B200 + MI350X), eager steps: the groups rule holds,
+    # so the figure bounds the step and no model waits for it — it runs on a thread beside level one (no
+    # deterministic limit: the clock ends it) and the plan's bound is its figure, above the facts', never above
+    # the plan
+    root = Path(__file__).resolve().parents[2] / "examples"
+    model = ModelSpec.model_validate_json((root / "dlrm_dcnv2.json").read_text(encoding="utf-8"))
+    model = model.model_copy(update={"batch_size_per_gpu": 32_768})
+    fleet = FleetSpec.model_validate_json((root / "fleet_mixed_b200_mi350x.json").read_text(encoding="utf-8"))
+    topo = Topology(fleet, {})
+    assert step_groups(topo, model) is not None
+    facts = floor_lift(topo, model)(lower_bound_ms(topo, model, enumerate_all(topo, model)))
+    with caplog.at_level("INFO", logger="shardwise.solver.cpsat.run"):
+        plan = plan_cpsat(topo, model, SolveParams(solver="cpsat", time_limit_s=30, num_workers=2))
+    assert any("beside the search" in r.getMessage() for r in caplog.records)
+    assert plan.lower_bound_ms is not None
+    assert plan.predicted_step_ms is not None
+    assert plan.lower_bound_ms > 1.02 * facts
+    assert plan.lower_bound_ms <= plan.predicted_step_ms
+    assert plan.solver.seconds < 25  # the bound converged and the search ended: no waiting out the limit
