@@ -217,7 +217,11 @@ class Formulation:
             self._add_groups,
         ):
             self._check()
+            before = len(self.model.proto.constraints)
             family()
+            if family == self._add_symmetry_breaking:
+                #: family 8's constraints (a search that fixes most tables re-solves without them)
+                self.symmetry_constraints = range(before, len(self.model.proto.constraints))
         self.model.minimize(self.S)
         log.debug(
             "formulation (%s mode): %d bins, %d variables, %d constraints",
