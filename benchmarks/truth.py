@@ -66,6 +66,17 @@ from shardwise.wire.spec import (
 GPU = "nvidia-h200"
 
 
+def use_gpu(name: str) -> None:
+    """Measure and predict for the catalogue's ``name`` instead of the H200 (``--gpu``): the plan's rank and the
+    dense kernels it chooses, the one-GPU fleet priced, and the profile whose ``hbm_bytes`` ``runtime_reserve`` reads
+    the device against (on another type the H200's HBM figure would misstate what lies outside the allocator). One
+    type a process."""
+    from shardwise.hwprofiles import get_profile
+
+    global GPU
+    GPU = get_profile(name).name
+
+
 @dataclass(frozen=True)
 class Config:
     name: str
@@ -200,7 +211,8 @@ def model_spec(cfg: Config) -> ModelSpec:
 
 
 def fleet() -> FleetSpec:
-    return FleetSpec.model_validate({"name": "one-h200", "hosts": [{"gpu": GPU, "count": 1, "gpus_per_host": 1}]})
+    name = f"one-{GPU.removeprefix('nvidia-')}"  # one-h200 for the default
+    return FleetSpec.model_validate({"name": name, "hosts": [{"gpu": GPU, "count": 1, "gpus_per_host": 1}]})
 
 
 def plan(cfg: Config) -> Plan:
@@ -212,8 +224,8 @@ def plan(cfg: Config) -> Plan:
 def one_gpu_plan(spec: ModelSpec, placements: dict[str, tuple[Placement, float | None]]) -> Plan:
     """``spec`` on one GPU: every table table_wise, placed as ``placements`` says (table → placement and cache
     fraction; HBM where it says nothing), every dense layer replicated, a linear one with the kernels the kernel model
-    chooses for it on the catalogue's H200 (what a plan from the planner carries, and what ``apply_plan`` then
-    runs)."""
+    chooses for it on the catalogue's :data:`GPU` (the H200 unless ``--gpu``; what a plan from the planner carries,
+    and what ``apply_plan`` then runs)."""
     from shardwise.hwprofiles import get_profile
     from shardwise.solver.kernels import kernel_choices
 
@@ -281,6 +293,7 @@ def predict(
         fleets["calibrated"] = calibrate_fleet(fleet(), cal)
     engine = "executor profile shardwise-graphed" if graphed else "executor profile shardwise-eager"
     out: dict[str, Any] = {
+        "gpu": GPU,
         "calibration": cal.label() if cal else None,
         "uncalibrated": f"catalogue + {engine}",
         "graphed": graphed,
@@ -666,7 +679,7 @@ def measure(
             del rig
     finally:
         dist.destroy_process_group()
-    machine = {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__}
+    machine = {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__, "profile": GPU}
     return {"machine": machine, "executor": "graphed" if graphed else "eager", "configs": results}
 
 
@@ -1005,7 +1018,18 @@ def measure_parser(sub: Any) -> Any:
     m.add_argument("--steps", type=int, default=20)
     m.add_argument("--warmup", type=int, default=5)
     m.add_argument("--graphed", action="store_true", help="capture each step as a CUDA graph and replay it")
+    gpu_option(m)
     return m
+
+
+def gpu_option(parser: Any) -> None:
+    """``--gpu``: the catalogue profile to plan, price and read the HBM against (:func:`use_gpu`)."""
+    parser.add_argument(
+        "--gpu",
+        default=GPU,
+        help=f"the catalogue profile of the GPU measured or priced (default {GPU}): the plan's kernels, the fleet, "
+        "and the HBM runtime_reserve reads the device against",
+    )
 
 
 def report_parser(sub: Any) -> Any:
@@ -1032,6 +1056,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--calibration", type=Path)
     p.add_argument("--graphed", action="store_true", help="price graphed steps (the executor profile's)")
     p.add_argument("-o", "--output", type=Path, required=True)
+    gpu_option(p)
     f = sub.add_parser("refit")
     f.add_argument("calibration", type=Path)
     f.add_argument("measured", type=Path)
@@ -1047,6 +1072,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     r = report_parser(sub)
     r.add_argument("--plot", type=Path)
     args = ap.parse_args(argv)
+    if args.cmd in ("measure", "predict"):
+        use_gpu(args.gpu)
     if args.cmd == "measure":
         doc = measure([n for n in args.only.split(",") if n], args.steps, args.warmup, args.graphed)
         args.output.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")

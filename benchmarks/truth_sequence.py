@@ -23,6 +23,10 @@ half stays held out from any refit a later change makes on the ``fit`` half.
     python benchmarks/truth_sequence.py predict -o predicted.json
     python benchmarks/truth_sequence.py predict --graphed -o predicted_graphed.json
     python benchmarks/truth_sequence.py report predicted.json measured.json
+    # another GPU type than the H200: name its catalogue profile to both measure and predict (the plan's kernels,
+    # the fleet priced, the HBM the reserve is read against), e.g. an H100
+    python benchmarks/truth_sequence.py measure --gpu nvidia-h100-sxm -o measured_h100.json
+    python benchmarks/truth_sequence.py predict --gpu nvidia-h100-sxm -o predicted_h100.json
 """
 
 from __future__ import annotations
@@ -52,7 +56,6 @@ from shardwise.wire.spec import (
     Pooling,
 )
 
-GPU = truth.GPU
 ITEM, USER = "sparse.item", "sparse.user"
 
 
@@ -325,8 +328,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--graphed", action="store_true", help="price graphed steps (the executor profile's)")
     p.add_argument("--micro", action="store_true", help="the parts measured beside the set (MICRO), not the set")
     p.add_argument("-o", "--output", type=Path, required=True)
+    truth.gpu_option(p)
     truth.report_parser(sub)
     args = ap.parse_args(argv)
+    if args.cmd in ("measure", "predict"):
+        truth.use_gpu(args.gpu)
     if args.cmd == "measure":
         names = [n for n in args.only.split(",") if n]
         chosen = MICRO if args.micro else CONFIGS

@@ -4,6 +4,7 @@ gloo process of one (the rig the GPU run measures), and the catalogue prices eve
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from typing import Any
 
@@ -62,6 +63,23 @@ def test_the_catalogue_prices_every_configuration() -> None:
     assert by["seq-100m-host-fp16"]["embedding_ms"] > by["seq-100m-hbm-fp16"]["embedding_ms"]
     # and the HBM it needs is the 100 M rows only when they live there
     assert by["seq-100m-hbm-fp16"]["hbm_bytes"] > 100_000_000 * 64 * 2 > by["seq-100m-host-fp16"]["hbm_bytes"]
+
+
+def test_predict_gpu_prices_another_catalogue_type_and_the_h200_stays_the_default(tmp_path: Any) -> None:
+    """``--gpu``: the plan's rank, the fleet and the prices are the named type's; without it, the H200's."""
+    h100, h200 = tmp_path / "h100.json", tmp_path / "h200.json"
+    try:
+        ts.main(["predict", "--gpu", "nvidia-h100-sxm", "-o", str(h100)])
+        assert ts.truth.GPU == "nvidia-h100-sxm"
+        assert ts.plan(ts.CONFIGS[0]).ranks[0].gpu == "nvidia-h100-sxm"
+    finally:
+        ts.truth.use_gpu("nvidia-h200")
+    ts.main(["predict", "-o", str(h200)])
+    a, b = json.loads(h100.read_text()), json.loads(h200.read_text())
+    assert (a["gpu"], b["gpu"]) == ("nvidia-h100-sxm", "nvidia-h200")
+    # the HBM-bound steps are priced at the H100's 3.35 TB/s, slower than the H200's 4.8
+    slow = a["configs"]["seq-100m-hbm-fp16"]["uncalibrated"]["step_ms"]
+    assert slow > b["configs"]["seq-100m-hbm-fp16"]["uncalibrated"]["step_ms"]
 
 
 def harness_of_a_shrunk_rig(rank: int, world: int) -> dict[str, Any]:
