@@ -10,7 +10,11 @@ in whichever folder it is:
 - ``dist``: the test calls ``run`` of ``tests/dist_support.py`` (functions in processes joined by a gloo process group),
   itself or through a function of its own module.
 
-A plain hook, no fixtures: the service tests' ``from conftest import ...`` reads ``tests/service/conftest.py``,
+Once the tests are collected, the Triton interpreter's children start ahead of their modules
+(``interpreter_support.start_ahead``: one after the other in a thread, from the session's start), and at its end
+any still running is ended.
+
+Plain hooks, no fixtures: the service tests' ``from conftest import ...`` reads ``tests/service/conftest.py``,
 which pytest imports after this one. It sits at the repository's root, not in ``tests/``: pytest-alembic binds its
 own collector to ``tests/conftest.py``, which fails on pytest 9 (the built-in migration tests run from
 ``tests/service/test_migrations.py`` instead).
@@ -18,6 +22,7 @@ own collector to ``tests/conftest.py``, which fails on pytest 9 (the built-in mi
 
 from __future__ import annotations
 
+import sys
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -69,3 +74,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.interpreter)
         if _reaches(item.function, _is_dist_run):
             item.add_marker(pytest.mark.dist)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    support = sys.modules.get("interpreter_support")  # imported by the test modules that have interpreter cases
+    if support is not None and not session.config.option.collectonly:
+        support.start_ahead(session.items)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    support = sys.modules.get("interpreter_support")
+    if support is not None:
+        support.stop_ahead()
