@@ -3,13 +3,13 @@ against itself unsharded.
 
 What the torch integration tests share (``tests/torch_integration/test_torchrec_dmp.py``,
 ``test_torchrec_engine_dmp.py``, ``test_torchrec_ec_dmp.py``): :func:`build_model` makes the model from a list of
-tables, :func:`run_under_dmp` spawns ``world`` gloo processes on loopback that each wrap a fresh copy in DMP under
-every plan given, load the reference weights into their shards and compare the forward (pooled embeddings, logits)
-and one backward (the embedding weights updated by TorchRec's fused SGD, the dense gradients) with the unsharded
-model's on the global batch. Tables whose pooling is ``"NONE"`` are sequence tables: the model is then
-:func:`build_sequence_model`'s, an EmbeddingCollection (one embedding per id, a JaggedTensor per feature) with a
-linear layer scoring every id, and the forward compares the per-feature values and lengths. Torch and TorchRec are
-imported where they are used: the offline tests import this module without them.
+tables, :func:`run_under_dmp` starts ``world`` gloo processes on loopback (``dist_support.run``) that each wrap a
+fresh copy in DMP under every plan given, load the reference weights into their shards and compare the forward
+(pooled embeddings, logits) and one backward (the embedding weights updated by TorchRec's fused SGD, the dense
+gradients) with the unsharded model's on the global batch. Tables whose pooling is ``"NONE"`` are sequence tables:
+the model is then :func:`build_sequence_model`'s, an EmbeddingCollection (one embedding per id, a JaggedTensor per
+feature) with a linear layer scoring every id, and the forward compares the per-feature values and lengths. Torch and
+TorchRec are imported where they are used: the offline tests import this module without them.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import contextlib
 import gc
 import os
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import Any
 
 from shardwise.wire.spec import ModelSpec, Plan
@@ -263,26 +262,15 @@ def check_plan_under_dmp(
 
 def _worker(
     rank: int,
-    port: int,
     world: int,
     local_world: int,
     tables: Sequence[TableDef],
     plans: list[tuple[str, Plan]],
     spec: ModelSpec | None,
 ) -> None:
-    import torch
     import torch.distributed as dist
 
     os.environ["LOCAL_WORLD_SIZE"] = str(local_world)  # TorchRec's table_row_wise groups ranks by host with it
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    torch.set_num_threads(1)  # several processes on a CI machine of two cores
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=60),
-    )
     try:
         for label, plan in plans:
             check_plan_under_dmp(rank, world, tables, plan, label, spec)
@@ -293,7 +281,10 @@ def _worker(
         with contextlib.suppress(Exception):
             dist.barrier()
         gc.collect()
-        dist.destroy_process_group()
+
+
+class RankFailed(Exception):
+    """A rank of :func:`run_under_dmp` raised, crashed or hung: the message holds each failing rank's traceback."""
 
 
 def run_under_dmp(
@@ -303,10 +294,12 @@ def run_under_dmp(
     local_world: int,
     spec: ModelSpec | None = None,
 ) -> None:
-    """:func:`check_plan_under_dmp` for every ``(label, plan)`` in ``world`` spawned gloo processes, ``local_world``
-    to a host; a failing check on any rank fails the call."""
-    import torch.multiprocessing as mp
+    """:func:`check_plan_under_dmp` for every ``(label, plan)`` in ``world`` gloo processes (``dist_support.run``:
+    forks of its fork server, which has imported torch once, each on one thread), ``local_world`` to a host; a
+    failing check on any rank fails the call (:class:`RankFailed`)."""
+    from dist_support import run
 
-    from dist_support import free_port
-
-    mp.spawn(_worker, args=(free_port(), world, local_world, list(tables), plans, spec), nprocs=world, join=True)
+    results = run(_worker, world, local_world, list(tables), plans, spec)
+    failures = [f"rank {r}:\n{got['__error__']}" for r, got in enumerate(results) if got is not None]
+    if failures:
+        raise RankFailed("\n".join(failures))

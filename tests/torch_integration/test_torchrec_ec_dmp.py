@@ -159,8 +159,6 @@ def test_data_parallel_ec_fails_under_dmp_on_cpu() -> None:
     """The same under DMP: a data_parallel EC table exported without the model (so unchecked) fails in the forward
     when the EC splits the kernel's rows by feature."""
     pytest.importorskip("torchrec", exc_type=ImportError)
-    from torch.multiprocessing.spawn import ProcessRaisedException
-
     dp = Plan(
         status="feasible",
         predicted_step_ms=0.0,
@@ -170,5 +168,5 @@ def test_data_parallel_ec_fails_under_dmp_on_cpu() -> None:
             TablePlan(name="t_c", sharding_type="table_wise", shards=[_shard(0, (0, 120))]),
         ],
     )
-    with pytest.raises(ProcessRaisedException, match="split_with_sizes expects split_sizes to sum exactly"):
+    with pytest.raises(dmp_support.RankFailed, match="split_with_sizes expects split_sizes to sum exactly"):
         dmp_support.run_under_dmp(TABLES, [("ec-dp", dp)], 2, 2, None)
