@@ -638,6 +638,8 @@ def plan_cpsat(
             bound_ms = max(bound_ms or 0.0, raised)
         if beside.proved_start and phase == start_phase:
             phase = f"{start_phase}, at the bound over every plan: the search beside it stopped"
+            if status_name == "UNKNOWN":  # stopped before level one answered: no CP-SAT verdict, the bound's proof
+                status_name = "HEURISTIC"
     proved = bound_ms is not None and step - lift(bound_ms) <= max(OPTIMAL_GAP * step, OPTIMAL_ABS_MS)
     final = build_plan(
         topo,
