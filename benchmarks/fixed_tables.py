@@ -16,6 +16,11 @@ solves — with most tables fixed it could forbid the very moves asked about, an
    frees every such table proves that none does.
 3. Then the same question with ever more of the tables on every GPU freed too, largest first, up to all of them
    (``--round-s`` each): proved, or unknown when CP-SAT runs out of time.
+4. For the tables still fixed in the largest proved set: where each is data-parallel and its copy costs every GPU
+   no more than any other layout of it costs every GPU (its ``every_rank_ms``, per GPU class), switching a plan's
+   layout of it to the copy never slows a GPU (a copy is in no group of shards; its collective kind is the other
+   copies'), and needs at most the copies' HBM more on a GPU. So the proof of that set, repeated with every GPU's
+   HBM raised by that much, holds for every plan: no plan at all beats the step.
 
 Every figure is **predicted** (the cost model, the instance's executor). CP-SAT runs on one worker here (two workers
 on these models hit a CHECK failure of OR-Tools 9.15 in one run: "heuristics.fixed_search != nullptr").
@@ -26,6 +31,7 @@ on these models hit a CHECK failure of OR-Tools 9.15 in one run: "heuristics.fix
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import sys
 import time
@@ -34,6 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
+import numpy as np
 from ortools.sat.python import cp_model
 
 from benchmarks.instances import get
@@ -46,7 +53,7 @@ from shardwise.solver.cpsat.scale import Scale
 from shardwise.solver.deadline import Deadline
 from shardwise.solver.planner import make_plan
 from shardwise.solver.topology import Topology
-from shardwise.wire.spec import Plan, SolveParams
+from shardwise.wire.spec import FleetSpec, Plan, ShardingType, SolveParams
 
 
 class Fixed:
@@ -163,6 +170,7 @@ def examine(name: str, time_limit_s: float, round_s: float, seed: int) -> None:
         size += 1
     print(f"  descent: level one {Scale.ms(best):.4f} ms after {time.perf_counter() - t0:.0f} s")
     largest = sorted(spread, key=lambda t: -model.embedding_tables[t].num_embeddings)
+    proved: list[int] | None = None
     print("| tables freed | of which on every GPU | no plan keeping the others below | CP-SAT | seconds |")
     print("| ---: | ---: | ---: | --- | ---: |")
     for k in sorted({0, *range(4, len(spread), 4), len(spread)}):
@@ -172,6 +180,45 @@ def examine(name: str, time_limit_s: float, round_s: float, seed: int) -> None:
         print(f"| {len(free)} | {k} | {Scale.ms(best):.4f} ms: {said} | {status} | {secs:.1f} |")
         if got is not None:
             a, best = got
+        elif status == "INFEASIBLE":
+            proved = free
+    if proved is None:
+        return
+    kept = [t for t in spread if t not in proved]
+    print(f"  every plan? the {len(kept)} tables kept data-parallel in the largest proved set:")
+    extra = 0
+    for t in kept:
+        copy = cands[t][a.choice[t]]
+        others = [c for c in cands[t] if c is not copy]
+        # the most the copy costs any GPU against the least any other layout costs every GPU, over all classes
+        # (stronger than class by class)
+        copy_ms = float(np.max(copy.time_ms)) + float(np.max(copy.every_rank_ms))
+        least = min((float(np.min(c.every_rank_ms)) for c in others), default=math.inf)
+        ok = copy.sharding is ShardingType.data_parallel and copy_ms <= least
+        extra += int(np.max(copy.hbm))
+        print(
+            f"    {model.embedding_tables[t].name}: the copy <= {copy_ms:.4f} ms a GPU, any other layout"
+            f" >= {least:.4f} ms on every GPU: {'dominated' if ok else 'NOT dominated'}"
+        )
+        if not ok:
+            return
+    relaxed = _more_hbm(fleet, params, plan, extra)
+    form2 = Formulation(relaxed, model, cands, mode, horizon_ms=4 * step_ms + 1, incumbent_ms=step_ms)
+    status, secs, _ = Fixed(form2).solve(a, proved, best, round_s)
+    print(
+        f"  with every GPU's HBM {extra / 1e6:.1f} MB more (the copies'): {status} in {secs:.1f} s —"
+        f" {'no plan at all beats' if status == 'INFEASIBLE' else 'not settled below'} {Scale.ms(best):.4f} ms"
+    )
+
+
+def _more_hbm(fleet: FleetSpec, params: SolveParams, plan: Plan, extra: int) -> Topology:
+    """The topology the plan was solved on, every GPU's usable HBM ``extra`` bytes more."""
+    topo = Topology.for_params(fleet, params)
+    reserve = {c.profile.name: c.profile.hbm_bytes - c.hbm_limit_bytes for c in topo.classes}
+    more = fleet.model_copy(update={"hbm_reserve_bytes": {n: r - extra for n, r in reserve.items()}})
+    out = Topology.for_params(more, params)
+    assert [c.hbm_limit_bytes for c in out.classes] == [c.hbm_limit_bytes + extra for c in topo.classes]
+    return out if plan.sparse_groups is None else two_d.group_topology(out, plan.sparse_groups)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
