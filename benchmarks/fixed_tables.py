@@ -77,11 +77,6 @@ class Fixed:
                 out.append({int(form.bin_of_rank[r]) for r in fixed_ranks(form.topo, c, a, t)})
         return out
 
-    def step(self, a: Assignment) -> int:
-        """Level one's step of ``a`` where its bins' loads set it (scaled)."""
-        form = self.form
-        return max(-(-ld // len(form.bin_ranks[b])) for b, ld in enumerate(form.bin_loads(a)))
-
     def solve(
         self, a: Assignment, free: Sequence[int], below: int, seconds: float
     ) -> tuple[str, float, tuple[Assignment, int] | None]:
@@ -136,7 +131,7 @@ def examine(name: str, time_limit_s: float, round_s: float, seed: int) -> None:
     fixed = Fixed(form)
     a = to_assignment(form, cands, g.placed)
     a.dense = [s for _, s in g.dense]
-    best = fixed.step(a)
+    best = form.per_gpu_units(a)
     bins = fixed.bins(a)
     n = len(cands)
     spread = [t for t in range(n) if len(bins[t]) == form.nbins]

@@ -133,6 +133,11 @@ def _solve(
     return plan_cpsat(topo, model, limited, on_progress, deadline, begun)
 
 
+def _could_beat(options: Sequence[Option], step: float) -> list[Option]:
+    """The ``options`` that could still beat a 1D plan of ``step``: those whose bound is below it, or unknown."""
+    return [o for o in options if o.bound is None or o.bound < step]
+
+
 def _screen(topo: Topology, model: ModelSpec, params: SolveParams, sg: SparseGroups, deadline: Deadline) -> Option:
     """The greedy planner on one option's group problem, and the option's bound (inf when a table has no candidate
     on the group fleet: no layout of this option exists)."""
@@ -209,14 +214,14 @@ def plan_with_groups(
         if not isinstance(made, Plan):
             begun = made
             flat = Option(None, made.greedy.plan).step
-            contenders = [o for o in contenders if o.bound is None or o.bound < flat]
+            contenders = _could_beat(contenders, flat)
             log.info("2D options that could beat the 1D greedy plan (%.3f ms): %d", flat, len(contenders))
     one_d_deadline = deadline.within(deadline.remaining() / 2) if cpsat and contenders else deadline
     one_d = Option(None, _solve(topo, model, params, one_d_deadline, report, begun))
     one_d.bound = one_d.plan.lower_bound_ms if one_d.plan is not None else None
     if one_d.bound is not None:  # the 2D solve's reports must not claim more than the 1D plan's bound allows
         best["bound"] = min(best["bound"], one_d.bound)
-    contenders = [o for o in contenders if o.bound is None or o.bound < one_d.step]  # none can beat the 1D plan
+    contenders = _could_beat(contenders, one_d.step)
     if cpsat and contenders:
         top = min(contenders, key=lambda o: o.rank_key)
         assert top.groups is not None

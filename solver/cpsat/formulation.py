@@ -217,11 +217,7 @@ class Formulation:
             self._add_groups,
         ):
             self._check()
-            before = len(self.model.proto.constraints)
             family()
-            if family == self._add_symmetry_breaking:
-                #: family 8's constraints (a search that fixes most tables re-solves without them)
-                self.symmetry_constraints = range(before, len(self.model.proto.constraints))
         self.model.minimize(self.S)
         log.debug(
             "formulation (%s mode): %d bins, %d variables, %d constraints",
@@ -539,6 +535,7 @@ class Formulation:
 
     def _add_symmetry_breaking(self) -> None:
         """Family 8: interchangeable bins carry non-increasing loads in index order."""
+        first = len(self.model.proto.constraints)
         groups: dict[tuple[object, ...], list[int]] = defaultdict(list)
         for b in range(self.nbins):
             groups[self._signature(b)].append(b)
@@ -546,6 +543,8 @@ class Formulation:
         for g in self.symmetric_groups:
             for b0, b1 in itertools.pairwise(g):
                 self.model.add(self._bin_load(b0) >= self._bin_load(b1))
+        #: family 8's constraints (a solve that fixes most tables' places must leave them out)
+        self.symmetry_constraints = range(first, len(self.model.proto.constraints))
 
     # ------------------------------------------------------------------------------------------- hint / read
 
@@ -590,6 +589,10 @@ class Formulation:
         val = self._values(a)
         return [sum(c * val[v.index] for v, c in self.load[b]) + self._const_load[b] for b in range(self.nbins)]
 
+    def per_gpu_units(self, a: Assignment) -> int:
+        """The busiest bin's scaled load per GPU under ``a``, rounded up: the makespan its bins' loads set."""
+        return max(-(-ld // len(self.bin_ranks[b])) for b, ld in enumerate(self.bin_loads(a)))
+
     def canonical(self, a: Assignment) -> Assignment:
         """``a`` relabelled so that interchangeable bins carry non-increasing loads (family 8 holds)."""
         loads = self.bin_loads(a)
@@ -628,8 +631,7 @@ class Formulation:
                 self.model.add_hint(v, bool(val[v.index]))
         for v in self.kinds.values():
             self.model.add_hint(v, bool(val[v.index]))
-        loads = self.bin_loads(a)
-        per_gpu = max(-(-ld // len(self.bin_ranks[b])) for b, ld in enumerate(loads))
+        per_gpu = self.per_gpu_units(a)
         # the cuts of family 7 bound the busiest GPU, not the bin average: the plan's own step time satisfies them
         self.model.add_hint(self.T, max(per_gpu, Scale.time(step_ms * (1 + 1e-6)) + 1))
         if self.S is not self.T:

@@ -114,7 +114,7 @@ def search_layouts(
     hint = to_assignment(form, space, start)
     hint.dense = list(dense)
     form.add_hint(hint, start_ms)
-    start_units = max(-(-load // len(form.bin_ranks[b])) for b, load in enumerate(form.bin_loads(hint)))
+    start_units = form.per_gpu_units(hint)
     solver = cp_solver(params, deadline.remaining(), len(form.model.proto.variables))
     with deadline.stopping(solver.stop_search):  # the run may stop it early (the start proved optimal beside it)
         status = solver.solve(form.model)

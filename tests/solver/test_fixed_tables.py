@@ -45,7 +45,7 @@ def setup() -> tuple[Formulation, Assignment]:
 def test_a_move_family_8_would_forbid_is_found() -> None:
     form, a = setup()
     fixed = Fixed(form)
-    stacked = fixed.step(a)
+    stacked = form.per_gpu_units(a)
     # t0 (the smallest) freed, t1 and t2 kept on GPU 1: moving t0 anywhere else shortens the step
     status, _, got = fixed.solve(a, [0], stacked, 10.0)
     assert status == "OPTIMAL"
@@ -73,7 +73,7 @@ def test_a_step_no_move_of_the_freed_tables_can_shorten_is_proved() -> None:
     fixed = Fixed(form)
     # t2 (the largest) alone on GPU 1 with nothing else: freeing t0 and t1 (now on GPU 1 too) finds the spread-out
     # layout; then with every table freed no step below it exists (the three on three GPUs: the largest sets it)
-    _, _, got = fixed.solve(a, [0, 1], fixed.step(a), 10.0)
+    _, _, got = fixed.solve(a, [0, 1], form.per_gpu_units(a), 10.0)
     assert got is not None
     spread, step = got
     assert len({spread.shard_bins[t][0] for t in range(3)}) == 3
